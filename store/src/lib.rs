@@ -1,0 +1,1 @@
+//! The cowspace store.

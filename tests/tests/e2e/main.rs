@@ -1,0 +1,1 @@
+//! All end-to-end tests in one binary, one module per area.
