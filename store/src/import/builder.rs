@@ -1,0 +1,378 @@
+//! Building trees from the entries an import found, then writing them bottom-up.
+//!
+//! Every import source (directory, git, tar) produces the same [`Item`]s under
+//! root-relative paths; the builder turns them into canonical trees, so one set of
+//! files gets one snapshot root whatever produced it.
+//!
+//! Hard links: members of one link group become one `File` entry (the member that comes
+//! first in depth-first name order, so the choice is canonical) and `Hardlink` entries
+//! naming that path.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::error::{Error, Result};
+use crate::id::TreeId;
+use crate::index::ObjectKind;
+use crate::ingest::{FileContent, Ingest};
+use crate::snapshot::Counts;
+use crate::tree::{self, Entry, Kind, Tree};
+
+/// Deepest directory nesting accepted.
+pub const MAX_DEPTH: usize = 4096;
+
+/// What stands at a path.
+#[derive(Debug, Clone)]
+pub enum Item {
+    Dir {
+        mode: u32,
+        xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    },
+    /// A regular file whose content is known or will arrive in `slot`.
+    File {
+        mode: u32,
+        content: Slot,
+        link_group: Option<u64>,
+        xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    },
+    Symlink {
+        target: Vec<u8>,
+        xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    },
+    Special {
+        kind: Kind,
+        mode: u32,
+        rdev: u64,
+    },
+}
+
+/// A file's content: known, or awaited from the ingest pipeline.
+#[derive(Debug, Clone, Copy)]
+pub enum Slot {
+    Known(FileContent),
+    Pending(usize),
+}
+
+#[derive(Debug)]
+enum Node {
+    Dir {
+        mode: u32,
+        xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+        children: BTreeMap<Vec<u8>, Node>,
+    },
+    Leaf(Item),
+}
+
+/// An in-memory directory tree under construction.
+#[derive(Debug)]
+pub struct Builder {
+    root: Node,
+    root_mode: u32,
+}
+
+impl Builder {
+    pub fn new(root_mode: u32) -> Builder {
+        Builder {
+            root: Node::Dir {
+                mode: root_mode,
+                xattrs: vec![],
+                children: BTreeMap::new(),
+            },
+            root_mode,
+        }
+    }
+
+    pub fn set_root_mode(&mut self, mode: u32) {
+        self.root_mode = mode & 0o7777;
+    }
+
+    /// Adds (or replaces) the item at `path` (components, each a valid name). Missing
+    /// parent directories are created with mode 0755. Replacing a directory by a
+    /// non-directory drops what was under it (later tar entries win).
+    pub fn insert(&mut self, path: &[Vec<u8>], item: Item) -> Result<()> {
+        let Some((last, parents)) = path.split_last() else {
+            // The root itself: only its mode is kept.
+            if let Item::Dir { mode, .. } = item {
+                self.set_root_mode(mode);
+            }
+            return Ok(());
+        };
+        if path.len() > MAX_DEPTH {
+            return Err(Error::Invalid(format!(
+                "path deeper than {MAX_DEPTH} levels"
+            )));
+        }
+        let mut node = &mut self.root;
+        for name in parents {
+            tree::check_name(name)?;
+            let Node::Dir { children, .. } = node else {
+                unreachable!("walk stays in dirs")
+            };
+            let child = children.entry(name.clone()).or_insert_with(|| Node::Dir {
+                mode: 0o755,
+                xattrs: vec![],
+                children: BTreeMap::new(),
+            });
+            if !matches!(child, Node::Dir { .. }) {
+                *child = Node::Dir {
+                    mode: 0o755,
+                    xattrs: vec![],
+                    children: BTreeMap::new(),
+                };
+            }
+            node = child;
+        }
+        tree::check_name(last)?;
+        let Node::Dir { children, .. } = node else {
+            unreachable!("walk stays in dirs")
+        };
+        match item {
+            Item::Dir { mode, xattrs } => match children.get_mut(last) {
+                Some(Node::Dir {
+                    mode: m, xattrs: x, ..
+                }) => {
+                    *m = mode & 0o7777;
+                    *x = xattrs;
+                }
+                _ => {
+                    children.insert(
+                        last.clone(),
+                        Node::Dir {
+                            mode: mode & 0o7777,
+                            xattrs,
+                            children: BTreeMap::new(),
+                        },
+                    );
+                }
+            },
+            leaf => {
+                children.insert(last.clone(), Node::Leaf(leaf));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `path` is a directory in the tree so far.
+    pub fn is_dir(&self, path: &[Vec<u8>]) -> bool {
+        self.lookup(path)
+            .is_some_and(|n| matches!(n, Node::Dir { .. }))
+    }
+
+    /// The item at `path`, if it is a regular file.
+    pub fn file_at(&self, path: &[Vec<u8>]) -> Option<(u32, Slot, Option<u64>)> {
+        match self.lookup(path)? {
+            Node::Leaf(Item::File {
+                mode,
+                content,
+                link_group,
+                ..
+            }) => Some((*mode, *content, *link_group)),
+            _ => None,
+        }
+    }
+
+    /// Puts `path` into link group `group` (it must be a regular file).
+    pub fn set_link_group(&mut self, path: &[Vec<u8>], group: u64) {
+        if let Some(Node::Leaf(Item::File { link_group, .. })) = self.lookup_mut(path) {
+            *link_group = Some(group);
+        }
+    }
+
+    fn lookup(&self, path: &[Vec<u8>]) -> Option<&Node> {
+        let mut node = &self.root;
+        for name in path {
+            let Node::Dir { children, .. } = node else {
+                return None;
+            };
+            node = children.get(name)?;
+        }
+        Some(node)
+    }
+
+    fn lookup_mut(&mut self, path: &[Vec<u8>]) -> Option<&mut Node> {
+        let mut node = &mut self.root;
+        for name in path {
+            let Node::Dir { children, .. } = node else {
+                return None;
+            };
+            node = children.get_mut(name)?;
+        }
+        Some(node)
+    }
+
+    /// Writes every tree through `ingest` and returns the root id, root mode and counts.
+    /// `slots` holds the contents that arrived for pending files.
+    pub fn write(
+        &self,
+        ingest: &mut Ingest<'_>,
+        slots: &[Option<FileContent>],
+    ) -> Result<(TreeId, u32, Counts)> {
+        // Pass 1: the primary path of each link group (first in depth-first order).
+        let mut primaries: HashMap<u64, Vec<u8>> = HashMap::new();
+        collect_primaries(&self.root, &mut Vec::new(), &mut primaries);
+        let mut counts = Counts::default();
+        let mut path = Vec::new();
+        let id = write_node(
+            &self.root,
+            ingest,
+            slots,
+            &primaries,
+            &mut path,
+            &mut counts,
+            0,
+        )?;
+        Ok((id, self.root_mode, counts))
+    }
+}
+
+fn join(path: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = path.to_vec();
+    if !p.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+fn collect_primaries(node: &Node, path: &mut Vec<u8>, out: &mut HashMap<u64, Vec<u8>>) {
+    let Node::Dir { children, .. } = node else {
+        return;
+    };
+    for (name, child) in children {
+        let p = join(path, name);
+        match child {
+            Node::Leaf(Item::File {
+                link_group: Some(g),
+                ..
+            }) => {
+                out.entry(*g).or_insert(p);
+            }
+            Node::Dir { .. } => {
+                let mut p = p;
+                collect_primaries(child, &mut p, out);
+            }
+            _ => {}
+        }
+    }
+}
+
+fn content_of(slot: &Slot, slots: &[Option<FileContent>], path: &[u8]) -> Result<FileContent> {
+    match slot {
+        Slot::Known(c) => Ok(*c),
+        Slot::Pending(i) => slots.get(*i).copied().flatten().ok_or_else(|| {
+            Error::Invalid(format!(
+                "no content arrived for {:?} (internal)",
+                String::from_utf8_lossy(path)
+            ))
+        }),
+    }
+}
+
+fn write_node(
+    node: &Node,
+    ingest: &mut Ingest<'_>,
+    slots: &[Option<FileContent>],
+    primaries: &HashMap<u64, Vec<u8>>,
+    path: &mut Vec<u8>,
+    counts: &mut Counts,
+    depth: usize,
+) -> Result<TreeId> {
+    let Node::Dir { children, .. } = node else {
+        unreachable!("only directories are written")
+    };
+    if depth > MAX_DEPTH {
+        return Err(Error::Invalid(format!(
+            "directory deeper than {MAX_DEPTH} levels"
+        )));
+    }
+    let mut entries = Vec::with_capacity(children.len());
+    for (name, child) in children {
+        let child_path = join(path, name);
+        let entry = match child {
+            Node::Dir { mode, xattrs, .. } => {
+                let mut p = child_path;
+                let id = write_node(child, ingest, slots, primaries, &mut p, counts, depth + 1)?;
+                counts.dirs += 1;
+                Entry {
+                    name: name.clone(),
+                    kind: Kind::Dir,
+                    mode: *mode,
+                    size: 0,
+                    hash: *id.as_bytes(),
+                    data: vec![],
+                    xattrs: xattrs.clone(),
+                }
+            }
+            Node::Leaf(Item::File {
+                mode,
+                content,
+                link_group,
+                xattrs,
+            }) => {
+                let c = content_of(content, slots, &child_path)?;
+                let primary = link_group.and_then(|g| primaries.get(&g));
+                let (kind, data) = match primary {
+                    Some(p) if *p != child_path => (Kind::Hardlink, p.clone()),
+                    _ => {
+                        counts.files += 1;
+                        counts.bytes += c.size;
+                        (Kind::File, vec![])
+                    }
+                };
+                Entry {
+                    name: name.clone(),
+                    kind,
+                    mode: mode & 0o7777,
+                    size: c.size,
+                    hash: *c.id.as_bytes(),
+                    data,
+                    xattrs: xattrs.clone(),
+                }
+            }
+            Node::Leaf(Item::Symlink { target, xattrs }) => {
+                counts.symlinks += 1;
+                Entry {
+                    name: name.clone(),
+                    kind: Kind::Symlink,
+                    mode: 0o777,
+                    size: target.len() as u64,
+                    hash: [0; 32],
+                    data: target.clone(),
+                    xattrs: xattrs.clone(),
+                }
+            }
+            Node::Leaf(Item::Special { kind, mode, rdev }) => Entry {
+                name: name.clone(),
+                kind: *kind,
+                mode: mode & 0o7777,
+                size: 0,
+                hash: [0; 32],
+                data: if matches!(kind, Kind::CharDevice | Kind::BlockDevice) {
+                    rdev.to_le_bytes().to_vec()
+                } else {
+                    vec![]
+                },
+                xattrs: vec![],
+            },
+            Node::Leaf(Item::Dir { .. }) => unreachable!("directories are nodes"),
+        };
+        entries.push(entry);
+    }
+    let mut tree = Tree { entries };
+    tree.sort();
+    let (id, bytes) = tree.encode_with_id();
+    ingest.put(ObjectKind::Tree, *id.as_bytes(), &bytes)?;
+    Ok(id)
+}
+
+/// Splits a `/`-separated relative path into checked components.
+pub fn components(path: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    for c in path.split(|&b| b == b'/') {
+        if c.is_empty() || c == b"." {
+            continue;
+        }
+        tree::check_name(c)?;
+        out.push(c.to_vec());
+    }
+    Ok(out)
+}

@@ -1,0 +1,385 @@
+//! Import of a directory tree.
+//!
+//! One thread walks (one `lstat` per entry, `llistxattr` per file and directory) and
+//! hands every file whose stat-cache stamp does not match to the ingest workers; the walk
+//! and the hashing overlap. Hard links are found by (device, inode). The walk does not
+//! cross into other filesystems (mount points are left out with a warning).
+
+use std::collections::HashMap;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::import::builder::{Builder, Item, Slot};
+use crate::import::exclude::Excluder;
+use crate::import::{Finish, ImportOptions, ImportReport, Progress};
+use crate::ingest::{FileContent, Ingest};
+use crate::lock::StoreLock;
+use crate::snapshot::Source;
+use crate::statcache::{self, Stamp};
+use crate::store::Store;
+use crate::tree::Kind;
+
+/// Extended attributes recorded: the `user.` namespace and file capabilities.
+pub fn recorded_xattr(name: &[u8]) -> bool {
+    name.starts_with(b"user.") || name == b"security.capability"
+}
+
+/// Reads the recorded xattrs of a path (not following symlinks), sorted.
+pub fn read_xattrs(path: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let names = match xattr::list(path) {
+        Ok(n) => n,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(vec![]),
+        Err(e) => return Err(Error::io("list xattrs of", path)(e)),
+    };
+    let mut out = Vec::new();
+    for name in names {
+        if !recorded_xattr(name.as_bytes()) {
+            continue;
+        }
+        if let Some(v) = xattr::get(path, &name).map_err(Error::io("read xattr of", path))? {
+            out.push((name.as_bytes().to_vec(), v));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Paths git tracks in the work tree at `dir` (empty when it is not a git work tree).
+fn git_tracked(dir: &Path) -> Vec<Vec<u8>> {
+    if !dir.join(".git").exists() {
+        return vec![];
+    }
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["ls-files", "-z"])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => o
+            .stdout
+            .split(|&b| b == 0)
+            .filter(|p| !p.is_empty())
+            .map(|p| p.to_vec())
+            .collect(),
+        _ => vec![],
+    }
+}
+
+impl Store {
+    /// Imports the directory tree at `source` as a new snapshot.
+    pub fn import_dir(&self, source: &Path, opts: &ImportOptions) -> Result<ImportReport> {
+        let started = Instant::now();
+        let started_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as i64)
+            .unwrap_or(0);
+        let meta = match fs::metadata(source) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::SourceMissing(source.to_path_buf()));
+            }
+            Err(e) => return Err(Error::io("stat", source)(e)),
+        };
+        if !meta.is_dir() {
+            return Err(Error::Invalid(format!(
+                "{} is not a directory (a tar archive needs a .tar, .tar.gz or .tar.zst name)",
+                source.display()
+            )));
+        }
+        let src = fs::canonicalize(source).map_err(Error::io("resolve", source))?;
+        if let Ok(root) = fs::canonicalize(self.root())
+            && root.starts_with(&src)
+        {
+            return Err(Error::RootInsideSource {
+                root,
+                source_dir: src,
+            });
+        }
+        if let Some(name) = &opts.ref_name {
+            crate::refs::check_ref_name(name)?;
+        }
+        let mut excluder = Excluder::new(opts.default_excludes, &opts.excludes)?;
+        if opts.default_excludes {
+            let tracked = git_tracked(&src);
+            excluder.set_tracked(tracked.iter().map(|p| p.as_slice()));
+        }
+        let _lock = StoreLock::shared(self)?;
+        let root_key = src.to_string_lossy().into_owned();
+        let cache = self.with_reader(|c| statcache::load(c, &root_key))?;
+
+        let mut ingest = Ingest::start(self)?;
+        let mut walk = Walk {
+            builder: Builder::new(meta.mode() & 0o7777),
+            slots: Vec::new(),
+            slot_info: Vec::new(),
+            links: HashMap::new(),
+            next_group: 0,
+            root_dev: meta.dev(),
+            excluded: 0,
+            warnings: Vec::new(),
+            allow_devices: opts.allow_devices,
+            seen: Vec::with_capacity(cache.len()),
+            files_total: 0,
+            files_done: 0,
+            bytes_done: 0,
+        };
+        walk.builder.insert(
+            &[],
+            Item::Dir {
+                mode: meta.mode(),
+                xattrs: vec![],
+            },
+        )?;
+        walk.walk(&src, &excluder, &cache, &mut ingest, opts)?;
+        while let Some((slot, r)) = ingest.next_result(true) {
+            walk.arrived(slot, r, opts)?;
+        }
+
+        // Stat cache changes, committed with the snapshot.
+        let mut upserts = Vec::new();
+        for (i, info) in walk.slot_info.iter().enumerate() {
+            if let (Some(c), Some((path, stamp))) = (walk.slots[i], info)
+                && c.size == stamp.size
+                && !stamp.is_racy(started_ns)
+            {
+                upserts.push((path.clone(), *stamp, c.id));
+            }
+        }
+        let seen: std::collections::HashSet<&[u8]> =
+            walk.seen.iter().map(|p| p.as_slice()).collect();
+        let deletes: Vec<Vec<u8>> = cache
+            .keys()
+            .filter(|p| !seen.contains(p.as_slice()))
+            .cloned()
+            .collect();
+        let files_read = walk.slot_info.len() as u64;
+        let finish = Finish {
+            builder: walk.builder,
+            slots: walk.slots,
+            source: Source::Dir {
+                path: root_key.clone(),
+            },
+            policy: excluder.policy().clone(),
+            excluded: walk.excluded,
+            files_read,
+            warnings: walk.warnings,
+            started,
+            opts,
+        };
+        finish.run(self, ingest, |tx| {
+            statcache::apply(tx, &root_key, &upserts, &deletes)
+        })
+    }
+}
+
+struct Walk {
+    builder: Builder,
+    slots: Vec<Option<FileContent>>,
+    /// For files read: their relative path and stamp (for the stat cache).
+    slot_info: Vec<Option<(Vec<u8>, Stamp)>>,
+    /// (dev, ino) of multiply-linked files -> (link group, content slot, first path).
+    links: HashMap<(u64, u64), (u64, Slot, Vec<Vec<u8>>)>,
+    next_group: u64,
+    root_dev: u64,
+    excluded: u64,
+    warnings: Vec<String>,
+    allow_devices: bool,
+    seen: Vec<Vec<u8>>,
+    files_total: u64,
+    files_done: u64,
+    bytes_done: u64,
+}
+
+impl Walk {
+    fn walk(
+        &mut self,
+        src: &Path,
+        excluder: &Excluder,
+        cache: &statcache::Entries,
+        ingest: &mut Ingest<'_>,
+        opts: &ImportOptions,
+    ) -> Result<()> {
+        // Depth-first with an explicit stack: (absolute dir, relative components).
+        let mut stack: Vec<(PathBuf, Vec<Vec<u8>>)> = vec![(src.to_path_buf(), vec![])];
+        while let Some((dir, rel)) = stack.pop() {
+            let rd = fs::read_dir(&dir).map_err(Error::io("read directory", &dir))?;
+            let mut names = Vec::new();
+            for e in rd {
+                let e = e.map_err(Error::io("read directory", &dir))?;
+                names.push(e.file_name());
+            }
+            names.sort();
+            for name in names {
+                let abs = dir.join(&name);
+                let mut comps = rel.clone();
+                comps.push(name.as_bytes().to_vec());
+                let rel_path = comps.join(&b'/');
+                let meta = fs::symlink_metadata(&abs).map_err(Error::io("stat", &abs))?;
+                let ft = meta.file_type();
+                if excluder.excludes(&rel_path, name.as_bytes(), ft.is_dir()) {
+                    self.excluded += 1;
+                    continue;
+                }
+                if ft.is_dir() {
+                    if meta.dev() != self.root_dev {
+                        self.warnings.push(format!(
+                            "{}: another filesystem is mounted here; left out",
+                            abs.display()
+                        ));
+                        continue;
+                    }
+                    let xattrs = read_xattrs(&abs)?;
+                    self.builder.insert(
+                        &comps,
+                        Item::Dir {
+                            mode: meta.mode(),
+                            xattrs,
+                        },
+                    )?;
+                    stack.push((abs, comps));
+                } else if ft.is_file() {
+                    self.file(&abs, comps, rel_path, &meta, cache, ingest, opts)?;
+                } else if ft.is_symlink() {
+                    let target = fs::read_link(&abs).map_err(Error::io("read link", &abs))?;
+                    let target = target.as_os_str().as_bytes().to_vec();
+                    if target.is_empty() || target.len() > crate::tree::MAX_TARGET_BYTES {
+                        return Err(Error::Invalid(format!(
+                            "symlink {} has an unusable target",
+                            abs.display()
+                        )));
+                    }
+                    self.builder.insert(
+                        &comps,
+                        Item::Symlink {
+                            target,
+                            xattrs: vec![],
+                        },
+                    )?;
+                } else if ft.is_fifo() {
+                    let item = Item::Special {
+                        kind: Kind::Fifo,
+                        mode: meta.mode(),
+                        rdev: 0,
+                    };
+                    self.builder.insert(&comps, item)?;
+                } else if ft.is_char_device() || ft.is_block_device() {
+                    if !self.allow_devices {
+                        return Err(Error::Invalid(format!(
+                            "{} is a device node; devices are imported only when allowed (--allow-devices)",
+                            abs.display()
+                        )));
+                    }
+                    let kind = if ft.is_char_device() {
+                        Kind::CharDevice
+                    } else {
+                        Kind::BlockDevice
+                    };
+                    let item = Item::Special {
+                        kind,
+                        mode: meta.mode(),
+                        rdev: meta.rdev(),
+                    };
+                    self.builder.insert(&comps, item)?;
+                } else {
+                    self.warnings.push(format!(
+                        "{}: a socket cannot be stored; left out",
+                        abs.display()
+                    ));
+                }
+            }
+            // Take finished files as they come so results do not pile up.
+            while let Some((slot, r)) = ingest.next_result(false) {
+                self.arrived(slot, r, opts)?;
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn file(
+        &mut self,
+        abs: &Path,
+        comps: Vec<Vec<u8>>,
+        rel_path: Vec<u8>,
+        meta: &fs::Metadata,
+        cache: &statcache::Entries,
+        ingest: &mut Ingest<'_>,
+        opts: &ImportOptions,
+    ) -> Result<()> {
+        let stamp = Stamp::of(meta);
+        let xattrs = read_xattrs(abs)?;
+        self.seen.push(rel_path.clone());
+        self.files_total += 1;
+        if meta.nlink() > 1
+            && let Some((group, slot, first)) = self.links.get(&(stamp.dev, stamp.ino)).cloned()
+        {
+            let first_is_file = self.builder.file_at(&first).is_some();
+            if first_is_file {
+                self.builder.set_link_group(&first, group);
+                let item = Item::File {
+                    mode: meta.mode(),
+                    content: slot,
+                    link_group: Some(group),
+                    xattrs,
+                };
+                return self.builder.insert(&comps, item);
+            }
+        }
+        let slot = match cache.get(&rel_path) {
+            Some((s, id)) if *s == stamp => {
+                self.files_done += 1;
+                Slot::Known(FileContent {
+                    id: *id,
+                    size: s.size,
+                })
+            }
+            _ => {
+                let i = self.slots.len();
+                self.slots.push(None);
+                self.slot_info.push(Some((rel_path, stamp)));
+                ingest.submit_path(i, abs.to_path_buf())?;
+                Slot::Pending(i)
+            }
+        };
+        if let Some(p) = &opts.progress {
+            p(Progress {
+                files_done: self.files_done,
+                files_total: self.files_total,
+                bytes_done: self.bytes_done,
+            });
+        }
+        if meta.nlink() > 1 {
+            let group = self.next_group;
+            self.next_group += 1;
+            self.links
+                .insert((stamp.dev, stamp.ino), (group, slot, comps.clone()));
+        }
+        let item = Item::File {
+            mode: meta.mode(),
+            content: slot,
+            link_group: None,
+            xattrs,
+        };
+        self.builder.insert(&comps, item)
+    }
+
+    fn arrived(&mut self, slot: usize, r: Result<FileContent>, opts: &ImportOptions) -> Result<()> {
+        let c = r?;
+        self.slots[slot] = Some(c);
+        self.files_done += 1;
+        self.bytes_done += c.size;
+        if let Some(p) = &opts.progress {
+            p(Progress {
+                files_done: self.files_done,
+                files_total: self.files_total,
+                bytes_done: self.bytes_done,
+            });
+        }
+        Ok(())
+    }
+}

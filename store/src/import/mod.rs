@@ -1,0 +1,169 @@
+//! Import: making a snapshot from a directory, a git revision or a tar archive.
+
+pub(crate) mod builder;
+pub mod dir;
+pub mod exclude;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rusqlite::Transaction;
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::id::SnapshotId;
+use crate::index::ObjectKind;
+use crate::ingest::{FileContent, Ingest};
+use crate::refs::{self, Expect};
+use crate::snapshot::{Counts, Policy, SNAPSHOT_VERSION, Snapshot, Source, now_secs};
+use crate::store::Store;
+
+use builder::Builder;
+
+/// Progress of a long import, for progress bars.
+#[derive(Debug, Clone, Copy)]
+pub struct Progress {
+    pub files_done: u64,
+    pub files_total: u64,
+    pub bytes_done: u64,
+}
+
+/// A progress callback.
+pub type ProgressFn = Arc<dyn Fn(Progress) + Send + Sync>;
+
+/// How to import.
+#[derive(Clone, Default)]
+pub struct ImportOptions {
+    /// Move this ref to the new snapshot (compare-and-swap from its value at the start;
+    /// the ref's snapshot becomes the new snapshot's parent).
+    pub ref_name: Option<String>,
+    pub message: String,
+    /// Apply the default exclusions of heavy regenerable artifacts.
+    pub default_excludes: bool,
+    /// Extra exclusion patterns.
+    pub excludes: Vec<String>,
+    /// Accept character and block device nodes (refused by default).
+    pub allow_devices: bool,
+    pub progress: Option<ProgressFn>,
+}
+
+impl std::fmt::Debug for ImportOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportOptions")
+            .field("ref_name", &self.ref_name)
+            .field("message", &self.message)
+            .field("default_excludes", &self.default_excludes)
+            .field("excludes", &self.excludes)
+            .field("allow_devices", &self.allow_devices)
+            .finish()
+    }
+}
+
+impl ImportOptions {
+    /// Defaults as on the command line: default exclusions on.
+    pub fn new() -> ImportOptions {
+        ImportOptions {
+            default_excludes: true,
+            ..Default::default()
+        }
+    }
+}
+
+/// What an import did.
+#[derive(Debug, Clone, Serialize)]
+pub struct ImportReport {
+    pub snapshot: SnapshotId,
+    pub root: crate::id::TreeId,
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub bytes: u64,
+    pub excluded: u64,
+    /// Files whose contents were read (the rest came from the stat cache).
+    pub files_read: u64,
+    pub objects_written: u64,
+    pub new_bytes_stored: u64,
+    pub new_bytes_raw: u64,
+    #[serde(rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub ref_name: Option<String>,
+    pub parents: Vec<SnapshotId>,
+    pub elapsed_ms: f64,
+    /// Things left out with a reason (sockets, submodules).
+    pub warnings: Vec<String>,
+}
+
+/// The shared tail of every import: trees, snapshot object, one commit.
+pub(crate) struct Finish<'a> {
+    pub builder: Builder,
+    pub slots: Vec<Option<FileContent>>,
+    pub source: Source,
+    pub policy: Policy,
+    pub excluded: u64,
+    pub files_read: u64,
+    pub warnings: Vec<String>,
+    pub started: Instant,
+    pub opts: &'a ImportOptions,
+}
+
+impl Finish<'_> {
+    pub fn run(
+        self,
+        store: &Store,
+        mut ingest: Ingest<'_>,
+        extra: impl FnOnce(&Transaction<'_>) -> Result<()>,
+    ) -> Result<ImportReport> {
+        let (root, root_mode, mut counts) = self.builder.write(&mut ingest, &self.slots)?;
+        counts.excluded = self.excluded;
+        let parent = match &self.opts.ref_name {
+            Some(name) => store.get_ref(name)?,
+            None => None,
+        };
+        let snap = Snapshot {
+            version: SNAPSHOT_VERSION,
+            root,
+            root_mode,
+            parents: parent.into_iter().collect(),
+            created_at: now_secs(),
+            message: self.opts.message.clone(),
+            source: self.source,
+            policy: self.policy,
+            counts,
+        };
+        let (id, bytes) = snap.encode_with_id();
+        ingest.put(ObjectKind::Snapshot, *id.as_bytes(), &bytes)?;
+        let pending = ingest.finish()?;
+        let objects_written = pending.rows.len() as u64;
+        let new_bytes_stored = pending.stored_bytes();
+        let new_bytes_raw = pending.rows.iter().map(|r| u64::from(r.raw_len)).sum();
+        let ref_name = self.opts.ref_name.clone();
+        // On failure the session's packs stay as orphans (no committed row names them):
+        // removing them here could race an ambiguous commit; gc removes them safely.
+        store.commit(pending, |tx| {
+            if let Some(name) = &ref_name {
+                let expect = parent.map(Expect::At).unwrap_or(Expect::Absent);
+                refs::compare_and_swap(tx, name, expect, &id)?;
+            }
+            extra(tx)
+        })?;
+        Ok(ImportReport {
+            snapshot: id,
+            root,
+            files: counts.files,
+            dirs: counts.dirs,
+            symlinks: counts.symlinks,
+            bytes: counts.bytes,
+            excluded: counts.excluded,
+            files_read: self.files_read,
+            objects_written,
+            new_bytes_stored,
+            new_bytes_raw,
+            ref_name,
+            parents: snap.parents,
+            elapsed_ms: self.started.elapsed().as_secs_f64() * 1e3,
+            warnings: self.warnings,
+        })
+    }
+}
+
+/// Counts of a snapshot, re-exported for reports.
+pub type SnapshotCounts = Counts;

@@ -1,0 +1,218 @@
+//! The SQLite index: where every object lives, which packs count, refs, pins, the stat
+//! cache and the blob cache's bookkeeping.
+//!
+//! Opened in WAL mode with `synchronous=FULL`: a transaction that returned is durable.
+//! Writers hold the connection behind the store's mutex; import workers open their own
+//! read-only connections (WAL lets them read while a writer works).
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
+
+use crate::error::{Error, Result};
+use crate::pack::{Codec, PackId};
+
+/// The on-disk format version this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+/// How long a connection waits for another writer before giving up.
+pub const DB_BUSY_TIMEOUT_MS: u64 = 30_000;
+
+/// Object kinds as stored in the index and in pack record headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ObjectKind {
+    Chunk = 1,
+    Manifest = 2,
+    Tree = 3,
+    Snapshot = 4,
+}
+
+impl ObjectKind {
+    pub fn from_u8(b: u8) -> Option<ObjectKind> {
+        Some(match b {
+            1 => ObjectKind::Chunk,
+            2 => ObjectKind::Manifest,
+            3 => ObjectKind::Tree,
+            4 => ObjectKind::Snapshot,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ObjectKind::Chunk => "chunk",
+            ObjectKind::Manifest => "manifest",
+            ObjectKind::Tree => "tree",
+            ObjectKind::Snapshot => "snapshot",
+        }
+    }
+}
+
+/// Where an object's bytes are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    pub kind: ObjectKind,
+    pub pack: PackId,
+    pub offset: u64,
+    pub stored_len: u32,
+    pub raw_len: u32,
+    pub codec: Codec,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS packs (
+    id TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS objects (
+    id BLOB PRIMARY KEY,
+    kind INTEGER NOT NULL,
+    pack TEXT NOT NULL,
+    offset INTEGER NOT NULL,
+    stored_len INTEGER NOT NULL,
+    raw_len INTEGER NOT NULL,
+    codec INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS objects_by_pack ON objects (pack);
+CREATE INDEX IF NOT EXISTS objects_by_kind ON objects (kind);
+CREATE TABLE IF NOT EXISTS refs (
+    name TEXT PRIMARY KEY,
+    snapshot BLOB NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS pins (
+    snapshot BLOB NOT NULL,
+    holder TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (snapshot, holder)
+);
+CREATE TABLE IF NOT EXISTS statcache (
+    root TEXT NOT NULL,
+    path BLOB NOT NULL,
+    dev INTEGER NOT NULL,
+    ino INTEGER NOT NULL,
+    size INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    ctime_ns INTEGER NOT NULL,
+    content BLOB NOT NULL,
+    PRIMARY KEY (root, path)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS blobcache (
+    id BLOB PRIMARY KEY,
+    size INTEGER NOT NULL,
+    last_used INTEGER NOT NULL
+) WITHOUT ROWID;
+";
+
+fn configure(conn: &Connection) -> Result<()> {
+    conn.busy_timeout(Duration::from_millis(DB_BUSY_TIMEOUT_MS))
+        .map_err(Error::db("set busy timeout"))?;
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .map_err(Error::db("enable WAL"))?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(Error::db("set synchronous"))?;
+    Ok(())
+}
+
+/// Creates the index of a new store.
+pub fn create(path: &Path) -> Result<Connection> {
+    let conn = Connection::open(path).map_err(Error::db("create index"))?;
+    configure(&conn)?;
+    conn.execute_batch(SCHEMA)
+        .map_err(Error::db("create schema"))?;
+    conn.execute(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES ('format_version', ?1)",
+        params![FORMAT_VERSION.to_string()],
+    )
+    .map_err(Error::db("record format version"))?;
+    Ok(conn)
+}
+
+/// Opens the index of an existing store for writing, checking the format version.
+pub fn open(path: &Path) -> Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(Error::db("open index"))?;
+    configure(&conn)?;
+    let version: Option<String> = conn
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'format_version'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()
+        .map_err(Error::db("read format version"))?;
+    match version {
+        Some(v) if v == FORMAT_VERSION.to_string() => Ok(conn),
+        found => Err(Error::FormatVersion {
+            path: path.to_path_buf(),
+            found: found.unwrap_or_else(|| "none".into()),
+            supported: FORMAT_VERSION,
+        }),
+    }
+}
+
+/// Opens a second connection for reading only (import workers, concurrent readers).
+pub fn open_reader(path: &Path) -> Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(Error::db("open index for reading"))?;
+    conn.busy_timeout(Duration::from_millis(DB_BUSY_TIMEOUT_MS))
+        .map_err(Error::db("set busy timeout"))?;
+    Ok(conn)
+}
+
+/// Looks an object up.
+pub fn locate(conn: &Connection, id: &[u8; 32]) -> Result<Option<Location>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT kind, pack, offset, stored_len, raw_len, codec FROM objects WHERE id = ?1",
+        )
+        .map_err(Error::db("prepare object lookup"))?;
+    let row = stmt
+        .query_row(params![&id[..]], |r| {
+            Ok((
+                r.get::<_, u8>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, u64>(2)?,
+                r.get::<_, u32>(3)?,
+                r.get::<_, u32>(4)?,
+                r.get::<_, u8>(5)?,
+            ))
+        })
+        .optional()
+        .map_err(Error::db("look up object"))?;
+    let Some((kind, pack, offset, stored_len, raw_len, codec)) = row else {
+        return Ok(None);
+    };
+    let hexid = hex::encode(id);
+    let kind = ObjectKind::from_u8(kind)
+        .ok_or_else(|| Error::corrupt("index row", &hexid, format!("unknown kind {kind}")))?;
+    let pack = PackId::parse(&pack)
+        .ok_or_else(|| Error::corrupt("index row", &hexid, format!("bad pack name {pack:?}")))?;
+    let codec = Codec::from_u8(codec)
+        .ok_or_else(|| Error::corrupt("index row", &hexid, format!("unknown codec {codec}")))?;
+    Ok(Some(Location {
+        kind,
+        pack,
+        offset,
+        stored_len,
+        raw_len,
+        codec,
+    }))
+}
+
+/// Whether an object is in the index.
+pub fn contains(conn: &Connection, id: &[u8; 32]) -> Result<bool> {
+    let mut stmt = conn
+        .prepare_cached("SELECT 1 FROM objects WHERE id = ?1")
+        .map_err(Error::db("prepare object lookup"))?;
+    stmt.exists(params![&id[..]])
+        .map_err(Error::db("look up object"))
+}

@@ -1,0 +1,86 @@
+//! Where things are under a runtime root.
+//!
+//! ```text
+//! <root>/store/index.db      SQLite index (WAL)
+//! <root>/store/packs/*.pack  append-once pack files
+//! <root>/store/lock          flock: imports shared, gc exclusive
+//! <root>/cache/blobs/ab/<id> blob cache: whole file contents as plain read-only files
+//! <root>/workspaces/<id>/    a workspace's private state
+//! <root>/run/                sockets and mount points of the daemon
+//! <root>/tmp/                scratch space for atomic writes
+//! ```
+
+use std::path::{Path, PathBuf};
+
+/// Paths of one runtime root.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub root: PathBuf,
+}
+
+impl Layout {
+    pub fn new(root: impl Into<PathBuf>) -> Layout {
+        Layout { root: root.into() }
+    }
+    pub fn store_dir(&self) -> PathBuf {
+        self.root.join("store")
+    }
+    pub fn index(&self) -> PathBuf {
+        self.root.join("store/index.db")
+    }
+    pub fn packs(&self) -> PathBuf {
+        self.root.join("store/packs")
+    }
+    pub fn lock(&self) -> PathBuf {
+        self.root.join("store/lock")
+    }
+    pub fn blobs(&self) -> PathBuf {
+        self.root.join("cache/blobs")
+    }
+    pub fn workspaces(&self) -> PathBuf {
+        self.root.join("workspaces")
+    }
+    pub fn run(&self) -> PathBuf {
+        self.root.join("run")
+    }
+    pub fn tmp(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+    /// Every directory `init` creates.
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        vec![
+            self.root.clone(),
+            self.store_dir(),
+            self.packs(),
+            self.root.join("cache"),
+            self.blobs(),
+            self.workspaces(),
+            self.run(),
+            self.tmp(),
+        ]
+    }
+}
+
+/// The default runtime root: `$COWSPACE_ROOT`, else `/var/lib/cowspace` for root, else
+/// `$XDG_DATA_HOME/cowspace` (or `~/.local/share/cowspace`).
+pub fn default_root() -> PathBuf {
+    if let Some(r) = std::env::var_os("COWSPACE_ROOT").filter(|v| !v.is_empty()) {
+        return PathBuf::from(r);
+    }
+    if is_root() {
+        return PathBuf::from("/var/lib/cowspace");
+    }
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return Path::new(&x).join("cowspace");
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/".into());
+    Path::new(&home).join(".local/share/cowspace")
+}
+
+fn is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // The owner of /proc/self is the effective uid of this process.
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid() == 0)
+        .unwrap_or(false)
+}

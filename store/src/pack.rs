@@ -1,0 +1,235 @@
+//! Pack files and the backend seam every pack byte goes through.
+//!
+//! A pack is written once, front to back, then sealed (fsync'ed) and never modified:
+//!
+//! ```text
+//! pack    := "CWSPACK1" record*
+//! record  := u8:kind u8:codec u16:0 u32:stored_len u32:raw_len [32]:id stored_bytes
+//! ```
+//!
+//! A pack only counts once a committed index transaction names it; a pack file that no
+//! transaction names (a crash before the commit) is an orphan that `gc` removes and
+//! `fsck` reports. Object locations in the index point at `stored_bytes`.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The first bytes of every pack.
+pub const PACK_MAGIC: &[u8; 8] = b"CWSPACK1";
+/// Bytes of a record header.
+pub const RECORD_HEADER_BYTES: u64 = 44;
+/// A writer starts a new pack once the current one holds this much.
+pub const MAX_PACK_BYTES: u64 = 256 * 1024 * 1024;
+
+/// A pack's name: 16 hex digits, unique per write.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PackId(String);
+
+impl std::fmt::Debug for PackId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackId({})", self.0)
+    }
+}
+
+impl std::fmt::Display for PackId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl PackId {
+    /// A fresh, unique pack id.
+    pub fn generate() -> PackId {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let mut h = blake3::Hasher::new();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        h.update(&now.to_le_bytes());
+        h.update(&std::process::id().to_le_bytes());
+        h.update(&COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+        PackId(hex::encode(&h.finalize().as_bytes()[..8]))
+    }
+
+    /// Parses a pack name as stored in the index or on disk.
+    pub fn parse(s: &str) -> Option<PackId> {
+        (s.len() == 16
+            && s.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()))
+        .then(|| PackId(s.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// How object bytes are stored in a pack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Codec {
+    Raw = 0,
+    Zstd = 1,
+}
+
+impl Codec {
+    pub fn from_u8(b: u8) -> Option<Codec> {
+        match b {
+            0 => Some(Codec::Raw),
+            1 => Some(Codec::Zstd),
+            _ => None,
+        }
+    }
+}
+
+/// A pack being written.
+pub trait PackSink: Send {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()>;
+    /// Makes everything written durable.
+    fn sync(&mut self) -> io::Result<()>;
+}
+
+/// Where packs live. The store does all pack I/O through this seam, so tests can inject
+/// faults and a remote object store can stand in for local files later.
+pub trait PackBackend: Send + Sync {
+    fn create(&self, pack: &PackId) -> io::Result<Box<dyn PackSink>>;
+    fn read_at(&self, pack: &PackId, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    fn len(&self, pack: &PackId) -> io::Result<u64>;
+    fn remove(&self, pack: &PackId) -> io::Result<()>;
+    /// Every pack present, committed or not.
+    fn list(&self) -> io::Result<Vec<PackId>>;
+    /// Makes creations and removals of packs durable.
+    fn sync_dir(&self) -> io::Result<()>;
+    /// A human-readable location, for messages.
+    fn location(&self, pack: &PackId) -> String;
+}
+
+/// Packs as files in one local directory, read with positioned reads.
+pub struct LocalPacks {
+    dir: PathBuf,
+    open: Mutex<HashMap<PackId, std::sync::Arc<File>>>,
+}
+
+/// Open pack files kept for reading; beyond this the table is cleared.
+const MAX_OPEN_PACKS: usize = 256;
+
+impl LocalPacks {
+    pub fn new(dir: impl Into<PathBuf>) -> LocalPacks {
+        LocalPacks {
+            dir: dir.into(),
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn path(&self, pack: &PackId) -> PathBuf {
+        self.dir.join(format!("{}.pack", pack.0))
+    }
+
+    fn file(&self, pack: &PackId) -> io::Result<std::sync::Arc<File>> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = open.get(pack) {
+            return Ok(f.clone());
+        }
+        if open.len() >= MAX_OPEN_PACKS {
+            open.clear();
+        }
+        let f = std::sync::Arc::new(File::open(self.path(pack))?);
+        open.insert(pack.clone(), f.clone());
+        Ok(f)
+    }
+}
+
+struct LocalSink {
+    file: io::BufWriter<File>,
+}
+
+impl PackSink for LocalSink {
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.file.write_all(buf)
+    }
+    fn sync(&mut self) -> io::Result<()> {
+        self.file.flush()?;
+        self.file.get_ref().sync_all()
+    }
+}
+
+impl PackBackend for LocalPacks {
+    fn create(&self, pack: &PackId) -> io::Result<Box<dyn PackSink>> {
+        let file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(self.path(pack))?;
+        Ok(Box::new(LocalSink {
+            file: io::BufWriter::with_capacity(1 << 20, file),
+        }))
+    }
+
+    fn read_at(&self, pack: &PackId, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.file(pack)?.read_exact_at(buf, offset)
+    }
+
+    fn len(&self, pack: &PackId) -> io::Result<u64> {
+        Ok(fs::metadata(self.path(pack))?.len())
+    }
+
+    fn remove(&self, pack: &PackId) -> io::Result<()> {
+        self.open
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(pack);
+        match fs::remove_file(self.path(pack)) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            r => r,
+        }
+    }
+
+    fn list(&self) -> io::Result<Vec<PackId>> {
+        let mut out = Vec::new();
+        for e in fs::read_dir(&self.dir)? {
+            let name = e?.file_name();
+            let name = name.to_string_lossy();
+            if let Some(stem) = name.strip_suffix(".pack")
+                && let Some(id) = PackId::parse(stem)
+            {
+                out.push(id);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    fn sync_dir(&self) -> io::Result<()> {
+        sync_dir(&self.dir)
+    }
+
+    fn location(&self, pack: &PackId) -> String {
+        self.path(pack).display().to_string()
+    }
+}
+
+/// fsync of a directory, so entries created or removed in it are durable.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Encodes a record header.
+pub fn record_header(
+    kind: u8,
+    codec: Codec,
+    stored_len: u32,
+    raw_len: u32,
+    id: &[u8; 32],
+) -> [u8; 44] {
+    let mut h = [0u8; 44];
+    h[0] = kind;
+    h[1] = codec as u8;
+    h[4..8].copy_from_slice(&stored_len.to_le_bytes());
+    h[8..12].copy_from_slice(&raw_len.to_le_bytes());
+    h[12..44].copy_from_slice(id);
+    h
+}

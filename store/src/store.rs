@@ -1,0 +1,378 @@
+//! The [`Store`]: opening a runtime root, reading objects (always verified), and committing
+//! what a write session produced.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rusqlite::{Connection, Transaction, params};
+
+use crate::codec::{self, Manifest};
+use crate::error::{Error, Result};
+use crate::id::{ChunkId, ContentId, SnapshotId, TreeId};
+use crate::index::{self, Location, ObjectKind};
+use crate::layout::Layout;
+use crate::pack::{self, LocalPacks, PackBackend, PackId};
+use crate::snapshot::Snapshot;
+use crate::tree::Tree;
+use crate::writer::Pending;
+
+/// Connections kept for readers.
+const MAX_IDLE_READERS: usize = 16;
+
+/// Settings of an open store.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// zstd level for new objects (1-19).
+    pub zstd_level: i32,
+    /// Hashing/compression threads for imports (0 = one per core).
+    pub workers: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            zstd_level: codec::DEFAULT_ZSTD_LEVEL,
+            workers: 0,
+        }
+    }
+}
+
+impl StoreConfig {
+    pub(crate) fn worker_count(&self) -> usize {
+        if self.workers > 0 {
+            return self.workers;
+        }
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+    }
+}
+
+/// An open store in a runtime root.
+pub struct Store {
+    pub(crate) layout: Layout,
+    pub(crate) config: StoreConfig,
+    pub(crate) backend: Arc<dyn PackBackend>,
+    pub(crate) db: Mutex<Connection>,
+    readers: Mutex<Vec<Connection>>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("root", &self.layout.root)
+            .finish()
+    }
+}
+
+impl Store {
+    /// Creates a runtime root (refuses if one is there) and opens it.
+    pub fn init(root: &Path, config: StoreConfig) -> Result<Store> {
+        let layout = Layout::new(root);
+        if layout.index().exists() {
+            return Err(Error::RootExists(root.to_path_buf()));
+        }
+        for d in layout.dirs() {
+            fs::create_dir_all(&d).map_err(Error::io("create directory", &d))?;
+        }
+        // The index is created under a temporary name and renamed into place, so a crash
+        // during init leaves no half-made root that `open` would accept.
+        let tmp = layout.store_dir().join("index.db.init");
+        let _ = fs::remove_file(&tmp);
+        {
+            let conn = index::create(&tmp)?;
+            conn.pragma_update(None, "journal_mode", "DELETE")
+                .map_err(Error::db("checkpoint new index"))?;
+        }
+        fs::rename(&tmp, layout.index()).map_err(Error::io("create index", layout.index()))?;
+        pack::sync_dir(&layout.store_dir()).map_err(Error::io("sync", layout.store_dir()))?;
+        Store::open(root, config)
+    }
+
+    /// Opens an existing runtime root.
+    pub fn open(root: &Path, config: StoreConfig) -> Result<Store> {
+        let layout = Layout::new(root);
+        if !layout.index().is_file() {
+            return Err(Error::RootMissing(root.to_path_buf()));
+        }
+        let backend: Arc<dyn PackBackend> = Arc::new(LocalPacks::new(layout.packs()));
+        Store::open_with_backend(root, config, backend)
+    }
+
+    /// Opens with another pack backend (fault injection in tests, remote stores later).
+    pub fn open_with_backend(
+        root: &Path,
+        config: StoreConfig,
+        backend: Arc<dyn PackBackend>,
+    ) -> Result<Store> {
+        let layout = Layout::new(root);
+        if !layout.index().is_file() {
+            return Err(Error::RootMissing(root.to_path_buf()));
+        }
+        let conn = index::open(&layout.index())?;
+        Ok(Store {
+            layout,
+            config,
+            backend,
+            db: Mutex::new(conn),
+            readers: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The runtime root.
+    pub fn root(&self) -> &Path {
+        &self.layout.root
+    }
+
+    /// Paths under the runtime root.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub(crate) fn db(&self) -> MutexGuard<'_, Connection> {
+        self.db.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` with a reader connection from the pool.
+    pub(crate) fn with_reader<T>(&self, f: impl FnOnce(&Connection) -> Result<T>) -> Result<T> {
+        let conn = self.readers.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let conn = match conn {
+            Some(c) => c,
+            None => index::open_reader(&self.layout.index())?,
+        };
+        let out = f(&conn);
+        let mut pool = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        if pool.len() < MAX_IDLE_READERS {
+            pool.push(conn);
+        }
+        out
+    }
+
+    /// Where an object is, if stored.
+    pub fn locate(&self, id: &[u8; 32]) -> Result<Option<Location>> {
+        self.with_reader(|c| index::locate(c, id))
+    }
+
+    /// Whether an object (chunk, manifest, tree or snapshot) is stored.
+    pub fn contains(&self, id: &[u8; 32]) -> Result<bool> {
+        self.with_reader(|c| index::contains(c, id))
+    }
+
+    /// Reads and decompresses an object's bytes from its pack, unverified.
+    pub(crate) fn read_located(&self, id: &[u8; 32], loc: &Location) -> Result<Vec<u8>> {
+        let hexid = hex::encode(id);
+        let mut stored = vec![0u8; loc.stored_len as usize];
+        self.backend
+            .read_at(&loc.pack, loc.offset, &mut stored)
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    Error::corrupt(
+                        loc.kind.as_str(),
+                        &hexid,
+                        format!("pack {} is truncated", loc.pack),
+                    )
+                } else {
+                    Error::Io {
+                        step: "read pack",
+                        path: PathBuf::from(self.backend.location(&loc.pack)),
+                        source: e,
+                    }
+                }
+            })?;
+        codec::decompress(loc.codec, stored, loc.raw_len as usize, &hexid)
+    }
+
+    /// Reads an object of the expected kind and verifies it against its id.
+    pub(crate) fn read_object(&self, id: &[u8; 32], kind: ObjectKind) -> Result<Vec<u8>> {
+        let hexid = hex::encode(id);
+        let loc = self
+            .locate(id)?
+            .ok_or_else(|| Error::not_found(kind.as_str(), hexid.clone()))?;
+        if loc.kind != kind {
+            return Err(Error::not_found(kind.as_str(), hexid));
+        }
+        let data = self.read_located(id, &loc)?;
+        verify(kind, id, &data)?;
+        Ok(data)
+    }
+
+    /// Reads and decodes a tree.
+    pub fn tree(&self, id: &TreeId) -> Result<Tree> {
+        let bytes = self.read_object(id.as_bytes(), ObjectKind::Tree)?;
+        Tree::decode(id, &bytes)
+    }
+
+    /// Reads and decodes a snapshot.
+    pub fn snapshot(&self, id: &SnapshotId) -> Result<Snapshot> {
+        let bytes = self.read_object(id.as_bytes(), ObjectKind::Snapshot)?;
+        Snapshot::decode(id, &bytes)
+    }
+
+    /// The chunks of a file's content, in order (one chunk for small files).
+    pub fn content_chunks(&self, id: &ContentId) -> Result<Vec<(ChunkId, u32)>> {
+        let loc = self
+            .locate(id.as_bytes())?
+            .ok_or_else(|| Error::not_found("content", id.to_hex()))?;
+        match loc.kind {
+            ObjectKind::Chunk => Ok(vec![(ChunkId::from_bytes(*id.as_bytes()), loc.raw_len)]),
+            ObjectKind::Manifest => {
+                let bytes = self.read_located(id.as_bytes(), &loc)?;
+                Ok(Manifest::decode(id, &bytes)?.chunks)
+            }
+            _ => Err(Error::not_found("content", id.to_hex())),
+        }
+    }
+
+    /// Reads a chunk, verified.
+    pub fn chunk(&self, id: &ChunkId) -> Result<Vec<u8>> {
+        self.read_object(id.as_bytes(), ObjectKind::Chunk)
+    }
+
+    /// Writes a file's whole content to `out`, verifying every chunk and the whole.
+    /// Returns the number of bytes written.
+    pub fn write_content(&self, id: &ContentId, out: &mut dyn Write) -> Result<u64> {
+        let chunks = self.content_chunks(id)?;
+        let mut hasher = (chunks.len() > 1).then(blake3::Hasher::new);
+        let mut total = 0u64;
+        for (cid, len) in &chunks {
+            let data = self.chunk(cid)?;
+            if data.len() != *len as usize {
+                return Err(Error::corrupt("manifest", id, "a chunk's length differs"));
+            }
+            if let Some(h) = hasher.as_mut() {
+                h.update(&data);
+            }
+            out.write_all(&data)
+                .map_err(Error::io("write content of", id.to_hex()))?;
+            total += data.len() as u64;
+        }
+        if let Some(h) = hasher
+            && h.finalize().as_bytes() != id.as_bytes()
+        {
+            return Err(Error::corrupt(
+                "content",
+                id,
+                "the chunks do not hash to the content id",
+            ));
+        }
+        Ok(total)
+    }
+
+    /// Reads a file's whole content into memory (verified).
+    pub fn read_content(&self, id: &ContentId) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.write_content(id, &mut out)?;
+        Ok(out)
+    }
+
+    /// Makes a write session's packs count: records them and their objects in one
+    /// transaction, together with whatever `extra` writes (snapshot refs, stat cache).
+    /// The packs were synced by the writer, so a committed row never names missing bytes.
+    pub(crate) fn commit<T>(
+        &self,
+        pending: Pending,
+        extra: impl FnOnce(&Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let mut conn = self.db();
+        let tx = conn.transaction().map_err(Error::db("begin commit"))?;
+        {
+            let now = crate::snapshot::now_secs();
+            let mut add_pack = tx
+                .prepare_cached("INSERT INTO packs (id, size, created_at) VALUES (?1, ?2, ?3)")
+                .map_err(Error::db("prepare pack insert"))?;
+            for (pack, size) in &pending.packs {
+                add_pack
+                    .execute(params![pack.as_str(), *size as i64, now])
+                    .map_err(Error::db("record pack"))?;
+            }
+            let mut add = tx
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO objects (id, kind, pack, offset, stored_len, raw_len, codec)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )
+                .map_err(Error::db("prepare object insert"))?;
+            for r in &pending.rows {
+                add.execute(params![
+                    &r.id[..],
+                    r.kind as u8,
+                    r.pack.as_str(),
+                    r.offset as i64,
+                    r.stored_len,
+                    r.raw_len,
+                    r.codec as u8
+                ])
+                .map_err(Error::db("record object"))?;
+            }
+        }
+        let out = extra(&tx)?;
+        tx.commit().map_err(Error::db("commit"))?;
+        Ok(out)
+    }
+
+    /// Every stored snapshot id, newest first.
+    pub fn snapshot_ids(&self) -> Result<Vec<SnapshotId>> {
+        self.with_reader(|c| {
+            let mut stmt = c
+                .prepare("SELECT id FROM objects WHERE kind = ?1")
+                .map_err(Error::db("list snapshots"))?;
+            let ids = stmt
+                .query_map(params![ObjectKind::Snapshot as u8], |r| {
+                    r.get::<_, Vec<u8>>(0)
+                })
+                .map_err(Error::db("list snapshots"))?
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(Error::db("list snapshots"))?;
+            ids.iter().map(|b| SnapshotId::from_slice(b)).collect()
+        })
+    }
+
+    /// Every snapshot with its metadata, newest first.
+    pub fn snapshots(&self) -> Result<Vec<(SnapshotId, Snapshot)>> {
+        let mut out = Vec::new();
+        for id in self.snapshot_ids()? {
+            out.push((id, self.snapshot(&id)?));
+        }
+        out.sort_by(|a, b| b.1.created_at.cmp(&a.1.created_at).then(a.0.cmp(&b.0)));
+        Ok(out)
+    }
+}
+
+/// Checks object bytes against their id, by kind. Manifests are checked when their
+/// content is read (the id is the hash of the whole content).
+pub(crate) fn verify(kind: ObjectKind, id: &[u8; 32], data: &[u8]) -> Result<()> {
+    let actual = match kind {
+        ObjectKind::Chunk => *ChunkId::of(data).as_bytes(),
+        ObjectKind::Tree => *TreeId::of_encoding(data).as_bytes(),
+        ObjectKind::Snapshot => *SnapshotId::of_encoding(data).as_bytes(),
+        ObjectKind::Manifest => return Ok(()),
+    };
+    if &actual != id {
+        return Err(Error::corrupt(
+            kind.as_str(),
+            hex::encode(id),
+            format!("content hashes to {}", hex::encode(actual)),
+        ));
+    }
+    Ok(())
+}
+
+/// A pack named by a committed index transaction (for fsck and gc).
+pub(crate) fn committed_packs(conn: &Connection) -> Result<Vec<(PackId, u64)>> {
+    let mut stmt = conn
+        .prepare("SELECT id, size FROM packs")
+        .map_err(Error::db("list packs"))?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+        .map_err(Error::db("list packs"))?
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(Error::db("list packs"))?;
+    rows.into_iter()
+        .map(|(id, size)| {
+            PackId::parse(&id)
+                .map(|p| (p, size as u64))
+                .ok_or_else(|| Error::corrupt("index row", &id, "bad pack name"))
+        })
+        .collect()
+}

@@ -1,0 +1,394 @@
+//! Trees: directories as sorted entries, canonically encoded and hashed (a Merkle tree).
+//!
+//! Encoding, version 1 (all integers little-endian):
+//!
+//! ```text
+//! tree    := "CWTREE" u8:version(=1) u32:count entry*count
+//! entry   := u16:name_len name u8:kind u32:mode u64:size [32]:hash
+//!            u32:data_len data u16:xattr_count xattr*xattr_count
+//! xattr   := u16:name_len name u32:value_len value
+//! ```
+//!
+//! Invariants checked on decode (so one tree has exactly one encoding): names are
+//! strictly ascending byte strings, non-empty, at most [`MAX_NAME_BYTES`], without `/`
+//! or NUL and not `.` or `..`; xattrs are strictly ascending by name; `hash` is all zero
+//! for kinds without content; `data` is the symlink target, the hard link's primary path
+//! (root-relative, `/`-separated) or a device's 8-byte `rdev`, and empty otherwise; mode
+//! holds only permission bits (`0o7777`).
+
+use crate::error::{Error, Result};
+use crate::id::{ContentId, ID_BYTES, TreeId};
+
+/// Longest file name accepted (Linux `NAME_MAX`).
+pub const MAX_NAME_BYTES: usize = 255;
+/// Longest symlink target or hard-link path accepted (Linux `PATH_MAX`).
+pub const MAX_TARGET_BYTES: usize = 4096;
+/// Most entries in one directory.
+pub const MAX_TREE_ENTRIES: usize = 1 << 22;
+/// Most xattrs on one entry, and the largest value.
+pub const MAX_XATTRS: usize = 256;
+pub const MAX_XATTR_VALUE_BYTES: usize = 64 * 1024;
+
+const MAGIC: &[u8; 6] = b"CWTREE";
+const VERSION: u8 = 1;
+
+/// What an entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Dir,
+    File,
+    Symlink,
+    /// A further name of a regular file; `data` is the primary name's path.
+    Hardlink,
+    Fifo,
+    CharDevice,
+    BlockDevice,
+}
+
+impl Kind {
+    fn to_u8(self) -> u8 {
+        match self {
+            Kind::Dir => 1,
+            Kind::File => 2,
+            Kind::Symlink => 3,
+            Kind::Hardlink => 4,
+            Kind::Fifo => 5,
+            Kind::CharDevice => 6,
+            Kind::BlockDevice => 7,
+        }
+    }
+
+    fn from_u8(b: u8) -> Option<Kind> {
+        Some(match b {
+            1 => Kind::Dir,
+            2 => Kind::File,
+            3 => Kind::Symlink,
+            4 => Kind::Hardlink,
+            5 => Kind::Fifo,
+            6 => Kind::CharDevice,
+            7 => Kind::BlockDevice,
+            _ => return None,
+        })
+    }
+
+    /// A short word for listings and diffs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Dir => "dir",
+            Kind::File => "file",
+            Kind::Symlink => "symlink",
+            Kind::Hardlink => "hardlink",
+            Kind::Fifo => "fifo",
+            Kind::CharDevice => "char_device",
+            Kind::BlockDevice => "block_device",
+        }
+    }
+
+    /// Whether entries of this kind carry file content.
+    pub fn has_content(self) -> bool {
+        matches!(self, Kind::File | Kind::Hardlink)
+    }
+}
+
+/// One directory entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub name: Vec<u8>,
+    pub kind: Kind,
+    /// Permission bits only (`0o7777`).
+    pub mode: u32,
+    /// Content length for files and hard links, target length for symlinks, 0 otherwise.
+    pub size: u64,
+    /// Content id (files, hard links) or subtree id (directories); zero otherwise.
+    pub hash: [u8; ID_BYTES],
+    /// Symlink target, hard-link primary path, or device number (8 bytes LE).
+    pub data: Vec<u8>,
+    /// Extended attributes, sorted by name.
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Entry {
+    /// The content id of a file or hard link.
+    pub fn content(&self) -> Option<ContentId> {
+        self.kind
+            .has_content()
+            .then(|| ContentId::from_bytes(self.hash))
+    }
+
+    /// The subtree id of a directory.
+    pub fn subtree(&self) -> Option<TreeId> {
+        (self.kind == Kind::Dir).then(|| TreeId::from_bytes(self.hash))
+    }
+
+    /// The device number of a device node.
+    pub fn rdev(&self) -> Option<u64> {
+        matches!(self.kind, Kind::CharDevice | Kind::BlockDevice)
+            .then(|| u64::from_le_bytes(self.data.as_slice().try_into().unwrap_or([0; 8])))
+    }
+}
+
+/// A directory: entries sorted by name.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Tree {
+    pub entries: Vec<Entry>,
+}
+
+/// Checks that `name` may be a directory entry name.
+pub fn check_name(name: &[u8]) -> Result<()> {
+    let why = if name.is_empty() {
+        "is empty"
+    } else if name == b"." || name == b".." {
+        "is . or .."
+    } else if name.len() > MAX_NAME_BYTES {
+        "is longer than 255 bytes"
+    } else if name.contains(&b'/') {
+        "contains /"
+    } else if name.contains(&0) {
+        "contains a NUL byte"
+    } else {
+        return Ok(());
+    };
+    Err(Error::Invalid(format!(
+        "file name {:?} {why}",
+        String::from_utf8_lossy(name)
+    )))
+}
+
+impl Tree {
+    /// Sorts entries by name (the canonical order).
+    pub fn sort(&mut self) {
+        self.entries.sort_by(|a, b| a.name.cmp(&b.name));
+        for e in &mut self.entries {
+            e.xattrs.sort();
+        }
+    }
+
+    /// Finds an entry by name.
+    pub fn get(&self, name: &[u8]) -> Option<&Entry> {
+        self.entries
+            .binary_search_by(|e| e.name.as_slice().cmp(name))
+            .ok()
+            .map(|i| &self.entries[i])
+    }
+
+    /// The canonical encoding. The entries must be valid and sorted (see [`Tree::sort`]).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + self.entries.len() * 64);
+        out.extend_from_slice(MAGIC);
+        out.push(VERSION);
+        out.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        for e in &self.entries {
+            debug_assert!(check_name(&e.name).is_ok());
+            out.extend_from_slice(&(e.name.len() as u16).to_le_bytes());
+            out.extend_from_slice(&e.name);
+            out.push(e.kind.to_u8());
+            out.extend_from_slice(&e.mode.to_le_bytes());
+            out.extend_from_slice(&e.size.to_le_bytes());
+            out.extend_from_slice(&e.hash);
+            out.extend_from_slice(&(e.data.len() as u32).to_le_bytes());
+            out.extend_from_slice(&e.data);
+            out.extend_from_slice(&(e.xattrs.len() as u16).to_le_bytes());
+            for (k, v) in &e.xattrs {
+                out.extend_from_slice(&(k.len() as u16).to_le_bytes());
+                out.extend_from_slice(k);
+                out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+                out.extend_from_slice(v);
+            }
+        }
+        out
+    }
+
+    /// Encodes and hashes.
+    pub fn encode_with_id(&self) -> (TreeId, Vec<u8>) {
+        let bytes = self.encode();
+        (TreeId::of_encoding(&bytes), bytes)
+    }
+
+    /// Decodes and checks every invariant of the format.
+    pub fn decode(id: &TreeId, bytes: &[u8]) -> Result<Tree> {
+        let bad = |why: String| Error::corrupt("tree", id, why);
+        let mut r = Reader { bytes, pos: 0 };
+        if r.take(6).map_err(&bad)? != MAGIC {
+            return Err(bad("bad magic".into()));
+        }
+        let version = r.u8().map_err(&bad)?;
+        if version != VERSION {
+            return Err(bad(format!("unknown tree version {version}")));
+        }
+        let count = r.u32().map_err(&bad)? as usize;
+        if count > MAX_TREE_ENTRIES {
+            return Err(bad(format!("{count} entries is over the limit")));
+        }
+        let mut entries: Vec<Entry> = Vec::with_capacity(count.min(4096));
+        for _ in 0..count {
+            let name_len = r.u16().map_err(&bad)? as usize;
+            let name = r.take(name_len).map_err(&bad)?.to_vec();
+            check_name(&name).map_err(|e| bad(e.to_string()))?;
+            if let Some(prev) = entries.last()
+                && prev.name >= name
+            {
+                return Err(bad("entries are not strictly sorted".into()));
+            }
+            let kind_byte = r.u8().map_err(&bad)?;
+            let kind =
+                Kind::from_u8(kind_byte).ok_or_else(|| bad(format!("unknown kind {kind_byte}")))?;
+            let mode = r.u32().map_err(&bad)?;
+            if mode & !0o7777 != 0 {
+                return Err(bad(format!("mode {mode:o} has bits beyond 07777")));
+            }
+            let size = r.u64().map_err(&bad)?;
+            let hash: [u8; ID_BYTES] = r.take(ID_BYTES).map_err(&bad)?.try_into().unwrap();
+            let data_len = r.u32().map_err(&bad)? as usize;
+            if data_len > MAX_TARGET_BYTES {
+                return Err(bad("entry data over the limit".into()));
+            }
+            let data = r.take(data_len).map_err(&bad)?.to_vec();
+            let has_hash = matches!(kind, Kind::Dir | Kind::File | Kind::Hardlink);
+            if !has_hash && hash != [0; ID_BYTES] {
+                return Err(bad(format!("{} entry with a hash", kind.as_str())));
+            }
+            let data_ok = match kind {
+                Kind::Symlink | Kind::Hardlink => !data.is_empty(),
+                Kind::CharDevice | Kind::BlockDevice => data.len() == 8,
+                _ => data.is_empty(),
+            };
+            if !data_ok {
+                return Err(bad(format!("{} entry with malformed data", kind.as_str())));
+            }
+            let nx = r.u16().map_err(&bad)? as usize;
+            if nx > MAX_XATTRS {
+                return Err(bad("too many xattrs".into()));
+            }
+            let mut xattrs: Vec<(Vec<u8>, Vec<u8>)> = Vec::with_capacity(nx);
+            for _ in 0..nx {
+                let kl = r.u16().map_err(&bad)? as usize;
+                let k = r.take(kl).map_err(&bad)?.to_vec();
+                let vl = r.u32().map_err(&bad)? as usize;
+                if vl > MAX_XATTR_VALUE_BYTES {
+                    return Err(bad("xattr value over the limit".into()));
+                }
+                let v = r.take(vl).map_err(&bad)?.to_vec();
+                if let Some((pk, _)) = xattrs.last()
+                    && *pk >= k
+                {
+                    return Err(bad("xattrs are not strictly sorted".into()));
+                }
+                xattrs.push((k, v));
+            }
+            entries.push(Entry {
+                name,
+                kind,
+                mode,
+                size,
+                hash,
+                data,
+                xattrs,
+            });
+        }
+        if r.pos != bytes.len() {
+            return Err(bad("trailing bytes".into()));
+        }
+        Ok(Tree { entries })
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len());
+        let end = end.ok_or_else(|| "truncated".to_string())?;
+        let s = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn u8(&mut self) -> std::result::Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> std::result::Result<u16, String> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
+    }
+    fn u32(&mut self) -> std::result::Result<u32, String> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+    }
+    fn u64(&mut self) -> std::result::Result<u64, String> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn file(name: &str, mode: u32) -> Entry {
+        Entry {
+            name: name.as_bytes().to_vec(),
+            kind: Kind::File,
+            mode,
+            size: 3,
+            hash: *ContentId::of(b"abc").as_bytes(),
+            data: vec![],
+            xattrs: vec![],
+        }
+    }
+
+    #[test]
+    fn round_trip() {
+        let mut t = Tree {
+            entries: vec![file("b", 0o644), file("a", 0o755)],
+        };
+        t.entries.push(Entry {
+            name: b"l".to_vec(),
+            kind: Kind::Symlink,
+            mode: 0o777,
+            size: 1,
+            hash: [0; 32],
+            data: b"a".to_vec(),
+            xattrs: vec![
+                (b"user.b".to_vec(), b"2".to_vec()),
+                (b"user.a".to_vec(), vec![]),
+            ],
+        });
+        t.sort();
+        let (id, bytes) = t.encode_with_id();
+        assert_eq!(Tree::decode(&id, &bytes).unwrap(), t);
+    }
+
+    #[test]
+    fn decode_rejects_unsorted_and_bad_names() {
+        let t = Tree {
+            entries: vec![file("b", 0o644), file("a", 0o644)],
+        };
+        let (id, bytes) = t.encode_with_id();
+        assert!(Tree::decode(&id, &bytes).is_err());
+        for bad in [&b""[..], b".", b"..", b"a/b", b"a\0b"] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    proptest! {
+        /// The same set of entries gives the same id whatever order they were added in.
+        #[test]
+        fn canonical_whatever_the_order(names in proptest::collection::btree_set("[a-z0-9 ._é-]{1,12}", 1..20), seed in any::<u64>()) {
+            let names: Vec<String> = names.into_iter().filter(|n| n != "." && n != "..").collect();
+            let mut a = Tree { entries: names.iter().map(|n| file(n, 0o644)).collect() };
+            let mut b = a.clone();
+            // A deterministic shuffle from the seed.
+            let len = b.entries.len();
+            for i in 0..len {
+                let j = ((seed.wrapping_mul(6364136223846793005).wrapping_add(i as u64)) % len as u64) as usize;
+                b.entries.swap(i, j);
+            }
+            a.sort();
+            b.sort();
+            prop_assert_eq!(a.encode_with_id().0, b.encode_with_id().0);
+            let (id, bytes) = a.encode_with_id();
+            prop_assert_eq!(Tree::decode(&id, &bytes).unwrap(), a);
+        }
+    }
+}
