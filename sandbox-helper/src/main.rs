@@ -1,7 +1,175 @@
-//! `sandbox-helper`: placeholder until the sandbox lands.
+//! `sandbox-helper`: the privileged helper `mountctl run` calls. Thin: parses the command
+//! line, calls the library, prints, and maps errors to exit codes.
 #![forbid(unsafe_code)]
 
-fn main() -> std::process::ExitCode {
-    eprintln!("sandbox-helper: not built yet");
-    std::process::ExitCode::from(7)
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use sandbox_helper::{Error, Net, Options, Spec, SpecInput, cgroup, probe};
+
+#[derive(Parser)]
+#[command(
+    name = "sandbox-helper",
+    version,
+    about = "Run a command in a cowspace sandbox"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run CMD in a sandbox with WORKSPACE_DIR at /workspace; exits with CMD's status.
+    Run(Box<RunArgs>),
+    /// Show which controls this host can enforce, and why not.
+    Probe {
+        /// Print one JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+        /// Cgroup root (default /sys/fs/cgroup).
+        #[arg(long, env = cgroup::ROOT_ENV, default_value = cgroup::DEFAULT_ROOT)]
+        cgroup_root: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The workspace directory, seen read-write at /workspace.
+    #[arg(long, value_name = "WORKSPACE_DIR")]
+    dir: PathBuf,
+    /// The sandbox's name (its hostname).
+    #[arg(long)]
+    name: String,
+    /// Leases and per-run directories (default $COWSPACE_ROOT/run/sandbox).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Cgroup root (default /sys/fs/cgroup).
+    #[arg(long, env = cgroup::ROOT_ENV, default_value = cgroup::DEFAULT_ROOT)]
+    cgroup_root: PathBuf,
+    /// Network: none (default) or loopback (default when ports are published).
+    #[arg(long, value_parser = ["none", "loopback"])]
+    net: Option<String>,
+    /// Memory limit in bytes (k, m, g suffixes accepted).
+    #[arg(long, value_name = "BYTES")]
+    memory: Option<String>,
+    /// Most processes and threads at once.
+    #[arg(long, value_name = "N")]
+    pids: Option<u64>,
+    /// CPU bandwidth in CPUs, e.g. 1.5.
+    #[arg(long, value_name = "F")]
+    cpus: Option<f64>,
+    /// Publish the internal PORT on a unique 127.0.0.1 host port.
+    #[arg(long, value_name = "PORT")]
+    publish: Vec<u16>,
+    /// Set KEY=VALUE in the command's environment.
+    #[arg(long, value_name = "K=V")]
+    env: Vec<String>,
+    /// Bind host SRC read-only at DST inside.
+    #[arg(long, value_name = "SRC:DST")]
+    ro_bind: Vec<String>,
+    /// Print the published ports as one JSON line on stdout before CMD runs; errors as JSON.
+    #[arg(long)]
+    json: bool,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Probe { json, cgroup_root } => probe_cmd(json, &cgroup_root),
+        Command::Run(args) => {
+            let json = args.json;
+            match run_cmd(*args) {
+                Ok(code) => ExitCode::from(code),
+                Err(e) => {
+                    report_error(&e, json);
+                    ExitCode::from(e.kind().exit_code())
+                }
+            }
+        }
+    }
+}
+
+fn probe_cmd(json: bool, cgroup_root: &std::path::Path) -> ExitCode {
+    let checks = probe::probe(cgroup_root);
+    if json {
+        println!("{}", serde_json::json!({ "controls": checks }));
+    } else {
+        for c in &checks {
+            let mark = if c.available { "yes" } else { "NO " };
+            println!("{mark}  {:<58} {}", c.control, c.detail);
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn run_cmd(args: RunArgs) -> Result<u8, Error> {
+    let opts = Options {
+        state_dir: args
+            .state_dir
+            .unwrap_or_else(sandbox_helper::default_state_dir),
+        cgroup_root: args.cgroup_root,
+    };
+    let input = SpecInput {
+        name: args.name,
+        dir: args.dir,
+        net: args.net.as_deref().map(str::parse::<Net>).transpose()?,
+        memory: args.memory,
+        pids: args.pids,
+        cpus: args.cpus,
+        publish: args.publish,
+        env: args.env,
+        ro_bind: args.ro_bind,
+        command: args.command,
+    };
+    let spec = Spec::validate(input, &opts.state_dir)?;
+    let json = args.json;
+    let outcome = sandbox_helper::run(&spec, &opts, |ready| {
+        for p in &ready.published {
+            eprintln!("published {} -> 127.0.0.1:{}", p.internal, p.host);
+        }
+        if json {
+            let ports: serde_json::Map<String, serde_json::Value> = ready
+                .published
+                .iter()
+                .map(|p| (p.internal.to_string(), p.host.into()))
+                .collect();
+            println!(
+                "{}",
+                serde_json::json!({
+                    "name": spec.name,
+                    "ports": ports,
+                    "host_uid_base": ready.host_uid_base,
+                    "init_pid": ready.init_pid,
+                })
+            );
+        }
+    })?;
+    if outcome.oom_kills > 0 {
+        eprintln!(
+            "sandbox-helper: {}: out of memory: the kernel OOM-killed {} process(es) at the memory limit of {} bytes; exit status {}",
+            spec.name,
+            outcome.oom_kills,
+            spec.limits.memory_bytes.unwrap_or(0),
+            outcome.code
+        );
+    }
+    Ok(outcome.code)
+}
+
+fn report_error(e: &Error, json: bool) {
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "error": { "kind": e.kind().as_str(), "message": e.to_string(), "hint": e.hint() } })
+        );
+    }
+    eprintln!("sandbox-helper: {e}");
+    if let Some(h) = e.hint() {
+        eprintln!("hint: {h}");
+    }
 }

@@ -1,0 +1,401 @@
+//! Cgroup limits of a sandbox: memory, pids and cpu, one controller per file.
+//!
+//! Each controller is used from cgroup v2 when the unified hierarchy offers it (listed in
+//! its `cgroup.controllers`), else from its cgroup v1 hierarchy (`ROOT/<controller>`).
+//! On this project's reference host v2 has no usable controllers, so all three are v1.
+//! Every limit is read back after it is written. A missing controller is refused as
+//! unsupported before anything is created.
+//!
+//! A [`Group`] is one directory per controller, `.../cowspace/<name>.<helper pid>`. It
+//! always includes `pids` (so every process of the sandbox is accounted for and can be
+//! killed); `memory` and `cpu` only when limited. Dropping a group kills every process
+//! still in it and removes its directories.
+
+mod cpu;
+mod memory;
+mod pids;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::{AccessFlags, Pid, access};
+
+use crate::error::{Error, Result};
+use crate::spec::Limits;
+
+/// Default root of the cgroup mounts.
+pub const DEFAULT_ROOT: &str = "/sys/fs/cgroup";
+/// Environment variable overriding the cgroup root (tests point it at an empty dir).
+pub const ROOT_ENV: &str = "COWSPACE_CGROUP_ROOT";
+/// Subdirectory holding all sandbox groups in each hierarchy.
+pub const PARENT_DIR: &str = "cowspace";
+/// Rounds of "kill everything in the group" before giving up.
+const MAX_KILL_ROUNDS: u32 = 500;
+/// Pause between kill rounds and between `rmdir` retries.
+const KILL_ROUND_PAUSE_MS: u64 = 10;
+
+/// A cgroup controller the sandbox uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Controller {
+    /// Memory limit, OOM kill.
+    Memory,
+    /// Process count limit; also the group every sandbox is in.
+    Pids,
+    /// CPU bandwidth.
+    Cpu,
+}
+
+impl Controller {
+    /// All controllers, in probe order.
+    pub const ALL: [Controller; 3] = [Controller::Memory, Controller::Pids, Controller::Cpu];
+
+    /// The kernel's name of the controller.
+    pub fn name(self) -> &'static str {
+        match self {
+            Controller::Memory => "memory",
+            Controller::Pids => "pids",
+            Controller::Cpu => "cpu",
+        }
+    }
+
+    /// The control named in refusals.
+    pub fn control(self) -> &'static str {
+        match self {
+            Controller::Memory => "memory limit (cgroup memory controller)",
+            Controller::Pids => "process limit and accounting (cgroup pids controller)",
+            Controller::Cpu => "cpu limit (cgroup cpu controller)",
+        }
+    }
+
+    /// A file the root of a v1 hierarchy of this controller has (the v1 `pids` root has
+    /// no `pids.*` file, only the generic ones).
+    fn v1_marker(self) -> &'static str {
+        match self {
+            Controller::Memory => "memory.limit_in_bytes",
+            Controller::Pids => "cgroup.procs",
+            Controller::Cpu => "cpu.cfs_quota_us",
+        }
+    }
+}
+
+/// Cgroup version a controller is used from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Version {
+    /// Legacy per-controller hierarchy.
+    V1,
+    /// Unified hierarchy.
+    V2,
+}
+
+/// Where a controller is available.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Placement {
+    /// The controller.
+    pub controller: Controller,
+    /// The version used.
+    pub version: Version,
+    /// The hierarchy's root directory.
+    pub hierarchy: PathBuf,
+}
+
+/// The unified (v2) mount under `root`: `root` itself or `root/unified`.
+fn v2_root(root: &Path) -> Option<PathBuf> {
+    [root.to_path_buf(), root.join("unified")]
+        .into_iter()
+        .find(|p| p.join("cgroup.controllers").is_file())
+}
+
+/// Finds where `controller` can be used under `root`, or says why it cannot.
+pub fn locate(root: &Path, controller: Controller) -> std::result::Result<Placement, String> {
+    let name = controller.name();
+    let mut why = Vec::new();
+    match v2_root(root) {
+        Some(v2) => {
+            let listed = fs::read_to_string(v2.join("cgroup.controllers")).unwrap_or_default();
+            if listed.split_whitespace().any(|c| c == name) {
+                return writable(Placement {
+                    controller,
+                    version: Version::V2,
+                    hierarchy: v2,
+                });
+            }
+            why.push(format!(
+                "cgroup v2 at {} does not offer `{name}` (cgroup.controllers: {:?})",
+                v2.display(),
+                listed.trim()
+            ));
+        }
+        None => why.push(format!("no cgroup v2 hierarchy under {}", root.display())),
+    }
+    let v1 = root.join(name);
+    if v1.join(controller.v1_marker()).is_file() {
+        return writable(Placement {
+            controller,
+            version: Version::V1,
+            hierarchy: v1,
+        });
+    }
+    why.push(format!(
+        "no cgroup v1 `{name}` hierarchy at {}",
+        v1.display()
+    ));
+    Err(why.join("; "))
+}
+
+fn writable(p: Placement) -> std::result::Result<Placement, String> {
+    match access(&p.hierarchy, AccessFlags::W_OK) {
+        Ok(()) => Ok(p),
+        Err(e) => Err(format!("{} is not writable: {e}", p.hierarchy.display())),
+    }
+}
+
+/// The controllers a sandbox with `limits` needs (always `pids`).
+pub fn needed(limits: &Limits) -> Vec<Controller> {
+    let mut out = vec![Controller::Pids];
+    if limits.memory_bytes.is_some() {
+        out.push(Controller::Memory);
+    }
+    if limits.cpus.is_some() {
+        out.push(Controller::Cpu);
+    }
+    out
+}
+
+/// Checks that every controller `limits` needs is usable; refuses as unsupported if not.
+pub fn require(root: &Path, limits: &Limits) -> Result<Vec<Placement>> {
+    needed(limits)
+        .into_iter()
+        .map(|c| {
+            locate(root, c).map_err(|reason| Error::Unsupported {
+                control: c.control(),
+                reason,
+            })
+        })
+        .collect()
+}
+
+fn write(path: &Path, value: &str, step: &'static str) -> Result<()> {
+    fs::write(path, value).map_err(|source| Error::Cgroup {
+        step,
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn read(path: &Path, step: &'static str) -> Result<String> {
+    fs::read_to_string(path)
+        .map(|s| s.trim().to_string())
+        .map_err(|source| Error::Cgroup {
+            step,
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
+/// Writes `value` to `path`, reads it back and checks it with `expect`.
+fn write_checked(path: &Path, value: &str, expect: &str) -> Result<()> {
+    write(path, value, "write limit")?;
+    let got = read(path, "read limit back")?;
+    if got != expect {
+        return Err(Error::CgroupReadBack {
+            path: path.to_path_buf(),
+            wanted: expect.into(),
+            got,
+        });
+    }
+    Ok(())
+}
+
+/// One sandbox's cgroups, one directory per controller.
+#[derive(Debug)]
+pub struct Group {
+    dirs: Vec<(Placement, PathBuf)>,
+}
+
+impl Group {
+    /// Creates the sandbox's groups in `placements` (from [`require`]) and sets `limits`.
+    pub fn create(placements: &[Placement], name: &str, limits: &Limits) -> Result<Group> {
+        let mut group = Group { dirs: Vec::new() };
+        let leaf = format!("{name}.{}", std::process::id());
+        for p in placements {
+            let parent = p.hierarchy.join(PARENT_DIR);
+            if p.version == Version::V2 {
+                enable_v2(&p.hierarchy, p.controller)?;
+            }
+            fs::create_dir_all(&parent).map_err(|source| Error::Cgroup {
+                step: "create",
+                path: parent.clone(),
+                source,
+            })?;
+            if p.version == Version::V2 {
+                enable_v2(&parent, p.controller)?;
+            }
+            let dir = parent.join(&leaf);
+            fs::create_dir(&dir).map_err(|source| Error::Cgroup {
+                step: "create",
+                path: dir.clone(),
+                source,
+            })?;
+            group.dirs.push((p.clone(), dir.clone()));
+            match p.controller {
+                Controller::Memory => memory::apply(&dir, p.version, limits.memory_bytes)?,
+                Controller::Pids => pids::apply(&dir, p.version, limits.pids)?,
+                Controller::Cpu => cpu::apply(&dir, p.version, limits.cpus)?,
+            }
+        }
+        Ok(group)
+    }
+
+    /// The group's directories.
+    pub fn dirs(&self) -> impl Iterator<Item = &Path> {
+        self.dirs.iter().map(|(_, d)| d.as_path())
+    }
+
+    /// Moves process `pid` into every directory of the group.
+    pub fn add(&self, pid: Pid) -> Result<()> {
+        for (_, dir) in &self.dirs {
+            write(
+                &dir.join("cgroup.procs"),
+                &pid.to_string(),
+                "move the sandbox into",
+            )?;
+        }
+        Ok(())
+    }
+
+    /// How many processes of the group the kernel OOM-killed, when a memory group exists.
+    pub fn oom_kills(&self) -> Option<u64> {
+        self.dirs
+            .iter()
+            .find(|(p, _)| p.controller == Controller::Memory)
+            .and_then(|(p, dir)| memory::oom_kills(dir, p.version))
+    }
+
+    /// The pids in the group now.
+    pub fn pids(&self) -> Vec<Pid> {
+        let mut out: Vec<Pid> = self
+            .dirs
+            .iter()
+            .filter_map(|(_, d)| fs::read_to_string(d.join("cgroup.procs")).ok())
+            .flat_map(|s| {
+                s.lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .collect::<Vec<i32>>()
+            })
+            .map(Pid::from_raw)
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Kills every process in the group (repeatedly, so forks racing the kill die too)
+    /// and removes the directories. Returns the pids that would not die, if any.
+    pub fn destroy(&mut self) -> Result<()> {
+        for _ in 0..MAX_KILL_ROUNDS {
+            let pids = self.pids();
+            if pids.is_empty() {
+                break;
+            }
+            for pid in pids {
+                let _ = kill(pid, Signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(KILL_ROUND_PAUSE_MS));
+        }
+        while let Some((_, dir)) = self.dirs.pop() {
+            let mut last = None;
+            for _ in 0..MAX_KILL_ROUNDS {
+                match fs::remove_dir(&dir) {
+                    Ok(()) => {
+                        last = None;
+                        break;
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        last = None;
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+                std::thread::sleep(Duration::from_millis(KILL_ROUND_PAUSE_MS));
+            }
+            if let Some(source) = last {
+                return Err(Error::Cgroup {
+                    step: "remove",
+                    path: dir,
+                    source,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Err(e) = self.destroy() {
+            eprintln!("sandbox-helper: cleanup: {e}");
+        }
+    }
+}
+
+/// Enables `controller` for the children of the v2 group `dir`.
+fn enable_v2(dir: &Path, controller: Controller) -> Result<()> {
+    let path = dir.join("cgroup.subtree_control");
+    let on = read(&path, "read subtree_control")?;
+    if on.split_whitespace().any(|c| c == controller.name()) {
+        return Ok(());
+    }
+    write(
+        &path,
+        &format!("+{}", controller.name()),
+        "enable controller in",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_root_refuses_every_controller_with_a_reason() {
+        let tmp = tempfile::tempdir().unwrap();
+        for c in Controller::ALL {
+            let why = locate(tmp.path(), c).unwrap_err();
+            assert!(why.contains("no cgroup v1"), "{why}");
+        }
+        let err = require(
+            tmp.path(),
+            &Limits {
+                memory_bytes: Some(1 << 30),
+                ..Limits::default()
+            },
+        )
+        .unwrap_err();
+        assert_eq!(err.kind(), crate::Kind::Unsupported);
+        assert!(err.to_string().contains("pids"), "{err}");
+    }
+
+    #[test]
+    fn v2_is_preferred_when_it_offers_the_controller() {
+        let tmp = tempfile::tempdir().unwrap();
+        let unified = tmp.path().join("unified");
+        fs::create_dir_all(&unified).unwrap();
+        fs::write(unified.join("cgroup.controllers"), "hugetlb pids\n").unwrap();
+        fs::create_dir_all(tmp.path().join("memory")).unwrap();
+        fs::write(tmp.path().join("memory/memory.limit_in_bytes"), "").unwrap();
+        assert_eq!(
+            locate(tmp.path(), Controller::Pids).unwrap().version,
+            Version::V2
+        );
+        assert_eq!(
+            locate(tmp.path(), Controller::Memory).unwrap().version,
+            Version::V1
+        );
+        let why = locate(tmp.path(), Controller::Cpu).unwrap_err();
+        assert!(why.contains("does not offer `cpu`"), "{why}");
+    }
+}

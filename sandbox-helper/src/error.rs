@@ -1,0 +1,174 @@
+//! Errors of the sandbox helper.
+//!
+//! Conventions: every variant names the step that failed and carries the path or input it
+//! failed on. [`Error::kind`] maps a variant to one of the few stable user-facing kinds,
+//! and [`Kind::exit_code`] maps a kind to the exit codes of `CLI.md` (7 unsupported,
+//! 9 invalid input, 5 busy, 1 other).
+
+use std::io;
+use std::path::PathBuf;
+
+/// The stable user-facing kinds (a subset of cowspace's kinds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Bad input: a malformed name, path, limit or option.
+    InvalidInput,
+    /// A control that was asked for cannot be enforced on this host.
+    Unsupported,
+    /// Every uid range or port of the allowed range is taken.
+    Busy,
+    /// Any other failure (I/O, a kernel call that failed).
+    Io,
+}
+
+impl Kind {
+    /// Exit code of the `sandbox-helper` binary (and `mountctl`) for this kind.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Kind::InvalidInput => 9,
+            Kind::Unsupported => 7,
+            Kind::Busy => 5,
+            Kind::Io => 1,
+        }
+    }
+
+    /// The name used in `--json` error objects.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::InvalidInput => "invalid_input",
+            Kind::Unsupported => "unsupported",
+            Kind::Busy => "busy",
+            Kind::Io => "io",
+        }
+    }
+}
+
+/// Everything that can go wrong while validating, setting up or running a sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The caller's input was refused before anything was created.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// A requested control cannot be enforced; nothing was run.
+    #[error("unsupported: {control} cannot be enforced: {reason}")]
+    Unsupported {
+        /// The control, e.g. `memory limit`, `user namespace`.
+        control: &'static str,
+        /// What the host lacks.
+        reason: String,
+    },
+    /// All uid ranges or ports are leased by running sandboxes.
+    #[error("busy: {0}")]
+    Busy(String),
+    /// Preparing the state directory (locks, per-run directory).
+    #[error("state directory {path}: {source}")]
+    StateDir {
+        /// The path that failed.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// Opening the workspace or a `--ro-bind` source.
+    #[error("opening {path}: {source}")]
+    OpenSource {
+        /// The path that failed.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// Creating a cgroup, writing a limit or moving a process into it.
+    #[error("cgroup {step} at {path}: {source}")]
+    Cgroup {
+        /// What was being done (`create`, `write memory.limit_in_bytes`, ...).
+        step: &'static str,
+        /// The cgroup file or directory.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// A limit read back after being written is not what was asked for.
+    #[error("cgroup limit {path} reads back {got:?}, expected {wanted:?}")]
+    CgroupReadBack {
+        /// The cgroup file.
+        path: PathBuf,
+        /// What was written.
+        wanted: String,
+        /// What was read.
+        got: String,
+    },
+    /// Building the seccomp filter.
+    #[error("building the seccomp filter: {0}")]
+    Seccomp(String),
+    /// `clone(2)` of the sandbox init into new namespaces.
+    #[error("creating the sandbox namespaces (clone): {0}")]
+    Clone(io::Error),
+    /// Writing `/proc/PID/uid_map` or `gid_map`.
+    #[error("writing the sandbox's {file}: {source}")]
+    IdMap {
+        /// `uid_map` or `gid_map`.
+        file: &'static str,
+        /// The cause.
+        source: io::Error,
+    },
+    /// Making a detached (bind or idmapped) mount for the sandbox's view.
+    #[error("preparing the mount of {path}: {source}")]
+    DetachedMount {
+        /// The host path.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// Talking to the sandbox init over the setup socket.
+    #[error("talking to the sandbox init: {0}")]
+    Sync(io::Error),
+    /// A step inside the sandbox failed before the command ran.
+    #[error("setting up the sandbox: {step}: {source}")]
+    Setup {
+        /// The step, e.g. `pivot_root`, `mount /proc`.
+        step: String,
+        /// The cause.
+        source: io::Error,
+    },
+    /// The command could not be started inside the sandbox.
+    #[error("starting {command:?} inside the sandbox: {source}")]
+    Exec {
+        /// The command.
+        command: String,
+        /// The cause.
+        source: io::Error,
+    },
+    /// Waiting for the sandbox init.
+    #[error("waiting for the sandbox: {0}")]
+    Wait(io::Error),
+}
+
+impl Error {
+    /// The stable kind of this error.
+    pub fn kind(&self) -> Kind {
+        match self {
+            Error::InvalidInput(_) => Kind::InvalidInput,
+            Error::Unsupported { .. } => Kind::Unsupported,
+            Error::Busy(_) => Kind::Busy,
+            Error::Exec { source, .. } if source.kind() == io::ErrorKind::NotFound => {
+                Kind::InvalidInput
+            }
+            _ => Kind::Io,
+        }
+    }
+
+    /// A short hint for the user, where one helps.
+    pub fn hint(&self) -> Option<&'static str> {
+        match self {
+            Error::Unsupported { .. } => Some(
+                "run `sandbox-helper probe` to see which controls this host can enforce; \
+                 drop the control or fix the host (the helper never runs without it)",
+            ),
+            Error::Busy(_) => Some("wait for other sandboxes to end"),
+            Error::Exec { .. } => Some("the command must exist inside the sandbox's view"),
+            _ => None,
+        }
+    }
+}
+
+/// Result with this crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,131 @@
+//! Published ports: a host listener per port, forwarded into the sandbox's network
+//! namespace by proxy threads of the helper.
+//!
+//! Each proxy thread enters the sandbox's network namespace with `setns` (which affects
+//! only the calling thread) and connects to `127.0.0.1:PORT` there for every connection
+//! accepted on the host listener (a socket of the host's namespace, bound before the
+//! sandbox started). No TUN device, no veth, no routing: the sandbox still has no
+//! interface but its loopback.
+
+use std::fs::File;
+use std::io;
+use std::net::{Ipv4Addr, Shutdown, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use nix::sched::{CloneFlags, setns};
+
+use crate::alloc::PortLease;
+
+/// Most connections forwarded at once per published port.
+pub const MAX_CONNECTIONS_PER_PORT: usize = 128;
+/// How long connecting inside the sandbox may take.
+const CONNECT_TIMEOUT_MS: u64 = 2_000;
+
+/// Running proxies; dropping (or [`Proxy::stop`]) stops accepting and joins the threads.
+#[derive(Debug)]
+pub struct Proxy {
+    leases: Vec<PortLease>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Proxy {
+    /// Starts one accept thread per lease, connecting inside the network namespace `netns`
+    /// (an open `/proc/PID/ns/net`).
+    pub fn start(leases: Vec<PortLease>, netns: &File) -> io::Result<Proxy> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::new();
+        for lease in &leases {
+            let listener = lease.listener.try_clone()?;
+            let ns = netns.try_clone()?;
+            let internal = lease.internal;
+            let stop = stop.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("publish-{internal}"))
+                .spawn(move || accept_loop(listener, ns, internal, stop))?;
+            threads.push(thread);
+        }
+        Ok(Proxy {
+            leases,
+            stop,
+            threads,
+        })
+    }
+
+    /// Stops accepting and joins the accept threads. Connections in flight end when the
+    /// sandbox's sockets close.
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for lease in &self.leases {
+            // Shutting a listening socket down wakes a thread blocked in accept.
+            let _ = nix::sys::socket::shutdown(
+                std::os::fd::AsRawFd::as_raw_fd(&lease.listener),
+                nix::sys::socket::Shutdown::Both,
+            );
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn accept_loop(listener: TcpListener, netns: File, internal: u16, stop: Arc<AtomicBool>) {
+    if let Err(e) = setns(&netns, CloneFlags::CLONE_NEWNET) {
+        eprintln!("sandbox-helper: publish {internal}: entering the sandbox's network: {e}");
+        return;
+    }
+    let active = Arc::new(AtomicUsize::new(0));
+    loop {
+        let conn = listener.accept();
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok((outside, _)) = conn else {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        if active.load(Ordering::SeqCst) >= MAX_CONNECTIONS_PER_PORT {
+            continue; // dropped: the client sees a reset
+        }
+        // Created on this thread, so the socket belongs to the sandbox's namespace.
+        let inside = match TcpStream::connect_timeout(
+            &(Ipv4Addr::LOCALHOST, internal).into(),
+            Duration::from_millis(CONNECT_TIMEOUT_MS),
+        ) {
+            Ok(s) => s,
+            Err(_) => continue,
+        };
+        active.fetch_add(1, Ordering::SeqCst);
+        let active = active.clone();
+        let _ = std::thread::Builder::new()
+            .name(format!("conn-{internal}"))
+            .spawn(move || {
+                pipe_both(outside, inside);
+                active.fetch_sub(1, Ordering::SeqCst);
+            });
+    }
+}
+
+/// Copies both directions until both are closed.
+fn pipe_both(a: TcpStream, b: TcpStream) {
+    let (Ok(a2), Ok(b2)) = (a.try_clone(), b.try_clone()) else {
+        return;
+    };
+    let back = std::thread::spawn(move || copy_half(b2, a2));
+    copy_half(a, b);
+    let _ = back.join();
+}
+
+fn copy_half(mut from: TcpStream, mut to: TcpStream) {
+    let _ = io::copy(&mut from, &mut to);
+    let _ = to.shutdown(Shutdown::Write);
+}

@@ -1,0 +1,714 @@
+//! The sandbox's filesystem view: planned on the host, applied inside the sandbox.
+//!
+//! [`plan`] turns a [`Spec`] into a list of [`Step`]s plus the host paths that become
+//! detached mounts (made by the helper with `open_tree`, read-only or idmapped, and
+//! handed to the sandbox init). [`apply`] runs the steps through the [`Syscall`] seam.
+//!
+//! Invariants (checked by the tests below):
+//! - the new root is a fresh tmpfs; only the paths listed here are attached to it, and
+//!   every attached host path except the workspace is read-only;
+//! - the old root is detached right after `pivot_root`, so nothing else of the host
+//!   (its `/root`, `/home`, `/var/run`, the state directory, sockets) stays reachable;
+//! - the root is remounted read-only last, and the working directory is `/workspace`.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::mount::MsFlags;
+
+use crate::spec::Spec;
+use crate::sys::{
+    MOUNT_ATTR_IDMAP, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
+};
+use crate::syscall::Syscall;
+
+/// Most detached mounts handed to the sandbox (one `SCM_RIGHTS` message holds 253).
+pub const MAX_DETACHED_MOUNTS: usize = 200;
+/// Host directories bound read-only at the same place (or recreated as symlinks).
+pub const SYSTEM_DIRS: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+/// Entries of the host's `/etc` that programs need, bound read-only when present.
+pub const ETC_ENTRIES: [&str; 24] = [
+    "alternatives",
+    "bash.bashrc",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "debian_version",
+    "environment",
+    "gai.conf",
+    "host.conf",
+    "inputrc",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "login.defs",
+    "mime.types",
+    "nsswitch.conf",
+    "os-release",
+    "profile",
+    "profile.d",
+    "protocols",
+    "python3",
+    "services",
+    "ssl",
+    "terminfo",
+];
+/// Device nodes bound from the host's `/dev`.
+pub const DEV_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
+/// Name of the old root's mount point inside the new root, detached after pivoting.
+const OLD_ROOT: &str = ".oldroot";
+
+/// What a host path is, as far as planning needs to know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostKind {
+    /// A directory.
+    Dir,
+    /// Anything that is not a directory or symlink (regular file, device node).
+    File,
+    /// A symlink and its target.
+    Symlink(PathBuf),
+}
+
+/// Looks host paths up while planning (swapped in tests).
+pub trait HostFs {
+    /// The kind of `path`, without following a final symlink; `None` when absent.
+    fn kind(&self, path: &Path) -> Option<HostKind>;
+}
+
+/// The real host filesystem.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RealHost;
+
+impl HostFs for RealHost {
+    fn kind(&self, path: &Path) -> Option<HostKind> {
+        let meta = std::fs::symlink_metadata(path).ok()?;
+        if meta.file_type().is_symlink() {
+            Some(HostKind::Symlink(std::fs::read_link(path).ok()?))
+        } else if meta.is_dir() {
+            Some(HostKind::Dir)
+        } else {
+            Some(HostKind::File)
+        }
+    }
+}
+
+/// A host path to clone as a detached mount, with the attributes to set on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detached {
+    /// The host path.
+    pub host: PathBuf,
+    /// `MOUNT_ATTR_*` flags.
+    pub attrs: u64,
+}
+
+impl Detached {
+    /// Whether this mount is idmapped with the sandbox's user namespace.
+    pub fn idmapped(&self) -> bool {
+        self.attrs & MOUNT_ATTR_IDMAP != 0
+    }
+}
+
+/// One step of building the view, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Make every mount of the (copied) mount namespace private, so nothing propagates
+    /// back to the host.
+    MakePrivate,
+    /// Mount a fresh tmpfs.
+    Tmpfs {
+        /// Mount point.
+        target: PathBuf,
+        /// Flags (`MS_NOSUID`...).
+        flags: MsFlags,
+        /// tmpfs options.
+        options: String,
+    },
+    /// Create a directory (an existing one is fine).
+    Mkdir {
+        /// Path.
+        path: PathBuf,
+        /// Mode.
+        mode: u32,
+    },
+    /// Create a file with contents (a mount point or a generated file).
+    File {
+        /// Path.
+        path: PathBuf,
+        /// Contents.
+        contents: Vec<u8>,
+    },
+    /// Create a symlink.
+    Symlink {
+        /// What it points to.
+        target: PathBuf,
+        /// Where it is.
+        link: PathBuf,
+    },
+    /// Attach detached mount number `mount` (an index into [`Plan::detached`]).
+    Attach {
+        /// Index.
+        mount: usize,
+        /// Mount point.
+        target: PathBuf,
+    },
+    /// Mount a fresh `proc` (of the sandbox's pid namespace).
+    Proc {
+        /// Mount point.
+        target: PathBuf,
+    },
+    /// Mount a new `devpts` instance.
+    Devpts {
+        /// Mount point.
+        target: PathBuf,
+    },
+    /// `pivot_root` into `new_root`, then detach and remove the old root.
+    PivotRoot {
+        /// The new root (a mount point).
+        new_root: PathBuf,
+    },
+    /// Remount `/` read-only.
+    RemountRootReadOnly,
+    /// Change the working directory.
+    Chdir(PathBuf),
+}
+
+impl Step {
+    fn describe(&self) -> String {
+        match self {
+            Step::MakePrivate => "make mounts private".into(),
+            Step::Tmpfs { target, .. } => format!("mount tmpfs at {}", target.display()),
+            Step::Mkdir { path, .. } => format!("mkdir {}", path.display()),
+            Step::File { path, .. } => format!("create {}", path.display()),
+            Step::Symlink { link, .. } => format!("symlink {}", link.display()),
+            Step::Attach { target, .. } => format!("attach mount at {}", target.display()),
+            Step::Proc { .. } => "mount /proc".into(),
+            Step::Devpts { .. } => "mount /dev/pts".into(),
+            Step::PivotRoot { .. } => "pivot_root".into(),
+            Step::RemountRootReadOnly => "remount / read-only".into(),
+            Step::Chdir(p) => format!("chdir {}", p.display()),
+        }
+    }
+}
+
+/// The planned view.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Host paths to clone as detached mounts; [`Step::Attach`] refers to them by index.
+    pub detached: Vec<Detached>,
+    /// The steps, in order.
+    pub steps: Vec<Step>,
+}
+
+/// A step that failed inside the sandbox.
+#[derive(Debug)]
+pub struct StepError {
+    /// The step.
+    pub step: String,
+    /// The cause.
+    pub source: io::Error,
+}
+
+struct Planner<'a> {
+    root: &'a Path,
+    plan: Plan,
+}
+
+impl Planner<'_> {
+    fn at(&self, inside: &str) -> PathBuf {
+        self.root.join(inside.trim_start_matches('/'))
+    }
+    fn push(&mut self, step: Step) {
+        self.plan.steps.push(step);
+    }
+    fn attach(&mut self, host: PathBuf, attrs: u64, target: PathBuf) {
+        self.plan.detached.push(Detached { host, attrs });
+        let mount = self.plan.detached.len() - 1;
+        self.push(Step::Attach { mount, target });
+    }
+    /// Mirrors a host path read-only at `inside` (dir, file or symlink).
+    fn mirror(&mut self, host: &Path, kind: HostKind, inside: &str, attrs: u64) {
+        let target = self.at(inside);
+        match kind {
+            HostKind::Symlink(to) => self.push(Step::Symlink {
+                target: to,
+                link: target,
+            }),
+            HostKind::Dir => {
+                self.push(Step::Mkdir {
+                    path: target.clone(),
+                    mode: 0o755,
+                });
+                self.attach(host.to_path_buf(), attrs, target);
+            }
+            HostKind::File => {
+                self.push(Step::File {
+                    path: target.clone(),
+                    contents: Vec::new(),
+                });
+                self.attach(host.to_path_buf(), attrs, target);
+            }
+        }
+    }
+    fn tmpfs(&mut self, inside: &str, mode: u32, flags: MsFlags, options: &str) {
+        let target = self.at(inside);
+        self.push(Step::Mkdir {
+            path: target.clone(),
+            mode,
+        });
+        self.push(Step::Tmpfs {
+            target,
+            flags,
+            options: options.into(),
+        });
+    }
+    fn file(&mut self, inside: &str, contents: String) {
+        let path = self.at(inside);
+        self.push(Step::File {
+            path,
+            contents: contents.into_bytes(),
+        });
+    }
+}
+
+/// Plans the view of `spec`, with the new root mounted at `new_root` (an empty host
+/// directory that only the sandbox's mount namespace mounts over).
+pub fn plan(spec: &Spec, new_root: &Path, host: &dyn HostFs) -> Plan {
+    let ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    let safe = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    let mut p = Planner {
+        root: new_root,
+        plan: Plan {
+            detached: Vec::new(),
+            steps: Vec::new(),
+        },
+    };
+
+    p.push(Step::MakePrivate);
+    p.push(Step::Tmpfs {
+        target: new_root.to_path_buf(),
+        flags: safe,
+        options: "mode=0755,size=16m".into(),
+    });
+
+    for dir in SYSTEM_DIRS {
+        let host_path = Path::new("/").join(dir);
+        if let Some(kind) = host.kind(&host_path) {
+            p.mirror(&host_path, kind, dir, ro);
+        }
+    }
+
+    p.push(Step::Mkdir {
+        path: p.at("etc"),
+        mode: 0o755,
+    });
+    for entry in ETC_ENTRIES {
+        let host_path = Path::new("/etc").join(entry);
+        if let Some(kind) = host.kind(&host_path) {
+            p.mirror(&host_path, kind, &format!("etc/{entry}"), ro);
+        }
+    }
+    let name = &spec.name;
+    p.file("etc/hostname", format!("{name}\n"));
+    p.file(
+        "etc/hosts",
+        format!("127.0.0.1\tlocalhost {name}\n::1\tlocalhost\n"),
+    );
+    p.file(
+        "etc/resolv.conf",
+        "# no DNS inside a cowspace sandbox\n".into(),
+    );
+    p.file(
+        "etc/passwd",
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            .into(),
+    );
+    p.file("etc/group", "root:x:0:\nnogroup:x:65534:\n".into());
+
+    p.push(Step::Mkdir {
+        path: p.at("proc"),
+        mode: 0o555,
+    });
+    p.push(Step::Proc {
+        target: p.at("proc"),
+    });
+
+    p.tmpfs(
+        "dev",
+        0o755,
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        "mode=0755,size=64k",
+    );
+    for node in DEV_NODES {
+        let host_path = Path::new("/dev").join(node);
+        if host.kind(&host_path).is_some() {
+            p.mirror(
+                &host_path,
+                HostKind::File,
+                &format!("dev/{node}"),
+                MOUNT_ATTR_NOSUID | MOUNT_ATTR_NOEXEC,
+            );
+        }
+    }
+    p.push(Step::Mkdir {
+        path: p.at("dev/pts"),
+        mode: 0o755,
+    });
+    p.push(Step::Devpts {
+        target: p.at("dev/pts"),
+    });
+    p.tmpfs("dev/shm", 0o1777, safe, "mode=1777");
+    for (link, to) in [
+        ("dev/ptmx", "pts/ptmx"),
+        ("dev/fd", "/proc/self/fd"),
+        ("dev/stdin", "/proc/self/fd/0"),
+        ("dev/stdout", "/proc/self/fd/1"),
+        ("dev/stderr", "/proc/self/fd/2"),
+    ] {
+        p.push(Step::Symlink {
+            target: to.into(),
+            link: p.at(link),
+        });
+    }
+
+    p.tmpfs("tmp", 0o1777, safe, "mode=1777");
+    p.tmpfs("root", 0o700, safe, "mode=0700");
+
+    let workspace = p.at("workspace");
+    p.push(Step::Mkdir {
+        path: workspace.clone(),
+        mode: 0o755,
+    });
+    p.attach(
+        spec.workspace.clone(),
+        MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        workspace,
+    );
+
+    for bind in &spec.ro_binds {
+        let inside = bind
+            .target
+            .to_string_lossy()
+            .trim_start_matches('/')
+            .to_string();
+        let mut ancestor = PathBuf::new();
+        let parts: Vec<_> = Path::new(&inside).components().collect();
+        for part in &parts[..parts.len().saturating_sub(1)] {
+            ancestor.push(part);
+            p.push(Step::Mkdir {
+                path: new_root.join(&ancestor),
+                mode: 0o755,
+            });
+        }
+        let kind = if bind.source.is_dir() {
+            HostKind::Dir
+        } else {
+            HostKind::File
+        };
+        p.mirror(&bind.source, kind, &inside, ro);
+    }
+
+    p.push(Step::PivotRoot {
+        new_root: new_root.to_path_buf(),
+    });
+    p.push(Step::RemountRootReadOnly);
+    p.push(Step::Chdir("/workspace".into()));
+    p.plan
+}
+
+/// Runs `steps` through `sys`. `mounts[i]` is the detached mount of `Plan::detached[i]`.
+pub fn apply(sys: &dyn Syscall, steps: &[Step], mounts: &[OwnedFd]) -> Result<(), StepError> {
+    for step in steps {
+        apply_one(sys, step, mounts).map_err(|source| StepError {
+            step: step.describe(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+fn apply_one(sys: &dyn Syscall, step: &Step, mounts: &[OwnedFd]) -> io::Result<()> {
+    match step {
+        Step::MakePrivate => sys.mount(
+            None,
+            Path::new("/"),
+            None,
+            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            None,
+        ),
+        Step::Tmpfs {
+            target,
+            flags,
+            options,
+        } => sys.mount(Some("tmpfs"), target, Some("tmpfs"), *flags, Some(options)),
+        Step::Mkdir { path, mode } => sys.mkdir(path, *mode),
+        Step::File { path, contents } => sys.write_file(path, contents),
+        Step::Symlink { target, link } => sys.symlink(target, link),
+        Step::Attach { mount, target } => {
+            let fd = mounts.get(*mount).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("detached mount {mount} missing"),
+                )
+            })?;
+            sys.attach(fd.as_fd(), target)
+        }
+        Step::Proc { target } => sys.mount(
+            Some("proc"),
+            target,
+            Some("proc"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            None,
+        ),
+        Step::Devpts { target } => sys.mount(
+            Some("devpts"),
+            target,
+            Some("devpts"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            Some("newinstance,ptmxmode=0666,mode=0620"),
+        ),
+        Step::PivotRoot { new_root } => {
+            let put_old = new_root.join(OLD_ROOT);
+            sys.mkdir(&put_old, 0o700)?;
+            sys.pivot_root(new_root, &put_old)?;
+            sys.chdir(Path::new("/"))?;
+            let old = Path::new("/").join(OLD_ROOT);
+            sys.umount_detach(&old)?;
+            sys.rmdir(&old)
+        }
+        Step::RemountRootReadOnly => sys.mount(
+            None,
+            Path::new("/"),
+            None,
+            MsFlags::MS_REMOUNT
+                | MsFlags::MS_BIND
+                | MsFlags::MS_RDONLY
+                | MsFlags::MS_NOSUID
+                | MsFlags::MS_NODEV,
+            None,
+        ),
+        Step::Chdir(path) => sys.chdir(path),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::collections::BTreeMap;
+    use std::os::fd::BorrowedFd;
+
+    use super::*;
+    use crate::spec::{Net, RoBind};
+
+    struct FakeHost(BTreeMap<PathBuf, HostKind>);
+
+    impl HostFs for FakeHost {
+        fn kind(&self, path: &Path) -> Option<HostKind> {
+            self.0.get(path).cloned()
+        }
+    }
+
+    fn debian_host() -> FakeHost {
+        let mut m = BTreeMap::new();
+        m.insert("/usr".into(), HostKind::Dir);
+        m.insert("/bin".into(), HostKind::Symlink("usr/bin".into()));
+        m.insert("/lib".into(), HostKind::Symlink("usr/lib".into()));
+        m.insert("/etc/ld.so.cache".into(), HostKind::File);
+        m.insert("/etc/ssl".into(), HostKind::Dir);
+        for node in DEV_NODES {
+            m.insert(Path::new("/dev").join(node), HostKind::File);
+        }
+        FakeHost(m)
+    }
+
+    fn spec() -> Spec {
+        Spec {
+            name: "w1".into(),
+            workspace: "/srv/ws/w1".into(),
+            net: Net::None,
+            limits: Default::default(),
+            publish: vec![],
+            env: Default::default(),
+            ro_binds: vec![RoBind {
+                source: "/srv/cache".into(),
+                target: "/deps/cache".into(),
+            }],
+            command: vec!["/bin/true".into()],
+        }
+    }
+
+    #[derive(Default)]
+    struct Recorder(RefCell<Vec<String>>);
+
+    impl Recorder {
+        fn log(&self, s: String) -> io::Result<()> {
+            self.0.borrow_mut().push(s);
+            Ok(())
+        }
+    }
+
+    impl Syscall for Recorder {
+        fn mount(
+            &self,
+            s: Option<&str>,
+            t: &Path,
+            f: Option<&str>,
+            fl: MsFlags,
+            _: Option<&str>,
+        ) -> io::Result<()> {
+            self.log(format!("mount {s:?} {} {f:?} {:?}", t.display(), fl))
+        }
+        fn mkdir(&self, p: &Path, _: u32) -> io::Result<()> {
+            self.log(format!("mkdir {}", p.display()))
+        }
+        fn write_file(&self, p: &Path, _: &[u8]) -> io::Result<()> {
+            self.log(format!("write {}", p.display()))
+        }
+        fn symlink(&self, t: &Path, l: &Path) -> io::Result<()> {
+            self.log(format!("symlink {} -> {}", l.display(), t.display()))
+        }
+        fn attach(&self, _: BorrowedFd<'_>, t: &Path) -> io::Result<()> {
+            self.log(format!("attach {}", t.display()))
+        }
+        fn pivot_root(&self, n: &Path, o: &Path) -> io::Result<()> {
+            self.log(format!("pivot_root {} {}", n.display(), o.display()))
+        }
+        fn umount_detach(&self, t: &Path) -> io::Result<()> {
+            self.log(format!("umount_detach {}", t.display()))
+        }
+        fn rmdir(&self, p: &Path) -> io::Result<()> {
+            self.log(format!("rmdir {}", p.display()))
+        }
+        fn chdir(&self, p: &Path) -> io::Result<()> {
+            self.log(format!("chdir {}", p.display()))
+        }
+    }
+
+    #[test]
+    fn only_listed_host_paths_are_attached_and_only_the_workspace_is_writable() {
+        let plan = plan(&spec(), Path::new("/state/run/w1/root"), &debian_host());
+        let hosts: Vec<_> = plan
+            .detached
+            .iter()
+            .map(|d| d.host.to_string_lossy().into_owned())
+            .collect();
+        for forbidden in ["/root", "/home", "/var", "/run", "/state", "/"] {
+            assert!(
+                !hosts.iter().any(|h| h == forbidden),
+                "{forbidden} attached: {hosts:?}"
+            );
+        }
+        for d in &plan.detached {
+            let writable = d.attrs & MOUNT_ATTR_RDONLY == 0;
+            let is_dev = d.host.starts_with("/dev");
+            assert_eq!(
+                writable,
+                d.host == Path::new("/srv/ws/w1") || is_dev,
+                "{d:?}"
+            );
+            assert_eq!(d.idmapped(), d.host == Path::new("/srv/ws/w1"), "{d:?}");
+            assert!(d.attrs & MOUNT_ATTR_NOSUID != 0, "{d:?} allows suid");
+        }
+        assert!(hosts.contains(&"/srv/cache".to_string()));
+        assert!(hosts.contains(&"/usr".to_string()));
+        assert!(plan.steps.contains(&Step::Symlink {
+            target: "usr/bin".into(),
+            link: "/state/run/w1/root/bin".into()
+        }));
+    }
+
+    #[test]
+    fn applying_pivots_after_every_mount_then_detaches_old_root_and_locks_root() {
+        let plan = plan(&spec(), Path::new("/r"), &debian_host());
+        let fds: Vec<OwnedFd> = plan
+            .detached
+            .iter()
+            .map(|_| std::fs::File::open("/dev/null").unwrap().into())
+            .collect();
+        let rec = Recorder::default();
+        apply(&rec, &plan.steps, &fds).unwrap();
+        let log = rec.0.into_inner();
+        assert!(log[0].starts_with("mount None / None"), "{}", log[0]);
+        assert!(log[0].contains("MS_PRIVATE") && log[0].contains("MS_REC"));
+        let pivot = log
+            .iter()
+            .position(|l| l == "pivot_root /r /r/.oldroot")
+            .unwrap();
+        let tail: Vec<_> = log[pivot..].to_vec();
+        assert_eq!(
+            tail[..4],
+            [
+                "pivot_root /r /r/.oldroot",
+                "chdir /",
+                "umount_detach /.oldroot",
+                "rmdir /.oldroot"
+            ]
+        );
+        assert!(tail[4].starts_with("mount None / None") && tail[4].contains("MS_RDONLY"));
+        assert_eq!(tail[5], "chdir /workspace");
+        assert_eq!(tail.len(), 6);
+        assert!(
+            log[..pivot]
+                .iter()
+                .all(|l| !l.contains("/.oldroot") || l.starts_with("mkdir"))
+        );
+        assert!(log.contains(&"attach /r/workspace".to_string()));
+        assert!(log.contains(&"mkdir /r/deps".to_string()));
+        assert!(log.contains(&"attach /r/deps/cache".to_string()));
+        let proc_at = log
+            .iter()
+            .position(|l| l.contains("Some(\"proc\")"))
+            .unwrap();
+        assert!(proc_at < pivot);
+    }
+
+    #[test]
+    fn a_failing_step_is_named() {
+        struct FailPivot;
+        impl Syscall for FailPivot {
+            fn mount(
+                &self,
+                _: Option<&str>,
+                _: &Path,
+                _: Option<&str>,
+                _: MsFlags,
+                _: Option<&str>,
+            ) -> io::Result<()> {
+                Ok(())
+            }
+            fn mkdir(&self, _: &Path, _: u32) -> io::Result<()> {
+                Ok(())
+            }
+            fn write_file(&self, _: &Path, _: &[u8]) -> io::Result<()> {
+                Ok(())
+            }
+            fn symlink(&self, _: &Path, _: &Path) -> io::Result<()> {
+                Ok(())
+            }
+            fn attach(&self, _: BorrowedFd<'_>, _: &Path) -> io::Result<()> {
+                Ok(())
+            }
+            fn pivot_root(&self, _: &Path, _: &Path) -> io::Result<()> {
+                Err(io::Error::from_raw_os_error(libc::EINVAL))
+            }
+            fn umount_detach(&self, _: &Path) -> io::Result<()> {
+                Ok(())
+            }
+            fn rmdir(&self, _: &Path) -> io::Result<()> {
+                Ok(())
+            }
+            fn chdir(&self, _: &Path) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let plan = plan(&spec(), Path::new("/r"), &debian_host());
+        let fds: Vec<OwnedFd> = plan
+            .detached
+            .iter()
+            .map(|_| std::fs::File::open("/dev/null").unwrap().into())
+            .collect();
+        let err = apply(&FailPivot, &plan.steps, &fds).unwrap_err();
+        assert_eq!(err.step, "pivot_root");
+        assert_eq!(err.source.raw_os_error(), Some(libc::EINVAL));
+    }
+}

@@ -1,0 +1,319 @@
+//! The helper's side of a sandbox run: refuse, lease, prepare, clone, hand over, wait,
+//! clean up.
+
+use std::fs::File;
+use std::io::{IoSlice, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use nix::sched::CloneFlags;
+use nix::sys::signal::{SigmaskHow, Signal, kill};
+use nix::sys::socket::{
+    AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType, send, sendmsg, socketpair,
+};
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use crate::alloc::{self, IDS_PER_SANDBOX};
+use crate::cgroup::{self, Group};
+use crate::error::{Error, Result};
+use crate::net::Proxy;
+use crate::rootfs::{self, MAX_DETACHED_MOUNTS, RealHost};
+use crate::spec::Spec;
+use crate::{init, probe, seccomp, sys};
+
+/// Where the helper keeps its leases and per-run directories, and which cgroups it uses.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The state directory (host-wide: sandboxes sharing it never share a uid or port).
+    pub state_dir: PathBuf,
+    /// The cgroup root (normally `/sys/fs/cgroup`).
+    pub cgroup_root: PathBuf,
+}
+
+/// A published port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Published {
+    /// Port inside the sandbox.
+    pub internal: u16,
+    /// Port on the host's 127.0.0.1.
+    pub host: u16,
+}
+
+/// What is known once the sandbox is set up, just before its command starts.
+#[derive(Debug, Clone)]
+pub struct Ready {
+    /// The published ports.
+    pub published: Vec<Published>,
+    /// First host uid of the sandbox's range (inside uid 0).
+    pub host_uid_base: u32,
+    /// The sandbox init's pid on the host.
+    pub init_pid: i32,
+    /// The sandbox's cgroup directories.
+    pub cgroups: Vec<PathBuf>,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// The command's exit status (128 + signal number when killed).
+    pub code: u8,
+    /// Processes the kernel OOM-killed in the sandbox's memory group.
+    pub oom_kills: u64,
+}
+
+/// Namespaces the sandbox init is cloned into (the cgroup namespace follows after the
+/// helper has moved init into its cgroups).
+const NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWUSER
+    .union(CloneFlags::CLONE_NEWNS)
+    .union(CloneFlags::CLONE_NEWPID)
+    .union(CloneFlags::CLONE_NEWNET)
+    .union(CloneFlags::CLONE_NEWIPC)
+    .union(CloneFlags::CLONE_NEWUTS);
+/// Pause between polls of the signal-forwarding thread.
+const SIGNAL_POLL_MS: u64 = 100;
+
+/// Removes the per-run directory on drop.
+struct RunDir(PathBuf);
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(self.0.join("root"));
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// Kills and reaps the init on drop unless it was reaped.
+struct InitGuard(Option<Pid>);
+
+impl Drop for InitGuard {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.take() {
+            let _ = kill(pid, Signal::SIGKILL);
+            let _ = waitpid(pid, None);
+        }
+    }
+}
+
+/// Restores the signal mask on drop.
+struct MaskGuard(nix::sys::signal::SigSet);
+
+impl Drop for MaskGuard {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&self.0), None);
+    }
+}
+
+/// Runs `spec` in a new sandbox and waits for it. `on_ready` is called once everything
+/// is set up, just before the command starts (it prints the published ports).
+///
+/// The process must be single-threaded when this is called (the sandbox init is a fork).
+pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result<Outcome> {
+    // Refuse before any effect.
+    probe::require_base()?;
+    let placements = cgroup::require(&opts.cgroup_root, &spec.limits)?;
+    let programs = seccomp::programs()?;
+    if sys::thread_count().map_err(Error::Clone)? != 1 {
+        return Err(Error::Clone(std::io::Error::other(
+            "the helper must be single-threaded to fork the sandbox",
+        )));
+    }
+
+    let state = &opts.state_dir;
+    std::fs::create_dir_all(state).map_err(|source| Error::StateDir {
+        path: state.clone(),
+        source,
+    })?;
+    let ids = alloc::lease_ids(state, &spec.name)?;
+    let leases = alloc::lease_ports(state, &spec.name, &spec.publish)?;
+    let published: Vec<Published> = leases
+        .iter()
+        .map(|l| Published {
+            internal: l.internal,
+            host: l.host,
+        })
+        .collect();
+    let run_dir = RunDir(
+        state
+            .join("run")
+            .join(format!("{}.{}", spec.name, std::process::id())),
+    );
+    let new_root = run_dir.0.join("root");
+    std::fs::create_dir_all(&new_root).map_err(|source| Error::StateDir {
+        path: new_root.clone(),
+        source,
+    })?;
+    let plan = rootfs::plan(spec, &new_root, &RealHost);
+    assert!(
+        plan.detached.len() <= MAX_DETACHED_MOUNTS,
+        "too many mounts planned"
+    );
+    let mut group = Group::create(&placements, &spec.name, &spec.limits)?;
+
+    let (ours, theirs) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| Error::Sync(e.into()))?;
+    let mut old_mask = nix::sys::signal::SigSet::empty();
+    nix::sys::signal::pthread_sigmask(
+        SigmaskHow::SIG_BLOCK,
+        Some(&init::forwarded_signals()),
+        Some(&mut old_mask),
+    )
+    .map_err(|e| Error::Clone(e.into()))?;
+    let _mask = MaskGuard(old_mask);
+
+    let pid = match sys::clone_fork(NAMESPACES.bits()).map_err(Error::Clone)? {
+        sys::Forked::Child => init::main(init::Context {
+            spec,
+            plan: &plan,
+            sock: &theirs,
+            seccomp: &programs,
+        }),
+        sys::Forked::Parent(pid) => pid,
+    };
+    drop(theirs);
+    let mut guard = InitGuard(Some(pid));
+
+    let map = format!("0 {} {IDS_PER_SANDBOX}\n", ids.base());
+    for file in ["uid_map", "gid_map"] {
+        std::fs::write(format!("/proc/{pid}/{file}"), &map)
+            .map_err(|source| Error::IdMap { file, source })?;
+    }
+    group.add(pid)?;
+
+    let userns = File::open(format!("/proc/{pid}/ns/user")).map_err(Error::Sync)?;
+    let mut mounts: Vec<OwnedFd> = Vec::with_capacity(plan.detached.len());
+    for d in &plan.detached {
+        let fd = sys::open_tree_clone(&d.host).map_err(|source| Error::DetachedMount {
+            path: d.host.clone(),
+            source,
+        })?;
+        let userns = d.idmapped().then(|| userns.as_fd());
+        sys::mount_setattr(fd.as_fd(), d.attrs, userns).map_err(|source| {
+            if d.idmapped()
+                && matches!(
+                    source.raw_os_error(),
+                    Some(libc::EINVAL | libc::EOPNOTSUPP | libc::EPERM)
+                )
+            {
+                Error::Unsupported {
+                    control: "workspace mapped to the sandbox's uids (idmapped mount)",
+                    reason: format!(
+                        "the filesystem of {} refuses idmapped mounts: {source}",
+                        d.host.display()
+                    ),
+                }
+            } else {
+                Error::DetachedMount {
+                    path: d.host.clone(),
+                    source,
+                }
+            }
+        })?;
+        mounts.push(fd);
+    }
+    let raw: Vec<i32> = mounts.iter().map(|m| m.as_raw_fd()).collect();
+    sendmsg::<()>(
+        ours.as_raw_fd(),
+        &[IoSlice::new(b"go")],
+        &[ControlMessage::ScmRights(&raw)],
+        MsgFlags::empty(),
+        None,
+    )
+    .map_err(|e| Error::Sync(e.into()))?;
+    drop(mounts);
+    expect_reply(&ours, b'S', spec)?;
+
+    let netns = File::open(format!("/proc/{pid}/ns/net")).map_err(Error::Sync)?;
+    let ready = Ready {
+        published: published.clone(),
+        host_uid_base: ids.base(),
+        init_pid: pid.as_raw(),
+        cgroups: group.dirs().map(Path::to_path_buf).collect(),
+    };
+    on_ready(&ready);
+    let mut proxy = Proxy::start(leases, &netns).map_err(Error::Sync)?;
+    send(ours.as_raw_fd(), b"run", MsgFlags::empty()).map_err(|e| Error::Sync(e.into()))?;
+    expect_reply(&ours, b'R', spec)?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let forwarder = {
+        let stop = stop.clone();
+        std::thread::spawn(move || forward_signals(pid, &stop))
+    };
+    let status = loop {
+        match waitpid(pid, None) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => break other,
+        }
+    };
+    guard.0 = None;
+    stop.store(true, Ordering::SeqCst);
+    let _ = forwarder.join();
+    proxy.stop();
+    let code = match status.map_err(|e| Error::Wait(e.into()))? {
+        WaitStatus::Exited(_, code) => code as u8,
+        WaitStatus::Signaled(_, sig, _) => 128u8.saturating_add(sig as u8),
+        other => {
+            return Err(Error::Wait(std::io::Error::other(format!(
+                "unexpected status {other:?}"
+            ))));
+        }
+    };
+    let oom_kills = group.oom_kills().unwrap_or(0);
+    group.destroy()?;
+    let _ = std::io::stdout().flush();
+    Ok(Outcome { code, oom_kills })
+}
+
+/// Reads init's answer: `tag` when all is well, else the failed step.
+fn expect_reply(sock: &OwnedFd, tag: u8, spec: &Spec) -> Result<()> {
+    let mut buf = [0u8; 512];
+    let n = loop {
+        match nix::sys::socket::recv(sock.as_raw_fd(), &mut buf, MsgFlags::empty()) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => break other.map_err(|e| Error::Sync(e.into()))?,
+        }
+    };
+    let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+    if n == 1 && buf[0] == tag {
+        return Ok(());
+    }
+    let (head, what) = msg.split_once(' ').unwrap_or((&msg, ""));
+    let errno = head
+        .get(1..)
+        .and_then(|e| e.parse().ok())
+        .unwrap_or(libc::EIO);
+    let source = std::io::Error::from_raw_os_error(errno);
+    match head.chars().next() {
+        Some('E') => Err(Error::Setup {
+            step: what.to_string(),
+            source,
+        }),
+        Some('X') => Err(Error::Exec {
+            command: spec.command[0].clone(),
+            source,
+        }),
+        _ => Err(Error::Setup {
+            step: "sandbox init".into(),
+            source: std::io::Error::other("init ended before starting the command"),
+        }),
+    }
+}
+
+/// Forwards the signals the helper receives to the sandbox init until `stop`.
+fn forward_signals(init: Pid, stop: &AtomicBool) {
+    let set = init::forwarded_signals();
+    while !stop.load(Ordering::SeqCst) {
+        if let Ok(Some(sig)) = sys::sigtimedwait(&set, Duration::from_millis(SIGNAL_POLL_MS)) {
+            let _ = kill(init, sig);
+        }
+    }
+}

@@ -1,0 +1,430 @@
+//! What a sandbox is asked to be: the validated input of [`crate::run`].
+//!
+//! Everything here is checked as if the caller were hostile, before anything is created.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// Longest sandbox name (it is the hostname inside, which is limited to 64 bytes).
+pub const MAX_NAME_BYTES: usize = 63;
+/// Smallest memory limit accepted (init and a shell must fit).
+pub const MIN_MEMORY_BYTES: u64 = 4 << 20;
+/// Smallest pids limit accepted (the sandbox init and the command).
+pub const MIN_PIDS: u64 = 2;
+/// Most `--publish`, `--env` or `--ro-bind` entries accepted.
+pub const MAX_LIST_ENTRIES: usize = 64;
+/// The environment variables copied from the helper's own environment when set.
+pub const ENV_ALLOWLIST: [&str; 2] = ["TERM", "LANG"];
+/// `PATH` inside the sandbox unless `--env PATH=...` is given.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Paths inside the sandbox a `--ro-bind` may not be placed at or under.
+const RESERVED_TARGETS: [&str; 12] = [
+    "/proc",
+    "/dev",
+    "/workspace",
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc",
+    "/root",
+];
+
+/// Network policy of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Net {
+    /// A network namespace whose only interface is a loopback that stays down.
+    None,
+    /// A network namespace with its loopback up; nothing else.
+    Loopback,
+}
+
+impl std::str::FromStr for Net {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "none" => Ok(Net::None),
+            "loopback" => Ok(Net::Loopback),
+            other => Err(Error::InvalidInput(format!(
+                "--net {other:?}: expected `none` or `loopback`"
+            ))),
+        }
+    }
+}
+
+/// Resource limits, each enforced by its cgroup controller.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Limits {
+    /// Memory limit in bytes (`memory` controller).
+    pub memory_bytes: Option<u64>,
+    /// Most processes and threads at once (`pids` controller).
+    pub pids: Option<u64>,
+    /// CPU bandwidth in CPUs, e.g. 1.5 (`cpu` controller).
+    pub cpus: Option<f64>,
+}
+
+/// A read-only bind of a host path into the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoBind {
+    /// Host path, canonical.
+    pub source: PathBuf,
+    /// Absolute path inside the sandbox, normalized.
+    pub target: PathBuf,
+}
+
+/// A validated sandbox request.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// The sandbox's name: its hostname, and part of its cgroup's name.
+    pub name: String,
+    /// The workspace directory on the host (canonical), seen at `/workspace`.
+    pub workspace: PathBuf,
+    /// Network policy.
+    pub net: Net,
+    /// Limits.
+    pub limits: Limits,
+    /// Internal ports to publish on a unique 127.0.0.1 host port each.
+    pub publish: Vec<u16>,
+    /// The command's environment (the allowlist, defaults and `--env`).
+    pub env: BTreeMap<String, String>,
+    /// Extra read-only binds.
+    pub ro_binds: Vec<RoBind>,
+    /// The command and its arguments.
+    pub command: Vec<String>,
+}
+
+/// Unvalidated input, as parsed from the command line.
+#[derive(Debug, Clone, Default)]
+pub struct SpecInput {
+    /// `--name`.
+    pub name: String,
+    /// `--dir`.
+    pub dir: PathBuf,
+    /// `--net`; `None` means `loopback` when ports are published, else `none`.
+    pub net: Option<Net>,
+    /// `--memory` (bytes, or with a `k`/`m`/`g` suffix).
+    pub memory: Option<String>,
+    /// `--pids`.
+    pub pids: Option<u64>,
+    /// `--cpus`.
+    pub cpus: Option<f64>,
+    /// `--publish`.
+    pub publish: Vec<u16>,
+    /// `--env K=V`.
+    pub env: Vec<String>,
+    /// `--ro-bind SRC:DST`.
+    pub ro_bind: Vec<String>,
+    /// The command.
+    pub command: Vec<String>,
+}
+
+impl Spec {
+    /// Validates `input`. `state_dir` is the helper's state directory, which must never
+    /// become visible inside the sandbox.
+    pub fn validate(input: SpecInput, state_dir: &Path) -> Result<Spec> {
+        validate_name(&input.name)?;
+        if input.command.is_empty() {
+            return Err(Error::InvalidInput("no command given after `--`".into()));
+        }
+        for list in [input.env.len(), input.ro_bind.len(), input.publish.len()] {
+            if list > MAX_LIST_ENTRIES {
+                return Err(Error::InvalidInput(format!(
+                    "more than {MAX_LIST_ENTRIES} --env, --ro-bind or --publish entries"
+                )));
+            }
+        }
+        let workspace = canonical_dir(&input.dir, "--dir")?;
+        if workspace == Path::new("/") {
+            return Err(Error::InvalidInput(
+                "--dir /: the host root cannot be a workspace".into(),
+            ));
+        }
+        refuse_overlap(&workspace, state_dir, "--dir")?;
+
+        let net = match (input.net, input.publish.is_empty()) {
+            (Some(Net::None), false) => {
+                return Err(Error::InvalidInput(
+                    "--publish needs a loopback inside: use --net loopback (or leave --net out)"
+                        .into(),
+                ));
+            }
+            (Some(net), _) => net,
+            (None, true) => Net::None,
+            (None, false) => Net::Loopback,
+        };
+
+        let mut publish = input.publish.clone();
+        publish.sort_unstable();
+        publish.dedup();
+        if publish.contains(&0) {
+            return Err(Error::InvalidInput("--publish 0: not a port".into()));
+        }
+
+        let limits = Limits {
+            memory_bytes: input.memory.as_deref().map(parse_bytes).transpose()?,
+            pids: input.pids,
+            cpus: input.cpus,
+        };
+        if let Some(m) = limits.memory_bytes
+            && m < MIN_MEMORY_BYTES
+        {
+            return Err(Error::InvalidInput(format!(
+                "--memory {m}: at least {MIN_MEMORY_BYTES} bytes"
+            )));
+        }
+        if let Some(p) = limits.pids
+            && p < MIN_PIDS
+        {
+            return Err(Error::InvalidInput(format!(
+                "--pids {p}: at least {MIN_PIDS} (the sandbox init counts)"
+            )));
+        }
+        if let Some(c) = limits.cpus
+            && !(c.is_finite() && (0.01..=1024.0).contains(&c))
+        {
+            return Err(Error::InvalidInput(format!(
+                "--cpus {c}: expected 0.01 to 1024"
+            )));
+        }
+
+        let mut env = BTreeMap::new();
+        env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
+        env.insert("HOME".to_string(), "/root".to_string());
+        env.insert("HOSTNAME".to_string(), input.name.clone());
+        for key in ENV_ALLOWLIST {
+            if let Ok(value) = std::env::var(key) {
+                env.insert(key.to_string(), value);
+            }
+        }
+        for entry in &input.env {
+            let (k, v) = entry.split_once('=').ok_or_else(|| {
+                Error::InvalidInput(format!("--env {entry:?}: expected KEY=VALUE"))
+            })?;
+            if k.is_empty() || k.contains('\0') || v.contains('\0') {
+                return Err(Error::InvalidInput(format!(
+                    "--env {entry:?}: bad key or value"
+                )));
+            }
+            env.insert(k.to_string(), v.to_string());
+        }
+
+        let mut ro_binds = Vec::new();
+        for entry in &input.ro_bind {
+            let (src, dst) = entry.split_once(':').ok_or_else(|| {
+                Error::InvalidInput(format!("--ro-bind {entry:?}: expected SRC:DST"))
+            })?;
+            let source = std::fs::canonicalize(src).map_err(|e| {
+                Error::InvalidInput(format!("--ro-bind {entry:?}: source {src:?}: {e}"))
+            })?;
+            if source == Path::new("/") {
+                return Err(Error::InvalidInput(
+                    "--ro-bind of the host root refused".into(),
+                ));
+            }
+            refuse_overlap(&source, state_dir, "--ro-bind")?;
+            let target = normalize_target(dst)
+                .ok_or_else(|| Error::InvalidInput(format!("--ro-bind {entry:?}: bad target")))?;
+            if RESERVED_TARGETS
+                .iter()
+                .any(|r| target == Path::new(r) || target.starts_with(r))
+                || target == Path::new("/")
+            {
+                return Err(Error::InvalidInput(format!(
+                    "--ro-bind {entry:?}: {} is reserved by the sandbox",
+                    target.display()
+                )));
+            }
+            ro_binds.push(RoBind { source, target });
+        }
+
+        Ok(Spec {
+            name: input.name,
+            workspace,
+            net,
+            limits,
+            publish,
+            env,
+            ro_binds,
+            command: input.command,
+        })
+    }
+}
+
+/// Checks a sandbox name: 1 to 63 bytes of `[A-Za-z0-9_.-]`, starting alphanumeric.
+pub fn validate_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME_BYTES
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidInput(format!(
+            "--name {name:?}: 1 to {MAX_NAME_BYTES} of [A-Za-z0-9_.-], starting with a letter or digit"
+        )))
+    }
+}
+
+/// Parses a byte count: digits with an optional binary `k`, `m` or `g` suffix.
+pub fn parse_bytes(text: &str) -> Result<u64> {
+    let bad = || Error::InvalidInput(format!("--memory {text:?}: expected bytes, e.g. 512m"));
+    let lower = text.trim().to_ascii_lowercase();
+    let (digits, shift) = match lower.as_bytes().last() {
+        Some(b'k') => (&lower[..lower.len() - 1], 10),
+        Some(b'm') => (&lower[..lower.len() - 1], 20),
+        Some(b'g') => (&lower[..lower.len() - 1], 30),
+        _ => (&lower[..], 0),
+    };
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    n.checked_mul(1 << shift).ok_or_else(bad)
+}
+
+fn canonical_dir(path: &Path, flag: &str) -> Result<PathBuf> {
+    let canon = std::fs::canonicalize(path)
+        .map_err(|e| Error::InvalidInput(format!("{flag} {}: {e}", path.display())))?;
+    if !canon.is_dir() {
+        return Err(Error::InvalidInput(format!(
+            "{flag} {}: not a directory",
+            path.display()
+        )));
+    }
+    Ok(canon)
+}
+
+/// Refuses a host path that is, contains, or is inside the state directory.
+fn refuse_overlap(path: &Path, state_dir: &Path, flag: &str) -> Result<()> {
+    let state = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    if path.starts_with(&state) || state.starts_with(path) {
+        return Err(Error::InvalidInput(format!(
+            "{flag} {}: overlaps the helper's state directory {}",
+            path.display(),
+            state.display()
+        )));
+    }
+    Ok(())
+}
+
+/// An absolute, `..`-free, normalized path inside the sandbox.
+fn normalize_target(dst: &str) -> Option<PathBuf> {
+    let path = Path::new(dst);
+    if !path.is_absolute() {
+        return None;
+    }
+    let mut out = PathBuf::from("/");
+    for c in path.components() {
+        match c {
+            Component::RootDir | Component::CurDir => {}
+            Component::Normal(part) => out.push(part),
+            Component::ParentDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(dir: &Path) -> SpecInput {
+        SpecInput {
+            name: "w1".into(),
+            dir: dir.to_path_buf(),
+            command: vec!["/bin/true".into()],
+            ..SpecInput::default()
+        }
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(validate_name("worker-1.a_b").is_ok());
+        for bad in ["", "-x", "a/b", "a b", &"x".repeat(64)] {
+            assert!(validate_name(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn bytes_parse_with_suffixes() {
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert_eq!(parse_bytes("64m").unwrap(), 64 << 20);
+        assert_eq!(parse_bytes("1G").unwrap(), 1 << 30);
+        assert!(parse_bytes("12x").is_err());
+        assert!(parse_bytes("99999999999g").is_err());
+    }
+
+    #[test]
+    fn state_dir_and_reserved_targets_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        let ws = tmp.path().join("ws");
+        std::fs::create_dir(&ws).unwrap();
+
+        let mut i = input(&state);
+        assert!(
+            Spec::validate(i.clone(), &state).is_err(),
+            "state dir as workspace"
+        );
+        i.dir = tmp.path().to_path_buf();
+        assert!(
+            Spec::validate(i.clone(), &state).is_err(),
+            "parent of state dir"
+        );
+        i.dir = ws.clone();
+        i.ro_bind = vec![format!("{}:/deps", state.display())];
+        assert!(
+            Spec::validate(i.clone(), &state).is_err(),
+            "state dir bound"
+        );
+        i.ro_bind = vec![format!("{}:/etc/x", ws.display())];
+        assert!(
+            Spec::validate(i.clone(), &state).is_err(),
+            "reserved target"
+        );
+        i.ro_bind = vec![format!("{}:/deps/../etc", ws.display())];
+        assert!(Spec::validate(i.clone(), &state).is_err(), "dot-dot target");
+        i.ro_bind = vec![format!("{}:/deps/cache", ws.display())];
+        let spec = Spec::validate(i, &state).unwrap();
+        assert_eq!(spec.ro_binds[0].target, Path::new("/deps/cache"));
+        assert_eq!(spec.net, Net::None);
+    }
+
+    #[test]
+    fn publish_implies_loopback_and_refuses_none() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let mut i = input(tmp.path());
+        i.dir = tmp.path().join("ws");
+        std::fs::create_dir(&i.dir).unwrap();
+        i.publish = vec![3000, 3000];
+        let spec = Spec::validate(i.clone(), &state).unwrap();
+        assert_eq!(spec.net, Net::Loopback);
+        assert_eq!(spec.publish, vec![3000]);
+        i.net = Some(Net::None);
+        assert!(Spec::validate(i, &state).is_err());
+    }
+
+    #[test]
+    fn limits_are_bounded() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let mut i = input(tmp.path());
+        i.dir = tmp.path().join("ws");
+        std::fs::create_dir(&i.dir).unwrap();
+        i.memory = Some("1k".into());
+        assert!(Spec::validate(i.clone(), &state).is_err());
+        i.memory = None;
+        i.pids = Some(1);
+        assert!(Spec::validate(i.clone(), &state).is_err());
+        i.pids = None;
+        i.cpus = Some(f64::NAN);
+        assert!(Spec::validate(i, &state).is_err());
+    }
+}
