@@ -1,0 +1,493 @@
+//! Import: making a stored, deduplicated snapshot of a tree — `mountctl import`
+//! against what users would otherwise do to keep a copy of a tree (`tar | zstd`,
+//! `git add -A && git commit`).
+//!
+//! All methods work on one private copy of the corpus (`cp -a`, removed at the end),
+//! because the "100 files changed" step edits it. One run of a method: a cold
+//! import into a fresh destination, a re-import of the unchanged tree, then
+//! [`change_files`] and a re-import. Each method changes its own 100 files, so the
+//! copy drifts by a few bytes per run (about 4 KiB over a whole run).
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+use super::{Ctx, Method, MethodInfo, Prepared, Sample, Section, change_files, metric};
+use crate::cancel::DirGuard;
+use crate::corpus::walk;
+use crate::mountctl::{Mountctl, field_u64};
+use crate::proc::{self, Timing, timed};
+use crate::results::{Better, MetricDef, Role};
+
+pub struct ImportSection {
+    work: Option<DirGuard>,
+    files: Vec<PathBuf>,
+    notes: Vec<String>,
+}
+
+impl ImportSection {
+    pub fn new() -> Self {
+        Self {
+            work: None,
+            files: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+}
+
+const STORE: &str = "store";
+const TAR_ZSTD: &str = "tar-zstd";
+const GIT: &str = "git-commit";
+
+fn info(id: &'static str) -> MethodInfo {
+    match id {
+        STORE => MethodInfo {
+            id,
+            label: "cowspace store (mountctl import)".into(),
+            role: Role::Cowspace,
+            command: "mountctl --root ROOT --json init; mountctl --root ROOT --json import TREE --ref bench --no-default-excludes (×3: cold, unchanged, 100 changed)".into(),
+        },
+        TAR_ZSTD => MethodInfo {
+            id,
+            label: "tar | zstd -T0 -3".into(),
+            role: Role::Baseline,
+            command: "tar -cf - -C TREE . | zstd -T0 -3 > OUT (×3; tar has no incremental mode, each is a full archive)".into(),
+        },
+        GIT => MethodInfo {
+            id,
+            label: "git add -A && git commit".into(),
+            role: Role::Baseline,
+            command: "git init; git add -A && git commit -q (×3, --allow-empty when unchanged; fresh repository, gc.auto=0)".into(),
+        },
+        _ => unreachable!("unknown import method {id}"),
+    }
+}
+
+impl Section for ImportSection {
+    fn id(&self) -> &'static str {
+        "import"
+    }
+
+    fn title(&self) -> String {
+        "Import: snapshot a tree into storage".into()
+    }
+
+    fn description(&self) -> String {
+        "One run per method: cold import of the tree into a fresh destination, re-import of the \
+         unchanged tree, re-import after appending a line to {N} deterministically chosen files. \
+         Times are wall-clock of the whole command(s), including process start. MB/s = logical \
+         bytes of the tree / cold time. Stored bytes are what the destination holds after the \
+         cold import (the store's own count from `mountctl stats` when it reports one); disk is \
+         allocated blocks measured by bench."
+            .into()
+    }
+
+    fn metrics(&self) -> Vec<MetricDef> {
+        vec![
+            metric("cold_s", "cold import", "s", Better::Lower),
+            metric(
+                "cold_mbps",
+                "cold import throughput",
+                "MB/s",
+                Better::Higher,
+            ),
+            metric(
+                "cold_cpu_s",
+                "cold import CPU (user+sys)",
+                "s",
+                Better::Lower,
+            ),
+            metric(
+                "unchanged_s",
+                "re-import, unchanged tree",
+                "s",
+                Better::Lower,
+            ),
+            metric(
+                "changed_s",
+                "re-import, {N} files changed",
+                "s",
+                Better::Lower,
+            ),
+            metric(
+                "stored_bytes",
+                "stored after cold import",
+                "bytes",
+                Better::Lower,
+            ),
+            metric("stored_ratio", "stored / logical", "ratio", Better::Lower),
+            metric(
+                "disk_bytes",
+                "disk used after cold import",
+                "bytes",
+                Better::Lower,
+            ),
+            metric(
+                "changed_added_bytes",
+                "stored added by the {N}-file change",
+                "bytes",
+                Better::Lower,
+            ),
+        ]
+    }
+
+    fn method_ids(&self) -> Vec<&'static str> {
+        vec![STORE, TAR_ZSTD, GIT]
+    }
+
+    fn prepare(&mut self, ctx: &Ctx, selected: &dyn Fn(&str) -> bool) -> Result<Vec<Prepared>> {
+        let mut out = Vec::new();
+        let mut ready_ids = Vec::new();
+        for id in self.method_ids().into_iter().filter(|id| selected(id)) {
+            match availability(id, ctx) {
+                Ok(()) => ready_ids.push(id),
+                Err(why) => out.push(Prepared::Skipped(info(id), why)),
+            }
+        }
+        if ready_ids.is_empty() {
+            return Ok(out);
+        }
+        let work = DirGuard::create(ctx.scratch_path("import-tree"))?;
+        eprintln!(
+            "bench: import: copying the corpus to {} (cp -a)…",
+            work.path().display()
+        );
+        let tree = work.path().join("tree");
+        proc::run(
+            Command::new("cp")
+                .arg("-a")
+                .arg(&ctx.corpus.tree)
+                .arg(&tree),
+        )?;
+        nix::unistd::sync();
+        self.files = walk::regular_files(&tree)?;
+        if self.files.is_empty() {
+            bail!("the corpus has no regular files to import");
+        }
+        self.notes.push(format!(
+            "All methods read the same private copy of the corpus ({} regular files); the \
+             changed-files step appends one line to {} files chosen from the seed, run and method.",
+            self.files.len(),
+            ctx.changed_files.min(self.files.len())
+        ));
+        self.work = Some(work);
+        for id in ready_ids {
+            let m: Box<dyn Method> = match id {
+                STORE => Box::new(StoreImport {
+                    mountctl: ctx.mountctl.clone().expect("availability checked"),
+                    tree: tree.clone(),
+                    files: self.files.clone(),
+                }),
+                TAR_ZSTD => Box::new(TarZstd {
+                    tree: tree.clone(),
+                    files: self.files.clone(),
+                }),
+                GIT => Box::new(GitCommit {
+                    tree: tree.clone(),
+                    files: self.files.clone(),
+                }),
+                _ => unreachable!(),
+            };
+            out.push(Prepared::Ready(m));
+        }
+        Ok(out)
+    }
+
+    fn notes(&self) -> Vec<String> {
+        self.notes.clone()
+    }
+}
+
+fn availability(id: &str, ctx: &Ctx) -> std::result::Result<(), String> {
+    match id {
+        STORE => {
+            let m = ctx.mountctl.as_ref().map_err(Clone::clone)?;
+            probe_store(m, ctx.scratch)
+        }
+        TAR_ZSTD => {
+            for p in ["tar", "zstd"] {
+                if proc::which(p).is_none() {
+                    return Err(format!("{p} not found on PATH"));
+                }
+            }
+            Ok(())
+        }
+        GIT => proc::which("git")
+            .map(|_| ())
+            .ok_or_else(|| "git not found on PATH".into()),
+        _ => Err(format!("unknown method {id}")),
+    }
+}
+
+/// Imports a three-file tree into a throwaway root. A mountctl that does not offer
+/// import yet (usage error or "unsupported") makes the method skipped, with its
+/// message; any other failure is a real failure of the method, reported as such.
+fn probe_store(m: &Mountctl, scratch: &Path) -> std::result::Result<(), String> {
+    let run = || -> Result<Option<String>> {
+        let dir = DirGuard::create(scratch.join("store-probe"))?;
+        let src = dir.path().join("src");
+        std::fs::create_dir_all(src.join("d"))?;
+        std::fs::write(src.join("a.txt"), b"probe\n")?;
+        std::fs::write(src.join("d/b.txt"), b"probe b\n")?;
+        let root = dir.path().join("root");
+        for args in [
+            vec![OsStr::new("init")],
+            vec![
+                OsStr::new("import"),
+                src.as_os_str(),
+                OsStr::new("--no-default-excludes"),
+            ],
+        ] {
+            let mut c = m.command(&root);
+            c.args(&args);
+            let (code, stdout, stderr) = proc::run_status(&mut c)?;
+            match code {
+                Some(0) => {}
+                Some(2) | Some(7) => {
+                    return Ok(Some(format!(
+                        "mountctl {} is not available yet (exit {}): {}",
+                        args[0].to_string_lossy(),
+                        code.unwrap_or(-1),
+                        proc::tail(&stderr, &stdout)
+                    )));
+                }
+                _ => bail!(
+                    "`{}` failed (exit {code:?}): {}",
+                    proc::display(&c),
+                    proc::tail(&stderr, &stdout)
+                ),
+            }
+        }
+        Ok(None)
+    };
+    match run() {
+        Ok(None) => Ok(()),
+        Ok(Some(why)) => Err(why),
+        Err(e) => Err(format!("probe import failed: {e:#}")),
+    }
+}
+
+fn mbps(bytes: u64, t: &Timing) -> f64 {
+    bytes as f64 / 1e6 / t.wall_s().max(1e-9)
+}
+
+struct StoreImport {
+    mountctl: Mountctl,
+    tree: PathBuf,
+    files: Vec<PathBuf>,
+}
+
+impl StoreImport {
+    fn import(&self, root: &Path, ctx: &Ctx, msg: &str) -> Result<(serde_json::Value, Timing)> {
+        ctx.before_step()?;
+        timed(|| {
+            self.mountctl.json(
+                root,
+                &[
+                    OsStr::new("import"),
+                    self.tree.as_os_str(),
+                    OsStr::new("--ref"),
+                    OsStr::new("bench"),
+                    OsStr::new("--message"),
+                    OsStr::new(msg),
+                    OsStr::new("--no-default-excludes"),
+                ],
+            )
+        })
+    }
+}
+
+impl Method for StoreImport {
+    fn info(&self) -> MethodInfo {
+        info(STORE)
+    }
+
+    fn run_once(&mut self, ctx: &Ctx, round: usize) -> Result<Sample> {
+        let dir = DirGuard::create(ctx.scratch_path(&format!("store-r{round}")))?;
+        let root = dir.path().join("root");
+        self.mountctl.json(&root, &[OsStr::new("init")])?;
+        ctx.prepare_cache(&self.tree)?;
+        let logical = walk::apparent_bytes(&self.tree)?;
+
+        let (cold, t_cold) = self.import(&root, ctx, "cold")?;
+        let stats = self.mountctl.json(&root, &[OsStr::new("stats")]).ok();
+        let stored = stats
+            .as_ref()
+            .and_then(|s| field_u64(s, "stored_bytes"))
+            .or_else(|| field_u64(&cold, "new_bytes_stored"))
+            .context("neither `mountctl stats` nor the import reported stored bytes")?;
+        let reported_files = field_u64(&cold, "files");
+        let disk = walk::disk_added(&root)?;
+
+        let (_, t_same) = self.import(&root, ctx, "unchanged")?;
+        change_files(
+            &self.tree,
+            &self.files,
+            ctx.changed_files,
+            ctx.seed,
+            round,
+            1,
+        )?;
+        let (changed, t_changed) = self.import(&root, ctx, "changed")?;
+        let added = field_u64(&changed, "new_bytes_stored").map(|b| b as f64);
+        if let Some(f) = reported_files
+            && f != self.files.len() as u64
+        {
+            eprintln!(
+                "bench: import: note: mountctl reported {f} files, the tree has {} regular files",
+                self.files.len()
+            );
+        }
+        dir.remove()?;
+        let mut s: Sample = vec![
+            ("cold_s", t_cold.wall_s()),
+            ("cold_mbps", mbps(logical, &t_cold)),
+            ("cold_cpu_s", t_cold.cpu_s()),
+            ("unchanged_s", t_same.wall_s()),
+            ("changed_s", t_changed.wall_s()),
+            ("stored_bytes", stored as f64),
+            ("stored_ratio", stored as f64 / logical.max(1) as f64),
+            ("disk_bytes", disk as f64),
+        ];
+        if let Some(a) = added {
+            s.push(("changed_added_bytes", a));
+        }
+        Ok(s)
+    }
+}
+
+struct TarZstd {
+    tree: PathBuf,
+    files: Vec<PathBuf>,
+}
+
+impl TarZstd {
+    fn archive(&self, out: &Path, ctx: &Ctx) -> Result<Timing> {
+        ctx.before_step()?;
+        let _ = std::fs::remove_file(out);
+        let ((), t) = timed(|| {
+            proc::pipe_to_file(
+                Command::new("tar")
+                    .args(["-cf", "-", "-C"])
+                    .arg(&self.tree)
+                    .arg("."),
+                Command::new("zstd").args(["-T0", "-3", "-q"]),
+                out,
+            )
+        })?;
+        Ok(t)
+    }
+}
+
+impl Method for TarZstd {
+    fn info(&self) -> MethodInfo {
+        info(TAR_ZSTD)
+    }
+
+    fn run_once(&mut self, ctx: &Ctx, round: usize) -> Result<Sample> {
+        let dir = DirGuard::create(ctx.scratch_path(&format!("tar-r{round}")))?;
+        let out = dir.path().join("tree.tar.zst");
+        ctx.prepare_cache(&self.tree)?;
+        let logical = walk::apparent_bytes(&self.tree)?;
+        let t_cold = self.archive(&out, ctx)?;
+        let stored = std::fs::metadata(&out)?.len();
+        let disk = walk::disk_added(dir.path())?;
+        let t_same = self.archive(&out, ctx)?;
+        change_files(
+            &self.tree,
+            &self.files,
+            ctx.changed_files,
+            ctx.seed,
+            round,
+            2,
+        )?;
+        let t_changed = self.archive(&out, ctx)?;
+        let added = std::fs::metadata(&out)?.len();
+        dir.remove()?;
+        Ok(vec![
+            ("cold_s", t_cold.wall_s()),
+            ("cold_mbps", mbps(logical, &t_cold)),
+            ("cold_cpu_s", t_cold.cpu_s()),
+            ("unchanged_s", t_same.wall_s()),
+            ("changed_s", t_changed.wall_s()),
+            ("stored_bytes", stored as f64),
+            ("stored_ratio", stored as f64 / logical.max(1) as f64),
+            ("disk_bytes", disk as f64),
+            ("changed_added_bytes", added as f64),
+        ])
+    }
+}
+
+struct GitCommit {
+    tree: PathBuf,
+    files: Vec<PathBuf>,
+}
+
+impl GitCommit {
+    fn git(&self, gd: &Path) -> Command {
+        let mut c = crate::corpus::git();
+        c.arg("--git-dir")
+            .arg(gd)
+            .arg("--work-tree")
+            .arg(&self.tree);
+        c
+    }
+
+    fn commit(&self, gd: &Path, ctx: &Ctx, msg: &str, init: bool) -> Result<Timing> {
+        ctx.before_step()?;
+        let ((), t) = timed(|| {
+            if init {
+                proc::run(self.git(gd).args(["init", "-q"]))?;
+            }
+            proc::run(self.git(gd).args(["add", "-A"]))?;
+            proc::run(
+                self.git(gd)
+                    .args(["commit", "-q", "--allow-empty", "-m", msg]),
+            )?;
+            Ok(())
+        })?;
+        Ok(t)
+    }
+}
+
+impl Method for GitCommit {
+    fn info(&self) -> MethodInfo {
+        info(GIT)
+    }
+
+    fn run_once(&mut self, ctx: &Ctx, round: usize) -> Result<Sample> {
+        let dir = DirGuard::create(ctx.scratch_path(&format!("git-r{round}")))?;
+        let gd = dir.path().join("repo.git");
+        ctx.prepare_cache(&self.tree)?;
+        let logical = walk::apparent_bytes(&self.tree)?;
+        let t_cold = self.commit(&gd, ctx, "cold", true)?;
+        let stored = walk::apparent_bytes(&gd)?;
+        let disk = walk::disk_added(&gd)?;
+        let t_same = self.commit(&gd, ctx, "unchanged", false)?;
+        let before = walk::apparent_bytes(&gd)?;
+        change_files(
+            &self.tree,
+            &self.files,
+            ctx.changed_files,
+            ctx.seed,
+            round,
+            3,
+        )?;
+        let t_changed = self.commit(&gd, ctx, "changed", false)?;
+        let added = walk::apparent_bytes(&gd)?.saturating_sub(before);
+        dir.remove()?;
+        Ok(vec![
+            ("cold_s", t_cold.wall_s()),
+            ("cold_mbps", mbps(logical, &t_cold)),
+            ("cold_cpu_s", t_cold.cpu_s()),
+            ("unchanged_s", t_same.wall_s()),
+            ("changed_s", t_changed.wall_s()),
+            ("stored_bytes", stored as f64),
+            ("stored_ratio", stored as f64 / logical.max(1) as f64),
+            ("disk_bytes", disk as f64),
+            ("changed_added_bytes", added as f64),
+        ])
+    }
+}

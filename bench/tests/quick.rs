@@ -1,0 +1,165 @@
+//! `bench run --quick` end to end: a real run on a small synthetic corpus, with
+//! every available method, checked for a complete, honest record and no leftovers.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+const BENCH: &str = env!("CARGO_BIN_EXE_bench");
+
+fn methods(run: &Value, section: &str) -> Vec<Value> {
+    run["sections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == section)
+        .unwrap_or_else(|| panic!("section {section} missing"))["methods"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn method<'a>(ms: &'a [Value], id: &str) -> &'a Value {
+    ms.iter()
+        .find(|m| m["id"] == id)
+        .unwrap_or_else(|| panic!("method {id} missing"))
+}
+
+fn mounts_below(p: &Path) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(1).map(str::to_string))
+        .filter(|m| Path::new(m).starts_with(p))
+        .collect()
+}
+
+#[test]
+fn quick_run_end_to_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cache, work, out) = (
+        tmp.path().join("cache"),
+        tmp.path().join("work"),
+        tmp.path().join("out"),
+    );
+    let status = Command::new(BENCH)
+        .args(["run", "--quick"])
+        .arg("--cache")
+        .arg(&cache)
+        .arg("--work")
+        .arg(&work)
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success(), "bench run --quick failed: {status}");
+
+    let json = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "json"))
+        .expect("a run JSON");
+    let run: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(run["schema"], "cowspace-bench/1");
+    assert_eq!(run["settings"]["runs"], 3);
+    assert!(
+        run["reproduce"]
+            .as_str()
+            .unwrap()
+            .starts_with("bench run --corpus synthetic --files 2000")
+    );
+    assert!(run["machine"]["cores"].as_u64().unwrap() >= 1);
+    assert!(run["corpus"]["stats"]["files"].as_u64().unwrap() > 1000);
+
+    // Nothing dropped silently: every method is ok with all runs, or says why not.
+    for section in run["sections"].as_array().unwrap() {
+        for m in section["methods"].as_array().unwrap() {
+            match m["status"].as_str().unwrap() {
+                "ok" => assert_eq!(m["runs_completed"], 3, "{m}"),
+                _ => assert!(!m["reason"].as_str().unwrap_or("").is_empty(), "{m}"),
+            }
+        }
+    }
+    let import = methods(&run, "import");
+    for id in ["tar-zstd", "git-commit"] {
+        let m = method(&import, id);
+        assert_eq!(m["status"], "ok", "{m}");
+        let s = &m["summary"];
+        assert!(s["cold_s"]["median"].as_f64().unwrap() > 0.0);
+        assert!(s["stored_bytes"]["median"].as_f64().unwrap() > 0.0);
+        assert_eq!(s["cold_s"]["n"], 3);
+    }
+    let store = method(&import, "store");
+    match store["status"].as_str().unwrap() {
+        "ok" => {
+            let s = &store["summary"];
+            assert!(s["cold_s"]["median"].as_f64().unwrap() > 0.0);
+            assert!(s["unchanged_s"]["median"].as_f64().unwrap() > 0.0);
+            assert!(s["stored_bytes"]["median"].as_f64().unwrap() > 0.0);
+        }
+        other => {
+            let why = store["reason"].as_str().unwrap();
+            // Only an absent or not-yet-implemented mountctl is an acceptable skip.
+            assert!(
+                other == "skipped"
+                    && (why.contains("not found") || why.contains("not available yet")),
+                "the store method {other}: {why}"
+            );
+            eprintln!("NOTE: store import not measured: {why}");
+        }
+    }
+    let mat = methods(&run, "materialize");
+    assert_eq!(method(&mat, "cp-a")["status"], "ok");
+
+    // No leftovers: the work directory is empty and nothing is mounted below tmp.
+    let left: Vec<_> = std::fs::read_dir(&work)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "leftovers: {left:?}");
+    assert!(mounts_below(tmp.path()).is_empty());
+
+    // The report re-renders from the JSON alone.
+    let rep = Command::new(BENCH)
+        .arg("report")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(rep.status.success());
+    let md = String::from_utf8(rep.stdout).unwrap();
+    assert!(
+        md.contains("## Import") && md.contains("| metric |"),
+        "{md}"
+    );
+    assert!(md.contains("tar \\| zstd -T0 -3"));
+}
+
+#[test]
+fn bad_arguments_are_usage_errors_before_any_effect() {
+    let tmp = tempfile::tempdir().unwrap();
+    for args in [
+        vec!["run", "--methods", "nope"],
+        vec!["run", "--sections", "nope"],
+        vec!["run", "--corpus", "nope"],
+        vec!["run", "--runs", "0"],
+    ] {
+        let out = Command::new(BENCH)
+            .args(&args)
+            .arg("--cache")
+            .arg(tmp.path().join("cache"))
+            .arg("--out")
+            .arg(tmp.path().join("out"))
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!tmp.path().join("cache").exists() && !tmp.path().join("out").exists());
+    }
+}
