@@ -21,10 +21,15 @@
 //! See `docs/store-format.md` for the on-disk format and its invariants.
 #![deny(unsafe_code)]
 
+pub mod blobcache;
+pub mod browse;
 pub mod codec;
 mod content;
+pub mod diff;
 pub mod error;
 pub mod export;
+pub mod fsck;
+pub mod gc;
 pub mod id;
 pub mod import;
 pub mod index;

@@ -1,0 +1,306 @@
+//! Differences between snapshots: changed paths, and a unified patch for text files.
+//!
+//! Trees are compared by subtree id, so an unchanged subtree costs one comparison
+//! whatever its size. An added or deleted directory lists every path under it.
+
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::id::{SnapshotId, TreeId};
+use crate::store::Store;
+use crate::tree::{Entry, Kind, Tree};
+
+/// Files larger than this are not diffed as text.
+pub const MAX_TEXT_DIFF_BYTES: u64 = 8 * 1024 * 1024;
+
+/// How a path changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Change {
+    Added,
+    Modified,
+    Deleted,
+    /// A file became a directory or a symlink, or the other way round.
+    TypeChanged,
+}
+
+impl Change {
+    pub fn letter(self) -> char {
+        match self {
+            Change::Added => 'A',
+            Change::Modified => 'M',
+            Change::Deleted => 'D',
+            Change::TypeChanged => 'T',
+        }
+    }
+}
+
+/// One changed path.
+#[derive(Debug, Clone, Serialize)]
+pub struct DiffEntry {
+    /// `/`-separated path from the root (lossy UTF-8 for display).
+    pub path: String,
+    pub change: Change,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub old_kind: Option<Kind>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub new_kind: Option<Kind>,
+    #[serde(skip)]
+    pub raw_path: Vec<u8>,
+    #[serde(skip)]
+    pub old: Option<Entry>,
+    #[serde(skip)]
+    pub new: Option<Entry>,
+}
+
+fn family(k: Kind) -> Kind {
+    if k == Kind::Hardlink { Kind::File } else { k }
+}
+
+fn join(prefix: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = prefix.to_vec();
+    if !p.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+fn entry(path: Vec<u8>, change: Change, old: Option<&Entry>, new: Option<&Entry>) -> DiffEntry {
+    DiffEntry {
+        path: String::from_utf8_lossy(&path).into_owned(),
+        change,
+        old_kind: old.map(|e| e.kind),
+        new_kind: new.map(|e| e.kind),
+        raw_path: path,
+        old: old.cloned(),
+        new: new.cloned(),
+    }
+}
+
+impl Store {
+    /// The changes from snapshot `a` to snapshot `b`, in path order.
+    pub fn diff_snapshots(&self, a: &SnapshotId, b: &SnapshotId) -> Result<Vec<DiffEntry>> {
+        let (ra, rb) = (self.snapshot(a)?.root, self.snapshot(b)?.root);
+        let mut out = Vec::new();
+        self.diff_trees(Some(&ra), Some(&rb), &[], &mut out)?;
+        Ok(out)
+    }
+
+    /// Appends the changes between two trees (either may be absent) under `prefix`.
+    pub fn diff_trees(
+        &self,
+        a: Option<&TreeId>,
+        b: Option<&TreeId>,
+        prefix: &[u8],
+        out: &mut Vec<DiffEntry>,
+    ) -> Result<()> {
+        if a == b {
+            return Ok(());
+        }
+        let ta = a.map(|id| self.tree(id)).transpose()?.unwrap_or_default();
+        let tb = b.map(|id| self.tree(id)).transpose()?.unwrap_or_default();
+        self.diff_loaded(&ta, &tb, prefix, out)
+    }
+
+    fn diff_loaded(
+        &self,
+        ta: &Tree,
+        tb: &Tree,
+        prefix: &[u8],
+        out: &mut Vec<DiffEntry>,
+    ) -> Result<()> {
+        let (mut i, mut j) = (0, 0);
+        while i < ta.entries.len() || j < tb.entries.len() {
+            let ea = ta.entries.get(i);
+            let eb = tb.entries.get(j);
+            let ord = match (ea, eb) {
+                (Some(x), Some(y)) => x.name.cmp(&y.name),
+                (Some(_), None) => std::cmp::Ordering::Less,
+                _ => std::cmp::Ordering::Greater,
+            };
+            match ord {
+                std::cmp::Ordering::Less => {
+                    let e = ea.expect("present");
+                    self.one_side(e, prefix, Change::Deleted, out)?;
+                    i += 1;
+                }
+                std::cmp::Ordering::Greater => {
+                    let e = eb.expect("present");
+                    self.one_side(e, prefix, Change::Added, out)?;
+                    j += 1;
+                }
+                std::cmp::Ordering::Equal => {
+                    let (x, y) = (ea.expect("present"), eb.expect("present"));
+                    let path = join(prefix, &x.name);
+                    match (x.kind, y.kind) {
+                        (Kind::Dir, Kind::Dir) => {
+                            if x.mode != y.mode || x.xattrs != y.xattrs {
+                                out.push(entry(path.clone(), Change::Modified, Some(x), Some(y)));
+                            }
+                            if x.hash != y.hash {
+                                self.diff_trees(
+                                    x.subtree().as_ref(),
+                                    y.subtree().as_ref(),
+                                    &path,
+                                    out,
+                                )?;
+                            }
+                        }
+                        (kx, ky) if family(kx) != family(ky) => {
+                            out.push(entry(path.clone(), Change::TypeChanged, Some(x), Some(y)));
+                            if kx == Kind::Dir {
+                                self.diff_trees(x.subtree().as_ref(), None, &path, out)?;
+                            }
+                            if ky == Kind::Dir {
+                                self.diff_trees(None, y.subtree().as_ref(), &path, out)?;
+                            }
+                        }
+                        _ => {
+                            if x.hash != y.hash
+                                || x.mode != y.mode
+                                || x.size != y.size
+                                || x.xattrs != y.xattrs
+                                || (x.kind != Kind::Hardlink && x.data != y.data)
+                                || (x.kind == Kind::Symlink && x.data != y.data)
+                            {
+                                out.push(entry(path, Change::Modified, Some(x), Some(y)));
+                            }
+                        }
+                    }
+                    i += 1;
+                    j += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn one_side(
+        &self,
+        e: &Entry,
+        prefix: &[u8],
+        change: Change,
+        out: &mut Vec<DiffEntry>,
+    ) -> Result<()> {
+        let path = join(prefix, &e.name);
+        let (old, new) = if change == Change::Deleted {
+            (Some(e), None)
+        } else {
+            (None, Some(e))
+        };
+        out.push(entry(path.clone(), change, old, new));
+        if e.kind == Kind::Dir {
+            let sub = e.subtree();
+            if change == Change::Deleted {
+                self.diff_trees(sub.as_ref(), None, &path, out)?;
+            } else {
+                self.diff_trees(None, sub.as_ref(), &path, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The bytes a patch shows for an entry: file content or symlink target.
+    fn patch_bytes(&self, e: &Entry) -> Result<Option<Vec<u8>>> {
+        match e.kind {
+            Kind::File | Kind::Hardlink if e.size <= MAX_TEXT_DIFF_BYTES => {
+                Ok(Some(self.read_content(&e.content().expect("file"))?))
+            }
+            Kind::Symlink => Ok(Some(e.data.clone())),
+            _ => Ok(None),
+        }
+    }
+
+    /// A unified patch (git style) of the given changes.
+    pub fn patch(&self, changes: &[DiffEntry]) -> Result<String> {
+        let mut out = String::new();
+        for c in changes {
+            let old = c.old.as_ref().filter(|e| e.kind != Kind::Dir);
+            let new = c.new.as_ref().filter(|e| e.kind != Kind::Dir);
+            if old.is_none() && new.is_none() {
+                continue;
+            }
+            let ob = old.map(|e| self.patch_bytes(e)).transpose()?.flatten();
+            let nb = new.map(|e| self.patch_bytes(e)).transpose()?.flatten();
+            write_patch(&mut out, &c.path, old, ob.as_deref(), new, nb.as_deref());
+        }
+        Ok(out)
+    }
+}
+
+fn git_mode(e: &Entry) -> String {
+    match e.kind {
+        Kind::Symlink => "120000".into(),
+        _ if e.mode & 0o111 != 0 => "100755".into(),
+        _ => "100644".into(),
+    }
+}
+
+fn is_text(b: &[u8]) -> bool {
+    !b[..b.len().min(8192)].contains(&0) && std::str::from_utf8(b).is_ok()
+}
+
+/// Appends one file's patch: header, mode lines, and a unified diff or a binary note.
+pub fn write_patch(
+    out: &mut String,
+    path: &str,
+    old: Option<&Entry>,
+    old_bytes: Option<&[u8]>,
+    new: Option<&Entry>,
+    new_bytes: Option<&[u8]>,
+) {
+    use std::fmt::Write;
+    let _ = writeln!(out, "diff --git a/{path} b/{path}");
+    match (old, new) {
+        (None, Some(n)) => {
+            let _ = writeln!(out, "new file mode {}", git_mode(n));
+        }
+        (Some(o), None) => {
+            let _ = writeln!(out, "deleted file mode {}", git_mode(o));
+        }
+        (Some(o), Some(n)) if git_mode(o) != git_mode(n) => {
+            let _ = writeln!(out, "old mode {}\nnew mode {}", git_mode(o), git_mode(n));
+        }
+        _ => {}
+    }
+    let (a, b) = (old_bytes.unwrap_or(b""), new_bytes.unwrap_or(b""));
+    if a == b {
+        return;
+    }
+    let too_big = (old.is_some() && old_bytes.is_none()) || (new.is_some() && new_bytes.is_none());
+    if too_big || !is_text(a) || !is_text(b) {
+        let an = if old.is_some() {
+            format!("a/{path}")
+        } else {
+            "/dev/null".into()
+        };
+        let bn = if new.is_some() {
+            format!("b/{path}")
+        } else {
+            "/dev/null".into()
+        };
+        let _ = writeln!(out, "Binary files {an} and {bn} differ");
+        return;
+    }
+    let (a, b) = (
+        std::str::from_utf8(a).unwrap_or(""),
+        std::str::from_utf8(b).unwrap_or(""),
+    );
+    let an = if old.is_some() {
+        format!("a/{path}")
+    } else {
+        "/dev/null".into()
+    };
+    let bn = if new.is_some() {
+        format!("b/{path}")
+    } else {
+        "/dev/null".into()
+    };
+    let diff = similar::TextDiff::from_lines(a, b);
+    let _ = write!(
+        out,
+        "{}",
+        diff.unified_diff().context_radius(3).header(&an, &bn)
+    );
+}

@@ -1,0 +1,278 @@
+//! fsck: every object read back and checked against its id, and every reference between
+//! objects checked to point at something stored.
+
+use std::collections::HashMap;
+
+use rusqlite::params;
+use serde::Serialize;
+
+use crate::codec::Manifest;
+use crate::error::{Error, Result};
+use crate::id::{ContentId, SnapshotId, TreeId};
+use crate::index::{Location, ObjectKind};
+use crate::pack::{Codec, PackId};
+use crate::snapshot::Snapshot;
+use crate::store::{Store, committed_packs, verify};
+use crate::tree::{Kind, Tree};
+
+/// One thing wrong.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    /// `chunk`, `manifest`, `tree`, `snapshot`, `ref`, `pack` or `content`.
+    pub what: String,
+    pub id: String,
+    pub why: String,
+}
+
+/// What fsck found.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct FsckReport {
+    pub objects_checked: u64,
+    pub bytes_checked: u64,
+    pub packs_checked: u64,
+    /// Objects whose bytes do not match their id or cannot be decoded.
+    pub corrupt: Vec<Problem>,
+    /// References to objects that are not stored.
+    pub missing: Vec<Problem>,
+    /// Pack files that no committed transaction names (left by a crash; gc removes them).
+    pub orphan_packs: Vec<String>,
+}
+
+impl FsckReport {
+    /// Whether the store is sound (orphan packs are harmless leftovers).
+    pub fn is_clean(&self) -> bool {
+        self.corrupt.is_empty() && self.missing.is_empty()
+    }
+}
+
+fn problem(what: &str, id: impl ToString, why: impl Into<String>) -> Problem {
+    Problem {
+        what: what.into(),
+        id: id.to_string(),
+        why: why.into(),
+    }
+}
+
+impl Store {
+    /// Checks every object and reference. Reading goes through the same verified paths as
+    /// every other read, so what fsck accepts is what export and the daemon will serve.
+    pub fn fsck(&self) -> Result<FsckReport> {
+        let mut report = FsckReport::default();
+        let (rows, packs) = self.with_reader(|c| {
+            let mut stmt = c
+                .prepare(
+                    "SELECT id, kind, pack, offset, stored_len, raw_len, codec FROM objects
+                     ORDER BY pack, offset",
+                )
+                .map_err(Error::db("list objects"))?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, Vec<u8>>(0)?,
+                        r.get::<_, u8>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, i64>(3)?,
+                        r.get::<_, u32>(4)?,
+                        r.get::<_, u32>(5)?,
+                        r.get::<_, u8>(6)?,
+                    ))
+                })
+                .map_err(Error::db("list objects"))?
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(Error::db("list objects"))?;
+            Ok((rows, committed_packs(c)?))
+        })?;
+
+        // Packs: present and at least as long as recorded.
+        for (pack, size) in &packs {
+            report.packs_checked += 1;
+            match self.backend.len(pack) {
+                Ok(n) if n >= *size => {}
+                Ok(n) => report.corrupt.push(problem(
+                    "pack",
+                    pack,
+                    format!("{n} bytes on disk, {size} committed (truncated)"),
+                )),
+                Err(e) => report
+                    .corrupt
+                    .push(problem("pack", pack, format!("unreadable: {e}"))),
+            }
+        }
+        let committed: std::collections::HashSet<&PackId> = packs.iter().map(|(p, _)| p).collect();
+        if let Ok(all) = self.backend.list() {
+            report.orphan_packs = all
+                .iter()
+                .filter(|p| !committed.contains(p))
+                .map(|p| p.to_string())
+                .collect();
+        }
+
+        // Objects: read, decompress, verify.
+        let mut kinds: HashMap<[u8; 32], ObjectKind> = HashMap::with_capacity(rows.len());
+        let mut trees: Vec<(TreeId, Tree)> = Vec::new();
+        let mut manifests: Vec<(ContentId, Manifest)> = Vec::new();
+        let mut snapshots: Vec<(SnapshotId, Snapshot)> = Vec::new();
+        for (id, kind, pack, offset, stored_len, raw_len, codec) in rows {
+            let Ok(id) = <[u8; 32]>::try_from(id.as_slice()) else {
+                report
+                    .corrupt
+                    .push(problem("index row", hex::encode(&id), "id is not 32 bytes"));
+                continue;
+            };
+            let hexid = hex::encode(id);
+            let (Some(kind), Some(pack), Some(codec)) = (
+                ObjectKind::from_u8(kind),
+                PackId::parse(&pack),
+                Codec::from_u8(codec),
+            ) else {
+                report
+                    .corrupt
+                    .push(problem("index row", &hexid, "unknown kind, pack or codec"));
+                continue;
+            };
+            kinds.insert(id, kind);
+            let loc = Location {
+                kind,
+                pack,
+                offset: offset as u64,
+                stored_len,
+                raw_len,
+                codec,
+            };
+            report.objects_checked += 1;
+            report.bytes_checked += u64::from(raw_len);
+            let data = match self.read_located(&id, &loc).and_then(|d| {
+                verify(kind, &id, &d)?;
+                Ok(d)
+            }) {
+                Ok(d) => d,
+                Err(e) => {
+                    report
+                        .corrupt
+                        .push(problem(kind.as_str(), &hexid, short_why(&e)));
+                    continue;
+                }
+            };
+            let decoded = match kind {
+                ObjectKind::Tree => {
+                    let tid = TreeId::from_bytes(id);
+                    Tree::decode(&tid, &data).map(|t| trees.push((tid, t)))
+                }
+                ObjectKind::Manifest => {
+                    let cid = ContentId::from_bytes(id);
+                    Manifest::decode(&cid, &data).map(|m| manifests.push((cid, m)))
+                }
+                ObjectKind::Snapshot => {
+                    let sid = SnapshotId::from_bytes(id);
+                    Snapshot::decode(&sid, &data).map(|s| snapshots.push((sid, s)))
+                }
+                ObjectKind::Chunk => Ok(()),
+            };
+            if let Err(e) = decoded {
+                report
+                    .corrupt
+                    .push(problem(kind.as_str(), &hexid, short_why(&e)));
+            }
+        }
+
+        let has =
+            |id: &[u8; 32], want: &[ObjectKind]| kinds.get(id).is_some_and(|k| want.contains(k));
+        let content_kinds = [ObjectKind::Chunk, ObjectKind::Manifest];
+
+        // Manifests: chunks present, and the whole hashes to the content id.
+        for (cid, m) in &manifests {
+            let mut ok = true;
+            for (chunk, _) in &m.chunks {
+                if !has(chunk.as_bytes(), &[ObjectKind::Chunk]) {
+                    report.missing.push(problem(
+                        "chunk",
+                        chunk,
+                        format!("named by manifest {cid}"),
+                    ));
+                    ok = false;
+                }
+            }
+            if ok && let Err(e) = self.write_content(cid, &mut std::io::sink()) {
+                report.corrupt.push(problem("content", cid, short_why(&e)));
+            }
+        }
+        // Trees: every content and subtree present.
+        for (tid, t) in &trees {
+            for e in &t.entries {
+                let name = String::from_utf8_lossy(&e.name);
+                match e.kind {
+                    Kind::Dir if !has(&e.hash, &[ObjectKind::Tree]) => {
+                        report.missing.push(problem(
+                            "tree",
+                            hex::encode(e.hash),
+                            format!("subtree {name:?} of tree {tid}"),
+                        ))
+                    }
+                    Kind::File | Kind::Hardlink if !has(&e.hash, &content_kinds) => {
+                        report.missing.push(problem(
+                            "content",
+                            hex::encode(e.hash),
+                            format!("file {name:?} of tree {tid}"),
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Snapshots: root and parents present.
+        for (sid, s) in &snapshots {
+            if !has(s.root.as_bytes(), &[ObjectKind::Tree]) {
+                report
+                    .missing
+                    .push(problem("tree", s.root, format!("root of snapshot {sid}")));
+            }
+            for p in &s.parents {
+                if !has(p.as_bytes(), &[ObjectKind::Snapshot]) {
+                    report.missing.push(problem(
+                        "snapshot",
+                        p,
+                        format!("parent of snapshot {sid}"),
+                    ));
+                }
+            }
+        }
+        // Refs and pins: their snapshots present.
+        for (name, sid) in self.refs()? {
+            if !has(sid.as_bytes(), &[ObjectKind::Snapshot]) {
+                report
+                    .missing
+                    .push(problem("snapshot", sid, format!("named by ref {name}")));
+            }
+        }
+        let pins: Vec<(Vec<u8>, String)> = self.with_reader(|c| {
+            let mut stmt = c
+                .prepare("SELECT snapshot, holder FROM pins")
+                .map_err(Error::db("list pins"))?;
+            let rows = stmt
+                .query_map(params![], |r| Ok((r.get(0)?, r.get(1)?)))
+                .map_err(Error::db("list pins"))?
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(Error::db("list pins"))?;
+            Ok(rows)
+        })?;
+        for (sid, holder) in pins {
+            if let Ok(id) = <[u8; 32]>::try_from(sid.as_slice())
+                && !has(&id, &[ObjectKind::Snapshot])
+            {
+                report.missing.push(problem(
+                    "snapshot",
+                    hex::encode(id),
+                    format!("pinned by {holder}"),
+                ));
+            }
+        }
+        Ok(report)
+    }
+}
+
+fn short_why(e: &Error) -> String {
+    match e {
+        Error::Corrupt { why, .. } => why.clone(),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,313 @@
+//! Garbage collection: removes what no ref (with its parent chain), no pin and no recent
+//! snapshot needs, and rewrites packs that became mostly garbage.
+//!
+//! Runs under the exclusive store lock, so no import is between "found stored" and
+//! "committed". Crash safety follows the same order as writing: new packs are synced
+//! before the transaction that points rows at them; files of dropped packs are deleted
+//! only after the transaction that forgets them has committed (a crash in between leaves
+//! orphan files, removed by the next gc).
+
+use std::collections::{HashMap, HashSet};
+
+use rusqlite::params;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::id::{ContentId, SnapshotId, TreeId};
+use crate::index::{self, ObjectKind};
+use crate::lock::StoreLock;
+use crate::pack::PackId;
+use crate::snapshot::now_secs;
+use crate::store::{Store, committed_packs};
+use crate::tree::Kind;
+use crate::writer::{NewObject, PackWriter};
+
+/// Unreferenced snapshots younger than this survive gc (a runtime may be about to pin
+/// or name a snapshot it just imported).
+pub const DEFAULT_GC_GRACE_SECS: i64 = 3600;
+/// A pack whose live bytes fall under this fraction is rewritten.
+pub const REPACK_LIVE_FRACTION: f64 = 0.5;
+
+/// How to collect.
+#[derive(Debug, Clone, Copy)]
+pub struct GcOptions {
+    pub dry_run: bool,
+    /// Keep unreferenced snapshots created less than this many seconds ago.
+    pub grace_secs: i64,
+    /// Wait for running imports instead of failing with `Busy`.
+    pub wait: bool,
+}
+
+impl Default for GcOptions {
+    fn default() -> Self {
+        GcOptions {
+            dry_run: false,
+            grace_secs: DEFAULT_GC_GRACE_SECS,
+            wait: false,
+        }
+    }
+}
+
+/// What gc removed (or would remove, in a dry run).
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct GcReport {
+    pub dry_run: bool,
+    pub snapshots_removed: Vec<SnapshotId>,
+    pub objects_removed: u64,
+    pub bytes_freed: u64,
+    pub packs_removed: u64,
+    pub packs_rewritten: u64,
+    pub orphan_packs_removed: u64,
+    pub blobs_removed: u64,
+}
+
+impl Store {
+    /// Pins a snapshot for `holder` (a workspace): gc keeps it and all it needs.
+    pub fn pin(&self, snapshot: &SnapshotId, holder: &str) -> Result<()> {
+        self.db()
+            .execute(
+                "INSERT OR IGNORE INTO pins (snapshot, holder, created_at) VALUES (?1, ?2, ?3)",
+                params![&snapshot.as_bytes()[..], holder, now_secs()],
+            )
+            .map_err(Error::db("pin snapshot"))?;
+        Ok(())
+    }
+
+    /// Removes every pin of `holder`.
+    pub fn unpin(&self, holder: &str) -> Result<()> {
+        self.db()
+            .execute("DELETE FROM pins WHERE holder = ?1", params![holder])
+            .map_err(Error::db("unpin"))?;
+        Ok(())
+    }
+
+    /// Collects garbage.
+    pub fn gc(&self, opts: GcOptions) -> Result<GcReport> {
+        let _lock = StoreLock::exclusive(self, opts.wait)?;
+        let mut report = GcReport {
+            dry_run: opts.dry_run,
+            ..Default::default()
+        };
+
+        // 1. Live snapshots: refs, pins, recent ones, and their parent chains.
+        let all = self.snapshots()?;
+        let by_id: HashMap<SnapshotId, &crate::snapshot::Snapshot> =
+            all.iter().map(|(id, s)| (*id, s)).collect();
+        let mut roots: Vec<SnapshotId> = self.refs()?.into_iter().map(|(_, s)| s).collect();
+        roots.extend(self.pinned()?);
+        let cutoff = now_secs() - opts.grace_secs;
+        roots.extend(
+            all.iter()
+                .filter(|(_, s)| s.created_at >= cutoff)
+                .map(|(id, _)| *id),
+        );
+        let mut live_snaps: HashSet<SnapshotId> = HashSet::new();
+        while let Some(id) = roots.pop() {
+            if live_snaps.insert(id)
+                && let Some(s) = by_id.get(&id)
+            {
+                roots.extend(s.parents.iter().copied());
+            }
+        }
+
+        // 2. Live objects.
+        let mut live: HashSet<[u8; 32]> = HashSet::new();
+        let mut seen_trees: HashSet<TreeId> = HashSet::new();
+        for id in &live_snaps {
+            let Some(s) = by_id.get(id) else { continue };
+            live.insert(*id.as_bytes());
+            self.mark_tree(&s.root, &mut live, &mut seen_trees)?;
+        }
+        report.snapshots_removed = all
+            .iter()
+            .map(|(id, _)| *id)
+            .filter(|id| !live_snaps.contains(id))
+            .collect();
+
+        // 3. What each pack holds.
+        let rows: Vec<([u8; 32], String, u64)> = self.with_reader(|c| {
+            let mut stmt = c
+                .prepare("SELECT id, pack, stored_len FROM objects")
+                .map_err(Error::db("list objects"))?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((
+                        r.get::<_, Vec<u8>>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)?,
+                    ))
+                })
+                .map_err(Error::db("list objects"))?
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(Error::db("list objects"))?;
+            Ok(rows
+                .into_iter()
+                .filter_map(|(id, p, n)| {
+                    Some((<[u8; 32]>::try_from(id.as_slice()).ok()?, p, n as u64))
+                })
+                .collect())
+        })?;
+        let packs = self.with_reader(committed_packs)?;
+        let mut live_bytes: HashMap<String, u64> = HashMap::new();
+        let mut dead: Vec<[u8; 32]> = Vec::new();
+        for (id, pack, n) in &rows {
+            if live.contains(id) {
+                *live_bytes.entry(pack.clone()).or_default() += n;
+            } else {
+                dead.push(*id);
+                report.bytes_freed += n;
+            }
+        }
+        report.objects_removed = dead.len() as u64;
+        let mut drop_packs: Vec<PackId> = Vec::new();
+        let mut rewrite: Vec<PackId> = Vec::new();
+        for (pack, size) in &packs {
+            let lb = live_bytes.get(pack.as_str()).copied().unwrap_or(0);
+            if lb == 0 {
+                drop_packs.push(pack.clone());
+            } else if (lb as f64) < (*size as f64) * REPACK_LIVE_FRACTION {
+                rewrite.push(pack.clone());
+            }
+        }
+        report.packs_removed = drop_packs.len() as u64;
+        report.packs_rewritten = rewrite.len() as u64;
+        let committed: HashSet<&PackId> = packs.iter().map(|(p, _)| p).collect();
+        let orphans: Vec<PackId> = self
+            .backend
+            .list()
+            .map_err(Error::io("list packs", self.layout.packs()))?
+            .into_iter()
+            .filter(|p| !committed.contains(p))
+            .collect();
+        report.orphan_packs_removed = orphans.len() as u64;
+        if opts.dry_run {
+            return Ok(report);
+        }
+
+        // 4. Copy the live objects of mostly-dead packs into a new pack (synced).
+        let rewrite_set: HashSet<&str> = rewrite.iter().map(|p| p.as_str()).collect();
+        let mut writer = PackWriter::new(self.backend.clone());
+        for (id, pack, _) in &rows {
+            if !rewrite_set.contains(pack.as_str()) || !live.contains(id) {
+                continue;
+            }
+            let loc = self
+                .locate(id)?
+                .ok_or_else(|| Error::not_found("object", hex::encode(id)))?;
+            let mut stored = vec![0u8; loc.stored_len as usize];
+            self.backend
+                .read_at(&loc.pack, loc.offset, &mut stored)
+                .map_err(Error::io("read pack", self.backend.location(&loc.pack)))?;
+            writer.add(NewObject {
+                id: *id,
+                kind: loc.kind,
+                codec: loc.codec,
+                raw_len: loc.raw_len,
+                stored,
+            })?;
+        }
+        let moved = writer.finish()?;
+
+        // 5. One transaction: forget the dead, move the copied, drop emptied packs.
+        {
+            let mut conn = self.db();
+            let tx = conn.transaction().map_err(Error::db("begin gc"))?;
+            for id in &dead {
+                tx.execute("DELETE FROM objects WHERE id = ?1", params![&id[..]])
+                    .map_err(Error::db("delete object"))?;
+            }
+            for (p, size) in &moved.packs {
+                tx.execute(
+                    "INSERT INTO packs (id, size, created_at) VALUES (?1, ?2, ?3)",
+                    params![p.as_str(), *size as i64, now_secs()],
+                )
+                .map_err(Error::db("record pack"))?;
+            }
+            for r in &moved.rows {
+                tx.execute(
+                    "UPDATE objects SET pack = ?2, offset = ?3 WHERE id = ?1",
+                    params![&r.id[..], r.pack.as_str(), r.offset as i64],
+                )
+                .map_err(Error::db("move object"))?;
+            }
+            for p in drop_packs.iter().chain(rewrite.iter()) {
+                tx.execute("DELETE FROM packs WHERE id = ?1", params![p.as_str()])
+                    .map_err(Error::db("forget pack"))?;
+            }
+            // Stat cache rows must name stored content; snapshots' pins are kept.
+            tx.execute(
+                "DELETE FROM statcache WHERE content NOT IN (SELECT id FROM objects)",
+                [],
+            )
+            .map_err(Error::db("prune stat cache"))?;
+            tx.commit().map_err(Error::db("commit gc"))?;
+        }
+
+        // 6. Only now delete files.
+        for p in drop_packs
+            .iter()
+            .chain(rewrite.iter())
+            .chain(orphans.iter())
+        {
+            self.backend
+                .remove(p)
+                .map_err(Error::io("remove pack", self.backend.location(p)))?;
+        }
+        self.backend
+            .sync_dir()
+            .map_err(Error::io("sync pack directory", self.layout.packs()))?;
+        report.blobs_removed = self.blob_cache().remove_unstored()?;
+        Ok(report)
+    }
+
+    fn pinned(&self) -> Result<Vec<SnapshotId>> {
+        self.with_reader(|c| {
+            let mut stmt = c
+                .prepare("SELECT DISTINCT snapshot FROM pins")
+                .map_err(Error::db("list pins"))?;
+            let rows = stmt
+                .query_map([], |r| r.get::<_, Vec<u8>>(0))
+                .map_err(Error::db("list pins"))?
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(Error::db("list pins"))?;
+            rows.iter().map(|b| SnapshotId::from_slice(b)).collect()
+        })
+    }
+
+    fn mark_tree(
+        &self,
+        id: &TreeId,
+        live: &mut HashSet<[u8; 32]>,
+        seen: &mut HashSet<TreeId>,
+    ) -> Result<()> {
+        if !seen.insert(*id) {
+            return Ok(());
+        }
+        live.insert(*id.as_bytes());
+        let tree = self.tree(id)?;
+        for e in &tree.entries {
+            match e.kind {
+                Kind::Dir => self.mark_tree(&e.subtree().expect("dir"), live, seen)?,
+                Kind::File | Kind::Hardlink => {
+                    if live.insert(e.hash) {
+                        self.mark_content(&ContentId::from_bytes(e.hash), live)?;
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn mark_content(&self, id: &ContentId, live: &mut HashSet<[u8; 32]>) -> Result<()> {
+        let loc = self.with_reader(|c| index::locate(c, id.as_bytes()))?;
+        if let Some(loc) = loc
+            && loc.kind == ObjectKind::Manifest
+        {
+            for (chunk, _) in self.content_chunks(id)? {
+                live.insert(*chunk.as_bytes());
+            }
+        }
+        Ok(())
+    }
+}
