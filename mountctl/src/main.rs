@@ -1,1 +1,60 @@
-fn main() {}
+//! `mountctl`: the cowspace command line. A thin client of the `cowspace-store` library;
+//! the contract (commands, flags, JSON, exit codes) is in CLI.md and docs/cli.md.
+#![forbid(unsafe_code)]
+
+mod cli;
+mod commands;
+mod output;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::Cli;
+use crate::output::{Ctx, report_error, usage_error};
+
+fn main() -> ExitCode {
+    let json_requested = std::env::args().any(|a| a == "--json");
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind as K;
+            if matches!(e.kind(), K::DisplayHelp | K::DisplayVersion) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            return usage_error(&e.to_string(), json_requested);
+        }
+    };
+    init_logging(cli.verbose, cli.quiet);
+    let ctx = Ctx {
+        root: cli
+            .root
+            .clone()
+            .unwrap_or_else(cowspace_store::layout::default_root),
+        json: cli.json,
+        quiet: cli.quiet,
+        progress: std::io::stderr().is_terminal() && !cli.quiet,
+    };
+    match commands::run(&ctx, cli.command) {
+        Ok(code) => code,
+        Err(e) => report_error(&ctx, &e),
+    }
+}
+
+fn init_logging(verbose: u8, quiet: bool) {
+    let default = match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "info",
+        (false, 2) => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

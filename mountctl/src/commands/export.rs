@@ -1,0 +1,27 @@
+//! `mountctl export SNAP|REF DEST [--tar]`.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use serde_json::json;
+
+use crate::output::Ctx;
+
+pub fn run(ctx: &Ctx, spec: &str, dest: &Path, tar: bool) -> anyhow::Result<ExitCode> {
+    let store = ctx.open()?;
+    let id = store.resolve(spec)?;
+    let t = Instant::now();
+    if tar {
+        store.export_tar(&id, dest)?;
+    } else {
+        store.export_dir(&id, dest)?;
+    }
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let d = dest.display().to_string();
+    ctx.emit(
+        json!({"snapshot": id, "dest": d, "tar": tar, "ms": ms}),
+        || format!("exported {} to {d} in {ms:.0} ms", id.short()),
+    );
+    Ok(ExitCode::SUCCESS)
+}

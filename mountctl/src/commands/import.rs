@@ -1,0 +1,77 @@
+//! `mountctl import`: a directory, a tar archive or a git revision becomes a snapshot.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use cowspace_store::{ImportOptions, ImportReport, Progress};
+
+use crate::cli::ImportArgs;
+use crate::output::{Ctx, bytes};
+
+pub fn run(ctx: &Ctx, args: ImportArgs) -> anyhow::Result<ExitCode> {
+    let store = ctx.open()?;
+    let mut opts = ImportOptions::new();
+    opts.ref_name = args.ref_name.clone();
+    opts.message = args.message.clone();
+    opts.default_excludes = !args.no_default_excludes;
+    opts.excludes = args.exclude.clone();
+    opts.allow_devices = args.allow_devices;
+    opts.allow_external_symlinks = args.allow_external_symlinks;
+    let bar = ctx.progress.then(|| {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} importing {pos}/{len} files, {msg} [{elapsed}]",
+            )
+            .expect("valid template"),
+        );
+        bar
+    });
+    if let Some(bar) = &bar {
+        let bar = bar.clone();
+        opts.progress = Some(Arc::new(move |p: Progress| {
+            bar.set_length(p.files_total);
+            bar.set_position(p.files_done);
+            bar.set_message(bytes(p.bytes_done));
+        }));
+    }
+    let source = &args.source;
+    let report = if let Some(rev) = &args.git {
+        store.import_git(source, rev, &opts)
+    } else if source.is_file() {
+        store.import_tar(source, &opts)
+    } else {
+        store.import_dir(source, &opts)
+    };
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    let report: ImportReport = report?;
+    for w in &report.warnings {
+        ctx.note(&format!("warning: {w}"));
+    }
+    let value = serde_json::to_value(&report)?;
+    ctx.emit(value, || {
+        let mut s = format!("{}\n", report.snapshot);
+        if !ctx.quiet {
+            eprintln!(
+                "imported {} files, {} dirs, {} symlinks ({}); read {} files; stored {} new ({} raw) in {:.0} ms{}",
+                report.files,
+                report.dirs,
+                report.symlinks,
+                bytes(report.bytes),
+                report.files_read,
+                bytes(report.new_bytes_stored),
+                bytes(report.new_bytes_raw),
+                report.elapsed_ms,
+                if report.excluded > 0 { format!("; {} paths excluded", report.excluded) } else { String::new() }
+            );
+            if let Some(r) = &report.ref_name {
+                eprintln!("ref {r} -> {}", report.snapshot.short());
+            }
+        }
+        s.truncate(s.len() - 1);
+        s
+    });
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,153 @@
+//! Output conventions: one JSON object on stdout with --json, people's text otherwise;
+//! errors mapped to the stable kinds and exit codes of CLI.md.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use cowspace_store::ErrorKind;
+use serde_json::json;
+
+/// What every command gets.
+#[derive(Debug)]
+pub struct Ctx {
+    pub root: PathBuf,
+    pub json: bool,
+    pub quiet: bool,
+    /// Draw progress bars (stderr is a terminal).
+    pub progress: bool,
+}
+
+impl Ctx {
+    /// Prints a command's result: the JSON value, or the human text.
+    pub fn emit(&self, value: serde_json::Value, human: impl FnOnce() -> String) {
+        if self.json {
+            println!("{value}");
+        } else {
+            let text = human();
+            if !text.is_empty() {
+                println!("{}", text.trim_end_matches('\n'));
+            }
+        }
+    }
+
+    /// A message for people on stderr (never on stdout).
+    pub fn note(&self, msg: &str) {
+        if !self.quiet {
+            eprintln!("{msg}");
+        }
+    }
+
+    pub fn open(&self) -> anyhow::Result<cowspace_store::Store> {
+        Ok(cowspace_store::Store::open(&self.root, Default::default())?)
+    }
+}
+
+/// An error of the command line itself, with its kind and a hint.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct CliError {
+    pub kind: ErrorKind,
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+impl CliError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> CliError {
+        CliError {
+            kind,
+            message: message.into(),
+            hint: None,
+        }
+    }
+    pub fn hint(mut self, hint: impl Into<String>) -> CliError {
+        self.hint = Some(hint.into());
+        self
+    }
+}
+
+fn classify(e: &anyhow::Error) -> (ErrorKind, Option<String>) {
+    for cause in e.chain() {
+        if let Some(s) = cause.downcast_ref::<cowspace_store::Error>() {
+            return (s.kind(), s.hint());
+        }
+        if let Some(c) = cause.downcast_ref::<CliError>() {
+            return (c.kind, c.hint.clone());
+        }
+    }
+    (ErrorKind::Io, None)
+}
+
+/// Prints an error (JSON on stdout with --json, text on stderr) and gives its exit code.
+pub fn report_error(ctx: &Ctx, e: &anyhow::Error) -> ExitCode {
+    let (kind, hint) = classify(e);
+    let message = format!("{e:#}");
+    print_error(kind.as_str(), &message, hint.as_deref(), ctx.json, None);
+    ExitCode::from(kind.exit_code())
+}
+
+/// Prints an error with an extra JSON payload (fsck's report) and gives its exit code.
+pub fn report_error_with(
+    ctx: &Ctx,
+    kind: ErrorKind,
+    message: &str,
+    hint: Option<&str>,
+    extra: serde_json::Value,
+) -> ExitCode {
+    print_error(kind.as_str(), message, hint, ctx.json, Some(extra));
+    ExitCode::from(kind.exit_code())
+}
+
+fn print_error(
+    kind: &str,
+    message: &str,
+    hint: Option<&str>,
+    json: bool,
+    extra: Option<serde_json::Value>,
+) {
+    if json {
+        let mut v = json!({"error": {"kind": kind, "message": message, "hint": hint}});
+        if let Some(serde_json::Value::Object(map)) = extra {
+            for (k, val) in map {
+                v[k] = val;
+            }
+        }
+        println!("{v}");
+    }
+    eprintln!("mountctl: {message}");
+    if let Some(h) = hint {
+        eprintln!("hint: {h}");
+    }
+}
+
+/// A usage error (exit 2).
+pub fn usage_error(text: &str, json: bool) -> ExitCode {
+    if json {
+        let first = text
+            .lines()
+            .next()
+            .unwrap_or(text)
+            .trim_start_matches("error: ");
+        println!(
+            "{}",
+            json!({"error": {"kind": "usage", "message": first, "hint": "see mountctl --help"}})
+        );
+    }
+    eprint!("{text}");
+    ExitCode::from(2)
+}
+
+/// Human-readable bytes.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
