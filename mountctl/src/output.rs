@@ -42,36 +42,10 @@ impl Ctx {
     }
 }
 
-/// An error of the command line itself, with its kind and a hint.
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct CliError {
-    pub kind: ErrorKind,
-    pub message: String,
-    pub hint: Option<String>,
-}
-
-impl CliError {
-    pub fn new(kind: ErrorKind, message: impl Into<String>) -> CliError {
-        CliError {
-            kind,
-            message: message.into(),
-            hint: None,
-        }
-    }
-    pub fn hint(mut self, hint: impl Into<String>) -> CliError {
-        self.hint = Some(hint.into());
-        self
-    }
-}
-
 fn classify(e: &anyhow::Error) -> (ErrorKind, Option<String>) {
     for cause in e.chain() {
         if let Some(s) = cause.downcast_ref::<cowspace_store::Error>() {
             return (s.kind(), s.hint());
-        }
-        if let Some(c) = cause.downcast_ref::<CliError>() {
-            return (c.kind, c.hint.clone());
         }
     }
     (ErrorKind::Io, None)

@@ -172,13 +172,7 @@ impl Store {
             root.set_mtime(snap.created_at.max(0) as u64);
             b.append_data(&mut root, "./", io::empty())
                 .map_err(Error::io("write archive", &tmp))?;
-            self.tar_tree(
-                &mut b,
-                &snap.root,
-                &mut Vec::new(),
-                snap.created_at.max(0) as u64,
-                &tmp,
-            )?;
+            self.tar_tree(&mut b, &snap.root, &[], snap.created_at.max(0) as u64, &tmp)?;
             let w = b.into_inner().map_err(Error::io("write archive", &tmp))?;
             let file = w
                 .into_inner()
@@ -202,14 +196,14 @@ impl Store {
         &self,
         b: &mut tar::Builder<W>,
         id: &TreeId,
-        prefix: &mut Vec<u8>,
+        prefix: &[u8],
         mtime: u64,
         archive: &Path,
     ) -> Result<()> {
         let tree = self.tree(id)?;
         let werr = |e| Error::io("write archive", archive)(e);
         for e in &tree.entries {
-            let mut path = prefix.clone();
+            let mut path = prefix.to_vec();
             if !path.is_empty() {
                 path.push(b'/');
             }
@@ -235,8 +229,7 @@ impl Store {
                         io::empty(),
                     )
                     .map_err(werr)?;
-                    let mut sub = path.clone();
-                    self.tar_tree(b, &e.subtree().expect("dir"), &mut sub, mtime, archive)?;
+                    self.tar_tree(b, &e.subtree().expect("dir"), &path, mtime, archive)?;
                 }
                 Kind::File => {
                     h.set_entry_type(tar::EntryType::Regular);
@@ -252,8 +245,7 @@ impl Store {
                 }
                 Kind::Symlink => {
                     h.set_entry_type(tar::EntryType::Symlink);
-                    b.append_link(&mut h, p, Path::new(std::ffi::OsStr::from_bytes(&e.data)))
-                        .map_err(werr)?;
+                    append_symlink(b, &mut h, p, &e.data).map_err(werr)?;
                 }
                 Kind::Fifo | Kind::CharDevice | Kind::BlockDevice => {
                     h.set_entry_type(match e.kind {
@@ -272,6 +264,32 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// Appends a symlink with its target byte for byte: `append_link` would normalise it
+/// (`./x` and `a//b` are valid targets that must come back unchanged). A target longer
+/// than the header field goes in a GNU long-link record, as GNU tar writes it.
+fn append_symlink<W: Write>(
+    b: &mut tar::Builder<W>,
+    h: &mut tar::Header,
+    path: &Path,
+    target: &[u8],
+) -> io::Result<()> {
+    const LINKNAME_BYTES: usize = 100;
+    if target.len() > LINKNAME_BYTES {
+        let mut k = tar::Header::new_gnu();
+        k.as_old_mut().name[..13].copy_from_slice(b"././@LongLink");
+        k.set_entry_type(tar::EntryType::GNULongLink);
+        k.set_mode(0o644);
+        k.set_uid(0);
+        k.set_gid(0);
+        k.set_mtime(0);
+        k.set_size(target.len() as u64 + 1);
+        k.set_cksum();
+        b.append(&k, [target, b"\0"].concat().as_slice())?;
+    }
+    h.set_link_name_literal(&target[..target.len().min(LINKNAME_BYTES)])?;
+    b.append_data(h, path, io::empty())
 }
 
 fn set_xattrs(path: &Path, xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {

@@ -179,11 +179,16 @@ impl Store {
             |id: &[u8; 32], want: &[ObjectKind]| kinds.get(id).is_some_and(|k| want.contains(k));
         let content_kinds = [ObjectKind::Chunk, ObjectKind::Manifest];
 
-        // Manifests: chunks present, and the whole hashes to the content id.
+        // Manifests: chunks present, and the whole hashes to the content id (checked only
+        // when every chunk is sound, so one damaged chunk is reported once).
+        let bad: std::collections::HashSet<String> =
+            report.corrupt.iter().map(|p| p.id.clone()).collect();
         for (cid, m) in &manifests {
             let mut ok = true;
             for (chunk, _) in &m.chunks {
-                if !has(chunk.as_bytes(), &[ObjectKind::Chunk]) {
+                if bad.contains(&chunk.to_hex()) {
+                    ok = false;
+                } else if !has(chunk.as_bytes(), &[ObjectKind::Chunk]) {
                     report.missing.push(problem(
                         "chunk",
                         chunk,

@@ -98,7 +98,7 @@ impl Store {
         let cutoff = now_secs() - opts.grace_secs;
         roots.extend(
             all.iter()
-                .filter(|(_, s)| s.created_at >= cutoff)
+                .filter(|(_, s)| s.created_at > cutoff)
                 .map(|(id, _)| *id),
         );
         let mut live_snaps: HashSet<SnapshotId> = HashSet::new();
@@ -288,10 +288,8 @@ impl Store {
         for e in &tree.entries {
             match e.kind {
                 Kind::Dir => self.mark_tree(&e.subtree().expect("dir"), live, seen)?,
-                Kind::File | Kind::Hardlink => {
-                    if live.insert(e.hash) {
-                        self.mark_content(&ContentId::from_bytes(e.hash), live)?;
-                    }
+                Kind::File | Kind::Hardlink if live.insert(e.hash) => {
+                    self.mark_content(&ContentId::from_bytes(e.hash), live)?;
                 }
                 _ => {}
             }

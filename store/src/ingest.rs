@@ -347,11 +347,6 @@ impl<'s> Ingest<'s> {
             .put(kind, id, data)
     }
 
-    /// Whether an object is stored already (committed before this session).
-    pub fn store(&self) -> &Store {
-        self.store
-    }
-
     fn shut_down(&mut self) -> Result<Pending> {
         self.jobs = None;
         let mut first_err = None;

@@ -151,12 +151,6 @@ impl Builder {
         Ok(())
     }
 
-    /// Whether `path` is a directory in the tree so far.
-    pub fn is_dir(&self, path: &[Vec<u8>]) -> bool {
-        self.lookup(path)
-            .is_some_and(|n| matches!(n, Node::Dir { .. }))
-    }
-
     /// The item at `path`, if it is a regular file.
     pub fn file_at(&self, path: &[Vec<u8>]) -> Option<(u32, Slot, Option<u64>)> {
         match self.lookup(path)? {
@@ -167,6 +161,15 @@ impl Builder {
                 ..
             }) => Some((*mode, *content, *link_group)),
             _ => None,
+        }
+    }
+
+    /// The item at `path`, if it is not a directory (tar import: hard-link targets'
+    /// xattrs, symlinks standing where a parent directory is expected).
+    pub fn item_at(&self, path: &[Vec<u8>]) -> Option<&Item> {
+        match self.lookup(path)? {
+            Node::Leaf(item) => Some(item),
+            Node::Dir { .. } => None,
         }
     }
 
@@ -208,18 +211,9 @@ impl Builder {
     ) -> Result<(TreeId, u32, Counts)> {
         // Pass 1: the primary path of each link group (first in depth-first order).
         let mut primaries: HashMap<u64, Vec<u8>> = HashMap::new();
-        collect_primaries(&self.root, &mut Vec::new(), &mut primaries);
+        collect_primaries(&self.root, &[], &mut primaries);
         let mut counts = Counts::default();
-        let mut path = Vec::new();
-        let id = write_node(
-            &self.root,
-            ingest,
-            slots,
-            &primaries,
-            &mut path,
-            &mut counts,
-            0,
-        )?;
+        let id = write_node(&self.root, ingest, slots, &primaries, &[], &mut counts, 0)?;
         Ok((id, self.root_mode, counts))
     }
 }
@@ -233,7 +227,7 @@ fn join(path: &[u8], name: &[u8]) -> Vec<u8> {
     p
 }
 
-fn collect_primaries(node: &Node, path: &mut Vec<u8>, out: &mut HashMap<u64, Vec<u8>>) {
+fn collect_primaries(node: &Node, path: &[u8], out: &mut HashMap<u64, Vec<u8>>) {
     let Node::Dir { children, .. } = node else {
         return;
     };
@@ -246,10 +240,7 @@ fn collect_primaries(node: &Node, path: &mut Vec<u8>, out: &mut HashMap<u64, Vec
             }) => {
                 out.entry(*g).or_insert(p);
             }
-            Node::Dir { .. } => {
-                let mut p = p;
-                collect_primaries(child, &mut p, out);
-            }
+            Node::Dir { .. } => collect_primaries(child, &p, out),
             _ => {}
         }
     }
@@ -272,7 +263,7 @@ fn write_node(
     ingest: &mut Ingest<'_>,
     slots: &[Option<FileContent>],
     primaries: &HashMap<u64, Vec<u8>>,
-    path: &mut Vec<u8>,
+    path: &[u8],
     counts: &mut Counts,
     depth: usize,
 ) -> Result<TreeId> {
@@ -289,8 +280,15 @@ fn write_node(
         let child_path = join(path, name);
         let entry = match child {
             Node::Dir { mode, xattrs, .. } => {
-                let mut p = child_path;
-                let id = write_node(child, ingest, slots, primaries, &mut p, counts, depth + 1)?;
+                let id = write_node(
+                    child,
+                    ingest,
+                    slots,
+                    primaries,
+                    &child_path,
+                    counts,
+                    depth + 1,
+                )?;
                 counts.dirs += 1;
                 Entry {
                     name: name.clone(),
@@ -362,17 +360,4 @@ fn write_node(
     let (id, bytes) = tree.encode_with_id();
     ingest.put(ObjectKind::Tree, *id.as_bytes(), &bytes)?;
     Ok(id)
-}
-
-/// Splits a `/`-separated relative path into checked components.
-pub fn components(path: &[u8]) -> Result<Vec<Vec<u8>>> {
-    let mut out = Vec::new();
-    for c in path.split(|&b| b == b'/') {
-        if c.is_empty() || c == b"." {
-            continue;
-        }
-        tree::check_name(c)?;
-        out.push(c.to_vec());
-    }
-    Ok(out)
 }

@@ -49,15 +49,19 @@ pub fn read_xattrs(path: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     Ok(out)
 }
 
-/// Paths git tracks in the work tree at `dir` (empty when it is not a git work tree).
+/// Paths git tracks under `dir`, relative to `dir` (empty when git does not track
+/// anything there). `dir` may be a work tree's top, a subdirectory of one, or a nested
+/// repository inside the tree being imported (the walk asks again at every `.git`).
 fn git_tracked(dir: &Path) -> Vec<Vec<u8>> {
-    if !dir.join(".git").exists() {
-        return vec![];
-    }
     let out = Command::new("git")
         .arg("-C")
         .arg(dir)
-        .args(["ls-files", "-z"])
+        .args(["-c", "core.quotepath=off", "ls-files", "-z"])
+        .env_remove("GIT_DIR")
+        .env_remove("GIT_WORK_TREE")
+        .env_remove("GIT_INDEX_FILE")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .output();
     match out {
         Ok(o) if o.status.success() => o
@@ -135,7 +139,7 @@ impl Store {
                 xattrs: vec![],
             },
         )?;
-        walk.walk(&src, &excluder, &cache, &mut ingest, opts)?;
+        walk.walk(&src, &mut excluder, &cache, &mut ingest, opts)?;
         while let Some((slot, r)) = ingest.next_result(true) {
             walk.arrived(slot, r, opts)?;
         }
@@ -177,13 +181,16 @@ impl Store {
     }
 }
 
+/// A multiply-linked file seen before: its link group, content slot and first path.
+type LinkSeen = (u64, Slot, Vec<Vec<u8>>);
+
 struct Walk {
     builder: Builder,
     slots: Vec<Option<FileContent>>,
     /// For files read: their relative path and stamp (for the stat cache).
     slot_info: Vec<Option<(Vec<u8>, Stamp)>>,
     /// (dev, ino) of multiply-linked files -> (link group, content slot, first path).
-    links: HashMap<(u64, u64), (u64, Slot, Vec<Vec<u8>>)>,
+    links: HashMap<(u64, u64), LinkSeen>,
     next_group: u64,
     root_dev: u64,
     excluded: u64,
@@ -199,7 +206,7 @@ impl Walk {
     fn walk(
         &mut self,
         src: &Path,
-        excluder: &Excluder,
+        excluder: &mut Excluder,
         cache: &statcache::Entries,
         ingest: &mut Ingest<'_>,
         opts: &ImportOptions,
@@ -214,6 +221,18 @@ impl Walk {
                 names.push(e.file_name());
             }
             names.sort();
+            // A nested repository (or submodule): what it tracks is spared too.
+            if !rel.is_empty()
+                && excluder.policy().default_excludes
+                && names.iter().any(|n| n.as_bytes() == b".git")
+            {
+                let prefix = rel.join(&b'/');
+                let tracked: Vec<Vec<u8>> = git_tracked(&dir)
+                    .into_iter()
+                    .map(|p| [prefix.as_slice(), b"/", p.as_slice()].concat())
+                    .collect();
+                excluder.set_tracked(tracked.iter().map(|p| p.as_slice()));
+            }
             for name in names {
                 let abs = dir.join(&name);
                 let mut comps = rel.clone();

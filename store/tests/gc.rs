@@ -1,0 +1,116 @@
+//! gc keeps what refs, their parent chains, pins and recent snapshots need; removes the
+//! rest; rewrites mostly-dead packs; leaves a store that passes fsck.
+
+mod common;
+
+use std::fs;
+
+use cowspace_store::gc::GcOptions;
+use cowspace_store::{ImportOptions, Store, StoreConfig};
+
+fn tree(dir: &std::path::Path, tag: &str, n: u32) {
+    fs::create_dir_all(dir).unwrap();
+    for i in 0..n {
+        fs::write(
+            dir.join(format!("{tag}-{i}.txt")),
+            format!("{tag} {i} {}\n", "x".repeat(i as usize * 37)),
+        )
+        .unwrap();
+    }
+}
+
+#[test]
+fn gc_keeps_what_is_needed_and_removes_the_rest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
+    let (a, b, c, d) = (
+        tmp.path().join("a"),
+        tmp.path().join("b"),
+        tmp.path().join("c"),
+        tmp.path().join("d"),
+    );
+    tree(&a, "a", 50);
+    tree(&b, "b", 50);
+    tree(&c, "c", 50);
+    tree(&d, "d", 50);
+    let mut on_main = ImportOptions::new();
+    on_main.ref_name = Some("main".into());
+    let sa = store.import_dir(&a, &on_main).unwrap().snapshot;
+    let sb = store.import_dir(&b, &on_main).unwrap().snapshot; // parent: sa
+    let sc = store
+        .import_dir(&c, &ImportOptions::new())
+        .unwrap()
+        .snapshot; // unreferenced
+    let sd = store
+        .import_dir(&d, &ImportOptions::new())
+        .unwrap()
+        .snapshot; // pinned
+    store.pin(&sd, "ws-1").unwrap();
+
+    // Within the grace period nothing goes.
+    let r = store.gc(GcOptions::default()).unwrap();
+    assert!(r.snapshots_removed.is_empty());
+    assert_eq!(r.objects_removed, 0);
+
+    let dry = store
+        .gc(GcOptions {
+            dry_run: true,
+            grace_secs: 0,
+            wait: false,
+        })
+        .unwrap();
+    assert_eq!(dry.snapshots_removed, vec![sc]);
+    assert!(store.snapshot(&sc).is_ok(), "a dry run removes nothing");
+
+    let r = store
+        .gc(GcOptions {
+            dry_run: false,
+            grace_secs: 0,
+            wait: false,
+        })
+        .unwrap();
+    assert_eq!(r.snapshots_removed, vec![sc]);
+    assert!(
+        r.objects_removed >= 51,
+        "the snapshot, its tree and 50 files: {r:?}"
+    );
+    assert!(store.snapshot(&sc).is_err());
+    let f = store.fsck().unwrap();
+    assert!(f.is_clean() && f.orphan_packs.is_empty(), "{f:?}");
+    for (snap, src) in [(sa, &a), (sb, &b), (sd, &d)] {
+        let out = tmp.path().join(format!("out-{}", snap.short()));
+        store.export_dir(&snap, &out).unwrap();
+        assert_eq!(common::listing(src), common::listing(&out));
+    }
+
+    // Unpinned, d goes too; its pack held only d's objects and is dropped or rewritten.
+    store.unpin("ws-1").unwrap();
+    let r = store
+        .gc(GcOptions {
+            dry_run: false,
+            grace_secs: 0,
+            wait: false,
+        })
+        .unwrap();
+    assert_eq!(r.snapshots_removed, vec![sd]);
+    assert!(r.packs_removed + r.packs_rewritten >= 1, "{r:?}");
+    assert!(store.fsck().unwrap().is_clean());
+    // Re-importing d after gc stores its contents again (the stat cache no longer
+    // claims them).
+    let again = store.import_dir(&d, &ImportOptions::new()).unwrap();
+    assert_eq!(again.files_read, 50);
+    let out = tmp.path().join("out-d-again");
+    store.export_dir(&again.snapshot, &out).unwrap();
+    assert_eq!(common::listing(&d), common::listing(&out));
+}
+
+#[test]
+fn gc_refuses_while_an_import_holds_the_store() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
+    let held = cowspace_store::lock::StoreLock::shared(&store).unwrap();
+    let err = store.gc(GcOptions::default()).unwrap_err();
+    assert_eq!(err.kind(), cowspace_store::ErrorKind::Busy);
+    drop(held);
+    store.gc(GcOptions::default()).unwrap();
+}
