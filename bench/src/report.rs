@@ -231,6 +231,7 @@ pub fn value(v: f64, unit: &str) -> String {
             }
         }
         "MB/s" => format!("{v:.1}"),
+        "files" => format!("{v:.0}"),
         _ => format!("{v:.3}"),
     }
 }

@@ -157,6 +157,14 @@ pub fn run_section(
             cancel::check()?;
             match method.run_once(ctx, round) {
                 Ok(sample) => {
+                    let declared = section.metrics();
+                    for (k, _) in &sample {
+                        anyhow::ensure!(
+                            declared.iter().any(|d| d.id == *k),
+                            "bench bug: {} reported undeclared metric {k}",
+                            r.id
+                        );
+                    }
                     let shown: Vec<String> = sample
                         .iter()
                         .map(|(k, v)| format!("{k}={}", short(*v)))
