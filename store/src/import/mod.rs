@@ -3,6 +3,8 @@
 pub(crate) mod builder;
 pub mod dir;
 pub mod exclude;
+pub mod git;
+pub mod tar;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -44,6 +46,9 @@ pub struct ImportOptions {
     pub excludes: Vec<String>,
     /// Accept character and block device nodes (refused by default).
     pub allow_devices: bool,
+    /// Accept tar symlinks whose target is absolute or climbs out of the root
+    /// (refused by default: extracting the snapshot would point outside it).
+    pub allow_external_symlinks: bool,
     pub progress: Option<ProgressFn>,
 }
 
@@ -55,6 +60,7 @@ impl std::fmt::Debug for ImportOptions {
             .field("default_excludes", &self.default_excludes)
             .field("excludes", &self.excludes)
             .field("allow_devices", &self.allow_devices)
+            .field("allow_external_symlinks", &self.allow_external_symlinks)
             .finish()
     }
 }

@@ -1,0 +1,528 @@
+//! Import of a git revision, read with the `git` program alone.
+//!
+//! `git rev-parse --verify REV^{commit}` resolves the revision; `git ls-tree -r -z
+//! --full-tree -l COMMIT` lists every tracked path with its mode, object id and size;
+//! the contents come from one long-running `git cat-file --batch`, fed object ids by a
+//! writer thread while this thread reads the answers (so neither pipe can fill up and
+//! stall the other side) and streams each blob into the ingest pipeline. No working
+//! tree or index is read or touched; bare repositories work.
+//!
+//! Git has no empty directories and no hard links; a submodule (gitlink) is left out
+//! with a warning. Every tracked path is kept, even under a directory the default
+//! policy excludes (git tracks it); user `--exclude` patterns still apply.
+
+use std::collections::HashMap;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::import::builder::{Builder, Item, Slot};
+use crate::import::exclude::Excluder;
+use crate::import::tar::{PathFilter, split_member};
+use crate::import::{Finish, ImportOptions, ImportReport, Progress};
+use crate::ingest::{FileContent, Ingest};
+use crate::lock::StoreLock;
+use crate::snapshot::Source;
+use crate::store::Store;
+use crate::tree;
+
+/// Longest `cat-file --batch` header line accepted (`<oid> <type> <size>\n`).
+const MAX_BATCH_HEADER_BYTES: u64 = 512;
+
+/// A `git` command for `repo`: no system config, no pager, English messages, no
+/// environment from a calling git (hooks) redirecting it, no discovery above `repo`.
+fn git(repo: &Path) -> Command {
+    let mut c = Command::new("git");
+    c.arg("--no-pager")
+        .arg("-C")
+        .arg(repo)
+        .args(["-c", "core.quotepath=off"])
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_PAGER", "cat")
+        .env("LC_ALL", "C");
+    for v in [
+        "GIT_DIR",
+        "GIT_WORK_TREE",
+        "GIT_INDEX_FILE",
+        "GIT_OBJECT_DIRECTORY",
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+        "GIT_COMMON_DIR",
+        "GIT_NAMESPACE",
+    ] {
+        c.env_remove(v);
+    }
+    if let Some(parent) = repo.parent() {
+        c.env("GIT_CEILING_DIRECTORIES", parent);
+    }
+    c
+}
+
+fn spawn_error(e: io::Error) -> Error {
+    if e.kind() == io::ErrorKind::NotFound {
+        Error::Unsupported(
+            "the `git` program is not installed (or not on PATH); importing a git revision needs it"
+                .into(),
+        )
+    } else {
+        Error::io("run", "git")(e)
+    }
+}
+
+/// Runs a git command to completion; a failure is `Error::Git` with git's stderr.
+fn run(repo: &Path, step: &'static str, args: &[&str]) -> Result<Vec<u8>> {
+    let out = git(repo).args(args).output().map_err(spawn_error)?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        return Err(Error::Git {
+            step,
+            repo: repo.to_path_buf(),
+            why: if stderr.is_empty() {
+                format!("git exited with {}", out.status)
+            } else {
+                stderr
+            },
+        });
+    }
+    Ok(out.stdout)
+}
+
+/// One line of `git ls-tree -r -z -l`.
+#[derive(Debug)]
+struct TreeLine {
+    mode: u32,
+    kind: Vec<u8>,
+    oid: String,
+    size: Option<u64>,
+    path: Vec<u8>,
+}
+
+fn parse_ls_tree(out: &[u8]) -> std::result::Result<Vec<TreeLine>, String> {
+    let mut lines = Vec::new();
+    for rec in out.split(|&b| b == 0).filter(|r| !r.is_empty()) {
+        let bad = || format!("unexpected ls-tree line {:?}", String::from_utf8_lossy(rec));
+        let tab = rec.iter().position(|&b| b == b'\t').ok_or_else(bad)?;
+        let (meta, path) = (&rec[..tab], &rec[tab + 1..]);
+        let meta = std::str::from_utf8(meta).map_err(|_| bad())?;
+        let mut f = meta.split_ascii_whitespace();
+        let (Some(mode), Some(kind), Some(oid), Some(size), None) =
+            (f.next(), f.next(), f.next(), f.next(), f.next())
+        else {
+            return Err(bad());
+        };
+        let mode = u32::from_str_radix(mode, 8).map_err(|_| bad())?;
+        if oid.is_empty() || !oid.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad());
+        }
+        let size = match size {
+            "-" => None,
+            s => Some(s.parse::<u64>().map_err(|_| bad())?),
+        };
+        lines.push(TreeLine {
+            mode,
+            kind: kind.as_bytes().to_vec(),
+            oid: oid.to_string(),
+            size,
+            path: path.to_vec(),
+        });
+    }
+    Ok(lines)
+}
+
+/// A running `git cat-file --batch`: a writer thread feeds it ids, this side reads.
+/// Dropped early (an error), it kills the process and joins its threads.
+struct CatFile {
+    repo: PathBuf,
+    child: Child,
+    out: BufReader<ChildStdout>,
+    writer: Option<JoinHandle<io::Result<()>>>,
+    stderr: Option<JoinHandle<Vec<u8>>>,
+    done: bool,
+}
+
+impl CatFile {
+    fn start(repo: &Path, oids: Vec<String>) -> Result<CatFile> {
+        let mut child = git(repo)
+            .args(["cat-file", "--batch"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(spawn_error)?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = child.stdout.take().expect("piped");
+        let mut stderr = child.stderr.take().expect("piped");
+        let writer = std::thread::Builder::new()
+            .name("cowspace-git-feed".into())
+            .spawn(move || -> io::Result<()> {
+                let mut w = io::BufWriter::new(stdin);
+                for oid in oids {
+                    w.write_all(oid.as_bytes())?;
+                    w.write_all(b"\n")?;
+                }
+                w.flush()
+            })
+            .map_err(Error::io("start thread", "git feed"))?;
+        let stderr = std::thread::Builder::new()
+            .name("cowspace-git-stderr".into())
+            .spawn(move || {
+                let mut buf = Vec::new();
+                let _ = stderr.read_to_end(&mut buf);
+                buf
+            })
+            .map_err(Error::io("start thread", "git stderr"))?;
+        Ok(CatFile {
+            repo: repo.to_path_buf(),
+            child,
+            out: BufReader::with_capacity(1 << 20, stdout),
+            writer: Some(writer),
+            stderr: Some(stderr),
+            done: false,
+        })
+    }
+
+    fn error(&self, why: String) -> Error {
+        Error::Git {
+            step: "read objects",
+            repo: self.repo.clone(),
+            why,
+        }
+    }
+
+    fn io_error(&self, e: io::Error) -> Error {
+        self.error(format!("reading git cat-file output: {e}"))
+    }
+
+    /// Reads the header of the next answer, which must be the blob `oid`; returns its size.
+    fn next_blob(&mut self, oid: &str) -> Result<u64> {
+        let mut line = Vec::new();
+        (&mut self.out)
+            .take(MAX_BATCH_HEADER_BYTES)
+            .read_until(b'\n', &mut line)
+            .map_err(|e| self.io_error(e))?;
+        if line.pop() != Some(b'\n') {
+            return Err(self.error(format!("git cat-file stopped before answering for {oid}")));
+        }
+        let line = String::from_utf8_lossy(&line).into_owned();
+        let f: Vec<&str> = line.split(' ').collect();
+        match f.as_slice() {
+            [o, "blob", size] if *o == oid => size
+                .parse()
+                .map_err(|_| self.error(format!("unexpected cat-file header {line:?}"))),
+            [o, "missing"] if *o == oid => Err(self.error(format!(
+                "object {oid} is missing from the repository (a shallow or partial clone?)"
+            ))),
+            _ => Err(self.error(format!(
+                "unexpected cat-file header {line:?} (asked for blob {oid})"
+            ))),
+        }
+    }
+
+    /// Consumes the newline that ends an answer.
+    fn end_blob(&mut self) -> Result<()> {
+        let mut nl = [0u8; 1];
+        self.out.read_exact(&mut nl).map_err(|e| self.io_error(e))?;
+        if nl != *b"\n" {
+            return Err(self.error("answer not terminated by a newline".into()));
+        }
+        Ok(())
+    }
+
+    /// Waits for git to exit after every answer was read.
+    fn finish(mut self) -> Result<()> {
+        self.done = true;
+        let fed = self.writer.take().map(|w| w.join());
+        let status = self.child.wait().map_err(Error::io("wait for", "git"))?;
+        let stderr = self
+            .stderr
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default();
+        let fed_ok = matches!(fed, Some(Ok(Ok(()))));
+        if !status.success() || !fed_ok {
+            return Err(self.error(format!(
+                "git cat-file failed ({status}): {}",
+                String::from_utf8_lossy(&stderr).trim()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CatFile {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+        if let Some(h) = self.stderr.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// What a tracked path becomes, before its content is read.
+enum Planned {
+    File { exec: bool, oid: String },
+    Symlink { oid: String },
+}
+
+/// How each distinct blob is used.
+#[derive(Default, Clone, Copy)]
+struct Uses {
+    file: bool,
+    link: bool,
+}
+
+impl Store {
+    /// Imports revision `rev` of the git repository at `repo` (bare or not) as a new
+    /// snapshot, reading objects with the `git` program. No working tree is touched.
+    pub fn import_git(&self, repo: &Path, rev: &str, opts: &ImportOptions) -> Result<ImportReport> {
+        let started = Instant::now();
+        match std::fs::metadata(repo) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(Error::Invalid(format!(
+                    "{} is not a directory (a git repository is)",
+                    repo.display()
+                )));
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(Error::SourceMissing(repo.to_path_buf()));
+            }
+            Err(e) => return Err(Error::io("stat", repo)(e)),
+        }
+        let repo = std::fs::canonicalize(repo).map_err(Error::io("resolve", repo))?;
+        if rev.is_empty() || rev.starts_with('-') || rev.contains(['\0', '\n']) {
+            return Err(Error::Invalid(format!(
+                "{rev:?} is not a usable git revision"
+            )));
+        }
+        if let Some(name) = &opts.ref_name {
+            crate::refs::check_ref_name(name)?;
+        }
+        let spec = format!("{rev}^{{commit}}");
+        let commit = run(&repo, "resolve revision", &["rev-parse", "--verify", &spec]).map_err(
+            |e| match e {
+                Error::Git { step, repo, why } => Error::Git {
+                    step,
+                    repo,
+                    why: format!("{rev:?} does not name a commit here: {why}"),
+                },
+                e => e,
+            },
+        )?;
+        let commit = String::from_utf8_lossy(&commit).trim().to_string();
+        if commit.is_empty() || !commit.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(Error::Git {
+                step: "resolve revision",
+                repo,
+                why: format!("unexpected rev-parse output {commit:?}"),
+            });
+        }
+        let listing = run(
+            &repo,
+            "list tree",
+            &["ls-tree", "-r", "-z", "--full-tree", "-l", &commit],
+        )?;
+        let lines = parse_ls_tree(&listing).map_err(|why| Error::Git {
+            step: "list tree",
+            repo: repo.clone(),
+            why,
+        })?;
+
+        // Git tracks every path listed: the default exclusions spare them all.
+        let mut excluder = Excluder::new(opts.default_excludes, &opts.excludes)?;
+        excluder.set_tracked(lines.iter().map(|l| l.path.as_slice()));
+        let mut filter = PathFilter::new(&excluder);
+        let repo_name = repo.display().to_string();
+        let unsafe_entry = |path: &[u8], why: String| Error::UnsafeEntry {
+            archive: format!("{repo_name} at {commit}"),
+            entry: String::from_utf8_lossy(path).into_owned(),
+            why,
+        };
+
+        let mut warnings = Vec::new();
+        let mut planned: Vec<(Vec<Vec<u8>>, Planned)> = Vec::with_capacity(lines.len());
+        let mut uses: HashMap<String, Uses> = HashMap::new();
+        let mut order: Vec<(String, u64)> = Vec::new();
+        for l in lines {
+            let comps = split_member(&l.path).map_err(|why| unsafe_entry(&l.path, why))?;
+            if comps.is_empty() {
+                return Err(unsafe_entry(&l.path, "names the root".into()));
+            }
+            let p = match (l.mode & 0o170000, l.kind.as_slice()) {
+                (0o100000, b"blob") => Planned::File {
+                    exec: l.mode & 0o100 != 0,
+                    oid: l.oid.clone(),
+                },
+                (0o120000, b"blob") => Planned::Symlink { oid: l.oid.clone() },
+                (0o160000, b"commit") => {
+                    warnings.push(format!(
+                        "{}: a submodule (commit {}); left out",
+                        String::from_utf8_lossy(&l.path),
+                        l.oid
+                    ));
+                    continue;
+                }
+                _ => {
+                    return Err(unsafe_entry(
+                        &l.path,
+                        format!(
+                            "unexpected mode {:o} for a {}",
+                            l.mode,
+                            String::from_utf8_lossy(&l.kind)
+                        ),
+                    ));
+                }
+            };
+            if filter.excludes(&comps, false) {
+                continue;
+            }
+            let (oid, is_link) = match &p {
+                Planned::File { oid, .. } => (oid, false),
+                Planned::Symlink { oid } => (oid, true),
+            };
+            let u = uses.entry(oid.clone()).or_insert_with(|| {
+                order.push((oid.clone(), l.size.unwrap_or(0)));
+                Uses::default()
+            });
+            if is_link {
+                u.link = true;
+            } else {
+                u.file = true;
+            }
+            planned.push((comps, p));
+        }
+
+        let _lock = StoreLock::shared(self)?;
+        // Dropped unfinished on any error below: the session's packs are removed.
+        let mut ingest = Ingest::start(self)?;
+        let total = planned.len() as u64;
+        let mut contents: HashMap<String, FileContent> = HashMap::new();
+        let mut targets: HashMap<String, Vec<u8>> = HashMap::new();
+        let mut bytes_done = 0u64;
+        let mut cat = CatFile::start(&repo, order.iter().map(|(o, _)| o.clone()).collect())?;
+        for (i, (oid, listed)) in order.iter().enumerate() {
+            let size = cat.next_blob(oid)?;
+            if size != *listed {
+                return Err(cat.error(format!(
+                    "blob {oid} has {size} bytes, ls-tree said {listed}"
+                )));
+            }
+            let u = uses[oid];
+            if u.link {
+                if size == 0 || size > tree::MAX_TARGET_BYTES as u64 {
+                    return Err(cat.error(format!(
+                        "symlink blob {oid} has an unusable length ({size} bytes)"
+                    )));
+                }
+                let mut target = Vec::with_capacity(size as usize);
+                (&mut cat.out)
+                    .take(size)
+                    .read_to_end(&mut target)
+                    .map_err(|e| cat.io_error(e))?;
+                if u.file {
+                    let c = ingest.store_reader(target.as_slice(), size)?;
+                    contents.insert(oid.clone(), c);
+                }
+                targets.insert(oid.clone(), target);
+            } else {
+                let c = ingest
+                    .store_reader((&mut cat.out).take(size), size)
+                    .map_err(|e| match e {
+                        Error::Io { source, .. } => cat.io_error(source),
+                        e => e,
+                    })?;
+                if c.size != size {
+                    return Err(cat.error(format!("blob {oid} ended after {} bytes", c.size)));
+                }
+                contents.insert(oid.clone(), c);
+            }
+            cat.end_blob()?;
+            bytes_done += size;
+            if let Some(p) = &opts.progress {
+                p(Progress {
+                    files_done: i as u64 + 1,
+                    files_total: total,
+                    bytes_done,
+                });
+            }
+        }
+        cat.finish()?;
+
+        let mut builder = Builder::new(0o755);
+        for (comps, p) in planned {
+            let path = comps.join(&b'/');
+            let item = match p {
+                Planned::File { exec, oid } => Item::File {
+                    mode: if exec { 0o755 } else { 0o644 },
+                    content: Slot::Known(contents[&oid]),
+                    link_group: None,
+                    xattrs: vec![],
+                },
+                Planned::Symlink { oid } => {
+                    let target = targets[&oid].clone();
+                    if target.contains(&0) {
+                        return Err(unsafe_entry(
+                            &path,
+                            "the symlink target contains a NUL byte".into(),
+                        ));
+                    }
+                    Item::Symlink {
+                        target,
+                        xattrs: vec![],
+                    }
+                }
+            };
+            builder.insert(&comps, item).map_err(|e| match e {
+                Error::Invalid(why) => unsafe_entry(&path, why),
+                e => e,
+            })?;
+        }
+
+        let finish = Finish {
+            builder,
+            slots: Vec::new(),
+            source: Source::Git {
+                repo: repo_name.clone(),
+                rev: rev.to_string(),
+                commit: commit.clone(),
+            },
+            policy: excluder.policy().clone(),
+            excluded: filter.excluded,
+            files_read: order.len() as u64,
+            warnings,
+            started,
+            opts,
+        };
+        finish.run(self, ingest, |_| Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ls_tree_lines() {
+        let out = b"100644 blob e69de29bb2d1d6434b8b29ae775ad8c2e48c5391       0\ta b/c d\0\
+160000 commit 1234567890123456789012345678901234567890       -\tsub\0\
+120000 blob 2222222222222222222222222222222222222222      12\tlink\0";
+        let l = parse_ls_tree(out).unwrap();
+        assert_eq!(l.len(), 3);
+        assert_eq!(l[0].mode, 0o100644);
+        assert_eq!(l[0].path, b"a b/c d");
+        assert_eq!(l[0].size, Some(0));
+        assert_eq!(l[1].size, None);
+        assert_eq!(l[2].kind, b"blob");
+        assert!(parse_ls_tree(b"100644 blob xyz 1\tp\0").is_err());
+        assert!(parse_ls_tree(b"100644 blob\tp\0").is_err());
+    }
+}

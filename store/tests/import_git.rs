@@ -1,0 +1,321 @@
+//! Git import: a revision imports to exactly what `git archive` gives, and to the same
+//! tree as a clean checkout imported as a directory.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+
+use cowspace_store::{ErrorKind, ImportOptions, Source, Store, StoreConfig};
+
+/// Path, kind, mode, size, content hash or target of everything under `root`.
+fn listing(root: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        let mut names: Vec<_> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        for n in names {
+            let p = dir.join(&n);
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            let m = fs::symlink_metadata(&p).unwrap();
+            let mode = m.permissions().mode() & 0o7777;
+            if m.is_dir() {
+                out.push(format!("d {rel} {mode:o}"));
+                walk(root, &p, out);
+            } else if m.file_type().is_symlink() {
+                out.push(format!(
+                    "l {rel} -> {}",
+                    fs::read_link(&p).unwrap().display()
+                ));
+            } else {
+                let data = fs::read(&p).unwrap();
+                out.push(format!(
+                    "f {rel} {mode:o} {} {} nlink={}",
+                    data.len(),
+                    blake3::hash(&data).to_hex(),
+                    m.nlink()
+                ));
+            }
+        }
+    }
+    let mut out = vec![];
+    walk(root, root, &mut out);
+    out
+}
+
+/// Runs a shell command with a private git configuration (HOME = `home`).
+fn sh(home: &Path, cmd: &str) -> String {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("umask 022; {cmd}"))
+        .env("HOME", home)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.com")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        .env("GIT_AUTHOR_DATE", "2020-01-01T00:00:00Z")
+        .env("GIT_COMMITTER_DATE", "2020-01-01T00:00:00Z")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+fn q(p: &Path) -> String {
+    format!("'{}'", p.display())
+}
+
+/// A repository with nested dirs, an exec file, a symlink, a tracked `build/` file and
+/// two commits; returns the commit ids.
+fn make_repo(home: &Path, repo: &Path) -> (String, String) {
+    fs::create_dir_all(repo.join("src/lib/deep")).unwrap();
+    fs::create_dir_all(repo.join("build")).unwrap();
+    fs::write(repo.join("README.md"), "# demo\n").unwrap();
+    fs::write(repo.join("src/main.rs"), "fn main() {}\n").unwrap();
+    fs::write(repo.join("src/lib/deep/x.rs"), "// x\n").unwrap();
+    fs::write(repo.join("name with space.txt"), "spaced\n").unwrap();
+    fs::write(repo.join("héllo.txt"), "unicode\n").unwrap();
+    fs::write(repo.join("run.sh"), "#!/bin/sh\necho run\n").unwrap();
+    fs::set_permissions(repo.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::write(repo.join("build/keep.sh"), "tracked under build\n").unwrap();
+    let big: Vec<u8> = (0..1_200_000u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 11) as u8)
+        .collect();
+    fs::write(repo.join("big.bin"), &big).unwrap();
+    std::os::unix::fs::symlink("src/main.rs", repo.join("link")).unwrap();
+    sh(home, &format!("git init -q {}", q(repo)));
+    sh(
+        home,
+        &format!("cd {} && git add -A && git commit -qm one", q(repo)),
+    );
+    let c1 = sh(home, &format!("git -C {} rev-parse HEAD", q(repo)));
+    fs::write(repo.join("src/main.rs"), "fn main() { println!(\"2\"); }\n").unwrap();
+    fs::remove_file(repo.join("README.md")).unwrap();
+    fs::write(repo.join("src/lib/new.rs"), "// new\n").unwrap();
+    fs::write(repo.join("src/lib/same.rs"), "// x\n").unwrap(); // same blob as x.rs
+    std::os::unix::fs::symlink("../../../outside", repo.join("src/lib/up")).unwrap();
+    sh(
+        home,
+        &format!("cd {} && git add -A && git commit -qm two", q(repo)),
+    );
+    let c2 = sh(home, &format!("git -C {} rev-parse HEAD", q(repo)));
+    // An untracked build directory in the work tree: never part of a git import.
+    fs::write(repo.join("build/untracked.o"), "junk").unwrap();
+    (c1, c2)
+}
+
+#[test]
+fn commits_import_as_git_archive_and_as_a_clean_checkout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let repo = tmp.path().join("repo");
+    let (c1, c2) = make_repo(home, &repo);
+    let bare = tmp.path().join("bare.git");
+    sh(
+        home,
+        &format!("git clone -q --bare {} {}", q(&repo), q(&bare)),
+    );
+    let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
+
+    for (i, commit) in [&c1, &c2].into_iter().enumerate() {
+        let r = store
+            .import_git(&repo, commit, &ImportOptions::new())
+            .unwrap();
+        assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+        let out = tmp.path().join(format!("out{i}"));
+        store.export_dir(&r.snapshot, &out).unwrap();
+        let ext = tmp.path().join(format!("archive{i}"));
+        fs::create_dir(&ext).unwrap();
+        sh(
+            home,
+            &format!(
+                "git -C {} -c tar.umask=022 archive {commit} | tar -xpf - -C {}",
+                q(&repo),
+                q(&ext)
+            ),
+        );
+        let got = listing(&out);
+        assert_eq!(got, listing(&ext), "commit {commit}");
+        assert!(
+            got.iter().any(|l| l.starts_with("f build/keep.sh ")),
+            "tracked build/ kept"
+        );
+        assert!(
+            got.iter().any(|l| l.starts_with("f run.sh 755 ")),
+            "{got:?}"
+        );
+        assert!(
+            got.contains(&"l link -> src/main.rs".to_string()),
+            "{got:?}"
+        );
+        assert!(!got.iter().any(|l| l.contains("untracked")), "{got:?}");
+
+        match store.snapshot(&r.snapshot).unwrap().source {
+            Source::Git {
+                repo: rp,
+                rev,
+                commit: cm,
+            } => {
+                assert_eq!(&cm, commit);
+                assert_eq!(&rev, commit);
+                assert!(rp.ends_with("repo"));
+            }
+            s => panic!("source {s:?}"),
+        }
+
+        // A clean checkout of the commit, imported as a directory without `.git`.
+        let co = tmp.path().join(format!("checkout{i}"));
+        sh(
+            home,
+            &format!(
+                "git clone -q {} {} && git -C {} checkout -q {commit}",
+                q(&repo),
+                q(&co),
+                q(&co)
+            ),
+        );
+        let mut opts = ImportOptions::new();
+        opts.excludes = vec![".git".into()];
+        let d = store.import_dir(&co, &opts).unwrap();
+        assert_eq!(d.root, r.root, "checkout of {commit} as a directory");
+
+        // A bare repository gives the same tree.
+        let b = store
+            .import_git(&bare, commit, &ImportOptions::new())
+            .unwrap();
+        assert_eq!(b.root, r.root);
+    }
+
+    // Revisions resolve through names; the ref and message are recorded.
+    let mut opts = ImportOptions::new();
+    opts.ref_name = Some("demo/main".into());
+    opts.message = "import HEAD".into();
+    let r = store.import_git(&repo, "HEAD~1", &opts).unwrap();
+    let by_commit = store.import_git(&repo, &c1, &ImportOptions::new()).unwrap();
+    assert_eq!(r.root, by_commit.root);
+    assert_eq!(r.ref_name.as_deref(), Some("demo/main"));
+
+    // User patterns still apply to a git import.
+    let mut opts = ImportOptions::new();
+    opts.excludes = vec!["*.rs".into()];
+    let r = store.import_git(&repo, &c2, &opts).unwrap();
+    assert_eq!(r.excluded, 4, "main.rs, x.rs, new.rs, same.rs");
+}
+
+#[test]
+fn unknown_revision_and_non_repository_are_invalid_input() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let repo = tmp.path().join("repo");
+    make_repo(home, &repo);
+    let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
+    let before = store.snapshot_ids().unwrap();
+
+    let e = store
+        .import_git(&repo, "no-such-branch", &ImportOptions::new())
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(e.to_string().contains("no-such-branch"), "{e}");
+
+    let plain = tmp.path().join("plain");
+    fs::create_dir(&plain).unwrap();
+    let e = store
+        .import_git(&plain, "HEAD", &ImportOptions::new())
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+    assert!(e.to_string().contains("not a git repository"), "{e}");
+
+    // A directory inside a work tree is not itself a repository.
+    let e = store
+        .import_git(&repo.join("src"), "HEAD", &ImportOptions::new())
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+
+    let e = store
+        .import_git(&repo, "--output=/tmp/x", &ImportOptions::new())
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
+
+    let e = store
+        .import_git(&tmp.path().join("missing"), "HEAD", &ImportOptions::new())
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    assert_eq!(store.snapshot_ids().unwrap(), before);
+}
+
+#[test]
+fn submodules_are_left_out_with_a_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let repo = tmp.path().join("repo");
+    fs::create_dir(&repo).unwrap();
+    fs::write(repo.join("a.txt"), "a\n").unwrap();
+    sh(home, &format!("git init -q {}", q(&repo)));
+    sh(
+        home,
+        &format!(
+            "cd {} && git add a.txt && git update-index --add --cacheinfo 160000,1234567890123456789012345678901234567890,vendor/sub && git commit -qm s",
+            q(&repo)
+        ),
+    );
+    let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
+    let r = store
+        .import_git(&repo, "HEAD", &ImportOptions::new())
+        .unwrap();
+    assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+    assert!(r.warnings[0].contains("vendor/sub"), "{:?}", r.warnings);
+    assert_eq!(r.files, 1);
+    let out = tmp.path().join("out");
+    store.export_dir(&r.snapshot, &out).unwrap();
+    assert_eq!(listing(&out).len(), 1, "{:?}", listing(&out));
+}
+
+#[test]
+fn directory_import_spares_what_nested_repositories_track() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let top = tmp.path().join("top");
+    let inner = top.join("vendor/lib");
+    fs::create_dir_all(inner.join("build")).unwrap();
+    fs::create_dir_all(top.join("build")).unwrap();
+    fs::create_dir_all(top.join("sub/build")).unwrap();
+    fs::write(inner.join("build/tracked.txt"), "inner tracked\n").unwrap();
+    fs::write(top.join("build/untracked.o"), "junk\n").unwrap();
+    fs::write(top.join("sub/build/tracked.txt"), "outer tracked\n").unwrap();
+    sh(home, &format!("git init -q {}", q(&inner)));
+    sh(
+        home,
+        &format!("cd {} && git add -A && git commit -qm i", q(&inner)),
+    );
+    sh(home, &format!("git init -q {}", q(&top)));
+    sh(
+        home,
+        &format!("cd {} && git add sub && git commit -qm o", q(&top)),
+    );
+
+    let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
+    let r = store.import_dir(&top, &ImportOptions::new()).unwrap();
+    let out = tmp.path().join("out");
+    store.export_dir(&r.snapshot, &out).unwrap();
+    assert!(
+        out.join("vendor/lib/build/tracked.txt").exists(),
+        "nested repo's tracked build/"
+    );
+    assert!(out.join("sub/build/tracked.txt").exists());
+    assert!(!out.join("build").exists(), "untracked build/ is left out");
+
+    // A subdirectory of a work tree: what the enclosing repository tracks is spared.
+    let r = store
+        .import_dir(&top.join("sub"), &ImportOptions::new())
+        .unwrap();
+    let out = tmp.path().join("out-sub");
+    store.export_dir(&r.snapshot, &out).unwrap();
+    assert!(out.join("build/tracked.txt").exists());
+}
