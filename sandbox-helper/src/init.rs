@@ -183,19 +183,24 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
         _ => sys::exit_now(SETUP_FAILED),
     }
 
+    // The command must start with no blocked signal, and std does not reset the mask
+    // (the helper blocked the forwarded ones before the clone): unblock for the spawn,
+    // block again for `supervise`, which reaps once before it first waits.
     let mut signals = forwarded_signals();
     signals.add(Signal::SIGCHLD);
-    if let Err(e) = signals.thread_block() {
-        fail(sock, "block signals in init", e);
+    if let Err(e) = SigSet::empty().thread_set_mask() {
+        fail(sock, "unblock signals for the command", e);
     }
     let spec = ctx.spec;
-    // std resets the signal mask of the child before exec.
     let child = Command::new(&spec.command[0])
         .args(&spec.command[1..])
         .env_clear()
         .envs(&spec.env)
         .current_dir("/workspace")
         .spawn();
+    if let Err(e) = signals.thread_block() {
+        fail(sock, "block signals in init", e);
+    }
     let main_pid = match child {
         Ok(c) => Pid::from_raw(c.id() as i32),
         Err(e) => {
@@ -222,13 +227,12 @@ fn drop_capabilities() -> std::io::Result<()> {
 /// Reaps every child, forwards signals to the command, and exits with its status.
 fn supervise(main: Pid, signals: &SigSet) -> ! {
     let mut status: Option<i32> = None;
+    // A SIGCHLD may have been discarded while unblocked for the spawn: reap first.
+    let mut sig = Signal::SIGCHLD;
     loop {
-        let sig = match signals.wait() {
-            Ok(s) => s,
-            Err(_) => continue,
-        };
         if sig != Signal::SIGCHLD {
             let _ = kill(main, sig);
+            sig = signals.wait().unwrap_or(Signal::SIGCHLD);
             continue;
         }
         loop {
@@ -245,5 +249,6 @@ fn supervise(main: Pid, signals: &SigSet) -> ! {
             while waitpid(Pid::from_raw(-1), None).is_ok() {}
             sys::exit_now(code);
         }
+        sig = signals.wait().unwrap_or(Signal::SIGCHLD);
     }
 }

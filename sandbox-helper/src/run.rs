@@ -127,6 +127,8 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
         path: state.clone(),
         source,
     })?;
+    cgroup::reap_stale(&placements);
+    reap_stale_run_dirs(&state.join("run"));
     let ids = alloc::lease_ids(state, &spec.name)?;
     let leases = alloc::lease_ports(state, &spec.name, &spec.publish)?;
     let published: Vec<Published> = leases
@@ -271,6 +273,18 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
     group.destroy()?;
     let _ = std::io::stdout().flush();
     Ok(Outcome { code, oom_kills })
+}
+
+/// Removes per-run directories of helpers that died without cleaning up.
+fn reap_stale_run_dirs(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if cgroup::owner_is_gone(&entry.file_name().to_string_lossy()) {
+            drop(RunDir(entry.path()));
+        }
+    }
 }
 
 /// Reads init's answer: `tag` when all is well, else the failed step.

@@ -342,6 +342,38 @@ impl Drop for Group {
     }
 }
 
+/// Whether a `NAME.PID` entry belongs to a helper that is gone.
+pub fn owner_is_gone(entry: &str) -> bool {
+    match entry
+        .rsplit_once('.')
+        .and_then(|(_, pid)| pid.parse::<i32>().ok())
+    {
+        Some(pid) => pid > 0 && !Path::new(&format!("/proc/{pid}")).exists(),
+        None => false,
+    }
+}
+
+/// Kills and removes groups left by helpers that died without cleaning up (`SIGKILL`
+/// of the helper: its sandbox died with it, its directories did not).
+pub fn reap_stale(placements: &[Placement]) {
+    for p in placements {
+        let Ok(entries) = fs::read_dir(p.hierarchy.join(PARENT_DIR)) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if entry.path().is_dir() && owner_is_gone(&name) {
+                let mut stale = Group {
+                    dirs: vec![(p.clone(), entry.path())],
+                };
+                if let Err(e) = stale.destroy() {
+                    eprintln!("sandbox-helper: removing a stale cgroup: {e}");
+                }
+            }
+        }
+    }
+}
+
 /// Enables `controller` for the children of the v2 group `dir`.
 fn enable_v2(dir: &Path, controller: Controller) -> Result<()> {
     let path = dir.join("cgroup.subtree_control");
