@@ -26,6 +26,7 @@ pub mod browse;
 pub mod codec;
 mod content;
 pub mod diff;
+pub mod edit;
 pub mod error;
 pub mod export;
 pub mod fsck;
@@ -44,6 +45,7 @@ mod store;
 pub mod tree;
 mod writer;
 
+pub use edit::Editor;
 pub use error::{Error, ErrorKind, Result};
 pub use id::{ChunkId, ContentId, SnapshotId, TreeId};
 pub use import::{ImportOptions, ImportReport, Progress, ProgressFn};

@@ -52,6 +52,8 @@ pub struct Counts {
     pub bytes: u64,
     /// Paths left out by the exclusion policy (directories count once).
     pub excluded: u64,
+    /// Further names of hard-linked files (`hardlink` entries).
+    pub hardlinks: u64,
 }
 
 /// An immutable point: a root tree and its provenance.

@@ -309,7 +309,10 @@ fn write_node(
                 let c = content_of(content, slots, &child_path)?;
                 let primary = link_group.and_then(|g| primaries.get(&g));
                 let (kind, data) = match primary {
-                    Some(p) if *p != child_path => (Kind::Hardlink, p.clone()),
+                    Some(p) if *p != child_path => {
+                        counts.hardlinks += 1;
+                        (Kind::Hardlink, p.clone())
+                    }
                     _ => {
                         counts.files += 1;
                         counts.bytes += c.size;

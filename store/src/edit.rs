@@ -1,0 +1,683 @@
+//! Editing a snapshot: a new snapshot made from a base plus a set of changes, in time
+//! proportional to the changes.
+//!
+//! Only the directories on the paths of changes are loaded and rewritten (path copying);
+//! every other subtree keeps its id. This is how a workspace's changes are captured: the
+//! caller walks what the workspace changed and tells the editor (`delete`, `put_file`,
+//! `put_dir`, `clear_dir`, ...), then [`Editor::commit`] writes one snapshot whose parent
+//! is the base, in one transaction with an optional compare-and-swap ref move.
+//!
+//! Hard links: new files may form link groups among themselves (their canonical primary
+//! is chosen as at import). If the base had hard links and a change touches a group's
+//! primary, the group is re-formed by a walk of the new tree (the only case whose cost is
+//! not bounded by the changes; snapshots record whether they have hard links).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::id::{SnapshotId, TreeId};
+use crate::import::ImportReport;
+use crate::index::ObjectKind;
+use crate::ingest::{FileContent, Ingest};
+use crate::lock::StoreLock;
+use crate::refs::{self, Expect};
+use crate::snapshot::{Counts, SNAPSHOT_VERSION, Snapshot, Source, now_secs};
+use crate::store::Store;
+use crate::tree::{self, Entry, Kind, Tree};
+
+type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
+#[derive(Debug, Clone, Copy)]
+enum Content {
+    Known(FileContent),
+    Pending(usize),
+}
+
+#[derive(Debug)]
+enum Leaf {
+    File {
+        mode: u32,
+        content: Content,
+        link: Option<u64>,
+        xattrs: Xattrs,
+    },
+    Symlink {
+        target: Vec<u8>,
+        xattrs: Xattrs,
+    },
+    Special {
+        kind: Kind,
+        mode: u32,
+        rdev: u64,
+    },
+}
+
+#[derive(Debug)]
+enum Child {
+    Delete,
+    Dir(DirEdit),
+    Leaf(Leaf),
+}
+
+#[derive(Debug, Default)]
+struct DirEdit {
+    /// The directory's tree in the base, if it was a directory there (and not cleared).
+    base: Option<TreeId>,
+    mode: Option<u32>,
+    xattrs: Option<Xattrs>,
+    children: BTreeMap<Vec<u8>, Child>,
+}
+
+/// Builds a new snapshot from a base and changes.
+pub struct Editor<'s> {
+    store: &'s Store,
+    _lock: StoreLock,
+    ingest: Ingest<'s>,
+    base_id: SnapshotId,
+    base: Snapshot,
+    root: DirEdit,
+    slots: Vec<Option<FileContent>>,
+    files_read: u64,
+    started: Instant,
+    changed: u64,
+    touched_primary: bool,
+}
+
+impl std::fmt::Debug for Editor<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Editor")
+            .field("base", &self.base_id)
+            .finish()
+    }
+}
+
+/// Splits a `/`-separated path into checked components (empty for the root).
+pub fn split_path(path: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    for c in path.split(|&b| b == b'/') {
+        if c.is_empty() {
+            continue;
+        }
+        tree::check_name(c)?;
+        out.push(c.to_vec());
+    }
+    Ok(out)
+}
+
+impl Store {
+    /// Starts editing `base`.
+    pub fn edit(&self, base: &SnapshotId) -> Result<Editor<'_>> {
+        let snap = self.snapshot(base)?;
+        let lock = StoreLock::shared(self)?;
+        let ingest = Ingest::start(self)?;
+        Ok(Editor {
+            store: self,
+            _lock: lock,
+            ingest,
+            base_id: *base,
+            root: DirEdit {
+                base: Some(snap.root),
+                ..Default::default()
+            },
+            base: snap,
+            slots: Vec::new(),
+            files_read: 0,
+            started: Instant::now(),
+            changed: 0,
+            touched_primary: false,
+        })
+    }
+}
+
+impl<'s> Editor<'s> {
+    /// The base snapshot.
+    pub fn base(&self) -> &Snapshot {
+        &self.base
+    }
+
+    /// The base's entry at `path`, if any (for comparisons by the caller).
+    pub fn base_entry(&self, path: &[u8]) -> Result<Option<Entry>> {
+        let comps = split_path(path)?;
+        let mut tree = self.store.tree(&self.base.root)?;
+        for (i, c) in comps.iter().enumerate() {
+            let Some(e) = tree.get(c).cloned() else {
+                return Ok(None);
+            };
+            if i + 1 == comps.len() {
+                return Ok(Some(e));
+            }
+            match e.subtree() {
+                Some(t) => tree = self.store.tree(&t)?,
+                None => return Ok(None),
+            }
+        }
+        Ok(None)
+    }
+
+    /// The directory edit for `comps`, created along the way. Components that were not
+    /// directories in the base become new directories.
+    fn dir_mut(&mut self, comps: &[Vec<u8>]) -> Result<&mut DirEdit> {
+        let store = self.store;
+        let mut node = &mut self.root;
+        for name in comps {
+            let needs_new = !matches!(node.children.get(name), Some(Child::Dir(_)));
+            if needs_new {
+                let base = match node.children.get(name) {
+                    Some(Child::Delete) | Some(Child::Leaf(_)) => None,
+                    _ => match node.base {
+                        Some(t) => store.tree(&t)?.get(name).and_then(|e| e.subtree()),
+                        None => None,
+                    },
+                };
+                node.children.insert(
+                    name.clone(),
+                    Child::Dir(DirEdit {
+                        base,
+                        ..Default::default()
+                    }),
+                );
+            }
+            node = match node.children.get_mut(name) {
+                Some(Child::Dir(d)) => d,
+                _ => unreachable!("just inserted"),
+            };
+        }
+        Ok(node)
+    }
+
+    fn set(&mut self, path: &[u8], child: Child) -> Result<()> {
+        let comps = split_path(path)?;
+        let Some((last, parents)) = comps.split_last() else {
+            return Err(Error::Invalid("the root cannot be replaced".into()));
+        };
+        if self.base.counts.hardlinks > 0 {
+            self.touched_primary = true;
+        }
+        self.changed += 1;
+        let dir = self.dir_mut(parents)?;
+        dir.children.insert(last.clone(), child);
+        Ok(())
+    }
+
+    /// Deletes whatever is at `path` (and everything under it).
+    pub fn delete(&mut self, path: &[u8]) -> Result<()> {
+        self.set(path, Child::Delete)
+    }
+
+    /// Makes `path` a directory with this mode and xattrs, keeping the base's entries
+    /// under it if it was a directory there.
+    pub fn put_dir(&mut self, path: &[u8], mode: u32, xattrs: Xattrs) -> Result<()> {
+        let comps = split_path(path)?;
+        self.changed += 1;
+        let dir = self.dir_mut(&comps)?;
+        dir.mode = Some(mode & 0o7777);
+        dir.xattrs = Some(xattrs);
+        Ok(())
+    }
+
+    /// Makes `path` an empty directory: nothing of the base under it survives (an overlay
+    /// "opaque" directory); later `put_*` calls fill it.
+    pub fn clear_dir(&mut self, path: &[u8], mode: u32, xattrs: Xattrs) -> Result<()> {
+        let comps = split_path(path)?;
+        if comps.is_empty() {
+            self.root = DirEdit {
+                base: None,
+                ..Default::default()
+            };
+        } else {
+            let (last, parents) = comps.split_last().expect("non-empty");
+            let dir = self.dir_mut(parents)?;
+            dir.children
+                .insert(last.clone(), Child::Dir(DirEdit::default()));
+        }
+        if self.base.counts.hardlinks > 0 {
+            self.touched_primary = true;
+        }
+        self.put_dir(path, mode, xattrs)
+    }
+
+    /// Stores the file at `host_path` as `path` (read by the ingest workers).
+    /// `link` groups names of one multiply-linked file (e.g. its host inode number).
+    pub fn put_file(
+        &mut self,
+        path: &[u8],
+        host_path: PathBuf,
+        mode: u32,
+        xattrs: Xattrs,
+        link: Option<u64>,
+    ) -> Result<()> {
+        let slot = self.slots.len();
+        self.slots.push(None);
+        self.files_read += 1;
+        self.ingest.submit_path(slot, host_path)?;
+        self.drain(false)?;
+        self.set(
+            path,
+            Child::Leaf(Leaf::File {
+                mode: mode & 0o7777,
+                content: Content::Pending(slot),
+                link,
+                xattrs,
+            }),
+        )
+    }
+
+    /// Puts a file whose content is already stored (e.g. unchanged content, new mode).
+    pub fn put_stored_file(
+        &mut self,
+        path: &[u8],
+        content: FileContent,
+        mode: u32,
+        xattrs: Xattrs,
+    ) -> Result<()> {
+        if !self.store.contains(content.id.as_bytes())? {
+            return Err(Error::not_found("content", content.id.to_hex()));
+        }
+        self.set(
+            path,
+            Child::Leaf(Leaf::File {
+                mode: mode & 0o7777,
+                content: Content::Known(content),
+                link: None,
+                xattrs,
+            }),
+        )
+    }
+
+    pub fn put_symlink(&mut self, path: &[u8], target: Vec<u8>, xattrs: Xattrs) -> Result<()> {
+        if target.is_empty() || target.len() > tree::MAX_TARGET_BYTES {
+            return Err(Error::Invalid(format!(
+                "symlink {:?} has an unusable target",
+                String::from_utf8_lossy(path)
+            )));
+        }
+        self.set(path, Child::Leaf(Leaf::Symlink { target, xattrs }))
+    }
+
+    pub fn put_special(&mut self, path: &[u8], kind: Kind, mode: u32, rdev: u64) -> Result<()> {
+        self.set(
+            path,
+            Child::Leaf(Leaf::Special {
+                kind,
+                mode: mode & 0o7777,
+                rdev,
+            }),
+        )
+    }
+
+    /// Number of changes recorded so far.
+    pub fn changes(&self) -> u64 {
+        self.changed
+    }
+
+    fn drain(&mut self, wait: bool) -> Result<()> {
+        while let Some((slot, r)) = self.ingest.next_result(wait) {
+            self.slots[slot] = Some(r?);
+        }
+        Ok(())
+    }
+
+    /// Writes the new snapshot (parent: the base) and, if asked, moves `ref_name` from
+    /// `expect` to it in the same transaction.
+    pub fn commit(
+        mut self,
+        message: &str,
+        source: Source,
+        ref_name: Option<(&str, Expect)>,
+    ) -> Result<ImportReport> {
+        self.drain(true)?;
+        let mut counts = self.base.counts;
+        counts.excluded = 0;
+        let mut primaries = HashMap::new();
+        collect_primaries(&self.root, &[], &mut primaries);
+        let root_edit = std::mem::take(&mut self.root);
+        let mut written = HashMap::new();
+        let mut w = Writer {
+            store: self.store,
+            slots: &self.slots,
+            primaries: &primaries,
+            counts: &mut counts,
+            written: &mut written,
+        };
+        let mut root = w.write_dir(&root_edit, &[], &mut self.ingest)?;
+        let root_mode = root_edit.mode.unwrap_or(self.base.root_mode);
+        if self.touched_primary {
+            let trees = Trees {
+                store: self.store,
+                written: &written,
+            };
+            root = relink(&trees, &mut self.ingest, &root, &mut counts)?;
+        }
+        if let Some((name, _)) = ref_name {
+            refs::check_ref_name(name)?;
+        }
+        let snap = Snapshot {
+            version: SNAPSHOT_VERSION,
+            root,
+            root_mode,
+            parents: vec![self.base_id],
+            created_at: now_secs(),
+            message: message.to_string(),
+            source,
+            policy: self.base.policy.clone(),
+            counts,
+        };
+        let (id, bytes) = snap.encode_with_id();
+        self.ingest
+            .put(ObjectKind::Snapshot, *id.as_bytes(), &bytes)?;
+        let pending = self.ingest.finish()?;
+        let objects_written = pending.rows.len() as u64;
+        let new_bytes_stored = pending.stored_bytes();
+        let new_bytes_raw = pending.rows.iter().map(|r| u64::from(r.raw_len)).sum();
+        self.store.commit(pending, |tx| {
+            if let Some((name, expect)) = ref_name {
+                refs::compare_and_swap(tx, name, expect, &id)?;
+            }
+            Ok(())
+        })?;
+        Ok(ImportReport {
+            snapshot: id,
+            root,
+            files: counts.files,
+            dirs: counts.dirs,
+            symlinks: counts.symlinks,
+            bytes: counts.bytes,
+            excluded: 0,
+            files_read: self.files_read,
+            objects_written,
+            new_bytes_stored,
+            new_bytes_raw,
+            ref_name: ref_name.map(|(n, _)| n.to_string()),
+            parents: snap.parents,
+            elapsed_ms: self.started.elapsed().as_secs_f64() * 1e3,
+            warnings: vec![],
+        })
+    }
+}
+
+fn join(prefix: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = prefix.to_vec();
+    if !p.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+fn collect_primaries(d: &DirEdit, prefix: &[u8], out: &mut HashMap<u64, Vec<u8>>) {
+    for (name, c) in &d.children {
+        let p = join(prefix, name);
+        match c {
+            Child::Leaf(Leaf::File { link: Some(g), .. }) => {
+                out.entry(*g).or_insert(p);
+            }
+            Child::Dir(sub) => collect_primaries(sub, &p, out),
+            _ => {}
+        }
+    }
+}
+
+struct Writer<'a, 's> {
+    store: &'s Store,
+    slots: &'a [Option<FileContent>],
+    primaries: &'a HashMap<u64, Vec<u8>>,
+    counts: &'a mut Counts,
+    /// Trees written by this session (not readable from the store until committed).
+    written: &'a mut HashMap<TreeId, Tree>,
+}
+
+impl Writer<'_, '_> {
+    /// Subtracts what a base entry contributed to the counts.
+    fn uncount(&mut self, e: &Entry) -> Result<()> {
+        match e.kind {
+            Kind::Dir => {
+                self.counts.dirs = self.counts.dirs.saturating_sub(1);
+                for sub in self.store.tree(&e.subtree().expect("dir"))?.entries {
+                    self.uncount(&sub)?;
+                }
+            }
+            Kind::File => {
+                self.counts.files = self.counts.files.saturating_sub(1);
+                self.counts.bytes = self.counts.bytes.saturating_sub(e.size);
+            }
+            Kind::Hardlink => self.counts.hardlinks = self.counts.hardlinks.saturating_sub(1),
+            Kind::Symlink => self.counts.symlinks = self.counts.symlinks.saturating_sub(1),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn write_dir(&mut self, d: &DirEdit, path: &[u8], ingest: &mut Ingest<'_>) -> Result<TreeId> {
+        let base = match d.base {
+            Some(t) => self.store.tree(&t)?,
+            None => Tree::default(),
+        };
+        let mut entries: BTreeMap<Vec<u8>, Entry> = base
+            .entries
+            .into_iter()
+            .map(|e| (e.name.clone(), e))
+            .collect();
+        for (name, child) in &d.children {
+            let child_path = join(path, name);
+            let old = entries.remove(name);
+            let was_dir_kept = matches!((&old, child), (Some(o), Child::Dir(sub)) if o.kind == Kind::Dir && sub.base == o.subtree());
+            if let Some(o) = &old {
+                if was_dir_kept {
+                    self.counts.dirs = self.counts.dirs.saturating_sub(1);
+                } else {
+                    self.uncount(o)?;
+                }
+            }
+            let entry = match child {
+                Child::Delete => continue,
+                Child::Dir(sub) => {
+                    // Entries of a kept base subtree are counted already; only the
+                    // changed ones are re-counted by the recursion.
+                    let id = self.write_dir(sub, &child_path, ingest)?;
+                    self.counts.dirs += 1;
+                    Entry {
+                        name: name.clone(),
+                        kind: Kind::Dir,
+                        mode: sub.mode.or(old.as_ref().map(|o| o.mode)).unwrap_or(0o755),
+                        size: 0,
+                        hash: *id.as_bytes(),
+                        data: vec![],
+                        xattrs: sub
+                            .xattrs
+                            .clone()
+                            .or(old.as_ref().map(|o| o.xattrs.clone()))
+                            .unwrap_or_default(),
+                    }
+                }
+                Child::Leaf(Leaf::File {
+                    mode,
+                    content,
+                    link,
+                    xattrs,
+                }) => {
+                    let c = match content {
+                        Content::Known(c) => *c,
+                        Content::Pending(i) => self.slots[*i].ok_or_else(|| {
+                            Error::Invalid(format!(
+                                "no content arrived for {:?} (internal)",
+                                String::from_utf8_lossy(&child_path)
+                            ))
+                        })?,
+                    };
+                    let primary = link.and_then(|g| self.primaries.get(&g));
+                    let (kind, data) = match primary {
+                        Some(p) if *p != child_path => {
+                            self.counts.hardlinks += 1;
+                            (Kind::Hardlink, p.clone())
+                        }
+                        _ => {
+                            self.counts.files += 1;
+                            self.counts.bytes += c.size;
+                            (Kind::File, vec![])
+                        }
+                    };
+                    Entry {
+                        name: name.clone(),
+                        kind,
+                        mode: *mode,
+                        size: c.size,
+                        hash: *c.id.as_bytes(),
+                        data,
+                        xattrs: sorted(xattrs),
+                    }
+                }
+                Child::Leaf(Leaf::Symlink { target, xattrs }) => {
+                    self.counts.symlinks += 1;
+                    Entry {
+                        name: name.clone(),
+                        kind: Kind::Symlink,
+                        mode: 0o777,
+                        size: target.len() as u64,
+                        hash: [0; 32],
+                        data: target.clone(),
+                        xattrs: sorted(xattrs),
+                    }
+                }
+                Child::Leaf(Leaf::Special { kind, mode, rdev }) => Entry {
+                    name: name.clone(),
+                    kind: *kind,
+                    mode: *mode,
+                    size: 0,
+                    hash: [0; 32],
+                    data: if matches!(kind, Kind::CharDevice | Kind::BlockDevice) {
+                        rdev.to_le_bytes().to_vec()
+                    } else {
+                        vec![]
+                    },
+                    xattrs: vec![],
+                },
+            };
+            entries.insert(name.clone(), entry);
+        }
+        let mut tree = Tree {
+            entries: entries.into_values().collect(),
+        };
+        tree.sort();
+        let (id, bytes) = tree.encode_with_id();
+        ingest.put(ObjectKind::Tree, *id.as_bytes(), &bytes)?;
+        self.written.insert(id, tree);
+        Ok(id)
+    }
+}
+
+/// Reads trees from this session's writes first, then from the store.
+struct Trees<'a> {
+    store: &'a Store,
+    written: &'a HashMap<TreeId, Tree>,
+}
+
+impl Trees<'_> {
+    fn tree(&self, id: &TreeId) -> Result<Tree> {
+        match self.written.get(id) {
+            Some(t) => Ok(t.clone()),
+            None => self.store.tree(id),
+        }
+    }
+}
+
+fn sorted(x: &Xattrs) -> Xattrs {
+    let mut v = x.clone();
+    v.sort();
+    v
+}
+
+/// Re-forms hard-link groups after an edit that may have removed or changed a primary:
+/// a `hardlink` entry whose primary is no longer a file with the same content becomes a
+/// file itself, and later names of its group point at it. Walks the whole tree.
+fn relink(
+    store: &Trees<'_>,
+    ingest: &mut Ingest<'_>,
+    root: &TreeId,
+    counts: &mut Counts,
+) -> Result<TreeId> {
+    // Pass 1: every regular file's (path -> content, mode), and every hardlink.
+    let mut files: HashMap<Vec<u8>, [u8; 32]> = HashMap::new();
+    let mut any = false;
+    scan(store, root, &[], &mut files, &mut any)?;
+    if !any {
+        return Ok(*root);
+    }
+    let mut renamed: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
+    rewrite(store, ingest, root, &[], &files, &mut renamed, counts)
+}
+
+fn scan(
+    store: &Trees<'_>,
+    id: &TreeId,
+    prefix: &[u8],
+    files: &mut HashMap<Vec<u8>, [u8; 32]>,
+    any: &mut bool,
+) -> Result<()> {
+    for e in store.tree(id)?.entries {
+        let p = join(prefix, &e.name);
+        match e.kind {
+            Kind::Dir => scan(store, &e.subtree().expect("dir"), &p, files, any)?,
+            Kind::File => {
+                files.insert(p, e.hash);
+            }
+            Kind::Hardlink => *any = true,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn rewrite(
+    store: &Trees<'_>,
+    ingest: &mut Ingest<'_>,
+    id: &TreeId,
+    prefix: &[u8],
+    files: &HashMap<Vec<u8>, [u8; 32]>,
+    renamed: &mut HashMap<Vec<u8>, Vec<u8>>,
+    counts: &mut Counts,
+) -> Result<TreeId> {
+    let mut tree = store.tree(id)?;
+    let mut changed = false;
+    for e in &mut tree.entries {
+        let p = join(prefix, &e.name);
+        match e.kind {
+            Kind::Dir => {
+                let sub = e.subtree().expect("dir");
+                let new = rewrite(store, ingest, &sub, &p, files, renamed, counts)?;
+                if new != sub {
+                    e.hash = *new.as_bytes();
+                    changed = true;
+                }
+            }
+            Kind::Hardlink => {
+                let intact = files.get(&e.data).is_some_and(|h| *h == e.hash);
+                if intact {
+                    continue;
+                }
+                match renamed.get(&e.data) {
+                    Some(new_primary) => {
+                        e.data = new_primary.clone();
+                    }
+                    None => {
+                        renamed.insert(e.data.clone(), p.clone());
+                        e.kind = Kind::File;
+                        e.data.clear();
+                        counts.hardlinks = counts.hardlinks.saturating_sub(1);
+                        counts.files += 1;
+                        counts.bytes += e.size;
+                    }
+                }
+                changed = true;
+            }
+            _ => {}
+        }
+    }
+    if !changed {
+        return Ok(*id);
+    }
+    let (new, bytes) = tree.encode_with_id();
+    ingest.put(ObjectKind::Tree, *new.as_bytes(), &bytes)?;
+    Ok(new)
+}

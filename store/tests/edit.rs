@@ -1,0 +1,132 @@
+//! Editing a snapshot gives the same tree as importing the edited directory, and rewrites
+//! only the directories on the changed paths.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+
+use cowspace_store::{Expect, ImportOptions, Source, Store, StoreConfig};
+
+#[test]
+fn edits_match_an_import_of_the_edited_tree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    for d in ["a/b/c", "keep/deep/er", "gone/x", "opaque/old", "linkdir"] {
+        fs::create_dir_all(src.join(d)).unwrap();
+    }
+    for (f, body) in [
+        ("a/b/c/file.txt", "one\n"),
+        ("a/top.txt", "top\n"),
+        ("keep/deep/er/same.txt", "same\n"),
+        ("gone/x/y.txt", "y\n"),
+        ("opaque/old/z.txt", "z\n"),
+        ("opaque/old2.txt", "z2\n"),
+        ("linkdir/primary", "linked\n"),
+    ] {
+        fs::write(src.join(f), body).unwrap();
+    }
+    fs::hard_link(src.join("linkdir/primary"), src.join("linkdir/second")).unwrap();
+    let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
+    let mut opts = ImportOptions::new();
+    opts.ref_name = Some("main".into());
+    let base = store.import_dir(&src, &opts).unwrap();
+
+    // The same changes on disk (to import for comparison) and through the editor.
+    let host = tmp.path().join("host");
+    fs::create_dir_all(&host).unwrap();
+    fs::write(host.join("new.txt"), "new\n").unwrap();
+    fs::write(host.join("changed.txt"), "two\n").unwrap();
+
+    fs::write(src.join("a/b/c/file.txt"), "two\n").unwrap();
+    fs::write(src.join("a/b/new.txt"), "new\n").unwrap();
+    fs::remove_dir_all(src.join("gone")).unwrap();
+    fs::remove_dir_all(src.join("opaque")).unwrap();
+    fs::create_dir(src.join("opaque")).unwrap();
+    fs::write(src.join("opaque/new.txt"), "new\n").unwrap();
+    fs::set_permissions(src.join("a/top.txt"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(src.join("keep"), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::remove_file(src.join("linkdir/primary")).unwrap();
+    std::os::unix::fs::symlink("a/top.txt", src.join("link")).unwrap();
+
+    let mut ed = store.edit(&base.snapshot).unwrap();
+    ed.put_file(
+        b"a/b/c/file.txt",
+        host.join("changed.txt"),
+        0o644,
+        vec![],
+        None,
+    )
+    .unwrap();
+    ed.put_file(b"a/b/new.txt", host.join("new.txt"), 0o644, vec![], None)
+        .unwrap();
+    ed.delete(b"gone").unwrap();
+    ed.clear_dir(b"opaque", 0o755, vec![]).unwrap();
+    ed.put_file(b"opaque/new.txt", host.join("new.txt"), 0o644, vec![], None)
+        .unwrap();
+    let top = ed.base_entry(b"a/top.txt").unwrap().unwrap();
+    ed.put_stored_file(
+        b"a/top.txt",
+        cowspace_store::FileContent {
+            id: top.content().unwrap(),
+            size: top.size,
+        },
+        0o755,
+        vec![],
+    )
+    .unwrap();
+    ed.put_dir(b"keep", 0o700, vec![]).unwrap();
+    ed.delete(b"linkdir/primary").unwrap();
+    ed.put_symlink(b"link", b"a/top.txt".to_vec(), vec![])
+        .unwrap();
+    let edited = ed
+        .commit(
+            "edit",
+            Source::Workspace {
+                id: "ws-test".into(),
+            },
+            Some(("main", Expect::At(base.snapshot))),
+        )
+        .unwrap();
+    assert_eq!(edited.parents, vec![base.snapshot]);
+    assert_eq!(store.get_ref("main").unwrap(), Some(edited.snapshot));
+    assert_eq!(edited.files_read, 3);
+
+    let mut plain = ImportOptions::new();
+    plain.default_excludes = false;
+    let reimport = store.import_dir(&src, &plain).unwrap();
+    assert_eq!(
+        edited.root, reimport.root,
+        "the edit equals an import of the edited tree"
+    );
+    let snap = store.snapshot(&edited.snapshot).unwrap();
+    let expect = store.snapshot(&reimport.snapshot).unwrap();
+    assert_eq!(snap.counts.files, expect.counts.files);
+    assert_eq!(snap.counts.dirs, expect.counts.dirs);
+    assert_eq!(snap.counts.bytes, expect.counts.bytes);
+    assert_eq!(snap.counts.symlinks, expect.counts.symlinks);
+
+    // Only the directories on changed paths are new: `keep/deep` kept its tree.
+    let changes = store
+        .diff_snapshots(&base.snapshot, &edited.snapshot)
+        .unwrap();
+    assert!(
+        changes.iter().all(|c| !c.path.starts_with("keep/")),
+        "{changes:?}"
+    );
+
+    // A stale expectation moves nothing and stores no snapshot.
+    let before = store.snapshot_ids().unwrap().len();
+    let ed = store.edit(&base.snapshot).unwrap();
+    let err = ed
+        .commit(
+            "stale",
+            Source::Workspace {
+                id: "ws-test".into(),
+            },
+            Some(("main", Expect::At(base.snapshot))),
+        )
+        .unwrap_err();
+    assert_eq!(err.kind(), cowspace_store::ErrorKind::Conflict);
+    assert_eq!(store.snapshot_ids().unwrap().len(), before);
+}
