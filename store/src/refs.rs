@@ -161,12 +161,17 @@ impl Store {
     /// Resolves a user's word for a snapshot: a ref name, a full id, or a unique hex
     /// prefix of at least 6 digits.
     pub fn resolve(&self, spec: &str) -> Result<SnapshotId> {
-        if check_ref_name(spec).is_ok()
-            && let Some(id) = self.with_reader(|c| get(c, spec))?
-        {
+        let is_hex = !spec.is_empty() && spec.bytes().all(|b| b.is_ascii_hexdigit());
+        let ref_name_ok = check_ref_name(spec).is_ok();
+        if !ref_name_ok && !is_hex {
+            // Nothing could ever have this name: malformed input, not a missing object.
+            return Err(Error::Invalid(format!(
+                "{spec:?} is neither a snapshot id nor a valid ref name"
+            )));
+        }
+        if ref_name_ok && let Some(id) = self.with_reader(|c| get(c, spec))? {
             return Ok(id);
         }
-        let is_hex = !spec.is_empty() && spec.bytes().all(|b| b.is_ascii_hexdigit());
         if is_hex && spec.len() == 64 {
             let id: SnapshotId = spec.to_ascii_lowercase().parse()?;
             return match self.locate(id.as_bytes())? {
