@@ -1,0 +1,539 @@
+//! The sandbox escape suite: real namespaces, cgroups and seccomp, as root.
+//!
+//! Each case runs a command inside a sandbox that tries to get out, and asserts the
+//! refusal itself (the error text or errno), not only an exit code. Skips with a reason
+//! when not root, fails under `CI=true`. Helpers are in `sandbox_support.rs`.
+
+#[path = "sandbox_support.rs"]
+pub(crate) mod support;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use support::{
+    Running, Scratch, leftover_cgroups, marker, parts, processes_with, require_root, run,
+};
+
+/// Python inside the sandbox (the host's `/usr/bin/python3`, visible through `/usr`).
+const PY: &str = "/usr/bin/python3";
+
+#[test]
+fn sandbox_runs_as_root_inside_in_workspace_with_its_hostname_and_exit_status() {
+    require_root!();
+    let s = Scratch::new();
+    std::fs::write(s.ws().join("hello.txt"), "hi\n").unwrap();
+    let out = run(s.command(
+        "hello-box",
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "id -u; hostname; pwd; cat hello.txt; echo made > made.txt; exit 3",
+        ],
+    ));
+    let (code, stdout, stderr) = parts(&out);
+    assert_eq!(code, Some(3), "stderr: {stderr}");
+    assert_eq!(stdout, "0\nhello-box\n/workspace\nhi\n", "stderr: {stderr}");
+    assert_eq!(
+        std::fs::read_to_string(s.ws().join("made.txt")).unwrap(),
+        "made\n"
+    );
+}
+
+#[test]
+fn sandbox_host_files_home_root_and_state_dir_are_not_visible() {
+    require_root!();
+    let s = Scratch::new();
+    let secret = s.dir.path().join("host-secret.txt");
+    std::fs::write(&secret, "secret").unwrap();
+    let script = format!(
+        "cat {secret}; ls {state}; ls /home; ls /var/run/docker.sock; ls /var; cat /etc/shadow; ls /root | wc -l",
+        secret = secret.display(),
+        state = s.state().display()
+    );
+    let out = run(s.command("view-box", &[], &["/bin/sh", "-c", &script]));
+    let (_, stdout, stderr) = parts(&out);
+    assert!(
+        stderr.contains(&format!(
+            "cat: {}: No such file or directory",
+            secret.display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "ls: cannot access '{}': No such file or directory",
+            s.state().display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("ls: cannot access '/home': No such file or directory"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("ls: cannot access '/var/run/docker.sock': No such file or directory"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("ls: cannot access '/var': No such file or directory"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("cat: /etc/shadow: No such file or directory"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stdout.trim(),
+        "0",
+        "/root inside is a fresh empty directory"
+    );
+}
+
+#[test]
+fn sandbox_read_only_binds_and_system_dirs_refuse_writes() {
+    require_root!();
+    let s = Scratch::new();
+    let deps = s.dir.path().join("deps");
+    std::fs::create_dir(&deps).unwrap();
+    std::fs::write(deps.join("lib.txt"), "shared").unwrap();
+    let bind = format!("{}:/deps/cache", deps.display());
+    let out = run(s.command(
+        "ro-box",
+        &["--ro-bind", &bind],
+        &["/bin/sh", "-c", "cat /deps/cache/lib.txt; echo x > /deps/cache/lib.txt; touch /usr/evil; touch /etc/evil; touch /evil"],
+    ));
+    let (_, stdout, stderr) = parts(&out);
+    assert_eq!(stdout, "shared");
+    assert!(
+        stderr.contains("cannot create /deps/cache/lib.txt: Read-only file system"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("touch: cannot touch '/usr/evil': Read-only file system"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("touch: cannot touch '/etc/evil': Read-only file system"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("touch: cannot touch '/evil': Read-only file system"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(deps.join("lib.txt")).unwrap(),
+        "shared"
+    );
+    assert!(!std::path::Path::new("/usr/evil").exists());
+}
+
+fn connect_script(port: u16) -> String {
+    format!(
+        "import socket, errno\n\
+         for addr in [('127.0.0.1', {port}), ('1.1.1.1', 80)]:\n\
+         \x20   s = socket.socket()\n\
+         \x20   s.settimeout(3)\n\
+         \x20   try:\n\
+         \x20       s.connect(addr); print(addr[0], 'connected')\n\
+         \x20   except OSError as e:\n\
+         \x20       print(addr[0], errno.errorcode.get(e.errno, e.errno))\n"
+    )
+}
+
+#[test]
+fn sandbox_net_none_reaches_nothing_and_loopback_not_the_host() {
+    require_root!();
+    let s = Scratch::new();
+    let host = TcpListener::bind("127.0.0.1:0").unwrap();
+    host.set_nonblocking(true).unwrap();
+    let port = host.local_addr().unwrap().port();
+    let script = connect_script(port);
+
+    let out = run(s.command("net-none", &[], &[PY, "-c", &script]));
+    let (_, stdout, stderr) = parts(&out);
+    assert_eq!(
+        stdout, "127.0.0.1 ENETUNREACH\n1.1.1.1 ENETUNREACH\n",
+        "{stderr}"
+    );
+
+    let out = run(s.command("net-lo", &["--net", "loopback"], &[PY, "-c", &script]));
+    let (_, stdout, stderr) = parts(&out);
+    assert_eq!(
+        stdout, "127.0.0.1 ECONNREFUSED\n1.1.1.1 ENETUNREACH\n",
+        "{stderr}"
+    );
+    assert!(
+        host.accept().is_err(),
+        "the host listener was reached from the sandbox"
+    );
+}
+
+#[test]
+fn sandbox_fork_bomb_is_contained_by_the_pids_limit_and_leaves_nothing() {
+    require_root!();
+    let s = Scratch::new();
+    let m = marker();
+    // A counted fork loop (reports the refusal), then a real shell fork bomb that
+    // keeps running until the command ends and init kills what is left.
+    let script = format!(
+        "import os, time, subprocess\n\
+         kids = []\n\
+         err = None\n\
+         for i in range(1000):\n\
+         \x20   try:\n\
+         \x20       pid = os.fork()\n\
+         \x20   except OSError as e:\n\
+         \x20       err = e; break\n\
+         \x20   if pid == 0:\n\
+         \x20       os.execv('/bin/sleep', ['sleep', '{m}'])\n\
+         \x20   kids.append(pid)\n\
+         print(len(kids), os.strerror(err.errno) if err else 'no error')\n\
+         for k in kids:\n\
+         \x20   os.kill(k, 9); os.waitpid(k, 0)\n\
+         subprocess.Popen(['/bin/sh', '-c', 'b() {{ b | b & }}; b'], stderr=subprocess.DEVNULL)\n\
+         time.sleep(2)\n\
+         print('survived')\n"
+    );
+    let mut run_ = Running::spawn(s.command("bomb-box", &["--pids", "32"], &[PY, "-c", &script]));
+    let helper_pid = run_.pid();
+    // The host is unaffected while the bomb runs.
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(
+        std::process::Command::new("/bin/true")
+            .status()
+            .unwrap()
+            .success()
+    );
+    let _ = &mut run_;
+    let out = run_.wait();
+    let (code, stdout, stderr) = parts(&out);
+    assert_eq!(code, Some(0), "{stderr}");
+    let mut lines = stdout.lines();
+    let first = lines.next().unwrap_or_default();
+    let (n, why) = first.split_once(' ').unwrap();
+    assert!(n.parse::<u32>().unwrap() < 32, "{first}");
+    assert_eq!(why, "Resource temporarily unavailable", "{stdout}");
+    assert_eq!(lines.next(), Some("survived"));
+    assert!(processes_with(&format!("sleep {m}")).is_empty());
+    assert!(leftover_cgroups("bomb-box", helper_pid).is_empty());
+}
+
+#[test]
+fn sandbox_memory_limit_oom_kills_and_the_helper_reports_it() {
+    require_root!();
+    let s = Scratch::new();
+    let out = run(s.command(
+        "oom-box",
+        &["--memory", "48m"],
+        &[PY, "-c", "b = bytearray(512 << 20); print('allocated')"],
+    ));
+    let (code, stdout, stderr) = parts(&out);
+    assert_eq!(code, Some(137), "{stderr}");
+    assert!(!stdout.contains("allocated"));
+    assert!(
+        stderr.contains("oom-box: out of memory: the kernel OOM-killed"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("memory limit of 50331648 bytes"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn sandbox_privileged_calls_are_refused() {
+    require_root!();
+    let s = Scratch::new();
+    let host_hostname = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    let my_pid = std::process::id();
+    let script = format!(
+        "import ctypes, os, socket\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         def errno_of(r):\n\
+         \x20   return 'ok' if r == 0 else os.strerror(ctypes.get_errno())\n\
+         print('ptrace', errno_of(libc.ptrace(16, {my_pid}, 0, 0)))\n\
+         print('ptrace-init', errno_of(libc.ptrace(16, 1, 0, 0)))\n\
+         print('finit_module', errno_of(libc.syscall(313, 0, b'', 0)))\n\
+         print('init_module', errno_of(libc.syscall(175, 0, 0, b'')))\n\
+         print('kexec_load', errno_of(libc.syscall(246, 0, 0, 0, 0)))\n\
+         print('bpf', errno_of(libc.syscall(321, 0, 0, 0)))\n\
+         print('keyctl', errno_of(libc.syscall(250, 0, 0, 0, 0, 0)))\n\
+         print('reboot', errno_of(libc.syscall(169, 0, 0, 0, 0)))\n\
+         print('swapon', errno_of(libc.syscall(167, b'/tmp/x', 0)))\n\
+         print('setns', errno_of(libc.syscall(308, 0, 0)))\n\
+         print('unshare-user', errno_of(libc.unshare(0x10000000)))\n\
+         try:\n\
+         \x20   socket.sethostname('evil')\n\
+         \x20   print('sethostname ok')\n\
+         except OSError as e:\n\
+         \x20   print('sethostname', e.strerror)\n"
+    );
+    let out = run(s.command("priv-box", &[], &[PY, "-c", &script]));
+    let (_, stdout, stderr) = parts(&out);
+    let denied = "Operation not permitted";
+    for call in [
+        "ptrace",
+        "ptrace-init",
+        "finit_module",
+        "init_module",
+        "kexec_load",
+        "bpf",
+        "keyctl",
+        "reboot",
+        "swapon",
+        "setns",
+        "unshare-user",
+        "sethostname",
+    ] {
+        assert!(
+            stdout.contains(&format!("{call} {denied}\n")),
+            "{call}: {stdout} {stderr}"
+        );
+    }
+
+    let out = run(s.command(
+        "priv-tools",
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "mount -t tmpfs none /tmp; unshare -U true; hostname evil; umount /proc",
+        ],
+    ));
+    let (_, _, stderr) = parts(&out);
+    assert!(
+        stderr.contains("mount: /tmp: permission denied."),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("unshare: unshare failed: Operation not permitted"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("hostname: you must be root to change the host name"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("umount: /proc: must be superuser to unmount."),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap(),
+        host_hostname
+    );
+}
+
+#[test]
+fn sandbox_host_processes_are_not_visible() {
+    require_root!();
+    let s = Scratch::new();
+    let out = run(s.command(
+        "ps-box",
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "ps -e -o pid=,comm=; ls -d /proc/[0-9]* | wc -l; kill -0 1 && echo init-visible",
+        ],
+    ));
+    let (code, stdout, stderr) = parts(&out);
+    assert_eq!(code, Some(0), "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    // init (pid 1), sh, ps; then the count of /proc entries at `ls` time, then our echo.
+    let ps: Vec<&str> = lines
+        .iter()
+        .copied()
+        .filter(|l| {
+            l.trim_start()
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_digit())
+                && l.contains(' ')
+        })
+        .collect();
+    assert_eq!(ps.len(), 3, "{stdout}");
+    assert!(ps[0].trim_start().starts_with("1 "), "{stdout}");
+    assert!(
+        !stdout.contains("systemd") && !stdout.contains("e2e-"),
+        "{stdout}"
+    );
+    let count: u32 = lines[3].trim().parse().unwrap();
+    assert!(count <= 4, "{stdout}");
+}
+
+#[test]
+fn sandbox_no_process_survives_the_sandbox_even_when_the_helper_is_killed() {
+    require_root!();
+    let s = Scratch::new();
+    let m1 = marker();
+    let script = format!(
+        "sleep {m1} & (setsid sleep {m1} &) ; nohup sleep {m1} >/dev/null 2>&1 & echo started"
+    );
+    let out = run(s.command("leave-box", &[], &["/bin/sh", "-c", &script]));
+    let (code, stdout, stderr) = parts(&out);
+    assert_eq!((code, stdout.as_str()), (Some(0), "started\n"), "{stderr}");
+    assert!(
+        processes_with(&format!("sleep {m1}")).is_empty(),
+        "daemons outlived the sandbox"
+    );
+
+    // SIGKILL of the helper itself: its init dies (parent-death signal) and so does
+    // everything in the pid namespace; the next run removes the stale cgroup.
+    let m2 = marker();
+    let mut r = Running::spawn(s.command(
+        "killed-box",
+        &["--json"],
+        &["/bin/sh", "-c", &format!("sleep {m2} & sleep {m2}")],
+    ));
+    let helper_pid = r.pid();
+    let ready = r.ready_line();
+    assert!(ready.contains("\"init_pid\""), "{ready}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while processes_with(&format!("sleep {m2}")).len() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(processes_with(&format!("sleep {m2}")).len(), 2);
+    drop(r); // SIGKILL + reap
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !processes_with(&format!("sleep {m2}")).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        processes_with(&format!("sleep {m2}")).is_empty(),
+        "processes outlived a killed helper"
+    );
+    let out = run(s.command("after-kill", &[], &["/bin/true"]));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(leftover_cgroups("killed-box", helper_pid).is_empty());
+}
+
+fn http_get(port: u16, path: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let attempt = (|| -> std::io::Result<String> {
+            let mut c = TcpStream::connect(("127.0.0.1", port))?;
+            c.set_read_timeout(Some(Duration::from_secs(5)))?;
+            write!(c, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n")?;
+            let mut body = String::new();
+            c.read_to_string(&mut body)?;
+            Ok(body)
+        })();
+        match attempt {
+            Ok(body) if body.starts_with("HTTP/1.0 200") => return body,
+            _ if Instant::now() > deadline => panic!("no answer on 127.0.0.1:{port}: {attempt:?}"),
+            _ => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+fn port_of(ready: &str) -> (u16, u64) {
+    let v: serde_json::Value =
+        serde_json::from_str(ready).unwrap_or_else(|e| panic!("{e}: {ready:?}"));
+    (
+        v["ports"]["3000"].as_u64().unwrap() as u16,
+        v["host_uid_base"].as_u64().unwrap(),
+    )
+}
+
+#[test]
+fn sandbox_two_sandboxes_serve_port_3000_on_two_host_ports() {
+    require_root!();
+    // One state directory: concurrent sandboxes share the host's leases.
+    let s = Scratch::new();
+    let server = [
+        "/usr/bin/python3",
+        "-m",
+        "http.server",
+        "3000",
+        "--bind",
+        "127.0.0.1",
+    ];
+    let ws_b = s.dir.path().join("ws-b");
+    std::fs::create_dir(&ws_b).unwrap();
+    std::fs::write(s.ws().join("id.txt"), "I am A\n").unwrap();
+    std::fs::write(ws_b.join("id.txt"), "I am B\n").unwrap();
+    let mut a = Running::spawn(s.command("web-a", &["--publish", "3000", "--json"], &server));
+    let mut cmd_b = s.command("web-b", &["--publish", "3000", "--json"], &server);
+    let args: Vec<_> = cmd_b.get_args().map(|a| a.to_os_string()).collect();
+    let dir_at = args.iter().position(|a| a == "--dir").unwrap() + 1;
+    let mut fixed = std::process::Command::new(support::helper());
+    for (i, arg) in args.iter().enumerate() {
+        fixed.arg(if i == dir_at {
+            ws_b.as_os_str()
+        } else {
+            arg.as_os_str()
+        });
+    }
+    fixed
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    cmd_b = fixed;
+    let mut b = Running::spawn(cmd_b);
+    let (port_a, uid_a) = port_of(&a.ready_line());
+    let (port_b, uid_b) = port_of(&b.ready_line());
+    assert_ne!(port_a, port_b);
+    assert_ne!(uid_a, uid_b, "two sandboxes share a host uid range");
+    assert!(http_get(port_a, "/id.txt").ends_with("I am A\n"));
+    assert!(http_get(port_b, "/id.txt").ends_with("I am B\n"));
+    // SIGTERM reaches the server through the helper and init.
+    for r in [&a, &b] {
+        let _ = std::process::Command::new("kill")
+            .arg("-TERM")
+            .arg(r.pid().to_string())
+            .status();
+    }
+    let out_a = a.wait();
+    let out_b = b.wait();
+    let (code_a, _, err_a) = parts(&out_a);
+    assert_eq!(code_a, Some(143), "{err_a}");
+    assert!(
+        err_a.contains(&format!("published 3000 -> 127.0.0.1:{port_a}")),
+        "{err_a}"
+    );
+    assert_eq!(out_b.status.code(), Some(143));
+    assert!(
+        TcpStream::connect(("127.0.0.1", port_a)).is_err(),
+        "port still served after the end"
+    );
+}
+
+#[test]
+fn sandbox_missing_control_is_refused_with_exit_7_and_nothing_runs() {
+    require_root!();
+    let s = Scratch::new();
+    let empty = s.dir.path().join("empty-cgroup-root");
+    std::fs::create_dir(&empty).unwrap();
+    let mut cmd = s.command(
+        "refused-box",
+        &["--memory", "64m", "--json"],
+        &["/bin/sh", "-c", "touch /workspace/ran"],
+    );
+    cmd.env("COWSPACE_CGROUP_ROOT", &empty);
+    let out = run(cmd);
+    let (code, stdout, stderr) = parts(&out);
+    assert_eq!(code, Some(7), "{stderr}");
+    assert!(
+        stderr.contains(
+            "unsupported: process limit and accounting (cgroup pids controller) cannot be enforced"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "no cgroup v1 `pids` hierarchy at {}/pids",
+            empty.display()
+        )),
+        "{stderr}"
+    );
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["error"]["kind"], "unsupported");
+    assert!(!s.ws().join("ran").exists(), "the command ran");
+    assert_eq!(
+        std::fs::read_dir(s.state()).unwrap().count(),
+        0,
+        "state was touched before refusing"
+    );
+}
