@@ -126,6 +126,11 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
         Err(e) => fail(sock, "wait for the helper", e),
     };
 
+    // A new session without a controlling terminal: the command cannot reach the host's
+    // terminal through /dev/tty or job control.
+    if let Err(e) = nix::unistd::setsid() {
+        fail(sock, "setsid", e);
+    }
     // Now mapped: become root of the user namespace, with no supplementary groups.
     let root_g = Gid::from_raw(0);
     let root_u = Uid::from_raw(0);

@@ -72,6 +72,19 @@ pub fn programs() -> Result<Vec<BpfProgram>> {
         REFUSED.iter().map(|&(_, nr)| (nr, Vec::new())).collect();
     rules.insert(libc::SYS_unshare, new_user_ns_rule()?);
     rules.insert(libc::SYS_clone, new_user_ns_rule()?);
+    // TIOCSTI pushes input into a terminal: with the host's terminal on stdin, keystrokes
+    // typed into the host's shell after the sandbox ends.
+    let tiocsti = SeccompCondition::new(
+        1,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::Eq,
+        libc::TIOCSTI as u64,
+    )
+    .map_err(|e| Error::Seccomp(e.to_string()))?;
+    rules.insert(
+        libc::SYS_ioctl,
+        vec![SeccompRule::new(vec![tiocsti]).map_err(|e| Error::Seccomp(e.to_string()))?],
+    );
     let refuse = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
@@ -145,6 +158,10 @@ mod tests {
             install(&programs).unwrap();
             let refused = nix::unistd::pivot_root("/", "/");
             let unshare_user = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWUSER);
+            let (r, _w) = nix::unistd::pipe().unwrap();
+            // Unfiltered, TIOCSTI on a pipe fails with ENOTTY.
+            let tiocsti = crate::sys::tiocsti(std::os::fd::AsFd::as_fd(&r), b'x');
+            assert_eq!(tiocsti.unwrap_err().raw_os_error(), Some(libc::EPERM));
             let allowed = nix::unistd::getpid();
             (refused, unshare_user, allowed)
         });

@@ -263,3 +263,12 @@ pub fn adopt_received_fd(fd: RawFd) -> OwnedFd {
     // nothing else knows or owns it.
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
+
+/// `ioctl(fd, TIOCSTI, &byte)`: pushes `byte` into a terminal's input (tests only: the
+/// sandbox's seccomp filter must refuse it).
+#[cfg(test)]
+pub fn tiocsti(fd: BorrowedFd<'_>, byte: u8) -> io::Result<()> {
+    // SAFETY: TIOCSTI reads one byte from the pointer, which points at `byte`.
+    let ret = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSTI, &byte as *const u8) };
+    check(ret as libc::c_long).map(drop)
+}

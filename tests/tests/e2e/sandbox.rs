@@ -537,3 +537,49 @@ fn sandbox_missing_control_is_refused_with_exit_7_and_nothing_runs() {
         "state was touched before refusing"
     );
 }
+
+#[test]
+fn sandbox_cannot_push_input_into_the_host_terminal() {
+    require_root!();
+    let s = Scratch::new();
+    // Run the helper on a pseudo-terminal (util-linux `script`), as from a shell.
+    let inner = s.command(
+        "tty-box",
+        &[],
+        &[
+            PY,
+            "-c",
+            "import fcntl, termios, os\n\
+             print('isatty', os.isatty(0))\n\
+             try:\n\
+             \x20   fcntl.ioctl(0, termios.TIOCSTI, b'x'); print('TIOCSTI ok')\n\
+             except OSError as e: print('TIOCSTI', e.strerror)\n\
+             try:\n\
+             \x20   open('/dev/tty'); print('/dev/tty opened')\n\
+             except OSError as e: print('/dev/tty', e.strerror)\n",
+        ],
+    );
+    let quoted: Vec<String> = std::iter::once(inner.get_program())
+        .chain(inner.get_args())
+        .map(|a| format!("'{}'", a.to_string_lossy().replace('\'', "'\\''")))
+        .collect();
+    let mut cmd = std::process::Command::new("script");
+    cmd.args(["-qec", &quoted.join(" "), "/dev/null"]);
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = run(cmd);
+    let (_, stdout, stderr) = parts(&out);
+    assert!(
+        stdout.contains("isatty True"),
+        "not on a terminal: {stdout} {stderr}"
+    );
+    assert!(
+        stdout.contains("TIOCSTI Operation not permitted"),
+        "{stdout} {stderr}"
+    );
+    assert!(
+        stdout.contains("/dev/tty No such device or address"),
+        "{stdout} {stderr}"
+    );
+}
