@@ -28,8 +28,10 @@ use crate::syscall::LinuxSyscall;
 
 /// `RLIMIT_NOFILE` inside the sandbox (soft, hard), lowered to the helper's hard limit.
 pub const NOFILE_LIMIT: (u64, u64) = (4_096, 65_536);
-/// Capabilities kept in the bounding set (the usual container set); all others dropped.
-pub const KEPT_CAPS: [u32; 14] = [
+/// Capabilities kept in the bounding set (the usual container set without SETFCAP: a
+/// file capability written in the idmapped workspace would hold on the host); all
+/// others dropped.
+pub const KEPT_CAPS: [u32; 13] = [
     0,  // CHOWN
     1,  // DAC_OVERRIDE
     3,  // FOWNER
@@ -43,7 +45,6 @@ pub const KEPT_CAPS: [u32; 14] = [
     18, // SYS_CHROOT
     27, // MKNOD
     29, // AUDIT_WRITE
-    31, // SETFCAP
 ];
 /// Exit code of init when setup failed (the helper reports the real error).
 const SETUP_FAILED: i32 = 125;

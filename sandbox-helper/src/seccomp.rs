@@ -1,9 +1,11 @@
 //! The sandbox's seccomp filter (built with `seccompiler`).
 //!
 //! Two programs are installed: the main one answers `EPERM` to the refused system calls
-//! below (and to `clone`/`unshare` asking for a new user namespace); the second answers
-//! `ENOSYS` to `clone3`, whose flags live in memory a filter cannot inspect, so the C
-//! library falls back to `clone`, which the main filter can check.
+//! below, to `clone`/`unshare` asking for a new user namespace, to `ioctl(TIOCSTI)`, and
+//! to any call giving a file a set-user-id or set-group-id mode; the second answers
+//! `ENOSYS` to `clone3` and `openat2`, whose arguments live in memory a filter cannot
+//! inspect, so the C library falls back to `clone` and `openat`, which the main filter
+//! checks.
 
 use std::collections::BTreeMap;
 
@@ -44,6 +46,10 @@ pub const REFUSED: &[(&str, i64)] = &[
     ("setns", libc::SYS_setns),
     ("acct", libc::SYS_acct),
     ("userfaultfd", libc::SYS_userfaultfd),
+    // io_uring performs opens and chmods the filter cannot see.
+    ("io_uring_setup", libc::SYS_io_uring_setup),
+    ("io_uring_enter", libc::SYS_io_uring_enter),
+    ("io_uring_register", libc::SYS_io_uring_register),
 ];
 
 fn arch() -> Result<TargetArch> {
@@ -52,18 +58,66 @@ fn arch() -> Result<TargetArch> {
         .map_err(|e| Error::Seccomp(format!("architecture {}: {e:?}", std::env::consts::ARCH)))
 }
 
+fn seccomp_err(e: impl std::fmt::Display) -> Error {
+    Error::Seccomp(e.to_string())
+}
+
+/// A condition "argument `arg` has all bits of `mask` set".
+fn has_bits(arg: u8, len: SeccompCmpArgLen, mask: u64) -> Result<SeccompCondition> {
+    SeccompCondition::new(arg, len, SeccompCmpOp::MaskedEq(mask), mask).map_err(seccomp_err)
+}
+
+fn rule(conditions: Vec<SeccompCondition>) -> Result<SeccompRule> {
+    SeccompRule::new(conditions).map_err(seccomp_err)
+}
+
+/// `clone` / `unshare` asking for a new user namespace (flags are argument 0).
 fn new_user_ns_rule() -> Result<Vec<SeccompRule>> {
     let flag = libc::CLONE_NEWUSER as u64;
-    let cond = SeccompCondition::new(
+    Ok(vec![rule(vec![has_bits(
         0,
         SeccompCmpArgLen::Qword,
-        SeccompCmpOp::MaskedEq(flag),
         flag,
-    )
-    .map_err(|e| Error::Seccomp(e.to_string()))?;
-    Ok(vec![
-        SeccompRule::new(vec![cond]).map_err(|e| Error::Seccomp(e.to_string()))?,
-    ])
+    )?])?])
+}
+
+/// A mode argument (`mode_arg`) with the set-user-id or set-group-id bit, optionally
+/// only when the flags argument has `O_CREAT` (`open`, `openat`).
+fn set_id_mode_rules(mode_arg: u8, creat_flags_arg: Option<u8>) -> Result<Vec<SeccompRule>> {
+    let mut rules = Vec::new();
+    for bit in [libc::S_ISUID, libc::S_ISGID] {
+        let mut conds = vec![has_bits(mode_arg, SeccompCmpArgLen::Dword, bit as u64)?];
+        if let Some(flags) = creat_flags_arg {
+            conds.push(has_bits(
+                flags,
+                SeccompCmpArgLen::Dword,
+                libc::O_CREAT as u64,
+            )?);
+        }
+        rules.push(rule(conds)?);
+    }
+    Ok(rules)
+}
+
+/// System calls that can give a file a set-user-id or set-group-id mode, and where the
+/// mode is. Root inside owns the workspace's root-owned files through the idmapped
+/// mount, so a set-id file made there would be set-id root on the host.
+fn set_id_mode_syscalls() -> Vec<(i64, u8, Option<u8>)> {
+    let mut v = vec![
+        (libc::SYS_fchmod, 1, None),
+        (libc::SYS_fchmodat, 2, None),
+        (libc::SYS_fchmodat2, 2, None),
+        (libc::SYS_mknodat, 2, None),
+        (libc::SYS_openat, 3, Some(2)),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    v.extend([
+        (libc::SYS_chmod, 1, None),
+        (libc::SYS_mknod, 1, None),
+        (libc::SYS_creat, 1, None),
+        (libc::SYS_open, 2, Some(1)),
+    ]);
+    v
 }
 
 /// Builds the two BPF programs, in the order they must be installed.
@@ -80,28 +134,35 @@ pub fn programs() -> Result<Vec<BpfProgram>> {
         SeccompCmpOp::Eq,
         libc::TIOCSTI as u64,
     )
-    .map_err(|e| Error::Seccomp(e.to_string()))?;
-    rules.insert(
-        libc::SYS_ioctl,
-        vec![SeccompRule::new(vec![tiocsti]).map_err(|e| Error::Seccomp(e.to_string()))?],
-    );
+    .map_err(seccomp_err)?;
+    rules.insert(libc::SYS_ioctl, vec![rule(vec![tiocsti])?]);
+    for (nr, mode_arg, flags_arg) in set_id_mode_syscalls() {
+        rules.insert(nr, set_id_mode_rules(mode_arg, flags_arg)?);
+    }
     let refuse = SeccompFilter::new(
         rules,
         SeccompAction::Allow,
         SeccompAction::Errno(libc::EPERM as u32),
         arch()?,
     )
-    .map_err(|e| Error::Seccomp(e.to_string()))?;
-    let clone3 = SeccompFilter::new(
-        [(libc::SYS_clone3, Vec::new())].into_iter().collect(),
+    .map_err(seccomp_err)?;
+    // Arguments in memory cannot be inspected: ENOSYS makes the C library fall back to
+    // `clone` and `openat`, which the filter above checks.
+    let opaque = SeccompFilter::new(
+        [
+            (libc::SYS_clone3, Vec::new()),
+            (libc::SYS_openat2, Vec::new()),
+        ]
+        .into_iter()
+        .collect(),
         SeccompAction::Allow,
         SeccompAction::Errno(libc::ENOSYS as u32),
         arch()?,
     )
-    .map_err(|e| Error::Seccomp(e.to_string()))?;
-    [refuse, clone3]
+    .map_err(seccomp_err)?;
+    [refuse, opaque]
         .into_iter()
-        .map(|f| BpfProgram::try_from(f).map_err(|e| Error::Seccomp(e.to_string())))
+        .map(|f| BpfProgram::try_from(f).map_err(seccomp_err))
         .collect()
 }
 
@@ -162,6 +223,27 @@ mod tests {
             // Unfiltered, TIOCSTI on a pipe fails with ENOTTY.
             let tiocsti = crate::sys::tiocsti(std::os::fd::AsFd::as_fd(&r), b'x');
             assert_eq!(tiocsti.unwrap_err().raw_os_error(), Some(libc::EPERM));
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("f");
+            std::fs::write(&file, "x").unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            let perm = |m| std::fs::set_permissions(&file, std::fs::Permissions::from_mode(m));
+            assert_eq!(perm(0o4755).unwrap_err().raw_os_error(), Some(libc::EPERM));
+            assert_eq!(perm(0o2755).unwrap_err().raw_os_error(), Some(libc::EPERM));
+            perm(0o755).unwrap();
+            let create = |m| {
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .mode(m)
+                    .open(dir.path().join("g"))
+            };
+            assert_eq!(
+                create(0o4755).unwrap_err().raw_os_error(),
+                Some(libc::EPERM)
+            );
+            create(0o644).unwrap();
             let allowed = nix::unistd::getpid();
             (refused, unshare_user, allowed)
         });

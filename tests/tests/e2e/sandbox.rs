@@ -583,3 +583,40 @@ fn sandbox_cannot_push_input_into_the_host_terminal() {
         "{stdout} {stderr}"
     );
 }
+
+#[test]
+fn sandbox_cannot_plant_set_id_or_capable_files_in_the_workspace() {
+    require_root!();
+    let s = Scratch::new();
+    // Root inside owns the workspace's root-owned files through the idmapped mount: a
+    // set-id or file-capability binary made there would be privileged on the host.
+    let script = "import os\n\
+        open('tool', 'w').write('x')\n\
+        for mode in (0o4755, 0o2755):\n\
+        \x20   try:\n\
+        \x20       os.chmod('tool', mode); print(oct(mode), 'ok')\n\
+        \x20   except OSError as e: print(oct(mode), e.strerror)\n\
+        try:\n\
+        \x20   os.close(os.open('made', os.O_CREAT | os.O_WRONLY, 0o4755)); print('create ok')\n\
+        except OSError as e: print('create', e.strerror)\n\
+        cap = bytes.fromhex('0100000201000000000000000000000000000000')\n\
+        try:\n\
+        \x20   os.setxattr('tool', 'security.capability', cap); print('setcap ok')\n\
+        except OSError as e: print('setcap', e.strerror)\n";
+    let out = run(s.command("setid-box", &[], &[PY, "-c", script]));
+    let (_, stdout, stderr) = parts(&out);
+    let denied = "Operation not permitted";
+    for case in ["0o4755", "0o2755", "create", "setcap"] {
+        assert!(
+            stdout.contains(&format!("{case} {denied}\n")),
+            "{case}: {stdout} {stderr}"
+        );
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(s.ws().join("tool"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o6000, 0, "set-id bit on the host: {mode:o}");
+    assert!(!s.ws().join("made").exists());
+}
