@@ -128,6 +128,8 @@ pub fn programs() -> Result<Vec<BpfProgram>> {
     rules.insert(libc::SYS_clone, new_user_ns_rule()?);
     // TIOCSTI pushes input into a terminal: with the host's terminal on stdin, keystrokes
     // typed into the host's shell after the sandbox ends.
+    // The type of ioctl request numbers differs between C libraries.
+    #[allow(clippy::unnecessary_cast)]
     let tiocsti = SeccompCondition::new(
         1,
         SeccompCmpArgLen::Dword,
