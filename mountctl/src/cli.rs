@@ -53,10 +53,10 @@ pub enum Command {
         #[arg(long)]
         tar: bool,
     },
-    /// Changed paths between two snapshots or refs.
+    /// Changed paths of a workspace against its base, or between two snapshots or refs.
     Diff {
         a: String,
-        b: String,
+        b: Option<String>,
         /// Print a unified patch of text files.
         #[arg(long)]
         patch: bool,
@@ -67,6 +67,82 @@ pub enum Command {
     Gc(GcArgs),
     /// Logical and stored bytes, dedup and compression ratios.
     Stats,
+    /// Create a workspace: a writable copy-on-write view of a snapshot.
+    Create(CreateArgs),
+    /// List workspaces.
+    List {
+        /// Include removed and failed workspaces.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Show one workspace's record.
+    Status { workspace: String },
+    /// Capture a workspace's changes as a new snapshot.
+    Commit {
+        workspace: String,
+        /// Move this ref to the new snapshot (compare-and-swap).
+        #[arg(long = "ref", value_name = "NAME")]
+        ref_name: Option<String>,
+        /// The snapshot the ref must hold (default: the workspace's previous capture or
+        /// base when the ref exists).
+        #[arg(long, value_name = "SNAP", requires = "ref_name")]
+        expect: Option<String>,
+        #[arg(long, short, default_value = "")]
+        message: String,
+    },
+    /// Unmount a workspace and delete its private state.
+    Remove {
+        workspace: String,
+        /// End the processes still using it.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Reconcile the registry with the mount table; remove leftovers.
+    Sweep,
+    /// Remount a stopped workspace with its written data.
+    Recover { workspace: String },
+    /// What each materializer would do on this host, and why.
+    Doctor,
+    /// The daemon.
+    #[command(subcommand)]
+    Daemon(DaemonCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DaemonCommand {
+    /// Start the daemon if it is not running.
+    Start,
+    /// Stop the daemon cleanly.
+    Stop {
+        /// Stop even while workspaces use its snapshot view.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Whether the daemon answers.
+    Status,
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// A snapshot id (or unique prefix) or ref.
+    pub snapshot: String,
+    #[arg(long)]
+    pub name: Option<String>,
+    #[arg(
+        long,
+        default_value = "auto",
+        value_name = "auto|overlay|fuse|btrfs|reflink|copy"
+    )]
+    pub materializer: String,
+    /// The overlay's lower layer: a shared checkout (no daemon) or the daemon's view.
+    #[arg(long, default_value = "checkout", value_name = "checkout|view")]
+    pub lower: String,
+    /// Where the workspace appears (must not exist).
+    #[arg(long, value_name = "DIR")]
+    pub path: Option<PathBuf>,
+    /// The worker this workspace is for (recorded).
+    #[arg(long, value_name = "ID")]
+    pub worker: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -20,12 +20,15 @@ pub struct Ctx {
 impl Ctx {
     /// Prints a command's result: the JSON value, or the human text.
     pub fn emit(&self, value: serde_json::Value, human: impl FnOnce() -> String) {
+        use std::io::Write;
+        // A closed stdout (`| head`) is not an error of the command.
+        let mut out = std::io::stdout().lock();
         if self.json {
-            println!("{value}");
+            let _ = writeln!(out, "{value}");
         } else {
             let text = human();
             if !text.is_empty() {
-                println!("{}", text.trim_end_matches('\n'));
+                let _ = writeln!(out, "{}", text.trim_end_matches('\n'));
             }
         }
     }
@@ -40,11 +43,18 @@ impl Ctx {
     pub fn open(&self) -> anyhow::Result<cowspace_store::Store> {
         Ok(cowspace_store::Store::open(&self.root, Default::default())?)
     }
+
+    pub fn runtime(&self) -> anyhow::Result<cowspace_fsd::runtime::Runtime> {
+        Ok(cowspace_fsd::runtime::Runtime::open(&self.root)?)
+    }
 }
 
 fn classify(e: &anyhow::Error) -> (ErrorKind, Option<String>) {
     for cause in e.chain() {
         if let Some(s) = cause.downcast_ref::<cowspace_store::Error>() {
+            return (s.kind(), s.hint());
+        }
+        if let Some(s) = cause.downcast_ref::<cowspace_fsd::error::Error>() {
             return (s.kind(), s.hint());
         }
     }

@@ -83,6 +83,7 @@ pub struct Editor<'s> {
     started: Instant,
     changed: u64,
     touched_primary: bool,
+    parents: Vec<SnapshotId>,
 }
 
 impl std::fmt::Debug for Editor<'_> {
@@ -127,11 +128,17 @@ impl Store {
             started: Instant::now(),
             changed: 0,
             touched_primary: false,
+            parents: vec![*base],
         })
     }
 }
 
 impl<'s> Editor<'s> {
+    /// Records these parents instead of the base (e.g. a workspace's previous capture).
+    pub fn set_parents(&mut self, parents: Vec<SnapshotId>) {
+        self.parents = parents;
+    }
+
     /// The base snapshot.
     pub fn base(&self) -> &Snapshot {
         &self.base
@@ -357,7 +364,7 @@ impl<'s> Editor<'s> {
             version: SNAPSHOT_VERSION,
             root,
             root_mode,
-            parents: vec![self.base_id],
+            parents: std::mem::take(&mut self.parents),
             created_at: now_secs(),
             message: message.to_string(),
             source,

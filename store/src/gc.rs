@@ -63,22 +63,35 @@ pub struct GcReport {
 
 impl Store {
     /// Pins a snapshot for `holder` (a workspace): gc keeps it and all it needs.
+    ///
+    /// Pins are written without waiting for a disk flush (WAL, `synchronous=NORMAL` for
+    /// this statement): they must survive a crash of a process, and the workspaces they
+    /// protect do not survive a power loss anyway.
     pub fn pin(&self, snapshot: &SnapshotId, holder: &str) -> Result<()> {
-        self.db()
-            .execute(
-                "INSERT OR IGNORE INTO pins (snapshot, holder, created_at) VALUES (?1, ?2, ?3)",
-                params![&snapshot.as_bytes()[..], holder, now_secs()],
-            )
-            .map_err(Error::db("pin snapshot"))?;
-        Ok(())
+        self.relaxed_write(
+            "pin snapshot",
+            "INSERT OR IGNORE INTO pins (snapshot, holder, created_at) VALUES (?1, ?2, ?3)",
+            params![&snapshot.as_bytes()[..], holder, now_secs()],
+        )
     }
 
-    /// Removes every pin of `holder`.
+    /// Removes every pin of `holder` (same durability as [`Store::pin`]).
     pub fn unpin(&self, holder: &str) -> Result<()> {
-        self.db()
-            .execute("DELETE FROM pins WHERE holder = ?1", params![holder])
-            .map_err(Error::db("unpin"))?;
-        Ok(())
+        self.relaxed_write(
+            "unpin",
+            "DELETE FROM pins WHERE holder = ?1",
+            params![holder],
+        )
+    }
+
+    fn relaxed_write(&self, step: &'static str, sql: &str, p: impl rusqlite::Params) -> Result<()> {
+        let db = self.db();
+        db.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(Error::db("relax sync"))?;
+        let r = db.execute(sql, p).map_err(Error::db(step));
+        db.pragma_update(None, "synchronous", "FULL")
+            .map_err(Error::db("restore sync"))?;
+        r.map(|_| ())
     }
 
     /// Collects garbage.

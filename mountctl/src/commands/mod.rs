@@ -1,5 +1,6 @@
 //! One command per file.
 
+mod daemon;
 mod diff;
 mod export;
 mod fsck;
@@ -10,6 +11,7 @@ mod refs;
 mod show;
 mod snapshots;
 mod stats;
+mod workspace;
 
 use std::process::ExitCode;
 
@@ -30,9 +32,26 @@ pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
             dest,
             tar,
         } => export::run(ctx, &snapshot, &dest, tar),
-        Command::Diff { a, b, patch } => diff::run(ctx, &a, &b, patch),
+        Command::Diff { a, b, patch } => match b {
+            Some(b) => diff::run(ctx, &a, &b, patch),
+            None => workspace::diff(ctx, &a, patch),
+        },
         Command::Fsck => fsck::run(ctx),
         Command::Gc(args) => gc::run(ctx, args),
         Command::Stats => stats::run(ctx),
+        Command::Create(args) => workspace::create(ctx, args),
+        Command::List { all } => workspace::list(ctx, all),
+        Command::Status { workspace } => workspace::status(ctx, &workspace),
+        Command::Commit {
+            workspace,
+            ref_name,
+            expect,
+            message,
+        } => workspace::commit(ctx, &workspace, ref_name, expect, message),
+        Command::Remove { workspace, force } => workspace::remove(ctx, &workspace, force),
+        Command::Sweep => workspace::sweep(ctx),
+        Command::Recover { workspace } => workspace::recover(ctx, &workspace),
+        Command::Doctor => workspace::doctor(ctx),
+        Command::Daemon(c) => daemon::run(ctx, c),
     }
 }

@@ -1,0 +1,146 @@
+//! Checkouts: a snapshot as a read-only directory of hard links into the blob cache,
+//! built once per snapshot and shared by every workspace of it, so overlay workspaces
+//! can work without the daemon.
+//!
+//! A hard link shares its inode's mode, so the blob cache keeps one read-only variant per
+//! (content, mode): `<blobs>/ab/<id>.m<mode>`, copied once from the plain blob.
+
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use cowspace_store::{ContentId, Kind, SnapshotId, Store, TreeId};
+
+use crate::error::{Error, Result};
+
+/// Where the checkout of `snapshot` lives.
+pub fn checkout_path(store: &Store, snapshot: &SnapshotId) -> PathBuf {
+    store.root().join("cache/checkouts").join(snapshot.to_hex())
+}
+
+/// The blob-cache file of `content` with permission bits `mode` (made if missing).
+fn blob_variant(store: &Store, content: &ContentId, mode: u32) -> Result<PathBuf> {
+    let plain = store.blob_cache().ensure(content)?;
+    let variant = PathBuf::from(format!("{}.m{:o}", plain.display(), mode & 0o7777));
+    if variant.exists() {
+        return Ok(variant);
+    }
+    let tmp = PathBuf::from(format!("{}.tmp{}", variant.display(), std::process::id()));
+    let _ = fs::remove_file(&tmp);
+    fs::copy(&plain, &tmp).map_err(Error::io("copy blob", &tmp))?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(mode & 0o7777))
+        .map_err(Error::io("chmod blob", &tmp))?;
+    fs::rename(&tmp, &variant).map_err(Error::io("rename blob", &variant))?;
+    Ok(variant)
+}
+
+/// Makes sure the checkout of `snapshot` exists and returns its path. Built under a
+/// temporary name and renamed into place, so a half-built checkout is never used.
+pub fn ensure_checkout(store: &Store, snapshot: &SnapshotId) -> Result<PathBuf> {
+    let dest = checkout_path(store, snapshot);
+    if dest.is_dir() {
+        return Ok(dest);
+    }
+    let parent = dest.parent().expect("checkouts have a parent");
+    fs::create_dir_all(parent).map_err(Error::io("create directory", parent))?;
+    let tmp = parent.join(format!(".tmp-{}-{}", snapshot.short(), std::process::id()));
+    let snap = store.snapshot(snapshot)?;
+    let built = (|| {
+        fs::create_dir(&tmp).map_err(Error::io("create directory", &tmp))?;
+        build(store, &snap.root, &tmp, &tmp)?;
+        fs::set_permissions(&tmp, fs::Permissions::from_mode(snap.root_mode))
+            .map_err(Error::io("chmod", &tmp))
+    })();
+    if let Err(e) = built {
+        remove_tree(&tmp);
+        return Err(e);
+    }
+    match fs::rename(&tmp, &dest) {
+        Ok(()) => Ok(dest),
+        // Another process finished the same checkout first: use theirs.
+        Err(_) if dest.is_dir() => {
+            remove_tree(&tmp);
+            Ok(dest)
+        }
+        Err(e) => {
+            remove_tree(&tmp);
+            Err(Error::io("rename checkout into place", &dest)(e))
+        }
+    }
+}
+
+fn build(store: &Store, tree: &TreeId, dir: &Path, top: &Path) -> Result<()> {
+    for e in store.tree(tree)?.entries {
+        let path = dir.join(std::ffi::OsStr::from_bytes(&e.name));
+        match e.kind {
+            Kind::Dir => {
+                fs::create_dir(&path).map_err(Error::io("create directory", &path))?;
+                build(store, &e.subtree().expect("dir"), &path, top)?;
+                set_xattrs(&path, &e.xattrs)?;
+                fs::set_permissions(&path, fs::Permissions::from_mode(e.mode))
+                    .map_err(Error::io("chmod", &path))?;
+            }
+            Kind::File => {
+                let blob = blob_variant(store, &e.content().expect("file"), e.mode)?;
+                fs::hard_link(&blob, &path).map_err(Error::io("link blob", &path))?;
+            }
+            Kind::Hardlink => {
+                let primary = top.join(std::ffi::OsStr::from_bytes(&e.data));
+                fs::hard_link(&primary, &path).map_err(Error::io("hard link", &path))?;
+            }
+            Kind::Symlink => {
+                std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&e.data), &path)
+                    .map_err(Error::io("create symlink", &path))?;
+            }
+            Kind::Fifo => {
+                nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(e.mode))
+                    .map_err(|errno| Error::io("create fifo", &path)(errno.into()))?;
+            }
+            Kind::CharDevice | Kind::BlockDevice => {
+                let flag = if e.kind == Kind::CharDevice {
+                    nix::sys::stat::SFlag::S_IFCHR
+                } else {
+                    nix::sys::stat::SFlag::S_IFBLK
+                };
+                nix::sys::stat::mknod(
+                    &path,
+                    flag,
+                    nix::sys::stat::Mode::from_bits_truncate(e.mode),
+                    e.rdev().unwrap_or(0),
+                )
+                .map_err(|errno| Error::io("create device node", &path)(errno.into()))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn set_xattrs(path: &Path, xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+    for (k, v) in xattrs {
+        xattr::set(path, std::ffi::OsStr::from_bytes(k), v)
+            .map_err(Error::io("set xattr on", path))?;
+    }
+    Ok(())
+}
+
+/// Removes a directory tree, making read-only directories writable first.
+pub fn remove_tree(path: &Path) {
+    fn open_up(p: &Path) {
+        if let Ok(m) = fs::symlink_metadata(p)
+            && m.is_dir()
+        {
+            let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o700));
+            if let Ok(rd) = fs::read_dir(p) {
+                for e in rd.flatten() {
+                    open_up(&e.path());
+                }
+            }
+        }
+    }
+    if fs::symlink_metadata(path).is_err() {
+        return;
+    }
+    open_up(path);
+    let _ = fs::remove_dir_all(path);
+}

@@ -1,0 +1,189 @@
+//! The control socket: newline-delimited JSON requests and responses on
+//! `<root>/run/fsd.sock`, documented in `docs/control-protocol.md`.
+//!
+//! Request: `{"op": "create", "args": {...}}`. Response: `{"ok": true, "result": ...}` or
+//! `{"ok": false, "error": {"kind", "message", "hint"}}`. Only root and the owner of the
+//! runtime root may connect (checked with `SO_PEERCRED`). One thread per connection;
+//! at most [`MAX_CONNECTIONS`] at once and [`MAX_REQUEST_BYTES`] per request.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use serde_json::{Value, json};
+
+use crate::error::{Error, Result};
+use crate::runtime::{CommitOptions, CreateOptions, Runtime};
+
+/// Connections served at once.
+pub const MAX_CONNECTIONS: usize = 256;
+/// Largest request line.
+pub const MAX_REQUEST_BYTES: u64 = 1024 * 1024;
+
+/// What the server needs besides the runtime.
+pub struct Server {
+    pub runtime: Arc<Runtime>,
+    /// Set when a `shutdown` request is accepted.
+    pub stop: Arc<AtomicBool>,
+    /// Whether workspaces still use the daemon (refuses `shutdown` without force).
+    pub busy: Box<dyn Fn() -> Vec<String> + Send + Sync>,
+}
+
+fn error_value(e: &Error) -> Value {
+    json!({"ok": false, "error": {"kind": e.kind().as_str(), "message": e.to_string(), "hint": e.hint()}})
+}
+
+fn args<T: serde::de::DeserializeOwned + Default>(v: &Value) -> Result<T> {
+    match v.get("args") {
+        None | Some(Value::Null) => Ok(T::default()),
+        Some(a) => {
+            serde_json::from_value(a.clone()).map_err(|e| Error::Invalid(format!("bad args: {e}")))
+        }
+    }
+}
+
+fn ws_arg(v: &Value) -> Result<String> {
+    v["args"]["workspace"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| Error::Invalid("args.workspace (an id or name) is required".into()))
+}
+
+impl Server {
+    /// Handles one request.
+    pub fn handle(&self, req: &Value) -> Value {
+        let rt = &self.runtime;
+        let r: Result<Value> = (|| {
+            let op = req["op"]
+                .as_str()
+                .ok_or_else(|| Error::Invalid("op is required".into()))?;
+            Ok(match op {
+                "ping" => json!({"pong": true, "version": env!("CARGO_PKG_VERSION")}),
+                "create" => json!(rt.create(&args::<CreateOptions>(req)?)?),
+                "list" => json!(rt.list(req["args"]["all"].as_bool().unwrap_or(false))?),
+                "status" => json!(rt.status(&ws_arg(req)?)?),
+                "diff" => {
+                    let ws = ws_arg(req)?;
+                    let changes = rt.diff(&ws)?;
+                    let patch = if req["args"]["patch"].as_bool().unwrap_or(false) {
+                        Some(crate::upper::patch(rt.store(), &changes)?)
+                    } else {
+                        None
+                    };
+                    let list: Vec<_> = changes.into_iter().map(|(c, _)| c).collect();
+                    json!({"changes": list, "patch": patch})
+                }
+                "commit" => {
+                    let ws = ws_arg(req)?;
+                    json!(rt.commit(&ws, &args::<CommitOptions>(req)?)?)
+                }
+                "remove" => {
+                    let ws = ws_arg(req)?;
+                    json!(rt.remove(&ws, req["args"]["force"].as_bool().unwrap_or(false))?)
+                }
+                "sweep" => json!(rt.sweep()?),
+                "recover" => json!(rt.recover(&ws_arg(req)?)?),
+                "shutdown" => {
+                    let users = (self.busy)();
+                    if !users.is_empty() && !req["args"]["force"].as_bool().unwrap_or(false) {
+                        return Err(Error::Busy {
+                            id: format!("daemon (used by {})", users.join(", ")),
+                            pids: vec![],
+                        });
+                    }
+                    self.stop.store(true, Ordering::SeqCst);
+                    json!({"stopping": true})
+                }
+                other => return Err(Error::Invalid(format!("unknown op {other:?}"))),
+            })
+        })();
+        match r {
+            Ok(v) => json!({"ok": true, "result": v}),
+            Err(e) => error_value(&e),
+        }
+    }
+
+    /// Serves connections until `stop` is set. The listener must be non-blocking.
+    pub fn serve(self: Arc<Self>, listener: UnixListener, owner_uid: u32) -> Result<()> {
+        let active = Arc::new(AtomicUsize::new(0));
+        while !self.stop.load(Ordering::SeqCst) {
+            match listener.accept() {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nonblocking(false);
+                    if active.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+                        let _ = reply(
+                            &stream,
+                            &error_value(&Error::Daemon("too many connections".into())),
+                        );
+                        continue;
+                    }
+                    if let Err(why) = check_peer(&stream, owner_uid) {
+                        let _ = reply(
+                            &stream,
+                            &json!({"ok": false, "error": {"kind": "invalid_input", "message": why, "hint": null}}),
+                        );
+                        continue;
+                    }
+                    let me = self.clone();
+                    let n = active.clone();
+                    n.fetch_add(1, Ordering::SeqCst);
+                    std::thread::spawn(move || {
+                        me.connection(stream);
+                        n.fetch_sub(1, Ordering::SeqCst);
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => return Err(Error::io("accept on", "control socket")(e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn connection(&self, stream: UnixStream) {
+        let mut reader = BufReader::new(&stream);
+        loop {
+            let mut line = String::new();
+            match (&mut reader).take(MAX_REQUEST_BYTES).read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            let resp = match serde_json::from_str::<Value>(&line) {
+                Ok(req) => self.handle(&req),
+                Err(e) => error_value(&Error::Invalid(format!("request is not JSON: {e}"))),
+            };
+            if reply(&stream, &resp).is_err() || self.stop.load(Ordering::SeqCst) {
+                return;
+            }
+        }
+    }
+}
+
+fn reply(mut stream: &UnixStream, v: &Value) -> std::io::Result<()> {
+    let mut out = serde_json::to_vec(v).expect("responses serialise");
+    out.push(b'\n');
+    stream.write_all(&out)
+}
+
+fn check_peer(stream: &UnixStream, owner_uid: u32) -> std::result::Result<(), String> {
+    let cred = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(|e| format!("cannot read peer credentials: {e}"))?;
+    if cred.uid() == 0 || cred.uid() == owner_uid {
+        Ok(())
+    } else {
+        Err(format!(
+            "uid {} may not use this daemon (only root and uid {owner_uid}, the owner of the runtime root)",
+            cred.uid()
+        ))
+    }
+}
+
+/// The uid owning the runtime root.
+pub fn root_owner(root: &std::path::Path) -> Result<u32> {
+    Ok(std::fs::metadata(root)
+        .map_err(Error::io("stat", root))?
+        .uid())
+}

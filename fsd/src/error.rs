@@ -1,0 +1,103 @@
+//! Errors of workspaces and the daemon. Same conventions as the store's (`store/src/error.rs`):
+//! variants name the failed step and carry the input; each maps to one stable kind.
+
+use std::io;
+use std::path::PathBuf;
+
+pub use cowspace_store::ErrorKind;
+
+/// Everything that can go wrong with workspaces.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Store(#[from] cowspace_store::Error),
+    #[error("registry ({step}): {source}")]
+    Registry {
+        step: &'static str,
+        source: rusqlite::Error,
+    },
+    #[error("{step} {path}: {source}")]
+    Io {
+        step: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("mount {target}: {source}")]
+    Mount { target: PathBuf, source: nix::Error },
+    #[error("unmount {target}: {source}")]
+    Unmount { target: PathBuf, source: nix::Error },
+    #[error("no workspace {0} in this runtime root")]
+    NoWorkspace(String),
+    #[error("a workspace named {0} exists already")]
+    NameTaken(String),
+    #[error("{0} exists already")]
+    PathExists(PathBuf),
+    #[error("workspace {id} is in use by {pids:?}")]
+    Busy { id: String, pids: Vec<i32> },
+    #[error("materializer {name} cannot work on this host: {why}")]
+    Unsupported { name: String, why: String },
+    #[error("invalid input: {0}")]
+    Invalid(String),
+    #[error("workspace {id} is {status}, not usable for {op}")]
+    WrongState {
+        id: String,
+        status: String,
+        op: &'static str,
+    },
+    #[error("the daemon: {0}")]
+    Daemon(String),
+}
+
+impl Error {
+    /// The stable kind (exit code, protocol `kind`).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Store(e) => e.kind(),
+            Error::NoWorkspace(_) => ErrorKind::NotFound,
+            Error::NameTaken(_) | Error::PathExists(_) => ErrorKind::Exists,
+            Error::Busy { .. } => ErrorKind::Busy,
+            Error::Unsupported { .. } => ErrorKind::Unsupported,
+            Error::Invalid(_) => ErrorKind::InvalidInput,
+            Error::WrongState { .. } => ErrorKind::Conflict,
+            Error::Io { source, .. } if source.kind() == io::ErrorKind::NotFound => {
+                ErrorKind::NotFound
+            }
+            Error::Registry { .. }
+            | Error::Io { .. }
+            | Error::Mount { .. }
+            | Error::Unmount { .. }
+            | Error::Daemon(_) => ErrorKind::Io,
+        }
+    }
+
+    /// What the user can do about it.
+    pub fn hint(&self) -> Option<String> {
+        Some(match self {
+            Error::Store(e) => return e.hint(),
+            Error::NoWorkspace(_) => "`mountctl list` shows the workspaces of this root".into(),
+            Error::NameTaken(_) => "pick another --name, or remove the existing workspace".into(),
+            Error::PathExists(_) => "give a --path that does not exist yet".into(),
+            Error::Busy { .. } => "stop those processes, or pass --force to end them".into(),
+            Error::Unsupported { .. } => {
+                "`mountctl doctor` lists what each materializer needs; pick one that works here"
+                    .into()
+            }
+            Error::WrongState { .. } => "`mountctl sweep` or `mountctl recover WS`".into(),
+            _ => return None,
+        })
+    }
+
+    pub(crate) fn io(
+        step: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(io::Error) -> Error {
+        let path = path.into();
+        move |source| Error::Io { step, path, source }
+    }
+
+    pub(crate) fn reg(step: &'static str) -> impl FnOnce(rusqlite::Error) -> Error {
+        move |source| Error::Registry { step, source }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,136 @@
+//! The `Materializer` seam: how a workspace is made from a snapshot.
+//!
+//! Every materializer gives the same semantics (a writable copy-on-write view of the
+//! snapshot whose changes can be diffed and committed); they differ in mechanism. A
+//! materializer that cannot work on this host says why from [`Materializer::probe`], and
+//! a workspace asking for it by name is refused — never silently given another.
+
+pub mod overlay;
+
+use cowspace_store::Store;
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::registry::Record;
+
+/// The materializers cowspace knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaterializerKind {
+    Overlay,
+    Fuse,
+    Btrfs,
+    Reflink,
+    Copy,
+}
+
+impl MaterializerKind {
+    pub const ALL: [MaterializerKind; 5] = [
+        MaterializerKind::Overlay,
+        MaterializerKind::Fuse,
+        MaterializerKind::Btrfs,
+        MaterializerKind::Reflink,
+        MaterializerKind::Copy,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MaterializerKind::Overlay => "overlay",
+            MaterializerKind::Fuse => "fuse",
+            MaterializerKind::Btrfs => "btrfs",
+            MaterializerKind::Reflink => "reflink",
+            MaterializerKind::Copy => "copy",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<MaterializerKind> {
+        MaterializerKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "unknown materializer {s:?}; choose auto, overlay, fuse, btrfs, reflink or copy"
+                ))
+            })
+    }
+}
+
+/// How one kind of workspace is made, changed into a snapshot, and unmade.
+pub trait Materializer: Send + Sync {
+    fn kind(&self) -> MaterializerKind;
+
+    /// `Ok` when it can work on this host; otherwise what the host lacks.
+    fn probe(&self, store: &Store) -> std::result::Result<(), String>;
+
+    /// Makes the workspace appear at `rec.path`, using `rec.lower` and private state under
+    /// `rec.private_dir`. Creates no state outside those.
+    fn mount(&self, rec: &Record) -> Result<()>;
+
+    /// Makes the workspace disappear from `rec.path`, keeping its private state.
+    /// Processes using it make this `Busy` unless `force`.
+    fn unmount(&self, rec: &Record, force: bool) -> Result<()>;
+
+    /// Whether the workspace is currently usable at its path.
+    fn is_mounted(&self, rec: &Record) -> Result<bool>;
+
+    /// The directory holding the workspace's changes (for diff and commit).
+    fn changes_dir(&self, rec: &Record) -> std::path::PathBuf;
+}
+
+/// A materializer that is not part of this build; probing says so.
+pub struct NotBuilt(pub MaterializerKind);
+
+impl Materializer for NotBuilt {
+    fn kind(&self) -> MaterializerKind {
+        self.0
+    }
+    fn probe(&self, _: &Store) -> std::result::Result<(), String> {
+        Err(format!(
+            "the {} materializer is not available in this version of cowspace",
+            self.0.as_str()
+        ))
+    }
+    fn mount(&self, _: &Record) -> Result<()> {
+        Err(Error::Unsupported {
+            name: self.0.as_str().into(),
+            why: "not available in this version".into(),
+        })
+    }
+    fn unmount(&self, _: &Record, _: bool) -> Result<()> {
+        Ok(())
+    }
+    fn is_mounted(&self, _: &Record) -> Result<bool> {
+        Ok(false)
+    }
+    fn changes_dir(&self, rec: &Record) -> std::path::PathBuf {
+        rec.private_dir.join("upper")
+    }
+}
+
+/// The materializer of a kind.
+pub fn materializer(kind: MaterializerKind) -> Box<dyn Materializer> {
+    match kind {
+        MaterializerKind::Overlay => Box::new(overlay::Overlay),
+        other => Box::new(NotBuilt(other)),
+    }
+}
+
+/// The fastest materializer that works here (the order is the preference).
+pub fn pick_auto(store: &Store) -> Result<MaterializerKind> {
+    let mut why = Vec::new();
+    for kind in [
+        MaterializerKind::Overlay,
+        MaterializerKind::Fuse,
+        MaterializerKind::Btrfs,
+        MaterializerKind::Reflink,
+    ] {
+        match materializer(kind).probe(store) {
+            Ok(()) => return Ok(kind),
+            Err(w) => why.push(format!("{}: {w}", kind.as_str())),
+        }
+    }
+    Err(Error::Unsupported {
+        name: "auto".into(),
+        why: why.join("; "),
+    })
+}

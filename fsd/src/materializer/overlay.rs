@@ -1,0 +1,151 @@
+//! `overlay`: kernel overlayfs over a read-only lower (the daemon's snapshot view or a
+//! checkout); upper and work directories private to the workspace. Creating one is
+//! `mkdir` + one mount, whatever the size of the snapshot.
+
+use std::fs;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use cowspace_store::Store;
+
+use crate::error::{Error, Result};
+use crate::materializer::{Materializer, MaterializerKind};
+use crate::mounts;
+use crate::registry::Record;
+
+/// The cheap check made before every create: the kernel has overlayfs and this process
+/// may mount (root). A failing mount is still reported and undone by `create`.
+fn quick_probe() -> std::result::Result<(), String> {
+    let fs_list = fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    if !fs_list.lines().any(|l| l.trim_end().ends_with("overlay")) {
+        return Err("the kernel has no overlay filesystem (modprobe overlay)".into());
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return Err(
+            "mounting overlayfs needs root (unprivileged workspaces need the fuse materializer)"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// Attempts a real overlay mount once per process (in the runtime root's tmp) to learn
+/// whether this host allows it (`mountctl doctor`).
+pub fn trial_mount(store: &Store) -> std::result::Result<(), String> {
+    static PROBED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    PROBED
+        .get_or_init(|| {
+            let fs_list = fs::read_to_string("/proc/filesystems").unwrap_or_default();
+            if !fs_list.lines().any(|l| l.trim_end().ends_with("overlay")) {
+                return Err("the kernel has no overlay filesystem (modprobe overlay)".into());
+            }
+            let base = store
+                .layout()
+                .tmp()
+                .join(format!("overlay-probe-{}", std::process::id()));
+            let dirs = ["lower", "upper", "work", "mnt"].map(|d| base.join(d));
+            for d in &dirs {
+                fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+            }
+            let r = mounts::mount_overlay(&dirs[0], &dirs[1], &dirs[2], &dirs[3]);
+            let out = match r {
+                Ok(()) => {
+                    let _ = mounts::unmount(&dirs[3]);
+                    Ok(())
+                }
+                Err(Error::Mount {
+                    source: nix::Error::EPERM,
+                    ..
+                }) => Err(
+                    "mounting overlayfs needs root (or a user namespace with overlay support)"
+                        .into(),
+                ),
+                Err(e) => Err(format!("a trial overlay mount failed: {e}")),
+            };
+            let _ = fs::remove_dir_all(&base);
+            out
+        })
+        .clone()
+}
+
+/// The kernel overlayfs materializer.
+pub struct Overlay;
+
+impl Overlay {
+    fn upper(rec: &Record) -> PathBuf {
+        rec.private_dir.join("upper")
+    }
+    fn work(rec: &Record) -> PathBuf {
+        rec.private_dir.join("work")
+    }
+}
+
+impl Materializer for Overlay {
+    fn kind(&self) -> MaterializerKind {
+        MaterializerKind::Overlay
+    }
+
+    fn probe(&self, _store: &Store) -> std::result::Result<(), String> {
+        quick_probe()
+    }
+
+    fn mount(&self, rec: &Record) -> Result<()> {
+        for d in [Self::upper(rec), Self::work(rec)] {
+            fs::create_dir_all(&d).map_err(Error::io("create directory", &d))?;
+        }
+        fs::create_dir_all(&rec.path).map_err(Error::io("create directory", &rec.path))?;
+        mounts::mount_overlay(&rec.lower, &Self::upper(rec), &Self::work(rec), &rec.path)
+    }
+
+    fn unmount(&self, rec: &Record, force: bool) -> Result<()> {
+        if !mounts::is_mounted(&rec.path)? {
+            return Ok(());
+        }
+        match mounts::unmount(&rec.path) {
+            Ok(()) => Ok(()),
+            Err(nix::Error::EBUSY) => {
+                let pids = mounts::users_of(&rec.path);
+                if !force {
+                    return Err(Error::Busy {
+                        id: rec.id.clone(),
+                        pids,
+                    });
+                }
+                for pid in &pids {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(*pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+                // Give the killed processes a moment to release the mount.
+                for _ in 0..50 {
+                    match mounts::unmount(&rec.path) {
+                        Ok(()) => return Ok(()),
+                        Err(nix::Error::EBUSY) => {
+                            std::thread::sleep(std::time::Duration::from_millis(20))
+                        }
+                        Err(source) => {
+                            return Err(Error::Unmount {
+                                target: rec.path.clone(),
+                                source,
+                            });
+                        }
+                    }
+                }
+                mounts::unmount_lazy(&rec.path)
+            }
+            Err(source) => Err(Error::Unmount {
+                target: rec.path.clone(),
+                source,
+            }),
+        }
+    }
+
+    fn is_mounted(&self, rec: &Record) -> Result<bool> {
+        mounts::is_mounted(&rec.path)
+    }
+
+    fn changes_dir(&self, rec: &Record) -> PathBuf {
+        Self::upper(rec)
+    }
+}

@@ -1,0 +1,510 @@
+//! The programmatic API a runtime embeds (and `mountctl` and the daemon use): open a
+//! runtime root, create workspaces of snapshots, diff, commit, remove, list, sweep,
+//! recover.
+//!
+//! ```no_run
+//! use cowspace_fsd::runtime::{CreateOptions, Runtime};
+//! # fn main() -> cowspace_fsd::error::Result<()> {
+//! let rt = Runtime::open(std::path::Path::new("/var/lib/cowspace"))?;
+//! let ws = rt.create(&CreateOptions { snapshot: "myrepo/main".into(), ..Default::default() })?;
+//! std::fs::write(ws.path.join("hello.txt"), "hi\n").unwrap();
+//! for (change, _) in rt.diff(&ws.id)? {
+//!     println!("{:?} {}", change.change, change.path);
+//! }
+//! let snap = rt.commit(&ws.id, &Default::default())?;
+//! println!("captured {}", snap.snapshot);
+//! rt.remove(&ws.id, false)?;
+//! # Ok(()) }
+//! ```
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use cowspace_store::diff::DiffEntry;
+use cowspace_store::{Expect, ImportReport, SnapshotId, Source, Store, StoreConfig};
+use serde::Serialize;
+
+use crate::checkout;
+use crate::error::{Error, Result};
+use crate::materializer::{self, MaterializerKind};
+use crate::registry::{Record, Registry, Status, now};
+use crate::upper::{self, UpperChange};
+
+/// How to create a workspace.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct CreateOptions {
+    /// A snapshot id (or unique prefix) or a ref name.
+    pub snapshot: String,
+    pub name: Option<String>,
+    /// `auto` (default), `overlay`, `fuse`, `btrfs`, `reflink` or `copy`.
+    pub materializer: Option<String>,
+    /// For overlay: `view` (the daemon's lazy snapshot view) or `checkout` (a shared
+    /// directory of hard links; no daemon needed). Default: `checkout`.
+    pub lower: Option<String>,
+    /// Where the workspace appears (must not exist). Default: under the runtime root.
+    pub path: Option<PathBuf>,
+    /// The worker this workspace belongs to (recorded as evidence).
+    pub worker: Option<String>,
+}
+
+/// How to capture a workspace.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct CommitOptions {
+    /// Move this ref to the new snapshot.
+    #[serde(rename = "ref")]
+    pub ref_name: Option<String>,
+    /// The snapshot the ref must hold (default: the workspace's previous capture or base
+    /// if the ref exists, else the ref must not exist).
+    pub expect: Option<String>,
+    pub message: String,
+}
+
+/// What a sweep did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SweepReport {
+    /// Workspaces whose mount had vanished (now `stopped`, recoverable).
+    pub stopped: Vec<String>,
+    /// Interrupted creations and removals finished off.
+    pub finished: Vec<String>,
+    /// Mounts and directories under the runtime root that no live record owns, removed.
+    pub leftovers_removed: Vec<String>,
+}
+
+/// An open runtime root.
+pub struct Runtime {
+    store: Store,
+    registry: Mutex<Registry>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("root", &self.store.root())
+            .finish()
+    }
+}
+
+fn new_id() -> String {
+    let mut h = blake3::Hasher::new();
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    h.update(&t.to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    h.update(
+        &N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .to_le_bytes(),
+    );
+    format!("ws-{}", hex::encode(&h.finalize().as_bytes()[..8]))
+}
+
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && !name.starts_with('.')
+        && !name.starts_with("ws-");
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "workspace name {name:?}: use 1-64 letters, digits, '.', '_' or '-', not starting with '.' or 'ws-'"
+        )))
+    }
+}
+
+impl Runtime {
+    /// Opens an initialised runtime root.
+    pub fn open(root: &Path) -> Result<Runtime> {
+        let store = Store::open(root, StoreConfig::default())?;
+        let registry = Registry::open(root)?;
+        Ok(Runtime {
+            store,
+            registry: Mutex::new(registry),
+        })
+    }
+
+    /// The store of this runtime root.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    fn reg(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Creates a workspace. Everything is checked before anything is made; a failure
+    /// part-way undoes what was made and records the workspace as `failed`.
+    pub fn create(&self, o: &CreateOptions) -> Result<Record> {
+        let started = Instant::now();
+        let snapshot = self.store.resolve(&o.snapshot)?;
+        if let Some(n) = &o.name {
+            check_name(n)?;
+        }
+        let kind = match o.materializer.as_deref().unwrap_or("auto") {
+            "auto" => materializer::pick_auto(&self.store)?,
+            name => MaterializerKind::parse(name)?,
+        };
+        let mat = materializer::materializer(kind);
+        if let Err(why) = mat.probe(&self.store) {
+            return Err(Error::Unsupported {
+                name: kind.as_str().into(),
+                why,
+            });
+        }
+        let lower_kind = o.lower.clone().unwrap_or_else(|| "checkout".into());
+        if !matches!(lower_kind.as_str(), "view" | "checkout") {
+            return Err(Error::Invalid(format!(
+                "lower {lower_kind:?}: choose view or checkout"
+            )));
+        }
+        let id = new_id();
+        let private_dir = self.store.layout().workspaces().join(&id);
+        let path = match &o.path {
+            Some(p) => {
+                let p = if p.is_absolute() {
+                    p.clone()
+                } else {
+                    std::env::current_dir()
+                        .map_err(Error::io("read", "current directory"))?
+                        .join(p)
+                };
+                if fs::symlink_metadata(&p).is_ok() {
+                    return Err(Error::PathExists(p));
+                }
+                match p.parent() {
+                    Some(parent) if parent.is_dir() => {}
+                    _ => {
+                        return Err(Error::Invalid(format!(
+                            "the parent directory of {} does not exist",
+                            p.display()
+                        )));
+                    }
+                }
+                p
+            }
+            None => private_dir.join("mnt"),
+        };
+        let lower = match lower_kind.as_str() {
+            "view" => self.store.root().join("run/view").join(snapshot.to_hex()),
+            _ => checkout::checkout_path(&self.store, &snapshot),
+        };
+        let t = now();
+        let mut rec = Record {
+            id: id.clone(),
+            name: o.name.clone(),
+            worker: o.worker.clone(),
+            snapshot: snapshot.to_hex(),
+            materializer: kind.as_str().into(),
+            lower_kind: lower_kind.clone(),
+            lower,
+            path,
+            private_dir: private_dir.clone(),
+            status: Status::Creating,
+            created_at: t,
+            updated_at: t,
+            stopped_at: None,
+            policies: serde_json::json!({
+                "source": self.store.snapshot(&snapshot)?.source,
+                "policy": self.store.snapshot(&snapshot)?.policy,
+            }),
+            diagnostics: vec![],
+            ports: serde_json::json!({}),
+            commits: vec![],
+            create_ms: 0.0,
+        };
+        // The record first (a crash from here on is visible to sweep), then the effects.
+        self.reg().insert(&rec)?;
+        let made = (|| -> Result<()> {
+            self.store.pin(&snapshot, &id)?;
+            fs::create_dir_all(&private_dir)
+                .map_err(Error::io("create directory", &private_dir))?;
+            if lower_kind == "view" {
+                crate::daemon::ensure_running(self.store.root())?;
+                if !rec.lower.is_dir() {
+                    return Err(Error::Daemon(format!(
+                        "the snapshot view does not show {}",
+                        rec.lower.display()
+                    )));
+                }
+            } else {
+                checkout::ensure_checkout(&self.store, &snapshot)?;
+            }
+            mat.mount(&rec)
+        })();
+        if let Err(e) = made {
+            let _ = mat.unmount(&rec, true);
+            if o.path.is_some() {
+                let _ = fs::remove_dir(&rec.path);
+            }
+            checkout::remove_tree(&private_dir);
+            let _ = self.store.unpin(&id);
+            rec.diagnostics.push(format!("create failed: {e}"));
+            let _ = self.reg().set_status(&mut rec, Status::Failed);
+            return Err(e);
+        }
+        rec.create_ms = started.elapsed().as_secs_f64() * 1e3;
+        self.reg().set_status(&mut rec, Status::Active)?;
+        Ok(rec)
+    }
+
+    /// Live workspaces (`all`: also removed and failed ones).
+    pub fn list(&self, all: bool) -> Result<Vec<Record>> {
+        self.reg().list(all)
+    }
+
+    /// One workspace by id or name.
+    pub fn status(&self, ws: &str) -> Result<Record> {
+        self.reg().get(ws)
+    }
+
+    fn usable(&self, ws: &str, op: &'static str) -> Result<Record> {
+        let rec = self.reg().get(ws)?;
+        if !matches!(rec.status, Status::Active | Status::Stopped) {
+            return Err(Error::WrongState {
+                id: rec.id,
+                status: rec.status.as_str().into(),
+                op,
+            });
+        }
+        Ok(rec)
+    }
+
+    /// The workspace's changes against its base, read from its private state only.
+    pub fn diff(&self, ws: &str) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
+        let rec = self.usable(ws, "diff")?;
+        let base: SnapshotId = rec.snapshot.parse()?;
+        let dir = materializer::materializer(MaterializerKind::parse(&rec.materializer)?)
+            .changes_dir(&rec);
+        upper::diff(&self.store, &base, &dir)
+    }
+
+    /// A unified patch of the workspace's changes.
+    pub fn patch(&self, ws: &str) -> Result<String> {
+        let changes = self.diff(ws)?;
+        upper::patch(&self.store, &changes)
+    }
+
+    /// Captures the workspace as a new snapshot (parent: its previous capture, else its
+    /// base), optionally moving a ref by compare-and-swap. The workspace stays usable.
+    pub fn commit(&self, ws: &str, o: &CommitOptions) -> Result<ImportReport> {
+        let mut rec = self.usable(ws, "commit")?;
+        let base: SnapshotId = rec.snapshot.parse()?;
+        let previous: SnapshotId = match rec.commits.last() {
+            Some(p) => p.parse()?,
+            None => base,
+        };
+        let expect = match (&o.ref_name, &o.expect) {
+            (Some(_), Some(e)) => Some(Expect::At(self.store.resolve(e)?)),
+            (Some(name), None) => Some(match self.store.get_ref(name)? {
+                Some(_) => Expect::At(previous),
+                None => Expect::Absent,
+            }),
+            (None, _) => None,
+        };
+        let dir = materializer::materializer(MaterializerKind::parse(&rec.materializer)?)
+            .changes_dir(&rec);
+        let mut ed = self.store.edit(&base)?;
+        ed.set_parents(vec![previous]);
+        for c in upper::changes(&dir)? {
+            match c {
+                UpperChange::Whiteout { path } => ed.delete(&path)?,
+                UpperChange::Dir {
+                    path,
+                    mode,
+                    xattrs,
+                    opaque: true,
+                } => ed.clear_dir(&path, mode, xattrs)?,
+                UpperChange::Dir {
+                    path,
+                    mode,
+                    xattrs,
+                    opaque: false,
+                } => ed.put_dir(&path, mode, xattrs)?,
+                UpperChange::File {
+                    path,
+                    host,
+                    mode,
+                    xattrs,
+                    ino,
+                    nlink,
+                } => ed.put_file(&path, host, mode, xattrs, (nlink > 1).then_some(ino))?,
+                UpperChange::Symlink { path, target } => ed.put_symlink(&path, target, vec![])?,
+                UpperChange::Special {
+                    path,
+                    kind,
+                    mode,
+                    rdev,
+                } => ed.put_special(&path, kind, mode, rdev)?,
+            }
+        }
+        let report = ed.commit(
+            &o.message,
+            Source::Workspace { id: rec.id.clone() },
+            o.ref_name.as_deref().zip(expect),
+        )?;
+        rec.commits.push(report.snapshot.to_hex());
+        rec.updated_at = now();
+        self.reg().update(&rec)?;
+        Ok(report)
+    }
+
+    /// Unmounts the workspace and deletes its private state. `Busy` while processes use
+    /// it, unless `force` (which ends them).
+    pub fn remove(&self, ws: &str, force: bool) -> Result<Record> {
+        let mut rec = self.reg().get(ws)?;
+        if matches!(rec.status, Status::Removed) {
+            return Err(Error::NoWorkspace(format!("{ws} (it was removed already)")));
+        }
+        let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
+        if !force && mat.is_mounted(&rec)? {
+            let pids = crate::mounts::users_of(&rec.path);
+            if !pids.is_empty() {
+                return Err(Error::Busy {
+                    id: rec.id.clone(),
+                    pids,
+                });
+            }
+        }
+        self.reg().set_status(&mut rec, Status::CleanupPending)?;
+        self.finish_removal(&mut rec, force)?;
+        Ok(rec)
+    }
+
+    fn finish_removal(&self, rec: &mut Record, force: bool) -> Result<()> {
+        let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
+        if let Err(e) = mat.unmount(rec, force) {
+            // Still mounted: back to active so nothing is half-removed.
+            if matches!(e, Error::Busy { .. }) {
+                self.reg().set_status(rec, Status::Active)?;
+            }
+            return Err(e);
+        }
+        if !rec.path.starts_with(&rec.private_dir) {
+            let _ = fs::remove_dir(&rec.path);
+        }
+        checkout::remove_tree(&rec.private_dir);
+        if rec.private_dir.exists() {
+            return Err(Error::Io {
+                step: "remove private state",
+                path: rec.private_dir.clone(),
+                source: std::io::Error::other("still present"),
+            });
+        }
+        self.store.unpin(&rec.id)?;
+        self.reg().set_status(rec, Status::Removed)
+    }
+
+    /// Reconciles the registry with the mount table and the disk.
+    pub fn sweep(&self) -> Result<SweepReport> {
+        let mut report = SweepReport::default();
+        let mounts = crate::mounts::mounts()?;
+        let mounted = |p: &Path| mounts.iter().any(|m| m.target == p);
+        for mut rec in self.reg().list(false)? {
+            match rec.status {
+                Status::Creating | Status::CleanupPending => {
+                    let _ = crate::mounts::unmount_lazy(&rec.path);
+                    if !rec.path.starts_with(&rec.private_dir) {
+                        let _ = fs::remove_dir(&rec.path);
+                    }
+                    checkout::remove_tree(&rec.private_dir);
+                    let _ = self.store.unpin(&rec.id);
+                    rec.diagnostics
+                        .push("an interrupted create or remove was finished by sweep".into());
+                    let st = if rec.status == Status::Creating {
+                        Status::Failed
+                    } else {
+                        Status::Removed
+                    };
+                    self.reg().set_status(&mut rec, st)?;
+                    report.finished.push(rec.id.clone());
+                }
+                Status::Active => {
+                    let lower_ok = fs::metadata(&rec.lower).is_ok();
+                    if !mounted(&rec.path) || !lower_ok {
+                        if mounted(&rec.path) {
+                            let _ = crate::mounts::unmount_lazy(&rec.path);
+                        }
+                        rec.diagnostics.push(format!(
+                            "sweep at {}: {}; its written data is kept, `mountctl recover {}` remounts it",
+                            now(),
+                            if lower_ok { "the mount vanished" } else { "its lower layer is gone (daemon stopped?)" },
+                            rec.id
+                        ));
+                        self.reg().set_status(&mut rec, Status::Stopped)?;
+                        report.stopped.push(rec.id.clone());
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Leftovers: overlay mounts and directories under workspaces/ no live record owns.
+        let live: Vec<PathBuf> = self
+            .reg()
+            .list(false)?
+            .into_iter()
+            .map(|r| r.private_dir)
+            .collect();
+        let ws_dir = self.store.layout().workspaces();
+        for m in &mounts {
+            if m.target.starts_with(&ws_dir) && !live.iter().any(|d| m.target.starts_with(d)) {
+                let _ = crate::mounts::unmount_lazy(&m.target);
+                report
+                    .leftovers_removed
+                    .push(m.target.display().to_string());
+            }
+        }
+        if let Ok(rd) = fs::read_dir(&ws_dir) {
+            for e in rd.flatten() {
+                let p = e.path();
+                if !live.contains(&p) {
+                    let _ = crate::mounts::unmount_lazy(&p.join("mnt"));
+                    checkout::remove_tree(&p);
+                    report.leftovers_removed.push(p.display().to_string());
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Mounts a stopped workspace again with everything that had been written.
+    pub fn recover(&self, ws: &str) -> Result<Record> {
+        let mut rec = self.reg().get(ws)?;
+        let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
+        if rec.status == Status::Active && mat.is_mounted(&rec)? && fs::metadata(&rec.lower).is_ok()
+        {
+            return Ok(rec);
+        }
+        if !matches!(rec.status, Status::Active | Status::Stopped) {
+            return Err(Error::WrongState {
+                id: rec.id,
+                status: rec.status.as_str().into(),
+                op: "recover",
+            });
+        }
+        if mat.is_mounted(&rec)? {
+            crate::mounts::unmount_lazy(&rec.path)?;
+        }
+        let snapshot: SnapshotId = rec.snapshot.parse()?;
+        if rec.lower_kind == "view" {
+            crate::daemon::ensure_running(self.store.root())?;
+        } else {
+            checkout::ensure_checkout(&self.store, &snapshot)?;
+        }
+        // Overlay needs an empty work directory after an unclean stop.
+        let work = rec.private_dir.join("work");
+        checkout::remove_tree(&work);
+        mat.mount(&rec)?;
+        rec.diagnostics.push(format!("recovered at {}", now()));
+        self.reg().set_status(&mut rec, Status::Active)?;
+        Ok(rec)
+    }
+}

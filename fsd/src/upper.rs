@@ -1,0 +1,445 @@
+//! Reading an overlay workspace's changes from its private upper directory only, so diff
+//! and commit cost what changed, not the size of the repository.
+//!
+//! Overlay's upper layer holds every created or modified file as a whole file (copy-up;
+//! `metacopy=off`), every deleted path as a whiteout (a character device 0:0), and every
+//! directory that replaced a base directory as an "opaque" directory
+//! (`trusted.overlay.opaque=y`); `redirect_dir=off` means no renamed-directory records.
+
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use cowspace_store::diff::{Change, DiffEntry, write_patch};
+use cowspace_store::import::dir::read_xattrs;
+use cowspace_store::{ContentId, Entry, Kind, SnapshotId, Store, TreeId};
+
+use crate::error::{Error, Result};
+
+/// One change found in the upper layer, in depth-first name order.
+#[derive(Debug, Clone)]
+pub enum UpperChange {
+    /// The path was deleted (a whiteout).
+    Whiteout {
+        path: Vec<u8>,
+    },
+    /// A directory present in the upper layer; `opaque` hides everything of the base
+    /// under it.
+    Dir {
+        path: Vec<u8>,
+        mode: u32,
+        xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+        opaque: bool,
+    },
+    File {
+        path: Vec<u8>,
+        host: PathBuf,
+        mode: u32,
+        xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+        ino: u64,
+        nlink: u64,
+    },
+    Symlink {
+        path: Vec<u8>,
+        target: Vec<u8>,
+    },
+    Special {
+        path: Vec<u8>,
+        kind: Kind,
+        mode: u32,
+        rdev: u64,
+    },
+}
+
+fn is_opaque(dir: &Path) -> bool {
+    matches!(xattr::get(dir, "trusted.overlay.opaque"), Ok(Some(v)) if v == b"y")
+        || matches!(xattr::get(dir, "user.overlay.opaque"), Ok(Some(v)) if v == b"y")
+}
+
+fn join(prefix: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = prefix.to_vec();
+    if !p.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+/// Walks `upper` and returns its changes.
+pub fn changes(upper: &Path) -> Result<Vec<UpperChange>> {
+    let mut out = Vec::new();
+    walk(upper, &[], &mut out)?;
+    Ok(out)
+}
+
+fn walk(dir: &Path, prefix: &[u8], out: &mut Vec<UpperChange>) -> Result<()> {
+    let mut names: Vec<_> = fs::read_dir(dir)
+        .map_err(Error::io("read directory", dir))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<std::io::Result<_>>()
+        .map_err(Error::io("read directory", dir))?;
+    names.sort();
+    for name in names {
+        let host = dir.join(&name);
+        let path = join(prefix, name.as_bytes());
+        let meta = fs::symlink_metadata(&host).map_err(Error::io("stat", &host))?;
+        let ft = meta.file_type();
+        if ft.is_char_device() && meta.rdev() == 0 {
+            out.push(UpperChange::Whiteout { path });
+        } else if ft.is_dir() {
+            out.push(UpperChange::Dir {
+                path: path.clone(),
+                mode: meta.mode() & 0o7777,
+                xattrs: read_xattrs(&host)?,
+                opaque: is_opaque(&host),
+            });
+            walk(&host, &path, out)?;
+        } else if ft.is_file() {
+            out.push(UpperChange::File {
+                path,
+                mode: meta.mode() & 0o7777,
+                xattrs: read_xattrs(&host)?,
+                host,
+                ino: meta.ino(),
+                nlink: meta.nlink(),
+            });
+        } else if ft.is_symlink() {
+            let target = fs::read_link(&host).map_err(Error::io("read link", &host))?;
+            out.push(UpperChange::Symlink {
+                path,
+                target: target.as_os_str().as_bytes().to_vec(),
+            });
+        } else if ft.is_fifo() {
+            out.push(UpperChange::Special {
+                path,
+                kind: Kind::Fifo,
+                mode: meta.mode() & 0o7777,
+                rdev: 0,
+            });
+        } else if ft.is_char_device() || ft.is_block_device() {
+            let kind = if ft.is_char_device() {
+                Kind::CharDevice
+            } else {
+                Kind::BlockDevice
+            };
+            out.push(UpperChange::Special {
+                path,
+                kind,
+                mode: meta.mode() & 0o7777,
+                rdev: meta.rdev(),
+            });
+        }
+        // Sockets cannot be stored; they are left out of diffs and commits.
+    }
+    Ok(())
+}
+
+/// Base trees looked up by path, loading each directory once.
+struct BaseTrees<'s> {
+    store: &'s Store,
+    cache: std::collections::HashMap<Vec<u8>, Option<cowspace_store::Tree>>,
+    root: TreeId,
+}
+
+impl<'s> BaseTrees<'s> {
+    fn new(store: &'s Store, root: TreeId) -> Self {
+        BaseTrees {
+            store,
+            cache: Default::default(),
+            root,
+        }
+    }
+
+    fn dir(&mut self, path: &[u8]) -> Result<Option<cowspace_store::Tree>> {
+        if let Some(t) = self.cache.get(path) {
+            return Ok(t.clone());
+        }
+        let t = if path.is_empty() {
+            Some(self.store.tree(&self.root)?)
+        } else {
+            let (parent, name) = match path.iter().rposition(|&b| b == b'/') {
+                Some(i) => (&path[..i], &path[i + 1..]),
+                None => (&b""[..], path),
+            };
+            match self.dir(parent)?.and_then(|t| t.get(name).cloned()) {
+                Some(e) if e.kind == Kind::Dir => {
+                    Some(self.store.tree(&e.subtree().expect("dir"))?)
+                }
+                _ => None,
+            }
+        };
+        self.cache.insert(path.to_vec(), t.clone());
+        Ok(t)
+    }
+
+    fn entry(&mut self, path: &[u8]) -> Result<Option<Entry>> {
+        let (parent, name) = match path.iter().rposition(|&b| b == b'/') {
+            Some(i) => (&path[..i], &path[i + 1..]),
+            None => (&b""[..], path),
+        };
+        Ok(self.dir(parent)?.and_then(|t| t.get(name).cloned()))
+    }
+}
+
+fn family(k: Kind) -> Kind {
+    if k == Kind::Hardlink { Kind::File } else { k }
+}
+
+fn content_of(host: &Path) -> Result<(ContentId, u64)> {
+    let mut h = blake3::Hasher::new();
+    let f = fs::File::open(host).map_err(Error::io("open", host))?;
+    let n =
+        std::io::copy(&mut std::io::BufReader::new(f), &mut h).map_err(Error::io("read", host))?;
+    Ok((ContentId::from_bytes(*h.finalize().as_bytes()), n))
+}
+
+fn synth(path: &[u8], kind: Kind, mode: u32, size: u64, hash: [u8; 32], data: Vec<u8>) -> Entry {
+    let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path).to_vec();
+    Entry {
+        name,
+        kind,
+        mode,
+        size,
+        hash,
+        data,
+        xattrs: vec![],
+    }
+}
+
+fn diff_entry(path: &[u8], change: Change, old: Option<Entry>, new: Option<Entry>) -> DiffEntry {
+    DiffEntry {
+        path: String::from_utf8_lossy(path).into_owned(),
+        change,
+        old_kind: old.as_ref().map(|e| e.kind),
+        new_kind: new.as_ref().map(|e| e.kind),
+        raw_path: path.to_vec(),
+        old,
+        new,
+    }
+}
+
+/// The changes of an overlay workspace against its base snapshot, from its upper
+/// directory; also the host path of each new or modified file (for patches).
+pub fn diff(
+    store: &Store,
+    base: &SnapshotId,
+    upper: &Path,
+) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
+    let snap = store.snapshot(base)?;
+    let mut base_trees = BaseTrees::new(store, snap.root);
+    let mut out: Vec<(DiffEntry, Option<PathBuf>)> = Vec::new();
+    let mut list_base = |store: &Store,
+                         tree: Option<TreeId>,
+                         prefix: &[u8],
+                         change: Change,
+                         out: &mut Vec<(DiffEntry, Option<PathBuf>)>|
+     -> Result<()> {
+        let mut tmp = Vec::new();
+        if change == Change::Deleted {
+            store.diff_trees(tree.as_ref(), None, prefix, &mut tmp)?;
+        } else {
+            store.diff_trees(None, tree.as_ref(), prefix, &mut tmp)?;
+        }
+        out.extend(tmp.into_iter().map(|d| (d, None)));
+        Ok(())
+    };
+    let changes = changes(upper)?;
+    // Under an opaque directory, base entries not present in the upper are deleted.
+    let upper_paths: std::collections::HashSet<Vec<u8>> = changes
+        .iter()
+        .map(|c| match c {
+            UpperChange::Whiteout { path }
+            | UpperChange::Dir { path, .. }
+            | UpperChange::File { path, .. }
+            | UpperChange::Symlink { path, .. }
+            | UpperChange::Special { path, .. } => path.clone(),
+        })
+        .collect();
+    for c in &changes {
+        match c {
+            UpperChange::Whiteout { path } => {
+                if let Some(old) = base_trees.entry(path)? {
+                    out.push((
+                        diff_entry(path, Change::Deleted, Some(old.clone()), None),
+                        None,
+                    ));
+                    if old.kind == Kind::Dir {
+                        list_base(store, old.subtree(), path, Change::Deleted, &mut out)?;
+                    }
+                }
+            }
+            UpperChange::Dir {
+                path,
+                mode,
+                xattrs,
+                opaque,
+            } => {
+                let old = base_trees.entry(path)?;
+                let new = Entry {
+                    xattrs: xattrs.clone(),
+                    ..synth(path, Kind::Dir, *mode, 0, [0; 32], vec![])
+                };
+                match &old {
+                    None => out.push((diff_entry(path, Change::Added, None, Some(new)), None)),
+                    Some(o) if o.kind != Kind::Dir => out.push((
+                        diff_entry(path, Change::TypeChanged, Some(o.clone()), Some(new)),
+                        None,
+                    )),
+                    Some(o) => {
+                        if o.mode != *mode || o.xattrs != *xattrs {
+                            out.push((
+                                diff_entry(path, Change::Modified, Some(o.clone()), Some(new)),
+                                None,
+                            ));
+                        }
+                        if *opaque {
+                            for e in base_trees.dir(path)?.map(|t| t.entries).unwrap_or_default() {
+                                let p = join(path, &e.name);
+                                if !upper_paths.contains(&p) {
+                                    out.push((
+                                        diff_entry(&p, Change::Deleted, Some(e.clone()), None),
+                                        None,
+                                    ));
+                                    if e.kind == Kind::Dir {
+                                        list_base(
+                                            store,
+                                            e.subtree(),
+                                            &p,
+                                            Change::Deleted,
+                                            &mut out,
+                                        )?;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            UpperChange::File {
+                path,
+                host,
+                mode,
+                xattrs,
+                ..
+            } => {
+                let old = base_trees.entry(path)?;
+                let (id, size) = content_of(host)?;
+                let mut new = synth(path, Kind::File, *mode, size, *id.as_bytes(), vec![]);
+                new.xattrs = xattrs.clone();
+                push_leaf(
+                    &mut out,
+                    path,
+                    old,
+                    new,
+                    Some(host.clone()),
+                    store,
+                    &mut list_base,
+                )?;
+            }
+            UpperChange::Symlink { path, target } => {
+                let old = base_trees.entry(path)?;
+                let new = synth(
+                    path,
+                    Kind::Symlink,
+                    0o777,
+                    target.len() as u64,
+                    [0; 32],
+                    target.clone(),
+                );
+                push_leaf(&mut out, path, old, new, None, store, &mut list_base)?;
+            }
+            UpperChange::Special {
+                path,
+                kind,
+                mode,
+                rdev,
+            } => {
+                let old = base_trees.entry(path)?;
+                let data = if matches!(kind, Kind::CharDevice | Kind::BlockDevice) {
+                    rdev.to_le_bytes().to_vec()
+                } else {
+                    vec![]
+                };
+                let new = synth(path, *kind, *mode, 0, [0; 32], data);
+                push_leaf(&mut out, path, old, new, None, store, &mut list_base)?;
+            }
+        }
+    }
+    out.sort_by(|a, b| a.0.raw_path.cmp(&b.0.raw_path));
+    out.dedup_by(|a, b| a.0.raw_path == b.0.raw_path);
+    Ok(out)
+}
+
+type ListBase<'a> = dyn FnMut(
+        &Store,
+        Option<TreeId>,
+        &[u8],
+        Change,
+        &mut Vec<(DiffEntry, Option<PathBuf>)>,
+    ) -> Result<()>
+    + 'a;
+
+fn push_leaf(
+    out: &mut Vec<(DiffEntry, Option<PathBuf>)>,
+    path: &[u8],
+    old: Option<Entry>,
+    new: Entry,
+    host: Option<PathBuf>,
+    store: &Store,
+    list_base: &mut ListBase<'_>,
+) -> Result<()> {
+    match old {
+        None => out.push((diff_entry(path, Change::Added, None, Some(new)), host)),
+        Some(o) if family(o.kind) != family(new.kind) => {
+            let was_dir = o.kind == Kind::Dir;
+            let sub = o.subtree();
+            out.push((
+                diff_entry(path, Change::TypeChanged, Some(o), Some(new)),
+                host,
+            ));
+            if was_dir {
+                list_base(store, sub, path, Change::Deleted, out)?;
+            }
+        }
+        Some(o) => {
+            let same = o.hash == new.hash
+                && o.mode == new.mode
+                && o.size == new.size
+                && o.xattrs == new.xattrs
+                && (o.kind != Kind::Symlink || o.data == new.data)
+                && (!matches!(o.kind, Kind::CharDevice | Kind::BlockDevice) || o.data == new.data);
+            if !same {
+                out.push((diff_entry(path, Change::Modified, Some(o), Some(new)), host));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A unified patch of an overlay workspace's changes.
+pub fn patch(store: &Store, changes: &[(DiffEntry, Option<PathBuf>)]) -> Result<String> {
+    let mut out = String::new();
+    for (c, host) in changes {
+        let old = c.old.as_ref().filter(|e| e.kind != Kind::Dir);
+        let new = c.new.as_ref().filter(|e| e.kind != Kind::Dir);
+        if old.is_none() && new.is_none() {
+            continue;
+        }
+        let big = cowspace_store::diff::MAX_TEXT_DIFF_BYTES;
+        let ob = match old {
+            Some(e) if e.kind.has_content() && e.size <= big => {
+                Some(store.read_content(&e.content().expect("file"))?)
+            }
+            Some(e) if e.kind == Kind::Symlink => Some(e.data.clone()),
+            _ => None,
+        };
+        let nb = match (new, host) {
+            (Some(e), Some(h)) if e.size <= big => Some(fs::read(h).map_err(Error::io("read", h))?),
+            (Some(e), _) if e.kind == Kind::Symlink => Some(e.data.clone()),
+            _ => None,
+        };
+        write_patch(&mut out, &c.path, old, ob.as_deref(), new, nb.as_deref());
+    }
+    Ok(out)
+}

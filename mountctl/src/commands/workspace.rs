@@ -1,0 +1,186 @@
+//! Workspace commands: `create`, `list`, `status`, `diff WS`, `commit`, `remove`, `sweep`,
+//! `recover`, `doctor`. Thin: each is one call of the `cowspace_fsd` runtime API.
+
+use std::process::ExitCode;
+
+use cowspace_fsd::materializer::{self, MaterializerKind};
+use cowspace_fsd::registry::Record;
+use cowspace_fsd::runtime::{CommitOptions, CreateOptions};
+use serde_json::json;
+
+use crate::cli::CreateArgs;
+use crate::output::{Ctx, bytes};
+
+fn line(r: &Record) -> String {
+    format!(
+        "{}  {:<16} {:<8} {:<9} {}  {}",
+        r.id,
+        r.name.as_deref().unwrap_or("-"),
+        r.materializer,
+        r.status.as_str(),
+        &r.snapshot[..12],
+        r.path.display()
+    )
+}
+
+pub fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<ExitCode> {
+    let rt = ctx.runtime()?;
+    let rec = rt.create(&CreateOptions {
+        snapshot: a.snapshot,
+        name: a.name,
+        materializer: Some(a.materializer),
+        lower: Some(a.lower),
+        path: a.path,
+        worker: a.worker,
+    })?;
+    let v = json!({
+        "workspace": rec.id, "name": rec.name, "path": rec.path, "materializer": rec.materializer,
+        "lower": rec.lower_kind, "snapshot": rec.snapshot, "ms": rec.create_ms,
+    });
+    ctx.emit(v, || format!("{} {}", rec.id, rec.path.display()));
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn list(ctx: &Ctx, all: bool) -> anyhow::Result<ExitCode> {
+    let rt = ctx.runtime()?;
+    let recs = rt.list(all)?;
+    ctx.emit(json!(recs), || {
+        recs.iter().map(|r| line(r) + "\n").collect()
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn status(ctx: &Ctx, ws: &str) -> anyhow::Result<ExitCode> {
+    let rt = ctx.runtime()?;
+    let r = rt.status(ws)?;
+    ctx.emit(json!(r), || {
+        serde_json::to_string_pretty(&r).unwrap_or_default()
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn diff(ctx: &Ctx, ws: &str, patch: bool) -> anyhow::Result<ExitCode> {
+    let rt = ctx.runtime()?;
+    // A ref or snapshot alone is not a workspace: say how to compare snapshots.
+    let changes = match rt.diff(ws) {
+        Ok(c) => c,
+        Err(e @ cowspace_fsd::error::Error::NoWorkspace(_)) => {
+            return Err(anyhow::Error::new(e).context("diff with one argument compares a workspace with its base; give two snapshots or refs to compare them"));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let text = if patch {
+        Some(cowspace_fsd::upper::patch(rt.store(), &changes)?)
+    } else {
+        None
+    };
+    let list: Vec<_> = changes.iter().map(|(c, _)| c).collect();
+    ctx.emit(
+        json!({"workspace": ws, "changes": list, "patch": text}),
+        || match &text {
+            Some(p) => p.clone(),
+            None => list
+                .iter()
+                .map(|c| format!("{} {}\n", c.change.letter(), c.path))
+                .collect(),
+        },
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn commit(
+    ctx: &Ctx,
+    ws: &str,
+    ref_name: Option<String>,
+    expect: Option<String>,
+    message: String,
+) -> anyhow::Result<ExitCode> {
+    let rt = ctx.runtime()?;
+    let r = rt.commit(
+        ws,
+        &CommitOptions {
+            ref_name,
+            expect,
+            message,
+        },
+    )?;
+    if !ctx.quiet && !ctx.json {
+        eprintln!(
+            "captured {} files ({}) read, {} new stored, in {:.1} ms",
+            r.files_read,
+            bytes(r.new_bytes_raw),
+            bytes(r.new_bytes_stored),
+            r.elapsed_ms
+        );
+    }
+    ctx.emit(serde_json::to_value(&r)?, || r.snapshot.to_hex());
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn remove(ctx: &Ctx, ws: &str, force: bool) -> anyhow::Result<ExitCode> {
+    let rt = ctx.runtime()?;
+    let t = std::time::Instant::now();
+    let r = rt.remove(ws, force)?;
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    ctx.emit(
+        json!({"workspace": r.id, "removed": true, "ms": ms}),
+        || format!("removed {} in {ms:.1} ms", r.id),
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn sweep(ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let rt = ctx.runtime()?;
+    let r = rt.sweep()?;
+    ctx.emit(json!(r), || {
+        format!(
+            "{} stopped, {} interrupted operations finished, {} leftovers removed",
+            r.stopped.len(),
+            r.finished.len(),
+            r.leftovers_removed.len()
+        )
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn recover(ctx: &Ctx, ws: &str) -> anyhow::Result<ExitCode> {
+    let rt = ctx.runtime()?;
+    let r = rt.recover(ws)?;
+    ctx.emit(json!(r), || {
+        format!("recovered {} at {}", r.id, r.path.display())
+    });
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let store = ctx.open()?;
+    let mut rows = Vec::new();
+    for kind in MaterializerKind::ALL {
+        let mut r = materializer::materializer(kind).probe(&store);
+        if r.is_ok() && kind == MaterializerKind::Overlay {
+            r = materializer::overlay::trial_mount(&store);
+        }
+        rows.push(json!({"materializer": kind.as_str(), "available": r.is_ok(), "why": r.err()}));
+    }
+    let auto = materializer::pick_auto(&store).map(|k| k.as_str()).ok();
+    ctx.emit(json!({"materializers": rows, "auto": auto}), || {
+        let mut s = String::new();
+        for r in &rows {
+            s.push_str(&format!(
+                "{:<8} {}\n",
+                r["materializer"].as_str().unwrap_or(""),
+                if r["available"] == true {
+                    "available".to_string()
+                } else {
+                    format!("no: {}", r["why"].as_str().unwrap_or(""))
+                }
+            ));
+        }
+        s.push_str(&format!(
+            "auto picks: {}",
+            auto.unwrap_or("nothing (see above)")
+        ));
+        s
+    });
+    Ok(ExitCode::SUCCESS)
+}
