@@ -1,0 +1,16 @@
+//! The cowspace daemon and workspace library: writable copy-on-write workspaces of
+//! snapshots (the `Materializer` seam, overlay today), the registry of every workspace,
+//! the control socket, and (in `view`) the read-only FUSE view of snapshots.
+//!
+//! [`runtime::Runtime`] is the API a runtime embeds; `mountctl` uses it too.
+#![deny(unsafe_code)]
+
+pub mod checkout;
+pub mod control;
+pub mod daemon;
+pub mod error;
+pub mod materializer;
+pub mod mounts;
+pub mod registry;
+pub mod runtime;
+pub mod upper;
