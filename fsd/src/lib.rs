@@ -14,3 +14,4 @@ pub mod mounts;
 pub mod registry;
 pub mod runtime;
 pub mod upper;
+pub mod view;

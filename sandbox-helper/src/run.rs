@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::io::{IoSlice, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::thread::JoinHandleExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -258,6 +259,8 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
     };
     guard.0 = None;
     stop.store(true, Ordering::SeqCst);
+    // Wake the forwarder now rather than after its poll interval: it sees `stop` first.
+    let _ = nix::sys::pthread::pthread_kill(forwarder.as_pthread_t(), Signal::SIGUSR2);
     let _ = forwarder.join();
     proxy.stop();
     let code = match status.map_err(|e| Error::Wait(e.into()))? {
@@ -326,7 +329,9 @@ fn expect_reply(sock: &OwnedFd, tag: u8, spec: &Spec) -> Result<()> {
 fn forward_signals(init: Pid, stop: &AtomicBool) {
     let set = init::forwarded_signals();
     while !stop.load(Ordering::SeqCst) {
-        if let Ok(Some(sig)) = sys::sigtimedwait(&set, Duration::from_millis(SIGNAL_POLL_MS)) {
+        if let Ok(Some(sig)) = sys::sigtimedwait(&set, Duration::from_millis(SIGNAL_POLL_MS))
+            && !stop.load(Ordering::SeqCst)
+        {
             let _ = kill(init, sig);
         }
     }

@@ -1,0 +1,382 @@
+//! The view's logic, independent of the FUSE wire: resolving names to nodes with stable
+//! numbers, attributes, directory listings and blob files. The `fuser` adapter in
+//! `fs.rs` only translates requests and replies; unit tests drive this directly.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, UNIX_EPOCH};
+
+use cowspace_store::{ContentId, Entry, SnapshotId, Store, Tree, TreeId};
+use fuser::{Errno, FileAttr, FileType, INodeNo};
+
+use super::errno::{errno_of, errno_of_io};
+use super::inode::{InodeKey, InodeTable, Node, NodeKind, ROOT_INO, child_path};
+
+/// mtime, ctime and atime of everything in the view (seconds since the epoch), so
+/// attributes are the same in every mount and after restarts (`git status` trusts them).
+pub const VIEW_TIME_SECS: u64 = 1_000_000_000;
+
+/// Block size reported by `stat` and `statfs`.
+pub const VIEW_BLKSIZE_BYTES: u32 = 4096;
+
+/// Decoded trees kept per cache generation (two generations: at most twice this).
+const TREE_CACHE_TREES_PER_GEN: usize = 2048;
+
+/// Contents this daemon already ensured in the blob cache (reset when full).
+const MAX_ENSURED_CONTENTS: usize = 1 << 16;
+
+/// Counters of what the kernel asked; shared with [`super::ViewMount::stats`].
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub lookups: AtomicU64,
+    pub opens: AtomicU64,
+    pub passthrough_opens: AtomicU64,
+    pub reads: AtomicU64,
+    pub read_bytes: AtomicU64,
+    /// Whether the kernel granted FUSE passthrough and the view uses it.
+    pub passthrough: AtomicBool,
+}
+
+/// A small two-generation cache of decoded trees (bounded; hot trees survive a flip).
+#[derive(Default)]
+struct TreeCache {
+    young: HashMap<TreeId, Arc<Tree>>,
+    old: HashMap<TreeId, Arc<Tree>>,
+}
+
+impl TreeCache {
+    fn get(&mut self, id: &TreeId) -> Option<Arc<Tree>> {
+        if let Some(t) = self.young.get(id) {
+            return Some(Arc::clone(t));
+        }
+        let t = self.old.remove(id)?;
+        self.insert(*id, Arc::clone(&t));
+        Some(t)
+    }
+
+    fn insert(&mut self, id: TreeId, t: Arc<Tree>) {
+        if self.young.len() >= TREE_CACHE_TREES_PER_GEN {
+            self.old = std::mem::take(&mut self.young);
+        }
+        self.young.insert(id, t);
+    }
+}
+
+/// The read-only snapshot view over one store.
+pub struct ViewCore {
+    pub store: Arc<Store>,
+    pub table: InodeTable,
+    pub counters: Counters,
+    root: Arc<Node>,
+    trees: Mutex<TreeCache>,
+    ensured: Mutex<HashSet<ContentId>>,
+    uid: u32,
+    gid: u32,
+}
+
+impl ViewCore {
+    pub fn new(store: Arc<Store>, uid: u32, gid: u32) -> ViewCore {
+        ViewCore {
+            store,
+            table: InodeTable::default(),
+            counters: Counters::default(),
+            root: Arc::new(Node::root()),
+            trees: Mutex::new(TreeCache::default()),
+            ensured: Mutex::new(HashSet::new()),
+            uid,
+            gid,
+        }
+    }
+
+    /// The node of `ino`: the root, or one the kernel holds. `ESTALE` otherwise (the
+    /// kernel never names an inode it was not given or has forgotten).
+    pub fn node(&self, ino: u64) -> Result<Arc<Node>, Errno> {
+        if ino == ROOT_INO {
+            return Ok(Arc::clone(&self.root));
+        }
+        self.table.get(ino).ok_or_else(|| {
+            tracing::warn!(ino, "request for an inode the view does not hold");
+            Errno::from_i32(nix::libc::ESTALE)
+        })
+    }
+
+    /// Resolves `name` in `parent`, taking one lookup on the result. `Ok(None)` is a
+    /// definite absence inside a snapshot, which the kernel may cache as long as it likes.
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Option<Arc<Node>>, Errno> {
+        self.counters.lookups.fetch_add(1, Ordering::Relaxed);
+        let dir = self.node(parent)?;
+        match &dir.kind {
+            NodeKind::Root => self.lookup_snapshot(name).map(Some),
+            NodeKind::Dir { .. } => {
+                let tree = self.tree(&dir)?;
+                let Ok(i) = tree
+                    .entries
+                    .binary_search_by(|e| e.name.as_slice().cmp(name))
+                else {
+                    return Ok(None);
+                };
+                self.acquire_child(&dir, &tree.entries[i]).map(Some)
+            }
+            _ => Err(Errno::ENOTDIR),
+        }
+    }
+
+    /// `<snapshot-hex>` under the mount root: the snapshot's root directory.
+    fn lookup_snapshot(&self, name: &[u8]) -> Result<Arc<Node>, Errno> {
+        // Only the canonical spelling, so a directory never gets two names (aliases).
+        let id: SnapshotId = std::str::from_utf8(name)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .filter(|id: &SnapshotId| id.to_hex().as_bytes() == name)
+            .ok_or(Errno::ENOENT)?;
+        let snap = self
+            .store
+            .snapshot(&id)
+            .map_err(|e| errno_of("lookup snapshot", &e))?;
+        let mode = snap.root_mode & 0o7777;
+        let key = InodeKey::of_snapshot_root(&id, &snap.root, mode);
+        self.table
+            .acquire(&key, |ino, digest| Node {
+                ino,
+                digest,
+                kind: NodeKind::Dir {
+                    snapshot: id,
+                    tree: snap.root,
+                    path: Vec::new(),
+                    parent: ROOT_INO,
+                },
+                mode,
+                size: 0,
+                xattrs: Vec::new(),
+            })
+            .map_err(|_| Errno::EIO)
+    }
+
+    /// The decoded tree of a snapshot directory.
+    pub fn tree(&self, dir: &Node) -> Result<Arc<Tree>, Errno> {
+        let NodeKind::Dir { tree: id, .. } = &dir.kind else {
+            return Err(Errno::ENOTDIR);
+        };
+        if let Some(t) = self.trees.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
+            return Ok(t);
+        }
+        let t = Arc::new(self.store.tree(id).map_err(|e| errno_of("read tree", &e))?);
+        self.trees
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(*id, Arc::clone(&t));
+        Ok(t)
+    }
+
+    fn child_key(dir: &Node, entry: &Entry) -> (SnapshotId, Vec<u8>, InodeKey) {
+        let NodeKind::Dir { snapshot, path, .. } = &dir.kind else {
+            unreachable!("entries are only listed in snapshot directories")
+        };
+        let path = child_path(path, &entry.name);
+        let key = InodeKey::of_entry(snapshot, &path, entry);
+        (*snapshot, path, key)
+    }
+
+    /// Takes one lookup on the node of `entry` in `dir`.
+    pub fn acquire_child(&self, dir: &Node, entry: &Entry) -> Result<Arc<Node>, Errno> {
+        let (snapshot, path, key) = Self::child_key(dir, entry);
+        self.table
+            .acquire(&key, |ino, digest| {
+                Node::of_entry(ino, digest, &snapshot, &path, dir.ino, entry)
+            })
+            .map_err(|_| {
+                tracing::error!(ino = key.ino(0), "no free inode number after rehashing");
+                Errno::EIO
+            })
+    }
+
+    /// The number `entry` in `dir` has (or would get), without taking a lookup.
+    pub fn peek_child(&self, dir: &Node, entry: &Entry) -> u64 {
+        let (_, _, key) = Self::child_key(dir, entry);
+        self.table.peek(&key)
+    }
+
+    /// Drops `n` lookups of `ino` (the root is never forgotten).
+    pub fn forget(&self, ino: u64, n: u64) {
+        if ino != ROOT_INO {
+            self.table.forget(ino, n);
+        }
+    }
+
+    /// The attributes of a node: a function of the node and the configured owner only.
+    pub fn attr(&self, node: &Node) -> FileAttr {
+        let t = UNIX_EPOCH + Duration::from_secs(VIEW_TIME_SECS);
+        let (kind, rdev) = match &node.kind {
+            NodeKind::Root | NodeKind::Dir { .. } => (FileType::Directory, 0),
+            NodeKind::File { .. } => (FileType::RegularFile, 0),
+            NodeKind::Symlink { .. } => (FileType::Symlink, 0),
+            NodeKind::Fifo => (FileType::NamedPipe, 0),
+            NodeKind::CharDevice { rdev } => (FileType::CharDevice, *rdev),
+            NodeKind::BlockDevice { rdev } => (FileType::BlockDevice, *rdev),
+        };
+        FileAttr {
+            ino: INodeNo(node.ino),
+            size: node.size,
+            blocks: node.size.div_ceil(512),
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            kind,
+            perm: (node.mode & 0o7777) as u16,
+            nlink: if kind == FileType::Directory { 2 } else { 1 },
+            uid: self.uid,
+            gid: self.gid,
+            // glibc's dev_t keeps the kernel's 32-bit encoding in its low bits for every
+            // major < 4096 and minor < 2^20, which is what FUSE carries.
+            rdev: rdev as u32,
+            blksize: VIEW_BLKSIZE_BYTES,
+            flags: 0,
+        }
+    }
+
+    /// Opens the blob-cache file of `content` for reading, materialising it first if this
+    /// daemon has not yet. A blob file is complete and verified whenever it exists
+    /// (it appears by rename), so a known one is opened directly.
+    pub fn open_blob(&self, content: &ContentId) -> Result<File, Errno> {
+        let cache = self.store.blob_cache();
+        let known = self
+            .ensured
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(content);
+        if known {
+            match File::open(cache.path(content)) {
+                Ok(f) => return Ok(f),
+                // Evicted since: materialise again.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(errno_of_io("open blob", &e)),
+            }
+        }
+        let path = cache
+            .ensure(content)
+            .map_err(|e| errno_of("materialise blob", &e))?;
+        let f = File::open(&path).map_err(|e| errno_of_io("open blob", &e))?;
+        let mut ensured = self.ensured.lock().unwrap_or_else(|p| p.into_inner());
+        if ensured.len() >= MAX_ENSURED_CONTENTS {
+            ensured.clear();
+        }
+        ensured.insert(*content);
+        Ok(f)
+    }
+
+    /// A negative entry's placeholder attributes (node id 0: "no such name").
+    pub fn negative_attr(&self) -> FileAttr {
+        let mut a = self.attr(&self.root);
+        a.ino = INodeNo(0);
+        a
+    }
+
+    /// Whether a time is the view's fixed time (for tests).
+    #[cfg(test)]
+    pub fn is_view_time(t: std::time::SystemTime) -> bool {
+        t == UNIX_EPOCH + Duration::from_secs(VIEW_TIME_SECS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cowspace_store::{ImportOptions, StoreConfig};
+
+    fn store_with(files: &[(&str, &str)]) -> (tempfile::TempDir, Arc<Store>, SnapshotId) {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        for (p, c) in files {
+            let p = src.join(p);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, c).unwrap();
+        }
+        std::fs::create_dir_all(&src).unwrap();
+        let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
+        let r = store.import_dir(&src, &ImportOptions::new()).unwrap();
+        (tmp, Arc::new(store), r.snapshot)
+    }
+
+    #[test]
+    fn lookups_resolve_lazily_and_forget_empties_the_table() {
+        let (_tmp, store, snap) = store_with(&[("a/b.txt", "hello"), ("c", "x")]);
+        let core = ViewCore::new(store, 0, 0);
+        assert_eq!(
+            core.table.len(),
+            0,
+            "nothing is loaded before the kernel asks"
+        );
+        let root = core
+            .lookup(ROOT_INO, snap.to_hex().as_bytes())
+            .unwrap()
+            .unwrap();
+        let a = core.lookup(root.ino, b"a").unwrap().unwrap();
+        let b = core.lookup(a.ino, b"b.txt").unwrap().unwrap();
+        assert!(core.lookup(a.ino, b"nope").unwrap().is_none());
+        assert_eq!(core.lookup(b.ino, b"x").unwrap_err(), Errno::ENOTDIR);
+        let attr = core.attr(&b);
+        assert_eq!(attr.size, 5);
+        assert!(ViewCore::is_view_time(attr.mtime));
+        assert_eq!(core.table.len(), 3);
+        for n in [&b, &a, &root] {
+            core.forget(n.ino, 1);
+        }
+        assert_eq!(core.table.len(), 0);
+    }
+
+    #[test]
+    fn unknown_and_malformed_snapshots_are_enoent() {
+        let (_tmp, store, snap) = store_with(&[("a", "1")]);
+        let core = ViewCore::new(store, 0, 0);
+        let zero = "0".repeat(64);
+        for name in [zero.as_str(), "abc", "", &snap.to_hex().to_uppercase()] {
+            assert_eq!(
+                core.lookup(ROOT_INO, name.as_bytes()).unwrap_err(),
+                Errno::ENOENT
+            );
+        }
+    }
+
+    #[test]
+    fn numbers_do_not_depend_on_the_daemon_instance() {
+        let (_tmp, store, snap) = store_with(&[("d/f", "same")]);
+        let ino = |core: &ViewCore| {
+            let r = core
+                .lookup(ROOT_INO, snap.to_hex().as_bytes())
+                .unwrap()
+                .unwrap();
+            let d = core.lookup(r.ino, b"d").unwrap().unwrap();
+            let f = core.lookup(d.ino, b"f").unwrap().unwrap();
+            (r.ino, d.ino, f.ino)
+        };
+        let a = ino(&ViewCore::new(Arc::clone(&store), 0, 0));
+        let b = ino(&ViewCore::new(store, 1, 1));
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn a_blob_is_opened_from_the_cache() {
+        use std::io::Read;
+        let (_tmp, store, snap) = store_with(&[("f", "contents")]);
+        let core = ViewCore::new(store, 0, 0);
+        let r = core
+            .lookup(ROOT_INO, snap.to_hex().as_bytes())
+            .unwrap()
+            .unwrap();
+        let f = core.lookup(r.ino, b"f").unwrap().unwrap();
+        let NodeKind::File { content } = &f.kind else {
+            panic!()
+        };
+        for _ in 0..2 {
+            let mut s = String::new();
+            core.open_blob(content)
+                .unwrap()
+                .read_to_string(&mut s)
+                .unwrap();
+            assert_eq!(s, "contents");
+        }
+    }
+}

@@ -1,0 +1,665 @@
+//! The `fuser` adapter: translates FUSE requests into [`ViewCore`] calls and answers
+//! with long cache lifetimes. Every mutating operation is `EROFS`.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, SystemTime};
+
+use cowspace_store::Tree;
+use fuser::{
+    AccessFlags, BackingId, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use super::core::{VIEW_BLKSIZE_BYTES, ViewCore};
+use super::inode::{Node, NodeKind};
+
+/// How long the kernel may keep entries, negative entries and attributes. Snapshots never
+/// change; the bound only matters for the mount root, whose lookups are never negative.
+pub const ENTRY_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Largest read answered by the daemon (the kernel asks for at most its max_pages).
+const MAX_READ_BYTES: u32 = 16 * 1024 * 1024;
+
+/// Longest name the view serves.
+const NAME_MAX_BYTES: u32 = 255;
+
+/// An open file: a passthrough backing shared by the inode's opens, or a blob fd.
+enum OpenFile {
+    /// Held only to keep the kernel's backing file registered while the open lives.
+    Backed(#[allow(dead_code)] Arc<BackingId>),
+    Plain(Arc<File>),
+}
+
+/// An open directory: the node and (for snapshot directories) its tree, decoded once so
+/// offsets stay stable for the whole listing.
+struct OpenDir {
+    node: Arc<Node>,
+    tree: Option<Arc<Tree>>,
+}
+
+#[derive(Default)]
+struct Handles {
+    next: AtomicU64,
+    files: Mutex<HashMap<u64, OpenFile>>,
+    dirs: Mutex<HashMap<u64, OpenDir>>,
+    /// One `BackingId` per inode while it has live passthrough opens (the kernel refuses
+    /// two different backing files for one inode).
+    backing: Mutex<HashMap<u64, Weak<BackingId>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every critical section is a single map insert/remove: a poisoned map is consistent.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Handles {
+    fn next(&self) -> u64 {
+        self.next.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+/// The filesystem `fuser` serves.
+pub struct ViewFs {
+    core: Arc<ViewCore>,
+    handles: Handles,
+    want_passthrough: bool,
+}
+
+impl ViewFs {
+    pub fn new(core: Arc<ViewCore>, want_passthrough: bool) -> ViewFs {
+        ViewFs {
+            core,
+            handles: Handles::default(),
+            want_passthrough,
+        }
+    }
+
+    fn passthrough(&self) -> bool {
+        self.core.counters.passthrough.load(Ordering::Relaxed)
+    }
+
+    fn reply_node(&self, node: &Node, reply: ReplyEntry) {
+        reply.entry(&ENTRY_TTL, &self.core.attr(node), Generation(0));
+    }
+
+    fn open_passthrough(
+        &self,
+        ino: u64,
+        file: &File,
+        reply: &ReplyOpen,
+    ) -> std::io::Result<Arc<BackingId>> {
+        let mut backing = lock(&self.handles.backing);
+        if let Some(id) = backing.get(&ino).and_then(Weak::upgrade) {
+            return Ok(id);
+        }
+        let id = Arc::new(reply.open_backing(file)?);
+        backing.insert(ino, Arc::downgrade(&id));
+        Ok(id)
+    }
+}
+
+impl Filesystem for ViewFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Optional capabilities: each is taken when the kernel offers it.
+        for cap in [
+            InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+        ] {
+            let _ = config.add_capabilities(cap);
+        }
+        if self.want_passthrough {
+            match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
+                Ok(()) => {
+                    // Depth 1: backing files live on a plain filesystem, and kernel
+                    // overlayfs accepts the view as a lower layer only at depth 1.
+                    config
+                        .set_max_stack_depth(1)
+                        .map_err(|_| std::io::Error::other("stack depth 1 refused"))?;
+                    self.core
+                        .counters
+                        .passthrough
+                        .store(true, Ordering::Relaxed);
+                }
+                Err(_) => {
+                    tracing::info!("kernel offers no FUSE passthrough; the daemon serves reads")
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.core.lookup(parent.0, name.as_bytes()) {
+            Ok(Some(node)) => self.reply_node(&node, reply),
+            // A negative entry with a lifetime: the kernel caches the absence.
+            Ok(None) => reply.entry(&ENTRY_TTL, &self.core.negative_attr(), Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.core.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.core.node(ino.0) {
+            Ok(node) => reply.attr(&ENTRY_TTL, &self.core.attr(&node)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.core.node(ino.0) {
+            Ok(node) => match &node.kind {
+                NodeKind::Symlink { target } => reply.data(target),
+                _ => reply.error(Errno::EINVAL),
+            },
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & nix::libc::O_TRUNC != 0 {
+            return reply.error(Errno::EROFS);
+        }
+        let node = match self.core.node(ino.0) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let content = match &node.kind {
+            NodeKind::File { content } => *content,
+            NodeKind::Root | NodeKind::Dir { .. } => return reply.error(Errno::EISDIR),
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let file = match self.core.open_blob(&content) {
+            Ok(f) => f,
+            Err(e) => return reply.error(e),
+        };
+        self.core.counters.opens.fetch_add(1, Ordering::Relaxed);
+        let fh = self.handles.next();
+        if self.passthrough() {
+            match self.open_passthrough(node.ino, &file, &reply) {
+                Ok(id) => {
+                    self.core
+                        .counters
+                        .passthrough_opens
+                        .fetch_add(1, Ordering::Relaxed);
+                    lock(&self.handles.files).insert(fh, OpenFile::Backed(Arc::clone(&id)));
+                    // The kernel refuses FOPEN_KEEP_CACHE with passthrough (the page cache
+                    // is the backing file's).
+                    return reply.opened_passthrough(
+                        FileHandle(fh),
+                        FopenFlags::FOPEN_NOFLUSH,
+                        &id,
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(ino = node.ino, error = %e, "passthrough refused; serving reads");
+                }
+            }
+        }
+        lock(&self.handles.files).insert(fh, OpenFile::Plain(Arc::new(file)));
+        // Nothing to flush on close of a read-only file.
+        reply.opened(
+            FileHandle(fh),
+            FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+        );
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        self.core.counters.reads.fetch_add(1, Ordering::Relaxed);
+        let file = match lock(&self.handles.files).get(&fh.0) {
+            Some(OpenFile::Plain(f)) => Arc::clone(f),
+            Some(OpenFile::Backed(_)) | None => return reply.error(Errno::EBADF),
+        };
+        let mut buf = vec![0u8; size.min(MAX_READ_BYTES) as usize];
+        let mut n = 0;
+        while n < buf.len() {
+            match file.read_at(&mut buf[n..], offset + n as u64) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return reply.error(super::errno::errno_of_io("read blob", &e)),
+            }
+        }
+        self.core
+            .counters
+            .read_bytes
+            .fetch_add(n as u64, Ordering::Relaxed);
+        reply.data(&buf[..n]);
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let released = lock(&self.handles.files).remove(&fh.0);
+        if let Some(OpenFile::Backed(id)) = released {
+            let mut backing = lock(&self.handles.backing);
+            drop(id);
+            if backing.get(&ino.0).is_some_and(|w| w.strong_count() == 0) {
+                backing.remove(&ino.0);
+            }
+        }
+        reply.ok();
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let node = match self.core.node(ino.0) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let (tree, flags) = match &node.kind {
+            // The mount root's listing is not cached: it lists nothing anyway.
+            NodeKind::Root => (None, FopenFlags::empty()),
+            NodeKind::Dir { .. } => match self.core.tree(&node) {
+                Ok(t) => (
+                    Some(t),
+                    FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+                ),
+                Err(e) => return reply.error(e),
+            },
+            _ => return reply.error(Errno::ENOTDIR),
+        };
+        let fh = self.handles.next();
+        lock(&self.handles.dirs).insert(fh, OpenDir { node, tree });
+        reply.opened(FileHandle(fh), flags);
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some((node, tree)) = lock(&self.handles.dirs)
+            .get(&fh.0)
+            .map(|d| (Arc::clone(&d.node), d.tree.clone()))
+        else {
+            return reply.error(Errno::EBADF);
+        };
+        // Index 0 is ".", 1 is "..", 2.. the tree's entries; an entry's offset is the
+        // index of the next one.
+        let entries = tree.as_ref().map_or(&[][..], |t| &t.entries[..]);
+        for i in offset..2 + entries.len() as u64 {
+            let full = match i {
+                0 => reply.add(INodeNo(node.ino), 1, FileType::Directory, "."),
+                1 => reply.add(INodeNo(parent_of(&node)), 2, FileType::Directory, ".."),
+                _ => {
+                    let e = &entries[(i - 2) as usize];
+                    let ino = self.core.peek_child(&node, e);
+                    reply.add(
+                        INodeNo(ino),
+                        i + 1,
+                        file_type(e.kind),
+                        OsStr::from_bytes(&e.name),
+                    )
+                }
+            };
+            if full {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let Some((node, tree)) = lock(&self.handles.dirs)
+            .get(&fh.0)
+            .map(|d| (Arc::clone(&d.node), d.tree.clone()))
+        else {
+            return reply.error(Errno::EBADF);
+        };
+        let entries = tree.as_ref().map_or(&[][..], |t| &t.entries[..]);
+        let dir_attr = self.core.attr(&node);
+        let mut added_any = false;
+        for i in offset..2 + entries.len() as u64 {
+            // "." and ".." take no lookup in the kernel; every other entry takes one.
+            let full = match i {
+                0 => reply.add(
+                    INodeNo(node.ino),
+                    1,
+                    ".",
+                    &ENTRY_TTL,
+                    &dir_attr,
+                    Generation(0),
+                ),
+                1 => {
+                    let mut a = dir_attr;
+                    a.ino = INodeNo(parent_of(&node));
+                    reply.add(a.ino, 2, "..", &ENTRY_TTL, &a, Generation(0))
+                }
+                _ => {
+                    let e = &entries[(i - 2) as usize];
+                    let child = match self.core.acquire_child(&node, e) {
+                        Ok(c) => c,
+                        Err(err) if !added_any => return reply.error(err),
+                        Err(_) => break,
+                    };
+                    let attr = self.core.attr(&child);
+                    let full = reply.add(
+                        attr.ino,
+                        i + 1,
+                        OsStr::from_bytes(&e.name),
+                        &ENTRY_TTL,
+                        &attr,
+                        Generation(0),
+                    );
+                    if full {
+                        // Not sent: give the lookup back.
+                        self.core.forget(child.ino, 1);
+                    }
+                    full
+                }
+            };
+            if full {
+                break;
+            }
+            added_any = true;
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        lock(&self.handles.dirs).remove(&fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        reply.statfs(
+            0,
+            0,
+            0,
+            0,
+            0,
+            VIEW_BLKSIZE_BYTES,
+            NAME_MAX_BYTES,
+            VIEW_BLKSIZE_BYTES,
+        );
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let node = match self.core.node(ino.0) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        match node
+            .xattrs
+            .iter()
+            .find(|(n, _)| n.as_slice() == name.as_bytes())
+        {
+            Some((_, value)) => reply_sized(value, size, reply),
+            None => reply.error(Errno::NO_XATTR),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let node = match self.core.node(ino.0) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let mut names = Vec::new();
+        for (n, _) in &node.xattrs {
+            names.extend_from_slice(n);
+            names.push(0);
+        }
+        reply_sized(&names, size, reply);
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        // Permission bits are checked by the kernel (default_permissions); only writing
+        // is refused here.
+        if mask.contains(AccessFlags::W_OK) {
+            reply.error(Errno::EROFS);
+        } else {
+            reply.ok();
+        }
+    }
+
+    // Everything below would change a snapshot.
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn symlink(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _link_name: &OsStr,
+        _target: &Path,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        _flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _newparent: INodeNo,
+        _newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+}
+
+/// The xattr protocol: size 0 asks for the length; a too-small buffer is `ERANGE`.
+fn reply_sized(value: &[u8], size: u32, reply: ReplyXattr) {
+    let Ok(len) = u32::try_from(value.len()) else {
+        return reply.error(Errno::E2BIG);
+    };
+    if size == 0 {
+        reply.size(len);
+    } else if len > size {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(value);
+    }
+}
+
+/// The inode of `..`: the parent directory (the mount root is its own parent).
+fn parent_of(node: &Node) -> u64 {
+    match &node.kind {
+        NodeKind::Dir { parent, .. } => *parent,
+        _ => node.ino,
+    }
+}
+
+fn file_type(kind: cowspace_store::Kind) -> FileType {
+    use cowspace_store::Kind;
+    match kind {
+        Kind::Dir => FileType::Directory,
+        Kind::File | Kind::Hardlink => FileType::RegularFile,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::CharDevice => FileType::CharDevice,
+        Kind::BlockDevice => FileType::BlockDevice,
+    }
+}

@@ -1,0 +1,473 @@
+//! Stable inode numbers and the table of inodes the kernel currently holds.
+//!
+//! An inode number is a pure function of what an entry *is* (see [`InodeKey`]), so the
+//! same file gets the same number in every mount of the view, across daemon restarts,
+//! and in every snapshot that holds it unchanged at the same path. The table only maps
+//! numbers the kernel has been told about (and not yet forgotten) to their nodes.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry as MapEntry;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cowspace_store::{ContentId, Entry, Kind, SnapshotId, TreeId};
+
+/// The BLAKE3 derive-key context of inode numbers (part of the view's stable ABI).
+pub const INO_CONTEXT: &str = "cowspace view inode v1";
+
+/// Inode numbers stay below this, so kernel overlayfs (xino) can add its layer bits.
+pub const INO_LIMIT: u64 = 1 << 48;
+
+/// The mount root's inode number (fixed by FUSE).
+pub const ROOT_INO: u64 = 1;
+
+/// How many salted rehashes are tried before a collision is given up on. Reaching it
+/// needs ~64 distinct live entries on one 48-bit number: a bug, not bad luck.
+const MAX_INO_SALTS: u32 = 64;
+
+/// Kind codes inside an inode key: the tree encoding's codes (docs/store-format.md).
+fn kind_code(kind: Kind) -> u8 {
+    match kind {
+        Kind::Dir => 1,
+        // A hard link is keyed as the file it names.
+        Kind::File | Kind::Hardlink => 2,
+        Kind::Symlink => 3,
+        Kind::Fifo => 5,
+        Kind::CharDevice => 6,
+        Kind::BlockDevice => 7,
+    }
+}
+
+/// The bytes an inode number is derived from:
+///
+/// ```text
+/// key := [snapshot id (32), directories only] path 0x00 kind u32le:mode hash(32) data
+/// ```
+///
+/// `path` is the entry's `/`-joined path from the snapshot root (empty for the root). A
+/// hard link is keyed by its primary's path, as kind `file`, with the primary's (empty)
+/// data, so every name of a link group has one inode. Directories carry the snapshot id
+/// because the kernel allows a directory inode only one parent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InodeKey(Vec<u8>);
+
+impl InodeKey {
+    /// The key of `entry` found at `path` in `snapshot`.
+    pub fn of_entry(snapshot: &SnapshotId, path: &[u8], entry: &Entry) -> InodeKey {
+        match entry.kind {
+            Kind::Dir => Self::build(
+                Some(snapshot),
+                path,
+                Kind::Dir,
+                entry.mode,
+                &entry.hash,
+                &[],
+            ),
+            Kind::Hardlink => {
+                Self::build(None, &entry.data, Kind::File, entry.mode, &entry.hash, &[])
+            }
+            kind => Self::build(None, path, kind, entry.mode, &entry.hash, &entry.data),
+        }
+    }
+
+    /// The key of a snapshot's root directory.
+    pub fn of_snapshot_root(snapshot: &SnapshotId, root: &TreeId, mode: u32) -> InodeKey {
+        Self::build(Some(snapshot), b"", Kind::Dir, mode, root.as_bytes(), &[])
+    }
+
+    fn build(
+        snapshot: Option<&SnapshotId>,
+        path: &[u8],
+        kind: Kind,
+        mode: u32,
+        hash: &[u8; 32],
+        data: &[u8],
+    ) -> InodeKey {
+        let mut k = Vec::with_capacity(32 + path.len() + 1 + 1 + 4 + 32 + data.len());
+        if let Some(s) = snapshot {
+            k.extend_from_slice(s.as_bytes());
+        }
+        k.extend_from_slice(path);
+        k.push(0);
+        k.push(kind_code(kind));
+        k.extend_from_slice(&mode.to_le_bytes());
+        k.extend_from_slice(hash);
+        k.extend_from_slice(data);
+        InodeKey(k)
+    }
+
+    /// The identity of the key: the full 32-byte derived key (salt 0).
+    pub fn digest(&self) -> [u8; 32] {
+        blake3::derive_key(INO_CONTEXT, &self.0)
+    }
+
+    /// The inode number for this key at `salt` (0 unless a collision forced a rehash).
+    pub fn ino(&self, salt: u32) -> u64 {
+        let d = if salt == 0 {
+            self.digest()
+        } else {
+            let mut salted = self.0.clone();
+            salted.extend_from_slice(&salt.to_le_bytes());
+            blake3::derive_key(INO_CONTEXT, &salted)
+        };
+        ino_from_digest(&d)
+    }
+}
+
+/// `2 + (first 8 bytes LE mod (2^48 - 2))`: never 0 (invalid) or 1 (the mount root).
+fn ino_from_digest(d: &[u8; 32]) -> u64 {
+    let first: [u8; 8] = d[..8].try_into().expect("a digest has 32 bytes");
+    2 + u64::from_le_bytes(first) % (INO_LIMIT - 2)
+}
+
+/// What a node is, with what its operations need.
+#[derive(Debug, Clone)]
+pub enum NodeKind {
+    /// The mount root: snapshots appear under it by id.
+    Root,
+    /// A directory of a snapshot; `path` is from the snapshot root (empty for the root).
+    Dir {
+        snapshot: SnapshotId,
+        tree: TreeId,
+        path: Vec<u8>,
+        parent: u64,
+    },
+    File {
+        content: ContentId,
+    },
+    Symlink {
+        target: Vec<u8>,
+    },
+    Fifo,
+    CharDevice {
+        rdev: u64,
+    },
+    BlockDevice {
+        rdev: u64,
+    },
+}
+
+/// One inode of the view. Immutable: snapshots never change.
+#[derive(Debug)]
+pub struct Node {
+    pub ino: u64,
+    /// The key's identity, to tell a collision from a second lookup of the same entry.
+    pub digest: [u8; 32],
+    pub kind: NodeKind,
+    /// Permission bits (`0o7777`).
+    pub mode: u32,
+    pub size: u64,
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Node {
+    /// The mount root.
+    pub fn root() -> Node {
+        Node {
+            ino: ROOT_INO,
+            digest: [0; 32],
+            kind: NodeKind::Root,
+            mode: 0o555,
+            size: 0,
+            xattrs: Vec::new(),
+        }
+    }
+
+    /// The node of `entry`, found at `path` in `snapshot` in the directory `parent`.
+    pub fn of_entry(
+        ino: u64,
+        digest: [u8; 32],
+        snapshot: &SnapshotId,
+        path: &[u8],
+        parent: u64,
+        entry: &Entry,
+    ) -> Node {
+        let kind = match entry.kind {
+            Kind::Dir => NodeKind::Dir {
+                snapshot: *snapshot,
+                tree: TreeId::from_bytes(entry.hash),
+                path: path.to_vec(),
+                parent,
+            },
+            Kind::File | Kind::Hardlink => NodeKind::File {
+                content: ContentId::from_bytes(entry.hash),
+            },
+            Kind::Symlink => NodeKind::Symlink {
+                target: entry.data.clone(),
+            },
+            Kind::Fifo => NodeKind::Fifo,
+            Kind::CharDevice => NodeKind::CharDevice {
+                rdev: entry.rdev().unwrap_or(0),
+            },
+            Kind::BlockDevice => NodeKind::BlockDevice {
+                rdev: entry.rdev().unwrap_or(0),
+            },
+        };
+        Node {
+            ino,
+            digest,
+            kind,
+            mode: entry.mode & 0o7777,
+            size: entry.size,
+            xattrs: entry.xattrs.clone(),
+        }
+    }
+}
+
+/// `parent/name`, or `name` at the snapshot root.
+pub fn child_path(parent: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(parent.len() + 1 + name.len());
+    if !parent.is_empty() {
+        p.extend_from_slice(parent);
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+struct Slot {
+    node: Arc<Node>,
+    /// Lookups the kernel holds: +1 per entry replied, -n per forget.
+    lookups: u64,
+}
+
+/// The nodes the kernel holds, by inode number. The root is not in it (never forgotten).
+#[derive(Default)]
+pub struct InodeTable {
+    map: Mutex<HashMap<u64, Slot>>,
+    collisions: AtomicU64,
+}
+
+/// Failure to place a key: too many collisions (a bug, reported as EIO).
+#[derive(Debug)]
+pub struct SaltsExhausted;
+
+impl InodeTable {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Slot>> {
+        // A panic while holding the lock leaves the map consistent (single inserts and
+        // removes), so a poisoned lock is still usable.
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The node of `ino`, if the kernel holds it.
+    pub fn get(&self, ino: u64) -> Option<Arc<Node>> {
+        self.lock().get(&ino).map(|s| Arc::clone(&s.node))
+    }
+
+    /// The number `key` has or would get now, without taking a lookup (for readdir).
+    pub fn peek(&self, key: &InodeKey) -> u64 {
+        let digest = key.digest();
+        let map = self.lock();
+        for salt in 0..MAX_INO_SALTS {
+            let ino = key.ino(salt);
+            match map.get(&ino) {
+                Some(slot) if slot.node.digest != digest => continue,
+                _ => return ino,
+            }
+        }
+        key.ino(0)
+    }
+
+    /// Takes one lookup on the node of `key`, making it with `make(ino, digest)` when the
+    /// kernel does not hold it yet.
+    pub fn acquire(
+        &self,
+        key: &InodeKey,
+        make: impl FnOnce(u64, [u8; 32]) -> Node,
+    ) -> Result<Arc<Node>, SaltsExhausted> {
+        let digest = key.digest();
+        let mut map = self.lock();
+        for salt in 0..MAX_INO_SALTS {
+            let ino = key.ino(salt);
+            match map.entry(ino) {
+                MapEntry::Occupied(mut o) => {
+                    let slot = o.get_mut();
+                    if slot.node.digest == digest {
+                        slot.lookups += 1;
+                        return Ok(Arc::clone(&slot.node));
+                    }
+                    self.collisions.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        ino,
+                        salt,
+                        "inode number collision between different entries; rehashing with a salt"
+                    );
+                }
+                MapEntry::Vacant(v) => {
+                    let node = Arc::new(make(ino, digest));
+                    debug_assert_eq!(node.ino, ino);
+                    v.insert(Slot {
+                        node: Arc::clone(&node),
+                        lookups: 1,
+                    });
+                    return Ok(node);
+                }
+            }
+        }
+        Err(SaltsExhausted)
+    }
+
+    /// Drops `n` lookups of `ino`; the node leaves the table at zero.
+    pub fn forget(&self, ino: u64, n: u64) {
+        let mut map = self.lock();
+        if let MapEntry::Occupied(mut o) = map.entry(ino) {
+            let slot = o.get_mut();
+            if slot.lookups <= n {
+                if slot.lookups < n {
+                    tracing::warn!(
+                        ino,
+                        held = slot.lookups,
+                        n,
+                        "forget of more lookups than given"
+                    );
+                }
+                o.remove();
+            } else {
+                slot.lookups -= n;
+            }
+        }
+    }
+
+    /// Inodes held (the root not counted).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Collisions met so far (each one rehashed).
+    pub fn collisions(&self) -> u64 {
+        self.collisions.load(Ordering::Relaxed)
+    }
+
+    /// Lookups held on `ino` (0 when absent).
+    #[cfg(test)]
+    pub fn lookups(&self, ino: u64) -> u64 {
+        self.lock().get(&ino).map_or(0, |s| s.lookups)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(name: &str, mode: u32, hash: u8) -> Entry {
+        Entry {
+            name: name.as_bytes().to_vec(),
+            kind: Kind::File,
+            mode,
+            size: 3,
+            hash: [hash; 32],
+            data: Vec::new(),
+            xattrs: Vec::new(),
+        }
+    }
+
+    fn snap(b: u8) -> SnapshotId {
+        SnapshotId::from_bytes([b; 32])
+    }
+
+    #[test]
+    fn numbers_are_pinned_by_the_formula() {
+        // The formula is an ABI across daemon restarts: recompute it by hand.
+        let e = file("a", 0o644, 7);
+        let mut k = b"dir/a\0\x02".to_vec();
+        k.extend_from_slice(&0o644u32.to_le_bytes());
+        k.extend_from_slice(&[7; 32]);
+        let d = blake3::derive_key("cowspace view inode v1", &k);
+        let want = 2 + u64::from_le_bytes(d[..8].try_into().unwrap()) % ((1 << 48) - 2);
+        assert_eq!(InodeKey::of_entry(&snap(1), b"dir/a", &e).ino(0), want);
+    }
+
+    #[test]
+    fn files_ignore_the_snapshot_and_directories_do_not() {
+        let e = file("a", 0o644, 7);
+        assert_eq!(
+            InodeKey::of_entry(&snap(1), b"a", &e),
+            InodeKey::of_entry(&snap(2), b"a", &e)
+        );
+        let mut d = file("d", 0o755, 9);
+        d.kind = Kind::Dir;
+        assert_ne!(
+            InodeKey::of_entry(&snap(1), b"d", &d),
+            InodeKey::of_entry(&snap(2), b"d", &d)
+        );
+        // Path, mode and content each change the number.
+        let k = InodeKey::of_entry(&snap(1), b"a", &e).ino(0);
+        assert_ne!(k, InodeKey::of_entry(&snap(1), b"b", &e).ino(0));
+        assert_ne!(
+            k,
+            InodeKey::of_entry(&snap(1), b"a", &file("a", 0o755, 7)).ino(0)
+        );
+        assert_ne!(
+            k,
+            InodeKey::of_entry(&snap(1), b"a", &file("a", 0o644, 8)).ino(0)
+        );
+    }
+
+    #[test]
+    fn a_hard_link_is_keyed_as_its_primary() {
+        let primary = file("a", 0o644, 7);
+        let mut link = file("b", 0o644, 7);
+        link.kind = Kind::Hardlink;
+        link.data = b"x/a".to_vec();
+        assert_eq!(
+            InodeKey::of_entry(&snap(1), b"x/a", &primary),
+            InodeKey::of_entry(&snap(1), b"y/b", &link)
+        );
+    }
+
+    #[test]
+    fn numbers_stay_in_range() {
+        for i in 0..10_000u32 {
+            let e = file(&i.to_string(), 0o644, (i % 251) as u8);
+            let ino = InodeKey::of_entry(&snap(1), &i.to_le_bytes(), &e).ino(i % 3);
+            assert!((2..INO_LIMIT).contains(&ino), "{ino}");
+        }
+    }
+
+    fn make(ino: u64, digest: [u8; 32]) -> Node {
+        Node {
+            ino,
+            digest,
+            kind: NodeKind::Fifo,
+            mode: 0o644,
+            size: 0,
+            xattrs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn lookups_are_counted_and_forget_drops_at_zero() {
+        let t = InodeTable::default();
+        let k = InodeKey::of_entry(&snap(1), b"a", &file("a", 0o644, 1));
+        let n = t.acquire(&k, make).unwrap();
+        assert_eq!(t.acquire(&k, make).unwrap().ino, n.ino);
+        assert_eq!(t.lookups(n.ino), 2);
+        assert_eq!(t.peek(&k), n.ino);
+        t.forget(n.ino, 1);
+        assert_eq!(t.len(), 1);
+        t.forget(n.ino, 1);
+        assert_eq!(t.len(), 0);
+        assert!(t.get(n.ino).is_none());
+        t.forget(n.ino, 1); // forgetting the unknown is harmless
+    }
+
+    #[test]
+    fn a_collision_is_rehashed_with_a_salt() {
+        let t = InodeTable::default();
+        let k1 = InodeKey::of_entry(&snap(1), b"a", &file("a", 0o644, 1));
+        let k2 = InodeKey::of_entry(&snap(1), b"b", &file("b", 0o644, 1));
+        t.acquire(&k1, make).unwrap();
+        // Occupy k2's salt-0 number with a node of another identity.
+        t.lock().insert(
+            k2.ino(0),
+            Slot {
+                node: Arc::new(make(k2.ino(0), [0xee; 32])),
+                lookups: 1,
+            },
+        );
+        let n = t.acquire(&k2, make).unwrap();
+        assert_eq!(n.ino, k2.ino(1));
+        assert_eq!(t.peek(&k2), k2.ino(1));
+        assert_eq!(t.collisions(), 1);
+    }
+}
