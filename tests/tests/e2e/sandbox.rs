@@ -620,3 +620,117 @@ fn sandbox_cannot_plant_set_id_or_capable_files_in_the_workspace() {
     assert_eq!(mode & 0o6000, 0, "set-id bit on the host: {mode:o}");
     assert!(!s.ws().join("made").exists());
 }
+
+#[test]
+fn sandbox_kernel_knobs_are_out_of_reach_and_a_missing_command_is_invalid_input() {
+    require_root!();
+    let s = Scratch::new();
+    let out = run(s.command(
+        "knob-box",
+        &[],
+        &[
+            "/bin/sh",
+            "-c",
+            "echo 1 > /proc/sys/kernel/panic; echo x > /proc/sys/vm/drop_caches; \
+             echo b > /proc/sysrq-trigger; ls /sys; cat /proc/1/environ",
+        ],
+    ));
+    let (_, _, stderr) = parts(&out);
+    assert!(
+        stderr.contains("cannot create /proc/sys/kernel/panic: Permission denied"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("cannot create /proc/sys/vm/drop_caches: Permission denied"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("cannot create /proc/sysrq-trigger"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("ls: cannot access '/sys': No such file or directory"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("cat: /proc/1/environ: Permission denied"),
+        "{stderr}"
+    );
+
+    let out = run(s.command("nocmd-box", &[], &["/no/such/command"]));
+    let (code, _, stderr) = parts(&out);
+    assert_eq!(code, Some(9), "{stderr}");
+    assert!(
+        stderr.contains(
+            "starting \"/no/such/command\" inside the sandbox: No such file or directory"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn sandbox_limits_are_written_to_its_cgroups_and_removed_after() {
+    require_root!();
+    let s = Scratch::new();
+    let mut r = Running::spawn(s.command(
+        "limit-box",
+        &["--memory", "96m", "--pids", "40", "--cpus", "0.5", "--json"],
+        &["/bin/sleep", "60"],
+    ));
+    let helper_pid = r.pid();
+    let ready: serde_json::Value = serde_json::from_str(&r.ready_line()).unwrap();
+    let init_pid = ready["init_pid"].as_u64().unwrap();
+    let dirs = leftover_cgroups("limit-box", helper_pid);
+    let read = |controller: &str, file: &str| {
+        let dir = dirs
+            .iter()
+            .find(|d| d.starts_with(format!("/sys/fs/cgroup/{controller}")))
+            .unwrap();
+        std::fs::read_to_string(dir.join(file))
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+    // This host: cgroup v1 for all three (see docs/sandbox.md).
+    assert_eq!(
+        read("memory", "memory.limit_in_bytes"),
+        (96u64 << 20).to_string()
+    );
+    assert_eq!(read("pids", "pids.max"), "40");
+    assert_eq!(read("cpu", "cpu.cfs_quota_us"), "50000");
+    assert_eq!(read("cpu", "cpu.cfs_period_us"), "100000");
+    for controller in ["memory", "pids", "cpu"] {
+        assert!(
+            read(controller, "cgroup.procs")
+                .lines()
+                .any(|p| p == init_pid.to_string()),
+            "{controller}"
+        );
+    }
+    let uid_line = std::fs::read_to_string(format!("/proc/{init_pid}/status"))
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .unwrap()
+        .to_string();
+    let host_uid: u64 = uid_line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert_eq!(
+        host_uid,
+        ready["host_uid_base"].as_u64().unwrap(),
+        "init is not root-inside"
+    );
+    assert!(
+        host_uid >= 1_000_000_000,
+        "init runs as a low host uid: {uid_line}"
+    );
+    // SIGKILL the helper (drop): its sandbox dies with it, and the next run removes the
+    // groups it could not.
+    drop(r);
+    let out = run(s.command(
+        "after-limit",
+        &["--memory", "64m", "--cpus", "1"],
+        &["/bin/true"],
+    ));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(leftover_cgroups("limit-box", helper_pid).is_empty());
+}
