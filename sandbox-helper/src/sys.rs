@@ -94,20 +94,27 @@ pub fn clone_fork(flags: libc::c_int) -> io::Result<Forked> {
     }
 }
 
-/// Safe wrapper for `open_tree(path, OPEN_TREE_CLONE)`: a detached copy of the mount at
-/// `path` (not recursive), which can be changed with [`mount_setattr`] and attached
-/// elsewhere with [`move_mount`]. Symlinks in the last component are not followed.
+/// Safe wrapper for `open_tree(OPEN_TREE_CLONE)` of `path`: a detached copy of the mount
+/// at `path` (not recursive), which can be changed with [`mount_setattr`] and attached
+/// elsewhere with [`move_mount`].
+///
+/// `path` is opened first with `openat2(RESOLVE_NO_SYMLINKS)`: it must be a canonical
+/// path, and a component swapped for a symlink after it was validated makes this fail
+/// (`ELOOP`) instead of cloning whatever the symlink points at.
 pub fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
-    let c = cpath(path)?;
-    // SAFETY: `c` is a valid NUL-terminated string that outlives the call.
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+        .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS);
+    let opened = nix::fcntl::openat2(nix::fcntl::AT_FDCWD, path, how)?;
+    // SAFETY: `opened` is a valid descriptor for the duration of the call and the path
+    // is a static empty C string.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            c.as_ptr(),
-            (OPEN_TREE_CLONE
-                | libc::O_CLOEXEC as libc::c_uint
-                | libc::AT_SYMLINK_NOFOLLOW as libc::c_uint) as libc::c_uint,
+            opened.as_raw_fd(),
+            c"".as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint,
         )
     };
     let fd = check(ret)? as RawFd;
@@ -271,4 +278,18 @@ pub fn tiocsti(fd: BorrowedFd<'_>, byte: u8) -> io::Result<()> {
     // SAFETY: TIOCSTI reads one byte from the pointer, which points at `byte`.
     let ret = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSTI, &byte as *const u8) };
     check(ret as libc::c_long).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_tree_clone_refuses_a_path_through_a_symlink() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("real/sub")).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("real"), tmp.path().join("link")).unwrap();
+        let err = open_tree_clone(&tmp.path().join("link/sub")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
+    }
 }
