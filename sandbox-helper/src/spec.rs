@@ -301,7 +301,10 @@ fn canonical_dir(path: &Path, flag: &str) -> Result<PathBuf> {
 
 /// Refuses a host path that is, contains, or is inside the state directory.
 fn refuse_overlap(path: &Path, state_dir: &Path, flag: &str) -> Result<()> {
-    let state = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    // A state directory not made yet is compared as an absolute path.
+    let state = std::fs::canonicalize(state_dir)
+        .or_else(|_| std::path::absolute(state_dir))
+        .unwrap_or_else(|_| state_dir.to_path_buf());
     if path.starts_with(&state) || state.starts_with(path) {
         return Err(Error::InvalidInput(format!(
             "{flag} {}: overlaps the helper's state directory {}",
@@ -377,7 +380,9 @@ mod tests {
             Spec::validate(i.clone(), &state).is_err(),
             "parent of state dir"
         );
+        let not_yet = ws.join("state-not-made-yet");
         i.dir = ws.clone();
+        assert!(Spec::validate(i.clone(), &not_yet).is_err(), "future state dir inside");
         i.ro_bind = vec![format!("{}:/deps", state.display())];
         assert!(
             Spec::validate(i.clone(), &state).is_err(),
