@@ -631,3 +631,32 @@ fn stat_walk_speed() {
     println!("| view, second walk | {second:.3} |");
     println!("{:?}", view.stats());
 }
+
+#[test]
+fn a_busy_view_is_detached_lazily_and_leaves_no_mount() {
+    if !can_run() {
+        return;
+    }
+    let env = Env::new();
+    let src = env.dir("src");
+    fs::write(src.join("f"), b"still readable").unwrap();
+    let snap = env.import(&src);
+    let view = env.mount("mnt", ViewOptions::default());
+    let mnt = view.mountpoint().to_path_buf();
+    let mut open = fs::File::open(mnt.join(snap.to_hex()).join("f")).unwrap();
+    let err = view.unmount().unwrap_err();
+    assert!(err.to_string().contains("detached lazily"), "{err}");
+    let mounted = |p: &Path| {
+        fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .any(|l| l.split(' ').nth(4) == Some(p.to_str().unwrap()))
+    };
+    assert!(!mounted(&mnt), "the path is free at once");
+    let mut s = String::new();
+    open.read_to_string(&mut s).unwrap();
+    assert_eq!(
+        s, "still readable",
+        "open files keep working after the detach"
+    );
+}
