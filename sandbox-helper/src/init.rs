@@ -9,7 +9,8 @@
 //! Protocol with the helper over a `SOCK_SEQPACKET` pair:
 //! helper → init `go` + the detached mounts (`SCM_RIGHTS`);
 //! init → helper `S` (set up) or `E<errno> <step>`;
-//! helper → init `run`; init → helper `R` (command started) or `X<errno> <command>`.
+//! helper → init `run` (init is in its cgroups now);
+//! init → helper `R` (command started) or `E...` / `X<errno> <command>`.
 
 use std::io::IoSliceMut;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -144,11 +145,6 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
     if let Err(e) = nix::unistd::setresuid(root_u, root_u, root_u) {
         fail(sock, "setresuid 0 inside the user namespace", e);
     }
-    // The helper moved this process into the sandbox's cgroups before `go`, so the new
-    // cgroup namespace is rooted there.
-    if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP) {
-        fail(sock, "unshare the cgroup namespace", e);
-    }
     if let Err(e) = nix::unistd::sethostname(&ctx.spec.name) {
         fail(sock, "sethostname", e);
     }
@@ -187,6 +183,12 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
     match recv_plain(sock) {
         Ok(msg) if msg == b"run" => {}
         _ => sys::exit_now(SETUP_FAILED),
+    }
+    // The helper has moved this process into the sandbox's cgroups before `run`, so the
+    // new cgroup namespace is rooted there. (Capabilities in the effective set are
+    // untouched by the bounding-set drop; only the command's exec loses them.)
+    if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP) {
+        fail(sock, "unshare the cgroup namespace", e);
     }
 
     // The command must start with no blocked signal, and std does not reset the mask

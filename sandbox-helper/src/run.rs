@@ -189,50 +189,16 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
         std::fs::write(format!("/proc/{pid}/{file}"), &map)
             .map_err(|source| Error::IdMap { file, source })?;
     }
-    group.add(pid)?;
-
-    let userns = File::open(format!("/proc/{pid}/ns/user")).map_err(Error::Sync)?;
-    let mut mounts: Vec<OwnedFd> = Vec::with_capacity(plan.detached.len());
-    for d in &plan.detached {
-        let fd = sys::open_tree_clone(&d.host).map_err(|source| Error::DetachedMount {
-            path: d.host.clone(),
-            source,
-        })?;
-        let userns = d.idmapped().then(|| userns.as_fd());
-        sys::mount_setattr(fd.as_fd(), d.attrs, userns).map_err(|source| {
-            if d.idmapped()
-                && matches!(
-                    source.raw_os_error(),
-                    Some(libc::EINVAL | libc::EOPNOTSUPP | libc::EPERM)
-                )
-            {
-                Error::Unsupported {
-                    control: "workspace mapped to the sandbox's uids (idmapped mount)",
-                    reason: format!(
-                        "the filesystem of {} refuses idmapped mounts: {source}",
-                        d.host.display()
-                    ),
-                }
-            } else {
-                Error::DetachedMount {
-                    path: d.host.clone(),
-                    source,
-                }
-            }
-        })?;
-        mounts.push(fd);
-    }
-    let raw: Vec<i32> = mounts.iter().map(|m| m.as_raw_fd()).collect();
-    sendmsg::<()>(
-        ours.as_raw_fd(),
-        &[IoSlice::new(b"go")],
-        &[ControlMessage::ScmRights(&raw)],
-        MsgFlags::empty(),
-        None,
-    )
-    .map_err(|e| Error::Sync(e.into()))?;
-    drop(mounts);
-    expect_reply(&ours, b'S', spec)?;
+    // Moving a process into a cgroup v1 group waits for an RCU grace period (~10 ms):
+    // do it while init builds its view. Init enters its cgroup namespace, and the
+    // command starts, only after `run`, which is sent once the move is done.
+    let (handover, moved) = std::thread::scope(|scope| {
+        let mover = scope.spawn(|| group.add(pid));
+        let handover = hand_over(pid, &plan, &ours, spec);
+        (handover, mover.join().expect("the cgroup thread panicked"))
+    });
+    moved?;
+    handover?;
 
     let netns = File::open(format!("/proc/{pid}/ns/net")).map_err(Error::Sync)?;
     let ready = Ready {
@@ -276,6 +242,53 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
     group.destroy()?;
     let _ = std::io::stdout().flush();
     Ok(Outcome { code, oom_kills })
+}
+
+/// Makes the detached mounts of `plan` (the workspace idmapped with init's user
+/// namespace), hands them to init with `go`, and waits until init has set up.
+fn hand_over(pid: Pid, plan: &rootfs::Plan, ours: &OwnedFd, spec: &Spec) -> Result<()> {
+    let userns = File::open(format!("/proc/{pid}/ns/user")).map_err(Error::Sync)?;
+    let mut mounts: Vec<OwnedFd> = Vec::with_capacity(plan.detached.len());
+    for d in &plan.detached {
+        let fd = sys::open_tree_clone(&d.host).map_err(|source| Error::DetachedMount {
+            path: d.host.clone(),
+            source,
+        })?;
+        let userns = d.idmapped().then(|| userns.as_fd());
+        sys::mount_setattr(fd.as_fd(), d.attrs, userns).map_err(|source| {
+            if d.idmapped()
+                && matches!(
+                    source.raw_os_error(),
+                    Some(libc::EINVAL | libc::EOPNOTSUPP | libc::EPERM)
+                )
+            {
+                Error::Unsupported {
+                    control: "workspace mapped to the sandbox's uids (idmapped mount)",
+                    reason: format!(
+                        "the filesystem of {} refuses idmapped mounts: {source}",
+                        d.host.display()
+                    ),
+                }
+            } else {
+                Error::DetachedMount {
+                    path: d.host.clone(),
+                    source,
+                }
+            }
+        })?;
+        mounts.push(fd);
+    }
+    let raw: Vec<i32> = mounts.iter().map(|m| m.as_raw_fd()).collect();
+    sendmsg::<()>(
+        ours.as_raw_fd(),
+        &[IoSlice::new(b"go")],
+        &[ControlMessage::ScmRights(&raw)],
+        MsgFlags::empty(),
+        None,
+    )
+    .map_err(|e| Error::Sync(e.into()))?;
+    drop(mounts);
+    expect_reply(ours, b'S', spec)
 }
 
 /// Removes per-run directories of helpers that died without cleaning up.

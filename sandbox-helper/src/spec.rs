@@ -382,7 +382,10 @@ mod tests {
         );
         let not_yet = ws.join("state-not-made-yet");
         i.dir = ws.clone();
-        assert!(Spec::validate(i.clone(), &not_yet).is_err(), "future state dir inside");
+        assert!(
+            Spec::validate(i.clone(), &not_yet).is_err(),
+            "future state dir inside"
+        );
         i.ro_bind = vec![format!("{}:/deps", state.display())];
         assert!(
             Spec::validate(i.clone(), &state).is_err(),
