@@ -1,3 +1,5 @@
 //! All end-to-end tests in one binary, one module per area.
 
+mod crash;
 mod sandbox;
+mod store_cli;

@@ -1,0 +1,216 @@
+//! Crash safety of imports: `mountctl import` is SIGKILLed at points spread over an
+//! import's duration; after each kill the store passes fsck, lists only complete
+//! snapshots and keeps every snapshot the killed process reported.
+//!
+//! The kill points come from timing, so which phase each kill hits varies from run to
+//! run; the assertions hold for every phase, and none is about time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cowspace_tests::{
+    Node, TestRoot, assert_same_listing, mountctl_bin, noise, scan_tree, write_file,
+};
+use serde_json::Value;
+
+const FILES: usize = 3000;
+const DIRS: usize = 40;
+/// Every this-many-th file is large (several chunks).
+const LARGE_EVERY: usize = 300;
+const LARGE_FILE_BYTES: usize = 1280 * 1024;
+const SMALL_FILE_MAX_BYTES: usize = 16 * 1024;
+const KILL_POINTS: u32 = 10;
+/// Kill points spread from 0 to this times an uninterrupted import's duration, so that
+/// some land after the commit (killed imports start cold: nothing of theirs is cached).
+const KILL_SPREAD: f64 = 1.6;
+const REF: &str = "crash/main";
+
+fn file_path(tree: &Path, i: usize) -> std::path::PathBuf {
+    tree.join(format!("d{:02}/sub{}/file-{i:04}.dat", i % DIRS, i % 3))
+}
+
+/// Writes file `i` for `generation`: half noise, half a repeated pattern, so it both
+/// compresses and dedups partly.
+fn write_nth(tree: &Path, i: usize, generation: u64) {
+    let seed = (i as u64) << 16 | generation;
+    let len = if i.is_multiple_of(LARGE_EVERY) {
+        LARGE_FILE_BYTES
+    } else {
+        (seed.wrapping_mul(2_654_435_761) % SMALL_FILE_MAX_BYTES as u64) as usize
+    };
+    let mut data = noise(seed, len / 2);
+    data.extend(std::iter::repeat_n(b"cowspace ", len / 2 / 9 + 1).flatten());
+    data.truncate(len);
+    write_file(&file_path(tree, i), data);
+}
+
+fn make_tree(tree: &Path) {
+    for i in 0..FILES {
+        write_nth(tree, i, 0);
+    }
+}
+
+/// Changes a tenth of the files (one large one among them) for the next round, so every
+/// import has new data to write.
+fn mutate(tree: &Path, round: u32) {
+    let generation = u64::from(round) + 1;
+    for i in (0..FILES).filter(|i| i % 10 == round as usize % 10) {
+        write_nth(tree, i, generation);
+    }
+    write_nth(
+        tree,
+        LARGE_EVERY * (round as usize % (FILES / LARGE_EVERY)),
+        generation,
+    );
+}
+
+/// Starts `mountctl --json import TREE --ref REF`, kills it after `delay` (if still
+/// running), and gives the snapshot it reported, if it got that far.
+fn import_killed_after(r: &TestRoot, tree: &Path, delay: Duration) -> Option<String> {
+    let mut child = Command::new(mountctl_bin())
+        .arg("--root")
+        .arg(r.root())
+        .args(["--json", "import"])
+        .arg(tree)
+        .args(["--ref", REF])
+        .env_remove("COWSPACE_ROOT")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start mountctl import");
+    std::thread::sleep(delay);
+    // SIGKILL, by this child's pid; an error only means it has exited already.
+    let _ = child.kill();
+    let out = child.wait_with_output().expect("wait for mountctl import");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if out.status.success() {
+        let v: Value = serde_json::from_str(stdout.trim())
+            .unwrap_or_else(|e| panic!("import succeeded with bad JSON ({e}): {stdout}"));
+        return Some(v["snapshot"].as_str().expect("snapshot id").to_owned());
+    }
+    // Killed: it may have printed its report just before the signal.
+    assert!(
+        out.status.code().is_none(),
+        "import failed by itself: {:?}\nstdout: {stdout}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str::<Value>(stdout.trim())
+        .ok()
+        .and_then(|v| v["snapshot"].as_str().map(str::to_owned))
+}
+
+/// Exports `snap` and compares it with `expected`; removes the export.
+fn assert_exports_as(r: &TestRoot, snap: &str, expected: &BTreeMap<String, Node>) {
+    let out = r.path("export");
+    r.run(["export", snap, out.to_str().unwrap()]).ok();
+    assert_same_listing(expected, &scan_tree(&out), &format!("snapshot {snap}"));
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// fsck passes (orphan packs allowed); gives the orphan packs it reported.
+fn fsck_clean(r: &TestRoot, when: &str) -> Vec<Value> {
+    let out = r.json(["fsck"]);
+    assert_eq!(out.code, 0, "fsck after {when}: {out:?}");
+    let v = out.json();
+    assert_eq!(v["ok"], true, "{when}: {v}");
+    v["report"]["orphan_packs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+fn imports_killed_at_any_point_leave_a_consistent_store() {
+    let started = Instant::now();
+    let r = TestRoot::new();
+    let tree = r.path("tree");
+    make_tree(&tree);
+    eprintln!("crash: tree made in {:?}", started.elapsed());
+
+    // How long an uninterrupted import takes here, in a root of its own.
+    let probe = TestRoot::new();
+    let t = Instant::now();
+    probe.import(&tree, &[]);
+    let full = t.elapsed();
+    drop(probe);
+
+    // Every snapshot seen so far with the tree it must export as.
+    let mut known: BTreeMap<String, BTreeMap<String, Node>> = BTreeMap::new();
+    let mut reported: BTreeSet<String> = BTreeSet::new();
+    let mut completed = 0;
+    for round in 0..KILL_POINTS {
+        if round > 0 {
+            mutate(&tree, round);
+        }
+        let delay = full.mul_f64(KILL_SPREAD * f64::from(round) / f64::from(KILL_POINTS - 1));
+        let printed = import_killed_after(&r, &tree, delay);
+        let when = format!("kill {round} after {delay:?} (full import {full:?})");
+
+        let killed_at = Instant::now();
+        let orphans = fsck_clean(&r, &when);
+        let listed = r.snapshot_ids();
+        for old in known.keys() {
+            assert!(listed.contains(old), "{when}: snapshot {old} lost");
+        }
+        if let Some(p) = &printed {
+            assert!(
+                listed.contains(p),
+                "{when}: reported snapshot {p} is not listed"
+            );
+            reported.insert(p.clone());
+        }
+        // A new snapshot can only be this round's import, complete.
+        let new: Vec<&String> = listed.iter().filter(|s| !known.contains_key(*s)).collect();
+        assert!(new.len() <= 1, "{when}: several new snapshots {new:?}");
+        if let Some(&s) = new.first() {
+            completed += 1;
+            let now = scan_tree(&tree);
+            assert_exports_as(&r, s, &now);
+            known.insert(s.clone(), now);
+        }
+        // The ref names a listed snapshot.
+        match r.refs().get(REF) {
+            Some(at) => assert!(listed.contains(at), "{when}: {REF} -> unlisted {at}"),
+            None => assert!(listed.is_empty(), "{when}: snapshots but no {REF}"),
+        }
+        eprintln!(
+            "crash: {when}: {} snapshots, {} orphan packs, printed {printed:?}; checked in {:?}",
+            listed.len(),
+            orphans.len(),
+            killed_at.elapsed()
+        );
+    }
+
+    // A normal import still works and sets the ref.
+    let last = r.import(&tree, &["--ref", REF]);
+    let last = last["snapshot"].as_str().unwrap().to_owned();
+    assert_eq!(r.refs()[REF], last);
+    known.insert(last.clone(), scan_tree(&tree));
+    let orphans = fsck_clean(&r, "the final import").len() as u64;
+
+    // gc removes the orphan packs; the ref chain keeps every snapshot.
+    let v = r.json(["gc", "--grace", "0"]).ok().json();
+    assert_eq!(v["orphan_packs_removed"], orphans, "{v}");
+    assert!(fsck_clean(&r, "gc").is_empty(), "orphans left after gc");
+    let listed = r.snapshot_ids();
+    for snap in known.keys() {
+        assert!(
+            listed.contains(snap),
+            "gc removed {snap} of the ref's chain"
+        );
+    }
+    // Each earlier snapshot was exported when it appeared, and fsck has verified every
+    // object since; export the newest once more after gc rewrote the store.
+    assert_exports_as(&r, &last, &known[&last]);
+    eprintln!(
+        "crash: {completed} of {KILL_POINTS} killed imports completed, {} reported, {orphans} \
+         orphan packs removed; {:?} in all",
+        reported.len(),
+        started.elapsed()
+    );
+}

@@ -1,0 +1,318 @@
+//! Bad input: unsafe tar entries, bad patterns, missing sources, unknown and malformed
+//! ids. Each is a clear error with the documented exit code, and nothing is stored.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use cowspace_tests::{TestRoot, run_program, write_file};
+use serde_json::Value;
+
+/// What must not change when an import is refused.
+#[derive(Debug, PartialEq)]
+struct StoreState {
+    snapshots: BTreeSet<String>,
+    refs: std::collections::BTreeMap<String, String>,
+    objects: Vec<Value>,
+    packs: BTreeSet<String>,
+}
+
+fn state(r: &TestRoot) -> StoreState {
+    let s = r.stats();
+    StoreState {
+        snapshots: r.snapshot_ids(),
+        refs: r.refs(),
+        objects: [
+            "chunks",
+            "manifests",
+            "trees",
+            "snapshots",
+            "packs",
+            "stored_bytes",
+        ]
+        .iter()
+        .map(|k| s[k].clone())
+        .collect(),
+        packs: r.pack_files(),
+    }
+}
+
+/// A root that already holds one snapshot (so "unchanged" is not trivially empty).
+fn root_with_a_snapshot() -> (TestRoot, String) {
+    let r = TestRoot::new();
+    let src = r.path("seed");
+    write_file(&src.join("seed.txt"), "seed\n");
+    let id = r.import(&src, &["--ref", "main"])["snapshot"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (r, id)
+}
+
+/// Writes a tar with Python's `tarfile` (GNU tar refuses to make some of these): first a
+/// large incompressible file and a small one, so a careless importer has stored data by
+/// the time it meets `bad`: Python expressions building the last entries.
+fn evil_tar(path: &Path, bad: &[&str]) {
+    let last: String = bad
+        .iter()
+        .map(|b| format!("    t.addfile(*({b}))\n"))
+        .collect();
+    let script = format!(
+        r#"
+import io, os, sys, tarfile
+def reg(name, data):
+    i = tarfile.TarInfo(name); i.size = len(data); i.mode = 0o644; return i, io.BytesIO(data)
+def special(name, kind, link=""):
+    i = tarfile.TarInfo(name); i.type = kind; i.linkname = link; i.mode = 0o644
+    i.devmajor, i.devminor = 1, 3
+    return i, None
+with tarfile.open(sys.argv[1], "w", format=tarfile.PAX_FORMAT) as t:
+    t.addfile(*reg("first/big.bin", os.urandom(600 * 1024)))
+    t.addfile(*reg("first/small.txt", b"small\n"))
+{last}"#
+    );
+    run_program(
+        Path::new("python3"),
+        ["-c".as_ref(), script.as_str().as_ref(), path.as_os_str()],
+        &[],
+    )
+    .ok();
+}
+
+#[test]
+fn unsafe_tar_entries_are_refused_before_anything_is_stored() {
+    let (r, _) = root_with_a_snapshot();
+    let cases: &[(&str, &str, &str)] = &[
+        ("dotdot", r#"reg("../evil", b"x")"#, "../evil"),
+        (
+            "nested-dotdot",
+            r#"reg("a/../../evil", b"x")"#,
+            "a/../../evil",
+        ),
+        ("absolute", r#"reg("/etc/evil", b"x")"#, "/etc/evil"),
+        (
+            "symlink-up",
+            r#"special("up", tarfile.SYMTYPE, "../../outside")"#,
+            "up",
+        ),
+        (
+            "symlink-abs",
+            r#"special("abs", tarfile.SYMTYPE, "/etc/passwd")"#,
+            "abs",
+        ),
+        (
+            "symlink-deep",
+            r#"special("d/e/up", tarfile.SYMTYPE, "../../../x")"#,
+            "d/e/up",
+        ),
+        (
+            "hardlink-missing",
+            r#"special("hl", tarfile.LNKTYPE, "missing")"#,
+            "hl",
+        ),
+        (
+            "hardlink-out",
+            r#"special("hl2", tarfile.LNKTYPE, "../first/small.txt")"#,
+            "hl2",
+        ),
+        ("chardev", r#"special("null", tarfile.CHRTYPE)"#, "null"),
+        ("blockdev", r#"special("sda", tarfile.BLKTYPE)"#, "sda"),
+    ];
+    for (name, bad, entry) in cases {
+        let tar = r.path(&format!("{name}.tar"));
+        evil_tar(&tar, &[bad]);
+        let before = state(&r);
+        let err = r
+            .json(["import", tar.to_str().unwrap(), "--ref", "main"])
+            .error(9, "invalid_input");
+        let msg = err["message"].as_str().unwrap();
+        assert!(
+            msg.contains(&format!("{entry:?}")) || msg.contains(entry),
+            "{name}: {err}"
+        );
+        assert_eq!(state(&r), before, "{name}: something was stored");
+        // Text mode: same code, the entry named on stderr.
+        let out = r.run(["import", tar.to_str().unwrap()]).code(9);
+        assert!(out.stderr.contains(entry), "{name}: {out:?}");
+        assert_eq!(state(&r), before, "{name}: something was stored");
+    }
+    r.json(["fsck"]).ok();
+}
+
+#[test]
+fn devices_and_outside_symlinks_import_only_when_allowed() {
+    let r = TestRoot::new();
+    let dev = r.path("dev.tar");
+    evil_tar(&dev, &[r#"special("null", tarfile.CHRTYPE)"#]);
+    r.json(["import", dev.to_str().unwrap()])
+        .error(9, "invalid_input");
+    let v = r.import(&dev, &["--allow-devices"]);
+    let e = r
+        .json(["show", v["snapshot"].as_str().unwrap(), "null"])
+        .ok()
+        .json();
+    assert_eq!(e["entry"]["kind"], "char_device", "{e}");
+
+    let sym = r.path("sym.tar");
+    evil_tar(&sym, &[r#"special("abs", tarfile.SYMTYPE, "/etc/passwd")"#]);
+    let v = r.import(&sym, &["--allow-external-symlinks"]);
+    let e = r
+        .json(["show", v["snapshot"].as_str().unwrap(), "abs"])
+        .ok()
+        .json();
+    assert_eq!(e["entry"]["kind"], "symlink", "{e}");
+    r.json(["fsck"]).ok();
+}
+
+#[test]
+fn a_path_below_a_symlink_in_a_tar_is_refused() {
+    // Even with outside symlinks allowed, an entry may not go through one.
+    let r = TestRoot::new();
+    let tar = r.path("through.tar");
+    evil_tar(
+        &tar,
+        &[
+            r#"special("esc", tarfile.SYMTYPE, "/tmp")"#,
+            r#"reg("esc/pwned", b"x")"#,
+        ],
+    );
+    let before = r.snapshot_ids();
+    let out = r.json(["import", tar.to_str().unwrap(), "--allow-external-symlinks"]);
+    let err = out.error(9, "invalid_input");
+    assert!(err["message"].as_str().unwrap().contains("esc"), "{err}");
+    assert_eq!(r.snapshot_ids(), before);
+    assert!(
+        r.pack_files().is_empty(),
+        "packs written: {:?}",
+        r.pack_files()
+    );
+}
+
+#[test]
+fn a_bad_exclude_pattern_is_invalid_input() {
+    let (r, _) = root_with_a_snapshot();
+    let src = r.path("src");
+    write_file(&src.join("f"), "x");
+    let before = state(&r);
+    let err = r
+        .json(["import", src.to_str().unwrap(), "--exclude", "a["])
+        .error(9, "invalid_input");
+    assert!(err["message"].as_str().unwrap().contains("a["), "{err}");
+    assert_eq!(state(&r), before);
+}
+
+#[test]
+fn a_missing_source_is_not_found() {
+    let (r, _) = root_with_a_snapshot();
+    let before = state(&r);
+    for missing in [r.path("nope"), r.path("nope.tar"), r.path("nope.tar.gz")] {
+        let err = r
+            .json(["import", missing.to_str().unwrap()])
+            .error(3, "not_found");
+        assert!(err["message"].as_str().unwrap().contains("nope"), "{err}");
+    }
+    let err = r
+        .json(["import", r.path("nope").to_str().unwrap(), "--git", "HEAD"])
+        .error(3, "not_found");
+    assert!(err["message"].as_str().unwrap().contains("nope"), "{err}");
+    assert_eq!(state(&r), before);
+}
+
+#[test]
+fn a_file_that_is_not_an_archive_or_is_truncated_is_refused() {
+    let (r, _) = root_with_a_snapshot();
+    let junk = r.path("junk.tar.gz");
+    write_file(&junk, "this is not gzip data at all");
+    let plain = r.path("notes.txt");
+    write_file(&plain, "a plain file is taken for a tar, and is not one\n");
+    // A real archive cut off in the middle of its large first entry.
+    let whole = r.path("whole.tar");
+    evil_tar(&whole, &[r#"reg("last.txt", b"last")"#]);
+    let bytes = std::fs::read(&whole).unwrap();
+    let cut = r.path("cut.tar");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+
+    let before = state(&r);
+    for bad in [&junk, &plain, &cut] {
+        let err = r
+            .json(["import", bad.to_str().unwrap()])
+            .error(9, "invalid_input");
+        let name = bad.file_name().unwrap().to_str().unwrap();
+        assert!(err["message"].as_str().unwrap().contains(name), "{err}");
+        assert_eq!(state(&r), before, "{name}: something was stored");
+    }
+    // The whole archive imports.
+    let v = r.import(&whole, &[]);
+    assert_eq!(v["files"], 3, "{v}");
+}
+
+#[test]
+fn unknown_refs_and_snapshots_are_not_found() {
+    let (r, id) = root_with_a_snapshot();
+    let dest: PathBuf = r.path("dest");
+    let d = dest.to_str().unwrap();
+    let unknown_full = "0123456789abcdef".repeat(4);
+    for spec in [
+        "no-such-ref",
+        "team/none",
+        unknown_full.as_str(),
+        "abcdef",
+        "abc",
+    ] {
+        let err = r.json(["show", spec]).error(3, "not_found");
+        assert!(err["message"].as_str().unwrap().contains(spec), "{err}");
+        assert!(
+            err["hint"]
+                .as_str()
+                .unwrap_or("")
+                .contains("mountctl snapshots"),
+            "{err}"
+        );
+        r.json(["export", spec, d]).error(3, "not_found");
+        r.json(["export", spec, d, "--tar"]).error(3, "not_found");
+        r.json(["diff", spec, "main"]).error(3, "not_found");
+        r.json(["diff", "main", spec]).error(3, "not_found");
+        r.json(["ref", "set", "x", spec]).error(3, "not_found");
+    }
+    assert!(!dest.exists());
+    // A path that is not in the snapshot.
+    r.json(["show", &id, "no/such/path"]).error(3, "not_found");
+    r.json(["show", "main", "seed.txt/below-a-file"])
+        .error(3, "not_found");
+    // A full id, a prefix and the ref name all name the same snapshot.
+    for spec in [id.as_str(), &id[..12], &id[..6], &id.to_uppercase(), "main"] {
+        let v = r.json(["show", spec]).ok().json();
+        assert_eq!(v["snapshot"], id.as_str(), "{spec}");
+    }
+    assert!(r.refs().len() == 1);
+}
+
+#[test]
+fn malformed_ids_are_invalid_input() {
+    let (r, _) = root_with_a_snapshot();
+    // Neither a hex id nor a possible ref name.
+    for spec in ["not a ref", "../main", "a//b", "snap!"] {
+        let err = r.json(["show", spec]).error(9, "invalid_input");
+        assert!(
+            err["message"].as_str().unwrap().contains(spec),
+            "{spec}: {err}"
+        );
+        r.json(["diff", spec, "main"]).error(9, "invalid_input");
+    }
+}
+
+#[test]
+fn usage_errors_exit_2_with_a_json_error() {
+    let r = TestRoot::new();
+    for args in [
+        vec!["import"],
+        vec!["snapshots", "--no-such-flag"],
+        vec!["frobnicate"],
+    ] {
+        let err = r.json(&args).error(2, "usage");
+        assert!(
+            err["hint"].as_str().unwrap().contains("help"),
+            "{args:?}: {err}"
+        );
+    }
+    r.json(["gc", "--grace", "soon"]).error(2, "usage");
+}

@@ -1,0 +1,120 @@
+//! `mountctl diff A B [--patch]`.
+
+use std::collections::BTreeMap;
+use std::fs;
+
+use cowspace_tests::{TestRoot, write_file};
+use serde_json::Value;
+
+/// path → change kind of `diff --json`.
+fn changes(v: &Value) -> BTreeMap<String, String> {
+    v["changes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no changes in {v}"))
+        .iter()
+        .map(|c| {
+            (
+                c["path"].as_str().unwrap().to_owned(),
+                c["change"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn diff_lists_added_modified_deleted_and_type_changed_paths() {
+    let r = TestRoot::new();
+    let src = r.path("src");
+    write_file(&src.join("text.txt"), "line one\nline two\nline three\n");
+    write_file(
+        &src.join("data.bin"),
+        b"\x00\x01\x02binary\x00\xff".repeat(10),
+    );
+    write_file(&src.join("gone.txt"), "deleted later\n");
+    write_file(&src.join("same/untouched.txt"), "same\n");
+    write_file(&src.join("becomes-dir"), "a file first\n");
+    std::os::unix::fs::symlink("text.txt", src.join("link")).unwrap();
+    let a = r.import(&src, &["--ref", "a"])["snapshot"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    write_file(&src.join("text.txt"), "line one\nline 2\nline three\n");
+    write_file(
+        &src.join("data.bin"),
+        b"\x00\x01\x02BINARY\x00\xfe".repeat(10),
+    );
+    fs::remove_file(src.join("gone.txt")).unwrap();
+    fs::remove_file(src.join("becomes-dir")).unwrap();
+    write_file(&src.join("becomes-dir/inner.txt"), "now a dir\n");
+    write_file(&src.join("new/added.txt"), "brand new\n");
+    fs::remove_file(src.join("link")).unwrap();
+    std::os::unix::fs::symlink("data.bin", src.join("link")).unwrap();
+    let b = r.import(&src, &["--ref", "b"])["snapshot"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let v = r.json(["diff", "a", "b"]).ok().json();
+    assert_eq!(v["from"], a.as_str());
+    assert_eq!(v["to"], b.as_str());
+    assert!(v["patch"].is_null(), "{v}");
+    let c = changes(&v);
+    let expect = |p: &str, k: &str| {
+        assert_eq!(c.get(p).map(String::as_str), Some(k), "{p}: {v}");
+    };
+    expect("text.txt", "modified");
+    expect("data.bin", "modified");
+    expect("gone.txt", "deleted");
+    expect("becomes-dir", "type_changed");
+    expect("new", "added");
+    expect("new/added.txt", "added");
+    expect("link", "modified");
+    assert!(
+        !c.keys().any(|p| p.starts_with("same")),
+        "unchanged subtree listed: {v}"
+    );
+
+    // Text form: one letter and the path a line.
+    let out = r.run(["diff", &a, &b]).ok();
+    assert!(
+        out.stdout.lines().any(|l| l == "D gone.txt"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.lines().any(|l| l == "A new/added.txt"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.lines().any(|l| l == "T becomes-dir"),
+        "{}",
+        out.stdout
+    );
+
+    // --patch: a unified diff of the text change, "Binary files" for the binary one.
+    let out = r.run(["diff", "a", "b", "--patch"]).ok();
+    let p = &out.stdout;
+    assert!(p.contains("--- a/text.txt\n+++ b/text.txt\n"), "{p}");
+    assert!(p.contains("@@"), "{p}");
+    assert!(
+        p.contains("\n-line two\n") && p.contains("\n+line 2\n"),
+        "{p}"
+    );
+    assert!(p.contains(" line one\n"), "context line missing: {p}");
+    assert!(
+        p.contains("Binary files a/data.bin and b/data.bin differ"),
+        "{p}"
+    );
+    assert!(p.contains("+brand new\n"), "{p}");
+    assert!(p.contains("-deleted later\n"), "{p}");
+    let v = r.json(["diff", "a", "b", "--patch"]).ok().json();
+    assert_eq!(v["patch"].as_str().unwrap().trim_end(), p.trim_end(), "{v}");
+
+    // A snapshot against itself: nothing.
+    let v = r.json(["diff", &a, "a"]).ok().json();
+    assert_eq!(v["changes"], serde_json::json!([]), "{v}");
+    let out = r.run(["diff", "b", "b", "--patch"]).ok();
+    assert!(out.stdout.trim().is_empty(), "{out:?}");
+}
