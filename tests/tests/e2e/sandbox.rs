@@ -531,6 +531,25 @@ fn sandbox_missing_control_is_refused_with_exit_7_and_nothing_runs() {
     let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
     assert_eq!(v["error"]["kind"], "unsupported");
     assert!(!s.ws().join("ran").exists(), "the command ran");
+    let probe = std::process::Command::new(support::helper())
+        .args(["probe", "--json"])
+        .env("COWSPACE_CGROUP_ROOT", &empty)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&probe.stdout).unwrap();
+    let pids = v["controls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["control"].as_str().unwrap().contains("pids"))
+        .unwrap();
+    assert_eq!(pids["available"], false);
+    assert!(
+        pids["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no cgroup v1 `pids` hierarchy")
+    );
     assert_eq!(
         std::fs::read_dir(s.state()).unwrap().count(),
         0,
