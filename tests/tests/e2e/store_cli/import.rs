@@ -362,3 +362,28 @@ fn reimport_of_an_unchanged_tree_reads_no_file() {
     .ok();
     assert_same_tree(&src, &out);
 }
+
+#[test]
+fn quiet_and_verbose_keep_stdout_for_the_result() {
+    let r = TestRoot::new();
+    let src = r.path("src");
+    write_file(&src.join("f"), "x\n");
+    let src = src.to_str().unwrap();
+
+    let loud = r.run(["import", src]).ok();
+    assert_eq!(loud.stdout.trim().len(), 64, "{loud:?}");
+    assert!(loud.stderr.contains("imported 1 files"), "{loud:?}");
+    let quiet = r.run(["-q", "import", src]).ok();
+    assert_eq!(quiet.stdout.trim().len(), 64, "{quiet:?}");
+    assert!(quiet.stderr.is_empty(), "{quiet:?}");
+    // However chatty, --json keeps stdout to the one object.
+    let v = r.run(["-vv", "--json", "import", src]).ok().json();
+    assert_eq!(v["files"], 1, "{v}");
+    let id = v["snapshot"].clone();
+    // (Identical imports within one second are one snapshot: the count varies.)
+    let list = r.run(["-v", "--json", "snapshots"]).ok().json();
+    assert!(
+        list.as_array().unwrap().iter().any(|s| s["snapshot"] == id),
+        "{list}"
+    );
+}
