@@ -69,6 +69,9 @@ struct RunArgs {
     /// Bind host SRC read-only at DST inside.
     #[arg(long, value_name = "SRC:DST")]
     ro_bind: Vec<String>,
+    /// Give the command the host file HOSTFILE as /run/secrets/NAME (read-only tmpfs).
+    #[arg(long, value_name = "NAME=HOSTFILE")]
+    secret: Vec<String>,
     /// Print the published ports as one JSON line on stdout before CMD runs; errors as JSON.
     #[arg(long)]
     json: bool,
@@ -124,6 +127,7 @@ fn run_cmd(args: RunArgs) -> Result<u8, Error> {
         publish: args.publish,
         env: args.env,
         ro_bind: args.ro_bind,
+        secret: args.secret,
         command: args.command,
     };
     let spec = Spec::validate(input, &opts.state_dir)?;

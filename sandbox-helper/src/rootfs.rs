@@ -169,6 +169,11 @@ pub enum Step {
     },
     /// Remount `/` read-only.
     RemountRootReadOnly,
+    /// Remount a tmpfs made by an earlier step read-only (`nosuid,nodev,noexec`).
+    RemountReadOnly {
+        /// Its mount point.
+        target: PathBuf,
+    },
     /// Change the working directory.
     Chdir(PathBuf),
 }
@@ -186,6 +191,7 @@ impl Step {
             Step::Devpts { .. } => "mount /dev/pts".into(),
             Step::PivotRoot { .. } => "pivot_root".into(),
             Step::RemountRootReadOnly => "remount / read-only".into(),
+            Step::RemountReadOnly { target } => format!("remount {} read-only", target.display()),
             Step::Chdir(p) => format!("chdir {}", p.display()),
         }
     }
@@ -408,6 +414,23 @@ pub fn plan(spec: &Spec, new_root: &Path, host: &dyn HostFs) -> Plan {
         p.mirror(&bind.source, kind, &inside, ro);
     }
 
+    if !spec.secrets.is_empty() {
+        let dir = crate::spec::SECRETS_DIR.trim_start_matches('/');
+        p.push(Step::Mkdir {
+            path: p.at("run"),
+            mode: 0o755,
+        });
+        p.tmpfs(dir, 0o700, safe | MsFlags::MS_NOEXEC, "mode=0700,size=8m");
+        for secret in &spec.secrets {
+            let path = p.at(&format!("{dir}/{}", secret.name));
+            p.push(Step::File {
+                path,
+                contents: secret.contents.clone(),
+            });
+        }
+        p.push(Step::RemountReadOnly { target: p.at(dir) });
+    }
+
     p.push(Step::PivotRoot {
         new_root: new_root.to_path_buf(),
     });
@@ -487,6 +510,17 @@ fn apply_one(sys: &dyn Syscall, step: &Step, mounts: &[OwnedFd]) -> io::Result<(
                 | MsFlags::MS_NODEV,
             None,
         ),
+        Step::RemountReadOnly { target } => sys.mount(
+            None,
+            target,
+            None,
+            MsFlags::MS_REMOUNT
+                | MsFlags::MS_RDONLY
+                | MsFlags::MS_NOSUID
+                | MsFlags::MS_NODEV
+                | MsFlags::MS_NOEXEC,
+            None,
+        ),
         Step::Chdir(path) => sys.chdir(path),
     }
 }
@@ -529,6 +563,10 @@ mod tests {
             limits: Default::default(),
             publish: vec![],
             env: Default::default(),
+            secrets: vec![crate::spec::Secret {
+                name: "token".into(),
+                contents: b"s3cr3t".to_vec(),
+            }],
             ro_binds: vec![RoBind {
                 source: "/srv/cache".into(),
                 target: "/deps/cache".into(),
@@ -655,6 +693,18 @@ mod tests {
         assert!(log.contains(&"attach /r/workspace".to_string()));
         assert!(log.contains(&"mkdir /r/deps".to_string()));
         assert!(log.contains(&"attach /r/deps/cache".to_string()));
+        let secret = log
+            .iter()
+            .position(|l| l == "write /r/run/secrets/token")
+            .unwrap();
+        let locked = log
+            .iter()
+            .position(|l| l.starts_with("mount None /r/run/secrets") && l.contains("MS_RDONLY"))
+            .unwrap();
+        assert!(
+            secret < locked && locked < pivot,
+            "secrets written, then locked, before pivot"
+        );
         let proc_at = log
             .iter()
             .position(|l| l.contains("Some(\"proc\")"))

@@ -19,8 +19,13 @@ pub const MAX_LIST_ENTRIES: usize = 64;
 pub const ENV_ALLOWLIST: [&str; 2] = ["TERM", "LANG"];
 /// `PATH` inside the sandbox unless `--env PATH=...` is given.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Largest `--secret` file accepted.
+pub const MAX_SECRET_BYTES: u64 = 1 << 20;
+/// Where secrets appear inside the sandbox (a private read-only tmpfs).
+pub const SECRETS_DIR: &str = "/run/secrets";
 /// Paths inside the sandbox a `--ro-bind` may not be placed at or under.
-const RESERVED_TARGETS: [&str; 12] = [
+const RESERVED_TARGETS: [&str; 13] = [
+    "/run",
     "/proc",
     "/dev",
     "/workspace",
@@ -78,6 +83,22 @@ pub struct RoBind {
     pub target: PathBuf,
 }
 
+/// A secret handed to the sandbox as a file in `/run/secrets`, never in an argument or
+/// the environment. `Debug` does not show the contents.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret {
+    /// File name under `/run/secrets`.
+    pub name: String,
+    /// The contents (read from the host file when validated).
+    pub contents: Vec<u8>,
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secret({:?}, {} bytes)", self.name, self.contents.len())
+    }
+}
+
 /// A validated sandbox request.
 #[derive(Debug, Clone)]
 pub struct Spec {
@@ -95,6 +116,8 @@ pub struct Spec {
     pub env: BTreeMap<String, String>,
     /// Extra read-only binds.
     pub ro_binds: Vec<RoBind>,
+    /// Secrets, as files in `/run/secrets`.
+    pub secrets: Vec<Secret>,
     /// The command and its arguments.
     pub command: Vec<String>,
 }
@@ -120,6 +143,8 @@ pub struct SpecInput {
     pub env: Vec<String>,
     /// `--ro-bind SRC:DST`.
     pub ro_bind: Vec<String>,
+    /// `--secret NAME=HOSTFILE`.
+    pub secret: Vec<String>,
     /// The command.
     pub command: Vec<String>,
 }
@@ -132,7 +157,12 @@ impl Spec {
         if input.command.is_empty() {
             return Err(Error::InvalidInput("no command given after `--`".into()));
         }
-        for list in [input.env.len(), input.ro_bind.len(), input.publish.len()] {
+        for list in [
+            input.env.len(),
+            input.ro_bind.len(),
+            input.publish.len(),
+            input.secret.len(),
+        ] {
             if list > MAX_LIST_ENTRIES {
                 return Err(Error::InvalidInput(format!(
                     "more than {MAX_LIST_ENTRIES} --env, --ro-bind or --publish entries"
@@ -243,6 +273,40 @@ impl Spec {
             ro_binds.push(RoBind { source, target });
         }
 
+        let mut secrets: Vec<Secret> = Vec::new();
+        for entry in &input.secret {
+            let (name, file) = entry.split_once('=').ok_or_else(|| {
+                Error::InvalidInput(format!("--secret {entry:?}: expected NAME=HOSTFILE"))
+            })?;
+            let name_ok = !name.is_empty()
+                && name.len() <= MAX_NAME_BYTES
+                && !name.starts_with('.')
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+            if !name_ok || secrets.iter().any(|s| s.name == name) {
+                return Err(Error::InvalidInput(format!(
+                    "--secret {name:?}: a unique name of [A-Za-z0-9_.-], not starting with a dot"
+                )));
+            }
+            let path = std::fs::canonicalize(file)
+                .map_err(|e| Error::InvalidInput(format!("--secret {name}: {file:?}: {e}")))?;
+            refuse_overlap(&path, state_dir, "--secret")?;
+            let meta = std::fs::metadata(&path)
+                .map_err(|e| Error::InvalidInput(format!("--secret {name}: {file:?}: {e}")))?;
+            if !meta.is_file() || meta.len() > MAX_SECRET_BYTES {
+                return Err(Error::InvalidInput(format!(
+                    "--secret {name}: {file:?} must be a regular file of at most {MAX_SECRET_BYTES} bytes"
+                )));
+            }
+            let contents = std::fs::read(&path)
+                .map_err(|e| Error::InvalidInput(format!("--secret {name}: {file:?}: {e}")))?;
+            secrets.push(Secret {
+                name: name.to_string(),
+                contents,
+            });
+        }
+
         Ok(Spec {
             name: input.name,
             workspace,
@@ -251,6 +315,7 @@ impl Spec {
             publish,
             env,
             ro_binds,
+            secrets,
             command: input.command,
         })
     }
@@ -402,6 +467,32 @@ mod tests {
         let spec = Spec::validate(i, &state).unwrap();
         assert_eq!(spec.ro_binds[0].target, Path::new("/deps/cache"));
         assert_eq!(spec.net, Net::None);
+    }
+
+    #[test]
+    fn secrets_are_read_checked_and_not_shown_by_debug() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let mut i = input(tmp.path());
+        i.dir = tmp.path().join("ws");
+        std::fs::create_dir(&i.dir).unwrap();
+        let file = tmp.path().join("token");
+        std::fs::write(&file, "s3cr3t").unwrap();
+        i.secret = vec![format!("api-token={}", file.display())];
+        let spec = Spec::validate(i.clone(), &state).unwrap();
+        assert_eq!(spec.secrets[0].contents, b"s3cr3t");
+        assert!(!format!("{spec:?}").contains("s3cr3t"));
+        for bad in ["../x", ".hidden", "a/b", ""] {
+            i.secret = vec![format!("{bad}={}", file.display())];
+            assert!(Spec::validate(i.clone(), &state).is_err(), "{bad:?}");
+        }
+        i.secret = vec![
+            format!("a={}", file.display()),
+            format!("a={}", file.display()),
+        ];
+        assert!(Spec::validate(i.clone(), &state).is_err(), "duplicate");
+        i.secret = vec![format!("d={}", tmp.path().display())];
+        assert!(Spec::validate(i, &state).is_err(), "directory");
     }
 
     #[test]

@@ -753,3 +753,41 @@ fn sandbox_limits_are_written_to_its_cgroups_and_removed_after() {
     assert_eq!(out.status.code(), Some(0));
     assert!(leftover_cgroups("limit-box", helper_pid).is_empty());
 }
+
+#[test]
+fn sandbox_secrets_are_read_only_files_never_arguments_or_environment() {
+    require_root!();
+    let s = Scratch::new();
+    let file = s.dir.path().join("token");
+    std::fs::write(&file, "s3cr3t-value").unwrap();
+    let secret = format!("api-token={}", file.display());
+    let out = run(s.command(
+        "secret-box",
+        &["--secret", &secret],
+        &[
+            "/bin/sh",
+            "-c",
+            "cat /run/secrets/api-token; echo; echo x > /run/secrets/api-token; \
+             env | grep -c s3cr3t-v''alue; tr '\\0' ' ' < /proc/1/cmdline | grep -c s3cr3t-v''alue; \
+             ls -l /run/secrets",
+        ],
+    ));
+    let (_, stdout, stderr) = parts(&out);
+    let mut lines = stdout.lines();
+    assert_eq!(lines.next(), Some("s3cr3t-value"), "{stdout} {stderr}");
+    assert_eq!(
+        lines.next(),
+        Some("0"),
+        "secret in the environment: {stdout}"
+    );
+    assert_eq!(
+        lines.next(),
+        Some("0"),
+        "secret in init's command line: {stdout}"
+    );
+    assert!(
+        stderr.contains("cannot create /run/secrets/api-token: Read-only file system"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "s3cr3t-value");
+}
