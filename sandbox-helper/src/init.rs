@@ -179,6 +179,20 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
         fail(sock, "install the seccomp filter", e);
     }
 
+    // A command that is not there is reported before the helper announces the sandbox
+    // (and its ports) as ready.
+    if !command_exists(
+        &ctx.spec.command[0],
+        ctx.spec.env.get("PATH").map(String::as_str),
+    ) {
+        report(
+            sock,
+            'X',
+            &std::io::Error::from_raw_os_error(libc::ENOENT),
+            &ctx.spec.command[0],
+        );
+        sys::exit_now(SETUP_FAILED);
+    }
     let _ = send(sock.as_raw_fd(), b"S", MsgFlags::empty());
     match recv_plain(sock) {
         Ok(msg) if msg == b"run" => {}
@@ -220,6 +234,18 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
     // The helper's reader sees the end of the protocol.
     let _ = nix::sys::socket::shutdown(sock.as_raw_fd(), nix::sys::socket::Shutdown::Both);
     supervise(main_pid, &signals)
+}
+
+/// Whether `program` names a file inside the view: as a path when it has a `/`, else
+/// through the command's `PATH`, as `execvp` would look it up.
+fn command_exists(program: &str, path: Option<&str>) -> bool {
+    if program.contains('/') {
+        return std::path::Path::new(program).is_file();
+    }
+    path.unwrap_or_default()
+        .split(':')
+        .filter(|dir| !dir.is_empty())
+        .any(|dir| std::path::Path::new(dir).join(program).is_file())
 }
 
 fn drop_capabilities() -> std::io::Result<()> {
