@@ -155,6 +155,20 @@ fn export_to_an_existing_destination_is_refused_and_leaves_it_alone() {
         ["dest", "file.tar", "root", "src"]
     );
 
+    // A dangling symlink is an existing destination: not followed, not replaced.
+    let link = r.path("link");
+    std::os::unix::fs::symlink(r.path("nowhere"), &link).unwrap();
+    for tar in [false, true] {
+        let mut args = vec!["export", &snap, link.to_str().unwrap()];
+        if tar {
+            args.push("--tar");
+        }
+        r.json(&args).error(4, "exists");
+        assert_eq!(fs::read_link(&link).unwrap(), r.path("nowhere"));
+        assert!(!r.path("nowhere").exists());
+    }
+    fs::remove_file(&link).unwrap();
+
     // A destination whose parent does not exist fails without creating anything.
     let deep = r.path("no/such/parent/out");
     let out = r.json(["export", &snap, deep.to_str().unwrap()]);

@@ -99,3 +99,47 @@ fn gc_keeps_refs_and_chains_and_removes_unreferenced_snapshots_after_grace() {
     assert_eq!(s["trees"], 0, "{s}");
     r.json(["fsck"]).ok();
 }
+
+#[test]
+fn gc_during_an_import_waits_or_is_busy_and_the_import_survives() {
+    let r = TestRoot::new();
+    let src = r.path("src");
+    for i in 0..400 {
+        write_file(
+            &src.join(format!("d{}/f{i}", i % 8)),
+            noise(i, 4096 + (i as usize * 97) % 8192),
+        );
+    }
+    let copy = keep_copy(&r, &src, "copy");
+    let import = std::process::Command::new(cowspace_tests::mountctl_bin())
+        .arg("--root")
+        .arg(r.root())
+        .args(["--json", "import"])
+        .arg(&src)
+        .args(["--ref", "main"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Whether these overlap the import depends on timing; every outcome is checked.
+    let busy = r.json(["gc", "--grace", "0"]);
+    match busy.code {
+        0 => {}
+        5 => {
+            busy.error(5, "busy");
+        }
+        _ => panic!("gc during an import: {busy:?}"),
+    }
+    r.json(["gc", "--grace", "0", "--wait"]).ok();
+    let out = import.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let snap = v["snapshot"].as_str().unwrap();
+    r.json(["gc", "--grace", "0"]).ok();
+    assert_eq!(r.refs()["main"], snap);
+    let v = r.json(["fsck"]).ok().json();
+    assert_eq!(v["report"]["orphan_packs"], json!([]), "{v}");
+    let exported = r.path("out");
+    r.run(["export", "main", exported.to_str().unwrap()]).ok();
+    assert_same_tree(&copy, &exported);
+}

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use cowspace_tests::{TestRoot, assert_same_tree, write_file};
+use cowspace_tests::{TestRoot, assert_same_tree, run_program, write_file};
 use serde_json::{Value, json};
 
 fn show(r: &TestRoot, spec: &str) -> Value {
@@ -386,4 +386,48 @@ fn quiet_and_verbose_keep_stdout_for_the_result() {
         list.as_array().unwrap().iter().any(|s| s["snapshot"] == id),
         "{list}"
     );
+}
+
+#[test]
+fn a_root_inside_the_source_is_refused() {
+    let r = TestRoot::new();
+    // The scratch directory holds the root itself.
+    write_file(&r.path("f"), "x");
+    let err = r
+        .json(["import", r.scratch().to_str().unwrap()])
+        .error(9, "invalid_input");
+    assert!(err["message"].as_str().unwrap().contains("inside"), "{err}");
+    assert!(r.snapshot_ids().is_empty());
+    assert!(r.pack_files().is_empty());
+}
+
+#[test]
+fn fifos_are_kept_and_sockets_left_out_with_a_warning() {
+    let r = TestRoot::new();
+    let src = r.path("src");
+    write_file(&src.join("a"), "a\n");
+    run_program(std::path::Path::new("mkfifo"), [src.join("fifo")], &[]).ok();
+    let _sock = std::os::unix::net::UnixListener::bind(src.join("sock")).unwrap();
+    let v = r.import(&src, &[]);
+    let warnings = v["warnings"].as_array().unwrap();
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.as_str().unwrap().contains("sock")),
+        "{v}"
+    );
+    let snap = v["snapshot"].as_str().unwrap();
+    let mut names = top_names(&r, snap, "");
+    names.sort();
+    assert_eq!(names, ["a", "fifo"]);
+    let out = r.path("out");
+    r.run(["export", snap, out.to_str().unwrap()]).ok();
+    use std::os::unix::fs::FileTypeExt;
+    assert!(
+        std::fs::symlink_metadata(out.join("fifo"))
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+    assert!(!out.join("sock").exists());
 }
