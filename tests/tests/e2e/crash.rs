@@ -214,3 +214,89 @@ fn imports_killed_at_any_point_leave_a_consistent_store() {
         started.elapsed()
     );
 }
+
+/// Per round of the gc crash test: a snapshot only a ref keeps (files `live*`) and an
+/// unreferenced one whose pack also holds those files (plus large `dead*` files), so a
+/// gc both deletes snapshots and rewrites a pack that is mostly garbage.
+fn gc_round_garbage(r: &TestRoot, round: u64) -> (String, BTreeMap<String, Node>) {
+    let both = r.path(&format!("both-{round}"));
+    let live = r.path(&format!("live-{round}"));
+    for i in 0..200u64 {
+        let data = noise(round << 20 | i, 4096);
+        write_file(&both.join(format!("live{i}")), &data);
+        write_file(&live.join(format!("live{i}")), &data);
+    }
+    for i in 0..8u64 {
+        write_file(
+            &both.join(format!("dead{i}")),
+            noise(round << 20 | 1000 | i, 512 * 1024),
+        );
+    }
+    r.import(&both, &[]);
+    let kept = r.import(&live, &["--ref", "gc/main"]);
+    let listing = scan_tree(&live);
+    (kept["snapshot"].as_str().unwrap().to_owned(), listing)
+}
+
+#[test]
+fn gc_killed_at_any_point_leaves_a_consistent_store() {
+    const GC_KILL_POINTS: u32 = 8;
+    // How long such a gc takes here.
+    let probe = TestRoot::new();
+    gc_round_garbage(&probe, 0);
+    let t = Instant::now();
+    let v = probe.json(["gc", "--grace", "0"]).ok().json();
+    let full = t.elapsed();
+    assert!(
+        v["packs_rewritten"].as_u64().unwrap() >= 1,
+        "no pack rewritten: {v}"
+    );
+    assert!(v["packs_removed"].as_u64().unwrap() + v["packs_rewritten"].as_u64().unwrap() >= 1);
+    drop(probe);
+
+    let r = TestRoot::new();
+    let mut kept: Vec<(String, BTreeMap<String, Node>)> = Vec::new();
+    for round in 0..GC_KILL_POINTS {
+        kept.push(gc_round_garbage(&r, u64::from(round)));
+        let delay = full.mul_f64(KILL_SPREAD * f64::from(round) / f64::from(GC_KILL_POINTS - 1));
+        let mut child = Command::new(mountctl_bin())
+            .arg("--root")
+            .arg(r.root())
+            .args(["--json", "gc", "--grace", "0"])
+            .env_remove("COWSPACE_ROOT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start mountctl gc");
+        std::thread::sleep(delay);
+        let _ = child.kill();
+        let status = child.wait().expect("wait for mountctl gc");
+        let when = format!("gc kill {round} after {delay:?} (full gc {full:?}): {status:?}");
+        fsck_clean(&r, &when);
+        // Every snapshot on the ref's chain is intact; the newest exports exactly.
+        let listed = r.snapshot_ids();
+        for (snap, _) in &kept {
+            assert!(listed.contains(snap), "{when}: {snap} lost");
+        }
+        let (newest, listing) = kept.last().unwrap();
+        assert_eq!(&r.refs()["gc/main"], newest, "{when}");
+        assert_exports_as(&r, newest, listing);
+        eprintln!("crash: {when}: {} snapshots", listed.len());
+    }
+    // A gc that runs to the end leaves only the chain, no orphans, and every snapshot
+    // of the chain exports as it was imported.
+    r.json(["gc", "--grace", "0"]).ok();
+    assert!(
+        fsck_clean(&r, "the last gc").is_empty(),
+        "orphans left after gc"
+    );
+    let listed = r.snapshot_ids();
+    assert_eq!(
+        listed,
+        kept.iter().map(|(s, _)| s.clone()).collect::<BTreeSet<_>>()
+    );
+    for (snap, listing) in &kept {
+        assert_exports_as(&r, snap, listing);
+    }
+}
