@@ -205,7 +205,7 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
         published: published.clone(),
         host_uid_base: ids.base(),
         init_pid: pid.as_raw(),
-        cgroups: group.dirs().map(Path::to_path_buf).collect(),
+        cgroups: group.dirs().into_iter().map(Path::to_path_buf).collect(),
     };
     on_ready(&ready);
     let mut proxy = Proxy::start(leases, &netns).map_err(Error::Sync)?;

@@ -235,11 +235,14 @@ impl Group {
                 enable_v2(&parent, p.controller)?;
             }
             let dir = parent.join(&leaf);
-            fs::create_dir(&dir).map_err(|source| Error::Cgroup {
-                step: "create",
-                path: dir.clone(),
-                source,
-            })?;
+            // On v2 every controller shares the one group directory.
+            if !group.dirs.iter().any(|(_, d)| *d == dir) {
+                fs::create_dir(&dir).map_err(|source| Error::Cgroup {
+                    step: "create",
+                    path: dir.clone(),
+                    source,
+                })?;
+            }
             group.dirs.push((p.clone(), dir.clone()));
             match p.controller {
                 Controller::Memory => memory::apply(&dir, p.version, limits.memory_bytes)?,
@@ -250,14 +253,23 @@ impl Group {
         Ok(group)
     }
 
-    /// The group's directories.
-    pub fn dirs(&self) -> impl Iterator<Item = &Path> {
-        self.dirs.iter().map(|(_, d)| d.as_path())
+    /// The group's directories (one per hierarchy).
+    pub fn dirs(&self) -> Vec<&Path> {
+        let mut out: Vec<&Path> = Vec::new();
+        for (_, d) in &self.dirs {
+            if !out.contains(&d.as_path()) {
+                out.push(d);
+            }
+        }
+        out
     }
 
     /// Moves process `pid` into every directory of the group.
     pub fn add(&self, pid: Pid) -> Result<()> {
-        for (_, dir) in &self.dirs {
+        for (i, (_, dir)) in self.dirs.iter().enumerate() {
+            if self.dirs[..i].iter().any(|(_, d)| d == dir) {
+                continue;
+            }
             write(
                 &dir.join("cgroup.procs"),
                 &pid.to_string(),
@@ -409,6 +421,55 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.kind(), crate::Kind::Unsupported);
         assert!(err.to_string().contains("pids"), "{err}");
+    }
+
+    /// The v2 file protocol against a directory laid out like a unified hierarchy (plain
+    /// files stand in for the kernel's; the real v2 path is not available on this host).
+    #[test]
+    fn v2_group_writes_its_limits_and_enables_controllers() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        fs::write(root.join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        fs::write(root.join("cgroup.subtree_control"), "").unwrap();
+        fs::create_dir(root.join(PARENT_DIR)).unwrap();
+        fs::write(root.join(PARENT_DIR).join("cgroup.subtree_control"), "").unwrap();
+        let limits = Limits {
+            memory_bytes: Some(64 << 20),
+            pids: Some(50),
+            cpus: Some(1.5),
+        };
+        let placements = require(root, &limits).unwrap();
+        assert!(placements.iter().all(|p| p.version == Version::V2));
+        let group = Group::create(&placements, "w", &limits).unwrap();
+        let leaf = root
+            .join(PARENT_DIR)
+            .join(format!("w.{}", std::process::id()));
+        let read = |f: &str| fs::read_to_string(leaf.join(f)).unwrap();
+        assert_eq!(read("memory.max"), (64u64 << 20).to_string());
+        assert_eq!(read("pids.max"), "50");
+        assert_eq!(read("cpu.max"), "150000 100000");
+        // A plain file keeps only the last "+controller" written to it.
+        let enabled =
+            fs::read_to_string(root.join(PARENT_DIR).join("cgroup.subtree_control")).unwrap();
+        assert!(enabled.starts_with('+'), "{enabled}");
+        assert_eq!(group.dirs(), vec![leaf.as_path()]);
+        // A child of this test (if an assertion fails, the group's drop kills it).
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let pid = Pid::from_raw(sleeper.id() as i32);
+        fs::write(leaf.join("cgroup.procs"), "").unwrap();
+        group.add(pid).unwrap();
+        assert_eq!(
+            read("cgroup.procs"),
+            pid.to_string(),
+            "written once, not per controller"
+        );
+        fs::remove_dir_all(&leaf).unwrap();
+        drop(group); // finds its directory gone: nothing to kill or remove
+        sleeper.kill().unwrap();
+        sleeper.wait().unwrap();
     }
 
     #[test]
