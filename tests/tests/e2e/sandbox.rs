@@ -3,6 +3,12 @@
 //! Each case runs a command inside a sandbox that tries to get out, and asserts the
 //! refusal itself (the error text or errno), not only an exit code. Skips with a reason
 //! when not root, fails under `CI=true`. Helpers are in `sandbox_support.rs`.
+//!
+//! Needs on the host: `/usr/bin/python3` (seen inside through `/usr`), procps `ps`,
+//! util-linux `script`, `mount`, `unshare`, and cgroup v1 `memory`, `pids`, `cpu` under
+//! `/sys/fs/cgroup` (one case reads the limits there).
+//!
+//! Run: `cargo test -p cowspace-tests --test e2e sandbox` (as root).
 
 #[path = "sandbox_support.rs"]
 pub(crate) mod support;
