@@ -202,7 +202,7 @@ fn sandbox_fork_bomb_is_contained_by_the_pids_limit_and_leaves_nothing() {
          time.sleep(2)\n\
          print('survived')\n"
     );
-    let mut run_ = Running::spawn(s.command("bomb-box", &["--pids", "32"], &[PY, "-c", &script]));
+    let run_ = Running::spawn(s.command("bomb-box", &["--pids", "32"], &[PY, "-c", &script]));
     let helper_pid = run_.pid();
     // The host is unaffected while the bomb runs.
     std::thread::sleep(Duration::from_millis(1000));
@@ -212,7 +212,6 @@ fn sandbox_fork_bomb_is_contained_by_the_pids_limit_and_leaves_nothing() {
             .unwrap()
             .success()
     );
-    let _ = &mut run_;
     let out = run_.wait();
     let (code, stdout, stderr) = parts(&out);
     assert_eq!(code, Some(0), "{stderr}");
@@ -401,7 +400,7 @@ fn sandbox_no_process_survives_the_sandbox_even_when_the_helper_is_killed() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(processes_with(&format!("sleep {m2}")).len(), 2);
-    drop(r); // SIGKILL + reap
+    r.kill_now();
     let deadline = Instant::now() + Duration::from_secs(5);
     while !processes_with(&format!("sleep {m2}")).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
@@ -461,22 +460,7 @@ fn sandbox_two_sandboxes_serve_port_3000_on_two_host_ports() {
     std::fs::write(s.ws().join("id.txt"), "I am A\n").unwrap();
     std::fs::write(ws_b.join("id.txt"), "I am B\n").unwrap();
     let mut a = Running::spawn(s.command("web-a", &["--publish", "3000", "--json"], &server));
-    let mut cmd_b = s.command("web-b", &["--publish", "3000", "--json"], &server);
-    let args: Vec<_> = cmd_b.get_args().map(|a| a.to_os_string()).collect();
-    let dir_at = args.iter().position(|a| a == "--dir").unwrap() + 1;
-    let mut fixed = std::process::Command::new(support::helper());
-    for (i, arg) in args.iter().enumerate() {
-        fixed.arg(if i == dir_at {
-            ws_b.as_os_str()
-        } else {
-            arg.as_os_str()
-        });
-    }
-    fixed
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
-    cmd_b = fixed;
+    let cmd_b = s.command_in(&ws_b, "web-b", &["--publish", "3000", "--json"], &server);
     let mut b = Running::spawn(cmd_b);
     let (port_a, uid_a) = port_of(&a.ready_line());
     let (port_b, uid_b) = port_of(&b.ready_line());
@@ -759,9 +743,9 @@ fn sandbox_limits_are_written_to_its_cgroups_and_removed_after() {
         host_uid >= 1_000_000_000,
         "init runs as a low host uid: {uid_line}"
     );
-    // SIGKILL the helper (drop): its sandbox dies with it, and the next run removes the
-    // groups it could not.
-    drop(r);
+    // SIGKILL the helper: its sandbox dies with it, and the next run removes the groups
+    // it could not.
+    r.kill_now();
     let out = run(s.command(
         "after-limit",
         &["--memory", "64m", "--cpus", "1"],

@@ -110,12 +110,13 @@ impl Scratch {
     }
     /// `sandbox-helper run --dir WS --name NAME --state-dir STATE` and `extra`, then `--`.
     pub fn command(&self, name: &str, extra: &[&str], cmd: &[&str]) -> Command {
+        self.command_in(&self.ws(), name, extra, cmd)
+    }
+
+    /// [`Scratch::command`] with another workspace directory.
+    pub fn command_in(&self, ws: &Path, name: &str, extra: &[&str], cmd: &[&str]) -> Command {
         let mut c = Command::new(helper());
-        c.arg("run")
-            .arg("--dir")
-            .arg(self.ws())
-            .arg("--name")
-            .arg(name);
+        c.arg("run").arg("--dir").arg(ws).arg("--name").arg(name);
         c.arg("--state-dir").arg(self.state());
         c.args(extra).arg("--").args(cmd);
         c.stdin(Stdio::null())
@@ -125,9 +126,13 @@ impl Scratch {
     }
 }
 
-/// A helper process this test started; killed (SIGKILL, which takes its sandbox with it)
-/// and reaped on drop unless it was waited for.
+/// A helper process this test started. On drop (a test that failed half-way) it gets
+/// SIGTERM, which the helper forwards into the sandbox so it ends and cleans up its
+/// cgroups, then SIGKILL after [`TERM_GRACE`]; always reaped.
 pub struct Running(pub Option<Child>);
+
+/// How long a dropped helper gets to end after SIGTERM.
+pub const TERM_GRACE: Duration = Duration::from_secs(5);
 
 impl Running {
     pub fn spawn(mut cmd: Command) -> Running {
@@ -167,12 +172,33 @@ impl Running {
     }
 }
 
-impl Drop for Running {
-    fn drop(&mut self) {
+impl Running {
+    /// SIGKILL the helper now (its sandbox dies with it) and reap it.
+    pub fn kill_now(mut self) {
         if let Some(mut child) = self.0.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let Some(mut child) = self.0.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + TERM_GRACE;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
 
