@@ -307,6 +307,9 @@ fn reproduce_line(s: &Settings, a: &RunArgs) -> String {
     if a.cold {
         line.push_str(" --cold");
     }
+    if let Some(w) = &a.work {
+        line.push_str(&format!(" --work {}", w.display()));
+    }
     if let Some(m) = &a.mountctl {
         line.push_str(&format!(" --mountctl {}", m.display()));
     }

@@ -116,41 +116,16 @@ fn section(s: &mut String, sec: &SectionResult, changed: usize) {
             if !shown.iter().any(|m| m.summary.contains_key(&metric.id)) {
                 continue;
             }
-            let arrow = if metric.better == Better::Lower {
-                "↓"
-            } else {
-                "↑"
-            };
-            let label = metric.label.replace("{N}", &changed.to_string());
-            let unit = if metric.unit == "s" {
-                "time"
-            } else {
-                metric.unit.as_str()
-            };
-            let _ = write!(s, "| {label} ({unit}) {arrow} |");
-            for m in &shown {
-                let _ = write!(s, " {} |", cell(m, metric));
+            row(s, sec, metric, &shown, &ours, changed, Stat::Median);
+            if metric.show_p99 {
+                row(s, sec, metric, &shown, &ours, changed, Stat::P99);
             }
-            let best = best_baseline(sec, metric);
-            match best {
-                Some((name, _)) => {
-                    let _ = write!(s, " {} |", name.replace('|', "\\|"));
-                }
-                None => s.push_str(" – |"),
-            }
-            for m in &ours {
-                let ratio = match (best, m.summary.get(&metric.id)) {
-                    (Some((_, b)), Some(v)) if b != 0.0 => format!("{:.2}×", v.median / b),
-                    _ => "–".into(),
-                };
-                let _ = write!(s, " {ratio} |");
-            }
-            s.push('\n');
         }
         let _ = writeln!(
             s,
             "\nCells: median (min–max) over the completed runs. ↓ lower is better, ↑ higher is better. \
-             Ratios: the cowspace method's median ÷ the best baseline's median."
+             Ratios: the cowspace method's median ÷ the best baseline's median (p99 rows: \
+             nearest-rank 99th percentile, which is the maximum with fewer than 100 runs)."
         );
     }
     let not_ok: Vec<&MethodResult> = sec
@@ -189,7 +164,77 @@ fn section(s: &mut String, sec: &SectionResult, changed: usize) {
     }
 }
 
-fn best_baseline<'a>(sec: &'a SectionResult, metric: &MetricDef) -> Option<(&'a str, f64)> {
+#[derive(Clone, Copy, PartialEq)]
+enum Stat {
+    Median,
+    P99,
+}
+
+fn pick(s: &crate::stats::Summary, stat: Stat) -> f64 {
+    match stat {
+        Stat::Median => s.median,
+        Stat::P99 => s.p99,
+    }
+}
+
+fn row(
+    s: &mut String,
+    sec: &SectionResult,
+    metric: &MetricDef,
+    shown: &[&MethodResult],
+    ours: &[&MethodResult],
+    changed: usize,
+    stat: Stat,
+) {
+    let arrow = if metric.better == Better::Lower {
+        "↓"
+    } else {
+        "↑"
+    };
+    let label = metric.label.replace("{N}", &changed.to_string());
+    let label = if stat == Stat::P99 {
+        format!("{label}, p99")
+    } else {
+        label
+    };
+    let unit = if metric.unit == "s" {
+        "time"
+    } else {
+        metric.unit.as_str()
+    };
+    let _ = write!(s, "| {label} ({unit}) {arrow} |");
+    for m in shown {
+        let c = if stat == Stat::P99 {
+            m.summary
+                .get(&metric.id)
+                .map_or("–".into(), |x| value(x.p99, &metric.unit))
+        } else {
+            cell(m, metric)
+        };
+        let _ = write!(s, " {c} |");
+    }
+    let best = best_baseline(sec, metric, stat);
+    match best {
+        Some((name, _)) => {
+            let _ = write!(s, " {} |", name.replace('|', "\\|"));
+        }
+        None => s.push_str(" – |"),
+    }
+    for m in ours {
+        let ratio = match (best, m.summary.get(&metric.id)) {
+            (Some((_, b)), Some(v)) if b != 0.0 => format!("{:.2}×", pick(v, stat) / b),
+            _ => "–".into(),
+        };
+        let _ = write!(s, " {ratio} |");
+    }
+    s.push('\n');
+}
+
+fn best_baseline<'a>(
+    sec: &'a SectionResult,
+    metric: &MetricDef,
+    stat: Stat,
+) -> Option<(&'a str, f64)> {
     let vals = sec
         .methods
         .iter()
@@ -197,7 +242,7 @@ fn best_baseline<'a>(sec: &'a SectionResult, metric: &MetricDef) -> Option<(&'a 
         .filter_map(|m| {
             m.summary
                 .get(&metric.id)
-                .map(|s| (m.label.as_str(), s.median))
+                .map(|s| (m.label.as_str(), pick(s, stat)))
         });
     match metric.better {
         Better::Lower => vals.min_by(|a, b| a.1.total_cmp(&b.1)),

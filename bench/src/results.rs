@@ -80,6 +80,9 @@ pub struct MetricDef {
     /// `s`, `MB/s` (10^6 bytes per second), `bytes`, `ratio`.
     pub unit: String,
     pub better: Better,
+    /// The report adds a p99 row for this metric (tail latency matters, e.g. materialize).
+    #[serde(default)]
+    pub show_p99: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

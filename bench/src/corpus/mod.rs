@@ -302,7 +302,9 @@ impl Corpus {
         };
         let mut add = git();
         with_tree(&mut add);
-        proc::run(add.args(["add", "-A"]))?;
+        // -f: the repository must hold the whole tree even where the tree's own
+        // .gitignore says otherwise (Debian's linux-source ignores `/*`).
+        proc::run(add.args(["add", "-A", "-f"]))?;
         crate::cancel::check()?;
         let mut commit = git();
         with_tree(&mut commit);

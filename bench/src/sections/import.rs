@@ -57,9 +57,9 @@ fn info(id: &'static str) -> MethodInfo {
         },
         GIT => MethodInfo {
             id,
-            label: "git add -A && git commit".into(),
+            label: "git add -A -f && git commit".into(),
             role: Role::Baseline,
-            command: "git init; git add -A && git commit -q (×3, --allow-empty when unchanged; fresh repository, gc.auto=0)".into(),
+            command: "git init; git add -A -f && git commit -q (×3, --allow-empty when unchanged; fresh repository, gc.auto=0; -f so the tree's own .gitignore cannot hide files)".into(),
         },
         _ => unreachable!("unknown import method {id}"),
     }
@@ -130,6 +130,12 @@ impl Section for ImportSection {
                 Better::Lower,
             ),
             metric("stored_ratio", "stored / logical", "ratio", Better::Lower),
+            metric(
+                "dedup_ratio",
+                "dedup ratio (mountctl stats)",
+                "ratio",
+                Better::Higher,
+            ),
             metric(
                 "disk_bytes",
                 "disk used after cold import",
@@ -344,12 +350,14 @@ impl Method for StoreImport {
         )?;
         let (changed, t_changed) = self.import(&root, ctx, "changed")?;
         let added = field_u64(&changed, "new_bytes_stored").map(|b| b as f64);
-        if let Some(f) = reported_files
-            && f != self.files.len() as u64
-        {
-            eprintln!(
-                "bench: import: note: mountctl reported {f} files, the tree has {} regular files",
-                self.files.len()
+        let st = &ctx.corpus.meta.stats;
+        if let Some(f) = reported_files {
+            let links = field_u64(&cold, "symlinks").unwrap_or(st.symlinks);
+            anyhow::ensure!(
+                f == st.files && links == st.symlinks,
+                "mountctl imported {f} files and {links} symlinks, the tree has {} and {}",
+                st.files,
+                st.symlinks
             );
         }
         dir.remove()?;
@@ -365,6 +373,13 @@ impl Method for StoreImport {
         ];
         if let Some(a) = added {
             s.push(("changed_added_bytes", a));
+        }
+        if let Some(d) = stats
+            .as_ref()
+            .and_then(|v| v.get("dedup_ratio"))
+            .and_then(|v| v.as_f64())
+        {
+            s.push(("dedup_ratio", d));
         }
         // mountctl reports how many file contents an import read (its stat index
         // skips unchanged files); the baselines have no such count.
@@ -461,7 +476,9 @@ impl GitCommit {
             if init {
                 proc::run(self.git(gd).args(["init", "-q"]))?;
             }
-            proc::run(self.git(gd).args(["add", "-A"]))?;
+            // -f: every method must store the same files; a tree's own .gitignore
+            // (Debian's linux-source ignores `/*`) would otherwise hide most of it.
+            proc::run(self.git(gd).args(["add", "-A", "-f"]))?;
             proc::run(
                 self.git(gd)
                     .args(["commit", "-q", "--allow-empty", "-m", msg]),
@@ -483,6 +500,16 @@ impl Method for GitCommit {
         ctx.prepare_cache(&self.tree)?;
         let logical = walk::apparent_bytes(&self.tree)?;
         let t_cold = self.commit(&gd, ctx, "cold", true)?;
+        let tracked = proc::run(self.git(&gd).args(["ls-files", "-z"]))?
+            .split(|b| *b == 0)
+            .filter(|p| !p.is_empty())
+            .count() as u64;
+        let st = &ctx.corpus.meta.stats;
+        anyhow::ensure!(
+            tracked == st.files + st.symlinks,
+            "git tracked {tracked} paths, the tree has {} files and symlinks",
+            st.files + st.symlinks
+        );
         let stored = walk::apparent_bytes(&gd)?;
         let disk = walk::disk_added(&gd)?;
         let t_same = self.commit(&gd, ctx, "unchanged", false)?;

@@ -128,7 +128,10 @@ impl Section for MaterializeSection {
 
     fn metrics(&self) -> Vec<MetricDef> {
         vec![
-            metric("materialize_s", "materialize", "s", Better::Lower),
+            MetricDef {
+                show_p99: true,
+                ..metric("materialize_s", "materialize", "s", Better::Lower)
+            },
             metric("teardown_s", "teardown", "s", Better::Lower),
             metric("disk_added_bytes", "disk added", "bytes", Better::Lower),
             metric("stat_walk_1_s", "stat walk, first", "s", Better::Lower),

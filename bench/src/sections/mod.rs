@@ -226,6 +226,7 @@ pub fn metric(id: &str, label: &str, unit: &str, better: crate::results::Better)
         label: label.into(),
         unit: unit.into(),
         better,
+        show_p99: false,
     }
 }
 
