@@ -1,8 +1,162 @@
-//! `fsd`: the cowspace FUSE daemon. Workspaces and the snapshot view are not served yet;
-//! this binary exists so the layout is in place and refuses clearly until they are.
+//! `fsd`: the cowspace daemon of one runtime root. Serves the read-only snapshot view at
+//! `<root>/run/view` and the control socket at `<root>/run/fsd.sock` until told to stop
+//! (`mountctl daemon stop`, a `shutdown` request, SIGTERM or SIGINT).
 #![forbid(unsafe_code)]
 
-fn main() -> std::process::ExitCode {
-    eprintln!("fsd: the daemon does not serve workspaces yet (see docs/ARCHITECTURE.md)");
-    std::process::ExitCode::from(7)
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use cowspace_fsd::control::{Server, root_owner};
+use cowspace_fsd::daemon::socket_path;
+use cowspace_fsd::runtime::Runtime;
+use cowspace_fsd::view::{ViewMount, ViewOptions};
+use cowspace_fsd::{mounts, registry::Status};
+use cowspace_store::{Store, StoreConfig};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "fsd",
+    version,
+    about = "The cowspace daemon: snapshot view and control socket"
+)]
+struct Args {
+    /// The runtime root (default: $COWSPACE_ROOT, /var/lib/cowspace for root, else
+    /// $XDG_DATA_HOME/cowspace).
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
+    /// Serve reads from the daemon instead of passing them through to blob-cache files.
+    #[arg(long)]
+    no_passthrough: bool,
+    /// FUSE request threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("fsd: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Aborts the FUSE connection serving `mountpoint` (through the fusectl filesystem,
+/// mounted on demand).
+fn abort_connection(mountpoint: &std::path::Path) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::metadata(mountpoint) else {
+        return;
+    };
+    let minor = nix::sys::stat::minor(meta.dev());
+    let conns = std::path::Path::new("/sys/fs/fuse/connections");
+    if !conns.join(minor.to_string()).exists() {
+        let _ = nix::mount::mount(
+            Some("fusectl"),
+            conns,
+            Some("fusectl"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        );
+    }
+    let abort = conns.join(minor.to_string()).join("abort");
+    match std::fs::write(&abort, "1") {
+        Ok(()) => tracing::warn!(connection = minor, "aborted the view's FUSE connection"),
+        Err(e) => {
+            tracing::error!(path = %abort.display(), "cannot abort the view's connection: {e}")
+        }
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    let root = args
+        .root
+        .unwrap_or_else(cowspace_store::layout::default_root);
+    let runtime = Arc::new(Runtime::open(&root)?);
+    let run_dir = root.join("run");
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("create {}", run_dir.display()))?;
+
+    // One daemon per root: an exclusive lock held for the daemon's life.
+    let lock_path = run_dir.join("fsd.lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("open {}", lock_path.display()))?;
+    if lock.try_lock().is_err() {
+        anyhow::bail!("another fsd serves {} already", root.display());
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop)).context("install signal handler")?;
+    }
+
+    // The view. A stale mount (an earlier daemon that died) is detached first.
+    let view_dir = run_dir.join("view");
+    if mounts::is_mounted(&view_dir)? {
+        tracing::warn!(path = %view_dir.display(), "detaching a stale snapshot view");
+        mounts::unmount_lazy(&view_dir)?;
+    }
+    std::fs::create_dir_all(&view_dir).with_context(|| format!("create {}", view_dir.display()))?;
+    let store = Arc::new(Store::open(&root, StoreConfig::default())?);
+    let opts = ViewOptions {
+        threads: args.threads,
+        passthrough: !args.no_passthrough,
+        ..Default::default()
+    };
+    let view = ViewMount::mount(store, &view_dir, opts)?;
+
+    // The control socket, private to the owner of the root.
+    let sock = socket_path(&root);
+    let _ = std::fs::remove_file(&sock);
+    let listener = UnixListener::bind(&sock).with_context(|| format!("bind {}", sock.display()))?;
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
+    listener.set_nonblocking(true)?;
+    let owner = root_owner(&root)?;
+    let rt = Arc::clone(&runtime);
+    let server = Arc::new(Server {
+        runtime: Arc::clone(&runtime),
+        stop: Arc::clone(&stop),
+        busy: Box::new(move || {
+            rt.list(false)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|r| r.lower_kind == "view" && r.status == Status::Active)
+                .map(|r| r.id)
+                .collect()
+        }),
+    });
+    tracing::info!(root = %root.display(), passthrough = view.passthrough(), "fsd serving");
+    let served = Arc::clone(&server).serve(listener, owner);
+    stop.store(true, Ordering::SeqCst);
+    let _ = std::fs::remove_file(&sock);
+    // Workspaces still on the view (a forced stop): end the FUSE connection so their
+    // lower layer fails cleanly (they become `stopped`; `recover` brings them back)
+    // instead of keeping this process alive behind a detached mount.
+    if !(server.busy)().is_empty() {
+        abort_connection(&view_dir);
+    }
+    if let Err(e) = view.unmount() {
+        tracing::warn!("{e}");
+    }
+    tracing::info!("fsd stopped");
+    served?;
+    Ok(())
 }

@@ -408,7 +408,9 @@ impl Runtime {
         let mut report = SweepReport::default();
         let mounts = crate::mounts::mounts()?;
         let mounted = |p: &Path| mounts.iter().any(|m| m.target == p);
-        for mut rec in self.reg().list(false)? {
+        // Bind first: a registry guard held by the loop would deadlock the updates below.
+        let records = self.reg().list(false)?;
+        for mut rec in records {
             match rec.status {
                 Status::Creating | Status::CleanupPending => {
                     let _ = crate::mounts::unmount_lazy(&rec.path);
