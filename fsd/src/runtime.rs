@@ -41,8 +41,9 @@ pub struct CreateOptions {
     pub name: Option<String>,
     /// `auto` (default), `overlay`, `fuse`, `btrfs`, `reflink` or `copy`.
     pub materializer: Option<String>,
-    /// For overlay: `view` (the daemon's lazy snapshot view) or `checkout` (a shared
-    /// directory of hard links; no daemon needed). Default: `checkout`.
+    /// For overlay: `view` (the daemon's lazy snapshot view; stable file identity, so
+    /// the first `git status` reads nothing), `checkout` (a shared directory of hard
+    /// links; no daemon needed) or `auto` (default: `view` where FUSE is usable).
     pub lower: Option<String>,
     /// Where the workspace appears (must not exist). Default: under the runtime root.
     pub path: Option<PathBuf>,
@@ -160,12 +161,20 @@ impl Runtime {
                 why,
             });
         }
-        let lower_kind = o.lower.clone().unwrap_or_else(|| "checkout".into());
-        if !matches!(lower_kind.as_str(), "view" | "checkout") {
-            return Err(Error::Invalid(format!(
-                "lower {lower_kind:?}: choose view or checkout"
-            )));
-        }
+        let lower_kind = match o.lower.as_deref().unwrap_or("auto") {
+            // The view keeps file identity stable (fast first `git status`) and reads
+            // lazily; it needs FUSE. Without it, the checkout works everywhere.
+            "auto" if Path::new("/dev/fuse").exists() && nix::unistd::geteuid().is_root() => {
+                "view".to_string()
+            }
+            "auto" => "checkout".to_string(),
+            l @ ("view" | "checkout") => l.to_string(),
+            other => {
+                return Err(Error::Invalid(format!(
+                    "lower {other:?}: choose auto, view or checkout"
+                )));
+            }
+        };
         let id = new_id();
         let private_dir = self.store.layout().workspaces().join(&id);
         let path = match &o.path {

@@ -134,8 +134,9 @@ pub struct CreateArgs {
         value_name = "auto|overlay|fuse|btrfs|reflink|copy"
     )]
     pub materializer: String,
-    /// The overlay's lower layer: a shared checkout (no daemon) or the daemon's view.
-    #[arg(long, default_value = "checkout", value_name = "checkout|view")]
+    /// The overlay's lower layer: the daemon's snapshot view (stable file identity), a
+    /// shared checkout (no daemon), or auto (the view where FUSE is usable).
+    #[arg(long, default_value = "auto", value_name = "auto|view|checkout")]
     pub lower: String,
     /// Where the workspace appears (must not exist).
     #[arg(long, value_name = "DIR")]

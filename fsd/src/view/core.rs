@@ -150,6 +150,7 @@ impl ViewCore {
                 mode,
                 size: 0,
                 xattrs: Vec::new(),
+                time_offset: 0,
             })
             .map_err(|_| Errno::EIO)
     }
@@ -207,7 +208,7 @@ impl ViewCore {
 
     /// The attributes of a node: a function of the node and the configured owner only.
     pub fn attr(&self, node: &Node) -> FileAttr {
-        let t = UNIX_EPOCH + Duration::from_secs(VIEW_TIME_SECS);
+        let t = UNIX_EPOCH + Duration::from_secs(VIEW_TIME_SECS + node.time_offset);
         let (kind, rdev) = match &node.kind {
             NodeKind::Root | NodeKind::Dir { .. } => (FileType::Directory, 0),
             NodeKind::File { .. } => (FileType::RegularFile, 0),

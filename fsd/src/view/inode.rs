@@ -158,6 +158,15 @@ pub struct Node {
     pub mode: u32,
     pub size: u64,
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Seconds added to the view's fixed time: 1 for a git index (see [`time_offset`]).
+    pub time_offset: u64,
+}
+
+/// A git index (`.git/index`, at any depth) is served one second later than everything
+/// else: git treats entries whose mtime is not older than the index file as "racily
+/// clean" and re-reads them, which would make every first `git status` re-hash the tree.
+pub fn time_offset(path: &[u8]) -> u64 {
+    u64::from(path == b".git/index" || path.ends_with(b"/.git/index"))
 }
 
 impl Node {
@@ -170,6 +179,7 @@ impl Node {
             mode: 0o555,
             size: 0,
             xattrs: Vec::new(),
+            time_offset: 0,
         }
     }
 
@@ -210,6 +220,11 @@ impl Node {
             mode: entry.mode & 0o7777,
             size: entry.size,
             xattrs: entry.xattrs.clone(),
+            time_offset: if entry.kind.has_content() {
+                time_offset(path)
+            } else {
+                0
+            },
         }
     }
 }
@@ -432,6 +447,7 @@ mod tests {
             mode: 0o644,
             size: 0,
             xattrs: Vec::new(),
+            time_offset: 0,
         }
     }
 

@@ -311,3 +311,26 @@ impl Drop for ViewMount {
         }
     }
 }
+
+/// What the view serves for the non-directory `entry` at `path` (`/`-joined from the
+/// snapshot root), in every snapshot and daemon run (barring an inode collision, which
+/// is logged): its inode number and times, and the owner `uid`/`gid`. Imports use it to
+/// make a checkout's `.git/index` agree with workspaces.
+pub fn served_file_stat(
+    path: &[u8],
+    entry: &cowspace_store::Entry,
+    uid: u32,
+    gid: u32,
+) -> cowspace_store::import::gitindex::ServedStat {
+    // A file's key does not involve the snapshot (only directories' do).
+    let any_snapshot = cowspace_store::SnapshotId::from_bytes([0; 32]);
+    let ino = inode::InodeKey::of_entry(&any_snapshot, path, entry).ino(0);
+    let t = (VIEW_TIME_SECS + inode::time_offset(path)) as u32;
+    cowspace_store::import::gitindex::ServedStat {
+        ino,
+        mtime_s: t,
+        ctime_s: t,
+        uid,
+        gid,
+    }
+}

@@ -35,6 +35,16 @@ pub fn run(ctx: &Ctx, args: ImportArgs) -> anyhow::Result<ExitCode> {
             bar.set_message(bytes(p.bytes_done));
         }));
     }
+    // A git checkout's index is made to agree with what workspaces serve, so the first
+    // `git status` in a new workspace reads no file.
+    {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(&ctx.root)?;
+        let (uid, gid) = (meta.uid(), meta.gid());
+        opts.served_identity = Some(Arc::new(move |path: &[u8], e: &cowspace_store::Entry| {
+            cowspace_fsd::view::served_file_stat(path, e, uid, gid)
+        }));
+    }
     let source = &args.source;
     let report = if let Some(rev) = &args.git {
         store.import_git(source, rev, &opts)

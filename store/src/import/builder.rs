@@ -173,6 +173,13 @@ impl Builder {
         }
     }
 
+    /// Replaces the content of the regular file at `path`.
+    pub fn set_content(&mut self, path: &[Vec<u8>], new: Slot) {
+        if let Some(Node::Leaf(Item::File { content, .. })) = self.lookup_mut(path) {
+            *content = new;
+        }
+    }
+
     /// Puts `path` into link group `group` (it must be a regular file).
     pub fn set_link_group(&mut self, path: &[Vec<u8>], group: u64) {
         if let Some(Node::Leaf(Item::File { link_group, .. })) = self.lookup_mut(path) {

@@ -143,6 +143,9 @@ impl Store {
         while let Some((slot, r)) = ingest.next_result(true) {
             walk.arrived(slot, r, opts)?;
         }
+        if let Some(served) = &opts.served_identity {
+            refresh_git_index(&src, &mut walk, served, &mut ingest)?;
+        }
 
         // Stat cache changes, committed with the snapshot.
         let mut upserts = Vec::new();
@@ -183,6 +186,83 @@ impl Store {
 
 /// A multiply-linked file seen before: its link group, content slot and first path.
 type LinkSeen = (u64, Slot, Vec<Vec<u8>>);
+
+/// Rewrites the checkout's `.git/index` (if any) so the entries git trusted on the source
+/// carry the stat data workspaces will serve (see [`crate::import::gitindex`]).
+fn refresh_git_index(
+    src: &Path,
+    walk: &mut Walk,
+    served: &crate::import::ServedIdentityFn,
+    ingest: &mut Ingest<'_>,
+) -> Result<()> {
+    use crate::import::gitindex;
+    let index_comps = vec![b".git".to_vec(), b"index".to_vec()];
+    let index_path = src.join(".git/index");
+    if walk.builder.file_at(&index_comps).is_none() {
+        return Ok(());
+    }
+    let config = fs::read_to_string(src.join(".git/config")).unwrap_or_default();
+    if config.contains("sha256") {
+        return Ok(()); // SHA-256 repositories keep their index as it is.
+    }
+    let Ok(bytes) = fs::read(&index_path) else {
+        return Ok(());
+    };
+    let Ok(meta) = fs::symlink_metadata(&index_path) else {
+        return Ok(());
+    };
+    let index_mtime = (meta.mtime() as u32, meta.mtime_nsec() as u32);
+    let mut trusted = 0u64;
+    let rewritten = gitindex::rewrite(&bytes, |path, e| {
+        if !gitindex::trusted_on_source(
+            &src.join(std::ffi::OsStr::from_bytes(path)),
+            e,
+            index_mtime,
+        ) {
+            return None;
+        }
+        let comps: Vec<Vec<u8>> = path.split(|&b| b == b'/').map(|c| c.to_vec()).collect();
+        let (mode, slot, _) = walk.builder.file_at(&comps)?;
+        let content = match slot {
+            Slot::Known(c) => c,
+            Slot::Pending(i) => walk.slots.get(i).copied().flatten()?,
+        };
+        let entry = crate::tree::Entry {
+            name: comps.last()?.clone(),
+            kind: Kind::File,
+            mode: mode & 0o7777,
+            size: content.size,
+            hash: *content.id.as_bytes(),
+            data: vec![],
+            xattrs: vec![],
+        };
+        let s = served(path, &entry);
+        trusted += 1;
+        Some(gitindex::EntryStat {
+            ctime_s: s.ctime_s,
+            ctime_ns: 0,
+            mtime_s: s.mtime_s,
+            mtime_ns: 0,
+            dev: 0,
+            ino: s.ino as u32,
+            mode: e.mode,
+            uid: s.uid,
+            gid: s.gid,
+            size: e.size,
+        })
+    });
+    let Some(new) = rewritten else { return Ok(()) };
+    if trusted == 0 {
+        return Ok(());
+    }
+    let content = ingest.store_reader(new.as_slice(), new.len() as u64)?;
+    walk.builder.set_content(&index_comps, Slot::Known(content));
+    tracing::debug!(
+        entries = trusted,
+        "rewrote .git/index stat data for workspaces"
+    );
+    Ok(())
+}
 
 struct Walk {
     builder: Builder,

@@ -4,6 +4,7 @@ pub(crate) mod builder;
 pub mod dir;
 pub mod exclude;
 pub mod git;
+pub mod gitindex;
 pub mod tar;
 
 use std::sync::Arc;
@@ -33,6 +34,11 @@ pub struct Progress {
 /// A progress callback.
 pub type ProgressFn = Arc<dyn Fn(Progress) + Send + Sync>;
 
+/// What a workspace will serve for the file `entry` at `path` (`/`-joined from the
+/// root): used to make an imported `.git/index` agree with it (see [`gitindex`]).
+pub type ServedIdentityFn =
+    Arc<dyn Fn(&[u8], &crate::tree::Entry) -> gitindex::ServedStat + Send + Sync>;
+
 /// How to import.
 #[derive(Clone, Default)]
 pub struct ImportOptions {
@@ -50,6 +56,9 @@ pub struct ImportOptions {
     /// (refused by default: extracting the snapshot would point outside it).
     pub allow_external_symlinks: bool,
     pub progress: Option<ProgressFn>,
+    /// When set, a directory import of a git checkout rewrites the stat data of the
+    /// `.git/index` entries git trusted on the source to what workspaces will serve.
+    pub served_identity: Option<ServedIdentityFn>,
 }
 
 impl std::fmt::Debug for ImportOptions {
