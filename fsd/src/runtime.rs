@@ -373,16 +373,8 @@ impl Runtime {
         if matches!(rec.status, Status::Removed) {
             return Err(Error::NoWorkspace(format!("{ws} (it was removed already)")));
         }
-        let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
-        if !force && mat.is_mounted(&rec)? {
-            let pids = crate::mounts::users_of(&rec.path);
-            if !pids.is_empty() {
-                return Err(Error::Busy {
-                    id: rec.id.clone(),
-                    pids,
-                });
-            }
-        }
+        // No scan of every process first: the unmount itself fails with EBUSY while
+        // anything uses the workspace, and only then are its users looked up.
         self.reg().set_status(&mut rec, Status::CleanupPending)?;
         self.finish_removal(&mut rec, force)?;
         Ok(rec)
