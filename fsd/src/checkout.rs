@@ -4,7 +4,13 @@
 //!
 //! A hard link shares its inode's mode, so the blob cache keeps one read-only variant per
 //! (content, mode): `<blobs>/ab/<id>.m<mode>`, copied once from the plain blob.
+//!
+//! Only the first file of a checkout with a given (content, mode) is linked to the blob;
+//! later files with the same bytes get their own copy, so two distinct files of the
+//! snapshot (two empty files, say) never show as one inode, which tools such as `tar`,
+//! `cp -a` and `rsync -H` would take for a hard link.
 
+use std::collections::HashSet;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
@@ -48,7 +54,7 @@ pub fn ensure_checkout(store: &Store, snapshot: &SnapshotId) -> Result<PathBuf> 
     let snap = store.snapshot(snapshot)?;
     let built = (|| {
         fs::create_dir(&tmp).map_err(Error::io("create directory", &tmp))?;
-        build(store, &snap.root, &tmp, &tmp)?;
+        build(store, &snap.root, &tmp, &tmp, &mut HashSet::new())?;
         fs::set_permissions(&tmp, fs::Permissions::from_mode(snap.root_mode))
             .map_err(Error::io("chmod", &tmp))
     })();
@@ -70,20 +76,33 @@ pub fn ensure_checkout(store: &Store, snapshot: &SnapshotId) -> Result<PathBuf> 
     }
 }
 
-fn build(store: &Store, tree: &TreeId, dir: &Path, top: &Path) -> Result<()> {
+/// `linked`: the blob variants already linked into this checkout.
+fn build(
+    store: &Store,
+    tree: &TreeId,
+    dir: &Path,
+    top: &Path,
+    linked: &mut HashSet<PathBuf>,
+) -> Result<()> {
     for e in store.tree(tree)?.entries {
         let path = dir.join(std::ffi::OsStr::from_bytes(&e.name));
         match e.kind {
             Kind::Dir => {
                 fs::create_dir(&path).map_err(Error::io("create directory", &path))?;
-                build(store, &e.subtree().expect("dir"), &path, top)?;
+                build(store, &e.subtree().expect("dir"), &path, top, linked)?;
                 set_xattrs(&path, &e.xattrs)?;
                 fs::set_permissions(&path, fs::Permissions::from_mode(e.mode))
                     .map_err(Error::io("chmod", &path))?;
             }
             Kind::File => {
                 let blob = blob_variant(store, &e.content().expect("file"), e.mode)?;
-                fs::hard_link(&blob, &path).map_err(Error::io("link blob", &path))?;
+                if linked.insert(blob.clone()) {
+                    fs::hard_link(&blob, &path).map_err(Error::io("link blob", &path))?;
+                } else {
+                    // Same bytes as an earlier, distinct file: its own inode (the copy
+                    // keeps the variant's permission bits).
+                    fs::copy(&blob, &path).map_err(Error::io("copy blob", &path))?;
+                }
             }
             Kind::Hardlink => {
                 let primary = top.join(std::ffi::OsStr::from_bytes(&e.data));

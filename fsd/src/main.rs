@@ -123,6 +123,25 @@ fn run(args: Args) -> Result<()> {
     };
     let view = ViewMount::mount(store, &view_dir, opts)?;
 
+    // Reconcile the registry with the mount table: workspaces that lost their lower when
+    // an earlier daemon died are marked `stopped` (recoverable), leftovers removed.
+    match runtime.daemon_started() {
+        Ok(ids) if !ids.is_empty() => {
+            tracing::warn!(?ids, "workspaces of an earlier daemon stopped")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("stopping workspaces of an earlier daemon failed: {e}"),
+    }
+    match runtime.sweep() {
+        Ok(r) => tracing::info!(
+            stopped = r.stopped.len(),
+            finished = r.finished.len(),
+            leftovers = r.leftovers_removed.len(),
+            "registry reconciled"
+        ),
+        Err(e) => tracing::warn!("reconciling the registry failed: {e}"),
+    }
+
     // The control socket, private to the owner of the root.
     let sock = socket_path(&root);
     let _ = std::fs::remove_file(&sock);

@@ -76,11 +76,14 @@ pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> 
             )));
         }
     }
-    // redirect_dir=off: renaming a directory of the base returns EXDEV (tools fall back
-    // to copying), so the upper layer stays a plain description of the changes;
-    // index=off, metacopy=off likewise keep copy-ups whole files.
+    // redirect_dir=nofollow: renaming a directory of the base returns EXDEV (tools fall
+    // back to copying), so the upper layer stays a plain description of the changes;
+    // index=off, metacopy=off likewise keep copy-ups whole files. userxattr: opaque
+    // directories are marked `user.overlay.opaque`, which the overlay the sandbox mounts
+    // over the same upper inside its user namespace can read and write too
+    // (`trusted.*` needs CAP_SYS_ADMIN in the initial namespace; docs/sandbox.md).
     let opts = format!(
-        "lowerdir={},upperdir={},workdir={},redirect_dir=off,index=off,metacopy=off",
+        "lowerdir={},upperdir={},workdir={},userxattr,redirect_dir=nofollow,index=off,metacopy=off",
         lower.display(),
         upper.display(),
         work.display()

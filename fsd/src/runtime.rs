@@ -404,6 +404,30 @@ impl Runtime {
         self.reg().set_status(rec, Status::Removed)
     }
 
+    /// Called by a daemon that just mounted a new snapshot view: overlays still mounted on
+    /// an earlier daemon's view hold a dead FUSE connection, so they are detached and
+    /// marked `stopped` (their written data is intact; `recover` mounts them again).
+    pub fn daemon_started(&self) -> Result<Vec<String>> {
+        let records = self.reg().list(false)?;
+        let mut stopped = Vec::new();
+        for mut rec in records {
+            if rec.status != Status::Active || rec.lower_kind != "view" {
+                continue;
+            }
+            if crate::mounts::is_mounted(&rec.path)? {
+                crate::mounts::unmount_lazy(&rec.path)?;
+            }
+            rec.diagnostics.push(format!(
+                "{}: the daemon serving its lower restarted; `mountctl recover {}` remounts it",
+                now(),
+                rec.id
+            ));
+            self.reg().set_status(&mut rec, Status::Stopped)?;
+            stopped.push(rec.id);
+        }
+        Ok(stopped)
+    }
+
     /// Reconciles the registry with the mount table and the disk.
     pub fn sweep(&self) -> Result<SweepReport> {
         let mut report = SweepReport::default();

@@ -4,7 +4,8 @@
 //! Overlay's upper layer holds every created or modified file as a whole file (copy-up;
 //! `metacopy=off`), every deleted path as a whiteout (a character device 0:0), and every
 //! directory that replaced a base directory as an "opaque" directory
-//! (`trusted.overlay.opaque=y`); `redirect_dir=off` means no renamed-directory records.
+//! (`user.overlay.opaque=y` with `userxattr`; `trusted.overlay.opaque` from older mounts);
+//! `redirect_dir=nofollow` means no renamed-directory records.
 
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -52,6 +53,14 @@ pub enum UpperChange {
     },
 }
 
+/// The recorded xattrs of an upper-layer entry, without overlayfs's own metadata
+/// (`user.overlay.*`, which overlay mounts with `userxattr` keep there).
+fn user_xattrs(host: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut x = read_xattrs(host)?;
+    x.retain(|(name, _)| !name.starts_with(b"user.overlay."));
+    Ok(x)
+}
+
 fn is_opaque(dir: &Path) -> bool {
     matches!(xattr::get(dir, "trusted.overlay.opaque"), Ok(Some(v)) if v == b"y")
         || matches!(xattr::get(dir, "user.overlay.opaque"), Ok(Some(v)) if v == b"y")
@@ -91,7 +100,7 @@ fn walk(dir: &Path, prefix: &[u8], out: &mut Vec<UpperChange>) -> Result<()> {
             out.push(UpperChange::Dir {
                 path: path.clone(),
                 mode: meta.mode() & 0o7777,
-                xattrs: read_xattrs(&host)?,
+                xattrs: user_xattrs(&host)?,
                 opaque: is_opaque(&host),
             });
             walk(&host, &path, out)?;
@@ -99,7 +108,7 @@ fn walk(dir: &Path, prefix: &[u8], out: &mut Vec<UpperChange>) -> Result<()> {
             out.push(UpperChange::File {
                 path,
                 mode: meta.mode() & 0o7777,
-                xattrs: read_xattrs(&host)?,
+                xattrs: user_xattrs(&host)?,
                 host,
                 ino: meta.ino(),
                 nlink: meta.nlink(),

@@ -114,6 +114,9 @@ impl Filesystem for ViewFs {
             InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_CACHE_SYMLINKS,
             InitFlags::FUSE_PARALLEL_DIROPS,
+            // Idmapped mounts of the view (Linux 6.12+, with default_permissions): the
+            // sandbox mounts an overlay of an idmapped clone of it (docs/sandbox.md).
+            InitFlags::FUSE_ALLOW_IDMAP,
         ] {
             let _ = config.add_capabilities(cap);
         }
