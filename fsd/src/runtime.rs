@@ -428,6 +428,31 @@ impl Runtime {
         Ok(stopped)
     }
 
+    /// Removes checkouts no live workspace uses, then the blob-cache variants only they
+    /// linked. Returns (checkouts, variants) removed.
+    pub fn prune_checkouts(&self) -> Result<(u64, u64)> {
+        let used: std::collections::HashSet<String> = self
+            .reg()
+            .list(false)?
+            .into_iter()
+            .filter(|r| r.lower_kind == "checkout")
+            .map(|r| r.snapshot)
+            .collect();
+        let dir = self.store.root().join("cache/checkouts");
+        let mut removed = 0;
+        if let Ok(rd) = fs::read_dir(&dir) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !used.contains(&name) {
+                    checkout::remove_tree(&e.path());
+                    removed += 1;
+                }
+            }
+        }
+        let variants = self.store.blob_cache().remove_unlinked_variants()?;
+        Ok((removed, variants))
+    }
+
     /// Reconciles the registry with the mount table and the disk.
     pub fn sweep(&self) -> Result<SweepReport> {
         let mut report = SweepReport::default();

@@ -204,4 +204,7 @@ pub struct GcArgs {
     /// Wait for running imports instead of failing as busy.
     #[arg(long)]
     pub wait: bool,
+    /// Bound of the blob cache in bytes; least recently used blobs beyond it are evicted.
+    #[arg(long, value_name = "BYTES", default_value_t = cowspace_store::blobcache::DEFAULT_BLOB_CACHE_MAX_BYTES)]
+    pub blob_cache_max: u64,
 }

@@ -201,4 +201,31 @@ impl BlobCache<'_> {
         }
         Ok(n)
     }
+
+    /// Removes per-mode variants (`<id>.m<mode>`, made for checkouts) that no checkout
+    /// links any more. Returns how many were removed.
+    pub fn remove_unlinked_variants(&self) -> Result<u64> {
+        let mut n = 0;
+        let Ok(shards) = fs::read_dir(&self.dir) else {
+            return Ok(0);
+        };
+        for shard in shards.flatten() {
+            let Ok(files) = fs::read_dir(shard.path()) else {
+                continue;
+            };
+            for f in files.flatten() {
+                let name = f.file_name();
+                if !name.to_string_lossy().contains(".m") {
+                    continue;
+                }
+                let unlinked = f.metadata().map(|m| m.nlink() == 1).unwrap_or(false);
+                if unlinked {
+                    fs::remove_file(f.path())
+                        .map_err(Error::io("remove blob variant", f.path()))?;
+                    n += 1;
+                }
+            }
+        }
+        Ok(n)
+    }
 }
