@@ -71,6 +71,12 @@ pub struct Record {
     pub commits: Vec<String>,
     /// Milliseconds `create` took.
     pub create_ms: f64,
+    /// The host pid of the `sandbox-helper` running a command in this workspace
+    /// (`mountctl run`), while it runs. At most one sandbox per workspace; `remove`
+    /// refuses (busy) while it lives, `remove --force` ends it. A pid left by a crashed
+    /// `mountctl` counts only while it is still a `sandbox-helper` of this workspace.
+    #[serde(default)]
+    pub sandbox_pid: Option<i32>,
 }
 
 const SCHEMA: &str = "
@@ -154,6 +160,40 @@ impl Registry {
             return Err(Error::NoWorkspace(r.id.clone()));
         }
         Ok(())
+    }
+
+    /// Reads the record of `id`, lets `change` edit it, and writes it back, in one
+    /// immediate transaction (no other writer in between, from any process).
+    pub fn modify<T>(
+        &mut self,
+        id: &str,
+        change: impl FnOnce(&mut Record) -> Result<T>,
+    ) -> Result<T> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(Error::reg("begin"))?;
+        let json: String = tx
+            .query_row(
+                "SELECT record FROM workspaces WHERE id = ?1",
+                params![id],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(Error::reg("look up workspace"))?
+            .ok_or_else(|| Error::NoWorkspace(id.to_string()))?;
+        let mut r: Record = serde_json::from_str(&json)
+            .map_err(|e| Error::Invalid(format!("registry record of {id} is unreadable: {e}")))?;
+        let out = change(&mut r)?;
+        r.updated_at = now();
+        let json = serde_json::to_string(&r).expect("record serialises");
+        tx.execute(
+            "UPDATE workspaces SET record = ?2, status = ?3 WHERE id = ?1",
+            params![r.id, json, r.status.as_str()],
+        )
+        .map_err(Error::reg("update workspace"))?;
+        tx.commit().map_err(Error::reg("commit"))?;
+        Ok(out)
     }
 
     /// Sets a record's status (with the time) and saves it.

@@ -30,7 +30,7 @@ use crate::checkout;
 use crate::error::{Error, Result};
 use crate::materializer::{self, MaterializerKind};
 use crate::registry::{Record, Registry, Status, now};
-use crate::upper::{self, UpperChange};
+use crate::upper;
 
 /// How to create a workspace.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
@@ -229,6 +229,7 @@ impl Runtime {
             ports: serde_json::json!({}),
             commits: vec![],
             create_ms: 0.0,
+            sandbox_pid: None,
         };
         // The record first (a crash from here on is visible to sweep), then the effects.
         self.reg().insert(&rec)?;
@@ -270,9 +271,15 @@ impl Runtime {
         self.reg().list(all)
     }
 
-    /// One workspace by id or name.
+    /// One workspace by id or name. A sandbox recorded by a `mountctl run` that died
+    /// without clearing it is not shown (nor its ports).
     pub fn status(&self, ws: &str) -> Result<Record> {
-        self.reg().get(ws)
+        let mut rec = self.reg().get(ws)?;
+        if rec.sandbox_pid.is_some() && live_sandbox(&rec).is_none() {
+            rec.sandbox_pid = None;
+            rec.ports = serde_json::json!({});
+        }
+        Ok(rec)
     }
 
     fn usable(&self, ws: &str, op: &'static str) -> Result<Record> {
@@ -291,9 +298,11 @@ impl Runtime {
     pub fn diff(&self, ws: &str) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
         let rec = self.usable(ws, "diff")?;
         let base: SnapshotId = rec.snapshot.parse()?;
-        let dir = materializer::materializer(MaterializerKind::parse(&rec.materializer)?)
-            .changes_dir(&rec);
-        upper::diff(&self.store, &base, &dir)
+        materializer::materializer(MaterializerKind::parse(&rec.materializer)?).diff(
+            &self.store,
+            &base,
+            &rec,
+        )
     }
 
     /// A unified patch of the workspace's changes.
@@ -319,42 +328,10 @@ impl Runtime {
             }),
             (None, _) => None,
         };
-        let dir = materializer::materializer(MaterializerKind::parse(&rec.materializer)?)
-            .changes_dir(&rec);
+        let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
         let mut ed = self.store.edit(&base)?;
         ed.set_parents(vec![previous]);
-        for c in upper::changes(&dir)? {
-            match c {
-                UpperChange::Whiteout { path } => ed.delete(&path)?,
-                UpperChange::Dir {
-                    path,
-                    mode,
-                    xattrs,
-                    opaque: true,
-                } => ed.clear_dir(&path, mode, xattrs)?,
-                UpperChange::Dir {
-                    path,
-                    mode,
-                    xattrs,
-                    opaque: false,
-                } => ed.put_dir(&path, mode, xattrs)?,
-                UpperChange::File {
-                    path,
-                    host,
-                    mode,
-                    xattrs,
-                    ino,
-                    nlink,
-                } => ed.put_file(&path, host, mode, xattrs, (nlink > 1).then_some(ino))?,
-                UpperChange::Symlink { path, target } => ed.put_symlink(&path, target, vec![])?,
-                UpperChange::Special {
-                    path,
-                    kind,
-                    mode,
-                    rdev,
-                } => ed.put_special(&path, kind, mode, rdev)?,
-            }
-        }
+        mat.capture(&mut ed, &rec)?;
         let report = ed.commit(
             &o.message,
             Source::Workspace { id: rec.id.clone() },
@@ -366,12 +343,80 @@ impl Runtime {
         Ok(report)
     }
 
+    /// The workspace a sandbox may run in: `active`, mounted, its lower layer present,
+    /// and no other sandbox running in it. Records `helper_pid` as its sandbox
+    /// ([`Record::sandbox_pid`]) in the same registry transaction.
+    pub fn claim_sandbox(&self, ws: &str, helper_pid: i32) -> Result<Record> {
+        let rec = self.reg().get(ws)?;
+        let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
+        let mounted = rec.status == Status::Active
+            && mat.is_mounted(&rec)?
+            && fs::metadata(&rec.lower).is_ok();
+        if !mounted {
+            let status = if rec.status == Status::Active {
+                "active but not mounted (its mount or lower layer is gone)".to_string()
+            } else {
+                rec.status.as_str().to_string()
+            };
+            return Err(Error::WrongState {
+                id: rec.id,
+                status,
+                op: "run (`mountctl recover WS` mounts it again)",
+            });
+        }
+        self.reg().modify(&rec.id, |r| {
+            if let Some(pid) = live_sandbox(r) {
+                return Err(Error::Busy {
+                    id: r.id.clone(),
+                    pids: vec![pid],
+                });
+            }
+            r.sandbox_pid = Some(helper_pid);
+            r.ports = serde_json::json!({});
+            Ok(r.clone())
+        })
+    }
+
+    /// Records the published ports (internal -> host, a JSON object) of the sandbox
+    /// running in `ws`, shown by `status` while it runs.
+    pub fn set_ports(&self, ws: &str, ports: serde_json::Value) -> Result<()> {
+        let id = self.reg().get(ws)?.id;
+        self.reg().modify(&id, |r| {
+            r.ports = ports;
+            Ok(())
+        })
+    }
+
+    /// Forgets the sandbox `helper_pid` of `ws` (it ended): no sandbox, no ports.
+    pub fn release_sandbox(&self, ws: &str, helper_pid: i32) -> Result<()> {
+        let id = self.reg().get(ws)?.id;
+        self.reg().modify(&id, |r| {
+            if r.sandbox_pid == Some(helper_pid) {
+                r.sandbox_pid = None;
+                r.ports = serde_json::json!({});
+            }
+            Ok(())
+        })
+    }
+
     /// Unmounts the workspace and deletes its private state. `Busy` while processes use
-    /// it, unless `force` (which ends them).
+    /// it, unless `force` (which ends them). A sandbox running in it (`mountctl run`)
+    /// counts as a user: `force` kills it (its init, then the helper if it lingers).
     pub fn remove(&self, ws: &str, force: bool) -> Result<Record> {
         let mut rec = self.reg().get(ws)?;
         if matches!(rec.status, Status::Removed) {
             return Err(Error::NoWorkspace(format!("{ws} (it was removed already)")));
+        }
+        if let Some(helper) = live_sandbox(&rec) {
+            if !force {
+                return Err(Error::Busy {
+                    id: rec.id.clone(),
+                    pids: vec![helper],
+                });
+            }
+            kill_sandbox(helper);
+            rec.sandbox_pid = None;
+            rec.ports = serde_json::json!({});
         }
         // No scan of every process first: the unmount itself fails with EBUSY while
         // anything uses the workspace, and only then are its users looked up.
@@ -559,4 +604,58 @@ impl Runtime {
         self.reg().set_status(&mut rec, Status::Active)?;
         Ok(rec)
     }
+}
+
+/// The recorded sandbox helper of `rec` if it still runs: the pid exists, is a
+/// `sandbox-helper`, and its command line names the workspace's path (so a reused pid
+/// is not mistaken for it).
+pub fn live_sandbox(rec: &Record) -> Option<i32> {
+    let pid = rec.sandbox_pid?;
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+    if comm.trim_end() != "sandbox-helper" {
+        return None;
+    }
+    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let path = rec.path.as_os_str().as_encoded_bytes();
+    cmdline
+        .split(|b| *b == 0)
+        .any(|arg| arg == path)
+        .then_some(pid)
+}
+
+/// How long `remove --force` waits for a killed sandbox's helper to clean up and exit.
+const SANDBOX_EXIT_WAIT_MS: u64 = 5_000;
+
+/// Ends a sandbox: SIGKILL to its init (the helper's child; the whole pid namespace
+/// dies with it), so the helper removes its cgroups and exits as usual; the helper
+/// itself is killed when it has not exited after [`SANDBOX_EXIT_WAIT_MS`].
+fn kill_sandbox(helper: i32) {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    let children =
+        fs::read_to_string(format!("/proc/{helper}/task/{helper}/children")).unwrap_or_default();
+    for child in children
+        .split_whitespace()
+        .filter_map(|c| c.parse::<i32>().ok())
+    {
+        let _ = kill(Pid::from_raw(child), Signal::SIGKILL);
+    }
+    let gone = || !Path::new(&format!("/proc/{helper}")).exists() || is_zombie(helper);
+    let deadline = Instant::now() + std::time::Duration::from_millis(SANDBOX_EXIT_WAIT_MS);
+    while !gone() && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    if !gone() {
+        let _ = kill(Pid::from_raw(helper), Signal::SIGKILL);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+fn is_zombie(pid: i32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            s.rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('Z'))
+        })
+        .unwrap_or(true)
 }

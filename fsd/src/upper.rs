@@ -452,3 +452,40 @@ pub fn patch(store: &Store, changes: &[(DiffEntry, Option<PathBuf>)]) -> Result<
     }
     Ok(out)
 }
+
+/// Feeds an overlay upper directory's changes into `ed` (an editor of the base).
+pub fn capture(ed: &mut cowspace_store::Editor<'_>, upper: &Path) -> Result<()> {
+    for c in changes(upper)? {
+        match c {
+            UpperChange::Whiteout { path } => ed.delete(&path)?,
+            UpperChange::Dir {
+                path,
+                mode,
+                xattrs,
+                opaque: true,
+            } => ed.clear_dir(&path, mode, xattrs)?,
+            UpperChange::Dir {
+                path,
+                mode,
+                xattrs,
+                opaque: false,
+            } => ed.put_dir(&path, mode, xattrs)?,
+            UpperChange::File {
+                path,
+                host,
+                mode,
+                xattrs,
+                ino,
+                nlink,
+            } => ed.put_file(&path, host, mode, xattrs, (nlink > 1).then_some(ino))?,
+            UpperChange::Symlink { path, target } => ed.put_symlink(&path, target, vec![])?,
+            UpperChange::Special {
+                path,
+                kind,
+                mode,
+                rdev,
+            } => ed.put_special(&path, kind, mode, rdev)?,
+        }
+    }
+    Ok(())
+}

@@ -7,7 +7,10 @@
 
 pub mod overlay;
 
-use cowspace_store::Store;
+use std::path::PathBuf;
+
+use cowspace_store::diff::DiffEntry;
+use cowspace_store::{Editor, SnapshotId, Store};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -73,8 +76,17 @@ pub trait Materializer: Send + Sync {
     /// Whether the workspace is currently usable at its path.
     fn is_mounted(&self, rec: &Record) -> Result<bool>;
 
-    /// The directory holding the workspace's changes (for diff and commit).
-    fn changes_dir(&self, rec: &Record) -> std::path::PathBuf;
+    /// The workspace's changes against its base snapshot, each with the host path of
+    /// the new content (for patches). Should cost what changed.
+    fn diff(
+        &self,
+        store: &Store,
+        base: &SnapshotId,
+        rec: &Record,
+    ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>>;
+
+    /// Tells `ed` (an editor of the base snapshot) every change of the workspace.
+    fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()>;
 }
 
 /// A materializer that is not part of this build; probing says so.
@@ -102,8 +114,25 @@ impl Materializer for NotBuilt {
     fn is_mounted(&self, _: &Record) -> Result<bool> {
         Ok(false)
     }
-    fn changes_dir(&self, rec: &Record) -> std::path::PathBuf {
-        rec.private_dir.join("upper")
+    fn diff(
+        &self,
+        _: &Store,
+        _: &SnapshotId,
+        _: &Record,
+    ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
+        Err(self.mount_error())
+    }
+    fn capture(&self, _: &mut Editor<'_>, _: &Record) -> Result<()> {
+        Err(self.mount_error())
+    }
+}
+
+impl NotBuilt {
+    fn mount_error(&self) -> Error {
+        Error::Unsupported {
+            name: self.0.as_str().into(),
+            why: "not available in this version".into(),
+        }
     }
 }
 

@@ -6,7 +6,8 @@ use std::fs;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use cowspace_store::Store;
+use cowspace_store::diff::DiffEntry;
+use cowspace_store::{Editor, SnapshotId, Store};
 
 use crate::error::{Error, Result};
 use crate::materializer::{Materializer, MaterializerKind};
@@ -145,7 +146,16 @@ impl Materializer for Overlay {
         mounts::is_mounted(&rec.path)
     }
 
-    fn changes_dir(&self, rec: &Record) -> PathBuf {
-        Self::upper(rec)
+    fn diff(
+        &self,
+        store: &Store,
+        base: &SnapshotId,
+        rec: &Record,
+    ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
+        crate::upper::diff(store, base, &Self::upper(rec))
+    }
+
+    fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()> {
+        crate::upper::capture(ed, &Self::upper(rec))
     }
 }
