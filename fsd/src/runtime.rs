@@ -344,9 +344,10 @@ impl Runtime {
     }
 
     /// The workspace a sandbox may run in: `active`, mounted, its lower layer present,
-    /// and no other sandbox running in it. Records `helper_pid` as its sandbox
+    /// and no other sandbox running in it. Records `pid` (the caller's, then the helper's
+    /// through [`Runtime::move_sandbox`]) as its sandbox
     /// ([`Record::sandbox_pid`]) in the same registry transaction.
-    pub fn claim_sandbox(&self, ws: &str, helper_pid: i32) -> Result<Record> {
+    pub fn claim_sandbox(&self, ws: &str, pid: i32) -> Result<Record> {
         let rec = self.reg().get(ws)?;
         let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
         let mounted = rec.status == Status::Active
@@ -371,9 +372,21 @@ impl Runtime {
                     pids: vec![pid],
                 });
             }
-            r.sandbox_pid = Some(helper_pid);
+            r.sandbox_pid = Some(pid);
             r.ports = serde_json::json!({});
             Ok(r.clone())
+        })
+    }
+
+    /// Replaces the claimed sandbox pid `from` of `ws` by `to` (the caller claims with
+    /// its own pid, starts the helper, then records the helper's).
+    pub fn move_sandbox(&self, ws: &str, from: i32, to: i32) -> Result<()> {
+        let id = self.reg().get(ws)?.id;
+        self.reg().modify(&id, |r| {
+            if r.sandbox_pid == Some(from) {
+                r.sandbox_pid = Some(to);
+            }
+            Ok(())
         })
     }
 
@@ -606,21 +619,25 @@ impl Runtime {
     }
 }
 
-/// The recorded sandbox helper of `rec` if it still runs: the pid exists, is a
-/// `sandbox-helper`, and its command line names the workspace's path (so a reused pid
-/// is not mistaken for it).
+/// The recorded sandbox of `rec` if it still runs: the pid exists and is either a
+/// `sandbox-helper` whose command line names the workspace's path, or (for the moment
+/// between claiming and starting the helper) a `mountctl run` naming the workspace; so a
+/// reused pid is not mistaken for it.
 pub fn live_sandbox(rec: &Record) -> Option<i32> {
     let pid = rec.sandbox_pid?;
     let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-    if comm.trim_end() != "sandbox-helper" {
-        return None;
-    }
     let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let path = rec.path.as_os_str().as_encoded_bytes();
-    cmdline
-        .split(|b| *b == 0)
-        .any(|arg| arg == path)
-        .then_some(pid)
+    let has = |want: &[u8]| cmdline.split(|b| *b == 0).any(|arg| arg == want);
+    let ours = match comm.trim_end() {
+        "sandbox-helper" => has(rec.path.as_os_str().as_encoded_bytes()),
+        "mountctl" => {
+            has(b"run")
+                && (has(rec.id.as_bytes())
+                    || rec.name.as_deref().is_some_and(|n| has(n.as_bytes())))
+        }
+        _ => false,
+    };
+    ours.then_some(pid)
 }
 
 /// How long `remove --force` waits for a killed sandbox's helper to clean up and exit.
@@ -628,16 +645,32 @@ const SANDBOX_EXIT_WAIT_MS: u64 = 5_000;
 
 /// Ends a sandbox: SIGKILL to its init (the helper's child; the whole pid namespace
 /// dies with it), so the helper removes its cgroups and exits as usual; the helper
-/// itself is killed when it has not exited after [`SANDBOX_EXIT_WAIT_MS`].
-fn kill_sandbox(helper: i32) {
+/// itself is killed when it has not exited after [`SANDBOX_EXIT_WAIT_MS`]. `pid` may be
+/// a `mountctl run` recorded before it started its helper: then its helper is ended,
+/// or that `mountctl` itself when it has none yet.
+fn kill_sandbox(pid: i32) {
     use nix::sys::signal::{Signal, kill};
     use nix::unistd::Pid;
-    let children =
-        fs::read_to_string(format!("/proc/{helper}/task/{helper}/children")).unwrap_or_default();
-    for child in children
-        .split_whitespace()
-        .filter_map(|c| c.parse::<i32>().ok())
-    {
+    let children = |pid: i32| -> Vec<i32> {
+        fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|c| c.parse().ok())
+            .collect()
+    };
+    let is_helper = |pid: i32| {
+        fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| c.trim_end() == "sandbox-helper")
+    };
+    let helper = if is_helper(pid) {
+        pid
+    } else if let Some(h) = children(pid).into_iter().find(|c| is_helper(*c)) {
+        h
+    } else {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        return;
+    };
+    for child in children(helper) {
         let _ = kill(Pid::from_raw(child), Signal::SIGKILL);
     }
     let gone = || !Path::new(&format!("/proc/{helper}")).exists() || is_zombie(helper);
