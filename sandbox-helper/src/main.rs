@@ -75,6 +75,10 @@ struct RunArgs {
     /// Print the published ports as one JSON line on stdout before CMD runs; errors as JSON.
     #[arg(long)]
     json: bool,
+    /// Write the JSON ready line to this inherited file descriptor (a pipe) instead of
+    /// stdout, so CMD's stdout stays the caller's alone.
+    #[arg(long, value_name = "FD", value_parser = clap::value_parser!(i32).range(3..))]
+    ready_fd: Option<i32>,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     command: Vec<String>,
@@ -130,27 +134,43 @@ fn run_cmd(args: RunArgs) -> Result<u8, Error> {
         secret: args.secret,
         command: args.command,
     };
+    // Opened through /proc (no unsafe here); the sandbox's init closes every inherited
+    // descriptor from 3 up, so the pipe never reaches CMD.
+    let mut ready_out = match args.ready_fd {
+        Some(fd) => Some(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(format!("/proc/self/fd/{fd}"))
+                .map_err(|e| Error::InvalidInput(format!("--ready-fd {fd}: {e}")))?,
+        ),
+        None => None,
+    };
     let spec = Spec::validate(input, &opts.state_dir)?;
     let json = args.json;
     let outcome = sandbox_helper::run(&spec, &opts, |ready| {
         for p in &ready.published {
             eprintln!("published {} -> 127.0.0.1:{}", p.internal, p.host);
         }
-        if json {
+        if json || ready_out.is_some() {
             let ports: serde_json::Map<String, serde_json::Value> = ready
                 .published
                 .iter()
                 .map(|p| (p.internal.to_string(), p.host.into()))
                 .collect();
-            println!(
-                "{}",
-                serde_json::json!({
-                    "name": spec.name,
-                    "ports": ports,
-                    "host_uid_base": ready.host_uid_base,
-                    "init_pid": ready.init_pid,
-                })
-            );
+            let line = serde_json::json!({
+                "name": spec.name,
+                "ports": ports,
+                "host_uid_base": ready.host_uid_base,
+                "init_pid": ready.init_pid,
+            });
+            match ready_out.take() {
+                Some(mut out) => {
+                    use std::io::Write;
+                    // The caller may have stopped listening; the run goes on.
+                    let _ = writeln!(out, "{line}");
+                }
+                None => println!("{line}"),
+            }
         }
     })?;
     if outcome.oom_kills > 0 {

@@ -58,6 +58,8 @@ pub const ETC_ENTRIES: [&str; 24] = [
 pub const DEV_NODES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 /// Name of the old root's mount point inside the new root, detached after pivoting.
 const OLD_ROOT: &str = ".oldroot";
+/// Where an overlay workspace's layers are attached while its overlay is mounted.
+const LAYERS_DIR: &str = ".layers";
 
 /// What a host path is, as far as planning needs to know.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,6 +176,21 @@ pub enum Step {
         /// Its mount point.
         target: PathBuf,
     },
+    /// Mount an overlay (of layers attached by earlier steps) inside the sandbox's user
+    /// namespace.
+    Overlay {
+        /// Mount point.
+        target: PathBuf,
+        /// The overlay's mount options (layers as paths in init's view).
+        options: String,
+    },
+    /// Detach a mount made by an earlier step and remove its mount point.
+    Detach {
+        /// Its mount point.
+        target: PathBuf,
+    },
+    /// Remove an empty directory made by an earlier step.
+    Rmdir(PathBuf),
     /// Change the working directory.
     Chdir(PathBuf),
 }
@@ -192,6 +209,11 @@ impl Step {
             Step::PivotRoot { .. } => "pivot_root".into(),
             Step::RemountRootReadOnly => "remount / read-only".into(),
             Step::RemountReadOnly { target } => format!("remount {} read-only", target.display()),
+            Step::Overlay { target, .. } => {
+                format!("mount the workspace overlay at {}", target.display())
+            }
+            Step::Detach { target } => format!("detach {}", target.display()),
+            Step::Rmdir(p) => format!("rmdir {}", p.display()),
             Step::Chdir(p) => format!("chdir {}", p.display()),
         }
     }
@@ -385,11 +407,17 @@ pub fn plan(spec: &Spec, new_root: &Path, host: &dyn HostFs) -> Plan {
         path: workspace.clone(),
         mode: 0o755,
     });
-    p.attach(
-        spec.workspace.clone(),
-        MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-        workspace,
-    );
+    let after_pivot = match &spec.overlay {
+        None => {
+            p.attach(
+                spec.workspace.clone(),
+                MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                workspace,
+            );
+            Vec::new()
+        }
+        Some(layers) => plan_overlay(&mut p, layers),
+    };
 
     for bind in &spec.ro_binds {
         let inside = bind
@@ -434,9 +462,63 @@ pub fn plan(spec: &Spec, new_root: &Path, host: &dyn HostFs) -> Plan {
     p.push(Step::PivotRoot {
         new_root: new_root.to_path_buf(),
     });
+    for step in after_pivot {
+        p.push(step);
+    }
     p.push(Step::RemountRootReadOnly);
     p.push(Step::Chdir("/workspace".into()));
     p.plan
+}
+
+/// The workspace as a new overlay of idmapped layers (see [`crate::overlay`]): the
+/// layers are attached under a hidden directory of the new root before `pivot_root`;
+/// the steps returned run after it: mount the overlay at `/workspace` (so its options
+/// name only paths of the sandbox's view, never host paths), then detach the layers
+/// again (overlayfs keeps private clones of them) and remove the hidden directory.
+fn plan_overlay(p: &mut Planner<'_>, layers: &crate::overlay::Layers) -> Vec<Step> {
+    p.push(Step::Mkdir {
+        path: p.at(LAYERS_DIR),
+        mode: 0o700,
+    });
+    let hidden = Path::new("/").join(LAYERS_DIR);
+    let mut attached = Vec::new();
+    for (i, lower) in layers.lowers.iter().enumerate() {
+        let name = format!("{LAYERS_DIR}/l{i}");
+        p.push(Step::Mkdir {
+            path: p.at(&name),
+            mode: 0o700,
+        });
+        p.attach(
+            lower.clone(),
+            MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            p.at(&name),
+        );
+        attached.push(hidden.join(format!("l{i}")));
+    }
+    let rw_name = format!("{LAYERS_DIR}/rw");
+    p.push(Step::Mkdir {
+        path: p.at(&rw_name),
+        mode: 0o700,
+    });
+    p.attach(
+        layers.upper_parent.clone(),
+        MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        p.at(&rw_name),
+    );
+    let rw = hidden.join("rw");
+    let options = crate::overlay::mount_options(
+        &attached,
+        &rw.join(&layers.upper_name),
+        &rw.join(&layers.work_name),
+    );
+    attached.push(rw);
+    let mut after_pivot = vec![Step::Overlay {
+        target: "/workspace".into(),
+        options,
+    }];
+    after_pivot.extend(attached.into_iter().map(|target| Step::Detach { target }));
+    after_pivot.push(Step::Rmdir(hidden));
+    after_pivot
 }
 
 /// Runs `steps` through `sys`. `mounts[i]` is the detached mount of `Plan::detached[i]`.
@@ -521,6 +603,18 @@ fn apply_one(sys: &dyn Syscall, step: &Step, mounts: &[OwnedFd]) -> io::Result<(
                 | MsFlags::MS_NOEXEC,
             None,
         ),
+        Step::Overlay { target, options } => sys.mount(
+            Some("cowspace"),
+            target,
+            Some("overlay"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME,
+            Some(options),
+        ),
+        Step::Detach { target } => {
+            sys.umount_detach(target)?;
+            sys.rmdir(target)
+        }
+        Step::Rmdir(path) => sys.rmdir(path),
         Step::Chdir(path) => sys.chdir(path),
     }
 }
@@ -572,6 +666,7 @@ mod tests {
                 target: "/deps/cache".into(),
             }],
             command: vec!["/bin/true".into()],
+            overlay: None,
         }
     }
 
@@ -710,6 +805,58 @@ mod tests {
             .position(|l| l.contains("Some(\"proc\")"))
             .unwrap();
         assert!(proc_at < pivot);
+    }
+
+    #[test]
+    fn an_overlay_workspace_is_mounted_inside_over_idmapped_layers_then_they_are_detached() {
+        let mut spec = spec();
+        spec.overlay = Some(crate::overlay::Layers {
+            lowers: vec!["/r/cache/checkouts/ab".into()],
+            upper_parent: "/r/ws/ws-1".into(),
+            upper_name: "upper".into(),
+            work_name: ".sandbox-work.w1.7".into(),
+        });
+        let plan = plan(&spec, Path::new("/r/run/w1/root"), &debian_host());
+        assert!(!plan.detached.iter().any(|d| d.host == spec.workspace));
+        let lower = plan
+            .detached
+            .iter()
+            .find(|d| d.host == Path::new("/r/cache/checkouts/ab"))
+            .unwrap();
+        assert!(lower.idmapped() && lower.attrs & MOUNT_ATTR_RDONLY != 0);
+        let rw = plan
+            .detached
+            .iter()
+            .find(|d| d.host == Path::new("/r/ws/ws-1"))
+            .unwrap();
+        assert!(rw.idmapped() && rw.attrs & MOUNT_ATTR_RDONLY == 0);
+        let pivot = plan
+            .steps
+            .iter()
+            .position(|s| matches!(s, Step::PivotRoot { .. }))
+            .unwrap();
+        let tail = &plan.steps[pivot + 1..];
+        let Step::Overlay { target, options } = &tail[0] else {
+            panic!("{tail:?}")
+        };
+        assert_eq!(target, Path::new("/workspace"));
+        assert_eq!(
+            options,
+            "lowerdir=/.layers/l0,upperdir=/.layers/rw/upper,workdir=/.layers/rw/.sandbox-work.w1.7,userxattr,redirect_dir=nofollow,index=off,metacopy=off"
+        );
+        assert_eq!(
+            tail[1..4],
+            [
+                Step::Detach {
+                    target: "/.layers/l0".into()
+                },
+                Step::Detach {
+                    target: "/.layers/rw".into()
+                },
+                Step::Rmdir("/.layers".into()),
+            ]
+        );
+        assert_eq!(tail[4], Step::RemountRootReadOnly);
     }
 
     #[test]

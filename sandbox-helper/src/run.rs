@@ -4,6 +4,7 @@
 use std::fs::File;
 use std::io::{IoSlice, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::thread::JoinHandleExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -87,6 +88,31 @@ impl Drop for RunDir {
     }
 }
 
+/// This run's overlay work directory beside the workspace's upper layer (see
+/// [`crate::overlay`]), removed on drop.
+struct OverlayWorkDir(PathBuf);
+
+impl OverlayWorkDir {
+    fn create(layers: &crate::overlay::Layers) -> Result<OverlayWorkDir> {
+        crate::overlay::reap_stale_work_dirs(&layers.upper_parent);
+        let path = layers.upper_parent.join(&layers.work_name);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .map_err(|source| Error::StateDir {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(OverlayWorkDir(path))
+    }
+}
+
+impl Drop for OverlayWorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Kills and reaps the init on drop unless it was reaped.
 struct InitGuard(Option<Pid>);
 
@@ -149,6 +175,10 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
         path: new_root.clone(),
         source,
     })?;
+    let _work_dir = match &spec.overlay {
+        Some(layers) => Some(OverlayWorkDir::create(layers)?),
+        None => None,
+    };
     let plan = rootfs::plan(spec, &new_root, &RealHost);
     assert!(
         plan.detached.len() <= MAX_DETACHED_MOUNTS,
@@ -263,7 +293,11 @@ fn hand_over(pid: Pid, plan: &rootfs::Plan, ours: &OwnedFd, spec: &Spec) -> Resu
                 )
             {
                 Error::Unsupported {
-                    control: "workspace mapped to the sandbox's uids (idmapped mount)",
+                    control: if spec.overlay.is_some() {
+                        crate::overlay::CONTROL
+                    } else {
+                        "workspace mapped to the sandbox's uids (idmapped mount)"
+                    },
                     reason: format!(
                         "the filesystem of {} refuses idmapped mounts: {source}",
                         d.host.display()

@@ -120,6 +120,9 @@ pub struct Spec {
     pub secrets: Vec<Secret>,
     /// The command and its arguments.
     pub command: Vec<String>,
+    /// When the workspace is an overlay mount: its layers, which the sandbox mounts as
+    /// a new overlay inside its user namespace (overlayfs cannot be idmapped).
+    pub overlay: Option<crate::overlay::Layers>,
 }
 
 /// Unvalidated input, as parsed from the command line.
@@ -176,6 +179,12 @@ impl Spec {
             ));
         }
         refuse_overlap(&workspace, state_dir, "--dir")?;
+        let overlay = crate::overlay::detect(&workspace, &input.name)?;
+        if let Some(layers) = &overlay {
+            for layer in layers.lowers.iter().chain([&layers.upper_parent]) {
+                refuse_overlap(layer, state_dir, "--dir (a layer of its overlay)")?;
+            }
+        }
 
         let net = match (input.net, input.publish.is_empty()) {
             (Some(Net::None), false) => {
@@ -317,6 +326,7 @@ impl Spec {
             ro_binds,
             secrets,
             command: input.command,
+            overlay,
         })
     }
 }

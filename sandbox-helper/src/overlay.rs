@@ -1,0 +1,250 @@
+//! Workspaces that are overlayfs mounts (cowspace's `overlay` materializer).
+//!
+//! The sandbox maps its workspace to its own uids with an idmapped mount, but overlayfs
+//! cannot be idmapped: its filesystem type lacks `FS_ALLOW_IDMAP`, so `mount_setattr`
+//! with `MOUNT_ATTR_IDMAP` on an overlay mount fails with `EINVAL`. What overlayfs does
+//! support is idmapped *layers* (Linux 5.19+) and being mounted inside a user namespace
+//! (`FS_USERNS_MOUNT`). So when `--dir` is the root of an overlay mount, the helper
+//! reads its layers from the mount table, clones each as an idmapped mount (lower
+//! layers read-only, the directory holding the upper layer read-write) and the sandbox
+//! init mounts a new overlay of them at `/workspace` inside its user namespace. Both
+//! overlays share the upper layer, so what the command writes is in the workspace.
+//!
+//! Inside a user namespace overlayfs cannot use `trusted.overlay.*` xattrs (they need
+//! `CAP_SYS_ADMIN` in the initial namespace), so it needs `userxattr`; the host's mount
+//! must use it too, or the two would disagree on which directories are opaque. A
+//! host overlay without `userxattr`, with an index, metacopy, data-only lower layers or
+//! no upper layer is refused (exit 7). Each run gets its own work directory beside the
+//! upper (`.sandbox-work.NAME.PID`, removed after the run) so the two mounts never
+//! share overlayfs's scratch space.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// The control named when an overlay workspace cannot be re-mounted inside.
+pub const CONTROL: &str = "workspace mapped to the sandbox's uids (overlay of idmapped layers)";
+/// Most lower layers accepted.
+pub const MAX_LOWER_LAYERS: usize = 16;
+/// Prefix of the per-run work directories made beside the upper layer.
+pub const WORK_PREFIX: &str = ".sandbox-work.";
+
+/// The layers of an overlay workspace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layers {
+    /// Lower layers, top first.
+    pub lowers: Vec<PathBuf>,
+    /// The directory holding the upper layer (cloned read-write, idmapped).
+    pub upper_parent: PathBuf,
+    /// The upper layer's name in `upper_parent`.
+    pub upper_name: OsString,
+    /// This run's work directory's name in `upper_parent` (`.sandbox-work.NAME.PID`).
+    pub work_name: OsString,
+}
+
+impl Layers {
+    /// The upper layer.
+    pub fn upper(&self) -> PathBuf {
+        self.upper_parent.join(&self.upper_name)
+    }
+}
+
+/// Decodes the octal escapes (`\040`) of `/proc/self/mountinfo`.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 4 <= b.len()
+            && let Some(v) = std::str::from_utf8(&b[i + 1..i + 4])
+                .ok()
+                .and_then(|o| u8::from_str_radix(o, 8).ok())
+        {
+            out.push(v);
+            i += 4;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn unsupported(reason: String) -> Error {
+    Error::Unsupported {
+        control: CONTROL,
+        reason,
+    }
+}
+
+/// The layers of the overlay mounted at `dir` (the topmost mount there), or `None`
+/// when `dir` is not the root of an overlay mount. Reads `/proc/self/mountinfo`.
+/// `name` is the sandbox's (it names this run's work directory).
+pub fn detect(dir: &Path, name: &str) -> Result<Option<Layers>> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| {
+        Error::InvalidInput(format!("--dir: cannot read /proc/self/mountinfo: {e}"))
+    })?;
+    let mut layers = detect_in(&text, dir)?;
+    if let Some(l) = &mut layers {
+        l.work_name = format!("{WORK_PREFIX}{name}.{}", std::process::id()).into();
+    }
+    Ok(layers)
+}
+
+/// [`detect`] on a given mount table.
+pub fn detect_in(mountinfo: &str, dir: &Path) -> Result<Option<Layers>> {
+    // The last entry at `dir` is the one on top.
+    let mut found: Option<(String, String)> = None;
+    for line in mountinfo.lines() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
+        let target = left.split(' ').nth(4).map(unescape);
+        if target.as_deref().map(Path::new) != Some(dir) {
+            continue;
+        }
+        let mut r = right.split(' ');
+        let fstype = r.next().unwrap_or("").to_string();
+        let superopts = r.nth(1).unwrap_or("").to_string();
+        found = Some((fstype, superopts));
+    }
+    let Some((fstype, opts)) = found else {
+        return Ok(None);
+    };
+    if fstype != "overlay" {
+        return Ok(None);
+    }
+    parse(&opts, dir).map(Some)
+}
+
+fn parse(opts: &str, dir: &Path) -> Result<Layers> {
+    let (mut lower, mut upper, mut work, mut userxattr) = (None, None, None, false);
+    for opt in opts.split(',') {
+        let (key, value) = opt.split_once('=').unwrap_or((opt, ""));
+        match (key, value) {
+            ("lowerdir", v) => lower = Some(v.to_string()),
+            ("upperdir", v) => upper = Some(PathBuf::from(unescape(v))),
+            ("workdir", v) => work = Some(PathBuf::from(unescape(v))),
+            ("userxattr", _) => userxattr = true,
+            ("index" | "metacopy" | "nfs_export", "on") | ("redirect_dir", "on" | "follow") => {
+                return Err(unsupported(format!(
+                    "the overlay at {} uses {opt}, which an overlay inside a user namespace cannot",
+                    dir.display()
+                )));
+            }
+            _ => {}
+        }
+    }
+    let show = dir.display();
+    let lower = lower.ok_or_else(|| unsupported(format!("the overlay at {show} has no lowerdir")))?;
+    let upper = upper.ok_or_else(|| {
+        unsupported(format!(
+            "the overlay at {show} has no upperdir (a read-only overlay cannot be a workspace)"
+        ))
+    })?;
+    let work = work.ok_or_else(|| unsupported(format!("the overlay at {show} has no workdir")))?;
+    if !userxattr {
+        return Err(unsupported(format!(
+            "the overlay at {show} keeps its metadata in trusted.overlay.* xattrs, which an overlay inside the sandbox's user namespace cannot read; mount it with `userxattr` (cowspace workspaces created by this version are)"
+        )));
+    }
+    if lower.contains("::") || lower.contains("\\:") {
+        return Err(unsupported(format!(
+            "the overlay at {show} has data-only or escaped lower layers"
+        )));
+    }
+    let lowers: Vec<PathBuf> = lower
+        .split(':')
+        .map(|l| PathBuf::from(unescape(l)))
+        .collect();
+    if lowers.is_empty() || lowers.len() > MAX_LOWER_LAYERS {
+        return Err(unsupported(format!(
+            "the overlay at {show} has {} lower layers (1 to {MAX_LOWER_LAYERS} supported)",
+            lowers.len()
+        )));
+    }
+    for p in lowers.iter().chain([&upper, &work]) {
+        let s = p.to_string_lossy();
+        if !p.is_absolute() || s.contains([',', ':', '\\']) {
+            return Err(unsupported(format!(
+                "the overlay at {show} has a layer path {s:?} that cannot be passed on"
+            )));
+        }
+    }
+    let (Some(upper_parent), Some(upper_name)) = (upper.parent(), upper.file_name()) else {
+        return Err(unsupported(format!("the overlay at {show}: upperdir is /")));
+    };
+    Ok(Layers {
+        lowers,
+        upper_parent: upper_parent.to_path_buf(),
+        upper_name: upper_name.to_os_string(),
+        work_name: OsString::new(),
+    })
+}
+
+/// The overlay mount options inside the sandbox (paths are inside init's view).
+pub fn mount_options(lowers: &[PathBuf], upper: &Path, work: &Path) -> String {
+    let lowers: Vec<String> = lowers.iter().map(|l| l.display().to_string()).collect();
+    format!(
+        "lowerdir={},upperdir={},workdir={},userxattr,redirect_dir=nofollow,index=off,metacopy=off",
+        lowers.join(":"),
+        upper.display(),
+        work.display()
+    )
+}
+
+/// Removes per-run work directories beside `upper_parent` whose helper is gone.
+pub fn reap_stale_work_dirs(upper_parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(upper_parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(rest) = name.strip_prefix(WORK_PREFIX)
+            && crate::cgroup::owner_is_gone(rest)
+        {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const COWSPACE: &str = "36 27 0:45 / /r/ws/ws-1/mnt rw,noatime shared:20 - overlay cowspace rw,lowerdir=/r/cache/checkouts/ab,upperdir=/r/ws/ws-1/upper,workdir=/r/ws/ws-1/work,redirect_dir=nofollow,uuid=on,userxattr\n";
+
+    #[test]
+    fn finds_the_layers_of_a_cowspace_overlay() {
+        let l = detect_in(COWSPACE, Path::new("/r/ws/ws-1/mnt"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(l.lowers, vec![PathBuf::from("/r/cache/checkouts/ab")]);
+        assert_eq!(l.upper(), PathBuf::from("/r/ws/ws-1/upper"));
+        assert!(
+            detect_in(COWSPACE, Path::new("/r/ws/ws-1"))
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn refuses_trusted_xattrs_and_index() {
+        let trusted = COWSPACE.replace(",userxattr", "");
+        let e = detect_in(&trusted, Path::new("/r/ws/ws-1/mnt")).unwrap_err();
+        assert!(e.to_string().contains("userxattr"), "{e}");
+        let index = COWSPACE.replace("uuid=on", "index=on");
+        assert!(detect_in(&index, Path::new("/r/ws/ws-1/mnt")).is_err());
+        let dataonly = COWSPACE.replace("lowerdir=/r/cache/checkouts/ab", "lowerdir=/a::/b");
+        assert!(detect_in(&dataonly, Path::new("/r/ws/ws-1/mnt")).is_err());
+    }
+
+    #[test]
+    fn a_plain_directory_or_another_filesystem_is_not_an_overlay() {
+        let ext4 = "30 1 254:0 / /srv rw - ext4 /dev/vda rw\n";
+        assert!(detect_in(ext4, Path::new("/srv")).unwrap().is_none());
+        assert!(detect_in(ext4, Path::new("/srv/x")).unwrap().is_none());
+    }
+}
