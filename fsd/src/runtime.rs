@@ -105,6 +105,14 @@ fn new_id() -> String {
     format!("ws-{}", hex::encode(&h.finalize().as_bytes()[..8]))
 }
 
+/// Whether a workspace's lower layer still answers. `statfs` always reaches the
+/// filesystem: a `stat` of a snapshot view whose daemon died is answered from the
+/// kernel's attribute cache (the view's entries are cached for long), while `statfs`
+/// fails with ENOTCONN once the FUSE connection is gone.
+fn lower_alive(lower: &Path) -> bool {
+    nix::sys::statfs::statfs(lower).is_ok()
+}
+
 fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 64
@@ -352,7 +360,7 @@ impl Runtime {
         let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
         let mounted = rec.status == Status::Active
             && mat.is_mounted(&rec)?
-            && fs::metadata(&rec.lower).is_ok();
+            && lower_alive(&rec.lower);
         if !mounted {
             let status = if rec.status == Status::Active {
                 "active but not mounted (its mount or lower layer is gone)".to_string()
@@ -538,7 +546,7 @@ impl Runtime {
                     report.finished.push(rec.id.clone());
                 }
                 Status::Active => {
-                    let lower_ok = fs::metadata(&rec.lower).is_ok();
+                    let lower_ok = lower_alive(&rec.lower);
                     if !mounted(&rec.path) || !lower_ok {
                         if mounted(&rec.path) {
                             let _ = crate::mounts::unmount_lazy(&rec.path);
@@ -589,7 +597,7 @@ impl Runtime {
     pub fn recover(&self, ws: &str) -> Result<Record> {
         let mut rec = self.reg().get(ws)?;
         let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
-        if rec.status == Status::Active && mat.is_mounted(&rec)? && fs::metadata(&rec.lower).is_ok()
+        if rec.status == Status::Active && mat.is_mounted(&rec)? && lower_alive(&rec.lower)
         {
             return Ok(rec);
         }
