@@ -358,9 +358,8 @@ impl Runtime {
     pub fn claim_sandbox(&self, ws: &str, pid: i32) -> Result<Record> {
         let rec = self.reg().get(ws)?;
         let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
-        let mounted = rec.status == Status::Active
-            && mat.is_mounted(&rec)?
-            && lower_alive(&rec.lower);
+        let mounted =
+            rec.status == Status::Active && mat.is_mounted(&rec)? && lower_alive(&rec.lower);
         if !mounted {
             let status = if rec.status == Status::Active {
                 "active but not mounted (its mount or lower layer is gone)".to_string()
@@ -597,8 +596,7 @@ impl Runtime {
     pub fn recover(&self, ws: &str) -> Result<Record> {
         let mut rec = self.reg().get(ws)?;
         let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
-        if rec.status == Status::Active && mat.is_mounted(&rec)? && lower_alive(&rec.lower)
-        {
+        if rec.status == Status::Active && mat.is_mounted(&rec)? && lower_alive(&rec.lower) {
             return Ok(rec);
         }
         if !matches!(rec.status, Status::Active | Status::Stopped) {
