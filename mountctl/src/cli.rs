@@ -170,6 +170,12 @@ pub struct ImportArgs {
     /// Accept symlinks in archives that point outside the tree.
     #[arg(long)]
     pub allow_external_symlinks: bool,
+    /// zstd level for new chunks (1-19; 3 by default).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i32).range(1..=19))]
+    pub zstd_level: Option<i32>,
+    /// Hashing and compression threads (default: one per core).
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -9,7 +9,14 @@ use crate::cli::ImportArgs;
 use crate::output::{Ctx, bytes};
 
 pub fn run(ctx: &Ctx, args: ImportArgs) -> anyhow::Result<ExitCode> {
-    let store = ctx.open()?;
+    let mut config = cowspace_store::StoreConfig::default();
+    if let Some(l) = args.zstd_level {
+        config.zstd_level = l;
+    }
+    if let Some(t) = args.threads {
+        config.workers = t;
+    }
+    let store = cowspace_store::Store::open(&ctx.root, config)?;
     let mut opts = ImportOptions::new();
     opts.ref_name = args.ref_name.clone();
     opts.message = args.message.clone();
