@@ -106,6 +106,39 @@ pub enum Command {
     /// The daemon.
     #[command(subcommand)]
     Daemon(DaemonCommand),
+    /// Run a command in the workspace's sandbox (the workspace at /workspace); exits with
+    /// its status.
+    Run(RunArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The workspace (id or name); it must be active.
+    pub workspace: String,
+    /// Network: none (default) or loopback (default when ports are published).
+    #[arg(long, value_parser = ["none", "loopback"])]
+    pub net: Option<String>,
+    /// Memory limit in bytes (k, m, g suffixes accepted).
+    #[arg(long, value_name = "BYTES")]
+    pub memory: Option<String>,
+    /// Most processes and threads at once.
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u64>,
+    /// CPU bandwidth in CPUs, e.g. 1.5.
+    #[arg(long, value_name = "F")]
+    pub cpus: Option<f64>,
+    /// Give the internal PORT a unique host port on 127.0.0.1 (repeatable).
+    #[arg(long, value_name = "PORT")]
+    pub publish: Vec<u16>,
+    /// Set KEY=VALUE in the command's environment (repeatable; not secret).
+    #[arg(long, value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Bind host SRC read-only at DST inside (repeatable).
+    #[arg(long, value_name = "SRC:DST")]
+    pub ro_bind: Vec<String>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -138,7 +138,8 @@ fn parse(opts: &str, dir: &Path) -> Result<Layers> {
         }
     }
     let show = dir.display();
-    let lower = lower.ok_or_else(|| unsupported(format!("the overlay at {show} has no lowerdir")))?;
+    let lower =
+        lower.ok_or_else(|| unsupported(format!("the overlay at {show} has no lowerdir")))?;
     let upper = upper.ok_or_else(|| {
         unsupported(format!(
             "the overlay at {show} has no upperdir (a read-only overlay cannot be a workspace)"

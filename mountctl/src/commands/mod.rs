@@ -8,6 +8,7 @@ mod gc;
 mod import;
 mod init;
 mod refs;
+mod run;
 mod show;
 mod snapshots;
 mod stats;
@@ -53,5 +54,6 @@ pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
         Command::Recover { workspace } => workspace::recover(ctx, &workspace),
         Command::Doctor => workspace::doctor(ctx),
         Command::Daemon(c) => daemon::run(ctx, c),
+        Command::Run(args) => run::run(ctx, args),
     }
 }
