@@ -17,6 +17,9 @@ use crate::error::{Error, Result};
 pub const DAEMON_START_TIMEOUT_MS: u64 = 15_000;
 /// How long a control request may take before the client gives up.
 pub const CONTROL_TIMEOUT_MS: u64 = 120_000;
+/// `fsd`'s exit status when another daemon holds the root's lock: that one may still be
+/// starting (mounting its view) when ours gives up, so the starter waits for it.
+pub const EXIT_ANOTHER_DAEMON: u8 = 75;
 
 pub fn socket_path(root: &Path) -> PathBuf {
     root.join("run/fsd.sock")
@@ -87,14 +90,20 @@ pub fn ensure_running(root: &Path) -> Result<()> {
         .spawn()
         .map_err(Error::io("start", &prog))?;
     let deadline = Instant::now() + Duration::from_millis(DAEMON_START_TIMEOUT_MS);
+    let mut lost_race = false;
     while Instant::now() < deadline {
         if ping(root) {
             return Ok(());
         }
-        if let Ok(Some(status)) = child.try_wait() {
+        if !lost_race && let Ok(Some(status)) = child.try_wait() {
             // Another daemon may have won the race to the socket.
             if ping(root) {
                 return Ok(());
+            }
+            // It holds the lock but does not answer yet: wait for it.
+            if status.code() == Some(EXIT_ANOTHER_DAEMON.into()) {
+                lost_race = true;
+                continue;
             }
             return Err(Error::Daemon(format!(
                 "{} exited with {status}; see {}",

@@ -51,10 +51,19 @@ fn main() -> ExitCode {
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("fsd: {e:#}");
-            ExitCode::from(1)
+            if e.downcast_ref::<AnotherDaemon>().is_some() {
+                ExitCode::from(cowspace_fsd::daemon::EXIT_ANOTHER_DAEMON)
+            } else {
+                ExitCode::from(1)
+            }
         }
     }
 }
+
+/// Another daemon holds the root's lock (it may still be starting).
+#[derive(Debug, thiserror::Error)]
+#[error("another fsd serves {} already", .0.display())]
+struct AnotherDaemon(PathBuf);
 
 /// Aborts the FUSE connection serving `mountpoint` (through the fusectl filesystem,
 /// mounted on demand).
@@ -100,7 +109,7 @@ fn run(args: Args) -> Result<()> {
         .open(&lock_path)
         .with_context(|| format!("open {}", lock_path.display()))?;
     if lock.try_lock().is_err() {
-        anyhow::bail!("another fsd serves {} already", root.display());
+        return Err(AnotherDaemon(root).into());
     }
 
     let stop = Arc::new(AtomicBool::new(false));
