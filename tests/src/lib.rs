@@ -329,7 +329,7 @@ pub enum Node {
 }
 
 /// Every path under `root` (relative, `/`-joined; the root itself is `""`) with what it
-/// holds. Hard links are recognised by (dev, ino) within the tree.
+/// holds. Hard links are recognised by (dev, ino) within the tree (not by `nlink`).
 pub fn scan_tree(root: &Path) -> BTreeMap<String, Node> {
     let mut out = BTreeMap::new();
     let mut inodes: HashMap<(u64, u64), Vec<String>> = HashMap::new();
@@ -386,12 +386,13 @@ fn scan_into(
             size += n as u64;
             h.write(&buf[..n]);
         }
-        if md.nlink() > 1 {
-            inodes
-                .entry((md.dev(), md.ino()))
-                .or_default()
-                .push(rel.clone());
-        }
+        // Every file, whatever its link count: the snapshot view reports `nlink` 1 for
+        // each name of a hard-link group (by design), and a checkout lower counts the
+        // blob cache's own link, so (dev, ino) alone is what tells the groups.
+        inodes
+            .entry((md.dev(), md.ino()))
+            .or_default()
+            .push(rel.clone());
         let node = Node::File {
             mode,
             size,

@@ -3,3 +3,4 @@
 mod crash;
 mod sandbox;
 mod store_cli;
+mod workspaces;

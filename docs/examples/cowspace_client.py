@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""A small client of the cowspace control socket (Python 3 standard library only).
+
+The protocol is in docs/control-protocol.md: one JSON object per line on the Unix
+socket <root>/run/fsd.sock, a request ``{"op": ..., "args": {...}}`` answered by
+``{"ok": true, "result": ...}`` or ``{"ok": false, "error": {"kind", "message", "hint"}}``.
+The daemon must be running (``mountctl daemon start``); only root and the owner of the
+runtime root may connect.
+
+As a library::
+
+    from cowspace_client import Client, CowspaceError
+    with Client("/var/lib/cowspace") as c:
+        ws = c.create("myrepo/main", name="w1")
+        ...
+        print(c.diff(ws["id"])["changes"])
+        print(c.commit(ws["id"], message="done")["snapshot"])
+        c.remove(ws["id"])
+
+As a demo (run by the project's tests)::
+
+    python3 cowspace_client.py ROOT SNAPSHOT
+
+creates a workspace of SNAPSHOT, writes a file in it, diffs, commits and removes it,
+and prints what each step answered as one JSON object.
+"""
+
+import json
+import os
+import socket
+import sys
+
+__all__ = ["Client", "CowspaceError"]
+
+
+class CowspaceError(Exception):
+    """An error answered by the daemon: ``kind`` (``not_found``, ``exists``, ``busy``,
+    ``conflict``, ``unsupported``, ``corrupt``, ``invalid_input`` or ``io``),
+    ``message`` and ``hint`` (may be None)."""
+
+    def __init__(self, kind, message, hint=None):
+        super().__init__(f"{kind}: {message}" + (f" (hint: {hint})" if hint else ""))
+        self.kind = kind
+        self.message = message
+        self.hint = hint
+
+
+class Client:
+    """One connection to the daemon of a runtime root; requests are answered in order."""
+
+    def __init__(self, root, timeout=120.0):
+        self.root = root
+        self.path = os.path.join(root, "run", "fsd.sock")
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        try:
+            self._sock.connect(self.path)
+        except OSError:
+            self._sock.close()
+            raise
+        self._file = self._sock.makefile("rb")
+
+    def close(self):
+        self._file.close()
+        self._sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def request(self, op, **args):
+        """Sends one request; gives its result or raises CowspaceError. Arguments that
+        are None are left out (the daemon applies its defaults)."""
+        req = {"op": op, "args": {k: v for k, v in args.items() if v is not None}}
+        self._sock.sendall(json.dumps(req).encode("utf-8") + b"\n")
+        line = self._file.readline()
+        if not line:
+            raise CowspaceError("io", "the daemon closed the connection", None)
+        resp = json.loads(line)
+        if resp.get("ok"):
+            return resp.get("result")
+        err = resp.get("error") or {}
+        raise CowspaceError(err.get("kind", "io"), err.get("message", ""), err.get("hint"))
+
+    def ping(self):
+        """``{"pong": true, "version": ...}``."""
+        return self.request("ping")
+
+    def create(self, snapshot, name=None, materializer=None, lower=None, path=None,
+               worker=None):
+        """Creates a workspace of a snapshot (id, unique prefix or ref); gives its record."""
+        return self.request("create", snapshot=snapshot, name=name,
+                            materializer=materializer, lower=lower, path=path,
+                            worker=worker)
+
+    def list(self, all=False):
+        """Live workspace records (``all``: also removed and failed ones)."""
+        return self.request("list", all=all)
+
+    def status(self, workspace):
+        """The record of a workspace (id or name)."""
+        return self.request("status", workspace=workspace)
+
+    def diff(self, workspace, patch=False):
+        """``{"changes": [{"path", "change", "old_kind", "new_kind"}...], "patch": ...}``."""
+        return self.request("diff", workspace=workspace, patch=patch)
+
+    def commit(self, workspace, ref=None, expect=None, message=None):
+        """Captures the workspace as a new snapshot; gives the import report
+        (``snapshot``, ``files``, ``new_bytes_stored``, ...)."""
+        return self.request("commit", workspace=workspace, ref=ref, expect=expect,
+                            message=message)
+
+    def remove(self, workspace, force=False):
+        """Unmounts and deletes the workspace; gives its final record."""
+        return self.request("remove", workspace=workspace, force=force)
+
+
+def demo(root, snapshot):
+    out = {}
+    with Client(root) as c:
+        out["ping"] = c.ping()
+        ws = c.create(snapshot, worker="python-demo")
+        out["workspace"] = ws["id"]
+        out["path"] = ws["path"]
+        try:
+            with open(os.path.join(ws["path"], "hello-from-python.txt"), "w") as f:
+                f.write("hello from python\n")
+            out["diff"] = c.diff(ws["id"])["changes"]
+            out["commit"] = c.commit(ws["id"], message="written by the python demo")
+            out["snapshot"] = out["commit"]["snapshot"]
+            out["listed"] = [w["id"] for w in c.list()]
+        finally:
+            out["removed"] = c.remove(ws["id"])
+        try:
+            c.status("no-such-workspace")
+        except CowspaceError as e:
+            out["error"] = {"kind": e.kind, "message": e.message, "hint": e.hint}
+    return out
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(f"usage: {sys.argv[0]} ROOT SNAPSHOT")
+    try:
+        print(json.dumps(demo(sys.argv[1], sys.argv[2]), indent=2))
+    except CowspaceError as e:
+        print(json.dumps({"error": {"kind": e.kind, "message": e.message, "hint": e.hint}}))
+        sys.exit(1)

@@ -1,0 +1,232 @@
+//! Bad input to the workspace commands: each is refused with its exit code, kind and a
+//! message naming the cause, and nothing is made — the registry (`list --all`), the
+//! directories under `<root>/workspaces/` and the mount table are as before.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::base_tree;
+use super::support::{KillOnDrop, WsRoot, require_root};
+
+/// What "nothing was made" compares: the registry without `updated_at` (a refused
+/// removal may touch it), the workspace directories and the mounts.
+#[derive(Debug, PartialEq)]
+struct State {
+    records: Value,
+    dirs: Vec<String>,
+    mounts: Vec<PathBuf>,
+}
+
+fn state(r: &WsRoot) -> State {
+    let mut records = r.list_all();
+    if let Some(a) = records.as_array_mut() {
+        for rec in a {
+            if let Some(o) = rec.as_object_mut() {
+                o.remove("updated_at");
+            }
+        }
+    }
+    State {
+        records,
+        dirs: r.ws_dirs(),
+        mounts: r.mounts(),
+    }
+}
+
+/// Runs `args` (with `--json`), asserts the refusal and that nothing changed; gives the
+/// error object.
+#[track_caller]
+fn refused(r: &WsRoot, args: &[&str], code: i32, kind: &str) -> Value {
+    let before = state(r);
+    let err = r.t.json(args).error(code, kind);
+    let after = state(r);
+    assert_eq!(before, after, "`{}` changed something", args.join(" "));
+    err
+}
+
+fn msg(err: &Value) -> String {
+    format!(
+        "{} {}",
+        err["message"].as_str().unwrap_or(""),
+        err["hint"].as_str().unwrap_or("")
+    )
+}
+
+fn setup() -> (WsRoot, String) {
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base_tree(&src);
+    let base = r.import(&src, &[]);
+    (r, base)
+}
+
+#[test]
+fn create_refuses_unknown_snapshots_taken_names_existing_paths_and_bad_materializers() {
+    require_root!();
+    let (r, base) = setup();
+    let ws = r.create(&base, &["--name", "taken"]);
+
+    let unknown = "ab".repeat(32);
+    let e = refused(&r, &["create", &unknown], 3, "not_found");
+    assert!(msg(&e).contains(&unknown[..12]), "{e}");
+    let e = refused(&r, &["create", "no/such-ref"], 3, "not_found");
+    assert!(msg(&e).contains("no/such-ref"), "{e}");
+
+    let e = refused(&r, &["create", &base, "--name", "taken"], 4, "exists");
+    assert!(msg(&e).contains("taken"), "{e}");
+    // The same, through the view lower (the daemon's start must not leave anything).
+    refused(
+        &r,
+        &["create", &base, "--name", "taken", "--lower", "view"],
+        4,
+        "exists",
+    );
+
+    let existing = r.t.path("already-here");
+    std::fs::create_dir(&existing).unwrap();
+    std::fs::write(existing.join("mine.txt"), "keep me\n").unwrap();
+    let e = refused(
+        &r,
+        &["create", &base, "--path", existing.to_str().unwrap()],
+        4,
+        "exists",
+    );
+    assert!(msg(&e).contains("already-here"), "{e}");
+    assert_eq!(
+        std::fs::read_to_string(existing.join("mine.txt")).unwrap(),
+        "keep me\n",
+        "the user's directory is untouched"
+    );
+    let file = r.t.path("a-file");
+    std::fs::write(&file, "x").unwrap();
+    refused(
+        &r,
+        &["create", &base, "--path", file.to_str().unwrap()],
+        4,
+        "exists",
+    );
+
+    let e = refused(
+        &r,
+        &["create", &base, "--materializer", "bogus"],
+        9,
+        "invalid_input",
+    );
+    for choice in ["auto", "overlay", "fuse", "btrfs", "reflink", "copy"] {
+        assert!(msg(&e).contains(choice), "the choices are listed: {e}");
+    }
+    let e = refused(
+        &r,
+        &["create", &base, "--materializer", "btrfs"],
+        7,
+        "unsupported",
+    );
+    let m = msg(&e);
+    assert!(m.contains("btrfs") && m.len() > 40, "says why: {e}");
+    eprintln!("--materializer btrfs: {m}");
+
+    r.remove(&ws.id);
+    r.assert_clean();
+}
+
+#[test]
+fn remove_twice_and_ids_from_another_root_are_not_found() {
+    require_root!();
+    let (r, base) = setup();
+    let other = WsRoot::new();
+    let ws = r.create(&base, &[]);
+    let gone = r.create(&base, &["--name", "short-lived"]);
+    r.remove(&gone.id);
+
+    let e = refused(&r, &["remove", &gone.id], 3, "not_found");
+    assert!(msg(&e).contains(&gone.id), "{e}");
+    refused(&r, &["remove", "short-lived"], 3, "not_found");
+
+    // The live workspace of `r`, named in another root.
+    for args in [
+        vec!["status", ws.id.as_str()],
+        vec!["remove", ws.id.as_str()],
+        vec!["remove", "--force", ws.id.as_str()],
+        vec!["diff", ws.id.as_str()],
+        vec!["commit", ws.id.as_str()],
+        vec!["recover", ws.id.as_str()],
+    ] {
+        let e = refused(&other, &args, 3, "not_found");
+        assert!(msg(&e).contains(&ws.id), "{e}");
+    }
+    assert!(ws.path.is_dir(), "still there");
+    assert_eq!(r.status(&ws.id)["status"], "active");
+
+    r.remove(&ws.id);
+    r.assert_clean();
+    other.assert_clean();
+}
+
+#[test]
+fn remove_of_a_busy_workspace_is_refused_and_force_ends_the_user() {
+    require_root!();
+    let (r, base) = setup();
+    let ws = r.create(&base, &[]);
+    let mut sleeper = KillOnDrop(
+        Command::new("sleep")
+            .arg("1000")
+            .current_dir(&ws.path)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start sleep"),
+    );
+    let pid = sleeper.0.id();
+    let e = refused(&r, &["remove", &ws.id], 5, "busy");
+    assert!(msg(&e).contains(&pid.to_string()), "names the process: {e}");
+    assert!(
+        sleeper.0.try_wait().unwrap().is_none(),
+        "the user still runs"
+    );
+    assert_eq!(r.status(&ws.id)["status"], "active");
+
+    r.t.json(["remove", "--force", &ws.id]).ok();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = sleeper.0.try_wait().unwrap() {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let status = status.expect("remove --force ended the process using the workspace");
+    assert!(!status.success(), "killed, not finished: {status}");
+    assert!(!ws.path.exists());
+    r.assert_clean();
+}
+
+#[test]
+fn commit_with_a_wrong_expect_is_a_conflict_and_leaves_the_ref() {
+    require_root!();
+    let (r, base) = setup();
+    let ws = r.create(&base, &[]);
+    std::fs::write(ws.path.join("one.txt"), "1\n").unwrap();
+    let (first, _, _) = r.commit(&ws.id, &["--ref", "team/main"]);
+    assert_eq!(r.t.refs()["team/main"], first);
+    std::fs::write(ws.path.join("two.txt"), "2\n").unwrap();
+
+    let e = refused(
+        &r,
+        &["commit", &ws.id, "--ref", "team/main", "--expect", &base],
+        6,
+        "conflict",
+    );
+    assert!(msg(&e).contains(&first), "names where the ref is: {e}");
+    assert_eq!(r.t.refs()["team/main"], first, "the ref did not move");
+    assert_eq!(r.status(&ws.id)["commits"], serde_json::json!([first]));
+
+    // With the right expectation it moves.
+    let (second, _, _) = r.commit(&ws.id, &["--ref", "team/main", "--expect", &first]);
+    assert_eq!(r.t.refs()["team/main"], second);
+    r.remove(&ws.id);
+    r.assert_clean();
+}

@@ -1,0 +1,80 @@
+//! The Python example client (`docs/examples/cowspace_client.py`, standard library only)
+//! against a real daemon: its demo creates a workspace, writes a file, diffs, commits and
+//! removes it.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+use super::base_tree;
+use super::support::{WsRoot, require_root};
+
+#[test]
+fn python_client_demo_creates_diffs_commits_and_removes() {
+    require_root!();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/examples/cowspace_client.py");
+    assert!(script.is_file(), "{} is missing", script.display());
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base_tree(&src);
+    let base = r.import(&src, &[]);
+    r.t.json(["daemon", "start"]).ok();
+
+    let out = Command::new("python3")
+        .arg(&script)
+        .arg(r.root())
+        .arg(&base)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("run python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Whatever happened, the guard removes a workspace the demo left.
+    if let Ok(v) = serde_json::from_str::<Value>(&stdout)
+        && let Some(id) = v["workspace"].as_str()
+    {
+        r.track(id);
+    }
+    assert!(
+        out.status.success(),
+        "demo failed\nstdout: {stdout}\nstderr: {stderr}"
+    );
+    let v: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("demo output is not JSON ({e}): {stdout}"));
+
+    assert_eq!(v["ping"]["pong"], true, "{v}");
+    let id = v["workspace"].as_str().expect("workspace id");
+    assert_eq!(
+        v["diff"],
+        serde_json::json!([{"path": "hello-from-python.txt", "change": "added", "new_kind": "file"}]),
+        "{v}"
+    );
+    let snap = v["snapshot"].as_str().expect("snapshot");
+    let show =
+        r.t.json(["show", snap, "hello-from-python.txt"])
+            .ok()
+            .json();
+    assert_eq!(
+        show["entry"]["size"],
+        "hello from python\n".len() as u64,
+        "{show}"
+    );
+    assert_eq!(show["meta"]["parents"], serde_json::json!([base]), "{show}");
+    assert!(
+        v["listed"].as_array().unwrap().iter().any(|w| w == id),
+        "{v}"
+    );
+    assert_eq!(v["removed"]["status"], "removed", "{v}");
+    assert_eq!(v["error"]["kind"], "not_found", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no-such-workspace")
+    );
+    assert_eq!(r.status(id)["status"], "removed");
+    assert!(!Path::new(v["path"].as_str().unwrap()).exists());
+    assert_eq!(r.t.json(["list"]).ok().json(), serde_json::json!([]));
+    r.assert_clean();
+}
