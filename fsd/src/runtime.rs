@@ -214,6 +214,11 @@ impl Runtime {
             "view" => self.store.root().join("run/view").join(snapshot.to_hex()),
             _ => checkout::checkout_path(&self.store, &snapshot),
         };
+        // Full-tree materializers choose their own lower (a checkout, a subvolume).
+        let (lower_kind, lower) = match mat.lower(&self.store, &snapshot, o.lower.as_deref())? {
+            Some((k, p)) => (k.to_string(), p),
+            None => (lower_kind, lower),
+        };
         let t = now();
         let mut rec = Record {
             id: id.clone(),
@@ -405,6 +410,37 @@ impl Runtime {
             r.ports = ports;
             Ok(())
         })
+    }
+
+    /// While a sandbox runs in `ws` on its own overlay of the workspace's layers, the
+    /// host's overlay of the same upper layer would be a second, unsynchronised mount of
+    /// it (overlayfs leaves that undefined). This unmounts the host's; `false` when it is
+    /// in use on the host and stays mounted (its view may then be stale until the run
+    /// ends). [`Runtime::resume_host_mount`] mounts it again.
+    pub fn suspend_host_mount(&self, ws: &str) -> Result<bool> {
+        let rec = self.reg().get(ws)?;
+        if !crate::mounts::is_mounted(&rec.path)? {
+            return Ok(true);
+        }
+        match crate::mounts::unmount(&rec.path) {
+            Ok(()) => Ok(true),
+            Err(nix::Error::EBUSY) => Ok(false),
+            Err(source) => Err(Error::Unmount {
+                target: rec.path.clone(),
+                source,
+            }),
+        }
+    }
+
+    /// Mounts the host's overlay of `ws` again after a sandbox run (see
+    /// [`Runtime::suspend_host_mount`]). A workspace removed meanwhile is left alone.
+    pub fn resume_host_mount(&self, ws: &str) -> Result<()> {
+        let rec = self.reg().get(ws)?;
+        if rec.status != Status::Active || crate::mounts::is_mounted(&rec.path)? {
+            return Ok(());
+        }
+        let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
+        mat.mount(&rec)
     }
 
     /// Forgets the sandbox `helper_pid` of `ws` (it ended): no sandbox, no ports.

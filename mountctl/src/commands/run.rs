@@ -149,6 +149,18 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> anyhow::Result<ExitCode> {
         rt.set_ports(&rec.id, ports.clone())?;
     }
 
+    // The sandbox has its own overlay of the workspace's layers now: take the host's
+    // away for the run so one upper layer is never under two live overlays.
+    let suspended = !line.is_empty() && rt.suspend_host_mount(&rec.id)?;
+    if !line.is_empty() && !suspended {
+        eprintln!(
+            "mountctl: warning: {} is in use on the host and stays mounted during the run; \
+             its host view may be stale until the run ends (diff and commit read the \
+             workspace's own layer and are exact)",
+            rec.path.display()
+        );
+    }
+
     let status = loop {
         match child.wait() {
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -157,6 +169,9 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> anyhow::Result<ExitCode> {
     };
     handle.close();
     let _ = forwarder.join();
+    if suspended {
+        rt.resume_host_mount(&rec.id)?;
+    }
     drop(claim);
     let code = match (status.code(), status.signal()) {
         (Some(c), _) => c as u8,
