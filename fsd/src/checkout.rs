@@ -143,12 +143,20 @@ fn set_xattrs(path: &Path, xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
     Ok(())
 }
 
-/// Removes a directory tree, making read-only directories writable first.
+/// Removes a directory tree, making read-only directories writable first (btrfs
+/// subvolumes in it are deleted as subvolumes).
 pub fn remove_tree(path: &Path) {
     fn open_up(p: &Path) {
         if let Ok(m) = fs::symlink_metadata(p)
             && m.is_dir()
         {
+            // A btrfs subvolume (a workspace's tree, a base subvolume) goes in one call,
+            // read-only or not.
+            if crate::materializer::btrfs::is_subvolume(p, &m)
+                && crate::materializer::btrfs::delete_subvolume(p).is_ok()
+            {
+                return;
+            }
             let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o700));
             if let Ok(rd) = fs::read_dir(p) {
                 for e in rd.flatten() {

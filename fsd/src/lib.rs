@@ -1,5 +1,5 @@
 //! The cowspace daemon and workspace library: writable copy-on-write workspaces of
-//! snapshots (the `Materializer` seam, overlay today), the registry of every workspace,
+//! snapshots (the `Materializer` seam: overlay, btrfs, reflink, copy), the registry of every workspace,
 //! the control socket, and (in `view`) the read-only FUSE view of snapshots.
 //!
 //! [`runtime::Runtime`] is the API a runtime embeds; `mountctl` uses it too.
@@ -13,5 +13,7 @@ pub mod materializer;
 pub mod mounts;
 pub mod registry;
 pub mod runtime;
+#[allow(unsafe_code)]
+mod sys;
 pub mod upper;
 pub mod view;

@@ -101,6 +101,22 @@ pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> 
     })
 }
 
+/// Bind-mounts the directory `source` at `target` (a full-tree workspace shown at its
+/// path, so its path is a mount point like an overlay workspace's).
+pub fn mount_bind(source: &Path, target: &Path) -> Result<()> {
+    nix::mount::mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(|source| Error::Mount {
+        target: target.to_path_buf(),
+        source,
+    })
+}
+
 /// Unmounts `target`; EBUSY is reported as such (nothing forced).
 pub fn unmount(target: &Path) -> std::result::Result<(), nix::Error> {
     nix::mount::umount2(target, MntFlags::empty())

@@ -145,14 +145,14 @@ fn walk(dir: &Path, prefix: &[u8], out: &mut Vec<UpperChange>) -> Result<()> {
 }
 
 /// Base trees looked up by path, loading each directory once.
-struct BaseTrees<'s> {
+pub(crate) struct BaseTrees<'s> {
     store: &'s Store,
     cache: std::collections::HashMap<Vec<u8>, Option<cowspace_store::Tree>>,
     root: TreeId,
 }
 
 impl<'s> BaseTrees<'s> {
-    fn new(store: &'s Store, root: TreeId) -> Self {
+    pub(crate) fn new(store: &'s Store, root: TreeId) -> Self {
         BaseTrees {
             store,
             cache: Default::default(),
@@ -160,7 +160,7 @@ impl<'s> BaseTrees<'s> {
         }
     }
 
-    fn dir(&mut self, path: &[u8]) -> Result<Option<cowspace_store::Tree>> {
+    pub(crate) fn dir(&mut self, path: &[u8]) -> Result<Option<cowspace_store::Tree>> {
         if let Some(t) = self.cache.get(path) {
             return Ok(t.clone());
         }
@@ -235,6 +235,17 @@ pub fn diff(
     base: &SnapshotId,
     upper: &Path,
 ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
+    diff_changes(store, base, changes(upper)?)
+}
+
+/// The changes (as an upper layer would record them) against the base snapshot as diff
+/// entries, with the host path of each new or modified file. Shared with the
+/// materializers that find their changes another way (`materializer::fulltree`).
+pub fn diff_changes(
+    store: &Store,
+    base: &SnapshotId,
+    changes: Vec<UpperChange>,
+) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
     let snap = store.snapshot(base)?;
     let mut base_trees = BaseTrees::new(store, snap.root);
     let mut out: Vec<(DiffEntry, Option<PathBuf>)> = Vec::new();
@@ -253,7 +264,6 @@ pub fn diff(
         out.extend(tmp.into_iter().map(|d| (d, None)));
         Ok(())
     };
-    let changes = changes(upper)?;
     // Under an opaque directory, base entries not present in the upper are deleted.
     let upper_paths: std::collections::HashSet<Vec<u8>> = changes
         .iter()
@@ -455,7 +465,15 @@ pub fn patch(store: &Store, changes: &[(DiffEntry, Option<PathBuf>)]) -> Result<
 
 /// Feeds an overlay upper directory's changes into `ed` (an editor of the base).
 pub fn capture(ed: &mut cowspace_store::Editor<'_>, upper: &Path) -> Result<()> {
-    for c in changes(upper)? {
+    capture_changes(ed, changes(upper)?)
+}
+
+/// Feeds changes (as an upper layer would record them) into `ed`.
+pub fn capture_changes(
+    ed: &mut cowspace_store::Editor<'_>,
+    changes: Vec<UpperChange>,
+) -> Result<()> {
+    for c in changes {
         match c {
             UpperChange::Whiteout { path } => ed.delete(&path)?,
             UpperChange::Dir {

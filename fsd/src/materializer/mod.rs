@@ -5,7 +5,11 @@
 //! materializer that cannot work on this host says why from [`Materializer::probe`], and
 //! a workspace asking for it by name is refused — never silently given another.
 
+pub mod btrfs;
+pub mod copy;
+pub mod fulltree;
 pub mod overlay;
+pub mod reflink;
 
 use std::path::PathBuf;
 
@@ -14,6 +18,7 @@ use cowspace_store::{Editor, SnapshotId, Store};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::mounts;
 use crate::registry::Record;
 
 /// The materializers cowspace knows.
@@ -64,6 +69,20 @@ pub trait Materializer: Send + Sync {
 
     /// `Ok` when it can work on this host; otherwise what the host lacks.
     fn probe(&self, store: &Store) -> std::result::Result<(), String>;
+
+    /// The read-only source this materializer makes workspaces from when it chooses it
+    /// itself: `(lower_kind, path)`, recorded as the workspace's `lower_kind` and `lower`.
+    /// `asked` is the `lower` the user gave (`None` or `auto`: no preference); one this
+    /// materializer cannot use is refused here, before anything is made. `None`: the
+    /// runtime's choice of `view` or `checkout` (overlay).
+    fn lower(
+        &self,
+        _store: &Store,
+        _snapshot: &SnapshotId,
+        _asked: Option<&str>,
+    ) -> Result<Option<(&'static str, PathBuf)>> {
+        Ok(None)
+    }
 
     /// Makes the workspace appear at `rec.path`, using `rec.lower` and private state under
     /// `rec.private_dir`. Creates no state outside those.
@@ -140,7 +159,56 @@ impl NotBuilt {
 pub fn materializer(kind: MaterializerKind) -> Box<dyn Materializer> {
     match kind {
         MaterializerKind::Overlay => Box::new(overlay::Overlay),
+        MaterializerKind::Btrfs => Box::new(btrfs::Btrfs),
+        MaterializerKind::Reflink => Box::new(reflink::Reflink),
+        MaterializerKind::Copy => Box::new(copy::Copy),
         other => Box::new(NotBuilt(other)),
+    }
+}
+
+/// Unmounts the workspace at `rec.path` if mounted. `Busy` while processes use it,
+/// unless `force`, which kills them (then detaches lazily if it is still busy).
+pub(crate) fn unmount_path(rec: &Record, force: bool) -> Result<()> {
+    if !mounts::is_mounted(&rec.path)? {
+        return Ok(());
+    }
+    match mounts::unmount(&rec.path) {
+        Ok(()) => Ok(()),
+        Err(nix::Error::EBUSY) => {
+            let pids = mounts::users_of(&rec.path);
+            if !force {
+                return Err(Error::Busy {
+                    id: rec.id.clone(),
+                    pids,
+                });
+            }
+            for pid in &pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(*pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            // Give the killed processes a moment to release the mount.
+            for _ in 0..50 {
+                match mounts::unmount(&rec.path) {
+                    Ok(()) => return Ok(()),
+                    Err(nix::Error::EBUSY) => {
+                        std::thread::sleep(std::time::Duration::from_millis(20))
+                    }
+                    Err(source) => {
+                        return Err(Error::Unmount {
+                            target: rec.path.clone(),
+                            source,
+                        });
+                    }
+                }
+            }
+            mounts::unmount_lazy(&rec.path)
+        }
+        Err(source) => Err(Error::Unmount {
+            target: rec.path.clone(),
+            source,
+        }),
     }
 }
 

@@ -99,47 +99,7 @@ impl Materializer for Overlay {
     }
 
     fn unmount(&self, rec: &Record, force: bool) -> Result<()> {
-        if !mounts::is_mounted(&rec.path)? {
-            return Ok(());
-        }
-        match mounts::unmount(&rec.path) {
-            Ok(()) => Ok(()),
-            Err(nix::Error::EBUSY) => {
-                let pids = mounts::users_of(&rec.path);
-                if !force {
-                    return Err(Error::Busy {
-                        id: rec.id.clone(),
-                        pids,
-                    });
-                }
-                for pid in &pids {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(*pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-                // Give the killed processes a moment to release the mount.
-                for _ in 0..50 {
-                    match mounts::unmount(&rec.path) {
-                        Ok(()) => return Ok(()),
-                        Err(nix::Error::EBUSY) => {
-                            std::thread::sleep(std::time::Duration::from_millis(20))
-                        }
-                        Err(source) => {
-                            return Err(Error::Unmount {
-                                target: rec.path.clone(),
-                                source,
-                            });
-                        }
-                    }
-                }
-                mounts::unmount_lazy(&rec.path)
-            }
-            Err(source) => Err(Error::Unmount {
-                target: rec.path.clone(),
-                source,
-            }),
-        }
+        crate::materializer::unmount_path(rec, force)
     }
 
     fn is_mounted(&self, rec: &Record) -> Result<bool> {

@@ -1,0 +1,224 @@
+//! `btrfs`: on a btrfs runtime root, a snapshot's checkout is made once as a read-only
+//! subvolume (`<root>/cache/subvols/<snapshot>`, files cloned from the checkout, with its
+//! stamp file `<snapshot>.stamps` beside it); each workspace is a writable subvolume
+//! snapshot of it (`<private_dir>/tree`, constant time whatever the tree's size),
+//! bind-mounted at its path. The snapshot keeps every inode's number and times, so the
+//! base's stamps (hard-linked into the workspace) serve its diff and commit.
+//!
+//! Subvolumes are made and deleted with the btrfs ioctls (`sys`), not the `btrfs`
+//! program: no process per workspace. A workspace's subvolume is deleted by
+//! [`crate::checkout::remove_tree`], which every removal path uses.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use cowspace_store::diff::DiffEntry;
+use cowspace_store::{Editor, SnapshotId, Store};
+
+use crate::error::{Error, Result};
+use crate::materializer::fulltree::{self, Fill, Stamps};
+use crate::materializer::{Materializer, MaterializerKind};
+use crate::registry::Record;
+
+/// The inode number of every btrfs subvolume's root directory
+/// (`BTRFS_FIRST_FREE_OBJECTID`).
+const SUBVOL_ROOT_INO: u64 = 256;
+
+/// Where the base subvolume of `snapshot` lives.
+pub fn subvol_path(store: &Store, snapshot: &SnapshotId) -> PathBuf {
+    store.root().join("cache/subvols").join(snapshot.to_hex())
+}
+
+fn base_stamps(subvol: &Path) -> PathBuf {
+    subvol.with_extension("stamps")
+}
+
+fn is_btrfs(path: &Path) -> bool {
+    nix::sys::statfs::statfs(path)
+        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::BTRFS_SUPER_MAGIC)
+}
+
+/// Whether `path` (with metadata `meta`) is the root of a btrfs subvolume.
+pub fn is_subvolume(path: &Path, meta: &fs::Metadata) -> bool {
+    meta.is_dir() && meta.ino() == SUBVOL_ROOT_INO && is_btrfs(path)
+}
+
+fn parent_and_name(path: &Path) -> Result<(fs::File, &OsStr)> {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(Error::Invalid(format!("{} has no parent", path.display())));
+    };
+    let dir = fs::File::open(parent).map_err(Error::io("open", parent))?;
+    Ok((dir, name))
+}
+
+/// Deletes the subvolume at `path` with everything in it.
+pub fn delete_subvolume(path: &Path) -> Result<()> {
+    let (parent, name) = parent_and_name(path)?;
+    crate::sys::btrfs_subvol_destroy(&parent, name).map_err(Error::io("delete subvolume", path))
+}
+
+fn create_subvolume(path: &Path) -> Result<()> {
+    let (parent, name) = parent_and_name(path)?;
+    crate::sys::btrfs_subvol_create(&parent, name).map_err(Error::io("create subvolume", path))
+}
+
+fn snapshot_subvolume(source: &Path, dest: &Path, readonly: bool) -> Result<()> {
+    let src = fs::File::open(source).map_err(Error::io("open", source))?;
+    let (parent, name) = parent_and_name(dest)?;
+    crate::sys::btrfs_snapshot(&parent, &src, name, readonly)
+        .map_err(Error::io("snapshot subvolume into", dest))
+}
+
+/// Creates and deletes a subvolume in the runtime root's `tmp/`, once per root and
+/// process.
+fn trial_subvolume(root_tmp: &Path) -> std::result::Result<(), String> {
+    static PROBED: Mutex<Option<HashMap<PathBuf, std::result::Result<(), String>>>> =
+        Mutex::new(None);
+    let mut g = PROBED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(r) = g.get_or_insert_with(HashMap::new).get(root_tmp) {
+        return r.clone();
+    }
+    let p = root_tmp.join(format!("subvol-probe-{}", std::process::id()));
+    let r = fs::create_dir_all(root_tmp)
+        .map_err(|e| format!("cannot create {}: {e}", root_tmp.display()))
+        .and_then(|()| create_subvolume(&p).map_err(|e| format!("a trial subvolume failed: {e}")))
+        .and_then(|()| {
+            delete_subvolume(&p).map_err(|e| format!("deleting a trial subvolume failed: {e}"))
+        });
+    g.get_or_insert_with(HashMap::new)
+        .insert(root_tmp.to_path_buf(), r.clone());
+    r
+}
+
+/// Makes the read-only base subvolume of `rec`'s snapshot (and its stamps) unless it
+/// exists. Serialised by a lock file so two creates do not build it twice.
+fn ensure_base(rec: &Record) -> Result<()> {
+    let subvol = rec.lower.clone();
+    let stamps = base_stamps(&subvol);
+    let dir = subvol.parent().expect("subvolumes have a parent");
+    fs::create_dir_all(dir).map_err(Error::io("create directory", dir))?;
+    let lock_path = dir.join(".lock");
+    let lock_file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(Error::io("open", &lock_path))?;
+    let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, errno)| Error::io("lock", &lock_path)(errno.into()))?;
+    if subvol.is_dir() && stamps.is_file() {
+        return Ok(());
+    }
+    if subvol.is_dir() {
+        // Made by hand or by an older build without stamps: start again.
+        delete_subvolume(&subvol)?;
+    }
+    let store = fulltree::store_of(rec)?;
+    let snapshot: SnapshotId = rec.snapshot.parse()?;
+    let checkout = crate::checkout::ensure_checkout(&store, &snapshot)?;
+    let tmp = dir.join(format!(".tmp-{}-{}", snapshot.short(), std::process::id()));
+    if fs::symlink_metadata(&tmp).is_ok() {
+        delete_subvolume(&tmp)?;
+    }
+    create_subvolume(&tmp)?;
+    let built = (|| {
+        let rows = fulltree::build(&store, &snapshot, &checkout, &tmp, Fill::Clone)?;
+        Stamps::write(&rows, &stamps)?;
+        let f = fs::File::open(&tmp).map_err(Error::io("open", &tmp))?;
+        crate::sys::btrfs_set_readonly(&f).map_err(Error::io("make read-only", &tmp))?;
+        fs::rename(&tmp, &subvol).map_err(Error::io("rename subvolume into place", &subvol))
+    })();
+    if let Err(e) = built {
+        let _ = delete_subvolume(&tmp);
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// The btrfs subvolume-snapshot materializer.
+pub struct Btrfs;
+
+impl Materializer for Btrfs {
+    fn kind(&self) -> MaterializerKind {
+        MaterializerKind::Btrfs
+    }
+
+    fn probe(&self, store: &Store) -> std::result::Result<(), String> {
+        if !is_btrfs(store.root()) {
+            return Err(format!(
+                "the runtime root {} is on {}, not btrfs",
+                store.root().display(),
+                fulltree::fs_name(store.root())
+            ));
+        }
+        if !nix::unistd::geteuid().is_root() {
+            return Err(
+                "making and deleting subvolumes and bind-mounting the workspace needs root".into(),
+            );
+        }
+        trial_subvolume(&store.layout().tmp())
+    }
+
+    fn lower(
+        &self,
+        store: &Store,
+        snapshot: &SnapshotId,
+        asked: Option<&str>,
+    ) -> Result<Option<(&'static str, PathBuf)>> {
+        match asked {
+            None | Some("auto") => Ok(Some(("subvolume", subvol_path(store, snapshot)))),
+            Some(other) => Err(Error::Invalid(format!(
+                "lower {other:?}: the btrfs materializer snapshots a subvolume of the checkout (lower auto)"
+            ))),
+        }
+    }
+
+    fn mount(&self, rec: &Record) -> Result<()> {
+        if !fulltree::made(rec) {
+            ensure_base(rec)?;
+            let tree = fulltree::tree_dir(rec);
+            if let Ok(m) = fs::symlink_metadata(&tree) {
+                // A snapshot left by an interrupted create.
+                if is_subvolume(&tree, &m) {
+                    delete_subvolume(&tree)?;
+                } else {
+                    crate::checkout::remove_tree(&tree);
+                }
+            }
+            fs::create_dir_all(&rec.private_dir)
+                .map_err(Error::io("create directory", &rec.private_dir))?;
+            snapshot_subvolume(&rec.lower, &tree, false)?;
+            // Last: the stamps mark the tree complete.
+            let stamps = fulltree::stamps_path(rec);
+            let _ = fs::remove_file(&stamps);
+            fs::hard_link(base_stamps(&rec.lower), &stamps)
+                .map_err(Error::io("link stamps", &stamps))?;
+        }
+        fulltree::show(rec)
+    }
+
+    fn unmount(&self, rec: &Record, force: bool) -> Result<()> {
+        crate::materializer::unmount_path(rec, force)
+    }
+
+    fn is_mounted(&self, rec: &Record) -> Result<bool> {
+        crate::mounts::is_mounted(&rec.path)
+    }
+
+    fn diff(
+        &self,
+        store: &Store,
+        base: &SnapshotId,
+        rec: &Record,
+    ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
+        fulltree::diff(store, base, rec)
+    }
+
+    fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()> {
+        fulltree::capture(ed, rec)
+    }
+}

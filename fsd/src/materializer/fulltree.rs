@@ -1,0 +1,584 @@
+//! What the `btrfs`, `reflink` and `copy` materializers share: a workspace that is a
+//! whole, real directory tree (`<private_dir>/tree`, bind-mounted at the workspace's
+//! path), and the stamp table that makes its diff and commit cost what changed.
+//!
+//! When a tree is made, the (inode, size, mtime, ctime) of every entry is written to a
+//! stamp file (`<private_dir>/stamps`). Diff and commit walk the tree (one `lstat` per
+//! entry) and read only entries whose stamp no longer matches: every change to a file's
+//! content, mode, xattrs or link count moves its ctime, and a new file has a new inode or
+//! ctime. Directories whose stamp matches kept their names (adding, removing or renaming
+//! an entry moves the directory's mtime), so deleted paths are looked for only in
+//! directories that changed. The changes come out in the shape of an overlay upper
+//! layer's ([`UpperChange`]), so diff entries and editor calls are exactly overlay's.
+//!
+//! Racy stamps (git's problem): a change within the same clock tick as the stamp's
+//! recording could leave every field equal. The stamp file is written only once the
+//! filesystem's clock has moved past every recorded time, and an entry whose recorded
+//! time is not older than the stamp file's mtime is always re-read.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use cowspace_store::import::dir::read_xattrs;
+use cowspace_store::{Kind, SnapshotId, Store, StoreConfig, TreeId};
+
+use crate::error::{Error, Result};
+use crate::mounts;
+use crate::registry::Record;
+use crate::upper::{BaseTrees, UpperChange};
+
+/// The workspace's tree under its private directory.
+pub fn tree_dir(rec: &Record) -> PathBuf {
+    rec.private_dir.join("tree")
+}
+
+/// The stamp file of the workspace's tree.
+pub fn stamps_path(rec: &Record) -> PathBuf {
+    rec.private_dir.join("stamps")
+}
+
+/// How long writing a stamp file waits, at most, for the filesystem clock to pass the
+/// newest recorded time (a few coarse clock ticks).
+const STAMP_CLOCK_WAIT_MS: u64 = 200;
+/// Copy buffer of the `copy` materializer.
+const COPY_BUFFER_BYTES: usize = 256 * 1024;
+/// Longest path a stamp row holds (Linux `PATH_MAX`).
+const MAX_STAMP_PATH_BYTES: usize = 4096;
+const STAMP_MAGIC: &[u8; 8] = b"CWSTAMP1";
+
+/// What was true of one entry of the tree when it was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+impl Stamp {
+    pub fn of(meta: &fs::Metadata) -> Stamp {
+        Stamp {
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+            ctime_ns: meta.ctime() * 1_000_000_000 + meta.ctime_nsec(),
+        }
+    }
+}
+
+/// The stamps of a tree: path (relative, `/`-separated, `""` for the root) to stamp.
+#[derive(Debug, Default)]
+pub struct Stamps {
+    rows: HashMap<Vec<u8>, Stamp>,
+    /// The stamp file's mtime: recorded times not older than this are racy.
+    recorded_ns: i64,
+}
+
+impl Stamps {
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Whether the entry at `path` is still what the tree was made with.
+    pub fn unchanged(&self, path: &[u8], meta: &fs::Metadata) -> bool {
+        match self.rows.get(path) {
+            Some(s) => *s == Stamp::of(meta) && s.mtime_ns.max(s.ctime_ns) < self.recorded_ns,
+            None => false,
+        }
+    }
+
+    /// Writes `rows` to `dest` (temporary file, then renamed into place), once the
+    /// filesystem's clock has passed every recorded time.
+    pub fn write(rows: &HashMap<Vec<u8>, Stamp>, dest: &Path) -> Result<()> {
+        let mut buf = Vec::with_capacity(16 + rows.len() * 64);
+        buf.extend_from_slice(STAMP_MAGIC);
+        buf.extend_from_slice(&(rows.len() as u64).to_le_bytes());
+        let mut newest = i64::MIN;
+        for (path, s) in rows {
+            assert!(path.len() <= MAX_STAMP_PATH_BYTES, "stamp path too long");
+            buf.extend_from_slice(&(path.len() as u32).to_le_bytes());
+            buf.extend_from_slice(path);
+            buf.extend_from_slice(&s.ino.to_le_bytes());
+            buf.extend_from_slice(&s.size.to_le_bytes());
+            buf.extend_from_slice(&s.mtime_ns.to_le_bytes());
+            buf.extend_from_slice(&s.ctime_ns.to_le_bytes());
+            newest = newest.max(s.mtime_ns).max(s.ctime_ns);
+        }
+        let sum = blake3::hash(&buf);
+        buf.extend_from_slice(sum.as_bytes());
+        let tmp = dest.with_extension(format!("tmp{}", std::process::id()));
+        let mut f = fs::File::create(&tmp).map_err(Error::io("create", &tmp))?;
+        f.write_all(&buf).map_err(Error::io("write", &tmp))?;
+        let deadline =
+            std::time::Instant::now() + std::time::Duration::from_millis(STAMP_CLOCK_WAIT_MS);
+        loop {
+            let m = f.metadata().map_err(Error::io("stat", &tmp))?;
+            if m.mtime() * 1_000_000_000 + m.mtime_nsec() > newest {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                // Still correct: entries not older than the file's mtime are re-read.
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            f.set_modified(std::time::SystemTime::now())
+                .map_err(Error::io("touch", &tmp))?;
+        }
+        drop(f);
+        fs::rename(&tmp, dest).map_err(Error::io("rename into place", dest))
+    }
+
+    /// Reads a stamp file, checking its checksum and layout.
+    pub fn load(path: &Path) -> Result<Stamps> {
+        let buf = fs::read(path).map_err(Error::io("read", path))?;
+        let meta = fs::metadata(path).map_err(Error::io("stat", path))?;
+        let corrupt = |what: &str| Error::Io {
+            step: "read stamp file",
+            path: path.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string()),
+        };
+        if buf.len() < 16 + 32 || &buf[..8] != STAMP_MAGIC {
+            return Err(corrupt("not a stamp file"));
+        }
+        let (body, sum) = buf.split_at(buf.len() - 32);
+        if blake3::hash(body).as_bytes() != sum {
+            return Err(corrupt("checksum mismatch"));
+        }
+        let count = u64::from_le_bytes(body[8..16].try_into().expect("8 bytes")) as usize;
+        let mut rows = HashMap::with_capacity(count.min(body.len() / 36));
+        let mut at = 16;
+        let mut take = |n: usize| -> Result<&[u8]> {
+            let s = body.get(at..at + n).ok_or_else(|| corrupt("truncated"))?;
+            at += n;
+            Ok(s)
+        };
+        let u64_of = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+        for _ in 0..count {
+            let len = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes")) as usize;
+            if len > MAX_STAMP_PATH_BYTES {
+                return Err(corrupt("path too long"));
+            }
+            let path = take(len)?.to_vec();
+            let stamp = Stamp {
+                ino: u64_of(take(8)?),
+                size: u64_of(take(8)?),
+                mtime_ns: u64_of(take(8)?) as i64,
+                ctime_ns: u64_of(take(8)?) as i64,
+            };
+            rows.insert(path, stamp);
+        }
+        if take(0).is_err() || at != body.len() {
+            return Err(corrupt("trailing bytes"));
+        }
+        Ok(Stamps {
+            rows,
+            recorded_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+        })
+    }
+}
+
+/// How a made tree gets its file contents from the checkout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    /// `FICLONE`: the file shares the checkout file's extents (same filesystem).
+    Clone,
+    /// A plain byte copy (read and write; no `copy_file_range`, which may clone).
+    Copy,
+}
+
+fn join(prefix: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = prefix.to_vec();
+    if !p.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+/// The runtime root's store, opened from a workspace record (`<root>/workspaces/<id>`).
+pub fn store_of(rec: &Record) -> Result<Store> {
+    let root = rec
+        .private_dir
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "{} is not under a runtime root",
+                rec.private_dir.display()
+            ))
+        })?;
+    Ok(Store::open(root, StoreConfig::default())?)
+}
+
+/// Fills the existing empty directory `dest` with the snapshot, taking file contents from
+/// its checkout, and returns the stamp of every entry (`""`: `dest` itself). Modes and
+/// xattrs come from the snapshot (the checkout's files share their blob's inode and
+/// carry none).
+pub fn build(
+    store: &Store,
+    snapshot: &SnapshotId,
+    checkout: &Path,
+    dest: &Path,
+    fill: Fill,
+) -> Result<HashMap<Vec<u8>, Stamp>> {
+    let snap = store.snapshot(snapshot)?;
+    let mut b = Builder {
+        store,
+        checkout,
+        dest,
+        fill,
+        stamps: HashMap::new(),
+        links: Vec::new(),
+        buf: Vec::new(),
+    };
+    b.dir(&snap.root, &[])?;
+    // A hard link moved its primary's ctime: stamp every linked name again.
+    for (path, primary) in std::mem::take(&mut b.links) {
+        for p in [path, primary] {
+            let host = dest.join(OsStr::from_bytes(&p));
+            let m = fs::symlink_metadata(&host).map_err(Error::io("stat", &host))?;
+            b.stamps.insert(p, Stamp::of(&m));
+        }
+    }
+    fs::set_permissions(dest, fs::Permissions::from_mode(snap.root_mode & 0o7777))
+        .map_err(Error::io("chmod", dest))?;
+    let m = fs::symlink_metadata(dest).map_err(Error::io("stat", dest))?;
+    b.stamps.insert(Vec::new(), Stamp::of(&m));
+    Ok(b.stamps)
+}
+
+struct Builder<'a> {
+    store: &'a Store,
+    checkout: &'a Path,
+    dest: &'a Path,
+    fill: Fill,
+    stamps: HashMap<Vec<u8>, Stamp>,
+    /// (hard link, its primary)
+    links: Vec<(Vec<u8>, Vec<u8>)>,
+    buf: Vec<u8>,
+}
+
+impl Builder<'_> {
+    fn dir(&mut self, tree: &TreeId, prefix: &[u8]) -> Result<()> {
+        for e in self.store.tree(tree)?.entries {
+            let path = join(prefix, &e.name);
+            let host = self.dest.join(OsStr::from_bytes(&path));
+            match e.kind {
+                Kind::Dir => {
+                    fs::create_dir(&host).map_err(Error::io("create directory", &host))?;
+                    self.dir(&e.subtree().expect("dir"), &path)?;
+                    for (k, v) in &e.xattrs {
+                        xattr::set(&host, OsStr::from_bytes(k), v)
+                            .map_err(Error::io("set xattr on", &host))?;
+                    }
+                    fs::set_permissions(&host, fs::Permissions::from_mode(e.mode))
+                        .map_err(Error::io("chmod", &host))?;
+                }
+                Kind::File => self.file(&path, &host, &e)?,
+                Kind::Hardlink => {
+                    let primary = self.dest.join(OsStr::from_bytes(&e.data));
+                    fs::hard_link(&primary, &host).map_err(Error::io("hard link", &host))?;
+                    self.links.push((path.clone(), e.data.clone()));
+                }
+                Kind::Symlink => {
+                    std::os::unix::fs::symlink(OsStr::from_bytes(&e.data), &host)
+                        .map_err(Error::io("create symlink", &host))?;
+                }
+                Kind::Fifo => {
+                    nix::unistd::mkfifo(&host, nix::sys::stat::Mode::from_bits_truncate(e.mode))
+                        .map_err(|errno| Error::io("create fifo", &host)(errno.into()))?;
+                    fs::set_permissions(&host, fs::Permissions::from_mode(e.mode))
+                        .map_err(Error::io("chmod", &host))?;
+                }
+                Kind::CharDevice | Kind::BlockDevice => {
+                    let flag = if e.kind == Kind::CharDevice {
+                        nix::sys::stat::SFlag::S_IFCHR
+                    } else {
+                        nix::sys::stat::SFlag::S_IFBLK
+                    };
+                    nix::sys::stat::mknod(
+                        &host,
+                        flag,
+                        nix::sys::stat::Mode::from_bits_truncate(e.mode),
+                        e.rdev().unwrap_or(0),
+                    )
+                    .map_err(|errno| Error::io("create device node", &host)(errno.into()))?;
+                    fs::set_permissions(&host, fs::Permissions::from_mode(e.mode))
+                        .map_err(Error::io("chmod", &host))?;
+                }
+            }
+            let m = fs::symlink_metadata(&host).map_err(Error::io("stat", &host))?;
+            self.stamps.insert(path, Stamp::of(&m));
+        }
+        Ok(())
+    }
+
+    fn file(&mut self, path: &[u8], host: &Path, e: &cowspace_store::Entry) -> Result<()> {
+        let src_path = self.checkout.join(OsStr::from_bytes(path));
+        let mut src = fs::File::open(&src_path).map_err(Error::io("open", &src_path))?;
+        let mut dst = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(host)
+            .map_err(Error::io("create", host))?;
+        match self.fill {
+            Fill::Clone if e.size > 0 => {
+                crate::sys::ficlone(&dst, &src).map_err(Error::io("clone (FICLONE) into", host))?
+            }
+            Fill::Clone => {}
+            Fill::Copy => {
+                if self.buf.is_empty() {
+                    self.buf = vec![0; COPY_BUFFER_BYTES];
+                }
+                loop {
+                    let n = src
+                        .read(&mut self.buf)
+                        .map_err(Error::io("read", &src_path))?;
+                    if n == 0 {
+                        break;
+                    }
+                    dst.write_all(&self.buf[..n])
+                        .map_err(Error::io("write", host))?;
+                }
+            }
+        }
+        use xattr::FileExt;
+        for (k, v) in &e.xattrs {
+            dst.set_xattr(OsStr::from_bytes(k), v)
+                .map_err(Error::io("set xattr on", host))?;
+        }
+        dst.set_permissions(fs::Permissions::from_mode(e.mode))
+            .map_err(Error::io("chmod", host))?;
+        // The checkout is a cache: check what it gave before relying on it.
+        let size = dst.metadata().map_err(Error::io("stat", host))?.len();
+        if size != e.size {
+            return Err(Error::Io {
+                step: "fill from checkout",
+                path: src_path,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{size} bytes where the snapshot has {}", e.size),
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The changes of the tree `tree` (made from `base`, stamped in `stamps`), as an upper
+/// layer would record them: every new or changed entry (directories only when new or
+/// their own mode or xattrs may have changed) and every deleted path, parents first.
+/// Reads only entries whose stamp changed.
+pub fn changes(
+    store: &Store,
+    base: &SnapshotId,
+    tree: &Path,
+    stamps: &Stamps,
+) -> Result<Vec<UpperChange>> {
+    let snap = store.snapshot(base)?;
+    let mut w = Walk {
+        base: BaseTrees::new(store, snap.root),
+        stamps,
+        out: Vec::new(),
+    };
+    let meta = fs::symlink_metadata(tree).map_err(Error::io("stat", tree))?;
+    w.dir(tree, &[], &meta)?;
+    Ok(w.out)
+}
+
+struct Walk<'s, 't> {
+    base: BaseTrees<'s>,
+    stamps: &'t Stamps,
+    out: Vec<UpperChange>,
+}
+
+impl Walk<'_, '_> {
+    fn dir(&mut self, host: &Path, path: &[u8], meta: &fs::Metadata) -> Result<()> {
+        let same = self.stamps.unchanged(path, meta);
+        // The root's own mode lives in the snapshot, not in a tree entry.
+        if !same && !path.is_empty() {
+            self.out.push(UpperChange::Dir {
+                path: path.to_vec(),
+                mode: meta.mode() & 0o7777,
+                xattrs: read_xattrs(host)?,
+                opaque: false,
+            });
+        }
+        let mut names: Vec<_> = fs::read_dir(host)
+            .map_err(Error::io("read directory", host))?
+            .map(|e| e.map(|e| e.file_name()))
+            .collect::<std::io::Result<_>>()
+            .map_err(Error::io("read directory", host))?;
+        names.sort();
+        for name in &names {
+            let child = host.join(name);
+            let cpath = join(path, name.as_bytes());
+            let m = fs::symlink_metadata(&child).map_err(Error::io("stat", &child))?;
+            let ft = m.file_type();
+            if ft.is_dir() {
+                self.dir(&child, &cpath, &m)?;
+                continue;
+            }
+            if self.stamps.unchanged(&cpath, &m) {
+                continue;
+            }
+            let mode = m.mode() & 0o7777;
+            if ft.is_file() {
+                self.out.push(UpperChange::File {
+                    path: cpath,
+                    xattrs: read_xattrs(&child)?,
+                    host: child,
+                    mode,
+                    ino: m.ino(),
+                    nlink: m.nlink(),
+                });
+            } else if ft.is_symlink() {
+                let target = fs::read_link(&child).map_err(Error::io("read link", &child))?;
+                self.out.push(UpperChange::Symlink {
+                    path: cpath,
+                    target: target.as_os_str().as_bytes().to_vec(),
+                });
+            } else if ft.is_fifo() {
+                self.out.push(UpperChange::Special {
+                    path: cpath,
+                    kind: Kind::Fifo,
+                    mode,
+                    rdev: 0,
+                });
+            } else if ft.is_char_device() || ft.is_block_device() {
+                let kind = if ft.is_char_device() {
+                    Kind::CharDevice
+                } else {
+                    Kind::BlockDevice
+                };
+                self.out.push(UpperChange::Special {
+                    path: cpath,
+                    kind,
+                    mode,
+                    rdev: m.rdev(),
+                });
+            }
+            // Sockets cannot be stored; they are left out, as overlay leaves them out.
+        }
+        if !same && let Some(t) = self.base.dir(path)? {
+            // Names that left this directory (an unchanged directory kept its names).
+            let present: std::collections::HashSet<&[u8]> =
+                names.iter().map(|n| n.as_bytes()).collect();
+            for e in t.entries {
+                if !present.contains(e.name.as_slice()) {
+                    self.out.push(UpperChange::Whiteout {
+                        path: join(path, &e.name),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Shows the workspace's tree at its path (a bind mount), creating the path.
+pub fn show(rec: &Record) -> Result<()> {
+    fs::create_dir_all(&rec.path).map_err(Error::io("create directory", &rec.path))?;
+    if mounts::is_mounted(&rec.path)? {
+        return Ok(());
+    }
+    mounts::mount_bind(&tree_dir(rec), &rec.path)
+}
+
+/// Whether the workspace's tree was completely made (its stamps are written last).
+pub fn made(rec: &Record) -> bool {
+    tree_dir(rec).is_dir() && stamps_path(rec).is_file()
+}
+
+/// The diff of a full-tree workspace.
+pub fn diff(
+    store: &Store,
+    base: &SnapshotId,
+    rec: &Record,
+) -> Result<Vec<(cowspace_store::diff::DiffEntry, Option<PathBuf>)>> {
+    let stamps = Stamps::load(&stamps_path(rec))?;
+    let changes = changes(store, base, &tree_dir(rec), &stamps)?;
+    crate::upper::diff_changes(store, base, changes)
+}
+
+/// The capture of a full-tree workspace into `ed` (an editor of its base).
+pub fn capture(ed: &mut cowspace_store::Editor<'_>, rec: &Record) -> Result<()> {
+    let store = store_of(rec)?;
+    let base: SnapshotId = rec.snapshot.parse()?;
+    let stamps = Stamps::load(&stamps_path(rec))?;
+    let changes = changes(&store, &base, &tree_dir(rec), &stamps)?;
+    crate::upper::capture_changes(ed, changes)
+}
+
+/// The filesystem type of `path` by name, for messages.
+pub fn fs_name(path: &Path) -> String {
+    use nix::sys::statfs;
+    match statfs::statfs(path) {
+        Ok(s) => {
+            let t = s.filesystem_type();
+            let known = [
+                (statfs::BTRFS_SUPER_MAGIC, "btrfs"),
+                (statfs::XFS_SUPER_MAGIC, "xfs"),
+                (statfs::EXT4_SUPER_MAGIC, "ext4"),
+                (statfs::TMPFS_MAGIC, "tmpfs"),
+                (statfs::OVERLAYFS_SUPER_MAGIC, "overlayfs"),
+                (statfs::FUSE_SUPER_MAGIC, "fuse"),
+            ];
+            known
+                .iter()
+                .find(|(m, _)| *m == t)
+                .map(|(_, n)| n.to_string())
+                .unwrap_or_else(|| format!("filesystem type {:#x}", t.0))
+        }
+        Err(e) => format!("an unknown filesystem ({e})"),
+    }
+}
+
+/// The lower of `reflink` and `copy`: the snapshot's checkout (the daemon's view cannot
+/// be cloned from, and the workspace must not depend on the daemon).
+pub fn checkout_lower(
+    kind: crate::materializer::MaterializerKind,
+    store: &Store,
+    snapshot: &SnapshotId,
+    asked: Option<&str>,
+) -> Result<Option<(&'static str, PathBuf)>> {
+    match asked {
+        None | Some("auto") | Some("checkout") => Ok(Some((
+            "checkout",
+            crate::checkout::checkout_path(store, snapshot),
+        ))),
+        Some(other) => Err(Error::Invalid(format!(
+            "lower {other:?}: the {} materializer copies the snapshot's checkout (lower checkout or auto)",
+            kind.as_str()
+        ))),
+    }
+}
+
+/// Makes `<private_dir>/tree` a copy of the checkout `rec.lower` (cloned or copied) and
+/// writes its stamps, unless a previous mount made it completely (recover). A partial
+/// tree left by a crash is removed first.
+pub fn make_copied(rec: &Record, fill: Fill) -> Result<()> {
+    if made(rec) {
+        return Ok(());
+    }
+    let tree = tree_dir(rec);
+    crate::checkout::remove_tree(&tree);
+    let _ = fs::remove_file(stamps_path(rec));
+    fs::create_dir_all(&rec.private_dir)
+        .map_err(Error::io("create directory", &rec.private_dir))?;
+    fs::create_dir(&tree).map_err(Error::io("create directory", &tree))?;
+    let store = store_of(rec)?;
+    let snapshot: SnapshotId = rec.snapshot.parse()?;
+    let stamps = build(&store, &snapshot, &rec.lower, &tree, fill)?;
+    Stamps::write(&stamps, &stamps_path(rec))
+}

@@ -1,0 +1,137 @@
+//! The only `unsafe` of this crate: small safe wrappers of the ioctls the `reflink` and
+//! `btrfs` materializers make (`FICLONE`, btrfs subvolume create / snapshot / destroy /
+//! set-flags). Every wrapper takes open files (so the descriptors are valid for the call)
+//! and checks the return value in one place (nix's ioctl macros turn -1 into `Err(errno)`).
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+
+const BTRFS_IOCTL_MAGIC: u8 = 0x94;
+/// `FICLONE` is `_IOW(0x94, 9, int)`, shared with btrfs's old clone ioctl.
+const FICLONE_NR: u8 = 9;
+/// Longest name a `btrfs_ioctl_vol_args` carries (`BTRFS_PATH_NAME_MAX`).
+const BTRFS_PATH_NAME_MAX_BYTES: usize = 4087;
+/// Longest name a `btrfs_ioctl_vol_args_v2` carries (`BTRFS_SUBVOL_NAME_MAX`).
+const BTRFS_SUBVOL_NAME_MAX_BYTES: usize = 4039;
+/// `BTRFS_SUBVOL_RDONLY`: a read-only subvolume or snapshot.
+const BTRFS_SUBVOL_RDONLY: u64 = 1 << 1;
+
+/// `struct btrfs_ioctl_vol_args` (4096 bytes).
+#[repr(C)]
+struct VolArgs {
+    fd: i64,
+    name: [u8; BTRFS_PATH_NAME_MAX_BYTES + 1],
+}
+
+/// `struct btrfs_ioctl_vol_args_v2` (4096 bytes); the unions are kept as their largest
+/// member, zeroed.
+#[repr(C)]
+struct VolArgsV2 {
+    fd: i64,
+    transid: u64,
+    flags: u64,
+    unused: [u64; 4],
+    name: [u8; BTRFS_SUBVOL_NAME_MAX_BYTES + 1],
+}
+
+const _: () = assert!(std::mem::size_of::<VolArgs>() == 4096);
+const _: () = assert!(std::mem::size_of::<VolArgsV2>() == 4096);
+
+nix::ioctl_write_int_bad!(
+    ioctl_ficlone,
+    nix::request_code_write!(
+        BTRFS_IOCTL_MAGIC,
+        FICLONE_NR,
+        std::mem::size_of::<libc::c_int>()
+    )
+);
+nix::ioctl_write_ptr!(ioctl_subvol_create, BTRFS_IOCTL_MAGIC, 14, VolArgs);
+nix::ioctl_write_ptr!(ioctl_snap_destroy, BTRFS_IOCTL_MAGIC, 15, VolArgs);
+nix::ioctl_write_ptr!(ioctl_snap_create_v2, BTRFS_IOCTL_MAGIC, 23, VolArgsV2);
+nix::ioctl_write_ptr!(ioctl_subvol_setflags, BTRFS_IOCTL_MAGIC, 26, u64);
+
+fn name_bytes<const N: usize>(name: &OsStr) -> io::Result<[u8; N]> {
+    let b = name.as_bytes();
+    if b.is_empty() || b.len() >= N || b.contains(&b'/') || b.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("unusable subvolume name {name:?}"),
+        ));
+    }
+    let mut out = [0u8; N];
+    out[..b.len()].copy_from_slice(b);
+    Ok(out)
+}
+
+/// Safe wrapper for `ioctl(dest, FICLONE, src)`: `dest` shares all of `src`'s extents
+/// (replacing its own content). `dest` must be open for writing, both on one filesystem.
+pub fn ficlone(dest: &File, src: &File) -> io::Result<()> {
+    // SAFETY: both descriptors are owned by live `File`s for the whole call; FICLONE
+    // takes the source descriptor by value and touches no memory of ours.
+    unsafe { ioctl_ficlone(dest.as_raw_fd(), src.as_raw_fd()) }
+        .map(drop)
+        .map_err(io::Error::from)
+}
+
+/// Safe wrapper for `BTRFS_IOC_SUBVOL_CREATE`: a new empty subvolume `name` in `parent`.
+pub fn btrfs_subvol_create(parent: &File, name: &OsStr) -> io::Result<()> {
+    let args = VolArgs {
+        fd: 0,
+        name: name_bytes(name)?,
+    };
+    // SAFETY: `parent` is a live descriptor; `args` is a fully initialised
+    // `btrfs_ioctl_vol_args` that outlives the call and is only read by the kernel.
+    unsafe { ioctl_subvol_create(parent.as_raw_fd(), &args) }
+        .map(drop)
+        .map_err(io::Error::from)
+}
+
+/// Safe wrapper for `BTRFS_IOC_SNAP_CREATE_V2`: `name` in `parent` becomes a snapshot of
+/// the subvolume `source` (read-only if asked).
+pub fn btrfs_snapshot(
+    parent: &File,
+    source: &File,
+    name: &OsStr,
+    readonly: bool,
+) -> io::Result<()> {
+    let args = VolArgsV2 {
+        fd: i64::from(source.as_raw_fd()),
+        transid: 0,
+        flags: if readonly { BTRFS_SUBVOL_RDONLY } else { 0 },
+        unused: [0; 4],
+        name: name_bytes(name)?,
+    };
+    // SAFETY: both descriptors are live for the call; `args` is a fully initialised
+    // `btrfs_ioctl_vol_args_v2` (no qgroup pointer: flags carry no QGROUP_INHERIT) that
+    // outlives the call; the kernel reads it and writes `transid` only with ASYNC, unset.
+    unsafe { ioctl_snap_create_v2(parent.as_raw_fd(), &args) }
+        .map(drop)
+        .map_err(io::Error::from)
+}
+
+/// Safe wrapper for `BTRFS_IOC_SNAP_DESTROY`: deletes the subvolume `name` in `parent`
+/// with everything in it (root, or `user_subvol_rm_allowed`).
+pub fn btrfs_subvol_destroy(parent: &File, name: &OsStr) -> io::Result<()> {
+    let args = VolArgs {
+        fd: 0,
+        name: name_bytes(name)?,
+    };
+    // SAFETY: as for `btrfs_subvol_create`: a live descriptor and an initialised argument
+    // that outlives the call.
+    unsafe { ioctl_snap_destroy(parent.as_raw_fd(), &args) }
+        .map(drop)
+        .map_err(io::Error::from)
+}
+
+/// Safe wrapper for `BTRFS_IOC_SUBVOL_SETFLAGS` making the subvolume open as `subvol`
+/// read-only.
+pub fn btrfs_set_readonly(subvol: &File) -> io::Result<()> {
+    let flags: u64 = BTRFS_SUBVOL_RDONLY;
+    // SAFETY: a live descriptor and a `u64` that outlives the call, only read.
+    unsafe { ioctl_subvol_setflags(subvol.as_raw_fd(), &flags) }
+        .map(drop)
+        .map_err(io::Error::from)
+}
