@@ -1,6 +1,7 @@
 //! The cowspace daemon and workspace library: writable copy-on-write workspaces of
-//! snapshots (the `Materializer` seam: overlay, btrfs, reflink, copy), the registry of every workspace,
-//! the control socket, and (in `view`) the read-only FUSE view of snapshots.
+//! snapshots (the `Materializer` seam: overlay, btrfs, reflink, copy), the registry of
+//! every workspace, the control socket, and (in `view`) the read-only FUSE view of
+//! snapshots.
 //!
 //! [`runtime::Runtime`] is the API a runtime embeds; `mountctl` uses it too.
 #![deny(unsafe_code)]

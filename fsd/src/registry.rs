@@ -50,8 +50,9 @@ pub struct Record {
     /// The base snapshot (full hex).
     pub snapshot: String,
     pub materializer: String,
-    /// `view` (the daemon's read-only snapshot view) or `checkout` (hard links into the
-    /// blob cache).
+    /// `view` (the daemon's read-only snapshot view), `checkout` (hard links into the
+    /// blob cache; overlay's, and what `reflink` and `copy` copy) or `subvolume` (the
+    /// read-only btrfs subvolume `btrfs` snapshots).
     pub lower_kind: String,
     pub lower: PathBuf,
     /// Where the worker sees the workspace.
