@@ -248,11 +248,20 @@ fn run(a: RunArgs) -> Result<()> {
                 .as_ref()
                 .is_none_or(|ms| ms.iter().any(|m| m == id))
         };
+        let mut outcome = Ok(());
         for s in &mut sections {
             eprintln!("bench: section {} on {}…", s.id(), corpus.meta.key);
-            section_results.push(sections::run_section(s.as_mut(), &ctx, runs, &selected)?);
+            match sections::run_section(s.as_mut(), &ctx, runs, &selected) {
+                Ok(r) => section_results.push(r),
+                Err(e) => {
+                    outcome = Err(e);
+                    break;
+                }
+            }
         }
+        // Sections hold daemons and mounts; they go before the scratch directory.
         drop(sections);
+        outcome?;
         scratch.remove()?;
     }
 
@@ -292,10 +301,15 @@ fn run(a: RunArgs) -> Result<()> {
 }
 
 fn reproduce_line(s: &Settings, a: &RunArgs) -> String {
+    // --files only shapes the synthetic corpus.
+    let files = if s.corpus == "synthetic" {
+        format!(" --files {}", s.files)
+    } else {
+        String::new()
+    };
     let mut line = format!(
-        "bench run --corpus {} --files {} --seed {} --runs {} --sections {} --changed-files {}",
+        "bench run --corpus {}{files} --seed {} --runs {} --sections {} --changed-files {}",
         s.corpus,
-        s.files,
         s.seed,
         s.runs,
         s.sections.join(","),

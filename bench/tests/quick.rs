@@ -120,7 +120,21 @@ fn quick_run_end_to_end() {
         .map(|e| e.path())
         .collect();
     assert!(left.is_empty(), "leftovers: {left:?}");
-    assert!(mounts_below(tmp.path()).is_empty());
+    assert!(
+        mounts_below(tmp.path()).is_empty(),
+        "{:?}",
+        mounts_below(tmp.path())
+    );
+    // …and no daemon started for a store below it keeps running.
+    let needle = tmp.path().to_string_lossy().into_owned();
+    let daemons: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&needle) && !c.contains("bench"))
+        .collect();
+    assert!(daemons.is_empty(), "left running: {daemons:?}");
 
     // The report re-renders from the JSON alone.
     let rep = Command::new(BENCH)

@@ -16,6 +16,7 @@ use anyhow::{Context, Result};
 use super::{Ctx, Method, MethodInfo, Prepared, Sample, Section, metric};
 use crate::cancel::{DirGuard, MountGuard};
 use crate::corpus::{git, walk};
+use crate::mountctl::Mountctl;
 use crate::proc::{self, timed};
 use crate::results::{Better, MetricDef, Role};
 
@@ -33,6 +34,8 @@ pub struct Workspace {
     /// Directories whose blocks are the workspace's disk cost.
     pub cost_dirs: Vec<PathBuf>,
     pub has_git: bool,
+    /// The workspace id, for methods that have one (cowspace).
+    pub id: Option<String>,
     pub mount: Option<MountGuard>,
     /// Removes everything the workspace created, also on error paths.
     pub guard: DirGuard,
@@ -54,11 +57,39 @@ pub trait Materializer {
 
 pub struct MaterializeSection {
     largest: Option<PathBuf>,
+    /// The store the cowspace methods use; its daemon is stopped on drop.
+    store: Option<StoreGuard>,
 }
 
 impl MaterializeSection {
     pub fn new() -> Self {
-        Self { largest: None }
+        Self {
+            largest: None,
+            store: None,
+        }
+    }
+}
+
+/// A store root whose daemon (started by `mountctl create` on demand) must be
+/// stopped and whose mounts must go before the root is removed.
+struct StoreGuard {
+    mountctl: Mountctl,
+    root: PathBuf,
+}
+
+impl Drop for StoreGuard {
+    fn drop(&mut self) {
+        let mut c = self.mountctl.command(&self.root);
+        c.args(["daemon", "stop"]);
+        if let Err(e) = proc::run(&mut c) {
+            eprintln!(
+                "bench: stopping the daemon of {}: {e:#}",
+                self.root.display()
+            );
+        }
+        if let Err(e) = crate::cancel::remove_tree(&self.root) {
+            eprintln!("bench: cleanup of {} failed: {e:#}", self.root.display());
+        }
     }
 }
 
@@ -157,6 +188,7 @@ impl Section for MaterializeSection {
         let tree = ctx.corpus.tree.clone();
         self.largest = largest_file(&tree)?;
         let mut out = Vec::new();
+        let mut store: Option<std::result::Result<(Mountctl, PathBuf), String>> = None;
         let mut repo: Option<std::result::Result<PathBuf, String>> = None;
         let mut need_repo = |ctx: &Ctx| -> std::result::Result<PathBuf, String> {
             repo.get_or_insert_with(|| {
@@ -177,13 +209,34 @@ impl Section for MaterializeSection {
             let skip = |why: String, cmd: &str| Prepared::Skipped(info(id, cmd.into()), why);
             let m: Box<dyn Materializer> = match id {
                 "cowspace-overlay" | "cowspace-fuse" | "cowspace-btrfs" | "cowspace-reflink" => {
-                    out.push(skip(
-                        "workspaces not implemented yet (no `mountctl create`); bench gains this \
-                         method when they are"
-                            .into(),
-                        "mountctl create SNAP --materializer KIND; mountctl remove WS",
-                    ));
-                    continue;
+                    match cowspace_store(ctx, &mut store) {
+                        Err(why) => {
+                            out.push(skip(why, ""));
+                            continue;
+                        }
+                        Ok((mc, root)) => {
+                            if self.store.is_none() {
+                                self.store = Some(StoreGuard {
+                                    mountctl: mc.clone(),
+                                    root: root.clone(),
+                                });
+                            }
+                            let kind = id.trim_start_matches("cowspace-");
+                            let mut m = Cowspace {
+                                id,
+                                kind,
+                                mountctl: mc,
+                                root,
+                            };
+                            match m.probe(ctx.scratch) {
+                                Ok(None) => Box::new(m),
+                                Ok(Some(why)) | Err(why) => {
+                                    out.push(skip(why, ""));
+                                    continue;
+                                }
+                            }
+                        }
+                    }
                 }
                 "cp-a" => Box::new(CpA { tree: tree.clone() }),
                 "git-worktree" | "git-clone-shared" | "git-clone-local" => match need_repo(ctx) {
@@ -367,6 +420,7 @@ impl Materializer for CpA {
             cost_dirs: vec![path.clone()],
             path,
             has_git: false,
+            id: None,
             mount: None,
             guard,
         })
@@ -428,6 +482,7 @@ impl Materializer for Git {
             path,
             cost_dirs,
             has_git: true,
+            id: None,
             mount: None,
             guard,
         })
@@ -494,8 +549,134 @@ impl Materializer for Overlay {
             path: merged,
             cost_dirs: vec![upper, work],
             has_git: false,
+            id: None,
             mount,
             guard,
         })
+    }
+}
+
+/// A store root in the run's scratch directory holding the corpus as ref `bench`
+/// (imported once per run, untimed); shared by the cowspace methods.
+fn cowspace_store(
+    ctx: &Ctx,
+    cache: &mut Option<std::result::Result<(Mountctl, PathBuf), String>>,
+) -> std::result::Result<(Mountctl, PathBuf), String> {
+    cache
+        .get_or_insert_with(|| {
+            let mc = ctx.mountctl.clone()?;
+            let root = ctx.scratch_path("materialize-store");
+            let r = (|| -> Result<()> {
+                mc.json(&root, &[std::ffi::OsStr::new("init")])?;
+                eprintln!("bench: materialize: importing the corpus into a store (untimed)…");
+                let tree = ctx.corpus.tree.as_os_str();
+                let args = ["import", "--ref", "bench", "--no-default-excludes"];
+                let mut v: Vec<&std::ffi::OsStr> = vec![args[0].as_ref(), tree];
+                v.extend(args[1..].iter().map(|a| std::ffi::OsStr::new(*a)));
+                mc.json(&root, &v)?;
+                Ok(())
+            })();
+            r.map(|()| (mc, root))
+                .map_err(|e| format!("importing the corpus failed: {e:#}"))
+        })
+        .clone()
+}
+
+/// A cowspace workspace made by `mountctl create --materializer KIND`.
+struct Cowspace {
+    id: &'static str,
+    kind: &'static str,
+    mountctl: Mountctl,
+    root: PathBuf,
+}
+
+impl Cowspace {
+    /// One create + remove; exit 7 (unsupported on this host) or 2 (no such
+    /// materializer in this mountctl) makes the method skipped with mountctl's reason.
+    fn probe(&mut self, scratch: &Path) -> std::result::Result<Option<String>, String> {
+        let dir = scratch.join(format!("probe-{}", self.id));
+        let mut c = self.mountctl.command(&self.root);
+        c.args(["create", "bench", "--materializer", self.kind, "--path"])
+            .arg(dir.join("ws"));
+        let (code, out, err) = proc::run_status(&mut c).map_err(|e| format!("{e:#}"))?;
+        match code {
+            Some(0) => {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&out).map_err(|e| e.to_string())?;
+                let ws = v["workspace"].as_str().unwrap_or_default().to_string();
+                self.mountctl
+                    .json(
+                        &self.root,
+                        &["remove".as_ref(), ws.as_ref(), "--force".as_ref()],
+                    )
+                    .map_err(|e| format!("{e:#}"))?;
+                let _ = crate::cancel::remove_tree(&dir);
+                Ok(None)
+            }
+            Some(2) | Some(7) => {
+                let _ = crate::cancel::remove_tree(&dir);
+                Ok(Some(format!(
+                    "mountctl create --materializer {}: {}",
+                    self.kind,
+                    proc::tail(&err, &out).replace('\n', " ")
+                )))
+            }
+            _ => Ok(None), // a real failure: let the runs fail and report it
+        }
+    }
+}
+
+impl Materializer for Cowspace {
+    fn info(&self) -> MethodInfo {
+        info(
+            self.id,
+            format!(
+                "mountctl --root ROOT --json create bench --materializer {} --path WS; mountctl --root ROOT --json remove ID --force",
+                self.kind
+            ),
+        )
+    }
+
+    fn create(&mut self, dir: &Path) -> Result<Workspace> {
+        let path = dir.join("ws");
+        let guard = DirGuard::adopt(path.clone());
+        let v = self.mountctl.json(
+            &self.root,
+            &[
+                "create".as_ref(),
+                "bench".as_ref(),
+                "--materializer".as_ref(),
+                self.kind.as_ref(),
+                "--path".as_ref(),
+                path.as_os_str(),
+            ],
+        )?;
+        let ws = v["workspace"]
+            .as_str()
+            .context("mountctl create printed no workspace id")?;
+        let private = self.root.join("workspaces").join(ws);
+        anyhow::ensure!(
+            private.is_dir(),
+            "workspace {ws}'s private state is not at {} (needed for its disk cost)",
+            private.display()
+        );
+        let path = v["path"].as_str().map_or(path, PathBuf::from);
+        Ok(Workspace {
+            cost_dirs: vec![private],
+            path,
+            has_git: false,
+            id: Some(ws.to_string()),
+            mount: None,
+            guard,
+        })
+    }
+
+    fn remove(&mut self, ws: Workspace) -> Result<()> {
+        let id = ws.id.clone().context("workspace id")?;
+        self.mountctl.json(
+            &self.root,
+            &["remove".as_ref(), id.as_ref(), "--force".as_ref()],
+        )?;
+        ws.guard.remove()
     }
 }
