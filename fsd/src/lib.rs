@@ -10,6 +10,7 @@ pub mod checkout;
 pub mod control;
 pub mod daemon;
 pub mod error;
+pub mod fromgit;
 pub mod materializer;
 pub mod mounts;
 pub mod registry;

@@ -279,6 +279,16 @@ impl Runtime {
         Ok(rec)
     }
 
+    /// Adds `evidence` (where the workspace's snapshot came from) to its record, under
+    /// `policies.checkout`.
+    pub fn record_evidence(&self, ws: &str, evidence: serde_json::Value) -> Result<Record> {
+        let id = self.reg().get(ws)?.id;
+        self.reg().modify(&id, |r| {
+            r.policies["checkout"] = evidence;
+            Ok(r.clone())
+        })
+    }
+
     /// Live workspaces (`all`: also removed and failed ones).
     pub fn list(&self, all: bool) -> Result<Vec<Record>> {
         self.reg().list(all)

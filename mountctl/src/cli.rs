@@ -158,7 +158,20 @@ pub enum DaemonCommand {
 #[derive(Debug, Args)]
 pub struct CreateArgs {
     /// A snapshot id (or unique prefix) or ref.
-    pub snapshot: String,
+    #[arg(required_unless_present = "from_git", conflicts_with = "from_git")]
+    pub snapshot: Option<String>,
+    /// Make the workspace from this git checkout (see --dirty).
+    #[arg(long, value_name = "DIR")]
+    pub from_git: Option<PathBuf>,
+    /// With --from-git: refuse a checkout with uncommitted changes (default), apply them
+    /// as a patch on HEAD, or snapshot the working tree as it is.
+    #[arg(
+        long,
+        value_name = "refuse|patch|snapshot",
+        default_value = "refuse",
+        requires = "from_git"
+    )]
+    pub dirty: String,
     #[arg(long)]
     pub name: Option<String>,
     #[arg(

@@ -25,14 +25,20 @@ fn line(r: &Record) -> String {
 
 pub fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
-    let rec = rt.create(&CreateOptions {
-        snapshot: a.snapshot,
+    let opts = CreateOptions {
+        snapshot: a.snapshot.unwrap_or_default(),
         name: a.name,
         materializer: Some(a.materializer),
         lower: Some(a.lower),
         path: a.path,
         worker: a.worker,
-    })?;
+    };
+    let rec = match &a.from_git {
+        Some(dir) => {
+            rt.create_from_git(dir, cowspace_fsd::fromgit::Dirty::parse(&a.dirty)?, &opts)?
+        }
+        None => rt.create(&opts)?,
+    };
     let v = json!({
         "workspace": rec.id, "name": rec.name, "path": rec.path, "materializer": rec.materializer,
         "lower": rec.lower_kind, "snapshot": rec.snapshot, "ms": rec.create_ms,
