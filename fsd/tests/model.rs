@@ -1,0 +1,371 @@
+//! Model-based test of workspaces: random sequences of file operations applied to a
+//! workspace and to a plain directory (the model) give the same results (the same errno
+//! for every operation) and the same tree; the workspace's commit then exports to exactly
+//! the model's tree; every materializer commits the same tree. Root only (mounts).
+//!
+//! Seeded: `COWSPACE_MODEL_SEED` (default fixed, so CI is reproducible) and
+//! `COWSPACE_MODEL_CASES` (default 24) for longer runs on demand.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use cowspace_fsd::runtime::{CommitOptions, CreateOptions, Runtime};
+use cowspace_store::{ImportOptions, Store, StoreConfig};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, RngSeed, TestRunner};
+
+fn can_run() -> bool {
+    if nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists() {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "CI=true: this test must run"
+    );
+    eprintln!("skipped: needs root and /dev/fuse");
+    false
+}
+
+struct Cleanup(PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let Ok(rt) = Runtime::open(&self.0) {
+            for r in rt.list(false).unwrap_or_default() {
+                let _ = rt.remove(&r.id, true);
+            }
+        }
+        let _ = cowspace_fsd::daemon::stop(&self.0, true);
+        let mut left: Vec<PathBuf> = cowspace_fsd::mounts::mounts()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| m.target)
+            .filter(|t| t.starts_with(&self.0))
+            .collect();
+        left.sort();
+        for m in left.iter().rev() {
+            let _ = cowspace_fsd::mounts::unmount_lazy(m);
+        }
+    }
+}
+
+/// Paths the operations pick from: few, so operations collide often.
+const NAMES: &[&str] = &[
+    "a", "b", "d1", "d1/a", "d1/b", "d1/d3", "d1/d3/e", "d2", "d2/c", "base.txt", "bd/f",
+];
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write {
+        path: usize,
+        offset: u16,
+        len: u16,
+        byte: u8,
+    },
+    Truncate {
+        path: usize,
+        len: u16,
+    },
+    Rename {
+        from: usize,
+        to: usize,
+    },
+    Link {
+        from: usize,
+        to: usize,
+    },
+    Unlink {
+        path: usize,
+    },
+    Mkdir {
+        path: usize,
+    },
+    Rmdir {
+        path: usize,
+    },
+    Symlink {
+        target: usize,
+        path: usize,
+    },
+    Chmod {
+        path: usize,
+        mode: u16,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let p = 0..NAMES.len();
+    prop_oneof![
+        4 => (p.clone(), any::<u16>(), 0..3000u16, any::<u8>()).prop_map(|(path, offset, len, byte)| Op::Write { path, offset: offset % 5000, len, byte }),
+        1 => (p.clone(), 0..6000u16).prop_map(|(path, len)| Op::Truncate { path, len }),
+        2 => (p.clone(), p.clone()).prop_map(|(from, to)| Op::Rename { from, to }),
+        1 => (p.clone(), p.clone()).prop_map(|(from, to)| Op::Link { from, to }),
+        2 => p.clone().prop_map(|path| Op::Unlink { path }),
+        2 => p.clone().prop_map(|path| Op::Mkdir { path }),
+        1 => p.clone().prop_map(|path| Op::Rmdir { path }),
+        1 => (p.clone(), p.clone()).prop_map(|(target, path)| Op::Symlink { target, path }),
+        1 => (p, prop::sample::select(vec![0o644u16, 0o755, 0o600, 0o700, 0o444])).prop_map(|(path, mode)| Op::Chmod { path, mode }),
+    ]
+}
+
+fn errno<T>(r: std::io::Result<T>) -> Option<i32> {
+    r.err().map(|e| e.raw_os_error().unwrap_or(-1))
+}
+
+/// Copies a directory tree (what `mv` does when rename says EXDEV).
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    let m = fs::symlink_metadata(from)?;
+    if m.is_dir() {
+        fs::create_dir(to)?;
+        for e in fs::read_dir(from)? {
+            let e = e?;
+            copy_tree(&e.path(), &to.join(e.file_name()))?;
+        }
+        fs::set_permissions(to, m.permissions())
+    } else if m.file_type().is_symlink() {
+        std::os::unix::fs::symlink(fs::read_link(from)?, to)
+    } else {
+        fs::copy(from, to).map(|_| ())
+    }
+}
+
+/// Applies one operation under `root`; returns the errno it failed with, if any.
+fn apply(root: &Path, op: &Op) -> Option<i32> {
+    let at = |i: usize| root.join(NAMES[i]);
+    match op {
+        Op::Write {
+            path,
+            offset,
+            len,
+            byte,
+        } => {
+            use std::os::unix::fs::FileExt;
+            errno(
+                fs::OpenOptions::new()
+                    .create(true)
+                    .write(true)
+                    .truncate(false)
+                    .open(at(*path))
+                    .and_then(|f| f.write_all_at(&vec![*byte; *len as usize], u64::from(*offset))),
+            )
+        }
+        Op::Truncate { path, len } => errno(
+            fs::OpenOptions::new()
+                .write(true)
+                .open(at(*path))
+                .and_then(|f| f.set_len(u64::from(*len))),
+        ),
+        Op::Rename { from, to } => match fs::rename(at(*from), at(*to)) {
+            // overlayfs (redirect_dir=off) refuses to rename a directory of the base:
+            // do what `mv` does, which is also what a plain directory ends up with.
+            Err(e) if e.raw_os_error() == Some(libc::EXDEV) => {
+                let (f, t) = (at(*from), at(*to));
+                if let Ok(tm) = fs::symlink_metadata(&t) {
+                    if !tm.is_dir() {
+                        return Some(libc::ENOTDIR);
+                    }
+                    if fs::read_dir(&t)
+                        .map(|mut d| d.next().is_some())
+                        .unwrap_or(false)
+                    {
+                        return Some(libc::ENOTEMPTY);
+                    }
+                    if fs::remove_dir(&t).is_err() {
+                        return Some(libc::EIO);
+                    }
+                }
+                errno(copy_tree(&f, &t).and_then(|_| fs::remove_dir_all(&f)))
+            }
+            r => errno(r),
+        },
+        Op::Link { from, to } => errno(fs::hard_link(at(*from), at(*to))),
+        Op::Unlink { path } => errno(fs::remove_file(at(*path))),
+        Op::Mkdir { path } => errno(fs::create_dir(at(*path))),
+        Op::Rmdir { path } => errno(fs::remove_dir(at(*path))),
+        Op::Symlink { target, path } => {
+            errno(std::os::unix::fs::symlink(NAMES[*target], at(*path)))
+        }
+        Op::Chmod { path, mode } => {
+            // chmod follows symlinks; only real files and directories are chmod'ed here.
+            match fs::symlink_metadata(at(*path)) {
+                Ok(m) if !m.file_type().is_symlink() => errno(fs::set_permissions(
+                    at(*path),
+                    fs::Permissions::from_mode(u32::from(*mode)),
+                )),
+                Ok(_) => None,
+                Err(e) => e.raw_os_error(),
+            }
+        }
+    }
+}
+
+/// Names, kinds, modes, contents, targets, and which names share an inode.
+fn listing(root: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>, inos: &mut Vec<(u64, String)>) {
+        let mut names: Vec<_> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        for n in names {
+            let p = dir.join(&n);
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            let m = fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                out.push(format!("d {rel} {:o}", m.mode() & 0o7777));
+                walk(root, &p, out, inos);
+            } else if m.file_type().is_symlink() {
+                out.push(format!(
+                    "l {rel} -> {}",
+                    fs::read_link(&p).unwrap().display()
+                ));
+            } else {
+                let data = fs::read(&p).unwrap();
+                out.push(format!(
+                    "f {rel} {:o} {} {}",
+                    m.mode() & 0o7777,
+                    data.len(),
+                    blake3::hash(&data).to_hex()
+                ));
+                inos.push((m.ino(), rel));
+            }
+        }
+    }
+    let mut out = vec![];
+    let mut inos = vec![];
+    walk(root, root, &mut out, &mut inos);
+    // Hard-link groups, by the names in them.
+    inos.sort();
+    let mut groups: Vec<Vec<String>> = vec![];
+    for w in inos.chunk_by(|a, b| a.0 == b.0) {
+        if w.len() > 1 {
+            groups.push(w.iter().map(|(_, n)| n.clone()).collect());
+        }
+    }
+    groups.sort();
+    out.extend(groups.into_iter().map(|g| format!("links {}", g.join(" "))));
+    out
+}
+
+#[test]
+fn random_operations_match_a_plain_directory() {
+    if !can_run() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let base = tmp.path().join("base");
+    for d in ["d1", "bd"] {
+        fs::create_dir_all(base.join(d)).unwrap();
+    }
+    fs::write(base.join("base.txt"), "the base\n").unwrap();
+    fs::write(base.join("bd/f"), vec![7u8; 4000]).unwrap();
+    fs::write(base.join("d1/a"), "a in d1\n").unwrap();
+    let root = tmp.path().join("root");
+    let _cleanup = Cleanup(root.clone());
+    let store = Store::init(&root, StoreConfig::default()).unwrap();
+    let mut opts = ImportOptions::new();
+    opts.ref_name = Some("base".into());
+    opts.default_excludes = false;
+    store.import_dir(&base, &opts).unwrap();
+    let rt = Runtime::open(&root).unwrap();
+
+    let seed: u64 = std::env::var("COWSPACE_MODEL_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20261129);
+    let cases: u32 = std::env::var("COWSPACE_MODEL_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(24);
+    let config = Config {
+        cases,
+        rng_seed: RngSeed::Fixed(seed),
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let counter = std::sync::atomic::AtomicU32::new(0);
+    let result = runner.run(&proptest::collection::vec(op(), 1..40), |ops| {
+        let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        let model = tmp.path().join(format!("model-{n}"));
+        copy_tree(&base, &model).unwrap();
+        // The same operations in a workspace of every materializer that works on a plain
+        // local filesystem: overlay on the view, overlay on a checkout, and copy.
+        let kinds = [
+            ("overlay", "view"),
+            ("overlay", "checkout"),
+            ("copy", "auto"),
+        ];
+        let mut workspaces = Vec::new();
+        for (mat, lower) in kinds {
+            let ws = rt
+                .create(&CreateOptions {
+                    snapshot: "base".into(),
+                    materializer: Some(mat.into()),
+                    lower: (lower != "auto").then(|| lower.into()),
+                    ..Default::default()
+                })
+                .unwrap();
+            workspaces.push((format!("{mat}/{lower}"), ws));
+        }
+        let outcome = (|| -> Result<(), TestCaseError> {
+            for (i, op) in ops.iter().enumerate() {
+                let want = apply(&model, op);
+                for (kind, ws) in &workspaces {
+                    let got = apply(&ws.path, op);
+                    prop_assert_eq!(got, want, "{} op {} {:?}", kind, i, op);
+                }
+            }
+            // Live, overlayfs (index=off) reports the names of a file hard-linked after its
+            // copy-up with different inode numbers; the link itself is in the upper layer
+            // and the committed snapshot below must have it.
+            let live = |p: &Path| -> Vec<String> {
+                listing(p)
+                    .into_iter()
+                    .filter(|l| !l.starts_with("links "))
+                    .collect()
+            };
+            let mut roots = Vec::new();
+            for (kind, ws) in &workspaces {
+                prop_assert_eq!(
+                    live(&ws.path),
+                    live(&model),
+                    "{} tree after the operations",
+                    kind
+                );
+                let snap = rt
+                    .commit(&ws.id, &CommitOptions::default())
+                    .map_err(|e| TestCaseError::fail(format!("{kind}: {e}")))?;
+                roots.push((kind.clone(), snap.root, snap.snapshot));
+            }
+            for (kind, root, _) in &roots {
+                prop_assert_eq!(
+                    *root,
+                    roots[0].1,
+                    "{} and {} commit different trees",
+                    kind,
+                    roots[0].0
+                );
+            }
+            let out = tmp.path().join(format!("export-{n}"));
+            store
+                .export_dir(&roots[0].2, &out)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(listing(&out), listing(&model), "the committed snapshot");
+            Ok(())
+        })();
+        for (_, ws) in &workspaces {
+            rt.remove(&ws.id, true).unwrap();
+        }
+        let _ = fs::remove_dir_all(&model);
+        let _ = fs::remove_dir_all(tmp.path().join(format!("export-{n}")));
+        outcome
+    });
+    if let Err(e) = result {
+        panic!("seed {seed}: {e}");
+    }
+    let ran = counter.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!("{ran} operation sequences (seed {seed}) matched the model on every materializer");
+    assert!(ran >= cases, "only {ran} of {cases} cases ran");
+}
