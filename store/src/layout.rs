@@ -19,8 +19,14 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The layout of `root`, made absolute against the current directory: every path
+    /// derived from it is recorded (workspace paths in the registry, the daemon's
+    /// `--root`, mount points compared with `/proc/self/mountinfo`), so a relative root
+    /// must not leak into them.
     pub fn new(root: impl Into<PathBuf>) -> Layout {
-        Layout { root: root.into() }
+        let root = root.into();
+        let root = std::path::absolute(&root).unwrap_or(root);
+        Layout { root }
     }
     pub fn store_dir(&self) -> PathBuf {
         self.root.join("store")
@@ -83,4 +89,23 @@ fn is_root() -> bool {
     std::fs::metadata("/proc/self")
         .map(|m| m.uid() == 0)
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_relative_root_is_made_absolute() {
+        let l = Layout::new("some/root");
+        assert!(l.root.is_absolute(), "{}", l.root.display());
+        assert!(l.root.ends_with("some/root"));
+        assert_eq!(
+            l.workspaces(),
+            std::env::current_dir()
+                .unwrap()
+                .join("some/root/workspaces")
+        );
+        assert_eq!(Layout::new("/abs/root").root, Path::new("/abs/root"));
+    }
 }
