@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 mod cancel;
+mod chart;
 mod corpus;
 mod machine;
 mod mountctl;
@@ -39,11 +40,21 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run benchmark sections on a corpus and write JSON + Markdown.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Render the Markdown of an earlier run (a JSON file, or the newest in a directory).
     Report {
         /// A run's JSON file, or a directory of them.
         path: PathBuf,
+    },
+    /// Draw materialize time vs tree size (SVG, log-log, one line per method) from
+    /// runs' JSON on corpora of different sizes.
+    Chart {
+        /// Where the SVG goes.
+        #[arg(long)]
+        out: PathBuf,
+        /// Run JSON files (or directories of them: every `*.json` inside).
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
     },
 }
 
@@ -67,6 +78,13 @@ struct RunArgs {
     /// Runs per method.
     #[arg(long)]
     runs: Option<usize>,
+    /// Runs of the slow methods (full copies: cp -a, git worktree/clone); default: --runs.
+    #[arg(long)]
+    slow_runs: Option<usize>,
+    /// Fast-loop repetitions: creates/removes of the millisecond materializers (spread
+    /// over the runs) and sandbox starts per method.
+    #[arg(long)]
+    fast_loop: Option<usize>,
     /// How many files the "changed" import step modifies.
     #[arg(long, default_value_t = 100)]
     changed_files: usize,
@@ -94,19 +112,23 @@ const QUICK_FILES: u64 = 2_000;
 const QUICK_RUNS: usize = 3;
 const DEFAULT_FILES: u64 = 100_000;
 const DEFAULT_RUNS: usize = 5;
+const DEFAULT_FAST_LOOP: usize = 100;
+const QUICK_FAST_LOOP: usize = 10;
 
 fn all_sections() -> Vec<Box<dyn Section>> {
     vec![
         Box::new(sections::import::ImportSection::new()),
         Box::new(sections::materialize::MaterializeSection::new()),
+        Box::new(sections::sandbox::SandboxSection::new()),
     ]
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Run(a) => run(a),
+        Cmd::Run(a) => run(*a),
         Cmd::Report { path } => report(&path),
+        Cmd::Chart { out, runs } => chart::write(&out, &runs),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -147,6 +169,17 @@ fn run(a: RunArgs) -> Result<()> {
         .unwrap_or(if a.quick { QUICK_RUNS } else { DEFAULT_RUNS });
     if runs == 0 {
         return Err(usage("--runs must be at least 1".into()));
+    }
+    let slow_runs = a.slow_runs.unwrap_or(runs).min(runs);
+    let fast_loop = a.fast_loop.unwrap_or(if a.quick {
+        QUICK_FAST_LOOP
+    } else {
+        DEFAULT_FAST_LOOP
+    });
+    if slow_runs == 0 || fast_loop == 0 {
+        return Err(usage(
+            "--slow-runs and --fast-loop must be at least 1".into(),
+        ));
     }
     if files == 0 {
         return Err(usage("--files must be at least 1".into()));
@@ -211,6 +244,8 @@ fn run(a: RunArgs) -> Result<()> {
         page_cache: if a.cold { "cold" } else { "warm" }.into(),
         quick: a.quick,
         changed_files: a.changed_files,
+        slow_runs,
+        fast_loop,
     };
     let reproduce = reproduce_line(&settings, &a);
 
@@ -242,6 +277,11 @@ fn run(a: RunArgs) -> Result<()> {
             seed: a.seed,
             changed_files: a.changed_files,
             is_root,
+            quick: a.quick,
+            slow_runs,
+            fast_loop,
+            concurrency: if a.quick { vec![1, 8] } else { vec![1, 8, 64] },
+            runs,
         };
         let selected = |id: &str| {
             a.methods
@@ -308,10 +348,12 @@ fn reproduce_line(s: &Settings, a: &RunArgs) -> String {
         String::new()
     };
     let mut line = format!(
-        "bench run --corpus {}{files} --seed {} --runs {} --sections {} --changed-files {}",
+        "bench run --corpus {}{files} --seed {} --runs {} --slow-runs {} --fast-loop {} --sections {} --changed-files {}",
         s.corpus,
         s.seed,
         s.runs,
+        s.slow_runs,
+        s.fast_loop,
         s.sections.join(","),
         s.changed_files
     );

@@ -92,3 +92,118 @@ pub fn field_u64(v: &Value, key: &str) -> Option<u64> {
     v.get(key)
         .and_then(|x| x.as_u64().or_else(|| x.as_f64().map(|f| f as u64)))
 }
+
+/// A store root bench made (with the corpus imported as ref `bench`), whose
+/// workspaces must be removed, daemon stopped and mounts gone before the root is
+/// deleted — all on drop, also after Ctrl-C.
+pub struct StoreGuard {
+    pub mountctl: Mountctl,
+    pub root: PathBuf,
+    /// Delete the root on drop (not for roots on a loop filesystem that goes as a
+    /// whole: btrfs base subvolumes are read-only).
+    pub remove_root: bool,
+}
+
+impl StoreGuard {
+    /// `mountctl init` + `mountctl import TREE --ref bench --no-default-excludes`
+    /// (untimed fixture work).
+    pub fn import(mountctl: &Mountctl, root: PathBuf, tree: &Path) -> Result<Self> {
+        let g = Self {
+            mountctl: mountctl.clone(),
+            root,
+            remove_root: true,
+        };
+        g.mountctl.json(&g.root, &["init".as_ref()])?;
+        g.mountctl.json(
+            &g.root,
+            &[
+                "import".as_ref(),
+                tree.as_os_str(),
+                "--ref".as_ref(),
+                "bench".as_ref(),
+                "--no-default-excludes".as_ref(),
+            ],
+        )?;
+        Ok(g)
+    }
+
+    /// The root's `fsd`, when one runs.
+    pub fn daemon_pid(&self) -> Option<u32> {
+        let want = std::fs::canonicalize(&self.root).unwrap_or_else(|_| self.root.clone());
+        find_pids(|args| {
+            args.first()
+                .is_some_and(|a| a.rsplit('/').next() == Some("fsd"))
+                && args.windows(2).any(|w| {
+                    w[0] == "--root" && (Path::new(&w[1]) == want || Path::new(&w[1]) == self.root)
+                })
+        })
+        .into_iter()
+        .next()
+    }
+}
+
+impl Drop for StoreGuard {
+    fn drop(&mut self) {
+        if let Ok(v) = self.mountctl.json(&self.root, &["list".as_ref()]) {
+            for r in v.as_array().into_iter().flatten() {
+                if let Some(id) = r.get("id").and_then(Value::as_str)
+                    && let Err(e) = self.mountctl.json(
+                        &self.root,
+                        &["remove".as_ref(), id.as_ref(), "--force".as_ref()],
+                    )
+                {
+                    eprintln!("bench: removing workspace {id}: {e:#}");
+                }
+            }
+        }
+        let mut c = self.command_root();
+        c.args(["daemon", "stop"]);
+        if let Err(e) = proc::run(&mut c) {
+            eprintln!(
+                "bench: stopping the daemon of {}: {e:#}",
+                self.root.display()
+            );
+        }
+        if self.remove_root
+            && let Err(e) = crate::cancel::remove_tree(&self.root)
+        {
+            eprintln!("bench: cleanup of {} failed: {e:#}", self.root.display());
+        }
+    }
+}
+
+impl StoreGuard {
+    fn command_root(&self) -> Command {
+        self.mountctl.command(&self.root)
+    }
+}
+
+/// Pids whose command line (split at NULs) satisfies `f`.
+pub fn find_pids(f: impl Fn(&[String]) -> bool) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let args: Vec<String> = c
+                    .split(|b| *b == 0)
+                    .filter(|a| !a.is_empty())
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect();
+                f(&args)
+            })
+        })
+        .collect()
+}
+
+/// A `/proc/PID/status` size field (`VmRSS`, `VmHWM`) in bytes.
+pub fn proc_status_bytes(pid: u32, key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines().find_map(|l| {
+        let rest = l.strip_prefix(key)?.strip_prefix(':')?;
+        let kb: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(kb * 1024)
+    })
+}

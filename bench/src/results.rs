@@ -46,6 +46,12 @@ pub struct Settings {
     pub page_cache: String,
     pub quick: bool,
     pub changed_files: usize,
+    /// Runs of the slow (full-copy) methods.
+    #[serde(default)]
+    pub slow_runs: usize,
+    /// Fast-loop repetitions (millisecond creates/removes; sandbox starts).
+    #[serde(default)]
+    pub fast_loop: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -325,4 +325,31 @@ impl Corpus {
         partial.keep();
         Ok(repo)
     }
+
+    /// A normal git checkout of the tree (the tree plus a standalone `.git` holding
+    /// its one commit, packed; built once by cloning [`Corpus::git_repo`], cached):
+    /// what a user's working copy looks like, and the source every materialize method
+    /// copies, mounts or imports.
+    pub fn git_checkout(&self, scratch: &Path) -> Result<PathBuf> {
+        let repo = self.git_repo(scratch)?;
+        let base = self.entry.clone().unwrap_or_else(|| scratch.to_path_buf());
+        let co = base.join("checkout");
+        if co.join(".git/bench-complete").exists() {
+            return Ok(co);
+        }
+        crate::cancel::remove_tree(&co)?;
+        let partial =
+            DirGuard::create(base.join(format!("checkout.partial-{}", std::process::id())))?;
+        eprintln!("bench: cloning the corpus' git checkout (once)…");
+        proc::run(
+            git()
+                .args(["clone", "-q", "--no-hardlinks"])
+                .arg(&repo)
+                .arg(partial.path()),
+        )?;
+        std::fs::write(partial.path().join(".git/bench-complete"), b"")?;
+        std::fs::rename(partial.path(), &co)?;
+        partial.keep();
+        Ok(co)
+    }
 }

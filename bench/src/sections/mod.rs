@@ -8,6 +8,7 @@
 
 pub mod import;
 pub mod materialize;
+pub mod sandbox;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -39,6 +40,17 @@ pub struct Ctx<'a> {
     pub seed: u64,
     pub changed_files: usize,
     pub is_root: bool,
+    /// `--quick`: reduced sections (no loop filesystems, fewer repetitions).
+    pub quick: bool,
+    /// Runs of the slow (full-copy) methods; at most the section's runs.
+    pub slow_runs: usize,
+    /// Repetitions of the fast loops (creates and removes of millisecond methods,
+    /// sandbox starts), spread over the runs.
+    pub fast_loop: usize,
+    /// Concurrent-workspace counts measured for the fast methods.
+    pub concurrency: Vec<usize>,
+    /// `--runs`.
+    pub runs: usize,
 }
 
 impl Ctx<'_> {
@@ -60,6 +72,11 @@ impl Ctx<'_> {
             drop_caches()?;
         }
         Ok(())
+    }
+
+    /// Fast-loop repetitions per round: `fast_loop` spread over the runs.
+    pub fn fast_per_round(&self) -> usize {
+        self.fast_loop.div_ceil(self.runs.max(1))
     }
 
     pub fn scratch_path(&self, name: &str) -> PathBuf {
@@ -90,6 +107,10 @@ pub trait Method {
     /// One repetition. `round` is 0-based; state it creates must be removed before
     /// returning (or held by guards that are).
     fn run_once(&mut self, ctx: &Ctx, round: usize) -> Result<Sample>;
+    /// A slow method runs only `ctx.slow_runs` rounds (full copies of large trees).
+    fn slow(&self) -> bool {
+        false
+    }
 }
 
 pub enum Prepared {
@@ -110,6 +131,14 @@ pub trait Section {
     fn notes(&self) -> Vec<String> {
         Vec::new()
     }
+    /// Rounds this section runs (default: `--runs`).
+    fn rounds(&self, runs: usize, _ctx: &Ctx) -> usize {
+        runs
+    }
+    /// Whether to print every run's sample line (sections with many tiny runs do not).
+    fn verbose_runs(&self) -> bool {
+        true
+    }
 }
 
 /// Runs one section: `runs` rounds over its ready methods, alternating.
@@ -120,6 +149,7 @@ pub fn run_section(
     selected: &dyn Fn(&str) -> bool,
 ) -> Result<SectionResult> {
     let prepared = section.prepare(ctx, selected)?;
+    let runs = section.rounds(runs, ctx);
     let mut results: Vec<MethodResult> = Vec::new();
     let mut ready: Vec<(usize, Box<dyn Method>)> = Vec::new();
     for p in prepared {
@@ -151,7 +181,7 @@ pub fn run_section(
         for k in 0..n {
             let (ri, method) = &mut ready[(round + k) % n];
             let r = &mut results[*ri];
-            if r.status != Status::Ok {
+            if r.status != Status::Ok || (method.slow() && round >= ctx.slow_runs) {
                 continue;
             }
             cancel::check()?;
@@ -169,13 +199,15 @@ pub fn run_section(
                         .iter()
                         .map(|(k, v)| format!("{k}={}", short(*v)))
                         .collect();
-                    eprintln!(
-                        "bench: {} run {}/{runs} {}: {}",
-                        section.id(),
-                        round + 1,
-                        r.id,
-                        shown.join(" ")
-                    );
+                    if section.verbose_runs() || round + 1 == runs || round % 25 == 0 {
+                        eprintln!(
+                            "bench: {} run {}/{runs} {}: {}",
+                            section.id(),
+                            round + 1,
+                            r.id,
+                            shown.join(" ")
+                        );
+                    }
                     for (k, v) in sample {
                         r.samples.entry(k.to_string()).or_default().push(v);
                     }
