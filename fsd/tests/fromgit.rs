@@ -1,47 +1,15 @@
 //! Workspaces from a developer's git checkout under each dirty-state policy. Root only.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::Command;
 
+use common::{Cleanup, can_run};
 use cowspace_fsd::error::ErrorKind;
 use cowspace_fsd::fromgit::Dirty;
 use cowspace_fsd::runtime::{CreateOptions, Runtime};
 use cowspace_store::{Store, StoreConfig};
-
-fn can_run() -> bool {
-    if nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists() {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "CI=true: this test must run"
-    );
-    eprintln!("skipped: needs root and /dev/fuse");
-    false
-}
-
-struct Cleanup(PathBuf);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        if let Ok(rt) = Runtime::open(&self.0) {
-            for r in rt.list(false).unwrap_or_default() {
-                let _ = rt.remove(&r.id, true);
-            }
-        }
-        let _ = cowspace_fsd::daemon::stop(&self.0, true);
-        let mut left: Vec<PathBuf> = cowspace_fsd::mounts::mounts()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|m| m.target)
-            .filter(|t| t.starts_with(&self.0))
-            .collect();
-        left.sort();
-        for m in left.iter().rev() {
-            let _ = cowspace_fsd::mounts::unmount_lazy(m);
-        }
-    }
-}
 
 fn git(dir: &Path, args: &[&str]) {
     let ok = Command::new("git")

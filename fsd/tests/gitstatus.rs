@@ -1,50 +1,15 @@
 //! The first `git status` in a brand-new workspace of a git checkout reads no file: the
 //! imported `.git/index` agrees with what the snapshot view serves. Root only (mounts).
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
+use common::{Cleanup, can_run};
 use cowspace_fsd::runtime::{CreateOptions, Runtime};
 use cowspace_store::{ImportOptions, Store, StoreConfig};
-
-fn can_run() -> bool {
-    if nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists() {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "CI=true: this test must run (root, /dev/fuse)"
-    );
-    eprintln!("skipped: needs root and /dev/fuse");
-    false
-}
-
-/// Removes every workspace, stops the daemon and detaches leftovers, even on panic.
-struct Cleanup {
-    root: PathBuf,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        if let Ok(rt) = Runtime::open(&self.root) {
-            for r in rt.list(false).unwrap_or_default() {
-                let _ = rt.remove(&r.id, true);
-            }
-        }
-        let _ = cowspace_fsd::daemon::stop(&self.root, true);
-        let mut mounted: Vec<PathBuf> = cowspace_fsd::mounts::mounts()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|m| m.target)
-            .filter(|t| t.starts_with(&self.root))
-            .collect();
-        mounted.sort();
-        for m in mounted.iter().rev() {
-            let _ = cowspace_fsd::mounts::unmount_lazy(m);
-        }
-    }
-}
 
 fn git(dir: &Path, args: &[&str]) -> std::process::Output {
     let out = Command::new("git")
@@ -85,7 +50,7 @@ fn first_git_status_in_a_view_workspace_rewrites_no_index() {
     git(&repo, &["status", "--porcelain"]);
 
     let root = tmp.path().join("root");
-    let _cleanup = Cleanup { root: root.clone() };
+    let _cleanup = Cleanup(root.clone());
     let store = Store::init(&root, StoreConfig::default()).unwrap();
     let mut opts = ImportOptions::new();
     opts.ref_name = Some("repo".into());

@@ -6,49 +6,17 @@
 //! Seeded: `COWSPACE_MODEL_SEED` (default fixed, so CI is reproducible) and
 //! `COWSPACE_MODEL_CASES` (default 24) for longer runs on demand.
 
+mod common;
+
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use common::{Cleanup, can_run};
 use cowspace_fsd::runtime::{CommitOptions, CreateOptions, Runtime};
 use cowspace_store::{ImportOptions, Store, StoreConfig};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestRunner};
-
-fn can_run() -> bool {
-    if nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists() {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "CI=true: this test must run"
-    );
-    eprintln!("skipped: needs root and /dev/fuse");
-    false
-}
-
-struct Cleanup(PathBuf);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        if let Ok(rt) = Runtime::open(&self.0) {
-            for r in rt.list(false).unwrap_or_default() {
-                let _ = rt.remove(&r.id, true);
-            }
-        }
-        let _ = cowspace_fsd::daemon::stop(&self.0, true);
-        let mut left: Vec<PathBuf> = cowspace_fsd::mounts::mounts()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|m| m.target)
-            .filter(|t| t.starts_with(&self.0))
-            .collect();
-        left.sort();
-        for m in left.iter().rev() {
-            let _ = cowspace_fsd::mounts::unmount_lazy(m);
-        }
-    }
-}
 
 /// Paths the operations pick from: few, so operations collide often.
 const NAMES: &[&str] = &[

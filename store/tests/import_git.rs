@@ -1,49 +1,16 @@
 //! Git import: a revision imports to exactly what `git archive` gives, and to the same
 //! tree as a clean checkout imported as a directory.
 
+mod common;
+
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
 use cowspace_store::{ErrorKind, ImportOptions, Source, Store, StoreConfig};
 
-/// Path, kind, mode, size, content hash or target of everything under `root`.
-fn listing(root: &Path) -> Vec<String> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
-        let mut names: Vec<_> = fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        names.sort();
-        for n in names {
-            let p = dir.join(&n);
-            let rel = p.strip_prefix(root).unwrap().display().to_string();
-            let m = fs::symlink_metadata(&p).unwrap();
-            let mode = m.permissions().mode() & 0o7777;
-            if m.is_dir() {
-                out.push(format!("d {rel} {mode:o}"));
-                walk(root, &p, out);
-            } else if m.file_type().is_symlink() {
-                out.push(format!(
-                    "l {rel} -> {}",
-                    fs::read_link(&p).unwrap().display()
-                ));
-            } else {
-                let data = fs::read(&p).unwrap();
-                out.push(format!(
-                    "f {rel} {mode:o} {} {} nlink={}",
-                    data.len(),
-                    blake3::hash(&data).to_hex(),
-                    m.nlink()
-                ));
-            }
-        }
-    }
-    let mut out = vec![];
-    walk(root, root, &mut out);
-    out
-}
+use common::listing;
 
 /// Runs a shell command with a private git configuration (HOME = `home`).
 fn sh(home: &Path, cmd: &str) -> String {
