@@ -15,14 +15,15 @@ pub const MAX_OBJECT_BYTES: usize = 64 * 1024 * 1024;
 /// Default zstd level (fast, good ratio on source code).
 pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
 
-/// Compresses with zstd, keeping the raw bytes when compression does not pay.
-pub fn compress(compressor: &mut zstd::bulk::Compressor<'_>, data: &[u8]) -> (Codec, Vec<u8>) {
+/// Compresses with zstd, keeping the raw bytes (without a copy) when compression does
+/// not pay.
+pub fn compress(compressor: &mut zstd::bulk::Compressor<'_>, data: Vec<u8>) -> (Codec, Vec<u8>) {
     if data.len() < 64 {
-        return (Codec::Raw, data.to_vec());
+        return (Codec::Raw, data);
     }
-    match compressor.compress(data) {
+    match compressor.compress(&data) {
         Ok(c) if c.len() + c.len() / 32 < data.len() => (Codec::Zstd, c),
-        _ => (Codec::Raw, data.to_vec()),
+        _ => (Codec::Raw, data),
     }
 }
 

@@ -258,7 +258,7 @@ impl<'s> Editor<'s> {
         let slot = self.slots.len();
         self.slots.push(None);
         self.files_read += 1;
-        self.ingest.submit_path(slot, host_path)?;
+        self.ingest.submit_path(slot, host_path, u64::MAX)?;
         self.drain(false)?;
         self.set(
             path,
@@ -321,7 +321,7 @@ impl<'s> Editor<'s> {
 
     fn drain(&mut self, wait: bool) -> Result<()> {
         while let Some((slot, r)) = self.ingest.next_result(wait) {
-            self.slots[slot] = Some(r?);
+            self.slots[slot] = Some(r?.0);
         }
         Ok(())
     }

@@ -208,6 +208,12 @@ pub fn locate(conn: &Connection, id: &[u8; 32]) -> Result<Option<Location>> {
     }))
 }
 
+/// Whether the index holds any object.
+pub fn has_objects(conn: &Connection) -> Result<bool> {
+    conn.query_row("SELECT EXISTS (SELECT 1 FROM objects)", [], |r| r.get(0))
+        .map_err(Error::db("look up objects"))
+}
+
 /// Whether an object is in the index.
 pub fn contains(conn: &Connection, id: &[u8; 32]) -> Result<bool> {
     let mut stmt = conn

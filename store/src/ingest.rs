@@ -2,23 +2,39 @@
 //! bounded channels, feeding one pack writer thread.
 //!
 //! ```text
-//! caller ──jobs (bounded)──▶ N workers ──objects (bounded)──▶ writer ──▶ packs
-//!    ▲                          │
-//!    └────── results ───────────┘   (one small record per file)
+//!             ┌──file batches (bounded)──▶ N workers ──object batches (bounded)──▶ writer ──▶ packs
+//! caller ─────┤                             ▲    │ │
+//!   ▲         └──objects (bounded)──────────┘    │ └─▶ objects (chunks of large files)
+//!   └──────────── results (one small record per file, per batch) ◀─┘
 //! ```
+//!
+//! Files go to the workers in batches (up to [`FILES_PER_BATCH`] files or
+//! [`BATCH_BYTES`]), so a small file costs no channel hand-off of its own. A worker reads
+//! a file, hashes it and, for a file larger than one chunk, cuts it with FastCDC and
+//! hashes every chunk; it then offers each new chunk to the shared *objects* queue, which
+//! every worker serves before taking more files, so the compression of one large file is
+//! spread over all cores. When that queue is full the worker compresses the chunk itself
+//! (never blocking on its own peers, so the queues cannot deadlock). Trees, snapshots and
+//! the chunks of streamed content go through the same queue from the caller.
 //!
 //! Every stage returns its `Result`; the first error wins and the session's packs are
 //! removed. An object already in the index, or already claimed in this session, is
-//! neither compressed nor written again.
+//! neither compressed nor written again. When the index held no object at all when the
+//! session started (a first import), the per-object index lookups are skipped: the
+//! session's own claim set is then the whole truth, except for objects a concurrent
+//! session commits meanwhile, which two overlapping sessions may both write whether or
+//! not this shortcut is taken (the index keeps one row; gc drops the other copy).
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
+use std::ffi::OsString;
+use std::fs::File;
 use std::io::{self, Read};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use crossbeam_channel::{Receiver, Sender, bounded, unbounded};
+use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError, bounded, unbounded};
 use rusqlite::Connection;
 
 use crate::codec::{
@@ -30,10 +46,31 @@ use crate::index::{self, ObjectKind};
 use crate::store::Store;
 use crate::writer::{NewObject, PackWriter, Pending, discard};
 
-/// Jobs waiting for a worker, per worker.
-const JOBS_PER_WORKER: usize = 4;
-/// Compressed objects waiting for the writer.
-const MAX_QUEUED_OBJECTS: usize = 64;
+/// A batch of files handed to one worker ends at this many files...
+pub(crate) const FILES_PER_BATCH: usize = 32;
+/// ...or once its files' sizes (as the caller's stat saw them) reach this many bytes.
+pub(crate) const BATCH_BYTES: u64 = 4 * 1024 * 1024;
+/// File batches waiting for a worker, per worker (paths only: a few KiB each).
+const BATCHES_PER_WORKER: usize = 2;
+/// Object batches waiting for any worker to compress them, per worker. A batch is one
+/// chunk of a large file (at most `CDC_MAX_BYTES`, 256 KiB) or the caller's objects
+/// gathered up to [`CALLER_BATCH_BYTES`] (plus one object), so this holds about 4 MiB
+/// per worker.
+const OBJECTS_PER_WORKER: usize = 16;
+/// The caller's objects (trees, manifests, streamed chunks) go to the workers in
+/// batches of up to this many bytes...
+const CALLER_BATCH_BYTES: usize = 256 * 1024;
+/// ...or this many objects (a tree is often a few hundred bytes).
+const CALLER_BATCH_OBJECTS: usize = 64;
+/// A worker hands its compressed objects to the writer in batches of about this size.
+const WRITER_BATCH_BYTES: usize = 1024 * 1024;
+/// Object batches waiting for the pack writer (so at most about 16 MiB plus one object
+/// per batch).
+const MAX_QUEUED_WRITER_BATCHES: usize = 16;
+/// Index lookups a worker makes inside one SQLite read transaction (one lock round trip
+/// per transaction instead of per lookup); the transaction also ends whenever the
+/// worker runs out of work.
+const LOOKUPS_PER_READ_TXN: usize = 1024;
 
 /// A file's stored content.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,71 +79,199 @@ pub struct FileContent {
     pub size: u64,
 }
 
-enum Job {
-    /// Read, chunk and store a file; report its content under `slot`.
-    Path { slot: usize, path: PathBuf },
-    /// Compress and store one chunk whose id the caller computed.
-    Chunk { id: ChunkId, data: Vec<u8> },
+/// Extended attributes of a file, sorted by name.
+pub(crate) type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// A file for the workers to read.
+pub(crate) struct FileJob {
+    /// Where its result goes (see [`Ingest::next_result`]).
+    pub slot: usize,
+    /// Its path: opened when `at` is not given, and named in errors.
+    pub path: PathBuf,
+    /// Its directory, already open, and its name there: the file is opened relative to
+    /// it, which spares the kernel a walk of the whole path per file.
+    pub at: Option<(Arc<File>, OsString)>,
+    /// Also read its recorded extended attributes (from the open file).
+    pub xattrs: bool,
+}
+
+type FileResult = (usize, Result<(FileContent, Xattrs)>);
+
+/// An object for any worker.
+struct Obj {
+    kind: ObjectKind,
+    id: [u8; 32],
+    data: Vec<u8>,
+    /// Already claimed by this session and known to be missing from the index: only
+    /// compression is left to do.
+    claimed: bool,
 }
 
 /// Objects claimed by this session (so two workers never both compress one chunk).
 type Claimed = Arc<Mutex<HashSet<[u8; 32]>>>;
 
 struct Ctx {
-    conn: Connection,
+    /// `None` when the index was empty at the start of the session.
+    conn: Option<Connection>,
+    /// Lookups made in the open read transaction (0: none open).
+    lookups: usize,
     compressor: zstd::bulk::Compressor<'static>,
     claimed: Claimed,
-    objects: Sender<NewObject>,
+    /// Where chunks of large files are offered to the other workers.
+    offload: Sender<Vec<Obj>>,
+    writer: Sender<Vec<NewObject>>,
+    out: Vec<NewObject>,
+    out_bytes: usize,
+}
+
+fn stopped(step: &'static str, what: &str) -> Error {
+    Error::Io {
+        step,
+        path: PathBuf::new(),
+        source: io::Error::other(format!("{what} stopped")),
+    }
 }
 
 impl Ctx {
-    fn new(store: &Store, claimed: Claimed, objects: Sender<NewObject>) -> Result<Ctx> {
+    fn new(
+        store: &Store,
+        check_index: bool,
+        claimed: Claimed,
+        offload: Sender<Vec<Obj>>,
+        writer: Sender<Vec<NewObject>>,
+    ) -> Result<Ctx> {
         let compressor =
             zstd::bulk::Compressor::new(store.config.zstd_level).map_err(|e| Error::Io {
                 step: "start zstd",
                 path: PathBuf::new(),
                 source: e,
             })?;
+        let conn = match check_index {
+            true => Some(index::open_reader(&store.layout.index())?),
+            false => None,
+        };
         Ok(Ctx {
-            conn: index::open_reader(&store.layout.index())?,
+            conn,
+            lookups: 0,
             compressor,
             claimed,
-            objects,
+            offload,
+            writer,
+            out: Vec::new(),
+            out_bytes: 0,
         })
     }
 
-    /// Stores an object unless it is stored already or claimed by this session.
-    fn put(&mut self, kind: ObjectKind, id: [u8; 32], data: &[u8]) -> Result<()> {
+    /// Whether the index holds `id` (batched into read transactions).
+    fn indexed(&mut self, id: &[u8; 32]) -> Result<bool> {
+        let Some(conn) = &self.conn else {
+            return Ok(false);
+        };
+        if self.lookups == 0 {
+            conn.execute_batch("BEGIN")
+                .map_err(Error::db("begin index lookups"))?;
+        }
+        self.lookups += 1;
+        let found = index::contains(conn, id)?;
+        if self.lookups >= LOOKUPS_PER_READ_TXN {
+            self.end_lookups()?;
+        }
+        Ok(found)
+    }
+
+    fn end_lookups(&mut self) -> Result<()> {
+        if self.lookups > 0
+            && let Some(conn) = &self.conn
+        {
+            self.lookups = 0;
+            conn.execute_batch("COMMIT")
+                .map_err(Error::db("end index lookups"))?;
+        }
+        Ok(())
+    }
+
+    /// Claims an object for this session: false if it is stored already or claimed.
+    fn claim(&mut self, id: &[u8; 32]) -> Result<bool> {
         if !self
             .claimed
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id)
+            .insert(*id)
         {
+            return Ok(false);
+        }
+        Ok(!self.indexed(id)?)
+    }
+
+    /// Stores an object unless it is stored already or claimed by this session.
+    fn put(&mut self, kind: ObjectKind, id: [u8; 32], data: Vec<u8>) -> Result<()> {
+        if !self.claim(&id)? {
             return Ok(());
         }
-        if index::contains(&self.conn, &id)? {
-            return Ok(());
-        }
+        self.compress(kind, id, data)
+    }
+
+    /// Compresses a claimed object and queues it for the writer.
+    fn compress(&mut self, kind: ObjectKind, id: [u8; 32], data: Vec<u8>) -> Result<()> {
         if data.len() > codec::MAX_OBJECT_BYTES {
             return Err(Error::Invalid(format!(
                 "object of {} bytes is too large",
                 data.len()
             )));
         }
+        let raw_len = data.len() as u32;
         let (codec, stored) = codec::compress(&mut self.compressor, data);
-        let obj = NewObject {
+        self.out_bytes += stored.len();
+        self.out.push(NewObject {
             id,
             kind,
             codec,
-            raw_len: data.len() as u32,
+            raw_len,
             stored,
+        });
+        if self.out_bytes >= WRITER_BATCH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Hands the compressed objects to the writer.
+    fn flush(&mut self) -> Result<()> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        self.out_bytes = 0;
+        let batch = std::mem::take(&mut self.out);
+        self.writer
+            .send(batch)
+            .map_err(|_| stopped("hand objects to pack writer", "writer"))
+    }
+
+    fn handle(&mut self, o: Obj) -> Result<()> {
+        match o.claimed {
+            true => self.compress(o.kind, o.id, o.data),
+            false => self.put(o.kind, o.id, o.data),
+        }
+    }
+
+    /// Stores a chunk of a multi-chunk file: hashed here, compressed by whichever worker
+    /// is free (here when none is).
+    fn put_chunk(&mut self, id: ChunkId, data: Vec<u8>) -> Result<()> {
+        if !self.claim(id.as_bytes())? {
+            return Ok(());
+        }
+        let obj = Obj {
+            kind: ObjectKind::Chunk,
+            id: *id.as_bytes(),
+            data,
+            claimed: true,
         };
-        self.objects.send(obj).map_err(|_| Error::Io {
-            step: "hand object to pack writer",
-            path: PathBuf::new(),
-            source: io::Error::other("writer stopped"),
-        })
+        match self.offload.try_send(vec![obj]) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(v) | TrySendError::Disconnected(v)) => v
+                .into_iter()
+                .try_for_each(|o| self.compress(o.kind, o.id, o.data)),
+        }
     }
 
     /// Chunks and stores everything `r` yields; `first` is what was already read of it.
@@ -124,38 +289,62 @@ impl Ctx {
             })?;
             hasher.update(&c.data);
             let id = ChunkId::of(&c.data);
-            self.put(ObjectKind::Chunk, *id.as_bytes(), &c.data)?;
             chunks.push((id, c.length as u32));
             size += c.length as u64;
+            self.put_chunk(id, c.data)?;
         }
         if chunks.len() <= 1 {
             let id = match chunks.first() {
                 Some((id, _)) => ContentId::from(*id),
-                None => self.store_small(&[])?.id,
+                None => self.store_small(Vec::new())?.id,
             };
             return Ok(FileContent { id, size });
         }
         let id = ContentId::from_bytes(*hasher.finalize().as_bytes());
         let manifest = Manifest { size, chunks };
-        self.put(ObjectKind::Manifest, *id.as_bytes(), &manifest.encode())?;
+        self.put(ObjectKind::Manifest, *id.as_bytes(), manifest.encode())?;
         Ok(FileContent { id, size })
     }
 
-    fn store_small(&mut self, data: &[u8]) -> Result<FileContent> {
-        let id = ChunkId::of(data);
+    fn store_small(&mut self, data: Vec<u8>) -> Result<FileContent> {
+        let id = ChunkId::of(&data);
+        let size = data.len() as u64;
         self.put(ObjectKind::Chunk, *id.as_bytes(), data)?;
         Ok(FileContent {
             id: id.into(),
-            size: data.len() as u64,
+            size,
         })
     }
 
-    fn store_file(&mut self, path: &PathBuf) -> Result<FileContent> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-            .map_err(Error::io("open", path))?;
+    fn store_file(&mut self, job: &FileJob) -> Result<(FileContent, Xattrs)> {
+        let path = &job.path;
+        let file = match &job.at {
+            Some((dir, name)) => {
+                use nix::fcntl::OFlag;
+                let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+                nix::fcntl::openat(
+                    dir.as_ref(),
+                    name.as_os_str(),
+                    flags,
+                    nix::sys::stat::Mode::empty(),
+                )
+                .map(File::from)
+                .map_err(|e| Error::io("open", path)(io::Error::from(e)))?
+            }
+            None => std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(path)
+                .map_err(Error::io("open", path))?,
+        };
+        let xattrs = match job.xattrs {
+            true => crate::import::dir::read_file_xattrs(&file, path)?,
+            false => Vec::new(),
+        };
+        Ok((self.store_open_file(file, path)?, xattrs))
+    }
+
+    fn store_open_file(&mut self, file: File, path: &PathBuf) -> Result<FileContent> {
         let mut first = Vec::with_capacity(
             file.metadata()
                 .map(|m| m.len().min(SINGLE_CHUNK_MAX_BYTES) as usize + 1)
@@ -166,28 +355,96 @@ impl Ctx {
             .read_to_end(&mut first)
             .map_err(Error::io("read", path))?;
         if first.len() as u64 <= SINGLE_CHUNK_MAX_BYTES {
-            return self.store_small(&first);
+            return self.store_small(first);
         }
-        self.store_stream(first, io::BufReader::with_capacity(1 << 20, file))
-            .map_err(|e| match e {
-                Error::Io { step, source, .. } => Error::Io {
-                    step,
-                    path: path.clone(),
-                    source,
-                },
-                e => e,
-            })
+        // FastCDC reads into its own buffer: no second buffer in between.
+        self.store_stream(first, file).map_err(|e| match e {
+            Error::Io { step, source, .. } => Error::Io {
+                step,
+                path: path.clone(),
+                source,
+            },
+            e => e,
+        })
+    }
+
+    /// A worker's loop: objects first (they hold memory and finish other workers'
+    /// files), then file batches; ends when the caller closed the file queue and no
+    /// object is left.
+    fn run(
+        mut self,
+        files: Receiver<Vec<FileJob>>,
+        objects: Receiver<Vec<Obj>>,
+        results: Sender<Vec<FileResult>>,
+    ) -> Result<()> {
+        let mut files_open = true;
+        loop {
+            match objects.try_recv() {
+                Ok(v) => {
+                    v.into_iter().try_for_each(|o| self.handle(o))?;
+                    continue;
+                }
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => {}
+            }
+            if !files_open {
+                break;
+            }
+            let batch = match files.try_recv() {
+                Ok(b) => Some(b),
+                Err(TryRecvError::Disconnected) => {
+                    files_open = false;
+                    continue;
+                }
+                Err(TryRecvError::Empty) => {
+                    // Nothing to do right now: let go of what is held, then wait.
+                    self.flush()?;
+                    self.end_lookups()?;
+                    crossbeam_channel::select! {
+                        recv(objects) -> v => {
+                            if let Ok(v) = v {
+                                v.into_iter().try_for_each(|o| self.handle(o))?;
+                            }
+                            None
+                        }
+                        recv(files) -> b => match b {
+                            Ok(b) => Some(b),
+                            Err(_) => {
+                                files_open = false;
+                                None
+                            }
+                        },
+                    }
+                }
+            };
+            if let Some(batch) = batch {
+                let done: Vec<FileResult> = batch
+                    .into_iter()
+                    .map(|job| (job.slot, self.store_file(&job)))
+                    .collect();
+                let _ = results.send(done);
+            }
+        }
+        self.end_lookups()?;
+        self.flush()
     }
 }
 
 /// One write session: the pipeline plus the pack writer.
 pub(crate) struct Ingest<'s> {
     store: &'s Store,
-    jobs: Option<Sender<Job>>,
-    results: Receiver<(usize, Result<FileContent>)>,
+    files: Option<Sender<Vec<FileJob>>>,
+    objects: Option<Sender<Vec<Obj>>>,
+    /// Objects put by the caller not yet handed over, and their bytes.
+    objs: Vec<Obj>,
+    objs_bytes: usize,
+    results: Receiver<Vec<FileResult>>,
     workers: Vec<JoinHandle<Result<()>>>,
     writer: Option<JoinHandle<Result<Pending>>>,
-    inline: Option<Ctx>,
+    /// Files not yet handed over, and their sizes' sum.
+    batch: Vec<FileJob>,
+    batch_bytes: u64,
+    /// Results received and not yet taken.
+    ready: VecDeque<FileResult>,
     submitted: usize,
     received: usize,
 }
@@ -195,10 +452,12 @@ pub(crate) struct Ingest<'s> {
 impl<'s> Ingest<'s> {
     pub fn start(store: &'s Store) -> Result<Ingest<'s>> {
         let n = store.config.worker_count();
-        let (job_tx, job_rx) = bounded::<Job>(n * JOBS_PER_WORKER);
+        let (file_tx, file_rx) = bounded::<Vec<FileJob>>(n * BATCHES_PER_WORKER);
+        let (obj_tx, obj_rx) = bounded::<Vec<Obj>>(n * OBJECTS_PER_WORKER);
         let (res_tx, res_rx) = unbounded();
-        let (obj_tx, obj_rx) = bounded::<NewObject>(MAX_QUEUED_OBJECTS);
+        let (out_tx, out_rx) = bounded::<Vec<NewObject>>(MAX_QUEUED_WRITER_BATCHES);
         let claimed: Claimed = Arc::default();
+        let check_index = store.with_reader(index::has_objects)?;
 
         let backend = store.backend.clone();
         let writer = std::thread::Builder::new()
@@ -206,7 +465,7 @@ impl<'s> Ingest<'s> {
             .spawn(move || {
                 let mut w = PackWriter::new(backend);
                 let mut failed = None;
-                for obj in obj_rx {
+                for obj in out_rx.iter().flatten() {
                     if failed.is_none()
                         && let Err(e) = w.add(obj)
                     {
@@ -225,57 +484,73 @@ impl<'s> Ingest<'s> {
 
         let mut workers = Vec::with_capacity(n);
         for i in 0..n {
-            let mut ctx = Ctx::new(store, claimed.clone(), obj_tx.clone())?;
-            let jobs = job_rx.clone();
-            let results = res_tx.clone();
+            let ctx = Ctx::new(
+                store,
+                check_index,
+                claimed.clone(),
+                obj_tx.clone(),
+                out_tx.clone(),
+            )?;
+            let (files, objects, results) = (file_rx.clone(), obj_rx.clone(), res_tx.clone());
             let h = std::thread::Builder::new()
                 .name(format!("cowspace-ingest-{i}"))
-                .spawn(move || -> Result<()> {
-                    for job in jobs {
-                        match job {
-                            Job::Path { slot, path } => {
-                                let r = ctx.store_file(&path);
-                                let _ = results.send((slot, r));
-                            }
-                            Job::Chunk { id, data } => {
-                                ctx.put(ObjectKind::Chunk, *id.as_bytes(), &data)?;
-                            }
-                        }
-                    }
-                    Ok(())
-                })
+                .spawn(move || ctx.run(files, objects, results))
                 .map_err(Error::io("start thread", "ingest worker"))?;
             workers.push(h);
         }
-        let inline = Ctx::new(store, claimed, obj_tx)?;
         Ok(Ingest {
             store,
-            jobs: Some(job_tx),
+            files: Some(file_tx),
+            objects: Some(obj_tx),
+            objs: Vec::new(),
+            objs_bytes: 0,
             results: res_rx,
             workers,
             writer: Some(writer),
-            inline: Some(inline),
+            batch: Vec::new(),
+            batch_bytes: 0,
+            ready: VecDeque::new(),
             submitted: 0,
             received: 0,
         })
     }
 
-    fn send(&self, job: Job) -> Result<()> {
-        self.jobs
+    /// Hands the files gathered so far to the workers.
+    fn flush_batch(&mut self) -> Result<()> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        self.batch_bytes = 0;
+        let batch = std::mem::take(&mut self.batch);
+        self.files
             .as_ref()
             .expect("session open")
-            .send(job)
-            .map_err(|_| Error::Io {
-                step: "hand job to ingest workers",
-                path: PathBuf::new(),
-                source: io::Error::other("workers stopped"),
-            })
+            .send(batch)
+            .map_err(|_| stopped("hand files to ingest workers", "workers"))
     }
 
     /// Queues a file to be stored; its content arrives from [`Ingest::next_result`].
-    pub fn submit_path(&mut self, slot: usize, path: PathBuf) -> Result<()> {
+    /// `size` is what the caller's stat saw (`u64::MAX` when not known: the file is
+    /// handed over at once).
+    pub fn submit_path(&mut self, slot: usize, path: PathBuf, size: u64) -> Result<()> {
+        let job = FileJob {
+            slot,
+            path,
+            at: None,
+            xattrs: false,
+        };
+        self.submit(job, size)
+    }
+
+    /// Queues a file to be stored, as [`Ingest::submit_path`].
+    pub fn submit(&mut self, job: FileJob, size: u64) -> Result<()> {
         self.submitted += 1;
-        self.send(Job::Path { slot, path })
+        self.batch.push(job);
+        self.batch_bytes = self.batch_bytes.saturating_add(size);
+        if self.batch.len() >= FILES_PER_BATCH || self.batch_bytes >= BATCH_BYTES {
+            self.flush_batch()?;
+        }
+        Ok(())
     }
 
     /// Results not yet taken.
@@ -283,20 +558,64 @@ impl<'s> Ingest<'s> {
         self.submitted - self.received
     }
 
-    /// Takes one finished file, if any is ready (`wait`: block until one is).
-    pub fn next_result(&mut self, wait: bool) -> Option<(usize, Result<FileContent>)> {
+    /// Takes one finished file, if any is ready (`wait`: hand over the files still
+    /// gathered and block until one is), with the xattrs read if the job asked for them.
+    pub fn next_result(&mut self, wait: bool) -> Option<FileResult> {
         if self.outstanding() == 0 {
             return None;
         }
-        let r = if wait {
-            self.results.recv().ok()
-        } else {
-            self.results.try_recv().ok()
-        };
+        if self.ready.is_empty() {
+            let got = if wait {
+                if let Err(e) = self.flush_batch() {
+                    // The workers are gone: report it against the files still owed.
+                    self.received = self.submitted;
+                    return Some((self.batch.first().map_or(0, |b| b.slot), Err(e)));
+                }
+                self.results.recv().ok()
+            } else {
+                self.results.try_recv().ok()
+            };
+            self.ready.extend(got.into_iter().flatten());
+        }
+        let r = self.ready.pop_front();
         if r.is_some() {
             self.received += 1;
         }
         r
+    }
+
+    /// Queues one object for the workers (trees, snapshots, manifests, streamed chunks).
+    pub fn put(&mut self, kind: ObjectKind, id: [u8; 32], data: &[u8]) -> Result<()> {
+        self.put_owned(kind, id, data.to_vec())
+    }
+
+    /// Queues one object, as [`Ingest::put`], without a copy.
+    pub fn put_owned(&mut self, kind: ObjectKind, id: [u8; 32], data: Vec<u8>) -> Result<()> {
+        self.objs_bytes += data.len();
+        self.objs.push(Obj {
+            kind,
+            id,
+            data,
+            claimed: false,
+        });
+        if self.objs.len() >= CALLER_BATCH_OBJECTS || self.objs_bytes >= CALLER_BATCH_BYTES {
+            self.flush_objects()?;
+        }
+        Ok(())
+    }
+
+    /// Hands the objects put so far to the workers.
+    fn flush_objects(&mut self) -> Result<()> {
+        if self.objs.is_empty() {
+            return Ok(());
+        }
+        self.objs_bytes = 0;
+        let batch = std::mem::take(&mut self.objs);
+        self.objects
+            .as_ref()
+            .expect("session open")
+            .send(batch)
+            .map_err(|_| stopped("hand objects to ingest workers", "workers"))
     }
 
     /// Stores a stream's bytes here (hashing on this thread, compression on the workers).
@@ -309,13 +628,13 @@ impl<'s> Ingest<'s> {
         if first.len() as u64 <= SINGLE_CHUNK_MAX_BYTES {
             let id = ChunkId::of(&first);
             let size = first.len() as u64;
-            self.send(Job::Chunk { id, data: first })?;
+            self.put_owned(ObjectKind::Chunk, *id.as_bytes(), first)?;
             return Ok(FileContent {
                 id: id.into(),
                 size,
             });
         }
-        // Large content: cut here, hand chunks to the workers, write the manifest inline.
+        // Large content: cut here, hand chunks to the workers, then the manifest.
         let reader = io::Cursor::new(first).chain(r);
         let mut hasher = blake3::Hasher::new();
         let mut chunks = Vec::new();
@@ -331,24 +650,17 @@ impl<'s> Ingest<'s> {
             let id = ChunkId::of(&c.data);
             chunks.push((id, c.length as u32));
             size += c.length as u64;
-            self.send(Job::Chunk { id, data: c.data })?;
+            self.put_owned(ObjectKind::Chunk, *id.as_bytes(), c.data)?;
         }
         let id = ContentId::from_bytes(*hasher.finalize().as_bytes());
         let manifest = Manifest { size, chunks };
-        self.put(ObjectKind::Manifest, *id.as_bytes(), &manifest.encode())?;
+        self.put_owned(ObjectKind::Manifest, *id.as_bytes(), manifest.encode())?;
         Ok(FileContent { id, size })
     }
 
-    /// Stores one object from this thread (trees, snapshots, manifests).
-    pub fn put(&mut self, kind: ObjectKind, id: [u8; 32], data: &[u8]) -> Result<()> {
-        self.inline
-            .as_mut()
-            .expect("session open")
-            .put(kind, id, data)
-    }
-
     fn shut_down(&mut self) -> Result<Pending> {
-        self.jobs = None;
+        self.files = None;
+        self.objects = None;
         let mut first_err = None;
         for w in self.workers.drain(..) {
             match w.join() {
@@ -365,7 +677,6 @@ impl<'s> Ingest<'s> {
                 }
             }
         }
-        self.inline = None; // closes the last object sender
         let pending = match self.writer.take().map(|w| w.join()) {
             Some(Ok(r)) => r,
             Some(Err(_)) => Err(Error::Io {
@@ -387,6 +698,8 @@ impl<'s> Ingest<'s> {
 
     /// Ends the session: every queued object is in a synced pack, ready to commit.
     pub fn finish(mut self) -> Result<Pending> {
+        self.flush_batch()?;
+        self.flush_objects()?;
         self.shut_down()
     }
 }

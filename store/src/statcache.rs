@@ -85,25 +85,26 @@ pub fn apply(
     upserts: &[(Vec<u8>, Stamp, ContentId)],
     deletes: &[Vec<u8>],
 ) -> Result<()> {
-    let mut put = conn
-        .prepare_cached(
-            "INSERT OR REPLACE INTO statcache (root, path, dev, ino, size, mtime_ns, ctime_ns, content)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-        )
-        .map_err(Error::db("prepare stat cache update"))?;
-    for (path, s, id) in upserts {
-        put.execute(params![
-            root,
-            path,
-            s.dev as i64,
-            s.ino as i64,
-            s.size as i64,
-            s.mtime_ns,
-            s.ctime_ns,
-            &id.as_bytes()[..]
-        ])
-        .map_err(Error::db("update stat cache"))?;
-    }
+    // Key order (root, path): appends to the B-tree rather than random inserts.
+    let mut order: Vec<&(Vec<u8>, Stamp, ContentId)> = upserts.iter().collect();
+    order.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    crate::store::insert_many(
+        conn,
+        "INSERT OR REPLACE INTO statcache (root, path, dev, ino, size, mtime_ns, ctime_ns, content)",
+        8,
+        &order,
+        |st, i, (path, s, id)| {
+            st.raw_bind_parameter(i, root)?;
+            st.raw_bind_parameter(i + 1, path)?;
+            st.raw_bind_parameter(i + 2, s.dev as i64)?;
+            st.raw_bind_parameter(i + 3, s.ino as i64)?;
+            st.raw_bind_parameter(i + 4, s.size as i64)?;
+            st.raw_bind_parameter(i + 5, s.mtime_ns)?;
+            st.raw_bind_parameter(i + 6, s.ctime_ns)?;
+            st.raw_bind_parameter(i + 7, &id.as_bytes()[..])
+        },
+    )
+    .map_err(Error::db("update stat cache"))?;
     let mut del = conn
         .prepare_cached("DELETE FROM statcache WHERE root = ?1 AND path = ?2")
         .map_err(Error::db("prepare stat cache delete"))?;

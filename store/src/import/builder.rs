@@ -67,6 +67,8 @@ enum Node {
 pub struct Builder {
     root: Node,
     root_mode: u32,
+    /// Whether any file is in a link group (else there are no primaries to find).
+    has_links: bool,
 }
 
 impl Builder {
@@ -78,6 +80,7 @@ impl Builder {
                 children: BTreeMap::new(),
             },
             root_mode,
+            has_links: false,
         }
     }
 
@@ -145,6 +148,13 @@ impl Builder {
                 }
             },
             leaf => {
+                if let Item::File {
+                    link_group: Some(_),
+                    ..
+                } = leaf
+                {
+                    self.has_links = true;
+                }
                 children.insert(last.clone(), Node::Leaf(leaf));
             }
         }
@@ -180,10 +190,18 @@ impl Builder {
         }
     }
 
+    /// Sets the xattrs of the regular file at `path` (read after it was inserted).
+    pub fn set_xattrs(&mut self, path: &[Vec<u8>], new: Vec<(Vec<u8>, Vec<u8>)>) {
+        if let Some(Node::Leaf(Item::File { xattrs, .. })) = self.lookup_mut(path) {
+            *xattrs = new;
+        }
+    }
+
     /// Puts `path` into link group `group` (it must be a regular file).
     pub fn set_link_group(&mut self, path: &[Vec<u8>], group: u64) {
         if let Some(Node::Leaf(Item::File { link_group, .. })) = self.lookup_mut(path) {
             *link_group = Some(group);
+            self.has_links = true;
         }
     }
 
@@ -218,7 +236,9 @@ impl Builder {
     ) -> Result<(TreeId, u32, Counts)> {
         // Pass 1: the primary path of each link group (first in depth-first order).
         let mut primaries: HashMap<u64, Vec<u8>> = HashMap::new();
-        collect_primaries(&self.root, &[], &mut primaries);
+        if self.has_links {
+            collect_primaries(&self.root, &[], &mut primaries);
+        }
         let mut counts = Counts::default();
         let id = write_node(&self.root, ingest, slots, &primaries, &[], &mut counts, 0)?;
         Ok((id, self.root_mode, counts))
@@ -253,13 +273,17 @@ fn collect_primaries(node: &Node, path: &[u8], out: &mut HashMap<u64, Vec<u8>>) 
     }
 }
 
-fn content_of(slot: &Slot, slots: &[Option<FileContent>], path: &[u8]) -> Result<FileContent> {
+fn content_of(
+    slot: &Slot,
+    slots: &[Option<FileContent>],
+    path: impl FnOnce() -> Vec<u8>,
+) -> Result<FileContent> {
     match slot {
         Slot::Known(c) => Ok(*c),
         Slot::Pending(i) => slots.get(*i).copied().flatten().ok_or_else(|| {
             Error::Invalid(format!(
                 "no content arrived for {:?} (internal)",
-                String::from_utf8_lossy(path)
+                String::from_utf8_lossy(&path())
             ))
         }),
     }
@@ -284,7 +308,8 @@ fn write_node(
     }
     let mut entries = Vec::with_capacity(children.len());
     for (name, child) in children {
-        let child_path = join(path, name);
+        // The child's root-relative path: made only where needed (directories, links).
+        let child_path = || join(path, name);
         let entry = match child {
             Node::Dir { mode, xattrs, .. } => {
                 let id = write_node(
@@ -292,7 +317,7 @@ fn write_node(
                     ingest,
                     slots,
                     primaries,
-                    &child_path,
+                    &child_path(),
                     counts,
                     depth + 1,
                 )?;
@@ -313,10 +338,10 @@ fn write_node(
                 link_group,
                 xattrs,
             }) => {
-                let c = content_of(content, slots, &child_path)?;
+                let c = content_of(content, slots, child_path)?;
                 let primary = link_group.and_then(|g| primaries.get(&g));
                 let (kind, data) = match primary {
-                    Some(p) if *p != child_path => {
+                    Some(p) if *p != child_path() => {
                         counts.hardlinks += 1;
                         (Kind::Hardlink, p.clone())
                     }
@@ -368,6 +393,6 @@ fn write_node(
     let mut tree = Tree { entries };
     tree.sort();
     let (id, bytes) = tree.encode_with_id();
-    ingest.put(ObjectKind::Tree, *id.as_bytes(), &bytes)?;
+    ingest.put_owned(ObjectKind::Tree, *id.as_bytes(), bytes)?;
     Ok(id)
 }

@@ -11,13 +11,14 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::import::builder::{Builder, Item, Slot};
 use crate::import::exclude::Excluder;
 use crate::import::{Finish, ImportOptions, ImportReport, Progress};
-use crate::ingest::{FileContent, Ingest};
+use crate::ingest::{FileContent, FileJob, Ingest, Xattrs};
 use crate::lock::StoreLock;
 use crate::snapshot::Source;
 use crate::statcache::{self, Stamp};
@@ -42,6 +43,30 @@ pub fn read_xattrs(path: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
             continue;
         }
         if let Some(v) = xattr::get(path, &name).map_err(Error::io("read xattr of", path))? {
+            out.push((name.as_bytes().to_vec(), v));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Reads the recorded xattrs of an open file, sorted (`path` names it in errors).
+pub(crate) fn read_file_xattrs(file: &fs::File, path: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    use xattr::FileExt;
+    let names = match file.list_xattr() {
+        Ok(n) => n,
+        Err(e) if e.raw_os_error() == Some(libc::ENOTSUP) => return Ok(vec![]),
+        Err(e) => return Err(Error::io("list xattrs of", path)(e)),
+    };
+    let mut out = Vec::new();
+    for name in names {
+        if !recorded_xattr(name.as_bytes()) {
+            continue;
+        }
+        if let Some(v) = file
+            .get_xattr(&name)
+            .map_err(Error::io("read xattr of", path))?
+        {
             out.push((name.as_bytes().to_vec(), v));
         }
     }
@@ -148,15 +173,17 @@ impl Store {
         }
 
         // Stat cache changes, committed with the snapshot.
-        let mut upserts = Vec::new();
-        for (i, info) in walk.slot_info.iter().enumerate() {
-            if let (Some(c), Some((path, stamp))) = (walk.slots[i], info)
+        let files_read = walk.slot_info.len() as u64;
+        let mut upserts = Vec::with_capacity(walk.slot_info.len());
+        for (i, info) in walk.slot_info.iter_mut().enumerate() {
+            if let (Some(c), Some((path, stamp))) = (walk.slots[i], info.take())
                 && c.size == stamp.size
                 && !stamp.is_racy(started_ns)
             {
-                upserts.push((path.clone(), *stamp, c.id));
+                upserts.push((path, stamp, c.id));
             }
         }
+        // (`seen` is kept only when there is a cache to prune.)
         let seen: std::collections::HashSet<&[u8]> =
             walk.seen.iter().map(|p| p.as_slice()).collect();
         let deletes: Vec<Vec<u8>> = cache
@@ -164,7 +191,6 @@ impl Store {
             .filter(|p| !seen.contains(p.as_slice()))
             .cloned()
             .collect();
-        let files_read = walk.slot_info.len() as u64;
         let finish = Finish {
             builder: walk.builder,
             slots: walk.slots,
@@ -182,6 +208,13 @@ impl Store {
             statcache::apply(tx, &root_key, &upserts, &deletes)
         })
     }
+}
+
+/// Where a file stands: its directory (path, and descriptor once opened) and name.
+struct At<'a> {
+    dir: &'a Path,
+    fd: &'a mut Option<Arc<fs::File>>,
+    name: std::ffi::OsString,
 }
 
 /// A multiply-linked file seen before: its link group, content slot and first path.
@@ -295,16 +328,18 @@ impl Walk {
         let mut stack: Vec<(PathBuf, Vec<Vec<u8>>)> = vec![(src.to_path_buf(), vec![])];
         while let Some((dir, rel)) = stack.pop() {
             let rd = fs::read_dir(&dir).map_err(Error::io("read directory", &dir))?;
-            let mut names = Vec::new();
+            let mut entries = Vec::new();
             for e in rd {
                 let e = e.map_err(Error::io("read directory", &dir))?;
-                names.push(e.file_name());
+                entries.push((e.file_name(), e));
             }
-            names.sort();
+            entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            // Opened when a file here must be read: the workers open files relative to it.
+            let mut dir_fd: Option<Arc<fs::File>> = None;
             // A nested repository (or submodule): what it tracks is spared too.
             if !rel.is_empty()
                 && excluder.policy().default_excludes
-                && names.iter().any(|n| n.as_bytes() == b".git")
+                && entries.iter().any(|(n, _)| n.as_bytes() == b".git")
             {
                 let prefix = rel.join(&b'/');
                 let tracked: Vec<Vec<u8>> = git_tracked(&dir)
@@ -313,12 +348,13 @@ impl Walk {
                     .collect();
                 excluder.set_tracked(tracked.iter().map(|p| p.as_slice()));
             }
-            for name in names {
+            for (name, entry) in entries {
                 let abs = dir.join(&name);
                 let mut comps = rel.clone();
                 comps.push(name.as_bytes().to_vec());
                 let rel_path = comps.join(&b'/');
-                let meta = fs::symlink_metadata(&abs).map_err(Error::io("stat", &abs))?;
+                // lstat relative to the directory read (no walk of the whole path).
+                let meta = entry.metadata().map_err(Error::io("stat", &abs))?;
                 let ft = meta.file_type();
                 if excluder.excludes(&rel_path, name.as_bytes(), ft.is_dir()) {
                     self.excluded += 1;
@@ -342,7 +378,12 @@ impl Walk {
                     )?;
                     stack.push((abs, comps));
                 } else if ft.is_file() {
-                    self.file(&abs, comps, rel_path, &meta, cache, ingest, opts)?;
+                    let at = At {
+                        dir: &dir,
+                        fd: &mut dir_fd,
+                        name,
+                    };
+                    self.file(&abs, at, comps, rel_path, &meta, cache, ingest, opts)?;
                 } else if ft.is_symlink() {
                     let target = fs::read_link(&abs).map_err(Error::io("read link", &abs))?;
                     let target = target.as_os_str().as_bytes().to_vec();
@@ -403,6 +444,7 @@ impl Walk {
     fn file(
         &mut self,
         abs: &Path,
+        at: At<'_>,
         comps: Vec<Vec<u8>>,
         rel_path: Vec<u8>,
         meta: &fs::Metadata,
@@ -411,14 +453,16 @@ impl Walk {
         opts: &ImportOptions,
     ) -> Result<()> {
         let stamp = Stamp::of(meta);
-        let xattrs = read_xattrs(abs)?;
-        self.seen.push(rel_path.clone());
+        if !cache.is_empty() {
+            self.seen.push(rel_path.clone());
+        }
         self.files_total += 1;
         if meta.nlink() > 1
             && let Some((group, slot, first)) = self.links.get(&(stamp.dev, stamp.ino)).cloned()
         {
             let first_is_file = self.builder.file_at(&first).is_some();
             if first_is_file {
+                let xattrs = read_xattrs(abs)?;
                 self.builder.set_link_group(&first, group);
                 let item = Item::File {
                     mode: meta.mode(),
@@ -429,20 +473,36 @@ impl Walk {
                 return self.builder.insert(&comps, item);
             }
         }
-        let slot = match cache.get(&rel_path) {
+        // A file read by the workers has its xattrs read there too, from the open file.
+        let (slot, xattrs) = match cache.get(&rel_path) {
             Some((s, id)) if *s == stamp => {
                 self.files_done += 1;
-                Slot::Known(FileContent {
+                let known = Slot::Known(FileContent {
                     id: *id,
                     size: s.size,
-                })
+                });
+                (known, read_xattrs(abs)?)
             }
             _ => {
                 let i = self.slots.len();
                 self.slots.push(None);
                 self.slot_info.push(Some((rel_path, stamp)));
-                ingest.submit_path(i, abs.to_path_buf())?;
-                Slot::Pending(i)
+                let fd = match at.fd {
+                    Some(fd) => fd.clone(),
+                    None => {
+                        let fd =
+                            fs::File::open(at.dir).map_err(Error::io("open directory", at.dir))?;
+                        at.fd.insert(Arc::new(fd)).clone()
+                    }
+                };
+                let job = FileJob {
+                    slot: i,
+                    path: abs.to_path_buf(),
+                    at: Some((fd, at.name)),
+                    xattrs: true,
+                };
+                ingest.submit(job, meta.len())?;
+                (Slot::Pending(i), vec![])
             }
         };
         if let Some(p) = &opts.progress {
@@ -467,9 +527,20 @@ impl Walk {
         self.builder.insert(&comps, item)
     }
 
-    fn arrived(&mut self, slot: usize, r: Result<FileContent>, opts: &ImportOptions) -> Result<()> {
-        let c = r?;
+    fn arrived(
+        &mut self,
+        slot: usize,
+        r: Result<(FileContent, Xattrs)>,
+        opts: &ImportOptions,
+    ) -> Result<()> {
+        let (c, xattrs) = r?;
         self.slots[slot] = Some(c);
+        if !xattrs.is_empty()
+            && let Some(Some((rel_path, _))) = self.slot_info.get(slot)
+        {
+            let comps: Vec<Vec<u8>> = rel_path.split(|&b| b == b'/').map(<[u8]>::to_vec).collect();
+            self.builder.set_xattrs(&comps, xattrs);
+        }
         self.files_done += 1;
         self.bytes_done += c.size;
         if let Some(p) = &opts.progress {

@@ -145,7 +145,7 @@ impl Finish<'_> {
             counts,
         };
         let (id, bytes) = snap.encode_with_id();
-        ingest.put(ObjectKind::Snapshot, *id.as_bytes(), &bytes)?;
+        ingest.put_owned(ObjectKind::Snapshot, *id.as_bytes(), bytes)?;
         let pending = ingest.finish()?;
         let objects_written = pending.rows.len() as u64;
         let new_bytes_stored = pending.stored_bytes();
