@@ -24,13 +24,18 @@ const MAX_IDLE_READERS: usize = 16;
 /// cold import commits ~100,000 object and stat-cache rows in one transaction; with the
 /// default cache SQLite spills dirty pages to the WAL many times over before the commit.
 const WRITER_CACHE_KIB: i64 = 64 * 1024;
+/// Import workers beyond one per core. A worker that waits (for the pack writer, for
+/// the walk's next batch, for a page) would otherwise leave its core idle; measured on
+/// 2 cores, 4 workers import the Linux tree 5-10% faster than 2.
+const EXTRA_WORKERS: usize = 2;
 
 /// Settings of an open store.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
     /// zstd level for new objects (1-19).
     pub zstd_level: i32,
-    /// Hashing/compression threads for imports (0 = one per core).
+    /// Hashing/compression threads for imports (0 = one per core plus
+    /// `EXTRA_WORKERS`, 2).
     pub workers: usize,
 }
 
@@ -51,6 +56,7 @@ impl StoreConfig {
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(2)
+            + EXTRA_WORKERS
     }
 }
 
