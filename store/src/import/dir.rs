@@ -1,8 +1,10 @@
 //! Import of a directory tree.
 //!
-//! One thread walks (one `lstat` per entry, `llistxattr` per file and directory) and
-//! hands every file whose stat-cache stamp does not match to the ingest workers; the walk
-//! and the hashing overlap. Hard links are found by (device, inode). The walk does not
+//! One thread walks (one `lstat` per entry, relative to the directory being read, and
+//! `llistxattr` per directory and per file the stat cache vouches for) and hands every
+//! file whose stat-cache stamp does not match to the ingest workers, in batches; they
+//! open it relative to its already open directory and read its xattrs from the open
+//! file. The walk and the hashing overlap. Hard links are found by (device, inode). The walk does not
 //! cross into other filesystems (mount points are left out with a warning).
 
 use std::collections::HashMap;
