@@ -37,8 +37,16 @@ fn blob_variant(store: &Store, content: &ContentId, mode: u32) -> Result<PathBuf
     fs::copy(&plain, &tmp).map_err(Error::io("copy blob", &tmp))?;
     fs::set_permissions(&tmp, fs::Permissions::from_mode(mode & 0o7777))
         .map_err(Error::io("chmod blob", &tmp))?;
-    fs::rename(&tmp, &variant).map_err(Error::io("rename blob", &variant))?;
-    Ok(variant)
+    // Never replace an existing variant: a concurrent build may be hard-linking it, and
+    // link(2) of an inode that a rename just unlinked fails with ENOENT. Linking the new
+    // file into place fails instead when another process was first; then use theirs.
+    let placed = fs::hard_link(&tmp, &variant);
+    let _ = fs::remove_file(&tmp);
+    match placed {
+        Ok(()) => Ok(variant),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(variant),
+        Err(e) => Err(Error::io("place blob", &variant)(e)),
+    }
 }
 
 /// Makes sure the checkout of `snapshot` exists and returns its path. Built under a

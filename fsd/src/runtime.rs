@@ -473,20 +473,25 @@ impl Runtime {
         if matches!(rec.status, Status::Removed) {
             return Err(Error::NoWorkspace(format!("{ws} (it was removed already)")));
         }
-        if let Some(helper) = live_sandbox(&rec) {
-            if !force {
-                return Err(Error::Busy {
-                    id: rec.id.clone(),
-                    pids: vec![helper],
-                });
-            }
+        let sandbox = live_sandbox(&rec);
+        if let Some(helper) = sandbox
+            && !force
+        {
+            return Err(Error::Busy {
+                id: rec.id.clone(),
+                pids: vec![helper],
+            });
+        }
+        // Recorded before the sandbox is ended: its `mountctl run` then sees the workspace
+        // going and does not mount the host's overlay again behind this removal.
+        // No scan of every process first: the unmount itself fails with EBUSY while
+        // anything uses the workspace, and only then are its users looked up.
+        self.reg().set_status(&mut rec, Status::CleanupPending)?;
+        if let Some(helper) = sandbox {
             kill_sandbox(helper);
             rec.sandbox_pid = None;
             rec.ports = serde_json::json!({});
         }
-        // No scan of every process first: the unmount itself fails with EBUSY while
-        // anything uses the workspace, and only then are its users looked up.
-        self.reg().set_status(&mut rec, Status::CleanupPending)?;
         self.finish_removal(&mut rec, force)?;
         Ok(rec)
     }
@@ -499,6 +504,10 @@ impl Runtime {
                 self.reg().set_status(rec, Status::Active)?;
             }
             return Err(e);
+        }
+        // A resume racing this removal may have mounted it again: unmount once more.
+        if mat.is_mounted(rec)? {
+            mat.unmount(rec, force)?;
         }
         if !rec.path.starts_with(&rec.private_dir) {
             let _ = fs::remove_dir(&rec.path);
