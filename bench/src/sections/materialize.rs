@@ -314,6 +314,8 @@ impl Section for MaterializeSection {
             [None, None];
 
         for &id in &wanted {
+            // Fixture work (imports, copies) takes minutes on large trees: Ctrl-C stops here.
+            crate::cancel::check()?;
             let skip = |why: String| Prepared::Skipped(info(id, String::new()), why);
             let src = match &src {
                 Ok(s) => s.clone(),
