@@ -105,16 +105,15 @@ impl BlobCache<'_> {
         Ok(path)
     }
 
+    /// Records use of a blob (for eviction order). Written without waiting for a disk
+    /// flush: the time is a hint, and this runs on the daemon's open path.
     fn touch(&self, id: &ContentId, size: u64) -> Result<()> {
-        self.store
-            .db()
-            .execute(
-                "INSERT INTO blobcache (id, size, last_used) VALUES (?1, ?2, ?3)
-                 ON CONFLICT(id) DO UPDATE SET last_used = excluded.last_used",
-                params![&id.as_bytes()[..], size as i64, now_secs()],
-            )
-            .map_err(Error::db("record blob"))?;
-        Ok(())
+        self.store.relaxed_write(
+            "record blob",
+            "INSERT INTO blobcache (id, size, last_used) VALUES (?1, ?2, ?3)
+             ON CONFLICT(id) DO UPDATE SET last_used = excluded.last_used",
+            params![&id.as_bytes()[..], size as i64, now_secs()],
+        )
     }
 
     /// Entries and bytes in the cache.

@@ -84,7 +84,12 @@ impl Store {
         )
     }
 
-    fn relaxed_write(&self, step: &'static str, sql: &str, p: impl rusqlite::Params) -> Result<()> {
+    pub(crate) fn relaxed_write(
+        &self,
+        step: &'static str,
+        sql: &str,
+        p: impl rusqlite::Params,
+    ) -> Result<()> {
         let db = self.db();
         db.pragma_update(None, "synchronous", "NORMAL")
             .map_err(Error::db("relax sync"))?;

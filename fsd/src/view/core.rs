@@ -24,8 +24,9 @@ pub const VIEW_BLKSIZE_BYTES: u32 = 4096;
 /// Decoded trees kept per cache generation (two generations: at most twice this).
 const TREE_CACHE_TREES_PER_GEN: usize = 2048;
 
-/// Contents this daemon already ensured in the blob cache (reset when full).
-const MAX_ENSURED_CONTENTS: usize = 1 << 16;
+/// Contents this daemon already ensured in the blob cache (reset when full; about
+/// 48 MiB at the limit). Above it, every open would go back to the store.
+const MAX_ENSURED_CONTENTS: usize = 1 << 20;
 
 /// Counters of what the kernel asked; shared with [`super::ViewMount::stats`].
 #[derive(Debug, Default)]
