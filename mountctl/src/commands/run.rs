@@ -60,6 +60,7 @@ impl Drop for Claim<'_> {
 
 pub fn run(ctx: &Ctx, a: RunArgs) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
+    check_traversable(&ctx.root)?;
     let helper = helper_path()?;
     // Signals are caught from here on (so this process outlives Ctrl-C and clears the
     // registry); the helper gets default dispositions back at exec.
@@ -181,6 +182,32 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> anyhow::Result<ExitCode> {
         (None, None) => 1,
     };
     Ok(ExitCode::from(code))
+}
+
+/// The sandbox's unprivileged uid must reach the runtime root's `run/sandbox` and the
+/// workspace: a directory on the way that others may not search (e.g. a root made under a
+/// `mktemp -d` directory, mode 0700) would fail the setup half-way with EACCES. Refused
+/// first, naming the directory and the fix.
+fn check_traversable(root: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    for dir in root.ancestors() {
+        if let Ok(m) = std::fs::metadata(dir)
+            && m.permissions().mode() & 0o001 == 0
+        {
+            return Err(anyhow::Error::new(cowspace_store::Error::Unsupported(
+                format!(
+                    "{} may not be searched by other users (mode {:o}), so the sandbox's \
+                 unprivileged uid cannot reach the runtime root; `chmod o+x {}` or use a \
+                 runtime root elsewhere",
+                    dir.display(),
+                    m.permissions().mode() & 0o7777,
+                    dir.display()
+                ),
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The sandbox's name (its hostname): the workspace's name, else its id.
