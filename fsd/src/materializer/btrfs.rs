@@ -201,14 +201,6 @@ impl Materializer for Btrfs {
         fulltree::show(rec)
     }
 
-    fn unmount(&self, rec: &Record, force: bool) -> Result<()> {
-        crate::materializer::unmount_path(rec, force)
-    }
-
-    fn is_mounted(&self, rec: &Record) -> Result<bool> {
-        crate::mounts::is_mounted(&rec.path)
-    }
-
     fn diff(
         &self,
         store: &Store,

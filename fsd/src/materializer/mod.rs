@@ -90,10 +90,14 @@ pub trait Materializer: Send + Sync {
 
     /// Makes the workspace disappear from `rec.path`, keeping its private state.
     /// Processes using it make this `Busy` unless `force`.
-    fn unmount(&self, rec: &Record, force: bool) -> Result<()>;
+    fn unmount(&self, rec: &Record, force: bool) -> Result<()> {
+        unmount_path(rec, force)
+    }
 
     /// Whether the workspace is currently usable at its path.
-    fn is_mounted(&self, rec: &Record) -> Result<bool>;
+    fn is_mounted(&self, rec: &Record) -> Result<bool> {
+        mounts::is_mounted(&rec.path)
+    }
 
     /// The workspace's changes against its base snapshot, each with the host path of
     /// the new content (for patches). Should cost what changed.

@@ -98,14 +98,6 @@ impl Materializer for Overlay {
         mounts::mount_overlay(&rec.lower, &Self::upper(rec), &Self::work(rec), &rec.path)
     }
 
-    fn unmount(&self, rec: &Record, force: bool) -> Result<()> {
-        crate::materializer::unmount_path(rec, force)
-    }
-
-    fn is_mounted(&self, rec: &Record) -> Result<bool> {
-        mounts::is_mounted(&rec.path)
-    }
-
     fn diff(
         &self,
         store: &Store,
