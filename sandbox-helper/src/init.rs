@@ -145,6 +145,12 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
     if let Err(e) = nix::unistd::setresuid(root_u, root_u, root_u) {
         fail(sock, "setresuid 0 inside the user namespace", e);
     }
+    // The kernel clears the parent-death signal when the effective uid or gid changes:
+    // arm it again, or a SIGKILLed helper would leave this init (and the command) running.
+    // Had the helper died in between, the next message from it never comes and init ends.
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        fail(sock, "set the parent-death signal again", e);
+    }
     if let Err(e) = nix::unistd::sethostname(&ctx.spec.name) {
         fail(sock, "sethostname", e);
     }
