@@ -98,7 +98,7 @@ fn build(
             Kind::Dir => {
                 fs::create_dir(&path).map_err(Error::io("create directory", &path))?;
                 build(store, &e.subtree().expect("dir"), &path, top, linked)?;
-                set_xattrs(&path, &e.xattrs)?;
+                cowspace_store::export::set_xattrs(&path, &e.xattrs)?;
                 fs::set_permissions(&path, fs::Permissions::from_mode(e.mode))
                     .map_err(Error::io("chmod", &path))?;
             }
@@ -120,33 +120,10 @@ fn build(
                 std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&e.data), &path)
                     .map_err(Error::io("create symlink", &path))?;
             }
-            Kind::Fifo => {
-                nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(e.mode))
-                    .map_err(|errno| Error::io("create fifo", &path)(errno.into()))?;
-            }
-            Kind::CharDevice | Kind::BlockDevice => {
-                let flag = if e.kind == Kind::CharDevice {
-                    nix::sys::stat::SFlag::S_IFCHR
-                } else {
-                    nix::sys::stat::SFlag::S_IFBLK
-                };
-                nix::sys::stat::mknod(
-                    &path,
-                    flag,
-                    nix::sys::stat::Mode::from_bits_truncate(e.mode),
-                    e.rdev().unwrap_or(0),
-                )
-                .map_err(|errno| Error::io("create device node", &path)(errno.into()))?;
+            Kind::Fifo | Kind::CharDevice | Kind::BlockDevice => {
+                cowspace_store::export::create_special(&path, &e)?
             }
         }
-    }
-    Ok(())
-}
-
-fn set_xattrs(path: &Path, xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
-    for (k, v) in xattrs {
-        xattr::set(path, std::ffi::OsStr::from_bytes(k), v)
-            .map_err(Error::io("set xattr on", path))?;
     }
     Ok(())
 }

@@ -128,26 +128,7 @@ impl Store {
                     std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&e.data), &path)
                         .map_err(Error::io("create symlink", &path))?;
                 }
-                Kind::Fifo => {
-                    nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(e.mode))
-                        .map_err(|errno| Error::io("create fifo", &path)(errno.into()))?;
-                    fs::set_permissions(&path, fs::Permissions::from_mode(e.mode))
-                        .map_err(Error::io("chmod", &path))?;
-                }
-                Kind::CharDevice | Kind::BlockDevice => {
-                    let sflag = if e.kind == Kind::CharDevice {
-                        nix::sys::stat::SFlag::S_IFCHR
-                    } else {
-                        nix::sys::stat::SFlag::S_IFBLK
-                    };
-                    nix::sys::stat::mknod(
-                        &path,
-                        sflag,
-                        nix::sys::stat::Mode::from_bits_truncate(e.mode),
-                        e.rdev().unwrap_or(0),
-                    )
-                    .map_err(|errno| Error::io("create device node", &path)(errno.into()))?;
-                }
+                Kind::Fifo | Kind::CharDevice | Kind::BlockDevice => create_special(&path, e)?,
             }
         }
         Ok(())
@@ -292,7 +273,34 @@ fn append_symlink<W: Write>(
     b.append_data(h, path, io::empty())
 }
 
-fn set_xattrs(path: &Path, xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+/// Creates the fifo or device node `e` at `path` with its exact permission bits (not
+/// masked by the umask).
+pub fn create_special(path: &Path, e: &crate::tree::Entry) -> Result<()> {
+    let mode = nix::sys::stat::Mode::from_bits_truncate(e.mode);
+    match e.kind {
+        Kind::Fifo => nix::unistd::mkfifo(path, mode)
+            .map_err(|errno| Error::io("create fifo", path)(errno.into()))?,
+        Kind::CharDevice | Kind::BlockDevice => {
+            let sflag = if e.kind == Kind::CharDevice {
+                nix::sys::stat::SFlag::S_IFCHR
+            } else {
+                nix::sys::stat::SFlag::S_IFBLK
+            };
+            nix::sys::stat::mknod(path, sflag, mode, e.rdev().unwrap_or(0))
+                .map_err(|errno| Error::io("create device node", path)(errno.into()))?
+        }
+        other => {
+            return Err(Error::Invalid(format!(
+                "{} is not a special file",
+                other.as_str()
+            )));
+        }
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(e.mode)).map_err(Error::io("chmod", path))
+}
+
+/// Sets recorded extended attributes on `path`.
+pub fn set_xattrs(path: &Path, xattrs: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
     for (k, v) in xattrs {
         xattr::set(path, std::ffi::OsStr::from_bytes(k), v)
             .map_err(Error::io("set xattr on", path))?;

@@ -276,10 +276,7 @@ impl Builder<'_> {
                 Kind::Dir => {
                     fs::create_dir(&host).map_err(Error::io("create directory", &host))?;
                     self.dir(&e.subtree().expect("dir"), &path)?;
-                    for (k, v) in &e.xattrs {
-                        xattr::set(&host, OsStr::from_bytes(k), v)
-                            .map_err(Error::io("set xattr on", &host))?;
-                    }
+                    cowspace_store::export::set_xattrs(&host, &e.xattrs)?;
                     fs::set_permissions(&host, fs::Permissions::from_mode(e.mode))
                         .map_err(Error::io("chmod", &host))?;
                 }
@@ -293,27 +290,8 @@ impl Builder<'_> {
                     std::os::unix::fs::symlink(OsStr::from_bytes(&e.data), &host)
                         .map_err(Error::io("create symlink", &host))?;
                 }
-                Kind::Fifo => {
-                    nix::unistd::mkfifo(&host, nix::sys::stat::Mode::from_bits_truncate(e.mode))
-                        .map_err(|errno| Error::io("create fifo", &host)(errno.into()))?;
-                    fs::set_permissions(&host, fs::Permissions::from_mode(e.mode))
-                        .map_err(Error::io("chmod", &host))?;
-                }
-                Kind::CharDevice | Kind::BlockDevice => {
-                    let flag = if e.kind == Kind::CharDevice {
-                        nix::sys::stat::SFlag::S_IFCHR
-                    } else {
-                        nix::sys::stat::SFlag::S_IFBLK
-                    };
-                    nix::sys::stat::mknod(
-                        &host,
-                        flag,
-                        nix::sys::stat::Mode::from_bits_truncate(e.mode),
-                        e.rdev().unwrap_or(0),
-                    )
-                    .map_err(|errno| Error::io("create device node", &host)(errno.into()))?;
-                    fs::set_permissions(&host, fs::Permissions::from_mode(e.mode))
-                        .map_err(Error::io("chmod", &host))?;
+                Kind::Fifo | Kind::CharDevice | Kind::BlockDevice => {
+                    cowspace_store::export::create_special(&host, &e)?
                 }
             }
             let m = fs::symlink_metadata(&host).map_err(Error::io("stat", &host))?;
