@@ -17,8 +17,8 @@ use tempfile::TempDir;
 /// test executable was built into: `target/<profile>/deps/e2e-<hash>` →
 /// `target/<profile>/<name>`.
 ///
-/// Panics with what to do when it is missing: cargo builds the binaries of every package
-/// for `cargo test --workspace`, but not for `cargo test -p cowspace-tests`.
+/// Panics with what to do when it is missing: `cargo test` builds other packages'
+/// binaries only as test harnesses, so `cargo xtask test` builds them first.
 pub fn bin_path(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test executable's path");
     let mut dir = exe.parent().expect("the test executable's directory");
@@ -28,8 +28,8 @@ pub fn bin_path(name: &str) -> PathBuf {
     let path = dir.join(name);
     assert!(
         path.is_file(),
-        "{} is missing: run `cargo build -p {name}` first (or `cargo test --workspace`, \
-         which builds it)",
+        "{} is missing: run `cargo build --workspace --bins` first (`cargo xtask test` \
+         does both)",
         path.display()
     );
     path

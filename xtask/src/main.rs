@@ -2,8 +2,10 @@
 //!
 //! - `fmt`    — `cargo fmt --all --check`
 //! - `clippy` — `cargo clippy --workspace --all-targets -- -D warnings`
-//! - `test`   — `cargo test --workspace` (root-only tests run when root; with CI=true
-//!   they never skip)
+//! - `test`   — `cargo build --workspace --bins`, then `cargo test --workspace` (the
+//!   end-to-end tests run the built `mountctl`, `fsd` and `sandbox-helper`, which
+//!   `cargo test` alone builds only as test harnesses; root-only tests run when root;
+//!   with CI=true they never skip)
 //! - `check`  — all three, in that order
 #![forbid(unsafe_code)]
 
@@ -30,7 +32,10 @@ fn main() -> ExitCode {
             "-D",
             "warnings",
         ]],
-        "test" => vec![&["test", "--workspace", "--no-fail-fast"]],
+        "test" => vec![
+            &["build", "--workspace", "--bins"],
+            &["test", "--workspace", "--no-fail-fast"],
+        ],
         "check" => vec![
             &["fmt", "--all", "--check"],
             &[
@@ -41,6 +46,7 @@ fn main() -> ExitCode {
                 "-D",
                 "warnings",
             ],
+            &["build", "--workspace", "--bins"],
             &["test", "--workspace", "--no-fail-fast"],
         ],
         other => {
