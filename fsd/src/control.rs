@@ -7,11 +7,13 @@
 //! at most [`MAX_CONNECTIONS`] at once and [`MAX_REQUEST_BYTES`] per request.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
@@ -21,6 +23,8 @@ use crate::runtime::{CommitOptions, CreateOptions, Runtime};
 pub const MAX_CONNECTIONS: usize = 256;
 /// Largest request line.
 pub const MAX_REQUEST_BYTES: u64 = 1024 * 1024;
+/// How often the accept loop looks at the stop flag while no client connects.
+const STOP_POLL_MS: u16 = 200;
 
 /// What the server needs besides the runtime.
 pub struct Server {
@@ -135,7 +139,14 @@ impl Server {
                     });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    // Wake as soon as a client connects (a fixed sleep here added its
+                    // half on average to every request); look at `stop` every
+                    // STOP_POLL_MS.
+                    let mut fds = [PollFd::new(listener.as_fd(), PollFlags::POLLIN)];
+                    match poll(&mut fds, PollTimeout::from(STOP_POLL_MS)) {
+                        Ok(_) | Err(nix::Error::EINTR) => {}
+                        Err(e) => return Err(Error::io("poll", "control socket")(e.into())),
+                    }
                 }
                 Err(e) => return Err(Error::io("accept on", "control socket")(e)),
             }

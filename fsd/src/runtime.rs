@@ -251,7 +251,10 @@ impl Runtime {
             fs::create_dir_all(&private_dir)
                 .map_err(Error::io("create directory", &private_dir))?;
             if lower_kind == "view" {
-                crate::daemon::ensure_running(self.store.root())?;
+                // A view that answers means a daemon serves it: no round trip needed.
+                if !rec.lower.is_dir() {
+                    crate::daemon::ensure_running(self.store.root())?;
+                }
                 if !rec.lower.is_dir() {
                     return Err(Error::Daemon(format!(
                         "the snapshot view does not show {}",
