@@ -89,6 +89,16 @@ impl Server {
                 }
                 "sweep" => json!(rt.sweep()?),
                 "recover" => json!(rt.recover(&ws_arg(req)?)?),
+                "mount_workspace" => {
+                    let rec = rt.status(&ws_arg(req)?)?;
+                    serving_host()?.mount(&rec)?;
+                    json!({"workspace": rec.id, "path": rec.path, "served": true})
+                }
+                "unmount_workspace" => {
+                    let rec = rt.status(&ws_arg(req)?)?;
+                    let was = serving_host()?.unmount(&rec.id);
+                    json!({"workspace": rec.id, "served": false, "was_served": was})
+                }
                 "shutdown" => {
                     let users = (self.busy)();
                     if !users.is_empty() && !req["args"]["force"].as_bool().unwrap_or(false) {
@@ -171,6 +181,14 @@ impl Server {
             }
         }
     }
+}
+
+/// The fuse workspaces' host: only a daemon serves them.
+fn serving_host() -> Result<Arc<crate::cow::Host>> {
+    crate::cow::host().ok_or_else(|| Error::Unsupported {
+        name: "fuse".into(),
+        why: "this process does not serve fuse workspaces (only fsd does)".into(),
+    })
 }
 
 fn reply(mut stream: &UnixStream, v: &Value) -> std::io::Result<()> {

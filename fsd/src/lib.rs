@@ -1,5 +1,5 @@
 //! The cowspace daemon and workspace library: writable copy-on-write workspaces of
-//! snapshots (the `Materializer` seam: overlay, btrfs, reflink, copy), the registry of
+//! snapshots (the `Materializer` seam: overlay, fuse, btrfs, reflink, copy), the registry of
 //! every workspace, the control socket, and (in `view`) the read-only FUSE view of
 //! snapshots.
 //!
@@ -8,6 +8,7 @@
 
 pub mod checkout;
 pub mod control;
+pub mod cow;
 pub mod daemon;
 pub mod error;
 pub mod fromgit;

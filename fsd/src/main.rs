@@ -130,6 +130,14 @@ fn run(args: Args) -> Result<()> {
         passthrough: !args.no_passthrough,
         ..Default::default()
     };
+    let host = cowspace_fsd::cow::install_host(Arc::clone(&store), !args.no_passthrough);
+    // Each served workspace keeps a descriptor per modified inode the kernel holds.
+    if let Ok((_, hard)) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    {
+        let _ =
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+    }
     let view = ViewMount::mount(store, &view_dir, opts)?;
 
     // Reconcile the registry with the mount table: workspaces that lost their lower when
@@ -166,7 +174,10 @@ fn run(args: Args) -> Result<()> {
             rt.list(false)
                 .unwrap_or_default()
                 .into_iter()
-                .filter(|r| r.lower_kind == "view" && r.status == Status::Active)
+                .filter(|r| {
+                    (r.lower_kind == "view" || r.materializer == "fuse")
+                        && r.status == Status::Active
+                })
                 .map(|r| r.id)
                 .collect()
         }),
@@ -181,6 +192,7 @@ fn run(args: Args) -> Result<()> {
     if !(server.busy)().is_empty() {
         abort_connection(&view_dir);
     }
+    host.unmount_all();
     if let Err(e) = view.unmount() {
         tracing::warn!("{e}");
     }

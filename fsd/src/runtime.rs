@@ -261,7 +261,7 @@ impl Runtime {
                         rec.lower.display()
                     )));
                 }
-            } else {
+            } else if lower_kind != materializer::fuse::LOWER_KIND {
                 checkout::ensure_checkout(&self.store, &snapshot)?;
             }
             mat.mount(&rec)
@@ -534,7 +534,9 @@ impl Runtime {
         let records = self.reg().list(false)?;
         let mut stopped = Vec::new();
         for mut rec in records {
-            if rec.status != Status::Active || rec.lower_kind != "view" {
+            // Fuse workspaces were served by the earlier daemon itself.
+            let served = rec.lower_kind == "view" || rec.materializer == "fuse";
+            if rec.status != Status::Active || !served {
                 continue;
             }
             if crate::mounts::is_mounted(&rec.path)? {
@@ -603,7 +605,9 @@ impl Runtime {
                     report.finished.push(rec.id.clone());
                 }
                 Status::Active => {
-                    let lower_ok = lower_alive(&rec.lower);
+                    // A fuse workspace is its own lower: its mount answers or is dead.
+                    let lower_ok = lower_alive(&rec.lower)
+                        && (rec.materializer != "fuse" || lower_alive(&rec.path));
                     if !mounted(&rec.path) || !lower_ok {
                         if mounted(&rec.path) {
                             let _ = crate::mounts::unmount_lazy(&rec.path);
@@ -670,7 +674,7 @@ impl Runtime {
         let snapshot: SnapshotId = rec.snapshot.parse()?;
         if rec.lower_kind == "view" {
             crate::daemon::ensure_running(self.store.root())?;
-        } else {
+        } else if rec.lower_kind != materializer::fuse::LOWER_KIND {
             checkout::ensure_checkout(&self.store, &snapshot)?;
         }
         // Overlay needs an empty work directory after an unclean stop.

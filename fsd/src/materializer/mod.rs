@@ -8,6 +8,7 @@
 pub mod btrfs;
 pub mod copy;
 pub mod fulltree;
+pub mod fuse;
 pub mod overlay;
 pub mod reflink;
 
@@ -166,7 +167,7 @@ pub fn materializer(kind: MaterializerKind) -> Box<dyn Materializer> {
         MaterializerKind::Btrfs => Box::new(btrfs::Btrfs),
         MaterializerKind::Reflink => Box::new(reflink::Reflink),
         MaterializerKind::Copy => Box::new(copy::Copy),
-        other => Box::new(NotBuilt(other)),
+        MaterializerKind::Fuse => Box::new(fuse::Fuse),
     }
 }
 

@@ -92,6 +92,7 @@ use nix::mount::MntFlags;
 
 use self::core::ViewCore;
 pub use self::core::{VIEW_BLKSIZE_BYTES, VIEW_TIME_SECS};
+pub(crate) use self::errno::errno_of;
 pub use self::fs::ENTRY_TTL;
 use self::fs::ViewFs;
 pub use self::inode::{INO_CONTEXT, INO_LIMIT, InodeKey};

@@ -1,0 +1,421 @@
+//! The workspace's private state on disk, in exactly kernel overlayfs's upper-layer
+//! format (`userxattr`, no redirects, no metacopy), and the operations the writable view
+//! makes on it: whiteouts, opaque directories, copy-up, the stable inode numbers.
+//!
+//! Nothing here is kept in memory that the disk does not also say: the upper directory
+//! is the truth, so a daemon that died is replaced by one that serves the same upper.
+
+use std::fs::{self, File};
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cowspace_store::{ContentId, Entry, Kind, SnapshotId, Store};
+use nix::fcntl::{AT_FDCWD, OFlag, RenameFlags};
+use nix::sys::stat::{Mode, SFlag, UtimensatFlags};
+use nix::sys::time::TimeSpec;
+
+use crate::view::{INO_LIMIT, InodeKey, VIEW_TIME_SECS, served_file_stat};
+
+/// The xattr holding a copied-up object's inode number (8 bytes, little-endian), so
+/// `st_ino` survives copy-up and daemon restarts. `trusted.*` is neither recorded by
+/// commits (`upper.rs` keeps `user.*` and `security.capability`) nor read by overlayfs
+/// mounted with `userxattr`.
+pub const INO_XATTR: &str = "trusted.cowspace.ino";
+/// Overlay's opaque-directory mark under `userxattr` (what `upper.rs` reads).
+pub const OPAQUE_XATTR: &str = "user.overlay.opaque";
+/// Objects made in the workspace are numbered `UPPER_INO_BASE + (st_ino mod 2^48)` in
+/// the upper directory; snapshot entries are numbered below [`INO_LIMIT`] (the view's
+/// formula), so the two never meet.
+pub const UPPER_INO_BASE: u64 = INO_LIMIT;
+
+/// xattr names the workspace hides and refuses: overlay's metadata and ours.
+pub fn reserved_xattr(name: &[u8]) -> bool {
+    name.starts_with(b"user.overlay.")
+        || name.starts_with(b"system.posix_acl_")
+        || name.starts_with(b"trusted.overlay.")
+        || name.starts_with(b"trusted.cowspace.")
+}
+
+/// `/proc/self/fd/N`: a path that reaches exactly the object an `O_PATH` descriptor holds
+/// (a symlink itself, not its target), whatever names it has now.
+pub fn fd_path(fd: &impl std::os::fd::AsRawFd) -> PathBuf {
+    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// Opens `path` without following a final symlink, for metadata only.
+pub fn open_path(path: &Path) -> io::Result<OwnedFd> {
+    nix::fcntl::open(
+        path,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(io::Error::from)
+}
+
+/// Whether an upper entry is a whiteout (overlay's deleted-path record: a character
+/// device 0:0).
+pub fn is_whiteout(meta: &fs::Metadata) -> bool {
+    meta.file_type().is_char_device() && meta.rdev() == 0
+}
+
+/// Whether an upper directory hides the snapshot's directory beneath it.
+pub fn is_opaque(dir: &Path) -> bool {
+    matches!(xattr::get(dir, OPAQUE_XATTR), Ok(Some(v)) if v == b"y")
+        || matches!(xattr::get(dir, "trusted.overlay.opaque"), Ok(Some(v)) if v == b"y")
+}
+
+/// The inode number an upper object is served with.
+pub fn upper_ino(path: &Path, meta: &fs::Metadata) -> u64 {
+    if let Ok(Some(v)) = xattr::get(path, INO_XATTR)
+        && let Ok(b) = <[u8; 8]>::try_from(v.as_slice())
+    {
+        return u64::from_le_bytes(b);
+    }
+    UPPER_INO_BASE + meta.ino() % INO_LIMIT
+}
+
+/// The inode number of snapshot entry `entry` at `path` (the view's numbers, so a file
+/// has the identity a checkout's rewritten `.git/index` expects).
+pub fn lower_ino(snapshot: &SnapshotId, path: &[u8], entry: &Entry) -> u64 {
+    InodeKey::of_entry(snapshot, path, entry).ino(0)
+}
+
+/// The mtime (= ctime = atime) of a snapshot entry, as the view serves it.
+pub fn lower_time_secs(path: &[u8], entry: &Entry) -> u64 {
+    if entry.kind.has_content() {
+        u64::from(served_file_stat(path, entry, 0, 0).mtime_s)
+    } else {
+        VIEW_TIME_SECS
+    }
+}
+
+/// `parent/name` from the snapshot root (no leading slash; empty for the root).
+pub fn join(parent: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(parent.len() + 1 + name.len());
+    if !parent.is_empty() {
+        p.extend_from_slice(parent);
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+/// The private state of one workspace.
+pub struct Layers {
+    pub store: std::sync::Arc<Store>,
+    pub snapshot: SnapshotId,
+    /// `<private_dir>/upper`.
+    pub upper: PathBuf,
+    /// `<private_dir>/work`: copy-ups are built here and renamed into place, so the upper
+    /// never holds a half-made object. Emptied whenever the workspace is served again.
+    pub work: PathBuf,
+    /// Owner of snapshot entries (the runtime root's owner, as in the view).
+    pub uid: u32,
+    pub gid: u32,
+    tmp_seq: AtomicU64,
+}
+
+impl Layers {
+    pub fn new(
+        store: std::sync::Arc<Store>,
+        snapshot: SnapshotId,
+        private_dir: &Path,
+        uid: u32,
+        gid: u32,
+    ) -> Layers {
+        Layers {
+            store,
+            snapshot,
+            upper: private_dir.join("upper"),
+            work: private_dir.join("work"),
+            uid,
+            gid,
+            tmp_seq: AtomicU64::new(0),
+        }
+    }
+
+    /// The upper path of `rel` (a `/`-joined path from the root).
+    pub fn upper_path(&self, rel: &[u8]) -> PathBuf {
+        if rel.is_empty() {
+            self.upper.clone()
+        } else {
+            self.upper.join(std::ffi::OsStr::from_bytes(rel))
+        }
+    }
+
+    /// A fresh name in the work directory.
+    pub fn tmp(&self) -> PathBuf {
+        let n = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
+        self.work.join(format!("t{}-{n}", std::process::id()))
+    }
+
+    /// Makes the upper root (with the snapshot root's mode and the view's times the first
+    /// time) and an empty work directory.
+    pub fn prepare(&self, root_mode: u32) -> io::Result<()> {
+        if !self.upper.exists() {
+            let tmp = self.upper.with_extension("new");
+            let _ = fs::remove_dir(&tmp);
+            fs::create_dir_all(&tmp)?;
+            fs::set_permissions(&tmp, fs::Permissions::from_mode(root_mode & 0o7777))?;
+            std::os::unix::fs::chown(&tmp, Some(self.uid), Some(self.gid))?;
+            set_times(&tmp, VIEW_TIME_SECS)?;
+            fs::rename(&tmp, &self.upper)?;
+        }
+        if self.work.exists() {
+            crate::checkout::remove_tree(&self.work);
+        }
+        fs::create_dir_all(&self.work)?;
+        Ok(())
+    }
+
+    /// Records a deletion of `dir/name` (whose upper entry, if any, is already gone).
+    pub fn whiteout(&self, dir: &Path, name: &[u8]) -> io::Result<()> {
+        nix::sys::stat::mknodat(
+            AT_FDCWD,
+            &dir.join(std::ffi::OsStr::from_bytes(name)),
+            SFlag::S_IFCHR,
+            Mode::empty(),
+            0,
+        )
+        .map_err(io::Error::from)
+    }
+
+    /// Replaces the upper entry `target` by a whiteout in one step.
+    pub fn replace_by_whiteout(&self, target: &Path, target_is_dir: bool) -> io::Result<()> {
+        let tmp = self.tmp();
+        nix::sys::stat::mknodat(AT_FDCWD, &tmp, SFlag::S_IFCHR, Mode::empty(), 0)?;
+        if target_is_dir {
+            nix::fcntl::renameat2(
+                AT_FDCWD,
+                &tmp,
+                AT_FDCWD,
+                target,
+                RenameFlags::RENAME_EXCHANGE,
+            )?;
+            // `tmp` is the old (empty) directory now.
+            fs::remove_dir(&tmp)
+        } else {
+            fs::rename(&tmp, target)
+        }
+    }
+
+    /// Removes the whiteouts in an upper directory whose merged listing is empty.
+    pub fn clear_whiteouts(&self, dir: &Path) -> io::Result<()> {
+        for e in fs::read_dir(dir)? {
+            let e = e?;
+            let meta = e.metadata()?;
+            if is_whiteout(&meta) {
+                fs::remove_file(e.path())?;
+            } else {
+                return Err(io::Error::from_raw_os_error(libc::ENOTEMPTY));
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies up the snapshot directory `entry` (at `rel`, whose parent's upper already
+    /// exists) as an upper directory keeping its mode, xattrs, times and inode number.
+    /// `entry` is `None` for the root (which always exists).
+    pub fn copy_up_dir(&self, rel: &[u8], entry: &Entry, ino: u64) -> io::Result<PathBuf> {
+        let target = self.upper_path(rel);
+        let tmp = self.tmp();
+        fs::create_dir(&tmp)?;
+        self.finish_copy(&tmp, entry, rel, ino)?;
+        match nix::fcntl::renameat2(
+            AT_FDCWD,
+            &tmp,
+            AT_FDCWD,
+            &target,
+            RenameFlags::RENAME_NOREPLACE,
+        ) {
+            Ok(()) => Ok(target),
+            Err(e) => {
+                let _ = fs::remove_dir(&tmp);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Copies up the snapshot entry `entry` (a file, symlink or special file at `rel`,
+    /// whose parent's upper exists). A file's content is cloned from its blob-cache file
+    /// (`FICLONE`), else copied in the kernel (`copy_file_range`); `empty` skips the
+    /// content (an open with `O_TRUNC`).
+    pub fn copy_up_leaf(
+        &self,
+        rel: &[u8],
+        entry: &Entry,
+        ino: u64,
+        empty: bool,
+    ) -> io::Result<PathBuf> {
+        let target = self.upper_path(rel);
+        let tmp = self.tmp();
+        let made = (|| -> io::Result<()> {
+            match entry.kind {
+                Kind::File | Kind::Hardlink => {
+                    let out = fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .open(&tmp)?;
+                    if !empty && entry.size > 0 {
+                        let content = ContentId::from_bytes(entry.hash);
+                        let blob = self
+                            .store
+                            .blob_cache()
+                            .ensure(&content)
+                            .map_err(io::Error::other)?;
+                        copy_content(&File::open(blob)?, &out, entry.size)?;
+                    }
+                }
+                Kind::Symlink => {
+                    std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&entry.data), &tmp)?
+                }
+                Kind::Fifo | Kind::CharDevice | Kind::BlockDevice => {
+                    let kind = match entry.kind {
+                        Kind::Fifo => SFlag::S_IFIFO,
+                        Kind::CharDevice => SFlag::S_IFCHR,
+                        _ => SFlag::S_IFBLK,
+                    };
+                    nix::sys::stat::mknodat(
+                        AT_FDCWD,
+                        &tmp,
+                        kind,
+                        Mode::from_bits_truncate(0o600),
+                        entry.rdev().unwrap_or(0),
+                    )?
+                }
+                Kind::Dir => return Err(io::Error::from_raw_os_error(libc::EISDIR)),
+            }
+            self.finish_copy(&tmp, entry, rel, ino)
+        })();
+        let placed = made.and_then(|()| {
+            nix::fcntl::renameat2(
+                AT_FDCWD,
+                &tmp,
+                AT_FDCWD,
+                &target,
+                RenameFlags::RENAME_NOREPLACE,
+            )
+            .map_err(io::Error::from)
+        });
+        if let Err(e) = placed {
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
+        }
+        Ok(target)
+    }
+
+    /// Owner, mode, xattrs, inode number and times of a copied-up object.
+    fn finish_copy(&self, tmp: &Path, entry: &Entry, rel: &[u8], ino: u64) -> io::Result<()> {
+        std::os::unix::fs::lchown(tmp, Some(self.uid), Some(self.gid))?;
+        if entry.kind != Kind::Symlink {
+            fs::set_permissions(tmp, fs::Permissions::from_mode(entry.mode & 0o7777))?;
+            for (name, value) in &entry.xattrs {
+                xattr::set(tmp, std::ffi::OsStr::from_bytes(name), value)?;
+            }
+        }
+        if let Err(e) = xattr::set(tmp, INO_XATTR, &ino.to_le_bytes()) {
+            // Without CAP_SYS_ADMIN the number is the upper file's from now on.
+            tracing::debug!(error = %e, "cannot keep the inode number of a copied-up entry");
+        }
+        set_times(tmp, lower_time_secs(rel, entry))
+    }
+}
+
+/// Sets atime and mtime of `path` (not following a symlink) to `secs`.
+pub fn set_times(path: &Path, secs: u64) -> io::Result<()> {
+    let t = TimeSpec::new(secs as i64, 0);
+    nix::sys::stat::utimensat(AT_FDCWD, path, &t, &t, UtimensatFlags::NoFollowSymlink)
+        .map_err(io::Error::from)
+}
+
+/// Copies `len` bytes of `src` into the empty `dest`: a reflink where the filesystem can
+/// share extents, else `copy_file_range` (in the kernel; no bytes pass through here).
+pub fn copy_content(src: &File, dest: &File, len: u64) -> io::Result<()> {
+    if crate::sys::ficlone(dest, src).is_ok() {
+        return Ok(());
+    }
+    let mut off_in: i64 = 0;
+    let mut off_out: i64 = 0;
+    let mut left = len;
+    while left > 0 {
+        let chunk = left.min(1 << 30) as usize;
+        match nix::fcntl::copy_file_range(
+            src.as_fd(),
+            Some(&mut off_in),
+            dest.as_fd(),
+            Some(&mut off_out),
+            chunk,
+        ) {
+            Ok(0) => break,
+            Ok(n) => left -= n as u64,
+            Err(nix::Error::EINTR) => {}
+            Err(nix::Error::EXDEV | nix::Error::ENOSYS | nix::Error::EOPNOTSUPP) => {
+                // Old kernels or odd filesystems: a plain copy of what is left.
+                use std::io::{Seek, SeekFrom};
+                let mut s = src.try_clone()?;
+                let mut d = dest.try_clone()?;
+                s.seek(SeekFrom::Start(off_in as u64))?;
+                d.seek(SeekFrom::Start(off_out as u64))?;
+                io::copy(&mut io::Read::take(s, left), &mut d)?;
+                break;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_names_are_overlays_and_ours() {
+        assert!(reserved_xattr(b"user.overlay.opaque"));
+        assert!(reserved_xattr(b"trusted.overlay.origin"));
+        assert!(reserved_xattr(INO_XATTR.as_bytes()));
+        assert!(!reserved_xattr(b"user.mime_type"));
+        assert!(!reserved_xattr(b"security.capability"));
+    }
+
+    #[test]
+    fn join_paths() {
+        assert_eq!(join(b"", b"a"), b"a");
+        assert_eq!(join(b"a/b", b"c"), b"a/b/c");
+    }
+
+    #[test]
+    fn upper_numbers_stay_above_snapshot_numbers() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("f");
+        fs::write(&p, "x").unwrap();
+        let meta = fs::symlink_metadata(&p).unwrap();
+        let ino = upper_ino(&p, &meta);
+        if nix::unistd::geteuid().is_root() {
+            // A recorded number wins (trusted.* needs CAP_SYS_ADMIN).
+            xattr::set(&p, INO_XATTR, &42u64.to_le_bytes()).unwrap();
+            assert_eq!(upper_ino(&p, &meta), 42);
+        }
+        assert!(ino >= UPPER_INO_BASE);
+    }
+
+    #[test]
+    fn copy_content_copies_exactly() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        fs::write(tmp.path().join("src"), &data).unwrap();
+        let dest = File::create(tmp.path().join("dst")).unwrap();
+        copy_content(
+            &File::open(tmp.path().join("src")).unwrap(),
+            &dest,
+            data.len() as u64,
+        )
+        .unwrap();
+        assert_eq!(fs::read(tmp.path().join("dst")).unwrap(), data);
+    }
+}

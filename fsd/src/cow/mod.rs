@@ -1,0 +1,296 @@
+//! The writable FUSE view of a workspace (the `fuse` materializer): the snapshot's tree
+//! from the store merged with the workspace's private state on local disk, served by the
+//! daemon, so no kernel overlayfs is needed.
+//!
+//! # State on disk
+//!
+//! `<private_dir>/upper` is kept in exactly kernel overlayfs's upper-layer format (as
+//! the `overlay` materializer mounts it: `userxattr`, no redirects, no metacopy, no
+//! index): new and modified objects as whole real files, deletions as whiteouts
+//! (character devices 0:0), directories that replace a snapshot directory marked
+//! `user.overlay.opaque=y`. Diff and commit therefore read it with `upper.rs`, unchanged
+//! and in time proportional to what changed, and the semantics are overlay's by
+//! construction. Copy-ups are made in `<private_dir>/work` and renamed into place, so a
+//! crash never leaves a half-copied file in the upper layer; the work directory is
+//! emptied whenever the workspace is served again. The upper directory is the only
+//! truth: after a daemon crash, serving the same upper again is the whole recovery.
+//!
+//! # Identity
+//!
+//! An unmodified snapshot entry has the view's inode number and times
+//! ([`crate::view::served_file_stat`]), so a checkout's rewritten `.git/index` agrees
+//! with the workspace. A copied-up object keeps that number in the xattr
+//! [`layers::INO_XATTR`] (`trusted.*`: not recorded by commits); an object made in the
+//! workspace is numbered from its upper inode ([`layers::UPPER_INO_BASE`] + `st_ino`).
+//! `st_ino` is thus stable for an object's lifetime, across renames and daemon restarts.
+//!
+//! # Inode lifetime
+//!
+//! As in the view: the daemon's table holds exactly the inodes the kernel holds (lookup
+//! counts: +1 per entry replied, -n per forget; the root is never forgotten), so its size
+//! is bounded by the kernel's inode cache. A node remembers its directory and name (a
+//! directory's is unique: only directories without snapshot content can be renamed) and,
+//! once it has one, an `O_PATH` descriptor of its upper object, through which every
+//! operation on a modified file goes (so hard links and open-but-deleted files work).
+//!
+//! # I/O
+//!
+//! Opens are answered with FUSE passthrough: an unmodified file opened for reading is
+//! backed by its blob-cache file; an open for writing first copies the file up (a
+//! reflink where the filesystem can, else `copy_file_range`; nothing with `O_TRUNC`) and
+//! is backed by the upper file. Reads, writes and mmap never reach the daemon. When an
+//! inode's live backing is another file (a read-only open of the old content is still
+//! open while the file is copied up), the new open is served by the daemon with direct
+//! I/O instead. Directory listings are taken at `opendir` (and again on rewind), so a
+//! listing read in pieces never shows an entry twice or skips one while the directory
+//! changes.
+//!
+//! # Not supported
+//!
+//! Renaming a directory that has snapshot content beneath fails with `EXDEV` (as overlayfs
+//! without `redirect_dir`; `mv` then copies). `RENAME_EXCHANGE` and `RENAME_WHITEOUT` are
+//! `EINVAL`. `O_TMPFILE` is `EOPNOTSUPP` (the FUSE library has no `tmpfile`). File locks
+//! are the kernel's own (local to this host, which is every user of a workspace).
+
+pub mod fs;
+pub mod layers;
+pub mod node;
+pub mod ops;
+
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cowspace_store::{SnapshotId, Store};
+use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+
+use crate::error::{Error, Result};
+use crate::registry::{Record, Status};
+
+/// File system subtype shown in the mount table (`fuse.cowspace-ws`).
+pub const WS_SUBTYPE: &str = "cowspace-ws";
+
+/// Request threads per workspace (each with its own `/dev/fuse` clone).
+pub const THREADS_PER_WORKSPACE: usize = 2;
+
+/// How long stopping a workspace waits for its serving threads to end.
+const SESSION_END_WAIT_MS: u64 = 2_000;
+
+/// A served workspace; unmounts on drop.
+pub struct CowMount {
+    path: PathBuf,
+    session: Option<BackgroundSession>,
+    cow: Arc<ops::Cow>,
+    passthrough: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for CowMount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CowMount")
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl CowMount {
+    /// Serves the workspace of `snapshot` with private state in `private_dir` at `path`
+    /// (an existing directory).
+    pub fn mount(
+        store: Arc<Store>,
+        snapshot: SnapshotId,
+        private_dir: &Path,
+        path: &Path,
+        passthrough: bool,
+    ) -> Result<CowMount> {
+        let owner = std::fs::metadata(store.root()).map_err(Error::io("stat", store.root()))?;
+        let snap = store.snapshot(&snapshot)?;
+        let layers = layers::Layers::new(
+            Arc::clone(&store),
+            snapshot,
+            private_dir,
+            owner.uid(),
+            owner.gid(),
+        );
+        layers
+            .prepare(snap.root_mode)
+            .map_err(Error::io("prepare", private_dir))?;
+        let root = ops::root_node(&layers, snap.root).map_err(Error::io("open", &layers.upper))?;
+        let cow = Arc::new(ops::Cow::new(layers, root));
+        let flag = Arc::new(AtomicBool::new(false));
+        let fs = fs::CowFs::new(Arc::clone(&cow), passthrough, Arc::clone(&flag));
+        let mut config = Config::default();
+        config.mount_options = vec![
+            MountOption::FSName("cowspace".into()),
+            MountOption::CUSTOM(format!("subtype={WS_SUBTYPE}")),
+            MountOption::DefaultPermissions,
+            MountOption::NoAtime,
+            MountOption::Dev,
+            MountOption::Suid,
+        ];
+        config.acl = SessionACL::All;
+        config.n_threads = Some(THREADS_PER_WORKSPACE);
+        config.clone_fd = true;
+        let session = fuser::spawn_mount(fs, path, &config).map_err(|e| Error::Io {
+            step: "mount the workspace's FUSE view at",
+            path: path.to_path_buf(),
+            source: e,
+        })?;
+        Ok(CowMount {
+            path: path.to_path_buf(),
+            session: Some(session),
+            cow,
+            passthrough: flag,
+        })
+    }
+
+    /// Whether opens pass through to backing files.
+    pub fn passthrough(&self) -> bool {
+        self.passthrough.load(Ordering::Relaxed)
+    }
+
+    /// Inodes the daemon holds for this workspace (the root included).
+    pub fn inodes(&self) -> usize {
+        self.cow.table.held()
+    }
+
+    /// Whether the session still serves (the kernel has not dropped the mount).
+    pub fn serving(&self) -> bool {
+        self.session
+            .as_ref()
+            .is_some_and(|s| !s.guard.is_finished())
+    }
+
+    fn shutdown(&mut self) {
+        let Some(s) = self.session.take() else {
+            return;
+        };
+        if !s.guard.is_finished() && crate::mounts::is_mounted(&self.path).unwrap_or(false) {
+            match crate::mounts::unmount(&self.path) {
+                Ok(()) => {}
+                Err(e) => {
+                    tracing::warn!(path = %self.path.display(), error = %e,
+                        "workspace busy; detached lazily (it goes away when the last user lets go)");
+                    let _ = crate::mounts::unmount_lazy(&self.path);
+                }
+            }
+        }
+        // The serving threads end once the kernel drops the connection; a mount kept
+        // alive elsewhere (a lazily detached one still in use) is not waited for.
+        for _ in 0..SESSION_END_WAIT_MS / 10 {
+            if s.guard.is_finished() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        if s.guard.is_finished()
+            && let Err(e) = s.join()
+        {
+            tracing::debug!(error = %e, "workspace session ended with an error");
+        }
+    }
+}
+
+impl Drop for CowMount {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// The workspaces this daemon serves, by id. Only the daemon (the one process that keeps
+/// FUSE sessions alive) has one; see [`install_host`].
+pub struct Host {
+    store: Arc<Store>,
+    passthrough: bool,
+    mounts: Mutex<HashMap<String, CowMount>>,
+}
+
+static HOST: OnceLock<Arc<Host>> = OnceLock::new();
+
+/// Makes this process the one serving fuse workspaces (the daemon calls it at start).
+pub fn install_host(store: Arc<Store>, passthrough: bool) -> Arc<Host> {
+    Arc::clone(HOST.get_or_init(|| {
+        Arc::new(Host {
+            store,
+            passthrough,
+            mounts: Mutex::new(HashMap::new()),
+        })
+    }))
+}
+
+/// The host, when this process is the daemon.
+pub fn host() -> Option<Arc<Host>> {
+    HOST.get().cloned()
+}
+
+impl Host {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, CowMount>> {
+        self.mounts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Serves workspace `rec` at its path (again, after a crash or a run). Already served
+    /// and mounted: nothing to do.
+    pub fn mount(&self, rec: &Record) -> Result<()> {
+        if rec.materializer != "fuse" {
+            return Err(Error::Invalid(format!(
+                "workspace {} is a {} workspace, not a fuse one",
+                rec.id, rec.materializer
+            )));
+        }
+        if !matches!(
+            rec.status,
+            Status::Creating | Status::Active | Status::Stopped
+        ) {
+            return Err(Error::WrongState {
+                id: rec.id.clone(),
+                status: rec.status.as_str().into(),
+                op: "mount_workspace",
+            });
+        }
+        let mut mounts = self.lock();
+        if let Some(m) = mounts.get(&rec.id)
+            && m.serving()
+            && crate::mounts::is_mounted(&rec.path)?
+            && nix::sys::statfs::statfs(&rec.path).is_ok()
+        {
+            return Ok(());
+        }
+        // A session whose mount went away (an unmount, a sandbox run) is finished off.
+        drop(mounts.remove(&rec.id));
+        if crate::mounts::is_mounted(&rec.path)? {
+            crate::mounts::unmount_lazy(&rec.path)?;
+        }
+        std::fs::create_dir_all(&rec.path).map_err(Error::io("create directory", &rec.path))?;
+        let snapshot: SnapshotId = rec.snapshot.parse()?;
+        let m = CowMount::mount(
+            Arc::clone(&self.store),
+            snapshot,
+            &rec.private_dir,
+            &rec.path,
+            self.passthrough,
+        )?;
+        tracing::info!(workspace = %rec.id, path = %rec.path.display(), passthrough = m.passthrough(), "fuse workspace served");
+        mounts.insert(rec.id.clone(), m);
+        Ok(())
+    }
+
+    /// Stops serving workspace `id` (its mount is detached if still there).
+    pub fn unmount(&self, id: &str) -> bool {
+        let m = self.lock().remove(id);
+        m.is_some()
+    }
+
+    /// Ids of the workspaces served.
+    pub fn served(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.lock().keys().cloned().collect();
+        v.sort();
+        v
+    }
+
+    /// Stops serving everything (daemon shutdown).
+    pub fn unmount_all(&self) {
+        let all: Vec<CowMount> = self.lock().drain().map(|(_, m)| m).collect();
+        drop(all);
+    }
+}

@@ -1,0 +1,787 @@
+//! The workspace's logic, independent of the FUSE wire: resolving names through the
+//! upper directory and the snapshot, attributes, listings, copy-up, and the namespace
+//! changes (create, link, unlink, rmdir, rename) written in overlay's upper format.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::OsStr;
+use std::fs::{self, File};
+use std::io;
+use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::{Duration, UNIX_EPOCH};
+
+use cowspace_store::{Entry, Kind, Tree, TreeId};
+use fuser::{Errno, FileAttr, FileType, INodeNo, RenameFlags};
+use nix::fcntl::AtFlags;
+use nix::fcntl::{AT_FDCWD, RenameFlags as HostRename};
+use nix::sys::stat::{Mode, SFlag};
+
+use super::layers::{
+    Layers, OPAQUE_XATTR, fd_path, is_opaque, is_whiteout, join, lower_ino, lower_time_secs,
+    open_path, upper_ino,
+};
+use super::node::{Node, ROOT_INO, Table};
+use crate::view::VIEW_BLKSIZE_BYTES;
+
+/// Decoded snapshot trees kept (cleared when full).
+const MAX_CACHED_TREES: usize = 1024;
+
+/// What a name in a directory is.
+pub enum Found {
+    Upper { path: PathBuf, meta: fs::Metadata },
+    Lower(Entry),
+    Whiteout,
+    Absent,
+}
+
+/// What a new name is made as.
+pub enum Make<'a> {
+    File { mode: u32 },
+    Dir { mode: u32 },
+    Symlink { target: &'a [u8] },
+    Special { mode: u32, rdev: u64 },
+    Link { source: Node },
+}
+
+/// One entry of a directory listing.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    pub name: Vec<u8>,
+    pub ino: u64,
+    pub kind: FileType,
+}
+
+/// The writable view of one workspace.
+pub struct Cow {
+    pub layers: Layers,
+    pub table: Table,
+    /// Held for writing by operations that move or delete names (unlink, rmdir, rename),
+    /// for reading by everything that resolves paths.
+    pub ns: RwLock<()>,
+    /// Serialises copy-ups (two would race to rename into one place).
+    copy: Mutex<()>,
+    trees: Mutex<HashMap<TreeId, Arc<Tree>>>,
+}
+
+pub fn errno(e: io::Error) -> Errno {
+    Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+fn nix_errno(e: nix::Error) -> Errno {
+    Errno::from_i32(e as i32)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub fn file_type_of(ft: fs::FileType) -> FileType {
+    if ft.is_dir() {
+        FileType::Directory
+    } else if ft.is_symlink() {
+        FileType::Symlink
+    } else if ft.is_fifo() {
+        FileType::NamedPipe
+    } else if ft.is_char_device() {
+        FileType::CharDevice
+    } else if ft.is_block_device() {
+        FileType::BlockDevice
+    } else if ft.is_socket() {
+        FileType::Socket
+    } else {
+        FileType::RegularFile
+    }
+}
+
+fn kind_type(k: Kind) -> FileType {
+    match k {
+        Kind::Dir => FileType::Directory,
+        Kind::File | Kind::Hardlink => FileType::RegularFile,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::CharDevice => FileType::CharDevice,
+        Kind::BlockDevice => FileType::BlockDevice,
+    }
+}
+
+fn sflag(kind: FileType) -> SFlag {
+    match kind {
+        FileType::Directory => SFlag::S_IFDIR,
+        FileType::Symlink => SFlag::S_IFLNK,
+        FileType::NamedPipe => SFlag::S_IFIFO,
+        FileType::CharDevice => SFlag::S_IFCHR,
+        FileType::BlockDevice => SFlag::S_IFBLK,
+        FileType::Socket => SFlag::S_IFSOCK,
+        FileType::RegularFile => SFlag::S_IFREG,
+    }
+}
+
+fn time(secs: i64, nsecs: i64) -> std::time::SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::new(secs as u64, nsecs as u32)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + Duration::from_nanos(nsecs as u64)
+    }
+}
+
+/// Attributes of an upper object, served with inode number `ino`.
+pub fn attr_of_stat(ino: u64, st: &nix::sys::stat::FileStat) -> FileAttr {
+    let kind = match SFlag::from_bits_truncate(st.st_mode & libc::S_IFMT) {
+        SFlag::S_IFDIR => FileType::Directory,
+        SFlag::S_IFLNK => FileType::Symlink,
+        SFlag::S_IFIFO => FileType::NamedPipe,
+        SFlag::S_IFCHR => FileType::CharDevice,
+        SFlag::S_IFBLK => FileType::BlockDevice,
+        SFlag::S_IFSOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    };
+    FileAttr {
+        ino: INodeNo(ino),
+        size: st.st_size as u64,
+        blocks: st.st_blocks as u64,
+        atime: time(st.st_atime, st.st_atime_nsec),
+        mtime: time(st.st_mtime, st.st_mtime_nsec),
+        ctime: time(st.st_ctime, st.st_ctime_nsec),
+        crtime: time(st.st_ctime, st.st_ctime_nsec),
+        kind,
+        perm: (st.st_mode & 0o7777) as u16,
+        nlink: st.st_nlink as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        rdev: st.st_rdev as u32,
+        blksize: st.st_blksize as u32,
+        flags: 0,
+    }
+}
+
+impl Cow {
+    pub fn new(layers: Layers, root: Node) -> Cow {
+        Cow {
+            layers,
+            table: Table::new(root),
+            ns: RwLock::new(()),
+            copy: Mutex::new(()),
+            trees: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The decoded snapshot tree `id`.
+    pub fn tree(&self, id: &TreeId) -> Result<Arc<Tree>, Errno> {
+        if let Some(t) = lock(&self.trees).get(id) {
+            return Ok(Arc::clone(t));
+        }
+        let t = Arc::new(
+            self.layers
+                .store
+                .tree(id)
+                .map_err(|e| crate::view::errno_of("read tree", &e))?,
+        );
+        let mut trees = lock(&self.trees);
+        if trees.len() >= MAX_CACHED_TREES {
+            trees.clear();
+        }
+        trees.insert(*id, Arc::clone(&t));
+        Ok(t)
+    }
+
+    /// The snapshot entry `name` merged beneath directory `dir`.
+    pub fn lower_child(&self, dir: &Node, name: &[u8]) -> Result<Option<Entry>, Errno> {
+        let Some(id) = &dir.lower_tree else {
+            return Ok(None);
+        };
+        let t = self.tree(id)?;
+        Ok(t.entries
+            .binary_search_by(|e| e.name.as_slice().cmp(name))
+            .ok()
+            .map(|i| t.entries[i].clone()))
+    }
+
+    /// What `name` is in directory `dir` (at `dir_path`).
+    pub fn resolve(&self, dir: &Node, dir_path: &[u8], name: &[u8]) -> Result<Found, Errno> {
+        if dir.kind != FileType::Directory {
+            return Err(Errno::ENOTDIR);
+        }
+        if dir.upper.is_some() {
+            let up = self.layers.upper_path(&join(dir_path, name));
+            match fs::symlink_metadata(&up) {
+                Ok(m) if is_whiteout(&m) => return Ok(Found::Whiteout),
+                Ok(meta) => return Ok(Found::Upper { path: up, meta }),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {}
+                Err(e) => return Err(errno(e)),
+            }
+        }
+        Ok(match self.lower_child(dir, name)? {
+            Some(e) => Found::Lower(e),
+            None => Found::Absent,
+        })
+    }
+
+    /// The node `found` at `name` in `dir` would be (not yet held).
+    pub fn node_of(
+        &self,
+        dir: &Node,
+        dir_path: &[u8],
+        name: &[u8],
+        found: Found,
+    ) -> Result<Option<Node>, Errno> {
+        let rel = join(dir_path, name);
+        Ok(Some(match found {
+            Found::Whiteout | Found::Absent => return Ok(None),
+            Found::Upper { path, meta } => {
+                let kind = file_type_of(meta.file_type());
+                let lower_tree = if kind == FileType::Directory && !is_opaque(&path) {
+                    self.lower_child(dir, name)?
+                        .filter(|e| e.kind == Kind::Dir)
+                        .and_then(|e| e.subtree())
+                } else {
+                    None
+                };
+                Node {
+                    ino: upper_ino(&path, &meta),
+                    kind,
+                    parent: dir.ino,
+                    name: name.to_vec(),
+                    lower: None,
+                    lower_tree,
+                    upper: Some(Arc::new(open_path(&path).map_err(errno)?)),
+                    deleted: false,
+                    lower_secs: 0,
+                }
+            }
+            Found::Lower(e) => Node {
+                ino: lower_ino(&self.layers.snapshot, &rel, &e),
+                kind: kind_type(e.kind),
+                parent: dir.ino,
+                name: name.to_vec(),
+                lower_tree: e.subtree().filter(|_| e.kind == Kind::Dir),
+                lower_secs: lower_time_secs(&rel, &e),
+                lower: Some(Arc::new(e)),
+                upper: None,
+                deleted: false,
+            },
+        }))
+    }
+
+    /// Resolves `name` in `parent`, taking one lookup on the result.
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Option<Node>, Errno> {
+        let _r = self.ns.read().unwrap_or_else(|p| p.into_inner());
+        let dir = self.table.get(parent)?;
+        let dir_path = self.table.path_of(&dir)?;
+        let found = self.resolve(&dir, &dir_path, name)?;
+        Ok(self
+            .node_of(&dir, &dir_path, name, found)?
+            .map(|n| self.table.acquire(n)))
+    }
+
+    /// The attributes of a node.
+    pub fn attr(&self, node: &Node) -> Result<FileAttr, Errno> {
+        if let Some(fd) = &node.upper {
+            let st = nix::sys::stat::fstat(fd.as_fd()).map_err(nix_errno)?;
+            return Ok(attr_of_stat(node.ino, &st));
+        }
+        let e = node.lower.as_ref().ok_or(Errno::EIO)?;
+        let t = UNIX_EPOCH + Duration::from_secs(node.lower_secs);
+        let dir = e.kind == Kind::Dir;
+        Ok(FileAttr {
+            ino: INodeNo(node.ino),
+            size: if dir { 0 } else { e.size },
+            blocks: e.size.div_ceil(512),
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            kind: kind_type(e.kind),
+            perm: if e.kind == Kind::Symlink {
+                0o777
+            } else {
+                (e.mode & 0o7777) as u16
+            },
+            nlink: if dir { 2 } else { 1 },
+            uid: self.layers.uid,
+            gid: self.layers.gid,
+            rdev: e.rdev().unwrap_or(0) as u32,
+            blksize: VIEW_BLKSIZE_BYTES,
+            flags: 0,
+        })
+    }
+
+    /// The merged listing of directory `dir`, sorted by name.
+    pub fn list(&self, dir: &Node) -> Result<Vec<Listed>, Errno> {
+        let _r = self.ns.read().unwrap_or_else(|p| p.into_inner());
+        let dir_path = self.table.path_of(dir)?;
+        self.list_at(dir, &dir_path)
+    }
+
+    fn list_at(&self, dir: &Node, dir_path: &[u8]) -> Result<Vec<Listed>, Errno> {
+        let mut out: BTreeMap<Vec<u8>, (u64, FileType)> = BTreeMap::new();
+        let mut whiteouts = HashSet::new();
+        if dir.upper.is_some() {
+            let up = self.layers.upper_path(dir_path);
+            let rd = match fs::read_dir(&up) {
+                Ok(rd) => Some(rd),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) => return Err(errno(e)),
+            };
+            for e in rd.into_iter().flatten() {
+                let e = e.map_err(errno)?;
+                let name = e.file_name().as_bytes().to_vec();
+                let meta = match fs::symlink_metadata(e.path()) {
+                    Ok(m) => m,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => return Err(errno(e)),
+                };
+                if is_whiteout(&meta) {
+                    whiteouts.insert(name);
+                } else {
+                    let ino = upper_ino(&e.path(), &meta);
+                    out.insert(name, (ino, file_type_of(meta.file_type())));
+                }
+            }
+        }
+        if let Some(id) = &dir.lower_tree {
+            for e in &self.tree(id)?.entries {
+                if out.contains_key(&e.name) || whiteouts.contains(&e.name) {
+                    continue;
+                }
+                let ino = lower_ino(&self.layers.snapshot, &join(dir_path, &e.name), e);
+                out.insert(e.name.clone(), (ino, kind_type(e.kind)));
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|(name, (ino, kind))| Listed { name, ino, kind })
+            .collect())
+    }
+
+    /// Gives node `ino` an upper object (copy-up), its directories first. `empty`: a
+    /// file's content is not copied (it is about to be truncated).
+    pub fn copy_up(&self, ino: u64, empty: bool) -> Result<Node, Errno> {
+        let node = self.table.get(ino)?;
+        if node.upper.is_some() {
+            return Ok(node);
+        }
+        let _g = lock(&self.copy);
+        self.copy_up_locked(ino, empty)
+    }
+
+    fn copy_up_locked(&self, ino: u64, empty: bool) -> Result<Node, Errno> {
+        let node = self.table.get(ino)?;
+        if node.upper.is_some() {
+            return Ok(node);
+        }
+        if node.deleted {
+            return Err(Errno::ENOENT);
+        }
+        let entry = node.lower.clone().ok_or(Errno::EIO)?;
+        self.copy_up_locked(node.parent, false)?;
+        let rel = self.table.path_of(&node)?;
+        let placed = if entry.kind == Kind::Dir {
+            self.layers.copy_up_dir(&rel, &entry, ino)
+        } else {
+            self.layers.copy_up_leaf(&rel, &entry, ino, empty)
+        };
+        let path = placed.map_err(|e| {
+            tracing::warn!(path = %String::from_utf8_lossy(&rel), error = %e, "copy-up failed");
+            errno(e)
+        })?;
+        let fd = Arc::new(open_path(&path).map_err(errno)?);
+        self.table.update(ino, |n| n.upper = Some(Arc::clone(&fd)));
+        self.table.get(ino)
+    }
+
+    /// Makes `name` in `parent` as `what`, owned by `uid`/`gid` (the caller), and takes a
+    /// lookup on it.
+    pub fn make(
+        &self,
+        parent: u64,
+        name: &[u8],
+        what: Make<'_>,
+        uid: u32,
+        gid: u32,
+    ) -> Result<Node, Errno> {
+        if name.len() > 255 {
+            return Err(Errno::from_i32(libc::ENAMETOOLONG));
+        }
+        let _r = self.ns.read().unwrap_or_else(|p| p.into_inner());
+        let dir = self.copy_up(parent, false)?;
+        let dir_path = self.table.path_of(&dir)?;
+        let dir_up = self.layers.upper_path(&dir_path);
+        let target = dir_up.join(OsStr::from_bytes(name));
+        let over_whiteout = match self.resolve(&dir, &dir_path, name)? {
+            Found::Whiteout => true,
+            Found::Absent => false,
+            Found::Upper { .. } | Found::Lower(_) => return Err(Errno::EEXIST),
+        };
+        let dmeta = fs::metadata(&dir_up).map_err(errno)?;
+        let setgid_dir = dmeta.mode() & libc::S_ISGID != 0;
+        let gid = if setgid_dir { dmeta.gid() } else { gid };
+        let place = if over_whiteout {
+            self.layers.tmp()
+        } else {
+            target.clone()
+        };
+        let made = (|| -> io::Result<()> {
+            let mode = match &what {
+                Make::File { mode } => {
+                    fs::OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .mode(0o600)
+                        .custom_flags(libc::O_NOFOLLOW)
+                        .open(&place)?;
+                    Some(*mode)
+                }
+                Make::Dir { mode } => {
+                    fs::create_dir(&place)?;
+                    let m = *mode | if setgid_dir { libc::S_ISGID } else { 0 };
+                    if over_whiteout {
+                        xattr::set(&place, OPAQUE_XATTR, b"y")?;
+                    }
+                    Some(m)
+                }
+                Make::Symlink { target } => {
+                    std::os::unix::fs::symlink(OsStr::from_bytes(target), &place)?;
+                    None
+                }
+                Make::Special { mode, rdev } => {
+                    let kind = SFlag::from_bits_truncate(*mode & libc::S_IFMT);
+                    nix::sys::stat::mknodat(
+                        AT_FDCWD,
+                        &place,
+                        kind,
+                        Mode::from_bits_truncate(0o600),
+                        *rdev,
+                    )?;
+                    Some(*mode)
+                }
+                Make::Link { source } => {
+                    let fd = source.upper.as_ref().ok_or(io::Error::other("no upper"))?;
+                    nix::unistd::linkat(
+                        AT_FDCWD,
+                        &fd_path(fd.as_ref()),
+                        AT_FDCWD,
+                        &place,
+                        AtFlags::AT_SYMLINK_FOLLOW,
+                    )?;
+                    return Ok(());
+                }
+            };
+            std::os::unix::fs::lchown(&place, Some(uid), Some(gid))?;
+            if let Some(m) = mode {
+                fs::set_permissions(&place, fs::Permissions::from_mode(m & 0o7777))?;
+            }
+            Ok(())
+        })();
+        let placed = made.and_then(|()| {
+            if !over_whiteout {
+                return Ok(());
+            }
+            if matches!(what, Make::Dir { .. }) {
+                // Swap the whiteout and the new directory in one step, then drop the
+                // whiteout (now at the temporary name).
+                nix::fcntl::renameat2(
+                    AT_FDCWD,
+                    &place,
+                    AT_FDCWD,
+                    &target,
+                    HostRename::RENAME_EXCHANGE,
+                )?;
+                fs::remove_file(&place)
+            } else {
+                fs::rename(&place, &target)
+            }
+        });
+        if let Err(e) = placed {
+            if place != target || !matches!(e.kind(), io::ErrorKind::AlreadyExists) {
+                let _ = fs::remove_file(&place).or_else(|_| fs::remove_dir(&place));
+            }
+            return Err(errno(e));
+        }
+        let meta = fs::symlink_metadata(&target).map_err(errno)?;
+        let node = Node {
+            ino: upper_ino(&target, &meta),
+            kind: file_type_of(meta.file_type()),
+            parent,
+            name: name.to_vec(),
+            lower: None,
+            lower_tree: None,
+            upper: Some(Arc::new(open_path(&target).map_err(errno)?)),
+            deleted: false,
+            lower_secs: 0,
+        };
+        Ok(self.table.acquire(node))
+    }
+
+    /// Whether the merged directory at `name` in `dir` (found as `found`) is empty; an
+    /// upper directory then loses its whiteouts.
+    fn empty_dir(
+        &self,
+        dir: &Node,
+        dir_path: &[u8],
+        name: &[u8],
+        found: Found,
+    ) -> Result<(), Errno> {
+        let upper = match &found {
+            Found::Upper { path, .. } => Some(path.clone()),
+            _ => None,
+        };
+        let node = self
+            .node_of(dir, dir_path, name, found)?
+            .ok_or(Errno::ENOENT)?;
+        if !self.list_at(&node, &join(dir_path, name))?.is_empty() {
+            return Err(Errno::ENOTEMPTY);
+        }
+        if let Some(p) = upper {
+            self.layers.clear_whiteouts(&p).map_err(errno)?;
+        }
+        Ok(())
+    }
+
+    /// The number a found entry is served with (to find its held node).
+    fn ino_of(&self, dir_path: &[u8], name: &[u8], found: &Found) -> Option<u64> {
+        match found {
+            Found::Upper { path, meta } => Some(upper_ino(path, meta)),
+            Found::Lower(e) => Some(lower_ino(&self.layers.snapshot, &join(dir_path, name), e)),
+            _ => None,
+        }
+    }
+
+    /// `unlink` (`dir` false) or `rmdir` (`dir` true) of `name` in `parent`.
+    pub fn remove(&self, parent: u64, name: &[u8], want_dir: bool) -> Result<(), Errno> {
+        let _w = self.ns.write().unwrap_or_else(|p| p.into_inner());
+        let dir = self.table.get(parent)?;
+        let dir_path = self.table.path_of(&dir)?;
+        let found = self.resolve(&dir, &dir_path, name)?;
+        let is_dir = match &found {
+            Found::Upper { meta, .. } => meta.is_dir(),
+            Found::Lower(e) => e.kind == Kind::Dir,
+            Found::Whiteout | Found::Absent => return Err(Errno::ENOENT),
+        };
+        match (want_dir, is_dir) {
+            (true, false) => return Err(Errno::ENOTDIR),
+            (false, true) => return Err(Errno::EISDIR),
+            _ => {}
+        }
+        let ino = self.ino_of(&dir_path, name, &found);
+        let lower_has = self.lower_child(&dir, name)?.is_some();
+        let upper = match &found {
+            Found::Upper { path, .. } => Some(path.clone()),
+            _ => None,
+        };
+        if is_dir {
+            let again = self.resolve(&dir, &dir_path, name)?;
+            self.empty_dir(&dir, &dir_path, name, again)?;
+        }
+        match upper {
+            Some(path) if lower_has => self
+                .layers
+                .replace_by_whiteout(&path, is_dir)
+                .map_err(errno)?,
+            Some(path) if is_dir => fs::remove_dir(&path).map_err(errno)?,
+            Some(path) => fs::remove_file(&path).map_err(errno)?,
+            None => {
+                let dir = self.copy_up(parent, false)?;
+                let dir_up = self.layers.upper_path(&self.table.path_of(&dir)?);
+                self.layers.whiteout(&dir_up, name).map_err(errno)?;
+            }
+        }
+        if let Some(ino) = ino {
+            self.table.update(ino, |n| {
+                if n.upper.is_none() {
+                    n.deleted = true;
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// `rename(parent/name, newparent/newname)`. Directories that have snapshot content
+    /// beneath are refused with `EXDEV`, as overlayfs does without redirects (tools then
+    /// copy); `RENAME_EXCHANGE` and `RENAME_WHITEOUT` are refused with `EINVAL`.
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: RenameFlags,
+    ) -> Result<(), Errno> {
+        let noreplace = flags.bits() & libc::RENAME_NOREPLACE != 0;
+        if flags.bits() & !libc::RENAME_NOREPLACE != 0 {
+            return Err(Errno::EINVAL);
+        }
+        if newname.len() > 255 {
+            return Err(Errno::from_i32(libc::ENAMETOOLONG));
+        }
+        let _w = self.ns.write().unwrap_or_else(|p| p.into_inner());
+        let dir = self.table.get(parent)?;
+        let dir_path = self.table.path_of(&dir)?;
+        let src = self.resolve(&dir, &dir_path, name)?;
+        let src_ino = self.ino_of(&dir_path, name, &src).ok_or(Errno::ENOENT)?;
+        let src_lower = match &src {
+            Found::Lower(e) => Some(e.clone()),
+            _ => None,
+        };
+        let src_node = self
+            .node_of(&dir, &dir_path, name, src)?
+            .ok_or(Errno::ENOENT)?;
+        let src_is_dir = src_node.kind == FileType::Directory;
+        if src_is_dir && src_node.lower_tree.is_some() {
+            return Err(Errno::EXDEV);
+        }
+        let ndir = self.table.get(newparent)?;
+        let ndir_path = self.table.path_of(&ndir)?;
+        let dst = self.resolve(&ndir, &ndir_path, newname)?;
+        let dst_ino = self.ino_of(&ndir_path, newname, &dst);
+        if dst_ino == Some(src_ino) {
+            // Two names of one file (or the same name): nothing to do.
+            return Ok(());
+        }
+        match &dst {
+            Found::Upper { .. } | Found::Lower(_) => {
+                if noreplace {
+                    return Err(Errno::EEXIST);
+                }
+                let dst_is_dir = match &dst {
+                    Found::Upper { meta, .. } => meta.is_dir(),
+                    Found::Lower(e) => e.kind == Kind::Dir,
+                    _ => false,
+                };
+                match (src_is_dir, dst_is_dir) {
+                    (true, false) => return Err(Errno::ENOTDIR),
+                    (false, true) => return Err(Errno::EISDIR),
+                    (true, true) => self.empty_dir(&ndir, &ndir_path, newname, dst)?,
+                    _ => {}
+                }
+            }
+            Found::Whiteout if src_is_dir => {
+                let p = self.layers.upper_path(&join(&ndir_path, newname));
+                fs::remove_file(&p).map_err(errno)?;
+            }
+            _ => {}
+        }
+        // The source in the upper layer, and both directories.
+        {
+            let _g = lock(&self.copy);
+            self.copy_up_locked(parent, false)?;
+            self.copy_up_locked(newparent, false)?;
+            if let Some(entry) = &src_lower {
+                let rel = join(&dir_path, name);
+                let path = self
+                    .layers
+                    .copy_up_leaf(&rel, entry, src_ino, false)
+                    .map_err(errno)?;
+                let fd = Arc::new(open_path(&path).map_err(errno)?);
+                self.table.update(src_ino, |n| n.upper = Some(fd));
+            }
+        }
+        let from = self.layers.upper_path(&join(&dir_path, name));
+        let to = self.layers.upper_path(&join(&ndir_path, newname));
+        let mut host = HostRename::empty();
+        if self.lower_child(&dir, name)?.is_some() {
+            host |= HostRename::RENAME_WHITEOUT;
+        }
+        if noreplace {
+            host |= HostRename::RENAME_NOREPLACE;
+        }
+        nix::fcntl::renameat2(AT_FDCWD, &from, AT_FDCWD, &to, host).map_err(nix_errno)?;
+        if src_is_dir && self.lower_child(&ndir, newname)?.is_some() {
+            xattr::set(&to, OPAQUE_XATTR, b"y").map_err(errno)?;
+        }
+        self.table.update(src_ino, |n| {
+            n.parent = newparent;
+            n.name = newname.to_vec();
+        });
+        if let Some(d) = dst_ino {
+            self.table.update(d, |n| {
+                if n.upper.is_none() {
+                    n.deleted = true;
+                }
+            });
+        }
+        Ok(())
+    }
+
+    /// An upper file of `node` opened with `flags` (copying it up first when it would be
+    /// written).
+    pub fn open_upper(&self, node: &Node, flags: i32) -> Result<(Node, File), Errno> {
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        let node = if node.upper.is_none() && write {
+            let _r = self.ns.read().unwrap_or_else(|p| p.into_inner());
+            self.copy_up(node.ino, flags & libc::O_TRUNC != 0)?
+        } else {
+            node.clone()
+        };
+        let fd = node.upper.as_ref().ok_or(Errno::EIO)?;
+        let keep = libc::O_ACCMODE
+            | libc::O_APPEND
+            | libc::O_TRUNC
+            | libc::O_SYNC
+            | libc::O_DSYNC
+            | libc::O_DIRECT
+            | libc::O_NOATIME;
+        let f = fs::OpenOptions::new()
+            .read(flags & libc::O_ACCMODE != libc::O_WRONLY)
+            .write(flags & libc::O_ACCMODE != libc::O_RDONLY)
+            .custom_flags((flags & keep & !libc::O_ACCMODE) | libc::O_CLOEXEC)
+            .open(fd_path(fd.as_ref()))
+            .map_err(errno)?;
+        Ok((node, f))
+    }
+
+    /// The upper path reaching `node`'s object (it must have one).
+    pub fn upper_of(&self, node: &Node) -> Result<PathBuf, Errno> {
+        node.upper
+            .as_ref()
+            .map(|fd| fd_path(fd.as_ref()))
+            .ok_or(Errno::EIO)
+    }
+
+    /// The kind a `mknod` mode asks for.
+    pub fn special_kind(mode: u32) -> Result<FileType, Errno> {
+        Ok(match SFlag::from_bits_truncate(mode & libc::S_IFMT) {
+            SFlag::S_IFIFO => FileType::NamedPipe,
+            SFlag::S_IFCHR => FileType::CharDevice,
+            SFlag::S_IFBLK => FileType::BlockDevice,
+            SFlag::S_IFSOCK => FileType::Socket,
+            SFlag::S_IFREG => FileType::RegularFile,
+            _ => return Err(Errno::EINVAL),
+        })
+    }
+
+    /// Checks `path` is where the root's node says.
+    pub fn is_root(ino: u64) -> bool {
+        ino == ROOT_INO
+    }
+
+    /// `S_IF*` of a kind (for tests and mknod).
+    pub fn ifmt(kind: FileType) -> u32 {
+        sflag(kind).bits()
+    }
+
+    /// Whether `path` exists in the upper layer (tests).
+    #[cfg(test)]
+    pub fn in_upper(&self, rel: &[u8]) -> bool {
+        self.layers.upper_path(rel).symlink_metadata().is_ok()
+    }
+}
+
+/// The root of a workspace as a node: always in the upper layer.
+pub fn root_node(layers: &Layers, root_tree: TreeId) -> io::Result<Node> {
+    let up: &Path = &layers.upper;
+    Ok(Node {
+        ino: ROOT_INO,
+        kind: FileType::Directory,
+        parent: ROOT_INO,
+        name: Vec::new(),
+        lower: None,
+        lower_tree: (!is_opaque(up)).then_some(root_tree),
+        upper: Some(Arc::new(open_path(up)?)),
+        deleted: false,
+        lower_secs: 0,
+    })
+}

@@ -1,0 +1,142 @@
+//! `fuse`: the daemon serves the workspace itself (`crate::cow`): the snapshot from the
+//! store merged with a private upper directory in overlay's format, no kernel overlayfs
+//! needed. Only the daemon can keep a FUSE session alive, so `mount` asks it to
+//! (`mount_workspace` on the control socket) unless this process is the daemon. Diff and
+//! commit read the upper directory like the overlay materializer's.
+
+use std::path::{Path, PathBuf};
+
+use cowspace_store::diff::DiffEntry;
+use cowspace_store::{Editor, SnapshotId, Store};
+
+use crate::error::{Error, Result};
+use crate::materializer::{Materializer, MaterializerKind, unmount_path};
+use crate::registry::Record;
+
+/// The `lower_kind` of fuse workspaces: the daemon reads the snapshot from the store.
+pub const LOWER_KIND: &str = "store";
+
+/// The fuse materializer.
+pub struct Fuse;
+
+impl Fuse {
+    fn upper(rec: &Record) -> PathBuf {
+        rec.private_dir.join("upper")
+    }
+
+    /// The runtime root of a workspace (`<root>/workspaces/<id>`).
+    fn root_of(rec: &Record) -> Result<&Path> {
+        rec.private_dir
+            .parent()
+            .and_then(Path::parent)
+            .ok_or_else(|| Error::Invalid(format!("odd private dir {}", rec.private_dir.display())))
+    }
+}
+
+/// Turns a control-protocol error response into an error of the same kind.
+fn from_response(resp: &serde_json::Value) -> Error {
+    let kind = resp["error"]["kind"].as_str().unwrap_or("io");
+    let msg = resp["error"]["message"]
+        .as_str()
+        .unwrap_or("the daemon refused")
+        .to_string();
+    match kind {
+        "unsupported" => Error::Unsupported {
+            name: "fuse".into(),
+            why: msg,
+        },
+        "invalid_input" => Error::Invalid(msg),
+        "not_found" => Error::NoWorkspace(msg),
+        _ => Error::Daemon(format!("mount_workspace: {msg}")),
+    }
+}
+
+impl Materializer for Fuse {
+    fn kind(&self) -> MaterializerKind {
+        MaterializerKind::Fuse
+    }
+
+    fn probe(&self, _store: &Store) -> std::result::Result<(), String> {
+        if !Path::new("/dev/fuse").exists() {
+            return Err("the kernel has no /dev/fuse (modprobe fuse)".into());
+        }
+        if !nix::unistd::geteuid().is_root() {
+            return Err(
+                "serving fuse workspaces needs root (whiteouts are device nodes; unprivileged fuse workspaces are not built yet)"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn lower(
+        &self,
+        store: &Store,
+        _snapshot: &SnapshotId,
+        asked: Option<&str>,
+    ) -> Result<Option<(&'static str, PathBuf)>> {
+        match asked {
+            None | Some("auto") => {
+                // The daemon serves the snapshot: started now, before the workspace is
+                // recorded, so its start-up sweep never meets this create half-done.
+                if crate::cow::host().is_none() {
+                    crate::daemon::ensure_running(store.root())?;
+                }
+                Ok(Some((LOWER_KIND, store.root().join("store"))))
+            }
+            Some(other) => Err(Error::Invalid(format!(
+                "lower {other:?}: the fuse materializer reads the snapshot from the store itself (lower auto)"
+            ))),
+        }
+    }
+
+    fn mount(&self, rec: &Record) -> Result<()> {
+        if let Some(host) = crate::cow::host() {
+            return host.mount(rec);
+        }
+        let root = Self::root_of(rec)?;
+        crate::daemon::ensure_running(root)?;
+        let resp = crate::daemon::request(
+            root,
+            &serde_json::json!({"op": "mount_workspace", "args": {"workspace": rec.id}}),
+        )?;
+        if resp["ok"] != true {
+            return Err(from_response(&resp));
+        }
+        Ok(())
+    }
+
+    fn unmount(&self, rec: &Record, force: bool) -> Result<()> {
+        unmount_path(rec, force)?;
+        // The daemon lets go of the session (it ended with the mount).
+        if let Some(host) = crate::cow::host() {
+            host.unmount(&rec.id);
+        } else if let Ok(root) = Self::root_of(rec)
+            && crate::daemon::ping(root)
+        {
+            let _ = crate::daemon::request(
+                root,
+                &serde_json::json!({"op": "unmount_workspace", "args": {"workspace": rec.id}}),
+            );
+        }
+        Ok(())
+    }
+
+    fn is_mounted(&self, rec: &Record) -> Result<bool> {
+        // A mount whose daemon died is still in the table but answers ENOTCONN.
+        Ok(crate::mounts::is_mounted(&rec.path)? && nix::sys::statfs::statfs(&rec.path).is_ok())
+    }
+
+    fn diff(
+        &self,
+        store: &Store,
+        base: &SnapshotId,
+        rec: &Record,
+    ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
+        crate::upper::diff(store, base, &Self::upper(rec))
+    }
+
+    fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()> {
+        crate::upper::capture(ed, &Self::upper(rec))
+    }
+}
