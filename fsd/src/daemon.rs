@@ -68,50 +68,70 @@ pub fn fsd_program() -> PathBuf {
     PathBuf::from("fsd")
 }
 
+/// Whether a daemon process holds the root's lock (it may be starting or stopping
+/// without answering on the socket).
+pub fn lock_held(root: &Path) -> bool {
+    let path = root.join("run/fsd.lock");
+    match std::fs::File::open(&path) {
+        // The daemon holds an exclusive lock for its whole life; a shared one that cannot
+        // be taken means it is there. Ours is released when `f` is dropped.
+        Ok(f) => f.try_lock_shared().is_err(),
+        Err(_) => false,
+    }
+}
+
 /// Starts the daemon unless it already answers.
 pub fn ensure_running(root: &Path) -> Result<()> {
     if ping(root) {
         return Ok(());
     }
     let log = log_path(root);
-    let logf = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .map_err(Error::io("open", &log))?;
     let prog = fsd_program();
-    let mut child = Command::new(&prog)
-        .arg("--root")
-        .arg(root)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(logf))
-        .process_group(0)
-        .spawn()
-        .map_err(Error::io("start", &prog))?;
+    let spawn = || -> Result<std::process::Child> {
+        let logf = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(Error::io("open", &log))?;
+        Command::new(&prog)
+            .arg("--root")
+            .arg(root)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(logf))
+            .process_group(0)
+            .spawn()
+            .map_err(Error::io("start", &prog))
+    };
+    let mut child = Some(spawn()?);
     let deadline = Instant::now() + Duration::from_millis(DAEMON_START_TIMEOUT_MS);
-    let mut lost_race = false;
     while Instant::now() < deadline {
         if ping(root) {
             return Ok(());
         }
-        if !lost_race && let Ok(Some(status)) = child.try_wait() {
-            // Another daemon may have won the race to the socket.
-            if ping(root) {
-                return Ok(());
+        match &mut child {
+            Some(c) => {
+                if let Ok(Some(status)) = c.try_wait() {
+                    // Another daemon may have won the race to the socket.
+                    if ping(root) {
+                        return Ok(());
+                    }
+                    if status.code() != Some(EXIT_ANOTHER_DAEMON.into()) {
+                        return Err(Error::Daemon(format!(
+                            "{} exited with {status}; see {}",
+                            prog.display(),
+                            log.display()
+                        )));
+                    }
+                    // It holds the lock but does not answer yet: wait for it.
+                    child = None;
+                }
             }
-            // It holds the lock but does not answer yet: wait for it.
-            if status.code() == Some(EXIT_ANOTHER_DAEMON.into()) {
-                lost_race = true;
-                continue;
-            }
-            return Err(Error::Daemon(format!(
-                "{} exited with {status}; see {}",
-                prog.display(),
-                log.display()
-            )));
+            // The other daemon was stopping, not starting: the lock is free, start ours.
+            None if !lock_held(root) => child = Some(spawn()?),
+            None => {}
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
     }
     Err(Error::Daemon(format!(
         "{} did not answer within {DAEMON_START_TIMEOUT_MS} ms; see {}",
@@ -120,7 +140,7 @@ pub fn ensure_running(root: &Path) -> Result<()> {
     )))
 }
 
-/// Asks the daemon to stop; waits until its socket is gone.
+/// Asks the daemon to stop; waits until it has let go of the socket and the lock.
 pub fn stop(root: &Path, force: bool) -> Result<bool> {
     if !ping(root) {
         return Ok(false);
@@ -140,9 +160,11 @@ pub fn stop(root: &Path, force: bool) -> Result<bool> {
             _ => Error::Daemon(msg),
         });
     }
+    // Gone means the process has let go of the lock, not only of the socket: a daemon
+    // started right after this returns must not find the old one still there.
     let deadline = Instant::now() + Duration::from_millis(DAEMON_START_TIMEOUT_MS);
-    while Instant::now() < deadline && ping(root) {
-        std::thread::sleep(Duration::from_millis(20));
+    while Instant::now() < deadline && (ping(root) || lock_held(root)) {
+        std::thread::sleep(Duration::from_millis(5));
     }
     Ok(true)
 }

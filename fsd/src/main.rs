@@ -15,7 +15,7 @@ use clap::Parser;
 use cowspace_fsd::control::{Server, root_owner};
 use cowspace_fsd::daemon::socket_path;
 use cowspace_fsd::runtime::Runtime;
-use cowspace_fsd::view::{ViewMount, ViewOptions};
+use cowspace_fsd::view::{ReadMode, ViewMount, ViewOptions};
 use cowspace_fsd::{mounts, registry::Status};
 use cowspace_store::{Store, StoreConfig};
 
@@ -30,7 +30,12 @@ struct Args {
     /// $XDG_DATA_HOME/cowspace).
     #[arg(long, value_name = "DIR")]
     root: Option<PathBuf>,
-    /// Serve reads from the daemon instead of passing them through to blob-cache files.
+    /// How the view answers opens and reads: `cached` (no open requests; the kernel
+    /// keeps every file's pages, shared by all workspaces), `passthrough` (each open
+    /// answered with the blob-cache file; reads never reach the daemon) or `served`.
+    #[arg(long, default_value = "cached", value_parser = parse_read_mode)]
+    read_mode: ReadMode,
+    /// Never use FUSE passthrough (`--read-mode passthrough` then serves reads itself).
     #[arg(long)]
     no_passthrough: bool,
     /// FUSE request threads (0 = one per core).
@@ -58,6 +63,10 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+fn parse_read_mode(s: &str) -> std::result::Result<ReadMode, String> {
+    ReadMode::parse(s).ok_or_else(|| format!("{s:?}: choose cached, passthrough or served"))
 }
 
 /// Another daemon holds the root's lock (it may still be starting).
@@ -127,7 +136,10 @@ fn run(args: Args) -> Result<()> {
     let store = Arc::new(Store::open(&root, StoreConfig::default())?);
     let opts = ViewOptions {
         threads: args.threads,
-        passthrough: !args.no_passthrough,
+        read_mode: match args.read_mode {
+            ReadMode::Passthrough if args.no_passthrough => ReadMode::Served,
+            m => m,
+        },
         ..Default::default()
     };
     let host = cowspace_fsd::cow::install_host(Arc::clone(&store), !args.no_passthrough);
@@ -182,7 +194,12 @@ fn run(args: Args) -> Result<()> {
                 .collect()
         }),
     });
-    tracing::info!(root = %root.display(), passthrough = view.passthrough(), "fsd serving");
+    tracing::info!(
+        root = %root.display(),
+        read_mode = args.read_mode.as_str(),
+        passthrough = view.passthrough(),
+        "fsd serving"
+    );
     let served = Arc::clone(&server).serve(listener, owner);
     stop.store(true, Ordering::SeqCst);
     let _ = std::fs::remove_file(&sock);

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cowspace_fsd::view::{VIEW_TIME_SECS, ViewMount, ViewOptions};
+use cowspace_fsd::view::{ReadMode, VIEW_TIME_SECS, ViewMount, ViewOptions};
 use cowspace_store::{ImportOptions, SnapshotId, Store, StoreConfig};
 
 /// Whether this process may mount FUSE; says why not, or fails under CI.
@@ -369,7 +369,11 @@ fn passthrough_reads_bypass_the_daemon() {
     let snap = env.import(&src);
     let want = noise(3 << 20, 7);
 
-    let view = env.mount("pt", ViewOptions::default());
+    let pt = ViewOptions {
+        read_mode: ReadMode::Passthrough,
+        ..ViewOptions::default()
+    };
+    let view = env.mount("pt", pt);
     assert!(view.passthrough(), "this kernel offers FUSE passthrough");
     let p = view.mountpoint().join(snap.to_hex()).join("big.bin");
     assert!(fs::read(&p).unwrap() == want);
@@ -384,7 +388,7 @@ fn passthrough_reads_bypass_the_daemon() {
     assert!(s.passthrough_opens >= 3, "{s:?}");
 
     let opts = ViewOptions {
-        passthrough: false,
+        read_mode: ReadMode::Served,
         ..ViewOptions::default()
     };
     let plain = env.mount("plain", opts);
@@ -394,6 +398,40 @@ fn passthrough_reads_bypass_the_daemon() {
     let s = plain.stats();
     assert!(s.reads > 0 && s.read_bytes >= want.len() as u64, "{s:?}");
     assert_eq!(s.passthrough_opens, 0, "{s:?}");
+}
+
+#[test]
+fn cached_mode_asks_the_daemon_to_open_once_and_keeps_pages_across_opens() {
+    if !can_run() {
+        return;
+    }
+    let env = Env::new();
+    let src = env.dir("src");
+    varied_tree(&src);
+    let snap = env.import(&src);
+    let want = noise(3 << 20, 7);
+
+    let view = env.mount("cached", ViewOptions::default());
+    assert!(!view.passthrough(), "{:?}", view.stats());
+    let top = view.mountpoint().join(snap.to_hex());
+    let ids = identities(&top);
+    // Every file opened and read, twice: one open request in all (answered "not
+    // implemented", which the kernel remembers for the connection).
+    for _ in 0..2 {
+        for p in ids.keys().filter(|p| top.join(p).is_file()) {
+            fs::read(top.join(p)).unwrap();
+        }
+    }
+    assert!(fs::read(top.join("big.bin")).unwrap() == want);
+    let s = view.stats();
+    assert_eq!(s.opens, 1, "{s:?}");
+    assert!(s.reads > 0 && s.read_bytes >= want.len() as u64, "{s:?}");
+    // The pages stay cached across opens: reading again asks the daemon for nothing.
+    fs::read(top.join("big.bin")).unwrap();
+    assert_eq!(view.stats().reads, s.reads, "{:?}", view.stats());
+    // Listings too are served by inode, without directory handles.
+    let again = identities(&top);
+    assert_eq!(ids, again);
 }
 
 #[test]
@@ -528,14 +566,21 @@ fn read_speed_of_a_100_mib_file() {
     let src = env.dir("src");
     fs::write(src.join("big.bin"), noise(100 * MIB, 3)).unwrap();
     let snap = env.import(&src);
-    let pt = env.mount("pt", ViewOptions::default());
-    let plain = env.mount(
-        "plain",
+    let pt = env.mount(
+        "pt",
         ViewOptions {
-            passthrough: false,
+            read_mode: ReadMode::Passthrough,
             ..ViewOptions::default()
         },
     );
+    let plain = env.mount(
+        "plain",
+        ViewOptions {
+            read_mode: ReadMode::Served,
+            ..ViewOptions::default()
+        },
+    );
+    let cached = env.mount("cached", ViewOptions::default());
     let pt_file = pt.mountpoint().join(snap.to_hex()).join("big.bin");
     let t = Instant::now();
     drop(fs::File::open(&pt_file).unwrap());
@@ -562,6 +607,10 @@ fn read_speed_of_a_100_mib_file() {
         (
             "view, daemon reads",
             plain.mountpoint().join(snap.to_hex()).join("big.bin"),
+        ),
+        (
+            "view, cached (no opens)",
+            cached.mountpoint().join(snap.to_hex()).join("big.bin"),
         ),
         (
             "overlay over view (passthrough)",

@@ -14,11 +14,12 @@ use std::time::{Duration, SystemTime};
 use cowspace_store::Tree;
 use fuser::{
     AccessFlags, BackingId, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags, ReplyAttr,
-    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyIoctl, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
+use super::ReadMode;
 use super::core::{VIEW_BLKSIZE_BYTES, ViewCore};
 use super::inode::{Node, NodeKind};
 
@@ -39,18 +40,15 @@ enum OpenFile {
     Plain(Arc<File>),
 }
 
-/// An open directory: the node and (for snapshot directories) its tree, decoded once so
-/// offsets stay stable for the whole listing.
-struct OpenDir {
-    node: Arc<Node>,
-    tree: Option<Arc<Tree>>,
-}
+/// Blob-cache files kept open for [`ReadMode::Cached`] reads, which carry no handle.
+const OPEN_BLOBS_MAX: usize = 256;
 
 #[derive(Default)]
 struct Handles {
     next: AtomicU64,
     files: Mutex<HashMap<u64, OpenFile>>,
-    dirs: Mutex<HashMap<u64, OpenDir>>,
+    /// By inode, for reads without a handle ([`ReadMode::Cached`]); cleared when full.
+    blobs: Mutex<HashMap<u64, Arc<File>>>,
     /// One `BackingId` per inode while it has live passthrough opens (the kernel refuses
     /// two different backing files for one inode).
     backing: Mutex<HashMap<u64, Weak<BackingId>>>,
@@ -71,16 +69,46 @@ impl Handles {
 pub struct ViewFs {
     core: Arc<ViewCore>,
     handles: Handles,
-    want_passthrough: bool,
+    mode: ReadMode,
 }
 
 impl ViewFs {
-    pub fn new(core: Arc<ViewCore>, want_passthrough: bool) -> ViewFs {
+    pub fn new(core: Arc<ViewCore>, mode: ReadMode) -> ViewFs {
         ViewFs {
             core,
             handles: Handles::default(),
-            want_passthrough,
+            mode,
         }
+    }
+
+    /// The blob-cache file of a file node, for a read that came without a handle.
+    fn blob_of(&self, ino: u64) -> Result<Arc<File>, Errno> {
+        if let Some(f) = lock(&self.handles.blobs).get(&ino) {
+            return Ok(Arc::clone(f));
+        }
+        let node = self.core.node(ino)?;
+        let NodeKind::File { content } = &node.kind else {
+            return Err(Errno::EISDIR);
+        };
+        let f = Arc::new(self.core.open_blob(content)?);
+        let mut blobs = lock(&self.handles.blobs);
+        if blobs.len() >= OPEN_BLOBS_MAX {
+            blobs.clear();
+        }
+        blobs.insert(ino, Arc::clone(&f));
+        Ok(f)
+    }
+
+    /// A directory node and its tree (none for the mount root, which lists nothing).
+    /// Trees never change, so every call lists the same entries at the same offsets.
+    fn listing(&self, ino: u64) -> Result<(Arc<Node>, Option<Arc<Tree>>), Errno> {
+        let node = self.core.node(ino)?;
+        let tree = match &node.kind {
+            NodeKind::Root => None,
+            NodeKind::Dir { .. } => Some(self.core.tree(&node)?),
+            _ => return Err(Errno::ENOTDIR),
+        };
+        Ok((node, tree))
     }
 
     fn passthrough(&self) -> bool {
@@ -120,7 +148,7 @@ impl Filesystem for ViewFs {
         ] {
             let _ = config.add_capabilities(cap);
         }
-        if self.want_passthrough {
+        if self.mode == ReadMode::Passthrough {
             match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
                 Ok(()) => {
                     // Depth 1: backing files live on a plain filesystem, and kernel
@@ -184,11 +212,17 @@ impl Filesystem for ViewFs {
             NodeKind::Root | NodeKind::Dir { .. } => return reply.error(Errno::EISDIR),
             _ => return reply.error(Errno::EINVAL),
         };
+        self.core.counters.opens.fetch_add(1, Ordering::Relaxed);
+        if self.mode == ReadMode::Cached {
+            // "Not implemented": from now on the kernel opens and closes the view's files
+            // without asking, and keeps their pages cached between opens (its default
+            // for such opens). This open goes on the same way.
+            return reply.error(Errno::ENOSYS);
+        }
         let file = match self.core.open_blob(&content) {
             Ok(f) => f,
             Err(e) => return reply.error(e),
         };
-        self.core.counters.opens.fetch_add(1, Ordering::Relaxed);
         let fh = self.handles.next();
         if self.passthrough() {
             match self.open_passthrough(node.ino, &file, &reply) {
@@ -222,7 +256,7 @@ impl Filesystem for ViewFs {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -231,9 +265,19 @@ impl Filesystem for ViewFs {
         reply: ReplyData,
     ) {
         self.core.counters.reads.fetch_add(1, Ordering::Relaxed);
-        let file = match lock(&self.handles.files).get(&fh.0) {
-            Some(OpenFile::Plain(f)) => Arc::clone(f),
-            Some(OpenFile::Backed(_)) | None => return reply.error(Errno::EBADF),
+        let held = match lock(&self.handles.files).get(&fh.0) {
+            Some(OpenFile::Plain(f)) => Some(Arc::clone(f)),
+            Some(OpenFile::Backed(_)) => return reply.error(Errno::EBADF),
+            None => None,
+        };
+        let file = match held {
+            Some(f) => f,
+            // Opens carry no handle in `Cached` mode.
+            None if fh.0 == 0 => match self.blob_of(ino.0) {
+                Ok(f) => f,
+                Err(e) => return reply.error(e),
+            },
+            None => return reply.error(Errno::EBADF),
         };
         let mut buf = vec![0u8; size.min(MAX_READ_BYTES) as usize];
         let mut n = 0;
@@ -281,7 +325,9 @@ impl Filesystem for ViewFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        // Nothing to flush in a read-only view: "not implemented" stops the kernel from
+        // sending a flush at every close.
+        reply.error(Errno::ENOSYS);
     }
 
     fn fsync(
@@ -295,41 +341,23 @@ impl Filesystem for ViewFs {
         reply.ok();
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let node = match self.core.node(ino.0) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        let (tree, flags) = match &node.kind {
-            // The mount root's listing is not cached: it lists nothing anyway.
-            NodeKind::Root => (None, FopenFlags::empty()),
-            NodeKind::Dir { .. } => match self.core.tree(&node) {
-                Ok(t) => (
-                    Some(t),
-                    FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
-                ),
-                Err(e) => return reply.error(e),
-            },
-            _ => return reply.error(Errno::ENOTDIR),
-        };
-        let fh = self.handles.next();
-        lock(&self.handles.dirs).insert(fh, OpenDir { node, tree });
-        reply.opened(FileHandle(fh), flags);
+    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // "Not implemented": the kernel then opens directories without asking and caches
+        // their listings (its default for such opens); listings are found by inode.
+        reply.error(Errno::ENOSYS);
     }
 
     fn readdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
+        ino: INodeNo,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let Some((node, tree)) = lock(&self.handles.dirs)
-            .get(&fh.0)
-            .map(|d| (Arc::clone(&d.node), d.tree.clone()))
-        else {
-            return reply.error(Errno::EBADF);
+        let (node, tree) = match self.listing(ino.0) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
         };
         // Index 0 is ".", 1 is "..", 2.. the tree's entries; an entry's offset is the
         // index of the next one.
@@ -359,16 +387,14 @@ impl Filesystem for ViewFs {
     fn readdirplus(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
+        ino: INodeNo,
+        _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let Some((node, tree)) = lock(&self.handles.dirs)
-            .get(&fh.0)
-            .map(|d| (Arc::clone(&d.node), d.tree.clone()))
-        else {
-            return reply.error(Errno::EBADF);
+        let (node, tree) = match self.listing(ino.0) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
         };
         let entries = tree.as_ref().map_or(&[][..], |t| &t.entries[..]);
         let dir_attr = self.core.attr(&node);
@@ -417,18 +443,6 @@ impl Filesystem for ViewFs {
             }
             added_any = true;
         }
-        reply.ok();
-    }
-
-    fn releasedir(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        fh: FileHandle,
-        _flags: OpenFlags,
-        reply: ReplyEmpty,
-    ) {
-        lock(&self.handles.dirs).remove(&fh.0);
         reply.ok();
     }
 
@@ -630,6 +644,22 @@ impl Filesystem for ViewFs {
         reply: ReplyEmpty,
     ) {
         reply.error(Errno::EROFS);
+    }
+
+    /// No ioctls: answered without the default's per-call warning (programs probe every
+    /// file they open — Python asks `isatty` — and a log line each cost more than the read).
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
     }
 }
 

@@ -102,13 +102,48 @@ pub const VIEW_FSNAME: &str = "cowspace";
 /// File system subtype shown in the mount table (`fuse.cowspace-view`).
 pub const VIEW_SUBTYPE: &str = "cowspace-view";
 
+/// How the view answers opens and reads of files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReadMode {
+    /// No open requests: the first open is answered "not implemented", after which the
+    /// kernel opens and closes every file of the view without asking the daemon and
+    /// keeps each file's pages cached between opens. Reads reach the daemon only to fill
+    /// that cache, which all workspaces of a snapshot share. The default: a warm read of
+    /// many small files costs no round trip at all (docs/BENCHMARKS.md has the figures).
+    #[default]
+    Cached,
+    /// Opens answered with a FUSE passthrough backing file (the blob-cache file): reads
+    /// never reach the daemon, but every open and close is a round trip. Where the
+    /// kernel has no passthrough, behaves as [`ReadMode::Served`].
+    Passthrough,
+    /// Opens answered with a handle; the daemon serves reads from the blob-cache file and
+    /// the kernel keeps the pages cached.
+    Served,
+}
+
+impl ReadMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReadMode::Cached => "cached",
+            ReadMode::Passthrough => "passthrough",
+            ReadMode::Served => "served",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ReadMode> {
+        [ReadMode::Cached, ReadMode::Passthrough, ReadMode::Served]
+            .into_iter()
+            .find(|m| m.as_str() == s)
+    }
+}
+
 /// How to serve the view.
 #[derive(Debug, Clone)]
 pub struct ViewOptions {
     /// Request threads, each with its own `/dev/fuse` clone (0 = one per core).
     pub threads: usize,
-    /// Pass reads through to blob-cache files when the kernel supports it.
-    pub passthrough: bool,
+    /// How opens and reads of files are answered.
+    pub read_mode: ReadMode,
     /// Owner shown for every entry (default: the owner of the runtime root).
     pub uid: Option<u32>,
     pub gid: Option<u32>,
@@ -118,7 +153,7 @@ impl Default for ViewOptions {
     fn default() -> Self {
         ViewOptions {
             threads: 0,
-            passthrough: true,
+            read_mode: ReadMode::default(),
             uid: None,
             gid: None,
         }
@@ -216,7 +251,7 @@ impl ViewMount {
             n => n,
         };
         let core = Arc::new(ViewCore::new(store, uid, gid));
-        let fs = ViewFs::new(Arc::clone(&core), opts.passthrough);
+        let fs = ViewFs::new(Arc::clone(&core), opts.read_mode);
         let mut config = Config::default();
         config.mount_options = vec![
             MountOption::RO,
@@ -238,6 +273,7 @@ impl ViewMount {
         tracing::info!(
             mountpoint = %mountpoint.display(),
             threads,
+            read_mode = opts.read_mode.as_str(),
             passthrough = core.counters.passthrough.load(Ordering::Relaxed),
             "snapshot view mounted"
         );
