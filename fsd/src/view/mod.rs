@@ -138,7 +138,7 @@ impl ReadMode {
 }
 
 /// How to serve the view.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct ViewOptions {
     /// Request threads, each with its own `/dev/fuse` clone (0 = one per core).
     pub threads: usize,
@@ -147,17 +147,6 @@ pub struct ViewOptions {
     /// Owner shown for every entry (default: the owner of the runtime root).
     pub uid: Option<u32>,
     pub gid: Option<u32>,
-}
-
-impl Default for ViewOptions {
-    fn default() -> Self {
-        ViewOptions {
-            threads: 0,
-            read_mode: ReadMode::default(),
-            uid: None,
-            gid: None,
-        }
-    }
 }
 
 /// What can go wrong mounting or unmounting the view.
