@@ -259,11 +259,12 @@ fn random_operations_match_a_plain_directory() {
         let model = tmp.path().join(format!("model-{n}"));
         copy_tree(&base, &model).unwrap();
         // The same operations in a workspace of every materializer that works on a plain
-        // local filesystem: overlay on the view, overlay on a checkout, and copy.
+        // local filesystem: overlay on the view, overlay on a checkout, copy, and fuse.
         let kinds = [
             ("overlay", "view"),
             ("overlay", "checkout"),
             ("copy", "auto"),
+            ("fuse", "auto"),
         ];
         let mut workspaces = Vec::new();
         for (mat, lower) in kinds {

@@ -1,6 +1,7 @@
-//! The daemon killed (`kill -9`) while a worker writes into a view workspace: `sweep`
-//! marks the view workspaces `stopped`, `recover` brings each back with everything that
-//! had been written, and removing them leaves nothing behind.
+//! The daemon killed (`kill -9`) while a worker writes into a workspace it serves (overlay
+//! over the view, or a fuse workspace, which the daemon serves whole): `sweep` marks the
+//! workspaces `stopped`, `recover` brings each back with everything that had been written,
+//! and removing them leaves nothing behind.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -37,12 +38,23 @@ fn start_writer(dir: &Path) -> KillOnDrop {
 #[test]
 fn daemon_killed_during_writes_workspaces_recover_with_their_data() {
     require_root!();
+    crash_and_recover(&["--lower", "view"]);
+}
+
+#[test]
+fn daemon_killed_during_writes_fuse_workspaces_recover_with_their_data() {
+    require_root!();
+    crash_and_recover(&["--materializer", "fuse"]);
+}
+
+/// Three workspaces made with `create_flags`, the daemon killed while one is written.
+fn crash_and_recover(create_flags: &[&str]) {
     let r = WsRoot::new();
     let src = r.t.path("src");
     base_tree(&src);
     let base = r.import(&src, &[]);
     let wss: Vec<_> = (0..3)
-        .map(|_| r.create(&base, &["--lower", "view"]))
+        .map(|_| r.create(&base, create_flags))
         .collect();
     // Data written (and closed) in the quiet workspaces before the crash.
     for (n, ws) in wss.iter().enumerate() {
