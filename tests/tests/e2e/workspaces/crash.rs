@@ -53,9 +53,7 @@ fn crash_and_recover(create_flags: &[&str]) {
     let src = r.t.path("src");
     base_tree(&src);
     let base = r.import(&src, &[]);
-    let wss: Vec<_> = (0..3)
-        .map(|_| r.create(&base, create_flags))
-        .collect();
+    let wss: Vec<_> = (0..3).map(|_| r.create(&base, create_flags)).collect();
     // Data written (and closed) in the quiet workspaces before the crash.
     for (n, ws) in wss.iter().enumerate() {
         std::fs::write(ws.path.join(format!("before-{n}.txt")), format!("ws {n}\n")).unwrap();
