@@ -802,6 +802,26 @@ fn overlay_targets(ctx: &mut Ctx, src: &Path) {
     }
 }
 
+/// `fuse`: a workspace the daemon serves itself, in a root on the scratch directory.
+fn fuse_target(ctx: &mut Ctx, src: &Path) {
+    if !ctx.wanted("fuse") {
+        return;
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return ctx.unavailable(&["fuse"], "no /dev/fuse");
+    }
+    let result = (|| -> Result<(), String> {
+        let mut root = Root::init(ctx.scratch.join("root-fuse"), &ctx.scratch)?;
+        root.import(src)?;
+        let ws = root.create(&["--materializer", "fuse", "--name", "fuse"])?;
+        ctx.measure("fuse", &ws);
+        Ok(())
+    })();
+    if let Err(e) = result {
+        ctx.setup_failed(&["fuse"], &e);
+    }
+}
+
 /// `reference-<fs>` and the given materializers on a loop filesystem of `kind`.
 fn loop_targets(ctx: &mut Ctx, src: &Path, kind: &str, materializers: &[&str]) {
     let reference = format!("reference-{kind}");
@@ -896,6 +916,7 @@ fn pjdfstest_per_materializer() {
     let start = Instant::now();
     plain_targets(&mut ctx);
     overlay_targets(&mut ctx, &src);
+    fuse_target(&mut ctx, &src);
     loop_targets(&mut ctx, &src, "btrfs", &["btrfs"]);
     loop_targets(&mut ctx, &src, "xfs", &["reflink", "copy"]);
     let elapsed = start.elapsed().as_secs_f64();
