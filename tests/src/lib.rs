@@ -13,6 +13,9 @@ use std::process::{Command, Output};
 use serde_json::Value;
 use tempfile::TempDir;
 
+pub mod mounts;
+pub use mounts::{LoopFs, LoopKind, fsd_pids_of, mounts_under, run_checked, unmount};
+
 /// A binary of the workspace (`mountctl`, `fsd`, ...), found in the target directory this
 /// test executable was built into: `target/<profile>/deps/e2e-<hash>` →
 /// `target/<profile>/<name>`.
@@ -146,17 +149,28 @@ pub struct TestRoot {
 impl TestRoot {
     /// A fresh temporary directory with a root path in it that is not initialised.
     pub fn uninitialised() -> TestRoot {
+        TestRoot::uninitialised_in(&std::env::temp_dir())
+    }
+
+    /// Like [`TestRoot::uninitialised`], with the temporary directory under `parent`
+    /// (a loop filesystem, say).
+    pub fn uninitialised_in(parent: &Path) -> TestRoot {
         let tmp = tempfile::Builder::new()
             .prefix("cowspace-e2e-")
-            .tempdir()
-            .expect("a temporary directory");
+            .tempdir_in(parent)
+            .unwrap_or_else(|e| panic!("a temporary directory in {}: {e}", parent.display()));
         let root = tmp.path().join("root");
         TestRoot { tmp, root }
     }
 
     /// A fresh, initialised runtime root.
     pub fn new() -> TestRoot {
-        let r = TestRoot::uninitialised();
+        TestRoot::new_in(&std::env::temp_dir())
+    }
+
+    /// A fresh, initialised runtime root in a temporary directory under `parent`.
+    pub fn new_in(parent: &Path) -> TestRoot {
+        let r = TestRoot::uninitialised_in(parent);
         r.run(["init"]).ok();
         r
     }

@@ -29,7 +29,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cowspace_tests::{Out, mountctl_bin, run_program};
+use cowspace_tests::{
+    LoopFs, LoopKind, Out, fsd_pids_of, mountctl_bin, mounts_under, run_checked, run_program,
+    unmount,
+};
 use serde_json::{Value, json};
 
 /// The pjdfstest release the baseline was recorded with.
@@ -222,112 +225,10 @@ fn prerequisites() -> Result<PathBuf, String> {
     Ok(bin)
 }
 
-/// Runs `program args` and gives its trimmed stdout, or the failure.
-fn cmd(program: &str, args: &[&OsStr]) -> Result<String, String> {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{program} {:?} failed ({}): {}",
-            args,
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
-
 fn mkdir_755(p: &Path) {
     fs::create_dir_all(p).unwrap_or_else(|e| panic!("mkdir {}: {e}", p.display()));
     fs::set_permissions(p, fs::Permissions::from_mode(0o755))
         .unwrap_or_else(|e| panic!("chmod {}: {e}", p.display()));
-}
-
-/// Unescapes a mountinfo field (`\ooo` octal escapes).
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 4 <= b.len()
-            && let Some(v) = std::str::from_utf8(&b[i + 1..i + 4])
-                .ok()
-                .and_then(|o| u8::from_str_radix(o, 8).ok())
-        {
-            out.push(v);
-            i += 4;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Mount points at or under `dir`, deepest first.
-fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let mut v: Vec<PathBuf> = text
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|t| PathBuf::from(unescape(t)))
-        .filter(|t| t.starts_with(dir))
-        .collect();
-    v.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    v.dedup();
-    v
-}
-
-/// Unmounts `target`, waiting up to five seconds while it is busy (a daemon that was just
-/// told to stop may still be exiting), then detaches it lazily.
-fn unmount(target: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let ok = Command::new("umount")
-            .arg(target)
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if ok || !mounts_under(target).contains(&target.to_path_buf()) {
-            return;
-        }
-        if Instant::now() > deadline {
-            let _ = Command::new("umount").arg("-l").arg(target).status();
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// Pids of running `fsd` processes whose command line names `--root ROOT`.
-fn fsd_pids_of(root: &Path) -> Vec<u32> {
-    let mut pids = Vec::new();
-    let Ok(rd) = fs::read_dir("/proc") else {
-        return pids;
-    };
-    for e in rd.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        let is_fsd = args.first().is_some_and(|a0| {
-            Path::new(OsStr::new(std::str::from_utf8(a0).unwrap_or(""))).file_name()
-                == Some(OsStr::new("fsd"))
-        });
-        let names_root = args.windows(2).any(|w| {
-            w[0] == b"--root" && Path::new(std::str::from_utf8(w[1]).unwrap_or("")) == root
-        });
-        if is_fsd && names_root {
-            pids.push(pid);
-        }
-    }
-    pids
 }
 
 /// A mount made here (the reference overlay); unmounted on drop.
@@ -336,79 +237,6 @@ struct Mounted(PathBuf);
 impl Drop for Mounted {
     fn drop(&mut self) {
         unmount(&self.0);
-    }
-}
-
-/// A btrfs or xfs (reflink=1) filesystem on a loop file, mounted at `mnt`. Dropping it
-/// unmounts it and detaches the loop device; the image goes with the scratch directory.
-struct LoopFs {
-    mnt: PathBuf,
-    dev: Option<String>,
-}
-
-impl LoopFs {
-    fn new(scratch: &Path, kind: &str) -> Result<LoopFs, String> {
-        let mkfs = match kind {
-            "btrfs" => "mkfs.btrfs",
-            _ => "mkfs.xfs",
-        };
-        if Command::new(mkfs).arg("-V").output().is_err() {
-            return Err(format!(
-                "{mkfs} is not installed (scripts/setup.sh installs it)"
-            ));
-        }
-        let dir = scratch.join(kind);
-        let mnt = dir.join("mnt");
-        mkdir_755(&mnt);
-        let image = dir.join("image");
-        cmd(
-            "truncate",
-            &[OsStr::new("-s"), OsStr::new("512M"), image.as_os_str()],
-        )?;
-        match kind {
-            "btrfs" => cmd(mkfs, &[OsStr::new("-q"), image.as_os_str()])?,
-            _ => cmd(
-                mkfs,
-                &[
-                    OsStr::new("-q"),
-                    OsStr::new("-m"),
-                    OsStr::new("reflink=1"),
-                    image.as_os_str(),
-                ],
-            )?,
-        };
-        let dev = cmd(
-            "losetup",
-            &[OsStr::new("-f"), OsStr::new("--show"), image.as_os_str()],
-        )?;
-        let mut me = LoopFs {
-            mnt: mnt.clone(),
-            dev: Some(dev.clone()),
-        };
-        if let Err(e) = cmd("mount", &[OsStr::new(&dev), mnt.as_os_str()]) {
-            // Drop detaches the device; nothing is mounted.
-            me.mnt = PathBuf::new();
-            return Err(e);
-        }
-        fs::set_permissions(&mnt, fs::Permissions::from_mode(0o755))
-            .map_err(|e| format!("chmod {}: {e}", mnt.display()))?;
-        Ok(me)
-    }
-}
-
-impl Drop for LoopFs {
-    fn drop(&mut self) {
-        if !self.mnt.as_os_str().is_empty() {
-            for m in mounts_under(&self.mnt) {
-                unmount(&m);
-            }
-        }
-        if let Some(dev) = self.dev.take() {
-            let _ = Command::new("losetup")
-                .args(["-d", &dev])
-                .stderr(Stdio::null())
-                .status();
-        }
     }
 }
 
@@ -748,7 +576,7 @@ fn plain_targets(ctx: &mut Ctx) {
         base.join("work").display()
     );
     let mnt = base.join("mnt");
-    match cmd(
+    match run_checked(
         "mount",
         &[
             OsStr::new("-t"),
@@ -823,23 +651,26 @@ fn fuse_target(ctx: &mut Ctx, src: &Path) {
 }
 
 /// `reference-<fs>` and the given materializers on a loop filesystem of `kind`.
-fn loop_targets(ctx: &mut Ctx, src: &Path, kind: &str, materializers: &[&str]) {
-    let reference = format!("reference-{kind}");
+fn loop_targets(ctx: &mut Ctx, src: &Path, kind: LoopKind, materializers: &[&str]) {
+    let kind_name = kind.name();
+    let reference = format!("reference-{kind_name}");
     let mut names = vec![reference.as_str()];
     names.extend_from_slice(materializers);
     if !ctx.wanted_any(&names) {
         return;
     }
-    let lfs = match LoopFs::new(&ctx.scratch, kind) {
+    let lfs = match LoopFs::new_in(&ctx.scratch, kind) {
         Ok(f) => f,
-        Err(e) => return ctx.unavailable(&names, &format!("a {kind} loop filesystem: {e}")),
+        Err(e) => {
+            return ctx.unavailable(&names, &format!("a {kind_name} loop filesystem: {e}"));
+        }
     };
-    let plain = lfs.mnt.join("plain");
+    let plain = lfs.mnt().join("plain");
     mkdir_755(&plain);
     ctx.measure(&reference, &plain);
     let result = (|| -> Result<(), String> {
         // Dropped (workspaces removed, daemon stopped) before `lfs` is unmounted.
-        let mut root = Root::init(lfs.mnt.join("root"), &ctx.scratch)?;
+        let mut root = Root::init(lfs.mnt().join("root"), &ctx.scratch)?;
         root.import(src)?;
         for m in materializers {
             if ctx.wanted(m) {
@@ -917,8 +748,8 @@ fn pjdfstest_per_materializer() {
     plain_targets(&mut ctx);
     overlay_targets(&mut ctx, &src);
     fuse_target(&mut ctx, &src);
-    loop_targets(&mut ctx, &src, "btrfs", &["btrfs"]);
-    loop_targets(&mut ctx, &src, "xfs", &["reflink", "copy"]);
+    loop_targets(&mut ctx, &src, LoopKind::Btrfs, &["btrfs"]);
+    loop_targets(&mut ctx, &src, LoopKind::Xfs, &["reflink", "copy"]);
     let elapsed = start.elapsed().as_secs_f64();
 
     // The table, then the verdict.

@@ -1,14 +1,17 @@
 //! Workspaces end to end, as root with real mounts: the twelve-workload acceptance suite
-//! (each workload on a plain directory, then in workspaces over both lowers, committed and
-//! checked in a fresh workspace of the new snapshot), a daemon killed during writes,
-//! 32 concurrent workspaces, bad input, the cost of a new workspace, and the Python
-//! client of the control socket (`docs/examples/cowspace_client.py`).
+//! (each workload on a plain directory, then in a workspace of every materializer —
+//! overlay over both lowers, copy, reflink on an xfs loop filesystem, btrfs on a btrfs
+//! one — committed and checked in a fresh workspace of the new snapshot, every
+//! materializer committing the same tree and listing the same diff), a daemon killed
+//! during writes, 32 concurrent workspaces, bad input, the cost of a new workspace, and
+//! the Python client of the control socket (`docs/examples/cowspace_client.py`).
 //!
 //! Skips with a reason when not root; fails under `CI=true`. Every test uses its own
 //! runtime root whose guard ([`support::WsRoot`]) leaves no mount, daemon or directory
 //! behind even when an assertion fails.
 //!
-//! Needs on the host: `git`, `gcc`, `make`, `python3`, coreutils, `/dev/fuse`.
+//! Needs on the host: `git`, `gcc`, `make`, `python3`, coreutils, `/dev/fuse`, loop
+//! devices (`losetup`), `mkfs.btrfs` and `mkfs.xfs`.
 //!
 //! Run: `cargo build --workspace && cargo test -p cowspace-tests --test e2e workspaces`.
 

@@ -1,205 +1,28 @@
-//! The twelve-workload acceptance suite.
+//! The twelve-workload acceptance suite, on every materializer.
 //!
 //! Each workload is a function that changes a directory and a verifier that checks,
 //! independently, what the result must hold (names, kinds, sizes, modes, contents, link
-//! targets, hard-link groups). For every workload:
-//! 1. it runs on a plain directory (an export of the base snapshot): the verifier must
-//!    accept that result and reject the untouched base (so it proves something);
-//! 2. for each lower (`checkout`, `view`): it runs in a fresh workspace of the base,
-//!    which must then show exactly what the plain directory shows; the workspace is
-//!    committed; a fresh workspace of the new snapshot must pass the verifier and hold
-//!    exactly the plain directory's tree — nothing more, nothing less.
+//! targets, hard-link groups). [`protocol::run`] takes every workload through the same
+//! steps: on a plain directory first (the verifier must accept that result and reject the
+//! untouched base, so it proves something), then in a workspace of every materializer
+//! target ([`protocol::TARGETS`]: overlay over a checkout and over the view, copy, reflink
+//! on xfs, btrfs), which must show exactly what the plain directory shows, whose diff and
+//! commit are checked, and whose commit, opened in a fresh workspace, passes the verifier.
+//! Last, every target must have committed the same tree and listed the same diff.
+
+mod check;
+mod protocol;
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt, symlink};
+use std::os::unix::fs::{FileExt, PermissionsExt, symlink};
 use std::path::Path;
 
-use cowspace_tests::{Node, assert_same_listing, noise, scan_tree, write_file};
+use cowspace_tests::{Node, noise, scan_tree, write_file};
 
-use super::support::{WsRoot, require_root, sh};
-use super::{base_tree, listing};
-
-/// What a workload starts from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Base {
-    /// [`base_tree`].
-    Standard,
-    /// A git repository with its `.git`, imported with `--no-default-excludes`.
-    Git,
-}
-
-struct Workload {
-    name: &'static str,
-    base: Base,
-    apply: fn(&Path),
-    verify: fn(&Path) -> Vec<String>,
-    /// Files whose bytes differ between two correct runs (checked for kind and mode only).
-    unstable: &'static [&'static str],
-}
-
-/// Collects verifier findings.
-#[derive(Default)]
-struct Check(Vec<String>);
-
-impl Check {
-    fn file(&mut self, dir: &Path, rel: &str, content: &[u8], mode: u32) {
-        let p = dir.join(rel);
-        match fs::symlink_metadata(&p) {
-            Ok(m) if m.file_type().is_file() => {
-                if m.permissions().mode() & 0o7777 != mode {
-                    self.0.push(format!(
-                        "{rel}: mode {:o}, expected {mode:o}",
-                        m.permissions().mode() & 0o7777
-                    ));
-                }
-                if m.len() != content.len() as u64 {
-                    self.0.push(format!(
-                        "{rel}: size {}, expected {}",
-                        m.len(),
-                        content.len()
-                    ));
-                } else if fs::read(&p).map(|c| c != content).unwrap_or(true) {
-                    self.0.push(format!("{rel}: content differs"));
-                }
-            }
-            Ok(m) => self
-                .0
-                .push(format!("{rel}: a {:?}, expected a file", m.file_type())),
-            Err(e) => self.0.push(format!("{rel}: {e}")),
-        }
-    }
-    fn text(&mut self, dir: &Path, rel: &str, content: &str) {
-        self.file(dir, rel, content.as_bytes(), 0o644);
-    }
-    fn dir(&mut self, dir: &Path, rel: &str, mode: u32) {
-        match fs::symlink_metadata(dir.join(rel)) {
-            Ok(m) if m.is_dir() => {
-                if m.permissions().mode() & 0o7777 != mode {
-                    self.0.push(format!(
-                        "{rel}: mode {:o}, expected {mode:o}",
-                        m.permissions().mode() & 0o7777
-                    ));
-                }
-            }
-            Ok(_) => self.0.push(format!("{rel}: not a directory")),
-            Err(e) => self.0.push(format!("{rel}: {e}")),
-        }
-    }
-    fn symlink(&mut self, dir: &Path, rel: &str, target: &str) {
-        match fs::read_link(dir.join(rel)) {
-            Ok(t) if t == Path::new(target) => {}
-            Ok(t) => self
-                .0
-                .push(format!("{rel}: points to {t:?}, expected {target:?}")),
-            Err(e) => self.0.push(format!("{rel}: not a symlink: {e}")),
-        }
-    }
-    fn absent(&mut self, dir: &Path, rel: &str) {
-        if fs::symlink_metadata(dir.join(rel)).is_ok() {
-            self.0.push(format!("{rel}: exists, expected nothing"));
-        }
-    }
-    /// The names form exactly one hard-link group (same inode), separate from `others`.
-    fn linked(&mut self, dir: &Path, names: &[&str]) {
-        let inos: Vec<_> = names
-            .iter()
-            .map(|n| {
-                fs::symlink_metadata(dir.join(n))
-                    .map(|m| (m.dev(), m.ino()))
-                    .ok()
-            })
-            .collect();
-        if inos.iter().any(Option::is_none) || inos.windows(2).any(|w| w[0] != w[1]) {
-            self.0.push(format!("{names:?}: not one hard-link group"));
-        }
-    }
-    fn not_linked(&mut self, dir: &Path, a: &str, b: &str) {
-        let ia = fs::symlink_metadata(dir.join(a)).map(|m| (m.dev(), m.ino()));
-        let ib = fs::symlink_metadata(dir.join(b)).map(|m| (m.dev(), m.ino()));
-        if let (Ok(x), Ok(y)) = (ia, ib)
-            && x == y
-        {
-            self.0
-                .push(format!("{a} and {b}: the same inode, expected two files"));
-        }
-    }
-    fn done(self) -> Vec<String> {
-        self.0
-    }
-}
-
-/// Runs one workload through the whole protocol.
-fn run(w: &Workload) {
-    let r = WsRoot::new();
-    let src = r.t.path("src");
-    let base = match w.base {
-        Base::Standard => {
-            base_tree(&src);
-            r.import(&src, &[])
-        }
-        Base::Git => {
-            git_repo(&src);
-            r.import(&src, &["--no-default-excludes"])
-        }
-    };
-
-    // (a) The plain directory: proves the verifier.
-    let plain_base = r.t.path("plain-base");
-    let plain = r.t.path("plain");
-    for d in [&plain_base, &plain] {
-        r.t.run(["export".as_ref(), base.as_ref(), d.as_os_str()])
-            .ok();
-    }
-    (w.apply)(&plain);
-    let found = (w.verify)(&plain);
-    assert!(
-        found.is_empty(),
-        "{}: the verifier rejects the plain-directory result: {found:#?}",
-        w.name
-    );
-    assert!(
-        !(w.verify)(&plain_base).is_empty(),
-        "{}: the verifier accepts the untouched base, so it proves nothing",
-        w.name
-    );
-    let expected = listing(&plain, w.unstable);
-
-    // (b) Workspaces over each lower.
-    for lower in ["checkout", "view"] {
-        let what = format!("{} ({lower})", w.name);
-        let ws = r.create(&base, &["--lower", lower]);
-        (w.apply)(&ws.path);
-        assert_same_listing(
-            &expected,
-            &listing(&ws.path, w.unstable),
-            &format!("{what}: plain directory vs the workspace"),
-        );
-        let (snap, report, commit_ms) = r.commit(&ws.id, &["--message", w.name]);
-        eprintln!(
-            "{what}: create {:.1} ms, commit {commit_ms:.0} ms (files read {}, new stored {} B)",
-            ws.json["ms"].as_f64().unwrap_or(-1.0),
-            report["files_read"],
-            report["new_bytes_stored"]
-        );
-        let parents = r.t.json(["show", &snap]).ok().json()["meta"]["parents"].clone();
-        assert_eq!(parents, serde_json::json!([base]), "{what}: parents");
-        let fresh = r.create(&snap, &["--lower", lower]);
-        let found = (w.verify)(&fresh.path);
-        assert!(
-            found.is_empty(),
-            "{what}: the fresh workspace of the commit fails the verifier: {found:#?}"
-        );
-        assert_same_listing(
-            &expected,
-            &listing(&fresh.path, w.unstable),
-            &format!("{what}: plain directory vs a fresh workspace of the commit"),
-        );
-        r.remove(&ws.id);
-        r.remove(&fresh.id);
-    }
-    r.assert_clean();
-}
+use self::check::Check;
+use self::protocol::{Base, Workload, run};
+use super::support::{require_root, sh};
 
 // ---------------------------------------------------------------------------------------
 // 1. Many small files.

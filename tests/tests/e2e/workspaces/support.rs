@@ -2,13 +2,12 @@
 //! mount, daemon and directory it made (also when an assertion fails), and small process
 //! and mount-table helpers.
 
-use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use cowspace_tests::{Out, TestRoot};
+use cowspace_tests::{Out, TestRoot, fsd_pids_of, mounts_under};
 use serde_json::Value;
 
 /// Skips (returns) when the suite cannot run here, saying why; fails instead under
@@ -68,8 +67,13 @@ pub struct WsRoot {
 
 impl WsRoot {
     pub fn new() -> WsRoot {
+        WsRoot::new_in(&std::env::temp_dir())
+    }
+
+    /// A runtime root in a temporary directory under `parent` (a loop filesystem, say).
+    pub fn new_in(parent: &Path) -> WsRoot {
         WsRoot {
-            t: TestRoot::new(),
+            t: TestRoot::new_in(parent),
             created: Mutex::new(Vec::new()),
         }
     }
@@ -221,74 +225,6 @@ impl Drop for WsRoot {
             kill9(pid);
         }
     }
-}
-
-/// Unescapes a mountinfo field (`\ooo` octal escapes for space, tab, newline, backslash).
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 4 <= b.len()
-            && let Some(v) = std::str::from_utf8(&b[i + 1..i + 4])
-                .ok()
-                .and_then(|o| u8::from_str_radix(o, 8).ok())
-        {
-            out.push(v);
-            i += 4;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Mount points at or under `dir` (from `/proc/self/mountinfo`), deepest first.
-pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let canon = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    let mut v: Vec<PathBuf> = text
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|t| PathBuf::from(unescape(t)))
-        .filter(|t| t.starts_with(dir) || t.starts_with(&canon))
-        .collect();
-    v.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    v.dedup();
-    v
-}
-
-/// Pids of running `fsd` processes whose command line names `--root ROOT`.
-pub fn fsd_pids_of(root: &Path) -> Vec<u32> {
-    let canon = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
-    let mut pids = Vec::new();
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return pids;
-    };
-    for e in rd.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
-            continue;
-        };
-        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
-        let is_fsd = args.first().is_some_and(|a0| {
-            Path::new(OsStr::new(std::str::from_utf8(a0).unwrap_or(""))).file_name()
-                == Some(OsStr::new("fsd"))
-        });
-        let names_root = args.windows(2).any(|w| {
-            w[0] == b"--root"
-                && (Path::new(std::str::from_utf8(w[1]).unwrap_or("")) == root
-                    || Path::new(std::str::from_utf8(w[1]).unwrap_or("")) == canon)
-        });
-        if is_fsd && names_root {
-            pids.push(pid);
-        }
-    }
-    pids
 }
 
 /// `kill -9 PID`.
