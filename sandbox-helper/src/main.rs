@@ -75,6 +75,12 @@ struct RunArgs {
     /// Print the published ports as one JSON line on stdout before CMD runs; errors as JSON.
     #[arg(long)]
     json: bool,
+    /// Unmount the host's overlay at --dir while the sandbox is set up (so its upper
+    /// layer is under one live overlay during the run); the ready line says whether it
+    /// was (`host_mount`: `suspended`, or `busy` when in use). Only for a workspace of
+    /// the runtime root that owns --state-dir. The caller mounts it again afterwards.
+    #[arg(long)]
+    suspend_host_mount: bool,
     /// Write the JSON ready line to this inherited file descriptor (a pipe) instead of
     /// stdout, so CMD's stdout stays the caller's alone.
     #[arg(long, value_name = "FD", value_parser = clap::value_parser!(i32).range(3..))]
@@ -133,6 +139,7 @@ fn run_cmd(args: RunArgs) -> Result<u8, Error> {
         ro_bind: args.ro_bind,
         secret: args.secret,
         command: args.command,
+        suspend_host_mount: args.suspend_host_mount,
     };
     // Opened through /proc (no unsafe here); the sandbox's init closes every inherited
     // descriptor from 3 up, so the pipe never reaches CMD.
@@ -162,6 +169,7 @@ fn run_cmd(args: RunArgs) -> Result<u8, Error> {
                 "ports": ports,
                 "host_uid_base": ready.host_uid_base,
                 "init_pid": ready.init_pid,
+                "host_mount": ready.host_mount.as_str(),
             });
             match ready_out.take() {
                 Some(mut out) => {

@@ -667,6 +667,7 @@ mod tests {
             }],
             command: vec!["/bin/true".into()],
             overlay: None,
+            suspend_host_mount: false,
         }
     }
 

@@ -56,6 +56,45 @@ pub struct Ready {
     pub init_pid: i32,
     /// The sandbox's cgroup directories.
     pub cgroups: Vec<PathBuf>,
+    /// What became of the host's mount of the workspace ([`Spec::suspend_host_mount`]).
+    pub host_mount: HostMount,
+}
+
+/// The host's mount of the workspace during the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostMount {
+    /// Left alone (not asked to suspend it).
+    Kept,
+    /// Unmounted for the run; the caller mounts it again.
+    Suspended,
+    /// In use on the host (`EBUSY`), so it stays mounted during the run.
+    Busy,
+}
+
+impl HostMount {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostMount::Kept => "kept",
+            HostMount::Suspended => "suspended",
+            HostMount::Busy => "busy",
+        }
+    }
+}
+
+/// Unmounts the host's overlay at `dir` (not lazily: one in use stays, and says so).
+/// Unmounting an overlay syncs its upper filesystem, which takes milliseconds: run
+/// beside the sandbox's setup.
+fn suspend_host_mount(dir: &Path) -> Result<HostMount> {
+    match nix::mount::umount2(dir, nix::mount::MntFlags::empty()) {
+        Ok(()) => Ok(HostMount::Suspended),
+        Err(nix::errno::Errno::EBUSY) => Ok(HostMount::Busy),
+        // Gone already (unmounted meanwhile): nothing to suspend.
+        Err(nix::errno::Errno::EINVAL) => Ok(HostMount::Kept),
+        Err(e) => Err(Error::Sync(std::io::Error::other(format!(
+            "unmount the host's mount of {}: {e}",
+            dir.display()
+        )))),
+    }
 }
 
 /// How a run ended.
@@ -222,11 +261,25 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
     // Moving a process into a cgroup v1 group waits for an RCU grace period (~10 ms):
     // do it while init builds its view. Init enters its cgroup namespace, and the
     // command starts, only after `run`, which is sent once the move is done.
-    let (handover, moved) = std::thread::scope(|scope| {
+    // The host's overlay of the workspace goes away in the same window (the sandbox
+    // mounts its own overlay of the layers, read from the mount table at validation).
+    let (handover, moved, host_mount) = std::thread::scope(|scope| {
         let mover = scope.spawn(|| group.add(pid));
+        let suspender = spec
+            .suspend_host_mount
+            .then(|| scope.spawn(|| suspend_host_mount(&spec.workspace)));
         let handover = hand_over(pid, &plan, &ours, spec);
-        (handover, mover.join().expect("the cgroup thread panicked"))
+        let host_mount = match suspender {
+            Some(t) => t.join().expect("the unmount thread panicked"),
+            None => Ok(HostMount::Kept),
+        };
+        (
+            handover,
+            mover.join().expect("the cgroup thread panicked"),
+            host_mount,
+        )
     });
+    let host_mount = host_mount?;
     moved?;
     handover?;
 
@@ -236,6 +289,7 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
         host_uid_base: ids.base(),
         init_pid: pid.as_raw(),
         cgroups: group.dirs().into_iter().map(Path::to_path_buf).collect(),
+        host_mount,
     };
     on_ready(&ready);
     let mut proxy = Proxy::start(leases, &netns).map_err(Error::Sync)?;

@@ -123,6 +123,11 @@ pub struct Spec {
     /// When the workspace is an overlay mount: its layers, which the sandbox mounts as
     /// a new overlay inside its user namespace (overlayfs cannot be idmapped).
     pub overlay: Option<crate::overlay::Layers>,
+    /// Unmount the host's overlay at `workspace` while the sandbox is set up, so its
+    /// upper layer is not under two live overlays during the run (the caller mounts it
+    /// again afterwards). Only for an overlay whose upper layer is a workspace of the
+    /// runtime root that owns the state directory.
+    pub suspend_host_mount: bool,
 }
 
 /// Unvalidated input, as parsed from the command line.
@@ -150,6 +155,8 @@ pub struct SpecInput {
     pub secret: Vec<String>,
     /// The command.
     pub command: Vec<String>,
+    /// `--suspend-host-mount`.
+    pub suspend_host_mount: bool,
 }
 
 impl Spec {
@@ -184,6 +191,9 @@ impl Spec {
             for layer in layers.lowers.iter().chain([&layers.upper_parent]) {
                 refuse_overlap(layer, state_dir, "--dir (a layer of its overlay)")?;
             }
+        }
+        if input.suspend_host_mount {
+            check_suspendable(&workspace, overlay.as_ref(), state_dir)?;
         }
 
         let net = match (input.net, input.publish.is_empty()) {
@@ -327,6 +337,7 @@ impl Spec {
             secrets,
             command: input.command,
             overlay,
+            suspend_host_mount: input.suspend_host_mount,
         })
     }
 }
@@ -375,6 +386,38 @@ fn canonical_dir(path: &Path, flag: &str) -> Result<PathBuf> {
 }
 
 /// Refuses a host path that is, contains, or is inside the state directory.
+/// `--suspend-host-mount` unmounts `--dir`: allowed only for a cowspace workspace of the
+/// runtime root whose state directory this is (`<root>/run/sandbox`), i.e. an overlay
+/// whose upper layer lies in `<root>/workspaces/`, never for any other mount.
+fn check_suspendable(
+    workspace: &Path,
+    overlay: Option<&crate::overlay::Layers>,
+    state_dir: &Path,
+) -> Result<()> {
+    let Some(layers) = overlay else {
+        return Err(Error::InvalidInput(format!(
+            "--suspend-host-mount: {} is not an overlay mount",
+            workspace.display()
+        )));
+    };
+    let state = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    let workspaces = state
+        .parent()
+        .filter(|run| run.ends_with("run"))
+        .and_then(Path::parent)
+        .map(|root| root.join("workspaces"));
+    match workspaces {
+        Some(w) if layers.upper_parent.starts_with(&w) && layers.upper_parent != w => Ok(()),
+        _ => Err(Error::InvalidInput(format!(
+            "--suspend-host-mount: the overlay at {} is not a workspace of the runtime root \
+             of --state-dir {} (its upper layer is in {})",
+            workspace.display(),
+            state_dir.display(),
+            layers.upper_parent.display()
+        ))),
+    }
+}
+
 fn refuse_overlap(path: &Path, state_dir: &Path, flag: &str) -> Result<()> {
     // A state directory not made yet is compared as an absolute path.
     let state = std::fs::canonicalize(state_dir)
@@ -410,6 +453,39 @@ fn normalize_target(dst: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_workspace_of_the_state_dirs_root_may_be_suspended() {
+        let t = tempfile::tempdir().unwrap();
+        let root = std::fs::canonicalize(t.path()).unwrap();
+        let state = root.join("run/sandbox");
+        std::fs::create_dir_all(&state).unwrap();
+        let overlay_at = |upper_parent: &Path| {
+            let line = format!(
+                "36 27 0:45 / /ws/mnt rw - overlay cowspace rw,lowerdir=/l,upperdir={0}/upper,workdir={0}/work,userxattr\n",
+                upper_parent.display()
+            );
+            crate::overlay::detect_in(&line, Path::new("/ws/mnt"))
+                .unwrap()
+                .unwrap()
+        };
+        let ws = Path::new("/ws/mnt");
+        let ours = overlay_at(&root.join("workspaces/ws-1"));
+        assert!(check_suspendable(ws, Some(&ours), &state).is_ok());
+        for other in [
+            overlay_at(Path::new("/var/lib/containers/x")),
+            overlay_at(&root.join("workspaces")),
+            overlay_at(&root.join("elsewhere/ws-1")),
+        ] {
+            let e = check_suspendable(ws, Some(&other), &state).unwrap_err();
+            assert!(e.to_string().contains("not a workspace"), "{e}");
+        }
+        let e = check_suspendable(ws, None, &state).unwrap_err();
+        assert!(e.to_string().contains("not an overlay"), "{e}");
+        // A state directory not at <root>/run/sandbox names no runtime root.
+        let e = check_suspendable(ws, Some(&ours), &root.join("elsewhere")).unwrap_err();
+        assert!(e.to_string().contains("not a workspace"), "{e}");
+    }
 
     fn input(dir: &Path) -> SpecInput {
         SpecInput {

@@ -92,6 +92,13 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> anyhow::Result<ExitCode> {
         .arg(ctx.root.join("run").join("sandbox"))
         .arg("--ready-fd")
         .arg(ready_write.as_raw_fd().to_string());
+    // The sandbox mounts its own overlay of the workspace's layers; the helper takes the
+    // host's away for the run (so one upper layer is never under two live overlays) in
+    // the same window as the rest of its setup, and this process mounts it again after.
+    let host_overlay = rec.materializer == "overlay";
+    if host_overlay {
+        cmd.arg("--suspend-host-mount");
+    }
     if let Some(net) = &a.net {
         cmd.arg("--net").arg(net);
     }
@@ -143,17 +150,13 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> anyhow::Result<ExitCode> {
     let _ = BufReader::new(ready_read)
         .take(MAX_READY_LINE_BYTES)
         .read_line(&mut line);
-    if let Ok(ready) = serde_json::from_str::<serde_json::Value>(&line)
-        && let Some(ports) = ready.get("ports")
+    let ready: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+    if let Some(ports) = ready.get("ports")
         && ports.as_object().is_some_and(|p| !p.is_empty())
     {
         rt.set_ports(&rec.id, ports.clone())?;
     }
-
-    // The sandbox has its own overlay of the workspace's layers now: take the host's
-    // away for the run so one upper layer is never under two live overlays.
-    let suspended = !line.is_empty() && rt.suspend_host_mount(&rec.id)?;
-    if !line.is_empty() && !suspended {
+    if ready["host_mount"] == "busy" {
         eprintln!(
             "mountctl: warning: {} is in use on the host and stays mounted during the run; \
              its host view may be stale until the run ends (diff and commit read the \
@@ -172,7 +175,8 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> anyhow::Result<ExitCode> {
     // Not joined: waking the forwarder from its signal wait took ~9 ms, and it has
     // nothing left to do once the helper is gone (the process exits soon after).
     drop(forwarder);
-    if suspended {
+    // Also after a helper that failed without a ready line: it may have unmounted it.
+    if host_overlay {
         rt.resume_host_mount(&rec.id)?;
     }
     drop(claim);

@@ -213,6 +213,52 @@ fn run_writes_into_a_view_workspace_and_passes_the_exit_status() {
 }
 
 #[test]
+fn the_hosts_overlay_is_taken_away_for_the_run_and_mounted_again_after() {
+    require_root!();
+    let (r, snap) = setup();
+    let ws: Ws = r.create(&snap, &["--name", "w1", "--lower", "view"]);
+    let upper = r.root().join("workspaces").join(&ws.id).join("upper");
+    let mounted = || r.mounts().contains(&ws.path);
+    assert!(mounted());
+    let mut bg = Bg::spawn(run_cmd(
+        &r,
+        &[
+            "w1",
+            "--",
+            "sh",
+            "-c",
+            "echo x > /workspace/during; sleep 2",
+        ],
+    ));
+    // Written through the sandbox's own overlay of the same upper layer.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !upper.join("during").exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(upper.join("during").exists(), "the run did not start");
+    assert!(
+        !mounted(),
+        "the host's overlay stays mounted during the run"
+    );
+    assert_eq!(bg.wait(15), Some(0));
+    assert!(mounted(), "the host's overlay was not mounted again");
+    assert_eq!(
+        std::fs::read_to_string(ws.path.join("during")).unwrap(),
+        "x\n"
+    );
+
+    // In use on the host: it stays mounted, and the run says so.
+    let held = std::fs::File::open(ws.path.join("a.txt")).unwrap();
+    let (code, _, err) = output(run_cmd(&r, &["w1", "--", "true"]));
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("is in use on the host"), "{err}");
+    assert!(mounted());
+    drop(held);
+    r.remove("w1");
+    r.assert_clean();
+}
+
+#[test]
 fn published_ports_are_recorded_while_running_and_two_workspaces_serve_3000() {
     require_root!();
     let (r, snap) = setup();
