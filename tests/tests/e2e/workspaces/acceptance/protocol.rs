@@ -370,7 +370,8 @@ fn run_target(
 /// content-addressed part (trees are hashed alike in every store), with the root's mode
 /// and the counts. Where a workload has unstable files (git's index holds inode numbers
 /// and times), the directories on the way to them are listed entry by entry instead, with
-/// the unstable entries' and those directories' ids (and the unstable sizes) left out.
+/// the ids of those directories and of the unstable entries left out, and so are the
+/// unstable entries' sizes and the snapshot's byte count, which includes them.
 fn content_of(r: &WsRoot, snap: &str, meta: &Value, unstable: &[&str]) -> Value {
     let mut v = json!({ "root_mode": meta["root_mode"], "counts": meta["counts"] });
     if unstable.is_empty() {
