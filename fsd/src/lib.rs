@@ -20,3 +20,5 @@ pub mod runtime;
 mod sys;
 pub mod upper;
 pub mod view;
+
+pub use sys::fix_mmap_threshold;

@@ -43,6 +43,9 @@ struct Args {
     threads: usize,
 }
 
+/// Allocations from this size up get their own mapping (see `cowspace_fsd::fix_mmap_threshold`).
+const MMAP_THRESHOLD_BYTES: usize = 1 << 20;
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -51,6 +54,9 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+    if let Err(e) = cowspace_fsd::fix_mmap_threshold(MMAP_THRESHOLD_BYTES) {
+        tracing::warn!("{e}: FUSE request buffers may stay resident");
+    }
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1,7 +1,8 @@
-//! The only `unsafe` of this crate: small safe wrappers of the ioctls the `reflink` and
-//! `btrfs` materializers make (`FICLONE`, btrfs subvolume create / snapshot / destroy /
-//! set-flags). Every wrapper takes open files (so the descriptors are valid for the call)
-//! and checks the return value in one place (nix's ioctl macros turn -1 into `Err(errno)`).
+//! The only `unsafe` of this crate: `mallopt` (see [`fix_mmap_threshold`]) and small safe
+//! wrappers of the ioctls the `reflink` and `btrfs` materializers make (`FICLONE`, btrfs
+//! subvolume create / snapshot / destroy / set-flags). Every wrapper takes open files (so
+//! the descriptors are valid for the call) and checks the return value in one place (nix's
+//! ioctl macros turn -1 into `Err(errno)`).
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -134,4 +135,20 @@ pub fn btrfs_set_readonly(subvol: &File) -> io::Result<()> {
     unsafe { ioctl_subvol_setflags(subvol.as_raw_fd(), &flags) }
         .map(drop)
         .map_err(io::Error::from)
+}
+
+/// Gives every allocation of at least `bytes` its own fresh mapping, for the daemon's
+/// life. glibc otherwise raises its mmap threshold (up to 32 MiB) after the first large
+/// block is freed, and from then on serves fuser's 16 MiB per-thread request buffers from
+/// the heap, where `calloc` must zero (touch) every page: each FUSE thread then held
+/// 16 MiB resident (1.6 GB with 64 fuse workspaces) instead of the pages it used.
+pub fn fix_mmap_threshold(bytes: usize) -> io::Result<()> {
+    let value =
+        libc::c_int::try_from(bytes).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: mallopt only changes allocator parameters; it takes plain integers and
+    // touches no memory of ours. Called once at start, before the FUSE threads exist.
+    match unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, value) } {
+        1 => Ok(()),
+        _ => Err(io::Error::other("mallopt(M_MMAP_THRESHOLD) refused")),
+    }
 }
