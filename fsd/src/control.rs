@@ -94,6 +94,11 @@ impl Server {
                     serving_host()?.mount(&rec)?;
                     json!({"workspace": rec.id, "path": rec.path, "served": true})
                 }
+                "finish_copies" => {
+                    let rec = rt.status(&ws_arg(req)?)?;
+                    serving_host()?.finish_copies(&rec)?;
+                    json!({"workspace": rec.id, "finished": true})
+                }
                 "unmount_workspace" => {
                     let rec = rt.status(&ws_arg(req)?)?;
                     let was = serving_host()?.unmount(&rec.id);

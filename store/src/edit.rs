@@ -139,6 +139,11 @@ impl<'s> Editor<'s> {
         self.parents = parents;
     }
 
+    /// The store the new snapshot is written to.
+    pub fn store(&self) -> &'s Store {
+        self.store
+    }
+
     /// The base snapshot.
     pub fn base(&self) -> &Snapshot {
         &self.base

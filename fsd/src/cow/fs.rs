@@ -24,6 +24,7 @@ use nix::sys::stat::UtimensatFlags;
 use nix::sys::time::TimeSpec;
 
 use super::layers::reserved_xattr;
+use super::lazy::Pending;
 use super::node::Node;
 use super::ops::{Cow, Listed, Make, errno};
 
@@ -44,9 +45,16 @@ enum Backing {
     Upper(u64, u64, bool),
 }
 
+/// A file's copy-up while still in progress (`lazy.rs`).
+type Copying = Option<Arc<Pending>>;
+
 struct Handle {
     file: Arc<File>,
     _backing: Option<Arc<BackingId>>,
+    /// The file's copy-up, still in progress when opened: reads and writes go through it.
+    pending: Option<Arc<Pending>>,
+    /// Opened with `O_APPEND` (writes land at the end whatever the offset).
+    append: bool,
 }
 
 struct Dir {
@@ -141,7 +149,7 @@ impl CowFs {
         }
     }
 
-    fn open_node(&self, node: &Node, flags: i32) -> Result<(u64, Arc<File>), Errno> {
+    fn open_node(&self, node: &Node, flags: i32) -> Result<(u64, Arc<File>, Copying), Errno> {
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         if node.upper.is_none() && !write {
             let e = node.lower.as_ref().ok_or(Errno::EIO)?;
@@ -154,19 +162,27 @@ impl CowFs {
                 .ensure(&content)
                 .map_err(|e| crate::view::errno_of("materialise blob", &e))?;
             let file = Arc::new(File::open(path).map_err(errno)?);
-            return Ok((node.ino, file));
+            return Ok((node.ino, file, None));
         }
-        let (node, file) = self.cow.open_upper(node, flags)?;
-        Ok((node.ino, Arc::new(file)))
+        let (node, file, pending) = self.cow.open_upper(node, flags)?;
+        Ok((node.ino, Arc::new(file), pending))
     }
 
-    fn add_handle(&self, file: Arc<File>, backing: Option<Arc<BackingId>>) -> u64 {
+    fn add_handle(
+        &self,
+        file: Arc<File>,
+        backing: Option<Arc<BackingId>>,
+        pending: Option<Arc<Pending>>,
+        flags: i32,
+    ) -> u64 {
         let fh = self.next();
         lock(&self.handles.files).insert(
             fh,
             Handle {
                 file,
                 _backing: backing,
+                pending,
+                append: flags & libc::O_APPEND != 0,
             },
         );
         fh
@@ -176,6 +192,17 @@ impl CowFs {
         lock(&self.handles.files)
             .get(&fh)
             .map(|h| Arc::clone(&h.file))
+            .ok_or(Errno::EBADF)
+    }
+
+    /// The file of handle `fh`, its copy-up if still in progress, and whether it appends.
+    fn handle_io(&self, fh: u64) -> Result<(Arc<File>, Copying, bool), Errno> {
+        lock(&self.handles.files)
+            .get(&fh)
+            .map(|h| {
+                let pending = h.pending.clone().filter(|p| !p.is_complete());
+                (Arc::clone(&h.file), pending, h.append)
+            })
             .ok_or(Errno::EBADF)
     }
 
@@ -203,6 +230,11 @@ impl CowFs {
             self.cow.copy_up(node.ino, size == Some(0))?
         };
         let path = self.cow.upper_of(&node)?;
+        // A copy-up in progress: size and times change under its lock.
+        let pending = node
+            .upper
+            .as_ref()
+            .and_then(|fd| self.cow.lazy.get(fd.as_ref()));
         if uid.is_some() || gid.is_some() {
             let fd = node.upper.as_ref().ok_or(Errno::EIO)?;
             nix::unistd::fchownat(
@@ -221,8 +253,9 @@ impl CowFs {
         }
         if let Some(len) = size {
             let by_handle = fh.and_then(|fh| self.handle_file(fh.0).ok());
-            match by_handle {
-                Some(f) if f.set_len(len).is_ok() => {}
+            match (&pending, by_handle) {
+                (Some(p), _) => p.truncate(len).map_err(errno)?,
+                (None, Some(f)) if f.set_len(len).is_ok() => {}
                 _ => nix::unistd::truncate(&path, len as i64)
                     .map_err(|e| Errno::from_i32(e as i32))?,
             }
@@ -246,13 +279,19 @@ impl CowFs {
                     }
                 }
             };
-            nix::sys::stat::utimensat(
-                AT_FDCWD,
-                &path,
-                &ts(atime),
-                &ts(mtime),
-                UtimensatFlags::FollowSymlink,
-            )
+            let set = || {
+                nix::sys::stat::utimensat(
+                    AT_FDCWD,
+                    &path,
+                    &ts(atime),
+                    &ts(mtime),
+                    UtimensatFlags::FollowSymlink,
+                )
+            };
+            match &pending {
+                Some(p) => p.locked(set),
+                None => set(),
+            }
             .map_err(|e| Errno::from_i32(e as i32))?;
         }
         self.cow.attr(&self.cow.table.get(ino)?)
@@ -520,7 +559,7 @@ impl Filesystem for CowFs {
         if node.kind == FileType::Directory {
             return reply.error(Errno::EISDIR);
         }
-        let (ino, file) = match self.open_node(&node, flags.0) {
+        let (ino, file, pending) = match self.open_node(&node, flags.0) {
             Ok(x) => x,
             Err(e) => return reply.error(e),
         };
@@ -530,6 +569,8 @@ impl Filesystem for CowFs {
             Err(e) => return reply.error(e),
         };
         let backing = match what {
+            // Never passed through to a file still being copied up.
+            _ if pending.is_some() => None,
             Backing::Blob => self.backing(ino, what, &file, |f| reply.open_backing(f)),
             Backing::Upper(..) => match self
                 .cow
@@ -551,11 +592,11 @@ impl Filesystem for CowFs {
         };
         match backing {
             Some(id) => {
-                let fh = self.add_handle(file, Some(Arc::clone(&id)));
+                let fh = self.add_handle(file, Some(Arc::clone(&id)), None, flags.0);
                 reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
             }
             None => {
-                let fh = self.add_handle(file, None);
+                let fh = self.add_handle(file, None, pending, flags.0);
                 reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
             }
         }
@@ -587,7 +628,7 @@ impl Filesystem for CowFs {
             Err(e) => return reply.error(e),
         };
         let file = match self.cow.open_upper(&node, flags & !libc::O_TRUNC) {
-            Ok((_, f)) => Arc::new(f),
+            Ok((_, f, _)) => Arc::new(f),
             Err(e) => return reply.error(e),
         };
         let backing = self
@@ -604,7 +645,7 @@ impl Filesystem for CowFs {
             });
         match backing {
             Some(id) => {
-                let fh = self.add_handle(file, Some(Arc::clone(&id)));
+                let fh = self.add_handle(file, Some(Arc::clone(&id)), None, flags);
                 reply.created_passthrough(
                     &TTL,
                     &attr,
@@ -615,7 +656,7 @@ impl Filesystem for CowFs {
                 );
             }
             None => {
-                let fh = self.add_handle(file, None);
+                let fh = self.add_handle(file, None, None, flags);
                 reply.created(
                     &TTL,
                     &attr,
@@ -638,11 +679,17 @@ impl Filesystem for CowFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let file = match self.handle_file(fh.0) {
-            Ok(f) => f,
+        let (file, pending, _) = match self.handle_io(fh.0) {
+            Ok(x) => x,
             Err(e) => return reply.error(e),
         };
         let mut buf = vec![0u8; size.min(MAX_IO_BYTES) as usize];
+        if let Some(p) = pending {
+            return match p.read_at(&mut buf, offset) {
+                Ok(n) => reply.data(&buf[..n]),
+                Err(e) => reply.error(errno(e)),
+            };
+        }
         let mut n = 0;
         while n < buf.len() {
             match file.read_at(&mut buf[n..], offset + n as u64) {
@@ -667,11 +714,15 @@ impl Filesystem for CowFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let file = match self.handle_file(fh.0) {
-            Ok(f) => f,
+        let (file, pending, append) = match self.handle_io(fh.0) {
+            Ok(x) => x,
             Err(e) => return reply.error(e),
         };
-        match file.write_all_at(data, offset) {
+        let written = match pending {
+            Some(p) => p.write_at(&file, data, offset, append),
+            None => file.write_all_at(data, offset),
+        };
+        match written {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => reply.error(errno(e)),
         }
@@ -742,7 +793,11 @@ impl Filesystem for CowFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let r = self.handle_file(fh.0).and_then(|f| {
+        let r = self.handle_io(fh.0).and_then(|(f, pending, _)| {
+            // Ranges may move or vanish: a copy-up in progress is finished first.
+            if let Some(p) = pending {
+                p.finish().map_err(errno)?;
+            }
             nix::fcntl::fallocate(
                 f.as_ref(),
                 nix::fcntl::FallocateFlags::from_bits_retain(mode),

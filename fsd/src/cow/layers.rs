@@ -9,7 +9,7 @@ use std::fs::{self, File};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -18,6 +18,7 @@ use nix::fcntl::{AT_FDCWD, OFlag, RenameFlags};
 use nix::sys::stat::{Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 
+use super::lazy::{LAZY_COPY_MIN_BYTES, Pending};
 use crate::view::{INO_LIMIT, InodeKey, VIEW_TIME_SECS, served_file_stat};
 
 /// The xattr holding a copied-up object's inode number (8 bytes, little-endian), so
@@ -31,6 +32,8 @@ pub const OPAQUE_XATTR: &str = "user.overlay.opaque";
 /// the upper directory; snapshot entries are numbered below [`INO_LIMIT`] (the view's
 /// formula), so the two never meet.
 pub const UPPER_INO_BASE: u64 = INO_LIMIT;
+/// Buffer of a copy where the kernel cannot copy between the two files itself.
+const PLAIN_COPY_BUF_BYTES: u64 = 1024 * 1024;
 
 /// xattr names the workspace hides and refuses: overlay's metadata and ours.
 pub fn reserved_xattr(name: &[u8]) -> bool {
@@ -242,21 +245,25 @@ impl Layers {
 
     /// Copies up the snapshot entry `entry` (a file, symlink or special file at `rel`,
     /// whose parent's upper exists). A file's content is cloned from its blob-cache file
-    /// (`FICLONE`), else copied in the kernel (`copy_file_range`); `empty` skips the
-    /// content (an open with `O_TRUNC`).
+    /// (`FICLONE`), else copied in the kernel (`copy_file_range`) — a file of at least
+    /// [`LAZY_COPY_MIN_BYTES`] lazily: it is placed at full size with a copy-up record and
+    /// returned as [`Pending`], whose blocks the caller has copied later (`lazy.rs`).
+    /// `empty` skips the content (an open with `O_TRUNC`).
     pub fn copy_up_leaf(
         &self,
         rel: &[u8],
         entry: &Entry,
         ino: u64,
         empty: bool,
-    ) -> io::Result<PathBuf> {
+    ) -> io::Result<(PathBuf, Option<Pending>)> {
         let target = self.upper_path(rel);
         let tmp = self.tmp();
+        let mut pending = None;
         let made = (|| -> io::Result<()> {
             match entry.kind {
                 Kind::File | Kind::Hardlink => {
                     let out = fs::OpenOptions::new()
+                        .read(true)
                         .write(true)
                         .create_new(true)
                         .mode(0o600)
@@ -268,7 +275,27 @@ impl Layers {
                             .blob_cache()
                             .ensure(&content)
                             .map_err(io::Error::other)?;
-                        copy_content(&File::open(blob)?, &out, entry.size)?;
+                        let blob = File::open(blob)?;
+                        if entry.size < LAZY_COPY_MIN_BYTES
+                            || crate::sys::ficlone(&out, &blob).is_ok()
+                        {
+                            copy_content(&blob, &out, entry.size)?;
+                        } else {
+                            let again = out.try_clone()?;
+                            match Pending::start(out, blob, content, entry.size) {
+                                Ok(p) => pending = Some(p),
+                                Err(e) => {
+                                    // No record possible (no xattrs): the whole copy now.
+                                    tracing::debug!(error = %e, "lazy copy-up refused");
+                                    let blob = self
+                                        .store
+                                        .blob_cache()
+                                        .ensure(&content)
+                                        .map_err(io::Error::other)?;
+                                    copy_range(&File::open(blob)?, &again, 0, entry.size)?;
+                                }
+                            }
+                        }
                     }
                 }
                 Kind::Symlink => {
@@ -306,7 +333,7 @@ impl Layers {
             let _ = fs::remove_file(&tmp);
             return Err(e);
         }
-        Ok(target)
+        Ok((target, pending))
     }
 
     /// Owner, mode, xattrs, inode number and times of a copied-up object.
@@ -339,8 +366,14 @@ pub fn copy_content(src: &File, dest: &File, len: u64) -> io::Result<()> {
     if crate::sys::ficlone(dest, src).is_ok() {
         return Ok(());
     }
-    let mut off_in: i64 = 0;
-    let mut off_out: i64 = 0;
+    copy_range(src, dest, 0, len)
+}
+
+/// Copies bytes `[off, off + len)` of `src` to the same place in `dest`, in the kernel
+/// (`copy_file_range`; a plain copy where the kernel cannot). `dest` must not append.
+pub fn copy_range(src: &File, dest: &File, off: u64, len: u64) -> io::Result<()> {
+    let mut off_in = off as i64;
+    let mut off_out = off as i64;
     let mut left = len;
     while left > 0 {
         let chunk = left.min(1 << 30) as usize;
@@ -351,18 +384,25 @@ pub fn copy_content(src: &File, dest: &File, len: u64) -> io::Result<()> {
             Some(&mut off_out),
             chunk,
         ) {
-            Ok(0) => break,
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the source ended before the bytes to copy",
+                ));
+            }
             Ok(n) => left -= n as u64,
             Err(nix::Error::EINTR) => {}
             Err(nix::Error::EXDEV | nix::Error::ENOSYS | nix::Error::EOPNOTSUPP) => {
                 // Old kernels or odd filesystems: a plain copy of what is left.
-                use std::io::{Seek, SeekFrom};
-                let mut s = src.try_clone()?;
-                let mut d = dest.try_clone()?;
-                s.seek(SeekFrom::Start(off_in as u64))?;
-                d.seek(SeekFrom::Start(off_out as u64))?;
-                io::copy(&mut io::Read::take(s, left), &mut d)?;
-                break;
+                let mut buf = vec![0u8; left.min(PLAIN_COPY_BUF_BYTES) as usize];
+                while left > 0 {
+                    let n = left.min(buf.len() as u64) as usize;
+                    src.read_exact_at(&mut buf[..n], off_in as u64)?;
+                    dest.write_all_at(&buf[..n], off_out as u64)?;
+                    off_in += n as i64;
+                    off_out += n as i64;
+                    left -= n as u64;
+                }
             }
             Err(e) => return Err(e.into()),
         }

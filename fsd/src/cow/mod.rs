@@ -11,9 +11,13 @@
 //! `user.overlay.opaque=y`. Diff and commit therefore read it with `upper.rs`, unchanged
 //! and in time proportional to what changed, and the semantics are overlay's by
 //! construction. Copy-ups are made in `<private_dir>/work` and renamed into place, so a
-//! crash never leaves a half-copied file in the upper layer; the work directory is
-//! emptied whenever the workspace is served again. The upper directory is the only
-//! truth: after a daemon crash, serving the same upper again is the whole recovery.
+//! crash never leaves a half-copied file in the upper layer without saying so; the work
+//! directory is emptied whenever the workspace is served again. A file of
+//! [`lazy::LAZY_COPY_MIN_BYTES`] or more that cannot be reflinked is placed at full size
+//! at once with a copy-up record ([`lazy::COPYUP_XATTR`]) and filled later ([`lazy`]);
+//! diff and commit finish such copies before they read the upper. The upper directory
+//! is the only truth: after a daemon crash, serving the same upper again (which resumes
+//! recorded copy-ups) is the whole recovery.
 //!
 //! # Identity
 //!
@@ -37,8 +41,10 @@
 //!
 //! Opens are answered with FUSE passthrough: an unmodified file opened for reading is
 //! backed by its blob-cache file; an open for writing first copies the file up (a
-//! reflink where the filesystem can, else `copy_file_range`; nothing with `O_TRUNC`) and
-//! is backed by the upper file. Reads, writes and mmap never reach the daemon. When an
+//! reflink where the filesystem can, else `copy_file_range`, lazily for large files;
+//! nothing with `O_TRUNC`) and is backed by the upper file. Reads, writes and mmap never
+//! reach the daemon — except for a file whose lazy copy-up is still in progress: its
+//! opens are served by the daemon (direct I/O), which copies what a write touches first. When an
 //! inode's live backing is another file (a read-only open of the old content is still
 //! open while the file is copied up), the new open is served by the daemon with direct
 //! I/O instead. Directory listings are taken at `opendir` (and again on rewind), so a
@@ -54,6 +60,7 @@
 
 pub mod fs;
 pub mod layers;
+pub mod lazy;
 pub mod node;
 pub mod ops;
 
@@ -84,6 +91,8 @@ pub struct CowMount {
     session: Option<BackgroundSession>,
     cow: Arc<ops::Cow>,
     passthrough: Arc<AtomicBool>,
+    /// The background copier of lazy copy-ups (`lazy.rs`).
+    copier: Option<std::thread::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for CowMount {
@@ -118,6 +127,21 @@ impl CowMount {
             .map_err(Error::io("prepare", private_dir))?;
         let root = ops::root_node(&layers, snap.root).map_err(Error::io("open", &layers.upper))?;
         let cow = Arc::new(ops::Cow::new(layers, root));
+        // Copy-ups a crash or a stop interrupted go on, registered before the first open.
+        let resumed = lazy::scan(&cow.layers.upper, &store)
+            .map_err(Error::io("resume copy-ups in", &cow.layers.upper))?;
+        for p in resumed {
+            cow.lazy
+                .add(Arc::new(p))
+                .map_err(Error::io("resume copy-ups in", &cow.layers.upper))?;
+        }
+        let copier = {
+            let cow = Arc::clone(&cow);
+            std::thread::Builder::new()
+                .name("copy-up".into())
+                .spawn(move || cow.lazy.run())
+                .map_err(Error::io("start the copy-up thread of", path))?
+        };
         let flag = Arc::new(AtomicBool::new(false));
         let fs = fs::CowFs::new(Arc::clone(&cow), passthrough, Arc::clone(&flag));
         let mut config = Config::default();
@@ -132,16 +156,24 @@ impl CowMount {
         config.acl = SessionACL::All;
         config.n_threads = Some(THREADS_PER_WORKSPACE);
         config.clone_fd = true;
-        let session = fuser::spawn_mount(fs, path, &config).map_err(|e| Error::Io {
-            step: "mount the workspace's FUSE view at",
-            path: path.to_path_buf(),
-            source: e,
-        })?;
+        let session = match fuser::spawn_mount(fs, path, &config) {
+            Ok(s) => s,
+            Err(e) => {
+                cow.lazy.stop();
+                let _ = copier.join();
+                return Err(Error::Io {
+                    step: "mount the workspace's FUSE view at",
+                    path: path.to_path_buf(),
+                    source: e,
+                });
+            }
+        };
         Ok(CowMount {
             path: path.to_path_buf(),
             session: Some(session),
             cow,
             passthrough: flag,
+            copier: Some(copier),
         })
     }
 
@@ -155,6 +187,14 @@ impl CowMount {
         self.cow.table.held()
     }
 
+    /// Finishes every copy-up in progress (diff and commit read the upper directly).
+    pub fn finish_copies(&self) -> Result<()> {
+        self.cow
+            .lazy
+            .finish_all()
+            .map_err(Error::io("finish copy-ups in", &self.cow.layers.upper))
+    }
+
     /// Whether the session still serves (the kernel has not dropped the mount).
     pub fn serving(&self) -> bool {
         self.session
@@ -163,6 +203,12 @@ impl CowMount {
     }
 
     fn shutdown(&mut self) {
+        // The copier stops between two batches; what is left stays recorded and goes on
+        // when the workspace is served again.
+        self.cow.lazy.stop();
+        if let Some(c) = self.copier.take() {
+            let _ = c.join();
+        }
         let Some(s) = self.session.take() else {
             return;
         };
@@ -273,6 +319,27 @@ impl Host {
         tracing::info!(workspace = %rec.id, path = %rec.path.display(), passthrough = m.passthrough(), "fuse workspace served");
         mounts.insert(rec.id.clone(), m);
         Ok(())
+    }
+
+    /// Finishes the copy-ups in progress of workspace `rec`: through its mount when served
+    /// (the copier and the writers share its locks), else from the records on disk.
+    pub fn finish_copies(&self, rec: &Record) -> Result<()> {
+        let served = self.lock().get(&rec.id).map(|m| Arc::clone(&m.cow));
+        match served {
+            Some(cow) => cow
+                .lazy
+                .finish_all()
+                .map_err(Error::io("finish copy-ups in", &cow.layers.upper)),
+            None => {
+                let upper = rec.private_dir.join("upper");
+                if !upper.exists() {
+                    return Ok(());
+                }
+                lazy::finish_records(&upper, &self.store)
+                    .map(drop)
+                    .map_err(Error::io("finish copy-ups in", &upper))
+            }
+        }
     }
 
     /// Stops serving workspace `id` (its mount is detached if still there).

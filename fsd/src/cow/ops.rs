@@ -23,6 +23,7 @@ use super::layers::{
     Layers, OPAQUE_XATTR, fd_path, is_opaque, is_whiteout, join, lower_ino, lower_time_secs,
     open_path, upper_ino,
 };
+use super::lazy::{Lazy, Pending};
 use super::node::{Node, ROOT_INO, Table};
 use crate::view::VIEW_BLKSIZE_BYTES;
 
@@ -64,6 +65,8 @@ pub struct Cow {
     /// Serialises copy-ups (two would race to rename into one place).
     copy: Mutex<()>,
     trees: Mutex<HashMap<TreeId, Arc<Tree>>>,
+    /// Large files being copied up (`lazy.rs`): their I/O goes through the daemon.
+    pub lazy: Lazy,
 }
 
 pub fn errno(e: io::Error) -> Errno {
@@ -165,6 +168,7 @@ impl Cow {
             ns: RwLock::new(()),
             copy: Mutex::new(()),
             trees: Mutex::new(HashMap::new()),
+            lazy: Lazy::new(),
         }
     }
 
@@ -382,7 +386,7 @@ impl Cow {
         let placed = if entry.kind == Kind::Dir {
             self.layers.copy_up_dir(&rel, &entry, ino)
         } else {
-            self.layers.copy_up_leaf(&rel, &entry, ino, empty)
+            self.copy_up_leaf(&rel, &entry, ino, empty)
         };
         let path = placed.map_err(|e| {
             tracing::warn!(path = %String::from_utf8_lossy(&rel), error = %e, "copy-up failed");
@@ -391,6 +395,22 @@ impl Cow {
         let fd = Arc::new(open_path(&path).map_err(errno)?);
         self.table.update(ino, |n| n.upper = Some(Arc::clone(&fd)));
         self.table.get(ino)
+    }
+
+    /// [`Layers::copy_up_leaf`], a copy-up still in progress registered before anything
+    /// can open the file.
+    fn copy_up_leaf(
+        &self,
+        rel: &[u8],
+        entry: &Entry,
+        ino: u64,
+        empty: bool,
+    ) -> io::Result<PathBuf> {
+        let (path, pending) = self.layers.copy_up_leaf(rel, entry, ino, empty)?;
+        if let Some(p) = pending {
+            self.lazy.add(Arc::new(p))?;
+        }
+        Ok(path)
     }
 
     /// Makes `name` in `parent` as `what`, owned by `uid`/`gid` (the caller), and takes a
@@ -672,7 +692,6 @@ impl Cow {
             if let Some(entry) = &src_lower {
                 let rel = join(&dir_path, name);
                 let path = self
-                    .layers
                     .copy_up_leaf(&rel, entry, src_ino, false)
                     .map_err(errno)?;
                 let fd = Arc::new(open_path(&path).map_err(errno)?);
@@ -707,8 +726,13 @@ impl Cow {
     }
 
     /// An upper file of `node` opened with `flags` (copying it up first when it would be
-    /// written).
-    pub fn open_upper(&self, node: &Node, flags: i32) -> Result<(Node, File), Errno> {
+    /// written), and its copy-up when that is still in progress (then every read and
+    /// write of the open goes through it).
+    pub fn open_upper(
+        &self,
+        node: &Node,
+        mut flags: i32,
+    ) -> Result<(Node, File, Option<Arc<Pending>>), Errno> {
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         let node = if node.upper.is_none() && write {
             let _r = self.ns.read().unwrap_or_else(|p| p.into_inner());
@@ -717,6 +741,13 @@ impl Cow {
             node.clone()
         };
         let fd = node.upper.as_ref().ok_or(Errno::EIO)?;
+        let pending = self.lazy.get(fd.as_ref());
+        if let Some(p) = &pending
+            && flags & libc::O_TRUNC != 0
+        {
+            p.truncate(0).map_err(errno)?;
+            flags &= !libc::O_TRUNC;
+        }
         let keep = libc::O_ACCMODE
             | libc::O_APPEND
             | libc::O_TRUNC
@@ -730,7 +761,7 @@ impl Cow {
             .custom_flags((flags & keep & !libc::O_ACCMODE) | libc::O_CLOEXEC)
             .open(fd_path(fd.as_ref()))
             .map_err(errno)?;
-        Ok((node, f))
+        Ok((node, f, pending))
     }
 
     /// The upper path reaching `node`'s object (it must have one).

@@ -24,6 +24,33 @@ impl Fuse {
         rec.private_dir.join("upper")
     }
 
+    /// Finishes the workspace's copy-ups in progress (`cow/lazy.rs`), so its upper
+    /// directory holds whole files: by the daemon when one runs (it may serve the
+    /// workspace, and then only it may copy), else here from the records on disk.
+    fn finish_copies(store: &Store, rec: &Record) -> Result<()> {
+        if let Some(host) = crate::cow::host() {
+            return host.finish_copies(rec);
+        }
+        let root = Self::root_of(rec)?;
+        if crate::daemon::ping(root) {
+            let resp = crate::daemon::request(
+                root,
+                &serde_json::json!({"op": "finish_copies", "args": {"workspace": rec.id}}),
+            )?;
+            if resp["ok"] != true {
+                return Err(from_response("finish_copies", &resp));
+            }
+            return Ok(());
+        }
+        let upper = Self::upper(rec);
+        if !upper.exists() {
+            return Ok(());
+        }
+        crate::cow::lazy::finish_records(&upper, store)
+            .map(drop)
+            .map_err(Error::io("finish copy-ups in", &upper))
+    }
+
     /// The runtime root of a workspace (`<root>/workspaces/<id>`).
     fn root_of(rec: &Record) -> Result<&Path> {
         rec.private_dir
@@ -34,7 +61,7 @@ impl Fuse {
 }
 
 /// Turns a control-protocol error response into an error of the same kind.
-fn from_response(resp: &serde_json::Value) -> Error {
+fn from_response(op: &str, resp: &serde_json::Value) -> Error {
     let kind = resp["error"]["kind"].as_str().unwrap_or("io");
     let msg = resp["error"]["message"]
         .as_str()
@@ -47,7 +74,7 @@ fn from_response(resp: &serde_json::Value) -> Error {
         },
         "invalid_input" => Error::Invalid(msg),
         "not_found" => Error::NoWorkspace(msg),
-        _ => Error::Daemon(format!("mount_workspace: {msg}")),
+        _ => Error::Daemon(format!("{op}: {msg}")),
     }
 }
 
@@ -101,7 +128,7 @@ impl Materializer for Fuse {
             &serde_json::json!({"op": "mount_workspace", "args": {"workspace": rec.id}}),
         )?;
         if resp["ok"] != true {
-            return Err(from_response(&resp));
+            return Err(from_response("mount_workspace", &resp));
         }
         Ok(())
     }
@@ -133,10 +160,12 @@ impl Materializer for Fuse {
         base: &SnapshotId,
         rec: &Record,
     ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
+        Self::finish_copies(store, rec)?;
         crate::upper::diff(store, base, &Self::upper(rec))
     }
 
     fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()> {
+        Self::finish_copies(ed.store(), rec)?;
         crate::upper::capture(ed, &Self::upper(rec))
     }
 }

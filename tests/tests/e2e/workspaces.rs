@@ -18,6 +18,7 @@
 mod acceptance;
 mod bad_input;
 mod concurrency;
+mod copyup;
 mod crash;
 mod properties;
 mod python_client;
