@@ -106,11 +106,46 @@ CREATE TABLE IF NOT EXISTS blobcache (
 ) WITHOUT ROWID;
 ";
 
+/// How long [`enable_wal`] keeps retrying a journal-mode switch another connection blocks.
+pub const WAL_SWITCH_RETRY_MS: u64 = DB_BUSY_TIMEOUT_MS;
+/// The pause between two attempts of [`enable_wal`].
+const WAL_SWITCH_PAUSE_MS: u64 = 2;
+
+/// Puts a database in WAL mode (persistent: stored in the file). SQLite does not call the
+/// busy handler while it switches the journal mode (two connections switching at once
+/// would deadlock), so a fresh database opened by several processes at once answers
+/// `SQLITE_BUSY` to all but one: the switch is retried for up to [`WAL_SWITCH_RETRY_MS`].
+/// A database in WAL mode already takes no lock that could be refused here.
+pub fn enable_wal(conn: &Connection) -> rusqlite::Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_millis(WAL_SWITCH_RETRY_MS);
+    loop {
+        let mode = conn
+            .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get::<_, String>(0));
+        match mode {
+            Ok(m) if m.eq_ignore_ascii_case("wal") => return Ok(()),
+            // Another connection's transaction kept the old mode: not switched yet.
+            Ok(_) if std::time::Instant::now() < deadline => {}
+            Ok(m) => {
+                return Err(rusqlite::Error::SqliteFailure(
+                    rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_BUSY),
+                    Some(format!("journal mode stayed {m:?}")),
+                ));
+            }
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if matches!(
+                    e.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                ) && std::time::Instant::now() < deadline => {}
+            Err(e) => return Err(e),
+        }
+        std::thread::sleep(Duration::from_millis(WAL_SWITCH_PAUSE_MS));
+    }
+}
+
 fn configure(conn: &Connection) -> Result<()> {
     conn.busy_timeout(Duration::from_millis(DB_BUSY_TIMEOUT_MS))
         .map_err(Error::db("set busy timeout"))?;
-    conn.pragma_update(None, "journal_mode", "WAL")
-        .map_err(Error::db("enable WAL"))?;
+    enable_wal(conn).map_err(Error::db("enable WAL"))?;
     conn.pragma_update(None, "synchronous", "FULL")
         .map_err(Error::db("set synchronous"))?;
     Ok(())
@@ -221,4 +256,53 @@ pub fn contains(conn: &Connection, id: &[u8; 32]) -> Result<bool> {
         .map_err(Error::db("prepare object lookup"))?;
     stmt.exists(params![&id[..]])
         .map_err(Error::db("look up object"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Connections switching one database to WAL at once.
+    const OPENERS: usize = 16;
+
+    /// `OPENERS` threads open `path` at once, each on its own connection, and switch it
+    /// to WAL with `switch`; every one's result.
+    fn switch_all_at_once(
+        path: &Path,
+        switch: fn(&Connection) -> rusqlite::Result<()>,
+    ) -> Vec<rusqlite::Result<()>> {
+        let barrier = std::sync::Barrier::new(OPENERS);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..OPENERS)
+                .map(|_| {
+                    s.spawn(|| {
+                        let conn = Connection::open(path).unwrap();
+                        conn.busy_timeout(Duration::from_millis(DB_BUSY_TIMEOUT_MS))
+                            .unwrap();
+                        barrier.wait();
+                        switch(&conn)?;
+                        conn.execute_batch(SCHEMA)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn a_fresh_database_switched_to_wal_by_many_at_once_switches_for_all() {
+        // Rounds, each on a new file: one round seldom shows the race.
+        for _ in 0..20 {
+            let t = tempfile::tempdir().unwrap();
+            let path = t.path().join("index.db");
+            for r in switch_all_at_once(&path, enable_wal) {
+                r.expect("switch to WAL");
+            }
+            let conn = Connection::open(&path).unwrap();
+            let mode: String = conn
+                .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(mode, "wal");
+        }
+    }
 }

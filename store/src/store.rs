@@ -88,13 +88,25 @@ impl Store {
             fs::create_dir_all(&d).map_err(Error::io("create directory", &d))?;
         }
         // The index is created under a temporary name and renamed into place, so a crash
-        // during init leaves no half-made root that `open` would accept.
+        // during init leaves no half-made root that `open` would accept. It stays in WAL
+        // mode (closing the only connection checkpoints and deletes `index.db.init-wal`),
+        // so the processes that open the new root first need not switch the journal mode.
         let tmp = layout.store_dir().join("index.db.init");
-        let _ = fs::remove_file(&tmp);
+        for stale in ["", "-wal", "-shm"] {
+            let _ = fs::remove_file(layout.store_dir().join(format!("index.db.init{stale}")));
+        }
         {
             let conn = index::create(&tmp)?;
-            conn.pragma_update(None, "journal_mode", "DELETE")
+            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
                 .map_err(Error::db("checkpoint new index"))?;
+        }
+        for side in ["-wal", "-shm"] {
+            let p = layout.store_dir().join(format!("index.db.init{side}"));
+            if p.exists() {
+                return Err(Error::io("close new index", &p)(std::io::Error::other(
+                    "still present after the last connection closed",
+                )));
+            }
         }
         fs::rename(&tmp, layout.index()).map_err(Error::io("create index", layout.index()))?;
         pack::sync_dir(&layout.store_dir()).map_err(Error::io("sync", layout.store_dir()))?;
