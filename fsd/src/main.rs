@@ -139,6 +139,16 @@ fn run(args: Args) -> Result<()> {
         mounts::unmount_lazy(&view_dir)?;
     }
     std::fs::create_dir_all(&view_dir).with_context(|| format!("create {}", view_dir.display()))?;
+    // Workspaces that lost their lower when an earlier daemon died are marked `stopped`
+    // (recoverable). Before the new view exists: a create arriving meanwhile cannot mount
+    // on it yet, so it is not mistaken for one of the earlier daemon's.
+    match runtime.daemon_started() {
+        Ok(ids) if !ids.is_empty() => {
+            tracing::warn!(?ids, "workspaces of an earlier daemon stopped")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("stopping workspaces of an earlier daemon failed: {e}"),
+    }
     let store = Arc::new(Store::open(&root, StoreConfig::default())?);
     let opts = ViewOptions {
         threads: args.threads,
@@ -158,19 +168,14 @@ fn run(args: Args) -> Result<()> {
     }
     let view = ViewMount::mount(store, &view_dir, opts)?;
 
-    // Reconcile the registry with the mount table: workspaces that lost their lower when
-    // an earlier daemon died are marked `stopped` (recoverable), leftovers removed.
-    match runtime.daemon_started() {
-        Ok(ids) if !ids.is_empty() => {
-            tracing::warn!(?ids, "workspaces of an earlier daemon stopped")
-        }
-        Ok(_) => {}
-        Err(e) => tracing::warn!("stopping workspaces of an earlier daemon failed: {e}"),
-    }
+    // Reconcile the registry with the mount table: leftovers removed, and workspaces
+    // still `creating` left to the processes creating them (they may have started this
+    // daemon).
     match runtime.sweep() {
         Ok(r) => tracing::info!(
             stopped = r.stopped.len(),
             finished = r.finished.len(),
+            creating = r.creating.len(),
             leftovers = r.leftovers_removed.len(),
             "registry reconciled"
         ),

@@ -78,6 +78,82 @@ pub struct Record {
     /// `mountctl` counts only while it is still a `sandbox-helper` of this workspace.
     #[serde(default)]
     pub sandbox_pid: Option<i32>,
+    /// The process that made the workspace. While the status is `creating`, sweep (and a
+    /// daemon starting) leave the workspace to it as long as it lives
+    /// ([`Creator::is_alive`]); records of older builds have none and count as
+    /// interrupted.
+    #[serde(default)]
+    pub creator: Option<Creator>,
+}
+
+/// A process, told apart from a later one that reuses its pid: the pid, when it started
+/// (clock ticks after boot, `/proc/PID/stat` field 22) and the boot it ran in.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Creator {
+    pub pid: i32,
+    pub start_ticks: u64,
+    pub boot_id: String,
+}
+
+/// What `/proc/PID/stat` says of a process: its state letter and start time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    pub state: char,
+    pub start_ticks: u64,
+}
+
+/// Parses `/proc/PID/stat`. The command name (field 2) is in parentheses and may hold
+/// spaces and parentheses itself, so fields are counted after its last `)`.
+pub fn parse_proc_stat(stat: &str) -> Option<ProcStat> {
+    let (_, rest) = stat.rsplit_once(") ")?;
+    let mut fields = rest.split_ascii_whitespace();
+    // `rest` starts at field 3 (state); the start time is field 22.
+    let state = fields.next()?.chars().next()?;
+    let start_ticks = fields.nth(18)?.parse().ok()?;
+    Some(ProcStat { state, start_ticks })
+}
+
+fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+impl Creator {
+    /// The calling process.
+    pub fn current() -> Option<Creator> {
+        let pid = std::process::id() as i32;
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        Some(Creator {
+            pid,
+            start_ticks: parse_proc_stat(&stat)?.start_ticks,
+            boot_id: boot_id()?,
+        })
+    }
+
+    /// Whether this process still runs: the liveness rule applied to what `/proc` shows
+    /// now.
+    pub fn is_alive(&self) -> bool {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok();
+        self.alive_as(
+            boot_id().as_deref(),
+            stat.as_deref().and_then(parse_proc_stat),
+        )
+    }
+
+    /// The liveness rule: alive only in the same boot, with a process of that pid that
+    /// started at the same tick and has not exited (a zombie has: it waits only to be
+    /// reaped). A pid reused by a later process started later, so it does not count.
+    pub fn alive_as(&self, boot_id: Option<&str>, stat: Option<ProcStat>) -> bool {
+        match (boot_id, stat) {
+            (Some(boot), Some(st)) => {
+                boot == self.boot_id
+                    && st.start_ticks == self.start_ticks
+                    && !matches!(st.state, 'Z' | 'X')
+            }
+            _ => false,
+        }
+    }
 }
 
 const SCHEMA: &str = "
@@ -112,19 +188,70 @@ impl Registry {
     /// Opens (creating if needed) the registry of a runtime root.
     pub fn open(root: &Path) -> Result<Registry> {
         let path = root.join("registry.db");
-        let conn = Connection::open(&path).map_err(Error::reg("open"))?;
+        if !path.exists() {
+            Registry::create(root, &path)?;
+        }
+        let conn = Registry::connect(&path)?;
+        // A registry of an older build may not be in WAL mode yet.
+        cowspace_store::index::enable_wal(&conn).map_err(Error::reg("enable WAL"))?;
+        conn.execute_batch(SCHEMA)
+            .map_err(Error::reg("create schema"))?;
+        Ok(Registry { conn })
+    }
+
+    /// A connection that waits for other writers (set before any statement runs).
+    fn connect(path: &Path) -> Result<Connection> {
+        let conn = Connection::open(path).map_err(Error::reg("open"))?;
         conn.busy_timeout(Duration::from_millis(REGISTRY_BUSY_TIMEOUT_MS))
             .map_err(Error::reg("set busy timeout"))?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(Error::reg("enable WAL"))?;
         // NORMAL in WAL mode: a committed state change survives a crash of any process
         // (what the registry must survive: its mounts die with the machine anyway), and
         // creating a workspace does not wait for a disk flush.
         conn.pragma_update(None, "synchronous", "NORMAL")
             .map_err(Error::reg("set synchronous"))?;
-        conn.execute_batch(SCHEMA)
-            .map_err(Error::reg("create schema"))?;
-        Ok(Registry { conn })
+        Ok(conn)
+    }
+
+    /// Makes a new registry whole (WAL mode, schema) under a name of this process and
+    /// links it into place, so every process that opens `path` finds it in WAL mode: the
+    /// first ones to open a fresh root at once never race to switch the journal mode. The
+    /// loser of two creators keeps the winner's.
+    fn create(root: &Path, path: &Path) -> Result<()> {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = root.join(format!("registry.db.new-{}-{n}", std::process::id()));
+        let sides =
+            |p: &Path| ["-wal", "-shm"].map(|s| PathBuf::from(format!("{}{s}", p.display())));
+        let remove_tmp = || {
+            let _ = std::fs::remove_file(&tmp);
+            for side in sides(&tmp) {
+                let _ = std::fs::remove_file(side);
+            }
+        };
+        remove_tmp();
+        let made = (|| -> Result<()> {
+            let conn = Registry::connect(&tmp)?;
+            cowspace_store::index::enable_wal(&conn).map_err(Error::reg("enable WAL"))?;
+            conn.execute_batch(SCHEMA)
+                .map_err(Error::reg("create schema"))?;
+            conn.close()
+                .map_err(|(_, e)| Error::reg("close new registry")(e))?;
+            // Closing the only connection checkpointed and deleted the WAL file.
+            if let Some(side) = sides(&tmp).into_iter().find(|p| p.exists()) {
+                return Err(Error::Io {
+                    step: "close new registry",
+                    path: side,
+                    source: std::io::Error::other("still present after the last connection closed"),
+                });
+            }
+            match std::fs::hard_link(&tmp, path) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+                Err(e) => Err(Error::io("create", path)(e)),
+            }
+        })();
+        remove_tmp();
+        made
     }
 
     /// Records a new workspace (status `creating`). A live workspace of the same name is
@@ -257,5 +384,135 @@ impl Registry {
             .into_iter()
             .map(|r| r.private_dir)
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Threads opening the registry of `root` at once.
+    const OPENERS: usize = 16;
+
+    fn open_all_at_once(root: &Path) {
+        let barrier = std::sync::Barrier::new(OPENERS);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..OPENERS)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        Registry::open(root).map(|_| ())
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join().expect("an opener panicked").expect("open");
+            }
+        });
+        let reg = Registry::open(root).unwrap();
+        let mode: String = reg
+            .conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "wal");
+        let names: Vec<String> = std::fs::read_dir(root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".new-"))
+            .collect();
+        assert!(names.is_empty(), "temporary registries left: {names:?}");
+    }
+
+    #[test]
+    fn a_fresh_registry_opened_by_many_at_once_opens_for_all() {
+        // Rounds, each on a new root: one round seldom shows a race.
+        for _ in 0..10 {
+            let t = tempfile::tempdir().unwrap();
+            open_all_at_once(t.path());
+        }
+    }
+
+    #[test]
+    fn an_older_registry_not_in_wal_mode_opened_by_many_at_once_opens_for_all() {
+        let t = tempfile::tempdir().unwrap();
+        let conn = Connection::open(t.path().join("registry.db")).unwrap();
+        conn.execute_batch(SCHEMA).unwrap();
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(mode, "delete");
+        drop(conn);
+        open_all_at_once(t.path());
+    }
+
+    fn stat_line(comm: &str, state: char, start: u64) -> String {
+        // Fields 3..=21, then the start time (22), then the rest.
+        let middle = "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18";
+        format!("4242 ({comm}) {state} {middle} {start} 25 26\n")
+    }
+
+    #[test]
+    fn proc_stat_is_parsed_after_the_last_parenthesis_of_the_name() {
+        for comm in ["mountctl", "a (b) c", ") ) x", ""] {
+            assert_eq!(
+                parse_proc_stat(&stat_line(comm, 'S', 98765)),
+                Some(ProcStat {
+                    state: 'S',
+                    start_ticks: 98765
+                }),
+                "{comm:?}"
+            );
+        }
+        assert_eq!(parse_proc_stat("4242 (x) S 1 2"), None);
+        assert_eq!(parse_proc_stat(""), None);
+    }
+
+    #[test]
+    fn a_creator_lives_only_as_the_same_process_in_the_same_boot() {
+        let c = Creator {
+            pid: 4242,
+            start_ticks: 1000,
+            boot_id: "boot-a".into(),
+        };
+        let st = |state, start_ticks| Some(ProcStat { state, start_ticks });
+        assert!(c.alive_as(Some("boot-a"), st('S', 1000)));
+        assert!(c.alive_as(Some("boot-a"), st('R', 1000)));
+        assert!(c.alive_as(Some("boot-a"), st('D', 1000)));
+        // Exited (not yet reaped), gone, its pid reused, another boot, unknown boot.
+        assert!(!c.alive_as(Some("boot-a"), st('Z', 1000)));
+        assert!(!c.alive_as(Some("boot-a"), None));
+        assert!(!c.alive_as(Some("boot-a"), st('S', 1001)));
+        assert!(!c.alive_as(Some("boot-b"), st('S', 1000)));
+        assert!(!c.alive_as(None, st('S', 1000)));
+    }
+
+    #[test]
+    fn the_current_process_is_alive_and_a_reaped_child_is_not() {
+        let me = Creator::current().expect("/proc readable");
+        assert_eq!(me.pid, std::process::id() as i32);
+        assert!(me.is_alive());
+        let reused = Creator {
+            start_ticks: me.start_ticks + 1,
+            ..me.clone()
+        };
+        assert!(!reused.is_alive());
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let child_creator = Creator {
+            pid: child.id() as i32,
+            ..me
+        };
+        child.wait().unwrap();
+        assert!(!child_creator.is_alive());
+    }
+
+    #[test]
+    fn records_without_a_creator_still_read() {
+        let json = r#"{"id":"ws-1","name":null,"worker":null,"snapshot":"00","materializer":"overlay",
+            "lower_kind":"checkout","lower":"/l","path":"/p","private_dir":"/d","status":"creating",
+            "created_at":1,"updated_at":1,"stopped_at":null,"policies":{},"diagnostics":[],
+            "ports":{},"commits":[],"create_ms":0.0}"#;
+        let r: Record = serde_json::from_str(json).unwrap();
+        assert_eq!(r.creator, None);
+        assert_eq!(r.sandbox_pid, None);
     }
 }

@@ -29,7 +29,7 @@ use serde::Serialize;
 use crate::checkout;
 use crate::error::{Error, Result};
 use crate::materializer::{self, MaterializerKind};
-use crate::registry::{Record, Registry, Status, now};
+use crate::registry::{Creator, Record, Registry, Status, now};
 use crate::upper;
 
 /// How to create a workspace.
@@ -71,6 +71,8 @@ pub struct SweepReport {
     pub stopped: Vec<String>,
     /// Interrupted creations and removals finished off.
     pub finished: Vec<String>,
+    /// Workspaces still being created by a live process, left to it.
+    pub creating: Vec<String>,
     /// Mounts and directories under the runtime root that no live record owns, removed.
     pub leftovers_removed: Vec<String>,
 }
@@ -243,6 +245,8 @@ impl Runtime {
             commits: vec![],
             create_ms: 0.0,
             sandbox_pid: None,
+            // Sweeps and a daemon starting meanwhile leave the workspace to this process.
+            creator: Creator::current(),
         };
         // The record first (a crash from here on is visible to sweep), then the effects.
         self.reg().insert(&rec)?;
@@ -476,6 +480,13 @@ impl Runtime {
         if matches!(rec.status, Status::Removed) {
             return Err(Error::NoWorkspace(format!("{ws} (it was removed already)")));
         }
+        if let Some(pid) = live_creator(&rec) {
+            return Err(Error::WrongState {
+                id: rec.id,
+                status: format!("still being created by pid {pid}"),
+                op: "remove (remove it once its create has returned)",
+            });
+        }
         let sandbox = live_sandbox(&rec);
         if let Some(helper) = sandbox
             && !force
@@ -530,10 +541,14 @@ impl Runtime {
     /// Called by a daemon that just mounted a new snapshot view: overlays still mounted on
     /// an earlier daemon's view hold a dead FUSE connection, so they are detached and
     /// marked `stopped` (their written data is intact; `recover` mounts them again).
+    ///
+    /// To be called before the new view is mounted: until then no create can mount an
+    /// overlay on a view, so every active one found here is on the earlier daemon's.
+    /// Workspaces still `creating` are their creators' (see [`Runtime::sweep`]).
     pub fn daemon_started(&self) -> Result<Vec<String>> {
         let records = self.reg().list(false)?;
         let mut stopped = Vec::new();
-        for mut rec in records {
+        for rec in records {
             // Fuse workspaces were served by the earlier daemon itself.
             let served = rec.lower_kind == "view" || rec.materializer == "fuse";
             if rec.status != Status::Active || !served {
@@ -542,15 +557,33 @@ impl Runtime {
             if crate::mounts::is_mounted(&rec.path)? {
                 crate::mounts::unmount_lazy(&rec.path)?;
             }
-            rec.diagnostics.push(format!(
+            let why = format!(
                 "{}: the daemon serving its lower restarted; `mountctl recover {}` remounts it",
                 now(),
                 rec.id
-            ));
-            self.reg().set_status(&mut rec, Status::Stopped)?;
-            stopped.push(rec.id);
+            );
+            if self.set_status_if(&rec, Status::Active, Status::Stopped, why)? {
+                stopped.push(rec.id);
+            }
         }
         Ok(stopped)
+    }
+
+    /// Moves `rec` from `from` to `to` (adding `why` to its diagnostics) in one registry
+    /// transaction, unless another process changed its status since it was read: `false`
+    /// then, and the record is left as that process made it.
+    fn set_status_if(&self, rec: &Record, from: Status, to: Status, why: String) -> Result<bool> {
+        self.reg().modify(&rec.id, |r| {
+            if r.status != from {
+                return Ok(false);
+            }
+            r.diagnostics.push(why);
+            r.status = to;
+            if matches!(to, Status::Stopped | Status::Removed) {
+                r.stopped_at = Some(now());
+            }
+            Ok(true)
+        })
     }
 
     /// Removes checkouts no live workspace uses, then the blob-cache variants only they
@@ -578,31 +611,50 @@ impl Runtime {
         Ok((removed, variants))
     }
 
-    /// Reconciles the registry with the mount table and the disk.
+    /// Reconciles the registry with the mount table and the disk. A workspace still
+    /// `creating` is finished off (as `failed`) only when its creator is gone
+    /// ([`live_creator`]); a live creator is left to finish it.
+    ///
+    /// Creates and removes run concurrently, so the order of the reads matters: a create
+    /// records its workspace before it makes anything, hence records are read before the
+    /// mount table (an `active` record's mount was made before the table was read) and
+    /// the disk before the live records (a directory seen on disk has its record by then).
+    /// Each change of status is made only if no other process changed it since.
     pub fn sweep(&self) -> Result<SweepReport> {
         let mut report = SweepReport::default();
-        let mounts = crate::mounts::mounts()?;
-        let mounted = |p: &Path| mounts.iter().any(|m| m.target == p);
         // Bind first: a registry guard held by the loop would deadlock the updates below.
         let records = self.reg().list(false)?;
-        for mut rec in records {
+        let mounts = crate::mounts::mounts()?;
+        let mounted = |p: &Path| mounts.iter().any(|m| m.target == p);
+        for rec in records {
             match rec.status {
+                Status::Creating if live_creator(&rec).is_some() => {
+                    report.creating.push(rec.id.clone());
+                }
                 Status::Creating | Status::CleanupPending => {
+                    let st = if rec.status == Status::Creating {
+                        Status::Failed
+                    } else {
+                        Status::Removed
+                    };
+                    // Claimed first (the creator is gone, so only another sweep or a
+                    // remove can move it meanwhile), then the effects, then recorded.
+                    let claimed = self.reg().modify(&rec.id, |r| {
+                        Ok(r.status == rec.status && live_creator(r).is_none())
+                    })?;
+                    if !claimed {
+                        continue;
+                    }
                     let _ = crate::mounts::unmount_lazy(&rec.path);
                     if !rec.path.starts_with(&rec.private_dir) {
                         let _ = fs::remove_dir(&rec.path);
                     }
                     checkout::remove_tree(&rec.private_dir);
                     let _ = self.store.unpin(&rec.id);
-                    rec.diagnostics
-                        .push("an interrupted create or remove was finished by sweep".into());
-                    let st = if rec.status == Status::Creating {
-                        Status::Failed
-                    } else {
-                        Status::Removed
-                    };
-                    self.reg().set_status(&mut rec, st)?;
-                    report.finished.push(rec.id.clone());
+                    let why = "an interrupted create or remove was finished by sweep".to_string();
+                    if self.set_status_if(&rec, rec.status, st, why)? {
+                        report.finished.push(rec.id.clone());
+                    }
                 }
                 Status::Active => {
                     // A fuse workspace is its own lower: its mount answers or is dead.
@@ -612,27 +664,35 @@ impl Runtime {
                         if mounted(&rec.path) {
                             let _ = crate::mounts::unmount_lazy(&rec.path);
                         }
-                        rec.diagnostics.push(format!(
+                        let why = format!(
                             "sweep at {}: {}; its written data is kept, `mountctl recover {}` remounts it",
                             now(),
-                            if lower_ok { "the mount vanished" } else { "its lower layer is gone (daemon stopped?)" },
+                            if lower_ok {
+                                "the mount vanished"
+                            } else {
+                                "its lower layer is gone (daemon stopped?)"
+                            },
                             rec.id
-                        ));
-                        self.reg().set_status(&mut rec, Status::Stopped)?;
-                        report.stopped.push(rec.id.clone());
+                        );
+                        if self.set_status_if(&rec, Status::Active, Status::Stopped, why)? {
+                            report.stopped.push(rec.id.clone());
+                        }
                     }
                 }
                 _ => {}
             }
         }
         // Leftovers: overlay mounts and directories under workspaces/ no live record owns.
+        let ws_dir = self.store.layout().workspaces();
+        let on_disk: Vec<PathBuf> = fs::read_dir(&ws_dir)
+            .map(|rd| rd.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
         let live: Vec<PathBuf> = self
             .reg()
             .list(false)?
             .into_iter()
             .map(|r| r.private_dir)
             .collect();
-        let ws_dir = self.store.layout().workspaces();
         for m in &mounts {
             if m.target.starts_with(&ws_dir) && !live.iter().any(|d| m.target.starts_with(d)) {
                 let _ = crate::mounts::unmount_lazy(&m.target);
@@ -641,14 +701,11 @@ impl Runtime {
                     .push(m.target.display().to_string());
             }
         }
-        if let Ok(rd) = fs::read_dir(&ws_dir) {
-            for e in rd.flatten() {
-                let p = e.path();
-                if !live.contains(&p) {
-                    let _ = crate::mounts::unmount_lazy(&p.join("mnt"));
-                    checkout::remove_tree(&p);
-                    report.leftovers_removed.push(p.display().to_string());
-                }
+        for p in on_disk {
+            if !live.contains(&p) {
+                let _ = crate::mounts::unmount_lazy(&p.join("mnt"));
+                checkout::remove_tree(&p);
+                report.leftovers_removed.push(p.display().to_string());
             }
         }
         Ok(report)
@@ -706,6 +763,14 @@ pub fn live_sandbox(rec: &Record) -> Option<i32> {
         _ => false,
     };
     ours.then_some(pid)
+}
+
+/// The pid of the process still creating `rec`: its status is `creating` and its
+/// recorded creator runs (the same process, not a later one given its pid). A record
+/// without a creator (written by an older build) has none.
+pub fn live_creator(rec: &Record) -> Option<i32> {
+    let c = rec.creator.as_ref()?;
+    (rec.status == Status::Creating && c.is_alive()).then_some(c.pid)
 }
 
 /// How long `remove --force` waits for a killed sandbox's helper to clean up and exit.

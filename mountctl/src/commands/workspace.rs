@@ -140,9 +140,10 @@ pub fn sweep(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let r = rt.sweep()?;
     ctx.emit(json!(r), || {
         format!(
-            "{} stopped, {} interrupted operations finished, {} leftovers removed",
+            "{} stopped, {} interrupted operations finished, {} still being created, {} leftovers removed",
             r.stopped.len(),
             r.finished.len(),
+            r.creating.len(),
             r.leftovers_removed.len()
         )
     });

@@ -22,6 +22,7 @@ mod copyup;
 mod crash;
 mod properties;
 mod python_client;
+mod races;
 pub(crate) mod support;
 
 use std::collections::BTreeMap;
