@@ -251,18 +251,6 @@ pub(crate) fn run(w: &Workload) {
             },
         }
     }
-    // Two known races, outside this suite's subject, are kept out of it by preparing
-    // each root before its targets run at once:
-    // - the first two processes to open a fresh root's registry at once can fail with
-    //   "registry (enable WAL): database is locked" (SQLite does not wait for a lock when
-    //   it switches the journal mode): `list` makes the registry first;
-    // - a daemon started on demand (by a view create) sweeps the registry as it starts and
-    //   takes the workspaces other processes are still creating for interrupted ones: it
-    //   deletes their private directories under them. `daemon start` starts it first.
-    for root in std::iter::once(&r).chain(loops.iter().map(|l| &l.r)) {
-        root.list_all();
-        root.t.run(["daemon", "start"]).ok();
-    }
     let captured = std::thread::scope(|s| {
         let handles: Vec<_> = jobs
             .iter()
