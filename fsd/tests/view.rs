@@ -359,6 +359,63 @@ fn overlayfs_accepts_the_view_as_its_lower_layer() {
 }
 
 #[test]
+fn hard_links_have_one_inode_and_their_true_link_count() {
+    if !can_run() {
+        return;
+    }
+    let env = Env::new();
+    let src = env.dir("src");
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("a"), b"linked\n").unwrap();
+    fs::hard_link(src.join("a"), src.join("d/b")).unwrap();
+    fs::write(src.join("single"), b"one name\n").unwrap();
+    let linked = env.import(&src);
+    fs::remove_file(src.join("d/b")).unwrap();
+    let unlinked = env.import(&src);
+    let view = env.mount("mnt", ViewOptions::default());
+    let top = view.mountpoint().join(linked.to_hex());
+    let (a, b) = (
+        fs::metadata(top.join("a")).unwrap(),
+        fs::metadata(top.join("d/b")).unwrap(),
+    );
+    assert_eq!((a.ino(), a.nlink()), (b.ino(), 2));
+    assert_eq!(fs::metadata(top.join("single")).unwrap().nlink(), 1);
+    // The same file with one name in another snapshot is another inode: the kernel keeps
+    // one link count per inode.
+    let alone = fs::metadata(view.mountpoint().join(unlinked.to_hex()).join("a")).unwrap();
+    assert_eq!(alone.nlink(), 1);
+    assert_ne!(alone.ino(), a.ino());
+
+    // overlayfs over the view treats the pair as the hard links they are: linking one
+    // name anew and renaming the names onto each other works as over a plain directory
+    // (with a link count of 1 overlayfs kept the lower number for the copied-up name and
+    // gave the new link the upper one, and the renames failed with ESTALE).
+    let (upper, work, ws) = (env.dir("upper"), env.dir("work"), env.dir("ws"));
+    let status = Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o"])
+        .arg(format!(
+            "lowerdir={},upperdir={},workdir={},userxattr,redirect_dir=nofollow,index=off,metacopy=off",
+            top.display(),
+            upper.display(),
+            work.display()
+        ))
+        .arg(&ws)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mount -t overlay over the view: {status}");
+    let _overlay = Overlay(ws.clone());
+    fs::hard_link(ws.join("a"), ws.join("c")).unwrap();
+    fs::rename(ws.join("c"), ws.join("a")).unwrap();
+    fs::rename(ws.join("a"), ws.join("c")).unwrap();
+    let (a, c) = (
+        fs::metadata(ws.join("a")).unwrap(),
+        fs::metadata(ws.join("c")).unwrap(),
+    );
+    assert_eq!(a.ino(), c.ino());
+    assert_eq!(fs::read(ws.join("d/b")).unwrap(), b"linked\n");
+}
+
+#[test]
 fn passthrough_reads_bypass_the_daemon() {
     if !can_run() {
         return;

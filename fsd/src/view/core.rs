@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
-use cowspace_store::{ContentId, Entry, SnapshotId, Store, Tree, TreeId};
+use cowspace_store::{ContentId, Entry, Kind, SnapshotId, Store, Tree, TreeId};
 use fuser::{Errno, FileAttr, FileType, INodeNo};
 
 use super::errno::{errno_of, errno_of_io};
@@ -27,6 +27,13 @@ const TREE_CACHE_TREES_PER_GEN: usize = 2048;
 /// Contents this daemon already ensured in the blob cache (reset when full; about
 /// 48 MiB at the limit). Above it, every open would go back to the store.
 const MAX_ENSURED_CONTENTS: usize = 1 << 20;
+
+/// Snapshots whose link counts are kept (cleared when full).
+const LINK_COUNT_SNAPSHOTS: usize = 64;
+
+/// The names of each hard-linked file of one snapshot, by its primary's path (files
+/// with one name are not listed).
+type LinkCounts = HashMap<Vec<u8>, u32>;
 
 /// Counters of what the kernel asked; shared with [`super::ViewMount::stats`].
 #[derive(Debug, Default)]
@@ -73,6 +80,7 @@ pub struct ViewCore {
     root: Arc<Node>,
     trees: Mutex<TreeCache>,
     ensured: Mutex<HashSet<ContentId>>,
+    links: Mutex<HashMap<SnapshotId, Arc<LinkCounts>>>,
     uid: u32,
     gid: u32,
 }
@@ -86,9 +94,56 @@ impl ViewCore {
             root: Arc::new(Node::root()),
             trees: Mutex::new(TreeCache::default()),
             ensured: Mutex::new(HashSet::new()),
+            links: Mutex::new(HashMap::new()),
             uid,
             gid,
         }
+    }
+
+    /// The link counts of `snapshot`'s hard-linked files, found once per snapshot by
+    /// walking its trees (only when it has hard links at all). Kernel overlayfs needs
+    /// the true count: a file it believes has one name keeps its lower inode number when
+    /// copied up, while a new link to the copy gets the upper one, and a rename between
+    /// the two names then fails with `ESTALE`.
+    fn link_counts(&self, snapshot: &SnapshotId) -> Result<Arc<LinkCounts>, Errno> {
+        if let Some(l) = self
+            .links
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(snapshot)
+        {
+            return Ok(Arc::clone(l));
+        }
+        let snap = self
+            .store
+            .snapshot(snapshot)
+            .map_err(|e| errno_of("read snapshot", &e))?;
+        let mut counts = LinkCounts::new();
+        if snap.counts.hardlinks > 0 {
+            let mut stack = vec![(snap.root, Vec::new())];
+            while let Some((id, path)) = stack.pop() {
+                let tree = self
+                    .store
+                    .tree(&id)
+                    .map_err(|e| errno_of("read tree", &e))?;
+                for e in &tree.entries {
+                    match e.kind {
+                        Kind::Dir => {
+                            stack.push((TreeId::from_bytes(e.hash), child_path(&path, &e.name)))
+                        }
+                        Kind::Hardlink => *counts.entry(e.data.clone()).or_insert(1) += 1,
+                        _ => {}
+                    }
+                }
+            }
+        }
+        let counts = Arc::new(counts);
+        let mut links = self.links.lock().unwrap_or_else(|p| p.into_inner());
+        if links.len() >= LINK_COUNT_SNAPSHOTS {
+            links.clear();
+        }
+        links.insert(*snapshot, Arc::clone(&counts));
+        Ok(counts)
     }
 
     /// The node of `ino`: the root, or one the kernel holds. `ESTALE` otherwise (the
@@ -150,6 +205,7 @@ impl ViewCore {
                 },
                 mode,
                 size: 0,
+                nlink: 1,
                 xattrs: Vec::new(),
                 time_offset: 0,
             })
@@ -172,21 +228,35 @@ impl ViewCore {
         Ok(t)
     }
 
-    fn child_key(dir: &Node, entry: &Entry) -> (SnapshotId, Vec<u8>, InodeKey) {
+    /// The snapshot, path, link count and key of `entry` in `dir`.
+    fn child_key(
+        &self,
+        dir: &Node,
+        entry: &Entry,
+    ) -> Result<(SnapshotId, Vec<u8>, u32, InodeKey), Errno> {
         let NodeKind::Dir { snapshot, path, .. } = &dir.kind else {
             unreachable!("entries are only listed in snapshot directories")
         };
         let path = child_path(path, &entry.name);
-        let key = InodeKey::of_entry(snapshot, &path, entry);
-        (*snapshot, path, key)
+        let nlink = match entry.kind {
+            Kind::File => self.link_counts(snapshot)?.get(&path).copied().unwrap_or(1),
+            Kind::Hardlink => self
+                .link_counts(snapshot)?
+                .get(&entry.data)
+                .copied()
+                .unwrap_or(1),
+            _ => 1,
+        };
+        let key = InodeKey::of_linked_entry(snapshot, &path, entry, nlink);
+        Ok((*snapshot, path, nlink, key))
     }
 
     /// Takes one lookup on the node of `entry` in `dir`.
     pub fn acquire_child(&self, dir: &Node, entry: &Entry) -> Result<Arc<Node>, Errno> {
-        let (snapshot, path, key) = Self::child_key(dir, entry);
+        let (snapshot, path, nlink, key) = self.child_key(dir, entry)?;
         self.table
             .acquire(&key, |ino, digest| {
-                Node::of_entry(ino, digest, &snapshot, &path, dir.ino, entry)
+                Node::of_entry(ino, digest, &snapshot, &path, dir.ino, entry, nlink)
             })
             .map_err(|_| {
                 tracing::error!(ino = key.ino(0), "no free inode number after rehashing");
@@ -195,9 +265,9 @@ impl ViewCore {
     }
 
     /// The number `entry` in `dir` has (or would get), without taking a lookup.
-    pub fn peek_child(&self, dir: &Node, entry: &Entry) -> u64 {
-        let (_, _, key) = Self::child_key(dir, entry);
-        self.table.peek(&key)
+    pub fn peek_child(&self, dir: &Node, entry: &Entry) -> Result<u64, Errno> {
+        let (_, _, _, key) = self.child_key(dir, entry)?;
+        Ok(self.table.peek(&key))
     }
 
     /// Drops `n` lookups of `ino` (the root is never forgotten).
@@ -228,7 +298,11 @@ impl ViewCore {
             crtime: t,
             kind,
             perm: (node.mode & 0o7777) as u16,
-            nlink: if kind == FileType::Directory { 2 } else { 1 },
+            nlink: if kind == FileType::Directory {
+                2
+            } else {
+                node.nlink
+            },
             uid: self.uid,
             gid: self.gid,
             // glibc's dev_t keeps the kernel's 32-bit encoding in its low bits for every

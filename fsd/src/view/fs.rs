@@ -368,7 +368,11 @@ impl Filesystem for ViewFs {
                 1 => reply.add(INodeNo(parent_of(&node)), 2, FileType::Directory, ".."),
                 _ => {
                     let e = &entries[(i - 2) as usize];
-                    let ino = self.core.peek_child(&node, e);
+                    let ino = match self.core.peek_child(&node, e) {
+                        Ok(ino) => ino,
+                        Err(err) if i == offset => return reply.error(err),
+                        Err(_) => break,
+                    };
                     reply.add(
                         INodeNo(ino),
                         i + 1,

@@ -45,15 +45,30 @@ fn kind_code(kind: Kind) -> u8 {
 /// ```
 ///
 /// `path` is the entry's `/`-joined path from the snapshot root (empty for the root). A
-/// hard link is keyed by its primary's path, as kind `file`, with the primary's (empty)
-/// data, so every name of a link group has one inode. Directories carry the snapshot id
-/// because the kernel allows a directory inode only one parent.
+/// hard link is keyed by its primary's path, as kind `file`, so every name of a link group
+/// has one inode; a file with more than one name has its link count (`u32le`) as data
+/// (the primary's own data is empty), because the kernel keeps one link count per inode
+/// and the same file may have other names in another snapshot. Directories carry the
+/// snapshot id because the kernel allows a directory inode only one parent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InodeKey(Vec<u8>);
 
 impl InodeKey {
-    /// The key of `entry` found at `path` in `snapshot`.
+    /// The key of `entry` found at `path` in `snapshot`, a file with one name.
     pub fn of_entry(snapshot: &SnapshotId, path: &[u8], entry: &Entry) -> InodeKey {
+        Self::of_linked_entry(snapshot, path, entry, 1)
+    }
+
+    /// The key of `entry` found at `path` in `snapshot`, whose file (a regular file or a
+    /// hard link) has `nlink` names in the snapshot.
+    pub fn of_linked_entry(
+        snapshot: &SnapshotId,
+        path: &[u8],
+        entry: &Entry,
+        nlink: u32,
+    ) -> InodeKey {
+        let links = nlink.to_le_bytes();
+        let linked: &[u8] = if nlink > 1 { &links } else { &[] };
         match entry.kind {
             Kind::Dir => Self::build(
                 Some(snapshot),
@@ -63,9 +78,15 @@ impl InodeKey {
                 &entry.hash,
                 &[],
             ),
-            Kind::Hardlink => {
-                Self::build(None, &entry.data, Kind::File, entry.mode, &entry.hash, &[])
-            }
+            Kind::Hardlink => Self::build(
+                None,
+                &entry.data,
+                Kind::File,
+                entry.mode,
+                &entry.hash,
+                linked,
+            ),
+            Kind::File => Self::build(None, path, Kind::File, entry.mode, &entry.hash, linked),
             kind => Self::build(None, path, kind, entry.mode, &entry.hash, &entry.data),
         }
     }
@@ -157,6 +178,8 @@ pub struct Node {
     /// Permission bits (`0o7777`).
     pub mode: u32,
     pub size: u64,
+    /// Names of a regular file in its snapshot (hard links); 1 for other non-directories.
+    pub nlink: u32,
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
     /// Seconds added to the view's fixed time: 1 for a git index (see [`time_offset`]).
     pub time_offset: u64,
@@ -178,12 +201,14 @@ impl Node {
             kind: NodeKind::Root,
             mode: 0o555,
             size: 0,
+            nlink: 1,
             xattrs: Vec::new(),
             time_offset: 0,
         }
     }
 
-    /// The node of `entry`, found at `path` in `snapshot` in the directory `parent`.
+    /// The node of `entry`, found at `path` in `snapshot` in the directory `parent`; a
+    /// file with `nlink` names there.
     pub fn of_entry(
         ino: u64,
         digest: [u8; 32],
@@ -191,6 +216,7 @@ impl Node {
         path: &[u8],
         parent: u64,
         entry: &Entry,
+        nlink: u32,
     ) -> Node {
         let kind = match entry.kind {
             Kind::Dir => NodeKind::Dir {
@@ -219,6 +245,7 @@ impl Node {
             kind,
             mode: entry.mode & 0o7777,
             size: entry.size,
+            nlink: if entry.kind.has_content() { nlink } else { 1 },
             xattrs: entry.xattrs.clone(),
             time_offset: if entry.kind.has_content() {
                 time_offset(path)
@@ -446,6 +473,7 @@ mod tests {
             kind: NodeKind::Fifo,
             mode: 0o644,
             size: 0,
+            nlink: 1,
             xattrs: Vec::new(),
             time_offset: 0,
         }

@@ -22,9 +22,11 @@
 //! - a directory belongs to exactly one snapshot (the kernel allows it one parent);
 //! - numbers stay below 2^48, leaving overlayfs's `xino` room for its layer bits.
 //!
-//! Attributes are as stable: mtime = ctime = atime = [`VIEW_TIME_SECS`], `nlink` 1 for
-//! non-directories and 2 for directories, size and permission bits (setuid, setgid and
-//! sticky included) from the entry, the owner from [`ViewOptions`].
+//! Attributes are as stable: mtime = ctime = atime = [`VIEW_TIME_SECS`], `nlink` the
+//! number of names of a regular file in its snapshot (hard links; counted once per
+//! snapshot by walking its trees, only when it has any), 1 for other non-directories and
+//! 2 for directories, size and permission bits (setuid, setgid and sticky included) from
+//! the entry, the owner from [`ViewOptions`].
 //!
 //! Two different entries whose keys land on the same number while both are held is a
 //! collision: the later one is rehashed with a salt counter (and logged), so its number is
@@ -341,7 +343,9 @@ impl Drop for ViewMount {
 /// What the view serves for the non-directory `entry` at `path` (`/`-joined from the
 /// snapshot root), in every snapshot and daemon run (barring an inode collision, which
 /// is logged): its inode number and times, and the owner `uid`/`gid`. Imports use it to
-/// make a checkout's `.git/index` agree with workspaces.
+/// make a checkout's `.git/index` agree with workspaces. A file with more than one name
+/// (hard links) gets another number in the view (its link count is part of its key), so
+/// git re-reads such a file once.
 pub fn served_file_stat(
     path: &[u8],
     entry: &cowspace_store::Entry,
