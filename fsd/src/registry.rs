@@ -78,7 +78,8 @@ pub struct Record {
     /// `mountctl` counts only while it is still a `sandbox-helper` of this workspace.
     #[serde(default)]
     pub sandbox_pid: Option<i32>,
-    /// The process that made the workspace. While the status is `creating`, sweep (and a
+    /// The process that made the workspace, or, once it is `cleanup_pending`, the one
+    /// removing it. While the status is `creating` or `cleanup_pending`, sweep (and a
     /// daemon starting) leave the workspace to it as long as it lives
     /// ([`Creator::is_alive`]); records of older builds have none and count as
     /// interrupted.

@@ -73,6 +73,8 @@ pub struct SweepReport {
     pub finished: Vec<String>,
     /// Workspaces still being created by a live process, left to it.
     pub creating: Vec<String>,
+    /// Workspaces still being removed by a live process, left to it.
+    pub removing: Vec<String>,
     /// Mounts and directories under the runtime root that no live record owns, removed.
     pub leftovers_removed: Vec<String>,
 }
@@ -481,10 +483,21 @@ impl Runtime {
             return Err(Error::NoWorkspace(format!("{ws} (it was removed already)")));
         }
         if let Some(pid) = live_creator(&rec) {
+            let (status, op) = if rec.status == Status::Creating {
+                (
+                    format!("still being created by pid {pid}"),
+                    "remove (remove it once its create has returned)",
+                )
+            } else {
+                (
+                    format!("being removed by pid {pid}"),
+                    "remove (another remove is under way)",
+                )
+            };
             return Err(Error::WrongState {
                 id: rec.id,
-                status: format!("still being created by pid {pid}"),
-                op: "remove (remove it once its create has returned)",
+                status,
+                op,
             });
         }
         let sandbox = live_sandbox(&rec);
@@ -500,6 +513,9 @@ impl Runtime {
         // going and does not mount the host's overlay again behind this removal.
         // No scan of every process first: the unmount itself fails with EBUSY while
         // anything uses the workspace, and only then are its users looked up.
+        // This process is the remover from here on: sweep leaves the removal to it while
+        // it lives, and finishes it once it is gone.
+        rec.creator = Creator::current();
         self.reg().set_status(&mut rec, Status::CleanupPending)?;
         if let Some(helper) = sandbox {
             kill_sandbox(helper);
@@ -630,6 +646,9 @@ impl Runtime {
             match rec.status {
                 Status::Creating if live_creator(&rec).is_some() => {
                     report.creating.push(rec.id.clone());
+                }
+                Status::CleanupPending if live_creator(&rec).is_some() => {
+                    report.removing.push(rec.id.clone());
                 }
                 Status::Creating | Status::CleanupPending => {
                     let st = if rec.status == Status::Creating {
@@ -765,12 +784,14 @@ pub fn live_sandbox(rec: &Record) -> Option<i32> {
     ours.then_some(pid)
 }
 
-/// The pid of the process still creating `rec`: its status is `creating` and its
-/// recorded creator runs (the same process, not a later one given its pid). A record
-/// without a creator (written by an older build) has none.
+/// The pid of the process still creating or removing `rec`: its status is `creating` or
+/// `cleanup_pending` and its recorded creator (the remover, once `cleanup_pending`)
+/// runs (the same process, not a later one given its pid). A record without a creator
+/// (written by an older build) has none.
 pub fn live_creator(rec: &Record) -> Option<i32> {
     let c = rec.creator.as_ref()?;
-    (rec.status == Status::Creating && c.is_alive()).then_some(c.pid)
+    (matches!(rec.status, Status::Creating | Status::CleanupPending) && c.is_alive())
+        .then_some(c.pid)
 }
 
 /// How long `remove --force` waits for a killed sandbox's helper to clean up and exit.

@@ -140,10 +140,11 @@ pub fn sweep(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let r = rt.sweep()?;
     ctx.emit(json!(r), || {
         format!(
-            "{} stopped, {} interrupted operations finished, {} still being created, {} leftovers removed",
+            "{} stopped, {} interrupted operations finished, {} still being created, {} still being removed, {} leftovers removed",
             r.stopped.len(),
             r.finished.len(),
             r.creating.len(),
+            r.removing.len(),
             r.leftovers_removed.len()
         )
     });
