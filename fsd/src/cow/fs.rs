@@ -2,81 +2,41 @@
 //! opens with passthrough backing files (blob-cache files for unmodified files, the upper
 //! files once written) so reads, writes and mmap never reach the daemon.
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
-use cowspace_store::ContentId;
 use fuser::{
-    AccessFlags, BackingId, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use nix::fcntl::AT_FDCWD;
-use nix::sys::stat::UtimensatFlags;
-use nix::sys::time::TimeSpec;
 
-use super::layers::reserved_xattr;
-use super::lazy::Pending;
+use super::handles::{Backing, Dir, Handles, lock};
 use super::node::Node;
-use super::ops::{Cow, Listed, Make, errno};
+use super::ops::{Cow, Make, errno};
+use super::setattr::SetAttr;
 
-/// How long the kernel may trust entries and attributes. Every change goes through this
-/// mount, so the bound only covers what the kernel cannot see (the sandbox's overlay of
-/// the same upper layer, which the host never mounts at the same time).
-pub const TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may trust entries (negative ones too) and attributes. Every
+/// change goes through this mount, and the kernel drops or refreshes what each change
+/// touches (the entries of a rename or unlink, the attributes of the inodes and
+/// directories involved), so nothing it caches goes stale while the mount serves. A
+/// short bound would only make every walk of the tree ask again.
+pub const TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Largest read or write answered by the daemon (opens that could not pass through).
 const MAX_IO_BYTES: u32 = 16 * 1024 * 1024;
 
-/// What a passthrough backing file is: the same file for every open of an inode, or the
-/// kernel refuses the open.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Backing {
-    Blob,
-    /// An upper file (device, inode) opened read-write, or read-only (`false`).
-    Upper(u64, u64, bool),
-}
-
-/// A file's copy-up while still in progress (`lazy.rs`).
-type Copying = Option<Arc<Pending>>;
-
-struct Handle {
-    file: Arc<File>,
-    _backing: Option<Arc<BackingId>>,
-    /// The file's copy-up, still in progress when opened: reads and writes go through it.
-    pending: Option<Arc<Pending>>,
-    /// Opened with `O_APPEND` (writes land at the end whatever the offset).
-    append: bool,
-}
-
-struct Dir {
-    entries: Vec<Listed>,
-}
-
-#[derive(Default)]
-struct Handles {
-    next: AtomicU64,
-    files: Mutex<HashMap<u64, Handle>>,
-    dirs: Mutex<HashMap<u64, Dir>>,
-    backing: Mutex<HashMap<u64, (Backing, Weak<BackingId>)>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 /// The filesystem `fuser` serves for one workspace.
 pub struct CowFs {
     pub cow: Arc<Cow>,
-    handles: Handles,
+    pub(super) handles: Handles,
     want_passthrough: bool,
     pub passthrough: Arc<AtomicBool>,
 }
@@ -91,7 +51,7 @@ impl CowFs {
         }
     }
 
-    fn next(&self) -> u64 {
+    pub(super) fn next(&self) -> u64 {
         self.handles.next.fetch_add(1, Ordering::Relaxed) + 1
     }
 
@@ -104,222 +64,35 @@ impl CowFs {
             }
         }
     }
-
-    /// The backing id for an open of `ino` on `file`, or `None` when the inode's live
-    /// backing is another file (then the open is served by the daemon).
-    fn backing(
-        &self,
-        ino: u64,
-        what: Backing,
-        file: &File,
-        register: impl FnOnce(&File) -> std::io::Result<BackingId>,
-    ) -> Option<Arc<BackingId>> {
-        if !self.passthrough.load(Ordering::Relaxed) {
-            return None;
-        }
-        let mut map = lock(&self.handles.backing);
-        if let Some((w, weak)) = map.get(&ino)
-            && let Some(id) = weak.upgrade()
-        {
-            return (*w == what).then_some(id);
-        }
-        match register(file) {
-            Ok(id) => {
-                let id = Arc::new(id);
-                map.insert(ino, (what, Arc::downgrade(&id)));
-                Some(id)
-            }
-            Err(e) => {
-                tracing::warn!(ino, error = %e, "passthrough refused; the daemon serves this open");
-                None
-            }
-        }
-    }
-
-    /// The file a passthrough backing of an upper file is registered with: read-write when
-    /// possible, so every later open of the inode may share it.
-    fn upper_backing_file(path: &Path) -> Option<(File, bool)> {
-        match std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(path)
-        {
-            Ok(f) => Some((f, true)),
-            Err(_) => std::fs::File::open(path).ok().map(|f| (f, false)),
-        }
-    }
-
-    fn open_node(&self, node: &Node, flags: i32) -> Result<(u64, Arc<File>, Copying), Errno> {
-        let write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
-        if node.upper.is_none() && !write {
-            let e = node.lower.as_ref().ok_or(Errno::EIO)?;
-            let content = ContentId::from_bytes(e.hash);
-            let path = self
-                .cow
-                .layers
-                .store
-                .blob_cache()
-                .ensure(&content)
-                .map_err(|e| crate::view::errno_of("materialise blob", &e))?;
-            let file = Arc::new(File::open(path).map_err(errno)?);
-            return Ok((node.ino, file, None));
-        }
-        let (node, file, pending) = self.cow.open_upper(node, flags)?;
-        Ok((node.ino, Arc::new(file), pending))
-    }
-
-    fn add_handle(
-        &self,
-        file: Arc<File>,
-        backing: Option<Arc<BackingId>>,
-        pending: Option<Arc<Pending>>,
-        flags: i32,
-    ) -> u64 {
-        let fh = self.next();
-        lock(&self.handles.files).insert(
-            fh,
-            Handle {
-                file,
-                _backing: backing,
-                pending,
-                append: flags & libc::O_APPEND != 0,
-            },
-        );
-        fh
-    }
-
-    fn handle_file(&self, fh: u64) -> Result<Arc<File>, Errno> {
-        lock(&self.handles.files)
-            .get(&fh)
-            .map(|h| Arc::clone(&h.file))
-            .ok_or(Errno::EBADF)
-    }
-
-    /// The file of handle `fh`, its copy-up if still in progress, and whether it appends.
-    fn handle_io(&self, fh: u64) -> Result<(Arc<File>, Copying, bool), Errno> {
-        lock(&self.handles.files)
-            .get(&fh)
-            .map(|h| {
-                let pending = h.pending.clone().filter(|p| !p.is_complete());
-                (Arc::clone(&h.file), pending, h.append)
-            })
-            .ok_or(Errno::EBADF)
-    }
-
-    fn what_backs(&self, node: &Node, file: &File) -> Result<Backing, Errno> {
-        if node.upper.is_none() {
-            return Ok(Backing::Blob);
-        }
-        let m = file.metadata().map_err(errno)?;
-        Ok(Backing::Upper(m.dev(), m.ino(), true))
-    }
-
-    fn setattr_inner(&self, ino: u64, s: SetAttr) -> Result<fuser::FileAttr, Errno> {
-        let SetAttr {
-            mode,
-            uid,
-            gid,
-            size,
-            atime,
-            mtime,
-            fh,
-        } = s;
-        let node = self.cow.table.get(ino)?;
-        let node = {
-            let _r = self.cow.ns.read().unwrap_or_else(|p| p.into_inner());
-            self.cow.copy_up(node.ino, size == Some(0))?
-        };
-        let path = self.cow.upper_of(&node)?;
-        // A copy-up in progress: size and times change under its lock.
-        let pending = node
-            .upper
-            .as_ref()
-            .and_then(|fd| self.cow.lazy.get(fd.as_ref()));
-        if uid.is_some() || gid.is_some() {
-            let fd = node.upper.as_ref().ok_or(Errno::EIO)?;
-            nix::unistd::fchownat(
-                fd.as_ref(),
-                "",
-                uid.map(nix::unistd::Uid::from_raw),
-                gid.map(nix::unistd::Gid::from_raw),
-                nix::fcntl::AtFlags::AT_EMPTY_PATH,
-            )
-            .map_err(|e| Errno::from_i32(e as i32))?;
-        }
-        if let Some(m) = mode {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(m & 0o7777))
-                .map_err(errno)?;
-        }
-        if let Some(len) = size {
-            let by_handle = fh.and_then(|fh| self.handle_file(fh.0).ok());
-            match (&pending, by_handle) {
-                (Some(p), _) => p.truncate(len).map_err(errno)?,
-                (None, Some(f)) if f.set_len(len).is_ok() => {}
-                _ => nix::unistd::truncate(&path, len as i64)
-                    .map_err(|e| Errno::from_i32(e as i32))?,
-            }
-        }
-        if atime.is_some() || mtime.is_some() {
-            let ts = |t: Option<TimeOrNow>| match t {
-                None => TimeSpec::UTIME_OMIT,
-                Some(TimeOrNow::Now) => TimeSpec::UTIME_NOW,
-                Some(TimeOrNow::SpecificTime(t)) => {
-                    match t.duration_since(SystemTime::UNIX_EPOCH) {
-                        Ok(d) => TimeSpec::new(d.as_secs() as i64, d.subsec_nanos() as i64),
-                        Err(e) => {
-                            let d = e.duration();
-                            let (s, n) = (d.as_secs() as i64, d.subsec_nanos() as i64);
-                            if n == 0 {
-                                TimeSpec::new(-s, 0)
-                            } else {
-                                TimeSpec::new(-s - 1, 1_000_000_000 - n)
-                            }
-                        }
-                    }
-                }
-            };
-            let set = || {
-                nix::sys::stat::utimensat(
-                    AT_FDCWD,
-                    &path,
-                    &ts(atime),
-                    &ts(mtime),
-                    UtimensatFlags::FollowSymlink,
-                )
-            };
-            match &pending {
-                Some(p) => p.locked(set),
-                None => set(),
-            }
-            .map_err(|e| Errno::from_i32(e as i32))?;
-        }
-        self.cow.attr(&self.cow.table.get(ino)?)
-    }
 }
 
-/// What a `setattr` changes.
-struct SetAttr {
-    mode: Option<u32>,
-    uid: Option<u32>,
-    gid: Option<u32>,
-    size: Option<u64>,
-    atime: Option<TimeOrNow>,
-    mtime: Option<TimeOrNow>,
-    fh: Option<FileHandle>,
-}
-
-/// The xattr protocol: size 0 asks for the length; a too-small buffer is `ERANGE`.
-fn reply_sized(value: &[u8], size: u32, reply: ReplyXattr) {
-    let Ok(len) = u32::try_from(value.len()) else {
-        return reply.error(Errno::E2BIG);
-    };
-    if size == 0 {
-        reply.size(len);
-    } else if len > size {
-        reply.error(Errno::ERANGE);
+/// The inode number of `node`'s `..` (the root's is itself).
+pub(super) fn parent_of(node: &Node) -> u64 {
+    if node.ino == super::node::ROOT_INO {
+        node.ino
     } else {
-        reply.data(value);
+        node.parent
+    }
+}
+
+/// The attributes sent with a negative entry (node 0; the kernel reads none of them).
+fn negative_attr() -> fuser::FileAttr {
+    fuser::FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: SystemTime::UNIX_EPOCH,
+        mtime: SystemTime::UNIX_EPOCH,
+        ctime: SystemTime::UNIX_EPOCH,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
     }
 }
 
@@ -328,6 +101,13 @@ impl Filesystem for CowFs {
         for cap in [
             InitFlags::FUSE_ATOMIC_O_TRUNC,
             InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
+            // Listings carry attributes (a walk then needs no lookup per name), lookups
+            // in one directory run in parallel, and a symlink's target (never changed in
+            // place) is read once.
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_CACHE_SYMLINKS,
             // The sandbox maps the workspace to its uids with an idmapped mount.
             InitFlags::FUSE_ALLOW_IDMAP,
         ] {
@@ -352,7 +132,9 @@ impl Filesystem for CowFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.cow.lookup(parent.0, name.as_bytes()) {
             Ok(Some(node)) => self.entry(&node, reply),
-            Ok(None) => reply.error(Errno::ENOENT),
+            // A negative entry (node 0): the kernel remembers the name is absent until
+            // something makes it.
+            Ok(None) => reply.entry(&TTL, &negative_attr(), Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -736,7 +518,9 @@ impl Filesystem for CowFs {
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
-        reply.ok();
+        // Nothing is buffered here (writes are passed through or written at once) and
+        // locks are the kernel's: "not implemented" stops a flush at every close.
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(
@@ -821,7 +605,13 @@ impl Filesystem for CowFs {
         match self.cow.list(&node) {
             Ok(entries) => {
                 let fh = self.next();
-                lock(&self.handles.dirs).insert(fh, Dir { entries });
+                lock(&self.handles.dirs).insert(
+                    fh,
+                    Dir {
+                        entries,
+                        read: false,
+                    },
+                );
                 reply.opened(FileHandle(fh), FopenFlags::empty());
             }
             Err(e) => reply.error(e),
@@ -840,42 +630,39 @@ impl Filesystem for CowFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        if offset == 0 {
-            // A listing from the start (a rewind) shows the directory as it is now; later
-            // offsets keep reading the listing taken then, so concurrent changes never
-            // make an entry appear twice or be skipped.
-            match self.cow.list(&node) {
-                Ok(entries) => {
-                    if let Some(d) = lock(&self.handles.dirs).get_mut(&fh.0) {
-                        d.entries = entries;
-                    }
-                }
-                Err(e) => return reply.error(e),
-            }
-        }
-        let dirs = lock(&self.handles.dirs);
-        let Some(dir) = dirs.get(&fh.0) else {
-            return reply.error(Errno::EBADF);
+        let entries = match self.dir_entries(&node, fh.0, offset) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
         };
-        let parent = if node.ino == super::node::ROOT_INO {
-            node.ino
-        } else {
-            node.parent
-        };
-        for i in offset..2 + dir.entries.len() as u64 {
-            let full = match i {
-                0 => reply.add(INodeNo(node.ino), 1, FileType::Directory, "."),
-                1 => reply.add(INodeNo(parent), 2, FileType::Directory, ".."),
-                _ => {
-                    let e = &dir.entries[(i - 2) as usize];
-                    reply.add(INodeNo(e.ino), i + 1, e.kind, OsStr::from_bytes(&e.name))
-                }
+        let first = offset.max(2);
+        for i in offset..2 {
+            let full = if i == 0 {
+                reply.add(INodeNo(node.ino), 1, FileType::Directory, ".")
+            } else {
+                reply.add(INodeNo(parent_of(&node)), 2, FileType::Directory, "..")
             };
             if full {
+                return reply.ok();
+            }
+        }
+        for (k, e) in entries.iter().enumerate() {
+            let off = first + k as u64 + 1;
+            if reply.add(INodeNo(e.ino), off, e.kind, OsStr::from_bytes(&e.name)) {
                 break;
             }
         }
         reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        reply: ReplyDirectoryPlus,
+    ) {
+        self.do_readdirplus(ino, fh, offset, reply)
     }
 
     fn releasedir(
@@ -928,63 +715,11 @@ impl Filesystem for CowFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        if reserved_xattr(name.as_bytes()) {
-            return reply.error(Errno::NO_XATTR);
-        }
-        let node = match self.cow.table.get(ino.0) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        if node.upper.is_some() {
-            if node.kind == FileType::Symlink {
-                return reply.error(Errno::NO_XATTR);
-            }
-            match self.cow.upper_of(&node).map(|p| xattr::get_deref(p, name)) {
-                Ok(Ok(Some(v))) => reply_sized(&v, size, reply),
-                Ok(Ok(None)) => reply.error(Errno::NO_XATTR),
-                Ok(Err(e)) => reply.error(errno(e)),
-                Err(e) => reply.error(e),
-            }
-        } else {
-            let found = node.lower.as_ref().and_then(|e| {
-                e.xattrs
-                    .iter()
-                    .find(|(n, _)| n.as_slice() == name.as_bytes())
-            });
-            match found {
-                Some((_, v)) => reply_sized(v, size, reply),
-                None => reply.error(Errno::NO_XATTR),
-            }
-        }
+        self.do_getxattr(ino, name, size, reply)
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let node = match self.cow.table.get(ino.0) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        let mut names = Vec::new();
-        if node.upper.is_some() {
-            if node.kind != FileType::Symlink {
-                let list = match self.cow.upper_of(&node).map(xattr::list_deref) {
-                    Ok(Ok(l)) => l,
-                    Ok(Err(e)) => return reply.error(errno(e)),
-                    Err(e) => return reply.error(e),
-                };
-                for n in list {
-                    if !reserved_xattr(n.as_bytes()) {
-                        names.extend_from_slice(n.as_bytes());
-                        names.push(0);
-                    }
-                }
-            }
-        } else if let Some(e) = &node.lower {
-            for (n, _) in &e.xattrs {
-                names.extend_from_slice(n);
-                names.push(0);
-            }
-        }
-        reply_sized(&names, size, reply);
+        self.do_listxattr(ino, size, reply)
     }
 
     fn setxattr(
@@ -997,55 +732,31 @@ impl Filesystem for CowFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        if reserved_xattr(name.as_bytes()) {
-            return reply.error(Errno::EPERM);
-        }
-        if name.as_bytes().starts_with(b"system.") {
-            // POSIX ACLs are not kept (tools then set the mode with chmod, which the
-            // kernel's attribute cache sees).
-            return reply.error(Errno::EOPNOTSUPP);
-        }
-        let r = self.cow.table.get(ino.0).and_then(|n| {
-            let n = {
-                let _r = self.cow.ns.read().unwrap_or_else(|p| p.into_inner());
-                self.cow.copy_up(n.ino, false)?
-            };
-            let p = self.cow.upper_of(&n)?;
-            let exists = matches!(xattr::get_deref(&p, name), Ok(Some(_)));
-            if flags & libc::XATTR_CREATE != 0 && exists {
-                return Err(Errno::EEXIST);
-            }
-            if flags & libc::XATTR_REPLACE != 0 && !exists {
-                return Err(Errno::NO_XATTR);
-            }
-            xattr::set_deref(&p, name, value).map_err(errno)
-        });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.do_setxattr(ino, name, value, flags, reply)
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        if reserved_xattr(name.as_bytes()) {
-            return reply.error(Errno::NO_XATTR);
-        }
-        let r = self.cow.table.get(ino.0).and_then(|n| {
-            let n = {
-                let _r = self.cow.ns.read().unwrap_or_else(|p| p.into_inner());
-                self.cow.copy_up(n.ino, false)?
-            };
-            let p = self.cow.upper_of(&n)?;
-            xattr::remove_deref(&p, name).map_err(errno)
-        });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.do_removexattr(ino, name, reply)
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
         // Permission bits are checked by the kernel (default_permissions).
         reply.ok();
+    }
+
+    /// No ioctls, answered without the library's per-call warning (programs probe files
+    /// they open: Python asks `isatty` of each).
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOTTY);
     }
 }

@@ -5,12 +5,14 @@
 //! Nothing here is kept in memory that the disk does not also say: the upper directory
 //! is the truth, so a daemon that died is replaced by one that serves the same upper.
 
+use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cowspace_store::{ContentId, Entry, Kind, SnapshotId, Store};
@@ -47,6 +49,15 @@ pub fn reserved_xattr(name: &[u8]) -> bool {
 /// (a symlink itself, not its target), whatever names it has now.
 pub fn fd_path(fd: &impl std::os::fd::AsRawFd) -> PathBuf {
     PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+}
+
+/// `/proc/self/fd/N/name`: the entry `name` of the directory an `O_PATH` descriptor
+/// holds. Upper entries are reached this way rather than by their full path, which may
+/// be longer than `PATH_MAX` and costs a lookup per component.
+pub fn at(dir: &impl std::os::fd::AsRawFd, name: &[u8]) -> PathBuf {
+    let mut p = fd_path(dir);
+    p.push(std::ffi::OsStr::from_bytes(name));
+    p
 }
 
 /// Opens `path` without following a final symlink, for metadata only.
@@ -120,7 +131,13 @@ pub struct Layers {
     pub uid: u32,
     pub gid: u32,
     tmp_seq: AtomicU64,
+    /// Contents already placed in the blob cache by this mount, opened without asking the
+    /// store's index again (cleared when full).
+    ensured: Mutex<HashSet<ContentId>>,
 }
+
+/// Contents remembered as placed in the blob cache (about 48 MiB at the limit).
+const MAX_ENSURED_CONTENTS: usize = 1 << 20;
 
 impl Layers {
     pub fn new(
@@ -138,7 +155,35 @@ impl Layers {
             uid,
             gid,
             tmp_seq: AtomicU64::new(0),
+            ensured: Mutex::new(HashSet::new()),
         }
+    }
+
+    /// The blob-cache file of `content`, opened for reading; placed there first unless
+    /// this mount already did (a blob file exists only complete: it appears by rename).
+    pub fn open_blob(&self, content: &ContentId) -> io::Result<File> {
+        let cache = self.store.blob_cache();
+        let known = self
+            .ensured
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(content);
+        if known {
+            match File::open(cache.path(content)) {
+                Ok(f) => return Ok(f),
+                // Evicted since: placed again below.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let path = cache.ensure(content).map_err(io::Error::other)?;
+        let f = File::open(path)?;
+        let mut ensured = self.ensured.lock().unwrap_or_else(|p| p.into_inner());
+        if ensured.len() >= MAX_ENSURED_CONTENTS {
+            ensured.clear();
+        }
+        ensured.insert(*content);
+        Ok(f)
     }
 
     /// The upper path of `rel` (a `/`-joined path from the root).
@@ -220,11 +265,15 @@ impl Layers {
         Ok(())
     }
 
-    /// Copies up the snapshot directory `entry` (at `rel`, whose parent's upper already
-    /// exists) as an upper directory keeping its mode, xattrs, times and inode number.
-    /// `entry` is `None` for the root (which always exists).
-    pub fn copy_up_dir(&self, rel: &[u8], entry: &Entry, ino: u64) -> io::Result<PathBuf> {
-        let target = self.upper_path(rel);
+    /// Copies up the snapshot directory `entry` (at `rel`) to `target` (in its parent's
+    /// upper directory, which exists) keeping its mode, xattrs, times and inode number.
+    pub fn copy_up_dir(
+        &self,
+        target: PathBuf,
+        rel: &[u8],
+        entry: &Entry,
+        ino: u64,
+    ) -> io::Result<PathBuf> {
         let tmp = self.tmp();
         fs::create_dir(&tmp)?;
         self.finish_copy(&tmp, entry, rel, ino)?;
@@ -243,20 +292,20 @@ impl Layers {
         }
     }
 
-    /// Copies up the snapshot entry `entry` (a file, symlink or special file at `rel`,
-    /// whose parent's upper exists). A file's content is cloned from its blob-cache file
+    /// Copies up the snapshot entry `entry` (a file, symlink or special file at `rel`) to
+    /// `target` (in its parent's upper directory, which exists). A file's content is cloned from its blob-cache file
     /// (`FICLONE`), else copied in the kernel (`copy_file_range`) — a file of at least
     /// [`LAZY_COPY_MIN_BYTES`] lazily: it is placed at full size with a copy-up record and
     /// returned as [`Pending`], whose blocks the caller has copied later (`lazy.rs`).
     /// `empty` skips the content (an open with `O_TRUNC`).
     pub fn copy_up_leaf(
         &self,
+        target: PathBuf,
         rel: &[u8],
         entry: &Entry,
         ino: u64,
         empty: bool,
     ) -> io::Result<(PathBuf, Option<Pending>)> {
-        let target = self.upper_path(rel);
         let tmp = self.tmp();
         let mut pending = None;
         let made = (|| -> io::Result<()> {
@@ -270,12 +319,7 @@ impl Layers {
                         .open(&tmp)?;
                     if !empty && entry.size > 0 {
                         let content = ContentId::from_bytes(entry.hash);
-                        let blob = self
-                            .store
-                            .blob_cache()
-                            .ensure(&content)
-                            .map_err(io::Error::other)?;
-                        let blob = File::open(blob)?;
+                        let blob = self.open_blob(&content)?;
                         if entry.size < LAZY_COPY_MIN_BYTES
                             || crate::sys::ficlone(&out, &blob).is_ok()
                         {
@@ -287,12 +331,8 @@ impl Layers {
                                 Err(e) => {
                                     // No record possible (no xattrs): the whole copy now.
                                     tracing::debug!(error = %e, "lazy copy-up refused");
-                                    let blob = self
-                                        .store
-                                        .blob_cache()
-                                        .ensure(&content)
-                                        .map_err(io::Error::other)?;
-                                    copy_range(&File::open(blob)?, &again, 0, entry.size)?;
+                                    let blob = self.open_blob(&content)?;
+                                    copy_range(&blob, &again, 0, entry.size)?;
                                 }
                             }
                         }

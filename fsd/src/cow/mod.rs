@@ -51,6 +51,16 @@
 //! listing read in pieces never shows an entry twice or skips one while the directory
 //! changes.
 //!
+//! # What the kernel keeps
+//!
+//! Every change to a served workspace goes through its mount, and the kernel drops or
+//! refreshes what a change touches, so entries (negative ones too) and attributes are
+//! given a long TTL ([`fs::TTL`]), listings carry attributes (`readdirplus`, each entry
+//! taking a lookup), symlink targets are cached, and closes send no flush. The one
+//! writer the kernel cannot see is a sandbox's own overlay of the same upper directory
+//! while a busy host mount could not be suspended; that mount may then show the state
+//! before the run until it is served again.
+//!
 //! # Not supported
 //!
 //! Renaming a directory that has snapshot content beneath fails with `EXDEV` (as overlayfs
@@ -59,10 +69,13 @@
 //! are the kernel's own (local to this host, which is every user of a workspace).
 
 pub mod fs;
+mod handles;
 pub mod layers;
 pub mod lazy;
 pub mod node;
 pub mod ops;
+mod setattr;
+mod xattrs;
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;

@@ -20,7 +20,7 @@ use nix::fcntl::{AT_FDCWD, RenameFlags as HostRename};
 use nix::sys::stat::{Mode, SFlag};
 
 use super::layers::{
-    Layers, OPAQUE_XATTR, fd_path, is_opaque, is_whiteout, join, lower_ino, lower_time_secs,
+    Layers, OPAQUE_XATTR, at, fd_path, is_opaque, is_whiteout, join, lower_ino, lower_time_secs,
     open_path, upper_ino,
 };
 use super::lazy::{Lazy, Pending};
@@ -203,13 +203,14 @@ impl Cow {
             .map(|i| t.entries[i].clone()))
     }
 
-    /// What `name` is in directory `dir` (at `dir_path`).
-    pub fn resolve(&self, dir: &Node, dir_path: &[u8], name: &[u8]) -> Result<Found, Errno> {
+    /// What `name` is in directory `dir`. An upper entry's path goes through the
+    /// directory's descriptor (valid while `dir` is held).
+    pub fn resolve(&self, dir: &Node, name: &[u8]) -> Result<Found, Errno> {
         if dir.kind != FileType::Directory {
             return Err(Errno::ENOTDIR);
         }
-        if dir.upper.is_some() {
-            let up = self.layers.upper_path(&join(dir_path, name));
+        if let Some(dfd) = &dir.upper {
+            let up = at(dfd.as_ref(), name);
             match fs::symlink_metadata(&up) {
                 Ok(m) if is_whiteout(&m) => return Ok(Found::Whiteout),
                 Ok(meta) => return Ok(Found::Upper { path: up, meta }),
@@ -275,7 +276,7 @@ impl Cow {
         let _r = self.ns.read().unwrap_or_else(|p| p.into_inner());
         let dir = self.table.get(parent)?;
         let dir_path = self.table.path_of(&dir)?;
-        let found = self.resolve(&dir, &dir_path, name)?;
+        let found = self.resolve(&dir, name)?;
         Ok(self
             .node_of(&dir, &dir_path, name, found)?
             .map(|n| self.table.acquire(n)))
@@ -323,8 +324,8 @@ impl Cow {
     fn list_at(&self, dir: &Node, dir_path: &[u8]) -> Result<Vec<Listed>, Errno> {
         let mut out: BTreeMap<Vec<u8>, (u64, FileType)> = BTreeMap::new();
         let mut whiteouts = HashSet::new();
-        if dir.upper.is_some() {
-            let up = self.layers.upper_path(dir_path);
+        if let Some(dfd) = &dir.upper {
+            let up = fd_path(dfd.as_ref());
             let rd = match fs::read_dir(&up) {
                 Ok(rd) => Some(rd),
                 Err(e) if e.kind() == io::ErrorKind::NotFound => None,
@@ -381,12 +382,14 @@ impl Cow {
             return Err(Errno::ENOENT);
         }
         let entry = node.lower.clone().ok_or(Errno::EIO)?;
-        self.copy_up_locked(node.parent, false)?;
+        let parent = self.copy_up_locked(node.parent, false)?;
+        let parent_fd = parent.upper.as_ref().ok_or(Errno::EIO)?;
+        let target = at(parent_fd.as_ref(), &node.name);
         let rel = self.table.path_of(&node)?;
         let placed = if entry.kind == Kind::Dir {
-            self.layers.copy_up_dir(&rel, &entry, ino)
+            self.layers.copy_up_dir(target, &rel, &entry, ino)
         } else {
-            self.copy_up_leaf(&rel, &entry, ino, empty)
+            self.copy_up_leaf(target, &rel, &entry, ino, empty)
         };
         let path = placed.map_err(|e| {
             tracing::warn!(path = %String::from_utf8_lossy(&rel), error = %e, "copy-up failed");
@@ -401,12 +404,13 @@ impl Cow {
     /// can open the file.
     fn copy_up_leaf(
         &self,
+        target: PathBuf,
         rel: &[u8],
         entry: &Entry,
         ino: u64,
         empty: bool,
     ) -> io::Result<PathBuf> {
-        let (path, pending) = self.layers.copy_up_leaf(rel, entry, ino, empty)?;
+        let (path, pending) = self.layers.copy_up_leaf(target, rel, entry, ino, empty)?;
         if let Some(p) = pending {
             self.lazy.add(Arc::new(p))?;
         }
@@ -428,15 +432,14 @@ impl Cow {
         }
         let _r = self.ns.read().unwrap_or_else(|p| p.into_inner());
         let dir = self.copy_up(parent, false)?;
-        let dir_path = self.table.path_of(&dir)?;
-        let dir_up = self.layers.upper_path(&dir_path);
-        let target = dir_up.join(OsStr::from_bytes(name));
-        let over_whiteout = match self.resolve(&dir, &dir_path, name)? {
+        let dir_fd = dir.upper.as_ref().ok_or(Errno::EIO)?;
+        let target = at(dir_fd.as_ref(), name);
+        let over_whiteout = match self.resolve(&dir, name)? {
             Found::Whiteout => true,
             Found::Absent => false,
             Found::Upper { .. } | Found::Lower(_) => return Err(Errno::EEXIST),
         };
-        let dmeta = fs::metadata(&dir_up).map_err(errno)?;
+        let dmeta = fs::metadata(fd_path(dir_fd.as_ref())).map_err(errno)?;
         let setgid_dir = dmeta.mode() & libc::S_ISGID != 0;
         let gid = if setgid_dir { dmeta.gid() } else { gid };
         let place = if over_whiteout {
@@ -575,7 +578,7 @@ impl Cow {
         let _w = self.ns.write().unwrap_or_else(|p| p.into_inner());
         let dir = self.table.get(parent)?;
         let dir_path = self.table.path_of(&dir)?;
-        let found = self.resolve(&dir, &dir_path, name)?;
+        let found = self.resolve(&dir, name)?;
         let is_dir = match &found {
             Found::Upper { meta, .. } => meta.is_dir(),
             Found::Lower(e) => e.kind == Kind::Dir,
@@ -593,7 +596,7 @@ impl Cow {
             _ => None,
         };
         if is_dir {
-            let again = self.resolve(&dir, &dir_path, name)?;
+            let again = self.resolve(&dir, name)?;
             self.empty_dir(&dir, &dir_path, name, again)?;
         }
         match upper {
@@ -605,8 +608,10 @@ impl Cow {
             Some(path) => fs::remove_file(&path).map_err(errno)?,
             None => {
                 let dir = self.copy_up(parent, false)?;
-                let dir_up = self.layers.upper_path(&self.table.path_of(&dir)?);
-                self.layers.whiteout(&dir_up, name).map_err(errno)?;
+                let dir_fd = dir.upper.as_ref().ok_or(Errno::EIO)?;
+                self.layers
+                    .whiteout(&fd_path(dir_fd.as_ref()), name)
+                    .map_err(errno)?;
             }
         }
         if let Some(ino) = ino {
@@ -640,7 +645,7 @@ impl Cow {
         let _w = self.ns.write().unwrap_or_else(|p| p.into_inner());
         let dir = self.table.get(parent)?;
         let dir_path = self.table.path_of(&dir)?;
-        let src = self.resolve(&dir, &dir_path, name)?;
+        let src = self.resolve(&dir, name)?;
         let src_ino = self.ino_of(&dir_path, name, &src).ok_or(Errno::ENOENT)?;
         let src_lower = match &src {
             Found::Lower(e) => Some(e.clone()),
@@ -655,7 +660,7 @@ impl Cow {
         }
         let ndir = self.table.get(newparent)?;
         let ndir_path = self.table.path_of(&ndir)?;
-        let dst = self.resolve(&ndir, &ndir_path, newname)?;
+        let dst = self.resolve(&ndir, newname)?;
         let dst_ino = self.ino_of(&ndir_path, newname, &dst);
         if dst_ino == Some(src_ino) {
             // Two names of one file (or the same name): nothing to do.
@@ -679,27 +684,31 @@ impl Cow {
                 }
             }
             Found::Whiteout if src_is_dir => {
-                let p = self.layers.upper_path(&join(&ndir_path, newname));
-                fs::remove_file(&p).map_err(errno)?;
+                // A whiteout is only found in a directory with an upper object.
+                let nfd = ndir.upper.as_ref().ok_or(Errno::EIO)?;
+                fs::remove_file(at(nfd.as_ref(), newname)).map_err(errno)?;
             }
             _ => {}
         }
         // The source in the upper layer, and both directories.
-        {
+        let (dir_up, ndir_up) = {
             let _g = lock(&self.copy);
-            self.copy_up_locked(parent, false)?;
-            self.copy_up_locked(newparent, false)?;
+            let dir = self.copy_up_locked(parent, false)?;
+            let ndir = self.copy_up_locked(newparent, false)?;
+            let dir_up = dir.upper.ok_or(Errno::EIO)?;
+            let ndir_up = ndir.upper.ok_or(Errno::EIO)?;
             if let Some(entry) = &src_lower {
                 let rel = join(&dir_path, name);
                 let path = self
-                    .copy_up_leaf(&rel, entry, src_ino, false)
+                    .copy_up_leaf(at(dir_up.as_ref(), name), &rel, entry, src_ino, false)
                     .map_err(errno)?;
                 let fd = Arc::new(open_path(&path).map_err(errno)?);
                 self.table.update(src_ino, |n| n.upper = Some(fd));
             }
-        }
-        let from = self.layers.upper_path(&join(&dir_path, name));
-        let to = self.layers.upper_path(&join(&ndir_path, newname));
+            (dir_up, ndir_up)
+        };
+        let from = at(dir_up.as_ref(), name);
+        let to = at(ndir_up.as_ref(), newname);
         let mut host = HostRename::empty();
         if self.lower_child(&dir, name)?.is_some() {
             host |= HostRename::RENAME_WHITEOUT;

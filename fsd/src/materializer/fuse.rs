@@ -122,11 +122,17 @@ impl Materializer for Fuse {
             return host.mount(rec);
         }
         let root = Self::root_of(rec)?;
-        crate::daemon::ensure_running(root)?;
-        let resp = crate::daemon::request(
-            root,
-            &serde_json::json!({"op": "mount_workspace", "args": {"workspace": rec.id}}),
-        )?;
+        let req = serde_json::json!({"op": "mount_workspace", "args": {"workspace": rec.id}});
+        // The daemon usually runs (create started it): asked at once, and started only
+        // when nothing answers (mounting is idempotent, so asking again is safe).
+        let resp = match crate::daemon::request(root, &req) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::debug!(error = %e, "no daemon answered mount_workspace; starting one");
+                crate::daemon::ensure_running(root)?;
+                crate::daemon::request(root, &req)?
+            }
+        };
         if resp["ok"] != true {
             return Err(from_response("mount_workspace", &resp));
         }
