@@ -117,7 +117,7 @@ impl CowFs {
         if node.upper.is_none() && !write {
             let e = node.lower.as_ref().ok_or(Errno::EIO)?;
             let content = ContentId::from_bytes(e.hash);
-            let file = self.cow.layers.open_blob(&content).map_err(|e| {
+            let file = self.cow.layers.open_blob(&content, e.size).map_err(|e| {
                 tracing::warn!(ino = node.ino, error = %e, "cannot open a blob");
                 errno(e)
             })?;

@@ -159,9 +159,10 @@ impl Layers {
         }
     }
 
-    /// The blob-cache file of `content`, opened for reading; placed there first unless
-    /// this mount already did (a blob file exists only complete: it appears by rename).
-    pub fn open_blob(&self, content: &ContentId) -> io::Result<File> {
+    /// The blob-cache file of `content` (`size` bytes), opened for reading; placed there
+    /// first unless it is there already (a blob file exists only complete: it appears by
+    /// rename), so a present one costs no query of the store's index.
+    pub fn open_blob(&self, content: &ContentId, size: u64) -> io::Result<File> {
         let cache = self.store.blob_cache();
         let known = self
             .ensured
@@ -175,15 +176,24 @@ impl Layers {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e),
             }
+        } else if let Ok(f) = File::open(cache.path(content))
+            && f.metadata().is_ok_and(|m| m.len() == size)
+        {
+            self.remember(content);
+            return Ok(f);
         }
         let path = cache.ensure(content).map_err(io::Error::other)?;
         let f = File::open(path)?;
+        self.remember(content);
+        Ok(f)
+    }
+
+    fn remember(&self, content: &ContentId) {
         let mut ensured = self.ensured.lock().unwrap_or_else(|p| p.into_inner());
         if ensured.len() >= MAX_ENSURED_CONTENTS {
             ensured.clear();
         }
         ensured.insert(*content);
-        Ok(f)
     }
 
     /// The upper path of `rel` (a `/`-joined path from the root).
@@ -319,7 +329,7 @@ impl Layers {
                         .open(&tmp)?;
                     if !empty && entry.size > 0 {
                         let content = ContentId::from_bytes(entry.hash);
-                        let blob = self.open_blob(&content)?;
+                        let blob = self.open_blob(&content, entry.size)?;
                         if entry.size < LAZY_COPY_MIN_BYTES
                             || crate::sys::ficlone(&out, &blob).is_ok()
                         {
@@ -331,7 +341,7 @@ impl Layers {
                                 Err(e) => {
                                     // No record possible (no xattrs): the whole copy now.
                                     tracing::debug!(error = %e, "lazy copy-up refused");
-                                    let blob = self.open_blob(&content)?;
+                                    let blob = self.open_blob(&content, entry.size)?;
                                     copy_range(&blob, &again, 0, entry.size)?;
                                 }
                             }
