@@ -25,6 +25,23 @@ pub fn checkout_path(store: &Store, snapshot: &SnapshotId) -> PathBuf {
     store.root().join("cache/checkouts").join(snapshot.to_hex())
 }
 
+/// The checkouts' lock, held shared while a checkout is found or built for a workspace
+/// (whose record exists by then) and exclusively while unused checkouts are pruned, so
+/// a prune never removes a checkout a create has just decided to use. Released on drop.
+pub fn lock(store: &Store, exclusive: bool) -> Result<fs::File> {
+    let dir = store.root().join("cache");
+    fs::create_dir_all(&dir).map_err(Error::io("create directory", &dir))?;
+    let path = dir.join("checkouts.lock");
+    let f = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(Error::io("open", &path))?;
+    if exclusive { f.lock() } else { f.lock_shared() }.map_err(Error::io("lock", &path))?;
+    Ok(f)
+}
+
 /// The blob-cache file of `content` with permission bits `mode` (made if missing).
 fn blob_variant(store: &Store, content: &ContentId, mode: u32) -> Result<PathBuf> {
     let plain = store.blob_cache().ensure(content)?;
@@ -52,6 +69,7 @@ fn blob_variant(store: &Store, content: &ContentId, mode: u32) -> Result<PathBuf
 /// Makes sure the checkout of `snapshot` exists and returns its path. Built under a
 /// temporary name and renamed into place, so a half-built checkout is never used.
 pub fn ensure_checkout(store: &Store, snapshot: &SnapshotId) -> Result<PathBuf> {
+    let _shared = lock(store, false)?;
     let dest = checkout_path(store, snapshot);
     if dest.is_dir() {
         return Ok(dest);

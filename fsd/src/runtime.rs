@@ -514,23 +514,30 @@ impl Runtime {
         // No scan of every process first: the unmount itself fails with EBUSY while
         // anything uses the workspace, and only then are its users looked up.
         // This process is the remover from here on: sweep leaves the removal to it while
-        // it lives, and finishes it once it is gone.
-        rec.creator = Creator::current();
+        // it lives, and finishes it once it is gone. A refused removal puts the creator
+        // back, so it changes nothing.
+        let made_by = std::mem::replace(&mut rec.creator, Creator::current());
         self.reg().set_status(&mut rec, Status::CleanupPending)?;
         if let Some(helper) = sandbox {
             kill_sandbox(helper);
             rec.sandbox_pid = None;
             rec.ports = serde_json::json!({});
         }
-        self.finish_removal(&mut rec, force)?;
+        self.finish_removal(&mut rec, force, made_by)?;
         Ok(rec)
     }
 
-    fn finish_removal(&self, rec: &mut Record, force: bool) -> Result<()> {
+    fn finish_removal(
+        &self,
+        rec: &mut Record,
+        force: bool,
+        made_by: Option<crate::registry::Creator>,
+    ) -> Result<()> {
         let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
         if let Err(e) = mat.unmount(rec, force) {
-            // Still mounted: back to active so nothing is half-removed.
+            // Still mounted: back to active, as it was, so nothing is half-removed.
             if matches!(e, Error::Busy { .. }) {
+                rec.creator = made_by;
                 self.reg().set_status(rec, Status::Active)?;
             }
             return Err(e);
@@ -605,6 +612,10 @@ impl Runtime {
     /// Removes checkouts no live workspace uses, then the blob-cache variants only they
     /// linked. Returns (checkouts, variants) removed.
     pub fn prune_checkouts(&self) -> Result<(u64, u64)> {
+        // Records listed under the lock: a create records its workspace before it looks
+        // for its checkout under the shared lock, so one that is not listed here finds
+        // the checkout gone afterwards and builds it again.
+        let _exclusive = checkout::lock(&self.store, true)?;
         let used: std::collections::HashSet<String> = self
             .reg()
             .list(false)?

@@ -214,3 +214,37 @@ fn sweep_leaves_a_live_creators_workspace_and_finishes_a_killed_ones() {
     drop(_silent);
     r.assert_clean();
 }
+
+/// `gc` prunes checkouts no workspace uses while creates on a checkout lower come and
+/// go: a create that has found its checkout never loses it to a prune (which read the
+/// records before the create recorded its workspace).
+#[test]
+fn pruning_checkouts_never_takes_the_one_a_create_is_using() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base_tree(&src);
+    let base = r.import(&src, &[]);
+    const CYCLES: usize = 12;
+    let creating = AtomicBool::new(true);
+    let prunes = std::thread::scope(|s| {
+        let pruner = s.spawn(|| {
+            let mut prunes = 0;
+            while creating.load(Ordering::SeqCst) {
+                let out = r.t.json(["gc", "--wait"]).ok().json();
+                prunes += out["checkouts_removed"].as_u64().unwrap_or(0);
+            }
+            prunes
+        });
+        for i in 0..CYCLES {
+            let ws = r.create(&base, &["--lower", "checkout"]);
+            assert_whole(&src, &ws, &format!("cycle {i}"));
+            // Removed, so its checkout is unused again and the next prune may take it.
+            r.remove(&ws.id);
+        }
+        creating.store(false, Ordering::SeqCst);
+        pruner.join().expect("the pruning thread panicked")
+    });
+    eprintln!("{prunes} checkouts pruned during {CYCLES} create/remove cycles");
+    r.assert_clean();
+}
