@@ -22,7 +22,7 @@ use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, send};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Gid, Pid, Uid};
 
-use crate::rootfs::{MAX_DETACHED_MOUNTS, Plan};
+use crate::rootfs::{MAX_CGROUP_JOINS, MAX_DETACHED_MOUNTS, Plan};
 use crate::spec::{Net, Spec};
 use crate::sys;
 use crate::syscall::LinuxSyscall;
@@ -87,7 +87,7 @@ fn fail(sock: &OwnedFd, step: &str, err: impl Into<std::io::Error>) -> ! {
 /// Receives one message and the descriptors attached to it.
 fn recv_with_fds(sock: &OwnedFd) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let mut buf = [0u8; 64];
-    let mut cmsg = nix::cmsg_space!([RawFd; MAX_DETACHED_MOUNTS]);
+    let mut cmsg = nix::cmsg_space!([RawFd; MAX_DETACHED_MOUNTS + MAX_CGROUP_JOINS]);
     let mut iov = [IoSliceMut::new(&mut buf)];
     let msg = recvmsg::<()>(
         sock.as_raw_fd(),
@@ -122,11 +122,26 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
     if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         fail(sock, "set the parent-death signal", e);
     }
-    let mounts = match recv_with_fds(sock) {
+    let mut mounts = match recv_with_fds(sock) {
         Ok((msg, fds)) if msg == b"go" => fds,
         Ok(_) => sys::exit_now(SETUP_FAILED), // the helper gave up
         Err(e) => fail(sock, "wait for the helper", e),
     };
+    // After the mounts come the `tasks` files of the sandbox's v1 cgroups (opened by the
+    // helper): writing 0 moves this single-threaded process in, without the wait a move
+    // by pid costs. Closed right after, before anything of the command's runs.
+    if mounts.len() < ctx.plan.detached.len() {
+        fail(
+            sock,
+            "receive the mounts",
+            std::io::Error::other("fewer descriptors than mounts"),
+        );
+    }
+    for tasks in mounts.split_off(ctx.plan.detached.len()) {
+        if let Err(e) = nix::unistd::write(&tasks, b"0") {
+            fail(sock, "join the sandbox's cgroup", e);
+        }
+    }
 
     // A new session without a controlling terminal: the command cannot reach the host's
     // terminal through /dev/tty or job control.

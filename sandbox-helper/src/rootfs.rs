@@ -25,6 +25,8 @@ use crate::syscall::Syscall;
 
 /// Most detached mounts handed to the sandbox (one `SCM_RIGHTS` message holds 253).
 pub const MAX_DETACHED_MOUNTS: usize = 200;
+/// Most cgroup files handed to init with the mounts (one per v1 controller used).
+pub const MAX_CGROUP_JOINS: usize = 8;
 /// Host directories bound read-only at the same place (or recreated as symlinks).
 pub const SYSTEM_DIRS: [&str; 7] = ["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
 /// Entries of the host's `/etc` that programs need, bound read-only when present.

@@ -23,7 +23,7 @@ use crate::alloc::{self, IDS_PER_SANDBOX};
 use crate::cgroup::{self, Group};
 use crate::error::{Error, Result};
 use crate::net::Proxy;
-use crate::rootfs::{self, MAX_DETACHED_MOUNTS, RealHost};
+use crate::rootfs::{self, MAX_CGROUP_JOINS, MAX_DETACHED_MOUNTS, RealHost};
 use crate::spec::Spec;
 use crate::{init, probe, seccomp, sys};
 
@@ -224,6 +224,11 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
         "too many mounts planned"
     );
     let mut group = Group::create(&placements, &spec.name, &spec.limits)?;
+    let joins = group.self_joins()?;
+    assert!(
+        joins.len() <= MAX_CGROUP_JOINS,
+        "too many cgroup hierarchies"
+    );
 
     let (ours, theirs) = socketpair(
         AddressFamily::Unix,
@@ -258,9 +263,10 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
         std::fs::write(format!("/proc/{pid}/{file}"), &map)
             .map_err(|source| Error::IdMap { file, source })?;
     }
-    // Moving a process into a cgroup v1 group waits for an RCU grace period (~10 ms):
-    // do it while init builds its view. Init enters its cgroup namespace, and the
-    // command starts, only after `run`, which is sent once the move is done.
+    // Init joins its v1 groups itself (`Group::self_joins`, handed over with the mounts);
+    // a move by pid (v2 here) takes the kernel's thread-group lock, whose first taking
+    // waits for an RCU grace period: done while init builds its view. Init enters its
+    // cgroup namespace, and the command starts, only after `run`, sent once both are done.
     // The host's overlay of the workspace goes away in the same window (the sandbox
     // mounts its own overlay of the layers, read from the mount table at validation).
     let (handover, moved, host_mount) = std::thread::scope(|scope| {
@@ -268,7 +274,7 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
         let suspender = spec
             .suspend_host_mount
             .then(|| scope.spawn(|| suspend_host_mount(&spec.workspace)));
-        let handover = hand_over(pid, &plan, &ours, spec);
+        let handover = hand_over(pid, &plan, &joins, &ours, spec);
         let host_mount = match suspender {
             Some(t) => t.join().expect("the unmount thread panicked"),
             None => Ok(HostMount::Kept),
@@ -330,7 +336,13 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
 
 /// Makes the detached mounts of `plan` (the workspace idmapped with init's user
 /// namespace), hands them to init with `go`, and waits until init has set up.
-fn hand_over(pid: Pid, plan: &rootfs::Plan, ours: &OwnedFd, spec: &Spec) -> Result<()> {
+fn hand_over(
+    pid: Pid,
+    plan: &rootfs::Plan,
+    joins: &[File],
+    ours: &OwnedFd,
+    spec: &Spec,
+) -> Result<()> {
     let userns = File::open(format!("/proc/{pid}/ns/user")).map_err(Error::Sync)?;
     let mut mounts: Vec<OwnedFd> = Vec::with_capacity(plan.detached.len());
     for d in &plan.detached {
@@ -366,7 +378,9 @@ fn hand_over(pid: Pid, plan: &rootfs::Plan, ours: &OwnedFd, spec: &Spec) -> Resu
         })?;
         mounts.push(fd);
     }
-    let raw: Vec<i32> = mounts.iter().map(|m| m.as_raw_fd()).collect();
+    let mut raw: Vec<i32> = mounts.iter().map(|m| m.as_raw_fd()).collect();
+    // After the mounts, the cgroup files init joins by itself.
+    raw.extend(joins.iter().map(|j| j.as_raw_fd()));
     sendmsg::<()>(
         ours.as_raw_fd(),
         &[IoSlice::new(b"go")],

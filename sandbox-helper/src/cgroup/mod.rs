@@ -264,10 +264,35 @@ impl Group {
         out
     }
 
-    /// Moves process `pid` into every directory of the group.
+    /// The `tasks` files of the group's v1 directories, opened for writing by this (root)
+    /// process, for the sandbox's init to write `0` into: a single-threaded process that
+    /// moves itself that way is moved without the kernel's thread-group lock, whose
+    /// first taking waits for an RCU grace period (7-10 ms measured here for
+    /// `cgroup.procs`, against 0.3 ms). The kernel checks the permission against the
+    /// opener's credentials, so init needs no write access of its own.
+    pub fn self_joins(&self) -> Result<Vec<fs::File>> {
+        self.dirs
+            .iter()
+            .filter(|(p, _)| p.version == Version::V1)
+            .map(|(_, dir)| {
+                let path = dir.join("tasks");
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|source| Error::Cgroup {
+                        step: "open for the sandbox to join",
+                        path,
+                        source,
+                    })
+            })
+            .collect()
+    }
+
+    /// Moves process `pid` into every directory of the group that it does not join by
+    /// itself (the v2 ones; see [`Group::self_joins`]).
     pub fn add(&self, pid: Pid) -> Result<()> {
-        for (i, (_, dir)) in self.dirs.iter().enumerate() {
-            if self.dirs[..i].iter().any(|(_, d)| d == dir) {
+        for (i, (p, dir)) in self.dirs.iter().enumerate() {
+            if p.version == Version::V1 || self.dirs[..i].iter().any(|(_, d)| d == dir) {
                 continue;
             }
             write(
