@@ -1,6 +1,8 @@
 //! `fsd`: the cowspace daemon of one runtime root. Serves the read-only snapshot view at
-//! `<root>/run/view` and the control socket at `<root>/run/fsd.sock` until told to stop
-//! (`mountctl daemon stop`, a `shutdown` request, SIGTERM or SIGINT).
+//! `<root>/run/view` (with xattrs) and `<root>/run/view-plain` (snapshots without any
+//! xattrs, on a connection that never asks the daemon for them) and the control socket
+//! at `<root>/run/fsd.sock` until told to stop (`mountctl daemon stop`, a `shutdown`
+//! request, SIGTERM or SIGINT).
 #![forbid(unsafe_code)]
 
 use std::os::unix::fs::PermissionsExt;
@@ -15,7 +17,7 @@ use clap::Parser;
 use cowspace_fsd::control::{Server, root_owner};
 use cowspace_fsd::daemon::socket_path;
 use cowspace_fsd::runtime::Runtime;
-use cowspace_fsd::view::{ReadMode, ViewMount, ViewOptions};
+use cowspace_fsd::view::{PLAIN_VIEW_DIR, ReadMode, VIEW_DIR, ViewMount, ViewOptions};
 use cowspace_fsd::{mounts, registry::Status};
 use cowspace_store::{Store, StoreConfig};
 
@@ -132,13 +134,16 @@ fn run(args: Args) -> Result<()> {
         signal_hook::flag::register(sig, Arc::clone(&stop)).context("install signal handler")?;
     }
 
-    // The view. A stale mount (an earlier daemon that died) is detached first.
-    let view_dir = run_dir.join("view");
-    if mounts::is_mounted(&view_dir)? {
-        tracing::warn!(path = %view_dir.display(), "detaching a stale snapshot view");
-        mounts::unmount_lazy(&view_dir)?;
+    // The views. A stale mount (an earlier daemon that died) is detached first.
+    let view_dir = run_dir.join(VIEW_DIR);
+    let plain_dir = run_dir.join(PLAIN_VIEW_DIR);
+    for dir in [&view_dir, &plain_dir] {
+        if mounts::is_mounted(dir)? {
+            tracing::warn!(path = %dir.display(), "detaching a stale snapshot view");
+            mounts::unmount_lazy(dir)?;
+        }
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     }
-    std::fs::create_dir_all(&view_dir).with_context(|| format!("create {}", view_dir.display()))?;
     // Workspaces that lost their lower when an earlier daemon died are marked `stopped`
     // (recoverable). Before the new view exists: a create arriving meanwhile cannot mount
     // on it yet, so it is not mistaken for one of the earlier daemon's.
@@ -166,7 +171,12 @@ fn run(args: Args) -> Result<()> {
         let _ =
             nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
     }
-    let view = ViewMount::mount(store, &view_dir, opts)?;
+    let plain_opts = ViewOptions {
+        xattrs: false,
+        ..opts.clone()
+    };
+    let view = ViewMount::mount(Arc::clone(&store), &view_dir, opts)?;
+    let plain = ViewMount::mount(store, &plain_dir, plain_opts)?;
 
     // Reconcile the registry with the mount table: leftovers removed, and workspaces
     // still `creating` left to the processes creating them (they may have started this
@@ -214,15 +224,18 @@ fn run(args: Args) -> Result<()> {
     let served = Arc::clone(&server).serve(listener, owner);
     stop.store(true, Ordering::SeqCst);
     let _ = std::fs::remove_file(&sock);
-    // Workspaces still on the view (a forced stop): end the FUSE connection so their
+    // Workspaces still on a view (a forced stop): end the FUSE connections so their
     // lower layer fails cleanly (they become `stopped`; `recover` brings them back)
     // instead of keeping this process alive behind a detached mount.
     if !(server.busy)().is_empty() {
         abort_connection(&view_dir);
+        abort_connection(&plain_dir);
     }
     host.unmount_all();
-    if let Err(e) = view.unmount() {
-        tracing::warn!("{e}");
+    for v in [view, plain] {
+        if let Err(e) = v.unmount() {
+            tracing::warn!("{e}");
+        }
     }
     tracing::info!("fsd stopped");
     served?;

@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::materializer::{self, MaterializerKind};
 use crate::registry::{Creator, Record, Registry, Status, now};
 use crate::upper;
+use crate::view::{PLAIN_VIEW_DIR, VIEW_DIR};
 
 /// How to create a workspace.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
@@ -214,14 +215,11 @@ impl Runtime {
             }
             None => private_dir.join("mnt"),
         };
-        let lower = match lower_kind.as_str() {
-            "view" => self.store.root().join("run/view").join(snapshot.to_hex()),
-            _ => checkout::checkout_path(&self.store, &snapshot),
-        };
         // Full-tree materializers choose their own lower (a checkout, a subvolume).
         let (lower_kind, lower) = match mat.lower(&self.store, &snapshot, o.lower.as_deref())? {
             Some((k, p)) => (k.to_string(), p),
-            None => (lower_kind, lower),
+            None if lower_kind == "view" => (lower_kind, self.view_path(&snapshot)),
+            None => (lower_kind, checkout::checkout_path(&self.store, &snapshot)),
         };
         let t = now();
         let mut rec = Record {
@@ -286,6 +284,28 @@ impl Runtime {
         rec.create_ms = started.elapsed().as_secs_f64() * 1e3;
         self.reg().set_status(&mut rec, Status::Active)?;
         Ok(rec)
+    }
+
+    /// The directory of `snapshot` in the daemon's views: the plain view
+    /// (`run/view-plain`, no xattr round trips) when the snapshot is known to have no
+    /// xattrs, else the full view (`run/view`). Found once per snapshot (see
+    /// [`crate::view::plain`]); an unknown answer is the full view. A running daemon
+    /// without a plain view (an older build) serves it from its full view.
+    fn view_path(&self, snapshot: &SnapshotId) -> PathBuf {
+        let run = self.store.layout().run();
+        let full = run.join(VIEW_DIR).join(snapshot.to_hex());
+        let plain = match crate::view::plain::has_xattrs(&self.store, snapshot) {
+            Ok(false) => run.join(PLAIN_VIEW_DIR).join(snapshot.to_hex()),
+            Ok(true) => return full,
+            Err(e) => {
+                tracing::warn!(snapshot = %snapshot.to_hex(), "whether the snapshot has xattrs: {e}; the full view serves it");
+                return full;
+            }
+        };
+        if !plain.is_dir() && full.is_dir() {
+            return full;
+        }
+        plain
     }
 
     /// Adds `evidence` (where the workspace's snapshot came from) to its record, under

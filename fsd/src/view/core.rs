@@ -43,6 +43,7 @@ pub struct Counters {
     pub passthrough_opens: AtomicU64,
     pub reads: AtomicU64,
     pub read_bytes: AtomicU64,
+    pub xattr_requests: AtomicU64,
     /// Whether the kernel granted FUSE passthrough and the view uses it.
     pub passthrough: AtomicBool,
 }
@@ -83,11 +84,14 @@ pub struct ViewCore {
     links: Mutex<HashMap<SnapshotId, Arc<LinkCounts>>>,
     uid: u32,
     gid: u32,
+    /// Whether extended attributes are served (off: the plain view, see [`super::plain`]).
+    pub xattrs: bool,
 }
 
 impl ViewCore {
-    pub fn new(store: Arc<Store>, uid: u32, gid: u32) -> ViewCore {
+    pub fn new(store: Arc<Store>, uid: u32, gid: u32, xattrs: bool) -> ViewCore {
         ViewCore {
+            xattrs,
             store,
             table: InodeTable::default(),
             counters: Counters::default(),
@@ -187,6 +191,10 @@ impl ViewCore {
             .and_then(|s| s.parse().ok())
             .filter(|id: &SnapshotId| id.to_hex().as_bytes() == name)
             .ok_or(Errno::ENOENT)?;
+        // The plain view drops xattrs: only snapshots recorded as having none are in it.
+        if !self.xattrs && super::plain::recorded(&self.store, &id) != Some(false) {
+            return Err(Errno::ENOENT);
+        }
         let snap = self
             .store
             .snapshot(&id)
@@ -237,6 +245,11 @@ impl ViewCore {
         let NodeKind::Dir { snapshot, path, .. } = &dir.kind else {
             unreachable!("entries are only listed in snapshot directories")
         };
+        if !self.xattrs && !entry.xattrs.is_empty() {
+            // The snapshot's marker said it has none: a wrong marker, never served.
+            tracing::error!(snapshot = %snapshot.to_hex(), "an entry with xattrs in the plain view");
+            return Err(Errno::EIO);
+        }
         let path = child_path(path, &entry.name);
         let nlink = match entry.kind {
             Kind::File => self.link_counts(snapshot)?.get(&path).copied().unwrap_or(1),
@@ -379,7 +392,7 @@ mod tests {
     #[test]
     fn lookups_resolve_lazily_and_forget_empties_the_table() {
         let (_tmp, store, snap) = store_with(&[("a/b.txt", "hello"), ("c", "x")]);
-        let core = ViewCore::new(store, 0, 0);
+        let core = ViewCore::new(store, 0, 0, true);
         assert_eq!(
             core.table.len(),
             0,
@@ -406,7 +419,7 @@ mod tests {
     #[test]
     fn unknown_and_malformed_snapshots_are_enoent() {
         let (_tmp, store, snap) = store_with(&[("a", "1")]);
-        let core = ViewCore::new(store, 0, 0);
+        let core = ViewCore::new(store, 0, 0, true);
         let zero = "0".repeat(64);
         for name in [zero.as_str(), "abc", "", &snap.to_hex().to_uppercase()] {
             assert_eq!(
@@ -428,8 +441,8 @@ mod tests {
             let f = core.lookup(d.ino, b"f").unwrap().unwrap();
             (r.ino, d.ino, f.ino)
         };
-        let a = ino(&ViewCore::new(Arc::clone(&store), 0, 0));
-        let b = ino(&ViewCore::new(store, 1, 1));
+        let a = ino(&ViewCore::new(Arc::clone(&store), 0, 0, true));
+        let b = ino(&ViewCore::new(store, 1, 1, true));
         assert_eq!(a, b);
     }
 
@@ -437,7 +450,7 @@ mod tests {
     fn a_blob_is_opened_from_the_cache() {
         use std::io::Read;
         let (_tmp, store, snap) = store_with(&[("f", "contents")]);
-        let core = ViewCore::new(store, 0, 0);
+        let core = ViewCore::new(store, 0, 0, true);
         let r = core
             .lookup(ROOT_INO, snap.to_hex().as_bytes())
             .unwrap()

@@ -1,5 +1,6 @@
 //! The `fuser` adapter: translates FUSE requests into [`ViewCore`] calls and answers
-//! with long cache lifetimes. Every mutating operation is `EROFS`.
+//! with long cache lifetimes. Every mutating operation is `EROFS`; reading xattrs is
+//! `ENOSYS` in the plain view (see [`super::plain`]).
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
@@ -464,6 +465,14 @@ impl Filesystem for ViewFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.core
+            .counters
+            .xattr_requests
+            .fetch_add(1, Ordering::Relaxed);
+        if !self.core.xattrs {
+            // The kernel remembers this per connection and asks no more.
+            return reply.error(Errno::ENOSYS);
+        }
         let node = match self.core.node(ino.0) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -479,6 +488,14 @@ impl Filesystem for ViewFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.core
+            .counters
+            .xattr_requests
+            .fetch_add(1, Ordering::Relaxed);
+        if !self.core.xattrs {
+            // Together with getxattr: a name listed but not readable fails copy-ups.
+            return reply.error(Errno::ENOSYS);
+        }
         let node = match self.core.node(ino.0) {
             Ok(n) => n,
             Err(e) => return reply.error(e),

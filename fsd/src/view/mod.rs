@@ -82,6 +82,7 @@ mod core;
 mod errno;
 mod fs;
 mod inode;
+pub mod plain;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -98,6 +99,11 @@ pub(crate) use self::errno::errno_of;
 pub use self::fs::ENTRY_TTL;
 use self::fs::ViewFs;
 pub use self::inode::{INO_CONTEXT, INO_LIMIT, InodeKey};
+
+/// Where the daemon mounts the full view, under `<root>/run/`.
+pub const VIEW_DIR: &str = "view";
+/// Where the daemon mounts the plain view (no xattrs; [`plain`]), under `<root>/run/`.
+pub const PLAIN_VIEW_DIR: &str = "view-plain";
 
 /// File system name shown in the mount table.
 pub const VIEW_FSNAME: &str = "cowspace";
@@ -140,7 +146,7 @@ impl ReadMode {
 }
 
 /// How to serve the view.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ViewOptions {
     /// Request threads, each with its own `/dev/fuse` clone (0 = one per core).
     pub threads: usize,
@@ -149,6 +155,23 @@ pub struct ViewOptions {
     /// Owner shown for every entry (default: the owner of the runtime root).
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// Serve extended attributes (the default). Off, the mount is a plain view: it
+    /// answers `getxattr` and `listxattr` with `ENOSYS`, so the kernel stops asking after
+    /// the first of each, and it serves only snapshots recorded as having no xattrs at
+    /// all ([`plain`]); any other snapshot is `ENOENT` there.
+    pub xattrs: bool,
+}
+
+impl Default for ViewOptions {
+    fn default() -> ViewOptions {
+        ViewOptions {
+            threads: 0,
+            read_mode: ReadMode::default(),
+            uid: None,
+            gid: None,
+            xattrs: true,
+        }
+    }
 }
 
 /// What can go wrong mounting or unmounting the view.
@@ -193,6 +216,8 @@ pub struct ViewStats {
     /// `read` requests served by the daemon (0 for passthrough opens).
     pub reads: u64,
     pub read_bytes: u64,
+    /// `getxattr` and `listxattr` requests that reached the daemon.
+    pub xattr_requests: u64,
     pub ino_collisions: u64,
 }
 
@@ -241,7 +266,7 @@ impl ViewMount {
             0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
             n => n,
         };
-        let core = Arc::new(ViewCore::new(store, uid, gid));
+        let core = Arc::new(ViewCore::new(store, uid, gid, opts.xattrs));
         let fs = ViewFs::new(Arc::clone(&core), opts.read_mode);
         let mut config = Config::default();
         config.mount_options = vec![
@@ -265,6 +290,7 @@ impl ViewMount {
             mountpoint = %mountpoint.display(),
             threads,
             read_mode = opts.read_mode.as_str(),
+            xattrs = opts.xattrs,
             passthrough = core.counters.passthrough.load(Ordering::Relaxed),
             "snapshot view mounted"
         );
@@ -296,6 +322,7 @@ impl ViewMount {
             passthrough_opens: c.passthrough_opens.load(Ordering::Relaxed),
             reads: c.reads.load(Ordering::Relaxed),
             read_bytes: c.read_bytes.load(Ordering::Relaxed),
+            xattr_requests: c.xattr_requests.load(Ordering::Relaxed),
             ino_collisions: self.core.table.collisions(),
         }
     }

@@ -64,6 +64,10 @@ pub fn run(ctx: &Ctx, args: ImportArgs) -> anyhow::Result<ExitCode> {
         bar.finish_and_clear();
     }
     let report: ImportReport = report?;
+    // Whether the snapshot has any xattr is recorded now, while its trees are fresh, so
+    // its first workspace does not walk them to pick its view. A failure only leaves
+    // that walk to the first workspace.
+    let _ = cowspace_fsd::view::plain::has_xattrs(&store, &report.snapshot);
     for w in &report.warnings {
         ctx.note(&format!("warning: {w}"));
     }

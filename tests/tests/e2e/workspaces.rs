@@ -24,6 +24,7 @@ mod properties;
 mod python_client;
 mod races;
 pub(crate) mod support;
+mod xattrs;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::symlink;
