@@ -191,6 +191,26 @@ fn errno(e: &std::io::Error) -> i32 {
 /// is declared earlier and so dropped later).
 struct Overlay(PathBuf);
 
+impl Overlay {
+    /// Mounts kernel overlayfs at `target` over `lower` with cowspace's options (fresh
+    /// `upper` and `work` directories of `env`); unmounted on drop.
+    fn mount(env: &Env, lower: &Path, target: &Path) -> Overlay {
+        let status = Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o"])
+            .arg(format!(
+                "lowerdir={},upperdir={},workdir={},userxattr,redirect_dir=nofollow,index=off,metacopy=off",
+                lower.display(),
+                env.dir("upper").display(),
+                env.dir("work").display()
+            ))
+            .arg(target)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mount -t overlay over the view: {status}");
+        Overlay(target.to_path_buf())
+    }
+}
+
 impl Drop for Overlay {
     fn drop(&mut self) {
         if nix::mount::umount(&self.0).is_err() {
@@ -329,20 +349,9 @@ fn overlayfs_accepts_the_view_as_its_lower_layer() {
     let snap = env.import(&src);
     let view = env.mount("mnt", ViewOptions::default());
     let lower = view.mountpoint().join(snap.to_hex());
-    let (upper, work, target) = (env.dir("upper"), env.dir("work"), env.dir("ws"));
-    let status = Command::new("mount")
-        .args(["-t", "overlay", "overlay", "-o"])
-        .arg(format!(
-            "lowerdir={},upperdir={},workdir={}",
-            lower.display(),
-            upper.display(),
-            work.display()
-        ))
-        .arg(&target)
-        .status()
-        .unwrap();
-    assert!(status.success(), "mount -t overlay over the view: {status}");
-    let overlay = Overlay(target.clone());
+    let target = env.dir("ws");
+    let overlay = Overlay::mount(&env, &lower, &target);
+    let upper = env.path("upper");
 
     assert_eq!(fs::read(target.join("a/b/c/deep.txt")).unwrap(), b"deep\n");
     assert_eq!(fs::read(target.join("big.bin")).unwrap(), noise(3 << 20, 7));
@@ -390,20 +399,8 @@ fn hard_links_have_one_inode_and_their_true_link_count() {
     // name anew and renaming the names onto each other works as over a plain directory
     // (with a link count of 1 overlayfs kept the lower number for the copied-up name and
     // gave the new link the upper one, and the renames failed with ESTALE).
-    let (upper, work, ws) = (env.dir("upper"), env.dir("work"), env.dir("ws"));
-    let status = Command::new("mount")
-        .args(["-t", "overlay", "overlay", "-o"])
-        .arg(format!(
-            "lowerdir={},upperdir={},workdir={},userxattr,redirect_dir=nofollow,index=off,metacopy=off",
-            top.display(),
-            upper.display(),
-            work.display()
-        ))
-        .arg(&ws)
-        .status()
-        .unwrap();
-    assert!(status.success(), "mount -t overlay over the view: {status}");
-    let _overlay = Overlay(ws.clone());
+    let ws = env.dir("ws");
+    let _overlay = Overlay::mount(&env, &top, &ws);
     fs::hard_link(ws.join("a"), ws.join("c")).unwrap();
     fs::rename(ws.join("c"), ws.join("a")).unwrap();
     fs::rename(ws.join("a"), ws.join("c")).unwrap();
@@ -645,19 +642,7 @@ fn read_speed_of_a_100_mib_file() {
         "first open (blob cache materialised): {:.3} s",
         t.elapsed().as_secs_f64()
     );
-    let status = Command::new("mount")
-        .args(["-t", "overlay", "overlay", "-o"])
-        .arg(format!(
-            "lowerdir={},upperdir={},workdir={}",
-            pt.mountpoint().join(snap.to_hex()).display(),
-            env.dir("upper").display(),
-            env.dir("work").display()
-        ))
-        .arg(env.dir("ws"))
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let _overlay = Overlay(env.path("ws"));
+    let _overlay = Overlay::mount(&env, &pt.mountpoint().join(snap.to_hex()), &env.dir("ws"));
     let cases = [
         ("ext4 (source file)", src.join("big.bin")),
         ("view, passthrough", pt_file.clone()),

@@ -16,37 +16,14 @@ const UNMOUNT_WAIT_MS: u64 = 5_000;
 /// (the 64 MiB workload with its commits and checkouts stays far below it).
 const LOOP_IMAGE_BYTES: u64 = 2 << 30;
 
-/// Unescapes a mountinfo field (`\ooo` octal escapes for space, tab, newline, backslash).
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 4 <= b.len()
-            && let Some(v) = std::str::from_utf8(&b[i + 1..i + 4])
-                .ok()
-                .and_then(|o| u8::from_str_radix(o, 8).ok())
-        {
-            out.push(v);
-            i += 4;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Mount points at or under `dir` (from `/proc/self/mountinfo`, as given or canonical),
 /// deepest first.
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let text = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let canon = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    let mut v: Vec<PathBuf> = text
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|t| PathBuf::from(unescape(t)))
+    let mut v: Vec<PathBuf> = cowspace_fsd::mounts::mounts()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| m.target)
         .filter(|t| t.starts_with(dir) || t.starts_with(&canon))
         .collect();
     v.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
