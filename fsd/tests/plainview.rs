@@ -8,63 +8,37 @@ mod common;
 use std::fs;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use common::can_run;
+use common::{Env, can_run};
 use cowspace_fsd::view::{ViewMount, ViewOptions, plain};
-use cowspace_store::{ImportOptions, SnapshotId, Store, StoreConfig};
+use cowspace_store::SnapshotId;
 
 /// Files (in directories of ten) of the tree without xattrs.
 const FILES: usize = 60;
 
-struct Env {
-    tmp: tempfile::TempDir,
-    store: Arc<Store>,
+/// Imports a tree of [`FILES`] files, with `user.x` on `d0/f0` when `with_xattr`.
+fn import_tree(env: &Env, name: &str, with_xattr: bool) -> SnapshotId {
+    let src = env.dir(name);
+    for i in 0..FILES {
+        let d = src.join(format!("d{}", i / 10));
+        fs::create_dir_all(&d).unwrap();
+        fs::write(d.join(format!("f{}", i % 10)), format!("{name} {i}\n")).unwrap();
+    }
+    if with_xattr {
+        xattr::set(src.join("d0/f0"), "user.x", b"value").unwrap();
+    }
+    env.import(&src)
 }
 
-impl Env {
-    fn new() -> Env {
-        let tmp = tempfile::Builder::new()
-            .prefix("cowspace-plainview-test-")
-            .tempdir()
-            .unwrap();
-        let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
-        Env {
-            tmp,
-            store: Arc::new(store),
-        }
-    }
-
-    fn dir(&self, name: &str) -> PathBuf {
-        let p = self.tmp.path().join(name);
-        fs::create_dir_all(&p).unwrap();
-        p
-    }
-
-    /// Imports a tree of [`FILES`] files, with `user.x` on `d0/f0` when `with_xattr`.
-    fn import(&self, name: &str, with_xattr: bool) -> SnapshotId {
-        let src = self.dir(name);
-        for i in 0..FILES {
-            let d = src.join(format!("d{}", i / 10));
-            fs::create_dir_all(&d).unwrap();
-            fs::write(d.join(format!("f{}", i % 10)), format!("{name} {i}\n")).unwrap();
-        }
-        if with_xattr {
-            xattr::set(src.join("d0/f0"), "user.x", b"value").unwrap();
-        }
-        self.store
-            .import_dir(&src, &ImportOptions::new())
-            .unwrap()
-            .snapshot
-    }
-
-    fn mount(&self, name: &str, xattrs: bool) -> ViewMount {
-        let opts = ViewOptions {
+/// The view at `name`, serving xattrs or not.
+fn mount_view(env: &Env, name: &str, xattrs: bool) -> ViewMount {
+    env.mount(
+        name,
+        ViewOptions {
             xattrs,
             ..Default::default()
-        };
-        ViewMount::mount(Arc::clone(&self.store), &self.dir(name), opts).unwrap()
-    }
+        },
+    )
 }
 
 /// An overlay as workspaces mount it; unmounted on drop (before the view's guard, which
@@ -117,10 +91,10 @@ fn the_plain_view_answers_xattr_reads_without_the_daemon() {
     if !can_run() {
         return;
     }
-    let env = Env::new();
-    let snap = env.import("src", false);
+    let env = Env::new("cowspace-plainview-test-");
+    let snap = import_tree(&env, "src", false);
     assert!(!plain::has_xattrs(&env.store, &snap).unwrap());
-    let view = env.mount("plain", false);
+    let view = mount_view(&env, "plain", false);
     let top = view.mountpoint().join(snap.to_hex());
 
     let before = view.stats().xattr_requests;
@@ -147,11 +121,11 @@ fn overlayfs_over_the_plain_view_walks_and_copies_up_without_xattr_round_trips()
     if !can_run() {
         return;
     }
-    let env = Env::new();
-    let snap = env.import("src", false);
+    let env = Env::new("cowspace-plainview-test-");
+    let snap = import_tree(&env, "src", false);
     assert!(!plain::has_xattrs(&env.store, &snap).unwrap());
-    let full = env.mount("full", true);
-    let plain = env.mount("plain", false);
+    let full = mount_view(&env, "full", true);
+    let plain = mount_view(&env, "plain", false);
 
     // A fresh overlay over the full view asks it for xattrs entry by entry.
     let before = full.stats().xattr_requests;
@@ -227,13 +201,13 @@ fn the_plain_view_serves_no_snapshot_with_xattrs_nor_an_unknown_one() {
     if !can_run() {
         return;
     }
-    let env = Env::new();
-    let with = env.import("with", true);
-    let unknown = env.import("unknown", false);
+    let env = Env::new("cowspace-plainview-test-");
+    let with = import_tree(&env, "with", true);
+    let unknown = import_tree(&env, "unknown", false);
     assert!(plain::has_xattrs(&env.store, &with).unwrap());
     assert_eq!(plain::recorded(&env.store, &unknown), None);
-    let full = env.mount("full", true);
-    let plain_view = env.mount("plain", false);
+    let full = mount_view(&env, "full", true);
+    let plain_view = mount_view(&env, "plain", false);
 
     for snap in [&with, &unknown] {
         let e = fs::metadata(plain_view.mountpoint().join(snap.to_hex())).unwrap_err();

@@ -1,6 +1,8 @@
 //! The read-only snapshot view, mounted for real (root with /dev/fuse; skipped otherwise,
 //! except under `CI=true` where a missing privilege fails the run).
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{ErrorKind, Read};
@@ -10,24 +12,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{Env, can_run};
 use cowspace_fsd::view::{ReadMode, VIEW_TIME_SECS, ViewMount, ViewOptions};
-use cowspace_store::{ImportOptions, SnapshotId, Store, StoreConfig};
-
-/// Whether this process may mount FUSE; says why not, or fails under CI.
-fn can_run() -> bool {
-    let why = if !nix::unistd::geteuid().is_root() {
-        "not root"
-    } else if !Path::new("/dev/fuse").exists() {
-        "no /dev/fuse"
-    } else {
-        return true;
-    };
-    if std::env::var("CI").as_deref() == Ok("true") {
-        panic!("view tests need root and /dev/fuse: {why}");
-    }
-    eprintln!("skipping: view tests need root and /dev/fuse ({why})");
-    false
-}
+use cowspace_store::{Store, StoreConfig};
 
 /// Deterministic incompressible bytes.
 fn noise(len: usize, seed: u64) -> Vec<u8> {
@@ -40,47 +27,6 @@ fn noise(len: usize, seed: u64) -> Vec<u8> {
             x as u8
         })
         .collect()
-}
-
-/// A temporary runtime root, source tree and mount points; removed at the end.
-struct Env {
-    tmp: tempfile::TempDir,
-    store: Arc<Store>,
-}
-
-impl Env {
-    fn new() -> Env {
-        let tmp = tempfile::Builder::new()
-            .prefix("cowspace-view-test-")
-            .tempdir()
-            .unwrap();
-        let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
-        Env {
-            tmp,
-            store: Arc::new(store),
-        }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.tmp.path().join(name)
-    }
-
-    fn dir(&self, name: &str) -> PathBuf {
-        let p = self.path(name);
-        fs::create_dir_all(&p).unwrap();
-        p
-    }
-
-    fn import(&self, src: &Path) -> SnapshotId {
-        self.store
-            .import_dir(src, &ImportOptions::new())
-            .unwrap()
-            .snapshot
-    }
-
-    fn mount(&self, name: &str, opts: ViewOptions) -> ViewMount {
-        ViewMount::mount(Arc::clone(&self.store), &self.dir(name), opts).unwrap()
-    }
 }
 
 /// Builds the varied tree the view is compared against.
@@ -224,7 +170,7 @@ fn the_view_shows_the_imported_tree() {
     if !can_run() {
         return;
     }
-    let env = Env::new();
+    let env = Env::new("cowspace-view-test-");
     let src = env.dir("src");
     varied_tree(&src);
     let snap = env.import(&src);
@@ -255,7 +201,7 @@ fn every_write_is_erofs() {
     if !can_run() {
         return;
     }
-    let env = Env::new();
+    let env = Env::new("cowspace-view-test-");
     let src = env.dir("src");
     varied_tree(&src);
     let snap = env.import(&src);
@@ -292,7 +238,7 @@ fn identities_are_stable_across_mounts_and_snapshots() {
     if !can_run() {
         return;
     }
-    let env = Env::new();
+    let env = Env::new("cowspace-view-test-");
     let src = env.dir("src");
     varied_tree(&src);
     let snap = env.import(&src);
@@ -343,7 +289,7 @@ fn overlayfs_accepts_the_view_as_its_lower_layer() {
     if !can_run() {
         return;
     }
-    let env = Env::new();
+    let env = Env::new("cowspace-view-test-");
     let src = env.dir("src");
     varied_tree(&src);
     let snap = env.import(&src);
@@ -372,7 +318,7 @@ fn hard_links_have_one_inode_and_their_true_link_count() {
     if !can_run() {
         return;
     }
-    let env = Env::new();
+    let env = Env::new("cowspace-view-test-");
     let src = env.dir("src");
     fs::create_dir_all(src.join("d")).unwrap();
     fs::write(src.join("a"), b"linked\n").unwrap();
@@ -417,7 +363,7 @@ fn passthrough_reads_bypass_the_daemon() {
     if !can_run() {
         return;
     }
-    let env = Env::new();
+    let env = Env::new("cowspace-view-test-");
     let src = env.dir("src");
     varied_tree(&src);
     let snap = env.import(&src);
@@ -459,7 +405,7 @@ fn cached_mode_asks_the_daemon_to_open_once_and_keeps_pages_across_opens() {
     if !can_run() {
         return;
     }
-    let env = Env::new();
+    let env = Env::new("cowspace-view-test-");
     let src = env.dir("src");
     varied_tree(&src);
     let snap = env.import(&src);
@@ -493,7 +439,7 @@ fn unknown_snapshots_are_enoent_and_corrupt_data_is_eio() {
     if !can_run() {
         return;
     }
-    let env = Env::new();
+    let env = Env::new("cowspace-view-test-");
     let src = env.dir("src");
     fs::write(src.join("big.bin"), noise(3_000_000, 88172645463325252)).unwrap();
     fs::write(src.join("small.txt"), "small\n").unwrap();
@@ -539,7 +485,7 @@ fn dropping_caches_forgets_inodes() {
     if !can_run() {
         return;
     }
-    let env = Env::new();
+    let env = Env::new("cowspace-view-test-");
     let src = env.dir("src");
     for d in 0..10 {
         for f in 0..30 {
@@ -578,7 +524,7 @@ fn fifos_and_special_bits_are_served() {
     if !can_run() {
         return;
     }
-    let env = Env::new();
+    let env = Env::new("cowspace-view-test-");
     let src = env.dir("src");
     nix::unistd::mkfifo(
         &src.join("pipe"),
@@ -616,7 +562,7 @@ fn read_speed_of_a_100_mib_file() {
         return;
     }
     const MIB: usize = 1 << 20;
-    let env = Env::new();
+    let env = Env::new("cowspace-view-test-");
     let src = env.dir("src");
     fs::write(src.join("big.bin"), noise(100 * MIB, 3)).unwrap();
     let snap = env.import(&src);
@@ -693,7 +639,7 @@ fn stat_walk_speed() {
     if !can_run() {
         return;
     }
-    let env = Env::new();
+    let env = Env::new("cowspace-view-test-");
     let src = env.dir("src");
     for d in 0..200 {
         let dir = src.join(format!("dir{d:03}"));
@@ -728,7 +674,7 @@ fn a_busy_view_is_detached_lazily_and_leaves_no_mount() {
     if !can_run() {
         return;
     }
-    let env = Env::new();
+    let env = Env::new("cowspace-view-test-");
     let src = env.dir("src");
     fs::write(src.join("f"), b"still readable").unwrap();
     let snap = env.import(&src);

@@ -1,9 +1,13 @@
 //! Shared by fsd's root-only tests: whether they can run, and a guard that leaves nothing.
 #![allow(dead_code)]
 
+use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use cowspace_fsd::runtime::Runtime;
+use cowspace_fsd::view::{ViewMount, ViewOptions};
+use cowspace_store::{ImportOptions, SnapshotId, Store, StoreConfig};
 
 /// Root with /dev/fuse: run. Otherwise print why and skip — except under `CI=true`.
 pub fn can_run() -> bool {
@@ -40,5 +44,44 @@ impl Drop for Cleanup {
         for m in left.iter().rev() {
             let _ = cowspace_fsd::mounts::unmount_lazy(m);
         }
+    }
+}
+
+/// A temporary store, source trees and mount points for the view's tests; removed at the
+/// end (mounts first: each is dropped before the directory goes).
+pub struct Env {
+    pub tmp: tempfile::TempDir,
+    pub store: Arc<Store>,
+}
+
+impl Env {
+    pub fn new(prefix: &str) -> Env {
+        let tmp = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+        let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
+        Env {
+            tmp,
+            store: Arc::new(store),
+        }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.tmp.path().join(name)
+    }
+
+    pub fn dir(&self, name: &str) -> PathBuf {
+        let p = self.path(name);
+        fs::create_dir_all(&p).unwrap();
+        p
+    }
+
+    pub fn import(&self, src: &Path) -> SnapshotId {
+        self.store
+            .import_dir(src, &ImportOptions::new())
+            .unwrap()
+            .snapshot
+    }
+
+    pub fn mount(&self, name: &str, opts: ViewOptions) -> ViewMount {
+        ViewMount::mount(Arc::clone(&self.store), &self.dir(name), opts).unwrap()
     }
 }
