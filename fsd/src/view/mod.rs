@@ -1,5 +1,5 @@
 //! The read-only snapshot view: every stored snapshot as a directory of one FUSE mount,
-//! loaded lazily, with stable inode numbers and reads passed through to blob-cache files.
+//! loaded lazily, with stable inode numbers, reads served from blob-cache files.
 //!
 //! # Layout
 //!
@@ -55,13 +55,24 @@
 //!
 //! # Caching and reads
 //!
-//! Entries, negative entries and attributes carry a lifetime of one day; files open with
-//! `FOPEN_KEEP_CACHE`, snapshot directories with `FOPEN_CACHE_DIR`. Opening a file makes
-//! sure its content is a blob-cache file; when the kernel granted `FUSE_PASSTHROUGH`, the
-//! open is answered with that file as backing (one backing id per inode while opens live,
-//! stack depth 1 so kernel overlayfs accepts the view as a lower layer), and reads and
-//! mmap never reach the daemon. Otherwise `read` is served with positioned reads from
-//! the blob file kept open per handle. A corrupt object is `EIO`, never data.
+//! Entries, negative entries and attributes carry a lifetime of one day. How files are
+//! opened and read is the [`ReadMode`]:
+//! - `Cached` (the default): the first OPEN is answered "not implemented" (as are
+//!   OPENDIR and FLUSH), so the kernel opens files and directories without asking and
+//!   keeps their pages and listings cached (its defaults for such opens); a `read`
+//!   arrives without a handle and is served by inode from the blob-cache file (kept open
+//!   in a small bounded set), which the daemon makes sure exists first. Warm reads never
+//!   reach the daemon, and every workspace of a snapshot shares the pages.
+//! - `Passthrough`: when the kernel granted `FUSE_PASSTHROUGH`, each open is answered
+//!   with the blob-cache file as backing (one backing id per inode while opens live,
+//!   stack depth 1 so kernel overlayfs accepts the view as a lower layer); reads and mmap
+//!   never reach the daemon, but every open and close is a round trip.
+//! - `Served`: opens get a handle and `FOPEN_KEEP_CACHE`; reads are positioned reads from
+//!   the blob file kept open per handle.
+//!
+//! A mount with `xattrs` off (the plain view, `plain.rs`) answers getxattr and listxattr
+//! "not implemented", so the kernel stops asking: overlayfs otherwise asks for an xattr on
+//! every entry it looks up. A corrupt object is `EIO`, never data.
 //!
 //! ```no_run
 //! use std::sync::Arc;
