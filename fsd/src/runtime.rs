@@ -629,6 +629,20 @@ impl Runtime {
         })
     }
 
+    /// Deletes the btrfs base subvolumes (`cache/subvols`) no live workspace uses.
+    /// Returns how many.
+    pub fn prune_subvolumes(&self) -> Result<u64> {
+        materializer::btrfs::prune_bases(&self.store, &|| {
+            Ok(self
+                .reg()
+                .list(false)?
+                .into_iter()
+                .filter(|r| r.materializer == "btrfs")
+                .map(|r| r.snapshot)
+                .collect())
+        })
+    }
+
     /// Removes checkouts no live workspace uses, then the blob-cache variants only they
     /// linked. Returns (checkouts, variants) removed.
     pub fn prune_checkouts(&self) -> Result<(u64, u64)> {

@@ -94,12 +94,9 @@ fn trial_subvolume(root_tmp: &Path) -> std::result::Result<(), String> {
     r
 }
 
-/// Makes the read-only base subvolume of `rec`'s snapshot (and its stamps) unless it
-/// exists. Serialised by a lock file so two creates do not build it twice.
-fn ensure_base(rec: &Record) -> Result<()> {
-    let subvol = rec.lower.clone();
-    let stamps = base_stamps(&subvol);
-    let dir = subvol.parent().expect("subvolumes have a parent");
+/// The lock of `<root>/cache/subvols` (`dir`): held while a base is found or built and
+/// snapshotted for a workspace, and while unused bases are pruned. Released on drop.
+fn lock_bases(dir: &Path) -> Result<nix::fcntl::Flock<fs::File>> {
     fs::create_dir_all(dir).map_err(Error::io("create directory", dir))?;
     let lock_path = dir.join(".lock");
     let lock_file = fs::OpenOptions::new()
@@ -108,10 +105,59 @@ fn ensure_base(rec: &Record) -> Result<()> {
         .write(true)
         .open(&lock_path)
         .map_err(Error::io("open", &lock_path))?;
-    let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, errno)| Error::io("lock", &lock_path)(errno.into()))?;
+    nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, errno)| Error::io("lock", &lock_path)(errno.into()))
+}
+
+/// Deletes the base subvolumes (and their stamps) of `<root>/cache/subvols` whose snapshot
+/// is not in `used` (the snapshots of live btrfs workspaces, listed by the caller under
+/// this lock: a create records its workspace before it takes the lock to find its base).
+/// Returns how many were deleted.
+pub fn prune_bases(
+    store: &Store,
+    used: &dyn Fn() -> Result<std::collections::HashSet<String>>,
+) -> Result<u64> {
+    let dir = store.root().join("cache/subvols");
+    if !dir.is_dir() {
+        return Ok(0);
+    }
+    let _lock = lock_bases(&dir)?;
+    let used = used()?;
+    let mut removed = 0;
+    for e in fs::read_dir(&dir)
+        .map_err(Error::io("list", &dir))?
+        .flatten()
+    {
+        let name = e.file_name().to_string_lossy().into_owned();
+        // Bases are named by snapshot id; their stamps beside them; nothing else here
+        // but the lock and build leftovers of a dead create (`.tmp-*`, reclaimed by the
+        // next build of the same snapshot).
+        if name.len() != 64 || !name.bytes().all(|b| b.is_ascii_hexdigit()) || used.contains(&name)
+        {
+            continue;
+        }
+        let path = e.path();
+        if let Ok(m) = fs::symlink_metadata(&path)
+            && is_subvolume(&path, &m)
+        {
+            delete_subvolume(&path)?;
+            let _ = fs::remove_file(base_stamps(&path));
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// Makes the read-only base subvolume of `rec`'s snapshot (and its stamps) unless it
+/// exists, and returns the bases' lock, held: the caller snapshots the base before a
+/// prune may delete it. Serialised so two creates do not build it twice.
+fn ensure_base(rec: &Record) -> Result<nix::fcntl::Flock<fs::File>> {
+    let subvol = rec.lower.clone();
+    let stamps = base_stamps(&subvol);
+    let dir = subvol.parent().expect("subvolumes have a parent");
+    let lock = lock_bases(dir)?;
     if subvol.is_dir() && stamps.is_file() {
-        return Ok(());
+        return Ok(lock);
     }
     if subvol.is_dir() {
         // Made by hand or by an older build without stamps: start again.
@@ -136,7 +182,7 @@ fn ensure_base(rec: &Record) -> Result<()> {
         let _ = delete_subvolume(&tmp);
         return Err(e);
     }
-    Ok(())
+    Ok(lock)
 }
 
 /// The btrfs subvolume-snapshot materializer.
@@ -179,7 +225,7 @@ impl Materializer for Btrfs {
 
     fn mount(&self, rec: &Record) -> Result<()> {
         if !fulltree::made(rec) {
-            ensure_base(rec)?;
+            let _base_lock = ensure_base(rec)?;
             let tree = fulltree::tree_dir(rec);
             if let Ok(m) = fs::symlink_metadata(&tree) {
                 // A snapshot left by an interrupted create.

@@ -11,10 +11,12 @@ use crate::output::{Ctx, bytes};
 pub fn run(ctx: &Ctx, args: GcArgs) -> anyhow::Result<ExitCode> {
     let store = ctx.open()?;
     // Checkouts nobody uses go first, so eviction sees their blobs as unlinked.
-    let (checkouts, variants) = if args.dry_run {
-        (0, 0)
+    let (checkouts, variants, subvolumes) = if args.dry_run {
+        (0, 0, 0)
     } else {
-        ctx.runtime()?.prune_checkouts()?
+        let rt = ctx.runtime()?;
+        let (checkouts, variants) = rt.prune_checkouts()?;
+        (checkouts, variants, rt.prune_subvolumes()?)
     };
     let report = store.gc(GcOptions {
         dry_run: args.dry_run,
@@ -29,11 +31,12 @@ pub fn run(ctx: &Ctx, args: GcArgs) -> anyhow::Result<ExitCode> {
     let mut value = json!(report);
     value["checkouts_removed"] = json!(checkouts);
     value["blob_variants_removed"] = json!(variants);
+    value["subvolumes_removed"] = json!(subvolumes);
     value["blob_cache"] = json!(evicted);
     ctx.emit(value, || {
         format!(
             "{}{} snapshots, {} objects ({}), {} packs removed; {} packs rewritten; {} orphan packs removed\n\
-             {checkouts} unused checkouts and {variants} blob variants removed; blob cache: {} evicted ({}), {} kept as in use, {} now",
+             {checkouts} unused checkouts, {subvolumes} btrfs base subvolumes and {variants} blob variants removed; blob cache: {} evicted ({}), {} kept as in use, {} now",
             if report.dry_run { "would remove: " } else { "" },
             report.snapshots_removed.len(),
             report.objects_removed,

@@ -23,6 +23,7 @@ mod crash;
 mod properties;
 mod python_client;
 mod races;
+mod subvols;
 pub(crate) mod support;
 mod xattrs;
 
