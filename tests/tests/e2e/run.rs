@@ -213,6 +213,32 @@ fn run_writes_into_a_view_workspace_and_passes_the_exit_status() {
 }
 
 #[test]
+fn run_writes_into_a_fuse_workspace_whose_host_mount_stays() {
+    require_root!();
+    let (r, snap) = setup();
+    let ws: Ws = r.create(&snap, &["--name", "w1", "--materializer", "fuse"]);
+    // Not an overlay: the sandbox binds the daemon's mount itself (idmapped), and the
+    // host's mount stays, showing what the command writes as it writes it.
+    let (code, out, err) = output(run_cmd(
+        &r,
+        &[
+            "w1",
+            "--",
+            "sh",
+            "-c",
+            "echo hi > /workspace/f; cat a.txt; id -u; echo more >> a.txt",
+        ],
+    ));
+    assert_eq!(code, 0, "stdout {out}\nstderr {err}");
+    assert_eq!(out, "hello\n0\n", "stderr {err}");
+    assert!(r.mounts().contains(&ws.path));
+    assert_eq!(std::fs::read_to_string(ws.path.join("f")).unwrap(), "hi\n");
+    assert_eq!(r.t.run(["diff", "w1"]).ok().stdout, "M a.txt\nA f\n");
+    r.remove("w1");
+    r.assert_clean();
+}
+
+#[test]
 fn the_hosts_overlay_is_taken_away_for_the_run_and_mounted_again_after() {
     require_root!();
     let (r, snap) = setup();
