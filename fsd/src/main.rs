@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, Result};
 use clap::Parser;
 use cowspace_fsd::control::{Server, root_owner};
+use cowspace_fsd::cow::OpenMode;
 use cowspace_fsd::daemon::socket_path;
 use cowspace_fsd::runtime::Runtime;
 use cowspace_fsd::view::{PLAIN_VIEW_DIR, ReadMode, VIEW_DIR, ViewMount, ViewOptions};
@@ -40,6 +41,11 @@ struct Args {
     /// Never use FUSE passthrough (`--read-mode passthrough` then serves reads itself).
     #[arg(long)]
     no_passthrough: bool,
+    /// How fuse workspaces answer opens: `cached` (no open requests; the kernel keeps
+    /// each file's pages, reads and writes reach the daemon by inode) or `passthrough`
+    /// (each open a request, answered with a passthrough backing file).
+    #[arg(long, env = "COWSPACE_FUSE_OPEN_MODE", default_value = "cached", value_parser = parse_open_mode)]
+    fuse_open_mode: OpenMode,
     /// FUSE request threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -71,6 +77,10 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+fn parse_open_mode(s: &str) -> std::result::Result<OpenMode, String> {
+    OpenMode::parse(s).ok_or_else(|| format!("{s:?}: choose cached or passthrough"))
 }
 
 fn parse_read_mode(s: &str) -> std::result::Result<ReadMode, String> {
@@ -163,7 +173,11 @@ fn run(args: Args) -> Result<()> {
         },
         ..Default::default()
     };
-    let host = cowspace_fsd::cow::install_host(Arc::clone(&store), !args.no_passthrough);
+    let host = cowspace_fsd::cow::install_host(
+        Arc::clone(&store),
+        args.fuse_open_mode,
+        !args.no_passthrough,
+    );
     // Each served workspace keeps a descriptor per modified inode the kernel holds.
     if let Ok((_, hard)) =
         nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)

@@ -1,6 +1,8 @@
-//! The `fuser` adapter of a workspace: translates requests into [`Cow`] calls, answers
-//! opens with passthrough backing files (blob-cache files for unmodified files, the upper
-//! files once written) so reads, writes and mmap never reach the daemon.
+//! The `fuser` adapter of a workspace: translates requests into [`Cow`] calls. In
+//! [`OpenMode::Cached`] opens are "not implemented" and I/O arrives by inode
+//! (`cached.rs`); in [`OpenMode::Passthrough`] opens are answered with passthrough
+//! backing files (blob-cache files for unmodified files, the upper files once written) so
+//! reads, writes and mmap never reach the daemon.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -8,7 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
@@ -18,6 +20,8 @@ use fuser::{
     ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
+use super::OpenMode;
+use super::cached::read_full;
 use super::handles::{Backing, Dir, Handles, lock};
 use super::node::Node;
 use super::ops::{Cow, Make, errno};
@@ -30,24 +34,36 @@ use super::setattr::SetAttr;
 /// short bound would only make every walk of the tree ask again.
 pub const TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// Largest read or write answered by the daemon (opens that could not pass through).
-const MAX_IO_BYTES: u32 = 16 * 1024 * 1024;
+/// Largest read or write answered by the daemon (every read in the cached open mode;
+/// in the passthrough mode, opens that could not pass through).
+pub(super) const MAX_IO_BYTES: u32 = 16 * 1024 * 1024;
 
 /// The filesystem `fuser` serves for one workspace.
 pub struct CowFs {
     pub cow: Arc<Cow>,
     pub(super) handles: Handles,
+    mode: OpenMode,
     want_passthrough: bool,
     pub passthrough: Arc<AtomicBool>,
+    /// `OPEN` requests received.
+    opens: Arc<AtomicU64>,
 }
 
 impl CowFs {
-    pub fn new(cow: Arc<Cow>, want_passthrough: bool, passthrough: Arc<AtomicBool>) -> CowFs {
+    pub fn new(
+        cow: Arc<Cow>,
+        mode: OpenMode,
+        want_passthrough: bool,
+        passthrough: Arc<AtomicBool>,
+        opens: Arc<AtomicU64>,
+    ) -> CowFs {
         CowFs {
             cow,
             handles: Handles::default(),
+            mode,
             want_passthrough,
             passthrough,
+            opens,
         }
     }
 
@@ -98,8 +114,12 @@ fn negative_attr() -> fuser::FileAttr {
 
 impl Filesystem for CowFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Opens never reach the daemon in the cached mode, so `O_TRUNC` must come as a
+        // `setattr` (the kernel sends one after the open when this is not negotiated).
+        if self.mode == OpenMode::Passthrough {
+            let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
+        }
         for cap in [
-            InitFlags::FUSE_ATOMIC_O_TRUNC,
             InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP,
             // Listings carry attributes (a walk then needs no lookup per name), lookups
             // in one directory run in parallel, and a symlink's target (never changed in
@@ -140,7 +160,13 @@ impl Filesystem for CowFs {
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let held = self.cow.table.find(ino.0);
         self.cow.table.forget(ino.0, nlookup);
+        if let Some(node) = held
+            && self.cow.table.find(ino.0).is_none()
+        {
+            self.forgotten(&node);
+        }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -211,17 +237,18 @@ impl Filesystem for CowFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let made = Cow::special_kind(mode).and_then(|_| {
-            self.cow.make(
-                parent.0,
-                name.as_bytes(),
+        let made = Cow::special_kind(mode).and_then(|kind| {
+            // A regular file: a `create` the kernel makes this way in the cached mode.
+            let what = if kind == FileType::RegularFile {
+                Make::File { mode }
+            } else {
                 Make::Special {
                     mode,
                     rdev: u64::from(rdev),
-                },
-                req.uid(),
-                req.gid(),
-            )
+                }
+            };
+            self.cow
+                .make(parent.0, name.as_bytes(), what, req.uid(), req.gid())
         });
         match made {
             Ok(n) => self.entry(&n, reply),
@@ -334,54 +361,13 @@ impl Filesystem for CowFs {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let node = match self.cow.table.get(ino.0) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        if node.kind == FileType::Directory {
-            return reply.error(Errno::EISDIR);
+        self.opens.fetch_add(1, Ordering::Relaxed);
+        if self.mode == OpenMode::Cached {
+            // "Not implemented": the kernel opens every file of this mount without asking
+            // from now on (handle 0, its pages kept between opens).
+            return reply.error(Errno::ENOSYS);
         }
-        let (ino, file, pending) = match self.open_node(&node, flags.0) {
-            Ok(x) => x,
-            Err(e) => return reply.error(e),
-        };
-        let node = self.cow.table.get(ino).unwrap_or(node);
-        let what = match self.what_backs(&node, &file) {
-            Ok(w) => w,
-            Err(e) => return reply.error(e),
-        };
-        let backing = match what {
-            // Never passed through to a file still being copied up.
-            _ if pending.is_some() => None,
-            Backing::Blob => self.backing(ino, what, &file, |f| reply.open_backing(f)),
-            Backing::Upper(..) => match self
-                .cow
-                .upper_of(&node)
-                .ok()
-                .and_then(|p| Self::upper_backing_file(&p))
-            {
-                Some((bf, rw)) => {
-                    let Backing::Upper(d, i, _) = what else {
-                        unreachable!()
-                    };
-                    self.backing(ino, Backing::Upper(d, i, rw), &bf, |f| {
-                        reply.open_backing(f)
-                    })
-                    .filter(|_| rw || flags.0 & libc::O_ACCMODE == libc::O_RDONLY)
-                }
-                None => None,
-            },
-        };
-        match backing {
-            Some(id) => {
-                let fh = self.add_handle(file, Some(Arc::clone(&id)), None, flags.0);
-                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
-            }
-            None => {
-                let fh = self.add_handle(file, None, pending, flags.0);
-                reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
-            }
-        }
+        self.open_with_handle(ino.0, flags.0, reply)
     }
 
     fn create(
@@ -394,6 +380,10 @@ impl Filesystem for CowFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        if self.mode == OpenMode::Cached {
+            // The kernel then makes new files with `mknod` and opens them as any other.
+            return reply.error(Errno::ENOSYS);
+        }
         let made = self.cow.make(
             parent.0,
             name.as_bytes(),
@@ -453,7 +443,7 @@ impl Filesystem for CowFs {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -461,6 +451,12 @@ impl Filesystem for CowFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        if fh.0 == 0 {
+            return match self.read_by_inode(ino.0, offset, size) {
+                Ok(buf) => reply.data(&buf),
+                Err(e) => reply.error(e),
+            };
+        }
         let (file, pending, _) = match self.handle_io(fh.0) {
             Ok(x) => x,
             Err(e) => return reply.error(e),
@@ -472,22 +468,16 @@ impl Filesystem for CowFs {
                 Err(e) => reply.error(errno(e)),
             };
         }
-        let mut n = 0;
-        while n < buf.len() {
-            match file.read_at(&mut buf[n..], offset + n as u64) {
-                Ok(0) => break,
-                Ok(k) => n += k,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return reply.error(errno(e)),
-            }
+        match read_full(&file, &mut buf, offset) {
+            Ok(n) => reply.data(&buf[..n]),
+            Err(e) => reply.error(e),
         }
-        reply.data(&buf[..n]);
     }
 
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -496,6 +486,12 @@ impl Filesystem for CowFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if fh.0 == 0 {
+            return match self.write_by_inode(ino.0, offset, data) {
+                Ok(()) => reply.written(data.len() as u32),
+                Err(e) => reply.error(e),
+            };
+        }
         let (file, pending, append) = match self.handle_io(fh.0) {
             Ok(x) => x,
             Err(e) => return reply.error(e),
@@ -548,11 +544,17 @@ impl Filesystem for CowFs {
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if fh.0 == 0 {
+            return match self.fsync_by_inode(ino.0, datasync) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            };
+        }
         let r = self.handle_file(fh.0).and_then(|f| {
             if datasync {
                 f.sync_data()
@@ -570,13 +572,19 @@ impl Filesystem for CowFs {
     fn fallocate(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         length: u64,
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        if fh.0 == 0 {
+            return match self.fallocate_by_inode(ino.0, offset, length, mode) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(e),
+            };
+        }
         let r = self.handle_io(fh.0).and_then(|(f, pending, _)| {
             // Ranges may move or vanish: a copy-up in progress is finished first.
             if let Some(p) = pending {

@@ -13,7 +13,10 @@ use cowspace_store::ContentId;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
-use fuser::{BackingId, Errno, FileHandle, Generation, INodeNo, ReplyDirectoryPlus};
+use fuser::{
+    BackingId, Errno, FileHandle, FileType, FopenFlags, Generation, INodeNo, ReplyDirectoryPlus,
+    ReplyOpen,
+};
 
 use super::fs::{CowFs, TTL, parent_of};
 use super::lazy::Pending;
@@ -57,6 +60,10 @@ pub(super) struct Handles {
     pub(super) files: Mutex<HashMap<u64, Handle>>,
     pub(super) dirs: Mutex<HashMap<u64, Dir>>,
     pub(super) backing: Mutex<HashMap<u64, (Backing, Weak<BackingId>)>>,
+    /// Files kept open for I/O by inode (the cached open mode, `cached.rs`).
+    pub(super) by_inode: Mutex<HashMap<u64, super::cached::InodeFile>>,
+    /// Serialises copies of deleted files (`cached.rs`).
+    pub(super) orphans: Mutex<()>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -276,5 +283,58 @@ impl CowFs {
             added_any = true;
         }
         reply.ok();
+    }
+
+    /// An open in the passthrough mode: a handle backed by the blob or upper file
+    /// (passthrough), else served by the daemon with direct I/O.
+    pub(super) fn open_with_handle(&self, ino: u64, flags: i32, reply: ReplyOpen) {
+        let node = match self.cow.table.get(ino) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        if node.kind == FileType::Directory {
+            return reply.error(Errno::EISDIR);
+        }
+        let (ino, file, pending) = match self.open_node(&node, flags) {
+            Ok(x) => x,
+            Err(e) => return reply.error(e),
+        };
+        let node = self.cow.table.get(ino).unwrap_or(node);
+        let what = match self.what_backs(&node, &file) {
+            Ok(w) => w,
+            Err(e) => return reply.error(e),
+        };
+        let backing = match what {
+            // Never passed through to a file still being copied up.
+            _ if pending.is_some() => None,
+            Backing::Blob => self.backing(ino, what, &file, |f| reply.open_backing(f)),
+            Backing::Upper(..) => match self
+                .cow
+                .upper_of(&node)
+                .ok()
+                .and_then(|p| Self::upper_backing_file(&p))
+            {
+                Some((bf, rw)) => {
+                    let Backing::Upper(d, i, _) = what else {
+                        unreachable!()
+                    };
+                    self.backing(ino, Backing::Upper(d, i, rw), &bf, |f| {
+                        reply.open_backing(f)
+                    })
+                    .filter(|_| rw || flags & libc::O_ACCMODE == libc::O_RDONLY)
+                }
+                None => None,
+            },
+        };
+        match backing {
+            Some(id) => {
+                let fh = self.add_handle(file, Some(Arc::clone(&id)), None, flags);
+                reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
+            }
+            None => {
+                let fh = self.add_handle(file, None, pending, flags);
+                reply.opened(FileHandle(fh), FopenFlags::FOPEN_DIRECT_IO);
+            }
+        }
     }
 }

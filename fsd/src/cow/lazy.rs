@@ -463,13 +463,25 @@ impl Lazy {
         Ok(())
     }
 
-    /// The copy-up in progress of the upper file open as `fd` (any kind of descriptor).
+    /// The copy-up in progress of the upper file open as `fd` (any descriptor), deleted
+    /// or not: a deleted one stays registered, its file held open (so its number names no
+    /// other file), until the kernel forgets its inode ([`Lazy::forget_deleted`]).
     pub fn get(&self, fd: &impl AsFd) -> Option<Arc<Pending>> {
         let st = nix::sys::stat::fstat(fd.as_fd()).ok()?;
         let p = self.lock().get(&st.st_ino).cloned()?;
-        // A number the upper filesystem reused after the pending file was deleted is
-        // another file.
-        (!p.is_complete() && p.nlink() > 0).then_some(p)
+        (!p.is_complete()).then_some(p)
+    }
+
+    /// Drops the copy-up of the upper file open as `fd` if that file is deleted (the
+    /// kernel forgot the last inode that could reach it).
+    pub fn forget_deleted(&self, fd: &impl AsFd) {
+        let Ok(st) = nix::sys::stat::fstat(fd.as_fd()) else {
+            return;
+        };
+        let mut map = self.lock();
+        if map.get(&st.st_ino).is_some_and(|p| p.nlink() == 0) {
+            map.remove(&st.st_ino);
+        }
     }
 
     /// Copy-ups in progress.
@@ -489,10 +501,11 @@ impl Lazy {
             .map(|(k, v)| (*k, Arc::clone(v)))
             .collect();
         for (ino, p) in all {
+            // A deleted file is not in the upper directory; its inode may still be read.
             if p.nlink() > 0 {
                 p.finish()?;
+                self.forget(ino, &p);
             }
-            self.forget(ino, &p);
         }
         Ok(())
     }
@@ -526,7 +539,13 @@ impl Lazy {
     /// stopped.
     pub fn run(&self) {
         while !self.stop.load(Ordering::SeqCst) {
-            let next = self.lock().iter().next().map(|(k, v)| (*k, Arc::clone(v)));
+            // Deleted files are not copied on (their writers copy what they write); done
+            // ones are dropped.
+            let next = self
+                .lock()
+                .iter()
+                .find(|(_, v)| v.is_complete() || v.nlink() > 0)
+                .map(|(k, v)| (*k, Arc::clone(v)));
             let Some((ino, p)) = next else {
                 if !self.sleep(Duration::from_millis(IDLE_WAIT_MS)) {
                     return;
@@ -536,12 +555,7 @@ impl Lazy {
             if !self.pause.is_zero() && !self.sleep(self.pause) {
                 return;
             }
-            let done = if p.nlink() == 0 {
-                Ok(true)
-            } else {
-                p.copy_some(COPY_BATCH_BYTES)
-            };
-            match done {
+            match p.copy_some(COPY_BATCH_BYTES) {
                 Ok(false) => {}
                 Ok(true) => self.forget(ino, &p),
                 Err(e) => {

@@ -39,15 +39,33 @@
 //!
 //! # I/O
 //!
-//! Opens are answered with FUSE passthrough: an unmodified file opened for reading is
-//! backed by its blob-cache file; an open for writing first copies the file up (a
-//! reflink where the filesystem can, else `copy_file_range`, lazily for large files;
-//! nothing with `O_TRUNC`) and is backed by the upper file. Reads, writes and mmap never
-//! reach the daemon — except for a file whose lazy copy-up is still in progress: its
-//! opens are served by the daemon (direct I/O), which copies what a write touches first. When an
-//! inode's live backing is another file (a read-only open of the old content is still
-//! open while the file is copied up), the new open is served by the daemon with direct
-//! I/O instead. Directory listings are taken at `opendir` (and again on rewind), so a
+//! Two open modes ([`OpenMode`], the daemon's `--fuse-open-mode`):
+//!
+//! - `cached` (the default): the first open is answered "not implemented", after which
+//!   the kernel opens every file of the mount without a request (no open, no release;
+//!   `create` too is refused, so new files are made with `mknod`) and keeps each file's
+//!   pages between opens. Reads, writes, syncs and allocations arrive by inode
+//!   (`cached.rs`): an unmodified file is read from its blob-cache file; its first write,
+//!   truncate or allocation copies it up (not its open, which the daemon never sees),
+//!   after which its upper file serves it. A copy-up does not change a byte the kernel
+//!   cached. Writes go through to the upper file at once (no writeback cache), so a
+//!   file's size and times stay the daemon's. `FUSE_ATOMIC_O_TRUNC` is not negotiated:
+//!   the kernel then sends an open's `O_TRUNC` as a `setattr`. A file deleted before its
+//!   first change and still open gets a copy of its own linked nowhere (`O_TMPFILE` in
+//!   the work directory). A lazily copied file is read from the blob for the blocks not
+//!   done; a write copies its blocks first; a deleted one stays registered until the
+//!   kernel forgets its inode.
+//! - `passthrough`: opens are answered with FUSE passthrough: an unmodified file opened
+//!   for reading is backed by its blob-cache file; an open for writing first copies the
+//!   file up (nothing with `O_TRUNC`) and is backed by the upper file. Reads, writes and
+//!   mmap never reach the daemon — except for a file whose lazy copy-up is still in
+//!   progress: its opens are served by the daemon (direct I/O), which copies what a
+//!   write touches first. When an inode's live backing is another file (a read-only open
+//!   of the old content is still open while the file is copied up), the new open is
+//!   served by the daemon with direct I/O instead.
+//!
+//! Copy-ups use a reflink where the filesystem can, else `copy_file_range`, lazily for
+//! large files. Directory listings are taken at `opendir` (and again on rewind), so a
 //! listing read in pieces never shows an entry twice or skips one while the directory
 //! changes.
 //!
@@ -56,7 +74,10 @@
 //! Every change to a served workspace goes through its mount, and the kernel drops or
 //! refreshes what a change touches, so entries (negative ones too) and attributes are
 //! given a long TTL ([`fs::TTL`]), listings carry attributes (`readdirplus`, each entry
-//! taking a lookup), symlink targets are cached, and closes send no flush. The one
+//! taking a lookup), symlink targets are cached, and closes send no flush. In the cached
+//! open mode file pages are kept too: a renamed file keeps its inode (and its pages); a
+//! removed file's inode leaves the kernel (and its pages with it) before the daemon lets
+//! go of its upper file, so its number cannot name another file meanwhile. The one
 //! writer the kernel cannot see is a sandbox's own overlay of the same upper directory
 //! while a busy host mount could not be suspended; that mount may then show the state
 //! before the run until it is served again.
@@ -68,6 +89,7 @@
 //! `EINVAL`. `O_TMPFILE` is `EOPNOTSUPP` (the FUSE library has no `tmpfile`). File locks
 //! are the kernel's own (local to this host, which is every user of a workspace).
 
+mod cached;
 pub mod fs;
 mod handles;
 pub mod layers;
@@ -80,7 +102,7 @@ mod xattrs;
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cowspace_store::{SnapshotId, Store};
@@ -98,12 +120,44 @@ pub const THREADS_PER_WORKSPACE: usize = 2;
 /// How long stopping a workspace waits for its serving threads to end.
 const SESSION_END_WAIT_MS: u64 = 2_000;
 
+/// How the opens of a workspace's files are answered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OpenMode {
+    /// The first open is answered "not implemented", after which the kernel opens every
+    /// file of the mount without asking and keeps its pages between opens; reads and
+    /// writes arrive by inode and the daemon copies a file up at its first change.
+    #[default]
+    Cached,
+    /// Each open is a request, answered with a FUSE passthrough backing file (blob or
+    /// upper file; an open for writing copies up first).
+    Passthrough,
+}
+
+impl OpenMode {
+    pub fn parse(s: &str) -> Option<OpenMode> {
+        match s {
+            "cached" => Some(OpenMode::Cached),
+            "passthrough" => Some(OpenMode::Passthrough),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpenMode::Cached => "cached",
+            OpenMode::Passthrough => "passthrough",
+        }
+    }
+}
+
 /// A served workspace; unmounts on drop.
 pub struct CowMount {
     path: PathBuf,
     session: Option<BackgroundSession>,
     cow: Arc<ops::Cow>,
     passthrough: Arc<AtomicBool>,
+    mode: OpenMode,
+    opens: Arc<AtomicU64>,
     /// The background copier of lazy copy-ups (`lazy.rs`).
     copier: Option<std::thread::JoinHandle<()>>,
 }
@@ -118,12 +172,14 @@ impl std::fmt::Debug for CowMount {
 
 impl CowMount {
     /// Serves the workspace of `snapshot` with private state in `private_dir` at `path`
-    /// (an existing directory).
+    /// (an existing directory). `passthrough`: whether [`OpenMode::Passthrough`] may use
+    /// FUSE passthrough (else the daemon serves those opens' I/O).
     pub fn mount(
         store: Arc<Store>,
         snapshot: SnapshotId,
         private_dir: &Path,
         path: &Path,
+        mode: OpenMode,
         passthrough: bool,
     ) -> Result<CowMount> {
         let owner = std::fs::metadata(store.root()).map_err(Error::io("stat", store.root()))?;
@@ -156,7 +212,14 @@ impl CowMount {
                 .map_err(Error::io("start the copy-up thread of", path))?
         };
         let flag = Arc::new(AtomicBool::new(false));
-        let fs = fs::CowFs::new(Arc::clone(&cow), passthrough, Arc::clone(&flag));
+        let opens = Arc::new(AtomicU64::new(0));
+        let fs = fs::CowFs::new(
+            Arc::clone(&cow),
+            mode,
+            passthrough && mode == OpenMode::Passthrough,
+            Arc::clone(&flag),
+            Arc::clone(&opens),
+        );
         let mut config = Config::default();
         config.mount_options = vec![
             MountOption::FSName("cowspace".into()),
@@ -186,6 +249,8 @@ impl CowMount {
             session: Some(session),
             cow,
             passthrough: flag,
+            mode,
+            opens,
             copier: Some(copier),
         })
     }
@@ -195,13 +260,23 @@ impl CowMount {
         self.passthrough.load(Ordering::Relaxed)
     }
 
+    /// `OPEN` requests this session received (in [`OpenMode::Cached`], only the first).
+    pub fn opens(&self) -> u64 {
+        self.opens.load(Ordering::Relaxed)
+    }
+
     /// Inodes the daemon holds for this workspace (the root included).
     pub fn inodes(&self) -> usize {
         self.cow.table.held()
     }
 
-    /// Finishes every copy-up in progress (diff and commit read the upper directly).
+    /// Writes back what the kernel holds unwritten (pages of shared writable mappings, in
+    /// the cached open mode), then finishes every copy-up in progress: diff and commit
+    /// read the upper directly.
     pub fn finish_copies(&self) -> Result<()> {
+        if self.mode == OpenMode::Cached {
+            sync_mount(&self.path)?;
+        }
         self.cow
             .lazy
             .finish_all()
@@ -257,10 +332,23 @@ impl Drop for CowMount {
     }
 }
 
+/// Has the kernel write back the dirty pages of the mount at `path` (in the cached open
+/// mode, writes through shared mappings stay in its page cache until then); they arrive
+/// as writes, served by the session's threads.
+fn sync_mount(path: &Path) -> Result<()> {
+    let dir = std::fs::File::open(path).map_err(Error::io("open", path))?;
+    nix::unistd::syncfs(&dir).map_err(|e| Error::Io {
+        step: "write back the pages of",
+        path: path.to_path_buf(),
+        source: e.into(),
+    })
+}
+
 /// The workspaces this daemon serves, by id. Only the daemon (the one process that keeps
 /// FUSE sessions alive) has one; see [`install_host`].
 pub struct Host {
     store: Arc<Store>,
+    mode: OpenMode,
     passthrough: bool,
     mounts: Mutex<HashMap<String, CowMount>>,
 }
@@ -268,10 +356,11 @@ pub struct Host {
 static HOST: OnceLock<Arc<Host>> = OnceLock::new();
 
 /// Makes this process the one serving fuse workspaces (the daemon calls it at start).
-pub fn install_host(store: Arc<Store>, passthrough: bool) -> Arc<Host> {
+pub fn install_host(store: Arc<Store>, mode: OpenMode, passthrough: bool) -> Arc<Host> {
     Arc::clone(HOST.get_or_init(|| {
         Arc::new(Host {
             store,
+            mode,
             passthrough,
             mounts: Mutex::new(HashMap::new()),
         })
@@ -327,9 +416,10 @@ impl Host {
             snapshot,
             &rec.private_dir,
             &rec.path,
+            self.mode,
             self.passthrough,
         )?;
-        tracing::info!(workspace = %rec.id, path = %rec.path.display(), passthrough = m.passthrough(), "fuse workspace served");
+        tracing::info!(workspace = %rec.id, path = %rec.path.display(), mode = self.mode.as_str(), passthrough = m.passthrough(), "fuse workspace served");
         mounts.insert(rec.id.clone(), m);
         Ok(())
     }
@@ -337,12 +427,19 @@ impl Host {
     /// Finishes the copy-ups in progress of workspace `rec`: through its mount when served
     /// (the copier and the writers share its locks), else from the records on disk.
     pub fn finish_copies(&self, rec: &Record) -> Result<()> {
-        let served = self.lock().get(&rec.id).map(|m| Arc::clone(&m.cow));
+        let served = self
+            .lock()
+            .get(&rec.id)
+            .map(|m| (Arc::clone(&m.cow), m.mode, m.serving()));
         match served {
-            Some(cow) => cow
-                .lazy
-                .finish_all()
-                .map_err(Error::io("finish copy-ups in", &cow.layers.upper)),
+            Some((cow, mode, serving)) => {
+                if mode == OpenMode::Cached && serving {
+                    sync_mount(&rec.path)?;
+                }
+                cow.lazy
+                    .finish_all()
+                    .map_err(Error::io("finish copy-ups in", &cow.layers.upper))
+            }
             None => {
                 let upper = rec.private_dir.join("upper");
                 if !upper.exists() {

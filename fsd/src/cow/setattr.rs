@@ -33,10 +33,7 @@ impl CowFs {
             fh,
         } = s;
         let node = self.cow.table.get(ino)?;
-        let node = {
-            let _r = self.cow.ns.read().unwrap_or_else(|p| p.into_inner());
-            self.cow.copy_up(node.ino, size == Some(0))?
-        };
+        let node = self.changed_node(node.ino, size == Some(0))?;
         let path = self.cow.upper_of(&node)?;
         // A copy-up in progress: size and times change under its lock.
         let pending = node

@@ -4,7 +4,9 @@
 //! so every operation below meets a copy-up in progress (the record xattr proves it),
 //! and each must show exactly the file a plain directory would: appends, writes in the
 //! middle, reads, truncates, renames, unlinks of open files, a commit, and a daemon
-//! killed with `kill -9` before `recover`.
+//! killed with `kill -9` before `recover`. Each runs in both open modes of the daemon
+//! (`--fuse-open-mode`): `cached` (copy-up at the first write, I/O by inode) and
+//! `passthrough` (copy-up at an open for writing).
 
 use std::ffi::OsStr;
 use std::fs::{File, OpenOptions};
@@ -34,8 +36,8 @@ fn pending(path: &Path) -> bool {
     matches!(xattr::get(path, COPYUP_XATTR), Ok(Some(_)))
 }
 
-/// Starts the daemon of `r` with background copies held back.
-fn start_paused_daemon(r: &WsRoot) {
+/// Starts the daemon of `r` with background copies held back, answering opens in `mode`.
+fn start_paused_daemon(r: &WsRoot, mode: &str) {
     let root = r.root().as_os_str();
     run_program(
         &mountctl_bin(),
@@ -45,7 +47,10 @@ fn start_paused_daemon(r: &WsRoot) {
             OsStr::new("daemon"),
             OsStr::new("start"),
         ],
-        &[("COWSPACE_COPYUP_PAUSE_MS", OsStr::new("3600000"))],
+        &[
+            ("COWSPACE_COPYUP_PAUSE_MS", OsStr::new("3600000")),
+            ("COWSPACE_FUSE_OPEN_MODE", OsStr::new(mode)),
+        ],
     )
     .ok();
 }
@@ -96,9 +101,19 @@ fn base(r: &WsRoot) -> (String, Vec<Vec<u8>>) {
 #[test]
 fn fuse_copy_up_in_progress_shows_and_commits_exactly_the_written_files() {
     require_root!();
+    in_progress("cached");
+}
+
+#[test]
+fn fuse_copy_up_in_progress_with_passthrough_opens() {
+    require_root!();
+    in_progress("passthrough");
+}
+
+fn in_progress(mode: &str) {
     let r = WsRoot::new();
     let (base, mut models) = base(&r);
-    start_paused_daemon(&r);
+    start_paused_daemon(&r, mode);
     let ws = r.create(&base, &["--materializer", "fuse"]);
     let p = |n: &str| ws.path.join(n);
 
@@ -194,9 +209,20 @@ fn fuse_copy_up_in_progress_shows_and_commits_exactly_the_written_files() {
 #[test]
 fn fuse_copy_up_cut_by_a_daemon_kill_is_finished_by_recover() {
     require_root!();
+    cut_by_kill("cached");
+}
+
+#[test]
+fn fuse_copy_up_cut_by_a_daemon_kill_with_passthrough_opens() {
+    require_root!();
+    cut_by_kill("passthrough");
+}
+
+/// The daemon `recover` starts answers opens in the default mode.
+fn cut_by_kill(mode: &str) {
     let r = WsRoot::new();
     let (base, mut models) = base(&r);
-    start_paused_daemon(&r);
+    start_paused_daemon(&r, mode);
     let ws = r.create(&base, &["--materializer", "fuse"]);
     let p = |n: &str| ws.path.join(n);
     write_at(

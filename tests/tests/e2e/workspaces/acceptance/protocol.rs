@@ -13,10 +13,11 @@
 //!    diff entries.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
 use std::path::Path;
 use std::time::Instant;
 
-use cowspace_tests::{LoopFs, LoopKind, Node, assert_same_listing};
+use cowspace_tests::{LoopFs, LoopKind, Node, assert_same_listing, mountctl_bin, run_program};
 use serde_json::{Value, json};
 
 use crate::workspaces::support::WsRoot;
@@ -48,6 +49,9 @@ pub(crate) enum RootOn {
     /// A fresh loop filesystem of this kind, made for the workload (it takes about a
     /// tenth of a second) and removed after it.
     Loop(LoopKind),
+    /// A root of the target's own in the temporary directory, whose daemon is started
+    /// with these environment variables (a daemon option, say).
+    TmpDaemon(&'static [(&'static str, &'static str)]),
 }
 
 /// One way of making a workspace: `mountctl create` flags and where the runtime root
@@ -82,6 +86,12 @@ pub(crate) const TARGETS: &[Target] = &[
         materializer: "fuse",
         flags: &[],
         root: RootOn::Tmp,
+    },
+    Target {
+        name: "fuse/passthrough",
+        materializer: "fuse",
+        flags: &[],
+        root: RootOn::TmpDaemon(&[("COWSPACE_FUSE_OPEN_MODE", "passthrough")]),
     },
     Target {
         name: "copy",
@@ -232,10 +242,35 @@ pub(crate) fn run(w: &Workload) {
             }
         }
     }
+    let mut own: Vec<(&str, WsRoot, String)> = Vec::new();
+    for t in &targets {
+        let RootOn::TmpDaemon(env) = t.root else {
+            continue;
+        };
+        let tr = WsRoot::new();
+        let tbase = tr.import(&src, import_args);
+        let env: Vec<(&str, &OsStr)> = env.iter().map(|(k, v)| (*k, OsStr::new(v))).collect();
+        run_program(
+            &mountctl_bin(),
+            [
+                OsStr::new("--root"),
+                tr.root().as_os_str(),
+                OsStr::new("daemon"),
+                OsStr::new("start"),
+            ],
+            &env,
+        )
+        .ok();
+        own.push((t.name, tr, tbase));
+    }
     let mut jobs: Vec<(&Target, &WsRoot, &str)> = Vec::new();
     for t in targets {
         match t.root {
             RootOn::Tmp => jobs.push((t, &r, &base)),
+            RootOn::TmpDaemon(_) => {
+                let (_, tr, tbase) = own.iter().find(|o| o.0 == t.name).expect("made above");
+                jobs.push((t, tr, tbase));
+            }
             RootOn::Loop(kind) => match loops.iter().find(|l| l.kind == kind) {
                 Some(l) => jobs.push((t, &l.r, &l.base)),
                 None => {
@@ -275,6 +310,9 @@ pub(crate) fn run(w: &Workload) {
     assert_equivalent(w, &captured);
     for l in &loops {
         l.r.assert_clean();
+    }
+    for (_, tr, _) in &own {
+        tr.assert_clean();
     }
     r.assert_clean();
 }
