@@ -11,19 +11,7 @@ use super::fs::CowFs;
 use super::layers::reserved_xattr;
 use super::ops::errno;
 
-/// The xattr protocol: size 0 asks for the length; a too-small buffer is `ERANGE`.
-fn reply_sized(value: &[u8], size: u32, reply: ReplyXattr) {
-    let Ok(len) = u32::try_from(value.len()) else {
-        return reply.error(Errno::E2BIG);
-    };
-    if size == 0 {
-        reply.size(len);
-    } else if len > size {
-        reply.error(Errno::ERANGE);
-    } else {
-        reply.data(value);
-    }
-}
+use crate::view::reply_sized;
 
 impl CowFs {
     pub(super) fn do_getxattr(&self, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {

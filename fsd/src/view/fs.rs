@@ -685,7 +685,7 @@ impl Filesystem for ViewFs {
 }
 
 /// The xattr protocol: size 0 asks for the length; a too-small buffer is `ERANGE`.
-fn reply_sized(value: &[u8], size: u32, reply: ReplyXattr) {
+pub(crate) fn reply_sized(value: &[u8], size: u32, reply: ReplyXattr) {
     let Ok(len) = u32::try_from(value.len()) else {
         return reply.error(Errno::E2BIG);
     };

@@ -109,6 +109,7 @@ pub use self::core::{VIEW_BLKSIZE_BYTES, VIEW_TIME_SECS};
 pub(crate) use self::errno::errno_of;
 pub use self::fs::ENTRY_TTL;
 use self::fs::ViewFs;
+pub(crate) use self::fs::reply_sized;
 pub use self::inode::{INO_CONTEXT, INO_LIMIT, InodeKey};
 
 /// Where the daemon mounts the full view, under `<root>/run/`.
