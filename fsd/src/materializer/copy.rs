@@ -1,6 +1,12 @@
-//! `copy`: the workspace is a plain byte copy of the snapshot's checkout in
-//! `<private_dir>/tree`, bind-mounted at its path. The slow baseline every host can run
-//! (given root for the bind mount); only used when asked for by name.
+//! `copy` and `reflink`: the workspace is a full copy of the snapshot's checkout in
+//! `<private_dir>/tree`, bind-mounted at its path, diffed and committed through its stamp
+//! file (`fulltree`). They differ only in how each file gets its bytes ([`Fill`]):
+//! - `copy`: a plain byte copy. The slow baseline every host can run (given root for the
+//!   bind mount); only used when asked for by name.
+//! - `reflink`: an `FICLONE` clone (it shares the checkout's extents until written). Needs a
+//!   filesystem that clones (xfs made with `reflink=1`, btrfs) holding the whole runtime
+//!   root (see `reflink.rs`). Creating one costs a walk of the tree (a clone per file) but
+//!   no file data; no daemon is needed.
 
 use std::path::PathBuf;
 
@@ -9,23 +15,30 @@ use cowspace_store::{Editor, SnapshotId, Store};
 
 use crate::error::Result;
 use crate::materializer::fulltree::{self, Fill};
-use crate::materializer::{Materializer, MaterializerKind};
+use crate::materializer::{Materializer, MaterializerKind, reflink};
 use crate::registry::Record;
 
-/// The plain-copy materializer.
-pub struct Copy;
+/// The copying materializers: `Copied(Fill::Copy)` is `copy`, `Copied(Fill::Clone)` is
+/// `reflink`.
+pub struct Copied(pub Fill);
 
-impl Materializer for Copy {
+impl Materializer for Copied {
     fn kind(&self) -> MaterializerKind {
-        MaterializerKind::Copy
+        match self.0 {
+            Fill::Copy => MaterializerKind::Copy,
+            Fill::Clone => MaterializerKind::Reflink,
+        }
     }
 
-    fn probe(&self, _store: &Store) -> std::result::Result<(), String> {
+    fn probe(&self, store: &Store) -> std::result::Result<(), String> {
+        if self.0 == Fill::Clone {
+            reflink::trial_clone(&store.layout().tmp())?;
+        }
         if !nix::unistd::geteuid().is_root() {
-            return Err(
-                "the copy materializer bind-mounts the workspace at its path, which needs root"
-                    .into(),
-            );
+            return Err(format!(
+                "the {} materializer bind-mounts the workspace at its path, which needs root",
+                self.kind().as_str()
+            ));
         }
         Ok(())
     }
@@ -40,7 +53,7 @@ impl Materializer for Copy {
     }
 
     fn mount(&self, rec: &Record) -> Result<()> {
-        fulltree::make_copied(rec, Fill::Copy)?;
+        fulltree::make_copied(rec, self.0)?;
         fulltree::show(rec)
     }
 

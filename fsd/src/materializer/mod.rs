@@ -165,8 +165,8 @@ pub fn materializer(kind: MaterializerKind) -> Box<dyn Materializer> {
     match kind {
         MaterializerKind::Overlay => Box::new(overlay::Overlay),
         MaterializerKind::Btrfs => Box::new(btrfs::Btrfs),
-        MaterializerKind::Reflink => Box::new(reflink::Reflink),
-        MaterializerKind::Copy => Box::new(copy::Copy),
+        MaterializerKind::Reflink => Box::new(copy::Copied(fulltree::Fill::Clone)),
+        MaterializerKind::Copy => Box::new(copy::Copied(fulltree::Fill::Copy)),
         MaterializerKind::Fuse => Box::new(fuse::Fuse),
     }
 }

@@ -1,24 +1,15 @@
-//! `reflink`: the workspace is a copy of the snapshot's checkout in which every file is an
-//! `FICLONE` clone (it shares the checkout's extents until written), in
-//! `<private_dir>/tree`, bind-mounted at its path. Needs a filesystem that clones (xfs
-//! made with `reflink=1`, btrfs) holding the whole runtime root. Creating one costs a
-//! walk of the tree (a clone per file) but no file data; no daemon is needed.
+//! The `reflink` materializer's probe: whether the runtime root's filesystem clones files.
+//! The materializer itself is `copy.rs`'s [`super::copy::Copied`] with `Fill::Clone`.
 
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use cowspace_store::diff::DiffEntry;
-use cowspace_store::{Editor, SnapshotId, Store};
-
-use crate::error::Result;
-use crate::materializer::fulltree::{self, Fill};
-use crate::materializer::{Materializer, MaterializerKind};
-use crate::registry::Record;
+use crate::materializer::fulltree;
 
 /// Clones a small file in the runtime root's `tmp/` once per root and process.
-fn trial_clone(root_tmp: &Path) -> std::result::Result<(), String> {
+pub(crate) fn trial_clone(root_tmp: &Path) -> std::result::Result<(), String> {
     static PROBED: Mutex<Option<HashMap<PathBuf, std::result::Result<(), String>>>> =
         Mutex::new(None);
     let mut g = PROBED.lock().unwrap_or_else(|p| p.into_inner());
@@ -51,51 +42,4 @@ fn trial_clone(root_tmp: &Path) -> std::result::Result<(), String> {
     g.get_or_insert_with(HashMap::new)
         .insert(root_tmp.to_path_buf(), r.clone());
     r
-}
-
-/// The reflink (`FICLONE`) materializer.
-pub struct Reflink;
-
-impl Materializer for Reflink {
-    fn kind(&self) -> MaterializerKind {
-        MaterializerKind::Reflink
-    }
-
-    fn probe(&self, store: &Store) -> std::result::Result<(), String> {
-        trial_clone(&store.layout().tmp())?;
-        if !nix::unistd::geteuid().is_root() {
-            return Err(
-                "the reflink materializer bind-mounts the workspace at its path, which needs root"
-                    .into(),
-            );
-        }
-        Ok(())
-    }
-
-    fn lower(
-        &self,
-        store: &Store,
-        snapshot: &SnapshotId,
-        asked: Option<&str>,
-    ) -> Result<Option<(&'static str, PathBuf)>> {
-        fulltree::checkout_lower(self.kind(), store, snapshot, asked)
-    }
-
-    fn mount(&self, rec: &Record) -> Result<()> {
-        fulltree::make_copied(rec, Fill::Clone)?;
-        fulltree::show(rec)
-    }
-
-    fn diff(
-        &self,
-        store: &Store,
-        base: &SnapshotId,
-        rec: &Record,
-    ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
-        fulltree::diff(store, base, rec)
-    }
-
-    fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()> {
-        fulltree::capture(ed, rec)
-    }
 }
