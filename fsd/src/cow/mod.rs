@@ -97,6 +97,7 @@ pub mod lazy;
 pub mod node;
 pub mod ops;
 mod setattr;
+mod writeback;
 mod xattrs;
 
 use std::collections::HashMap;
@@ -275,7 +276,7 @@ impl CowMount {
     /// read the upper directly.
     pub fn finish_copies(&self) -> Result<()> {
         if self.mode == OpenMode::Cached {
-            sync_mount(&self.path)?;
+            writeback::write_back(&self.path, &self.cow)?;
         }
         self.cow
             .lazy
@@ -330,18 +331,6 @@ impl Drop for CowMount {
     fn drop(&mut self) {
         self.shutdown();
     }
-}
-
-/// Has the kernel write back the dirty pages of the mount at `path` (in the cached open
-/// mode, writes through shared mappings stay in its page cache until then); they arrive
-/// as writes, served by the session's threads.
-fn sync_mount(path: &Path) -> Result<()> {
-    let dir = std::fs::File::open(path).map_err(Error::io("open", path))?;
-    nix::unistd::syncfs(&dir).map_err(|e| Error::Io {
-        step: "write back the pages of",
-        path: path.to_path_buf(),
-        source: e.into(),
-    })
 }
 
 /// The workspaces this daemon serves, by id. Only the daemon (the one process that keeps
@@ -434,7 +423,7 @@ impl Host {
         match served {
             Some((cow, mode, serving)) => {
                 if mode == OpenMode::Cached && serving {
-                    sync_mount(&rec.path)?;
+                    writeback::write_back(&rec.path, &cow)?;
                 }
                 cow.lazy
                     .finish_all()
