@@ -182,7 +182,7 @@ impl<'s> BaseTrees<'s> {
         Ok(t)
     }
 
-    fn entry(&mut self, path: &[u8]) -> Result<Option<Entry>> {
+    pub(crate) fn entry(&mut self, path: &[u8]) -> Result<Option<Entry>> {
         let (parent, name) = match path.iter().rposition(|&b| b == b'/') {
             Some(i) => (&path[..i], &path[i + 1..]),
             None => (&b""[..], path),

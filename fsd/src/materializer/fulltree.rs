@@ -241,6 +241,7 @@ pub fn build(
         buf: Vec::new(),
     };
     b.dir(&snap.root, &[])?;
+    refresh_git_index(store, &snap.root, dest, &mut b.stamps)?;
     // A hard link moved its primary's ctime: stamp every linked name again.
     for (path, primary) in std::mem::take(&mut b.links) {
         for p in [path, primary] {
@@ -254,6 +255,99 @@ pub fn build(
     let m = fs::symlink_metadata(dest).map_err(Error::io("stat", dest))?;
     b.stamps.insert(Vec::new(), Stamp::of(&m));
     Ok(b.stamps)
+}
+
+/// Makes the built tree's `.git/index` (if any) agree with the files just made, so the
+/// first `git status` in the workspace re-hashes nothing.
+///
+/// The snapshot's index carries, for every entry git trusted at import, the stat data
+/// the view serves ([`crate::view::served_file_stat`]); a whole tree has its own inodes
+/// and times. Exactly those entries (their recorded stat equals what the view would
+/// serve for the snapshot's file at that path) get the stat data of the built file;
+/// every other entry keeps what it had, so git still checks it. The index is rewritten
+/// in place (its directory's mtime stays) and its stamp taken again, so an untouched
+/// workspace still diffs empty (commit keeps the snapshot's index).
+fn refresh_git_index(
+    store: &Store,
+    root: &TreeId,
+    dest: &Path,
+    stamps: &mut HashMap<Vec<u8>, Stamp>,
+) -> Result<()> {
+    use cowspace_store::import::gitindex::{self, EntryStat};
+    const INDEX: &[u8] = b".git/index";
+    let index_path = dest.join(OsStr::from_bytes(INDEX));
+    match fs::symlink_metadata(&index_path) {
+        Ok(m) if m.is_file() && m.nlink() == 1 => {}
+        _ => return Ok(()),
+    }
+    let bytes = fs::read(&index_path).map_err(Error::io("read", &index_path))?;
+    let owner = fs::metadata(store.root()).map_err(Error::io("stat", store.root()))?;
+    let mut base = BaseTrees::new(store, *root);
+    let mut failed = None;
+    let mut trusted = 0u64;
+    let rewritten = gitindex::rewrite(&bytes, |path, e| {
+        let entry = match base.entry(path) {
+            Ok(Some(entry)) if entry.kind == Kind::File => entry,
+            Ok(_) => return None,
+            Err(err) => {
+                failed.get_or_insert(err);
+                return None;
+            }
+        };
+        // The entry the import computed the served stat of (see store `import::dir`).
+        let synth = cowspace_store::Entry {
+            name: entry.name.clone(),
+            kind: Kind::File,
+            mode: entry.mode & 0o7777,
+            size: entry.size,
+            hash: entry.hash,
+            data: vec![],
+            xattrs: vec![],
+        };
+        let served = crate::view::served_file_stat(path, &synth, owner.uid(), owner.gid());
+        let trusted_at_import = e.ino == served.ino as u32
+            && (e.mtime_s, e.mtime_ns, e.ctime_s, e.ctime_ns)
+                == (served.mtime_s, 0, served.ctime_s, 0)
+            && e.size == entry.size as u32;
+        if !trusted_at_import {
+            return None;
+        }
+        let m = fs::symlink_metadata(dest.join(OsStr::from_bytes(path))).ok()?;
+        if !m.is_file() || m.size() != entry.size {
+            return None;
+        }
+        trusted += 1;
+        Some(EntryStat {
+            ctime_s: m.ctime() as u32,
+            ctime_ns: m.ctime_nsec() as u32,
+            mtime_s: m.mtime() as u32,
+            mtime_ns: m.mtime_nsec() as u32,
+            dev: 0,
+            ino: m.ino() as u32,
+            mode: e.mode,
+            uid: m.uid(),
+            gid: m.gid(),
+            size: e.size,
+        })
+    });
+    if let Some(err) = failed {
+        return Err(err);
+    }
+    let Some(new) = rewritten.filter(|_| trusted > 0) else {
+        return Ok(());
+    };
+    // In place: the index is a file of this private, not yet shown tree.
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&index_path)
+        .map_err(Error::io("open", &index_path))?;
+    f.write_all(&new).map_err(Error::io("write", &index_path))?;
+    drop(f);
+    let m = fs::symlink_metadata(&index_path).map_err(Error::io("stat", &index_path))?;
+    stamps.insert(INDEX.to_vec(), Stamp::of(&m));
+    tracing::debug!(entries = trusted, tree = %dest.display(), "git index agrees with the built tree");
+    Ok(())
 }
 
 struct Builder<'a> {
