@@ -147,7 +147,8 @@ fn walk(dir: &Path, prefix: &[u8], out: &mut Vec<UpperChange>) -> Result<()> {
 /// Base trees looked up by path, loading each directory once.
 pub(crate) struct BaseTrees<'s> {
     store: &'s Store,
-    cache: std::collections::HashMap<Vec<u8>, Option<cowspace_store::Tree>>,
+    /// Trees shared, not copied: a lookup per file must not clone its directory.
+    cache: std::collections::HashMap<Vec<u8>, Option<std::sync::Arc<cowspace_store::Tree>>>,
     root: TreeId,
 }
 
@@ -160,21 +161,24 @@ impl<'s> BaseTrees<'s> {
         }
     }
 
-    pub(crate) fn dir(&mut self, path: &[u8]) -> Result<Option<cowspace_store::Tree>> {
+    pub(crate) fn dir(
+        &mut self,
+        path: &[u8],
+    ) -> Result<Option<std::sync::Arc<cowspace_store::Tree>>> {
         if let Some(t) = self.cache.get(path) {
             return Ok(t.clone());
         }
         let t = if path.is_empty() {
-            Some(self.store.tree(&self.root)?)
+            Some(std::sync::Arc::new(self.store.tree(&self.root)?))
         } else {
             let (parent, name) = match path.iter().rposition(|&b| b == b'/') {
                 Some(i) => (&path[..i], &path[i + 1..]),
                 None => (&b""[..], path),
             };
             match self.dir(parent)?.and_then(|t| t.get(name).cloned()) {
-                Some(e) if e.kind == Kind::Dir => {
-                    Some(self.store.tree(&e.subtree().expect("dir"))?)
-                }
+                Some(e) if e.kind == Kind::Dir => Some(std::sync::Arc::new(
+                    self.store.tree(&e.subtree().expect("dir"))?,
+                )),
                 _ => None,
             }
         };
@@ -313,7 +317,11 @@ pub fn diff_changes(
                             ));
                         }
                         if *opaque {
-                            for e in base_trees.dir(path)?.map(|t| t.entries).unwrap_or_default() {
+                            for e in base_trees
+                                .dir(path)?
+                                .map(|t| t.entries.clone())
+                                .unwrap_or_default()
+                            {
                                 let p = join(path, &e.name);
                                 if !upper_paths.contains(&p) {
                                     out.push((

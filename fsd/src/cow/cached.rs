@@ -15,7 +15,7 @@ use cowspace_store::ContentId;
 use fuser::{Errno, FileType};
 use nix::sys::time::TimeSpec;
 
-use super::fs::{CowFs, MAX_IO_BYTES};
+use super::fs::CowFs;
 use super::handles::{Copying, lock};
 use super::node::Node;
 use super::ops::errno;
@@ -143,15 +143,18 @@ impl CowFs {
         self.cow.table.get(ino)
     }
 
-    pub(super) fn read_by_inode(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+    /// Reads into `buf` (as much as the file has from `offset`); returns the bytes read.
+    pub(super) fn read_by_inode(
+        &self,
+        ino: u64,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, Errno> {
         let node = self.cow.table.get(ino)?;
-        let mut buf = vec![0u8; size.min(MAX_IO_BYTES) as usize];
-        let n = match self.copying(&node) {
-            Some(p) => p.read_at(&mut buf, offset).map_err(errno)?,
-            None => read_full(&*self.inode_file(&node)?, &mut buf, offset)?,
-        };
-        buf.truncate(n);
-        Ok(buf)
+        match self.copying(&node) {
+            Some(p) => p.read_at(buf, offset).map_err(errno),
+            None => read_full(&*self.inode_file(&node)?, buf, offset),
+        }
     }
 
     /// A write at `offset` (the kernel has placed appends at the end already).

@@ -37,6 +37,29 @@ pub const TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// Largest read or write answered by the daemon (every read in the cached open mode;
 /// in the passthrough mode, opens that could not pass through).
 pub(super) const MAX_IO_BYTES: u32 = 16 * 1024 * 1024;
+/// Largest read buffer a serving thread keeps between requests (the kernel's reads are
+/// at most its `max_pages`); a larger read gets a buffer of its own.
+const KEPT_READ_BUFFER_BYTES: usize = 1024 * 1024;
+
+thread_local! {
+    /// The serving thread's read buffer. A fresh zeroed buffer per `READ` cost page
+    /// faults and zeroing on every file a fresh workspace reads.
+    static READ_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with a buffer of `size` bytes (contents unspecified: `f` fills what it uses).
+fn with_read_buffer<R>(size: u32, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    let size = size.min(MAX_IO_BYTES) as usize;
+    if size > KEPT_READ_BUFFER_BYTES {
+        return f(&mut vec![0u8; size]);
+    }
+    READ_BUFFER.with_borrow_mut(|b| {
+        if b.len() < size {
+            b.resize(size, 0);
+        }
+        f(&mut b[..size])
+    })
+}
 
 /// The filesystem `fuser` serves for one workspace.
 pub struct CowFs {
@@ -451,27 +474,21 @@ impl Filesystem for CowFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        if fh.0 == 0 {
-            return match self.read_by_inode(ino.0, offset, size) {
-                Ok(buf) => reply.data(&buf),
-                Err(e) => reply.error(e),
+        with_read_buffer(size, |buf| {
+            let n = if fh.0 == 0 {
+                self.read_by_inode(ino.0, offset, buf)
+            } else {
+                match self.handle_io(fh.0) {
+                    Ok((_, Some(p), _)) => p.read_at(buf, offset).map_err(errno),
+                    Ok((file, None, _)) => read_full(&file, buf, offset),
+                    Err(e) => Err(e),
+                }
             };
-        }
-        let (file, pending, _) = match self.handle_io(fh.0) {
-            Ok(x) => x,
-            Err(e) => return reply.error(e),
-        };
-        let mut buf = vec![0u8; size.min(MAX_IO_BYTES) as usize];
-        if let Some(p) = pending {
-            return match p.read_at(&mut buf, offset) {
+            match n {
                 Ok(n) => reply.data(&buf[..n]),
-                Err(e) => reply.error(errno(e)),
-            };
-        }
-        match read_full(&file, &mut buf, offset) {
-            Ok(n) => reply.data(&buf[..n]),
-            Err(e) => reply.error(e),
-        }
+                Err(e) => reply.error(e),
+            }
+        })
     }
 
     fn write(

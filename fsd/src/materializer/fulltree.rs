@@ -280,6 +280,7 @@ fn refresh_git_index(
         Ok(m) if m.is_file() && m.nlink() == 1 => {}
         _ => return Ok(()),
     }
+    let started = std::time::Instant::now();
     let bytes = fs::read(&index_path).map_err(Error::io("read", &index_path))?;
     let owner = fs::metadata(store.root()).map_err(Error::io("stat", store.root()))?;
     let mut base = BaseTrees::new(store, *root);
@@ -346,7 +347,8 @@ fn refresh_git_index(
     drop(f);
     let m = fs::symlink_metadata(&index_path).map_err(Error::io("stat", &index_path))?;
     stamps.insert(INDEX.to_vec(), Stamp::of(&m));
-    tracing::debug!(entries = trusted, tree = %dest.display(), "git index agrees with the built tree");
+    tracing::debug!(entries = trusted, tree = %dest.display(), ms = started.elapsed().as_millis() as u64,
+        "git index agrees with the built tree");
     Ok(())
 }
 
@@ -546,7 +548,7 @@ impl Walk<'_, '_> {
             // Names that left this directory (an unchanged directory kept its names).
             let present: std::collections::HashSet<&[u8]> =
                 names.iter().map(|n| n.as_bytes()).collect();
-            for e in t.entries {
+            for e in &t.entries {
                 if !present.contains(e.name.as_slice()) {
                     self.out.push(UpperChange::Whiteout {
                         path: join(path, &e.name),
