@@ -60,6 +60,11 @@ enum Op {
         path: usize,
         mode: u16,
     },
+    /// Lists a directory (the names are compared too): listings the kernel keeps must
+    /// follow every change made before.
+    List {
+        path: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -73,7 +78,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => p.clone().prop_map(|path| Op::Mkdir { path }),
         1 => p.clone().prop_map(|path| Op::Rmdir { path }),
         1 => (p.clone(), p.clone()).prop_map(|(target, path)| Op::Symlink { target, path }),
-        1 => (p, prop::sample::select(vec![0o644u16, 0o755, 0o600, 0o700, 0o444])).prop_map(|(path, mode)| Op::Chmod { path, mode }),
+        1 => (p.clone(), prop::sample::select(vec![0o644u16, 0o755, 0o600, 0o700, 0o444])).prop_map(|(path, mode)| Op::Chmod { path, mode }),
+        2 => prop::sample::select(vec![None, Some(2usize), Some(5), Some(7)]).prop_map(|d| Op::List { path: d.unwrap_or(usize::MAX) }),
     ]
 }
 
@@ -98,10 +104,29 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
     }
 }
 
+/// The sorted names in a directory (`path` an index into `NAMES`, `usize::MAX` the
+/// root), or the errno listing it failed with.
+fn names(root: &Path, path: usize) -> Result<Vec<String>, i32> {
+    let dir = if path == usize::MAX {
+        root.to_path_buf()
+    } else {
+        root.join(NAMES[path])
+    };
+    let mut v = fs::read_dir(dir)
+        .and_then(|d| {
+            d.map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect::<std::io::Result<Vec<_>>>()
+        })
+        .map_err(|e| e.raw_os_error().unwrap_or(-1))?;
+    v.sort();
+    Ok(v)
+}
+
 /// Applies one operation under `root`; returns the errno it failed with, if any.
 fn apply(root: &Path, op: &Op) -> Option<i32> {
     let at = |i: usize| root.join(NAMES[i]);
     match op {
+        Op::List { path } => names(root, *path).err(),
         Op::Write {
             path,
             offset,
@@ -284,6 +309,16 @@ fn random_operations_match_a_plain_directory() {
                 for (kind, ws) in &workspaces {
                     let got = apply(&ws.path, op);
                     prop_assert_eq!(got, want, "{} op {} {:?}", kind, i, op);
+                    if let Op::List { path } = op {
+                        prop_assert_eq!(
+                            names(&ws.path, *path),
+                            names(&model, *path),
+                            "{} op {} {:?}",
+                            kind,
+                            i,
+                            op
+                        );
+                    }
                 }
             }
             // Live, overlayfs (index=off) reports the names of a file hard-linked after its

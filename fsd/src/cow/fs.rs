@@ -622,25 +622,27 @@ impl Filesystem for CowFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let node = match self.cow.table.get(ino.0) {
-            Ok(n) if n.kind == FileType::Directory => n,
+        match self.cow.table.get(ino.0) {
+            Ok(n) if n.kind == FileType::Directory => {}
             Ok(_) => return reply.error(Errno::ENOTDIR),
             Err(e) => return reply.error(e),
-        };
-        match self.cow.list(&node) {
-            Ok(entries) => {
-                let fh = self.next();
-                lock(&self.handles.dirs).insert(
-                    fh,
-                    Dir {
-                        entries,
-                        read: false,
-                    },
-                );
-                reply.opened(FileHandle(fh), FopenFlags::empty());
-            }
-            Err(e) => reply.error(e),
         }
+        let fh = self.next();
+        lock(&self.handles.dirs).insert(
+            fh,
+            Dir {
+                entries: Vec::new(),
+                read: false,
+                listed: false,
+            },
+        );
+        // The kernel keeps the listing in the directory's page cache and drops it when
+        // the directory changes through this mount (its version and mtime are checked at
+        // every read from the start) — and every change goes through the mount.
+        reply.opened(
+            FileHandle(fh),
+            FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+        );
     }
 
     fn readdir(

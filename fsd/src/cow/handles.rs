@@ -44,11 +44,15 @@ pub(super) struct Handle {
     pub(super) append: bool,
 }
 
-/// An open directory: the listing taken at `opendir` (and again at a rewind).
+/// An open directory: the listing taken at its first read (and again at a rewind). The
+/// kernel keeps listings (`FOPEN_CACHE_DIR`), so most opens are never read from.
 pub(super) struct Dir {
     pub(super) entries: Vec<Listed>,
-    /// Read from since listed (a read at offset 0 then is a rewind: list again).
+    /// Not listed yet, or read from since listed (a read at offset 0 then is a rewind):
+    /// the next read at offset 0 lists the directory.
     pub(super) read: bool,
+    /// Listed at least once (a first read at another offset lists too).
+    pub(super) listed: bool,
 }
 
 /// Entries of a listing handed to one `readdir` (a reply holds far fewer).
@@ -183,12 +187,15 @@ impl CowFs {
         fh: u64,
         offset: u64,
     ) -> Result<Vec<Listed>, Errno> {
-        let rewind = offset == 0 && lock(&self.handles.dirs).get(&fh).is_some_and(|d| d.read);
-        if rewind {
+        let relist = lock(&self.handles.dirs)
+            .get(&fh)
+            .is_some_and(|d| !d.listed || (offset == 0 && d.read));
+        if relist {
             let entries = self.cow.list(node)?;
             if let Some(d) = lock(&self.handles.dirs).get_mut(&fh) {
                 d.entries = entries;
                 d.read = false;
+                d.listed = true;
             }
         }
         let mut dirs = lock(&self.handles.dirs);

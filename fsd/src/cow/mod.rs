@@ -65,9 +65,10 @@
 //!   served by the daemon with direct I/O instead.
 //!
 //! Copy-ups use a reflink where the filesystem can, else `copy_file_range`, lazily for
-//! large files. Directory listings are taken at `opendir` (and again on rewind), so a
-//! listing read in pieces never shows an entry twice or skips one while the directory
-//! changes.
+//! large files. Directory listings are taken at a handle's first read (and again on
+//! rewind), so a listing read in pieces never shows an entry twice or skips one while
+//! the directory changes; the kernel keeps listings (`FOPEN_CACHE_DIR`) and drops one when
+//! its directory changes through the mount, so a second walk of a tree asks for none.
 //!
 //! # What the kernel keeps
 //!
