@@ -325,6 +325,11 @@ impl Pending {
     /// is done); only then does the in-memory state follow.
     fn record(&self, st: &mut State, rec: Record) -> io::Result<()> {
         self.file.sync_data()?;
+        self.record_synced(st, rec)
+    }
+
+    /// Records `rec`, every block it adds being on disk already.
+    fn record_synced(&self, st: &mut State, rec: Record) -> io::Result<()> {
         if rec.left() == 0 {
             match self.file.remove_xattr(COPYUP_XATTR) {
                 Ok(()) => {}
@@ -396,16 +401,49 @@ impl Pending {
     }
 
     /// Copies up to `max_bytes` of blocks not done; whether the file is complete.
+    ///
+    /// Writers wait for at most one block: the lock is held for each block's copy, not
+    /// for the batch, and not for the sync. A block copied here but not yet recorded is
+    /// still pending for everyone else: a writer copies it again (the same bytes) before
+    /// writing, a truncate settles it, and recording it done afterwards stays true.
     pub fn copy_some(&self, max_bytes: u64) -> io::Result<bool> {
-        let mut st = self.lock();
-        if st.complete {
-            return Ok(true);
+        let per = {
+            let st = self.lock();
+            if st.complete {
+                return Ok(true);
+            }
+            (max_bytes / st.rec.block_bytes()).max(1)
+        };
+        let mut copied: Vec<u64> = Vec::new();
+        for _ in 0..per {
+            let st = self.lock();
+            let Some(i) = (0..st.rec.blocks()).find(|i| !st.rec.is_done(*i) && !copied.contains(i))
+            else {
+                break;
+            };
+            let meta = self.file.metadata()?;
+            let start = i << st.rec.shift;
+            let end = (start + st.rec.block_bytes())
+                .min(st.rec.size)
+                .min(meta.len());
+            if start < end {
+                copy_range(&self.blob, &self.file, start, end - start)?;
+                // The copy is not a change of the file: its times stay.
+                let (atime, mtime) = times_of(&meta);
+                nix::sys::stat::futimens(self.file.as_fd(), &atime, &mtime)?;
+            }
+            copied.push(i);
         }
-        let per = (max_bytes / st.rec.block_bytes()).max(1);
-        let first = (0..st.rec.blocks()).find(|&i| !st.rec.is_done(i));
-        if let Some(first) = first {
-            let last = (first + per).min(st.rec.blocks());
-            self.ensure(&mut st, first..last)?;
+        if !copied.is_empty() {
+            self.file.sync_data()?;
+        }
+        let mut st = self.lock();
+        let mut rec = st.rec.clone();
+        for i in copied {
+            rec.set_done(i);
+        }
+        if rec != st.rec {
+            self.record_synced(&mut st, rec)?;
         }
         Ok(st.complete)
     }
@@ -747,6 +785,39 @@ mod tests {
             p.file.get_xattr(COPYUP_XATTR).unwrap(),
             None,
             "record removed"
+        );
+    }
+
+    #[test]
+    fn writes_racing_the_background_copier_all_land() {
+        let tmp = tempfile::tempdir().unwrap();
+        let Some((mut model, p)) = start(tmp.path(), 24 * MIB + 777) else {
+            return;
+        };
+        let p = Arc::new(p);
+        let copier = {
+            let p = Arc::clone(&p);
+            std::thread::spawn(move || {
+                while !p.copy_some(3 * MIB as u64).unwrap() {
+                    std::thread::yield_now();
+                }
+            })
+        };
+        // Writes all over the file (and past its end) while blocks are being copied.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for k in 0..400u32 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let off = (x % (25 * MIB as u64)) as usize;
+            write(&p, &mut model, off, format!("w{k}").as_bytes());
+        }
+        copier.join().unwrap();
+        p.finish().unwrap();
+        assert!(p.is_complete());
+        assert!(
+            std::fs::read(tmp.path().join("upper")).unwrap() == model,
+            "the upper file differs from the model"
         );
     }
 
