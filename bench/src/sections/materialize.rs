@@ -128,6 +128,7 @@ impl MaterializeSection {
 
 const IDS: &[&str] = &[
     "cowspace-overlay-view",
+    "cowspace-overlay-socket",
     "cowspace-overlay-checkout",
     "cowspace-fuse",
     "cowspace-btrfs",
@@ -145,6 +146,10 @@ const IDS: &[&str] = &[
 fn label(id: &str) -> (&'static str, Role) {
     match id {
         "cowspace-overlay-view" => ("cowspace overlay (view lower)", Role::Cowspace),
+        "cowspace-overlay-socket" => (
+            "cowspace overlay (view lower), through the control socket",
+            Role::Cowspace,
+        ),
         "cowspace-overlay-checkout" => ("cowspace overlay (checkout lower)", Role::Cowspace),
         "cowspace-fuse" => ("cowspace fuse", Role::Cowspace),
         "cowspace-btrfs" => ("cowspace btrfs", Role::Cowspace),
@@ -325,7 +330,10 @@ impl Section for MaterializeSection {
                 }
             };
             let m: Box<dyn Materializer> = match id {
-                "cowspace-overlay-view" | "cowspace-overlay-checkout" | "cowspace-fuse" => {
+                "cowspace-overlay-view"
+                | "cowspace-overlay-socket"
+                | "cowspace-overlay-checkout"
+                | "cowspace-fuse" => {
                     let store = ext4_store
                         .get_or_insert_with(|| {
                             let mc = ctx.mountctl.clone()?;
@@ -349,7 +357,7 @@ impl Section for MaterializeSection {
                         }
                     };
                     let args: &'static [&'static str] = match id {
-                        "cowspace-overlay-view" => {
+                        "cowspace-overlay-view" | "cowspace-overlay-socket" => {
                             &["--materializer", "overlay", "--lower", "view"]
                         }
                         "cowspace-overlay-checkout" => {
@@ -358,8 +366,9 @@ impl Section for MaterializeSection {
                         _ => &["--materializer", "fuse"],
                     };
                     match Cowspace::probed(id, args, store, None, Speed::Fast, ctx.scratch) {
-                        Ok((m, note)) => {
+                        Ok((mut m, note)) => {
                             self.notes.push(note);
+                            m.socket = id == "cowspace-overlay-socket";
                             Box::new(m)
                         }
                         Err(why) => {
@@ -1126,6 +1135,9 @@ struct Cowspace {
     fs: Option<Arc<LoopFs>>,
     speed: Speed,
     n: AtomicUsize,
+    /// Create and remove through the daemon's control socket, as a runtime embedding
+    /// cowspace does (one connection per request), instead of running `mountctl`.
+    socket: bool,
 }
 
 impl Cowspace {
@@ -1152,6 +1164,7 @@ impl Cowspace {
             fs,
             speed,
             n: AtomicUsize::new(0),
+            socket: false,
         };
         let dir = scratch.join(format!("probe-{id}"));
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
@@ -1194,6 +1207,27 @@ impl Cowspace {
         Ok((m, note))
     }
 
+    /// One request on a new connection to the daemon's control socket; its result.
+    fn request(&self, op: &str, args: serde_json::Value) -> Result<serde_json::Value> {
+        use std::io::{BufRead, BufReader};
+        let sock = self.store.root.join("run/fsd.sock");
+        let mut s = std::os::unix::net::UnixStream::connect(&sock)
+            .with_context(|| format!("connecting to {}", sock.display()))?;
+        let mut line = serde_json::to_vec(&serde_json::json!({"op": op, "args": args}))?;
+        line.push(b'\n');
+        s.write_all(&line)?;
+        let mut reply = String::new();
+        BufReader::new(&s).read_line(&mut reply)?;
+        let v: serde_json::Value = serde_json::from_str(&reply)
+            .with_context(|| format!("the daemon's reply to {op}: {reply:?}"))?;
+        anyhow::ensure!(
+            v["ok"] == true,
+            "{op} through the control socket: {}",
+            v["error"]
+        );
+        Ok(v["result"].clone())
+    }
+
     fn ws_path(&self, dir: &Path) -> PathBuf {
         match &self.fs {
             // Full-tree materializers: the workspace on the same filesystem.
@@ -1209,10 +1243,14 @@ impl Materializer for Cowspace {
     fn info(&self) -> MethodInfo {
         info(
             self.id,
-            format!(
-                "mountctl --root ROOT --json create bench {} --path WS; mountctl commit ID; mountctl remove ID --force",
-                self.args.join(" ")
-            ),
+            if self.socket {
+                "{\"op\":\"create\",\"args\":{\"snapshot\":\"bench\",\"materializer\":\"overlay\",\"lower\":\"view\",\"path\":WS}} on ROOT/run/fsd.sock (a new connection per request); mountctl commit ID; {\"op\":\"remove\",\"args\":{\"workspace\":ID,\"force\":true}}".into()
+            } else {
+                format!(
+                    "mountctl --root ROOT --json create bench {} --path WS; mountctl commit ID; mountctl remove ID --force",
+                    self.args.join(" ")
+                )
+            },
         )
     }
 
@@ -1232,10 +1270,20 @@ impl Materializer for Cowspace {
         std::fs::create_dir_all(dir)?;
         let path = self.ws_path(dir);
         let guard = DirGuard::adopt(path.clone());
-        let mut args: Vec<&std::ffi::OsStr> = vec!["create".as_ref(), "bench".as_ref()];
-        args.extend(self.args.iter().map(|a| std::ffi::OsStr::new(*a)));
-        args.extend(["--path".as_ref(), path.as_os_str()]);
-        let v = self.mountctl().json(&self.store.root, &args)?;
+        let v = if self.socket {
+            let path = path.to_str().context("workspace path is not UTF-8")?;
+            let r = self.request(
+                "create",
+                serde_json::json!({"snapshot": "bench", "materializer": "overlay",
+                    "lower": "view", "path": path}),
+            )?;
+            serde_json::json!({"workspace": r["id"], "path": r["path"]})
+        } else {
+            let mut args: Vec<&std::ffi::OsStr> = vec!["create".as_ref(), "bench".as_ref()];
+            args.extend(self.args.iter().map(|a| std::ffi::OsStr::new(*a)));
+            args.extend(["--path".as_ref(), path.as_os_str()]);
+            self.mountctl().json(&self.store.root, &args)?
+        };
         let ws = v["workspace"]
             .as_str()
             .context("mountctl create printed no workspace id")?;
@@ -1273,10 +1321,17 @@ impl Materializer for Cowspace {
 
     fn remove(&self, ws: Workspace) -> Result<()> {
         let id = ws.id.clone().context("workspace id")?;
-        self.mountctl().json(
-            &self.store.root,
-            &["remove".as_ref(), id.as_ref(), "--force".as_ref()],
-        )?;
+        if self.socket {
+            self.request(
+                "remove",
+                serde_json::json!({"workspace": id, "force": true}),
+            )?;
+        } else {
+            self.mountctl().json(
+                &self.store.root,
+                &["remove".as_ref(), id.as_ref(), "--force".as_ref()],
+            )?;
+        }
         ws.guard.remove()
     }
 }
