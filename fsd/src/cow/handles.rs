@@ -48,10 +48,9 @@ pub(super) struct Handle {
 /// kernel keeps listings (`FOPEN_CACHE_DIR`), so most opens are never read from.
 pub(super) struct Dir {
     pub(super) entries: Vec<Listed>,
-    /// Not listed yet, or read from since listed (a read at offset 0 then is a rewind):
-    /// the next read at offset 0 lists the directory.
+    /// Read from since listed (a read at offset 0 then is a rewind: list again).
     pub(super) read: bool,
-    /// Listed at least once (a first read at another offset lists too).
+    /// Listed yet (the handle's first read lists, at whatever offset).
     pub(super) listed: bool,
 }
 
