@@ -16,9 +16,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 
-use cowspace_store::{ImportOptions, Store};
+use cowspace_store::ImportOptions;
 use serde_json::json;
 
 use crate::error::{Error, Result};
@@ -94,15 +93,6 @@ pub fn uncommitted(dir: &Path) -> Result<Vec<String>> {
         .collect())
 }
 
-fn served_identity(store: &Store) -> Result<cowspace_store::import::ServedIdentityFn> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(store.root()).map_err(Error::io("stat", store.root()))?;
-    let (uid, gid) = (meta.uid(), meta.gid());
-    Ok(Arc::new(move |p: &[u8], e: &cowspace_store::Entry| {
-        crate::view::served_file_stat(p, e, uid, gid)
-    }))
-}
-
 impl Runtime {
     /// Creates a workspace of the git checkout `dir` under the dirty-state policy.
     /// `o.snapshot` is ignored (the snapshot is made from the checkout).
@@ -145,13 +135,13 @@ impl Runtime {
                 }
                 let mut opts = ImportOptions::new();
                 opts.message = format!("clean checkout of {commit}");
-                opts.served_identity = Some(served_identity(store)?);
+                opts.served_identity = Some(crate::view::served_identity(store.root())?);
                 store.import_dir(&top, &opts)?.snapshot
             }
             Dirty::Snapshot => {
                 let mut opts = ImportOptions::new();
                 opts.message = format!("working tree of {} at {commit}", top.display());
-                opts.served_identity = Some(served_identity(store)?);
+                opts.served_identity = Some(crate::view::served_identity(store.root())?);
                 let id = store.import_dir(&top, &opts)?.snapshot;
                 evidence["snapshot_of_working_tree"] = json!(id);
                 id

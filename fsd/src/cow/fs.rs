@@ -653,12 +653,8 @@ impl Filesystem for CowFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let node = match self.cow.table.get(ino.0) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        let entries = match self.dir_entries(&node, fh.0, offset) {
-            Ok(e) => e,
+        let (node, entries) = match self.dir_batch(ino.0, fh.0, offset) {
+            Ok(x) => x,
             Err(e) => return reply.error(e),
         };
         let first = offset.max(2);

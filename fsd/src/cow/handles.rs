@@ -180,7 +180,19 @@ impl CowFs {
     /// rewind: the directory is listed again, as it is now; later offsets keep reading the
     /// listing taken then, so concurrent changes never make an entry appear twice or be
     /// skipped.
-    pub(super) fn dir_entries(
+    /// Directory `ino` and the batch of its listing from `offset` (handle `fh`).
+    pub(super) fn dir_batch(
+        &self,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+    ) -> Result<(Node, Vec<Listed>), Errno> {
+        let node = self.cow.table.get(ino)?;
+        let entries = self.dir_entries(&node, fh, offset)?;
+        Ok((node, entries))
+    }
+
+    fn dir_entries(
         &self,
         node: &Node,
         fh: u64,
@@ -227,12 +239,8 @@ impl CowFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let node = match self.cow.table.get(ino.0) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        let entries = match self.dir_entries(&node, fh.0, offset) {
-            Ok(e) => e,
+        let (node, entries) = match self.dir_batch(ino.0, fh.0, offset) {
+            Ok(x) => x,
             Err(e) => return reply.error(e),
         };
         let dir_attr = match self.cow.attr(&node) {

@@ -282,7 +282,7 @@ fn refresh_git_index(
     }
     let started = std::time::Instant::now();
     let bytes = fs::read(&index_path).map_err(Error::io("read", &index_path))?;
-    let owner = fs::metadata(store.root()).map_err(Error::io("stat", store.root()))?;
+    let served = crate::view::served_identity(store.root())?;
     let mut base = BaseTrees::new(store, *root);
     let mut failed = None;
     let mut trusted = 0u64;
@@ -295,17 +295,8 @@ fn refresh_git_index(
                 return None;
             }
         };
-        // The entry the import computed the served stat of (see store `import::dir`).
-        let synth = cowspace_store::Entry {
-            name: entry.name.clone(),
-            kind: Kind::File,
-            mode: entry.mode & 0o7777,
-            size: entry.size,
-            hash: entry.hash,
-            data: vec![],
-            xattrs: vec![],
-        };
-        let served = crate::view::served_file_stat(path, &synth, owner.uid(), owner.gid());
+        let synth = gitindex::served_entry(&entry.name, entry.mode, entry.size, entry.hash);
+        let served = served(path, &synth);
         let trusted_at_import = e.ino == served.ino as u32
             && (e.mtime_s, e.mtime_ns, e.ctime_s, e.ctime_ns)
                 == (served.mtime_s, 0, served.ctime_s, 0)

@@ -379,6 +379,19 @@ impl Drop for ViewMount {
     }
 }
 
+/// The identity function imports use for a runtime root (`root`, whose owner the view
+/// serves files as): [`served_file_stat`] with that owner.
+pub fn served_identity(
+    root: &std::path::Path,
+) -> crate::error::Result<cowspace_store::import::ServedIdentityFn> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(root).map_err(crate::error::Error::io("stat", root))?;
+    let (uid, gid) = (meta.uid(), meta.gid());
+    Ok(std::sync::Arc::new(
+        move |p: &[u8], e: &cowspace_store::Entry| served_file_stat(p, e, uid, gid),
+    ))
+}
+
 /// What the view serves for the non-directory `entry` at `path` (`/`-joined from the
 /// snapshot root), in every snapshot and daemon run (barring an inode collision, which
 /// is logged): its inode number and times, and the owner `uid`/`gid`. Imports use it to

@@ -44,14 +44,7 @@ pub fn run(ctx: &Ctx, args: ImportArgs) -> anyhow::Result<ExitCode> {
     }
     // A git checkout's index is made to agree with what workspaces serve, so the first
     // `git status` in a new workspace reads no file.
-    {
-        use std::os::unix::fs::MetadataExt;
-        let meta = std::fs::metadata(&ctx.root)?;
-        let (uid, gid) = (meta.uid(), meta.gid());
-        opts.served_identity = Some(Arc::new(move |path: &[u8], e: &cowspace_store::Entry| {
-            cowspace_fsd::view::served_file_stat(path, e, uid, gid)
-        }));
-    }
+    opts.served_identity = Some(cowspace_fsd::view::served_identity(&ctx.root)?);
     let source = &args.source;
     let report = if let Some(rev) = &args.git {
         store.import_git(source, rev, &opts)

@@ -262,15 +262,8 @@ fn refresh_git_index(
             Slot::Known(c) => c,
             Slot::Pending(i) => walk.slots.get(i).copied().flatten()?,
         };
-        let entry = crate::tree::Entry {
-            name: comps.last()?.clone(),
-            kind: Kind::File,
-            mode: mode & 0o7777,
-            size: content.size,
-            hash: *content.id.as_bytes(),
-            data: vec![],
-            xattrs: vec![],
-        };
+        let entry =
+            gitindex::served_entry(comps.last()?, mode, content.size, *content.id.as_bytes());
         let s = served(path, &entry);
         trusted += 1;
         Some(gitindex::EntryStat {

@@ -33,6 +33,21 @@ pub struct EntryStat {
     pub size: u32,
 }
 
+/// The entry whose served stat (see `ImportOptions::served_identity`) an index entry is
+/// made to agree with: a regular file with its permission bits, size and content, and
+/// nothing else. Whoever checks or rewrites index entries later builds the same one.
+pub fn served_entry(name: &[u8], mode: u32, size: u64, hash: [u8; 32]) -> crate::tree::Entry {
+    crate::tree::Entry {
+        name: name.to_vec(),
+        kind: crate::tree::Kind::File,
+        mode: mode & 0o7777,
+        size,
+        hash,
+        data: vec![],
+        xattrs: vec![],
+    }
+}
+
 /// What a workspace serves for a file (see `ImportOptions::served_identity`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServedStat {
