@@ -192,12 +192,7 @@ impl CowFs {
         Ok((node, entries))
     }
 
-    fn dir_entries(
-        &self,
-        node: &Node,
-        fh: u64,
-        offset: u64,
-    ) -> Result<Vec<Listed>, Errno> {
+    fn dir_entries(&self, node: &Node, fh: u64, offset: u64) -> Result<Vec<Listed>, Errno> {
         let relist = lock(&self.handles.dirs)
             .get(&fh)
             .is_some_and(|d| !d.listed || (offset == 0 && d.read));
