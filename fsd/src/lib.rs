@@ -6,6 +6,7 @@
 //! [`runtime::Runtime`] is the API a runtime embeds; `mountctl` uses it too.
 #![deny(unsafe_code)]
 
+pub mod blobfiles;
 pub mod checkout;
 pub mod control;
 pub mod cow;

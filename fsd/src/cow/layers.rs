@@ -5,14 +5,12 @@
 //! Nothing here is kept in memory that the disk does not also say: the upper directory
 //! is the truth, so a daemon that died is replaced by one that serves the same upper.
 
-use std::collections::HashSet;
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cowspace_store::{ContentId, Entry, Kind, SnapshotId, Store};
@@ -132,12 +130,9 @@ pub struct Layers {
     pub gid: u32,
     tmp_seq: AtomicU64,
     /// Contents already placed in the blob cache by this mount, opened without asking the
-    /// store's index again (cleared when full).
-    ensured: Mutex<HashSet<ContentId>>,
+    /// store's index again.
+    ensured: crate::blobfiles::EnsuredBlobs,
 }
-
-/// Contents remembered as placed in the blob cache (about 48 MiB at the limit).
-const MAX_ENSURED_CONTENTS: usize = 1 << 20;
 
 impl Layers {
     pub fn new(
@@ -155,7 +150,7 @@ impl Layers {
             uid,
             gid,
             tmp_seq: AtomicU64::new(0),
-            ensured: Mutex::new(HashSet::new()),
+            ensured: Default::default(),
         }
     }
 
@@ -163,37 +158,13 @@ impl Layers {
     /// first unless it is there already (a blob file exists only complete: it appears by
     /// rename), so a present one costs no query of the store's index.
     pub fn open_blob(&self, content: &ContentId, size: u64) -> io::Result<File> {
-        let cache = self.store.blob_cache();
-        let known = self
-            .ensured
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(content);
-        if known {
-            match File::open(cache.path(content)) {
-                Ok(f) => return Ok(f),
-                // Evicted since: placed again below.
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-        } else if let Ok(f) = File::open(cache.path(content))
-            && f.metadata().is_ok_and(|m| m.len() == size)
-        {
-            self.remember(content);
-            return Ok(f);
-        }
-        let path = cache.ensure(content).map_err(io::Error::other)?;
-        let f = File::open(path)?;
-        self.remember(content);
-        Ok(f)
-    }
-
-    fn remember(&self, content: &ContentId) {
-        let mut ensured = self.ensured.lock().unwrap_or_else(|p| p.into_inner());
-        if ensured.len() >= MAX_ENSURED_CONTENTS {
-            ensured.clear();
-        }
-        ensured.insert(*content);
+        use crate::blobfiles::OpenBlobError;
+        self.ensured
+            .open(&self.store, content, Some(size))
+            .map_err(|e| match e {
+                OpenBlobError::Store(e) => io::Error::other(e),
+                OpenBlobError::Io(e) => e,
+            })
     }
 
     /// The upper path of `rel` (a `/`-joined path from the root).

@@ -2,7 +2,7 @@
 //! numbers, attributes, directory listings and blob files. The `fuser` adapter in
 //! `fs.rs` only translates requests and replies; unit tests drive this directly.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -23,10 +23,6 @@ pub const VIEW_BLKSIZE_BYTES: u32 = 4096;
 
 /// Decoded trees kept per cache generation (two generations: at most twice this).
 const TREE_CACHE_TREES_PER_GEN: usize = 2048;
-
-/// Contents this daemon already ensured in the blob cache (reset when full; about
-/// 48 MiB at the limit). Above it, every open would go back to the store.
-const MAX_ENSURED_CONTENTS: usize = 1 << 20;
 
 /// Snapshots whose link counts are kept (cleared when full).
 const LINK_COUNT_SNAPSHOTS: usize = 64;
@@ -80,7 +76,7 @@ pub struct ViewCore {
     pub counters: Counters,
     root: Arc<Node>,
     trees: Mutex<TreeCache>,
-    ensured: Mutex<HashSet<ContentId>>,
+    ensured: crate::blobfiles::EnsuredBlobs,
     links: Mutex<HashMap<SnapshotId, Arc<LinkCounts>>>,
     uid: u32,
     gid: u32,
@@ -97,7 +93,7 @@ impl ViewCore {
             counters: Counters::default(),
             root: Arc::new(Node::root()),
             trees: Mutex::new(TreeCache::default()),
-            ensured: Mutex::new(HashSet::new()),
+            ensured: Default::default(),
             links: Mutex::new(HashMap::new()),
             uid,
             gid,
@@ -330,30 +326,13 @@ impl ViewCore {
     /// daemon has not yet. A blob file is complete and verified whenever it exists
     /// (it appears by rename), so a known one is opened directly.
     pub fn open_blob(&self, content: &ContentId) -> Result<File, Errno> {
-        let cache = self.store.blob_cache();
-        let known = self
-            .ensured
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(content);
-        if known {
-            match File::open(cache.path(content)) {
-                Ok(f) => return Ok(f),
-                // Evicted since: materialise again.
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(errno_of_io("open blob", &e)),
-            }
-        }
-        let path = cache
-            .ensure(content)
-            .map_err(|e| errno_of("materialise blob", &e))?;
-        let f = File::open(&path).map_err(|e| errno_of_io("open blob", &e))?;
-        let mut ensured = self.ensured.lock().unwrap_or_else(|p| p.into_inner());
-        if ensured.len() >= MAX_ENSURED_CONTENTS {
-            ensured.clear();
-        }
-        ensured.insert(*content);
-        Ok(f)
+        use crate::blobfiles::OpenBlobError;
+        self.ensured
+            .open(&self.store, content, None)
+            .map_err(|e| match e {
+                OpenBlobError::Store(e) => errno_of("materialise blob", &e),
+                OpenBlobError::Io(e) => errno_of_io("open blob", &e),
+            })
     }
 
     /// A negative entry's placeholder attributes (node id 0: "no such name").

@@ -1,0 +1,73 @@
+//! Opening blob-cache files, remembering which contents this process has placed there,
+//! so a known one is opened directly without asking the store's index. A blob file is
+//! complete and verified whenever it exists (it appears by rename).
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io;
+use std::sync::Mutex;
+
+use cowspace_store::{ContentId, Store};
+
+/// Contents remembered as placed (cleared when full; about 48 MiB at the limit). Above
+/// it, every open would go back to the store.
+const MAX_ENSURED_CONTENTS: usize = 1 << 20;
+
+/// Why a blob file could not be opened.
+#[derive(Debug)]
+pub enum OpenBlobError {
+    /// Placing it from the store failed.
+    Store(cowspace_store::Error),
+    /// Opening the file failed.
+    Io(io::Error),
+}
+
+/// The contents this process has placed in the blob cache.
+#[derive(Default)]
+pub struct EnsuredBlobs {
+    set: Mutex<HashSet<ContentId>>,
+}
+
+impl EnsuredBlobs {
+    /// Opens the blob-cache file of `content` for reading, placing it first unless this
+    /// process placed it before (or, given `size`, a file of that length is there).
+    pub fn open(
+        &self,
+        store: &Store,
+        content: &ContentId,
+        size: Option<u64>,
+    ) -> Result<File, OpenBlobError> {
+        let cache = store.blob_cache();
+        let known = self
+            .set
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(content);
+        if known {
+            match File::open(cache.path(content)) {
+                Ok(f) => return Ok(f),
+                // Evicted since: placed again below.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(OpenBlobError::Io(e)),
+            }
+        } else if let Some(size) = size
+            && let Ok(f) = File::open(cache.path(content))
+            && f.metadata().is_ok_and(|m| m.len() == size)
+        {
+            self.remember(content);
+            return Ok(f);
+        }
+        let path = cache.ensure(content).map_err(OpenBlobError::Store)?;
+        let f = File::open(path).map_err(OpenBlobError::Io)?;
+        self.remember(content);
+        Ok(f)
+    }
+
+    fn remember(&self, content: &ContentId) {
+        let mut set = self.set.lock().unwrap_or_else(|p| p.into_inner());
+        if set.len() >= MAX_ENSURED_CONTENTS {
+            set.clear();
+        }
+        set.insert(*content);
+    }
+}
