@@ -107,10 +107,7 @@ impl Server {
                 "shutdown" => {
                     let users = (self.busy)();
                     if !users.is_empty() && !req["args"]["force"].as_bool().unwrap_or(false) {
-                        return Err(Error::Busy {
-                            id: format!("daemon (used by {})", users.join(", ")),
-                            pids: vec![],
-                        });
+                        return Err(Error::DaemonInUse { users });
                     }
                     self.stop.store(true, Ordering::SeqCst);
                     json!({"stopping": true})

@@ -153,9 +153,11 @@ pub fn stop(root: &Path, force: bool) -> Result<bool> {
         let kind = resp["error"]["kind"].as_str().unwrap_or("io").to_string();
         let msg = resp["error"]["message"].as_str().unwrap_or("").to_string();
         return Err(match kind.as_str() {
-            "busy" => Error::Busy {
-                id: "daemon".into(),
-                pids: vec![],
+            "busy" => Error::DaemonInUse {
+                users: msg
+                    .split_once(": ")
+                    .map(|(_, u)| u.split(", ").map(str::to_string).collect())
+                    .unwrap_or_default(),
             },
             _ => Error::Daemon(msg),
         });

@@ -34,6 +34,8 @@ pub enum Error {
     PathExists(PathBuf),
     #[error("workspace {id} is in use by {pids:?}")]
     Busy { id: String, pids: Vec<i32> },
+    #[error("the daemon still serves workspaces: {}", .users.join(", "))]
+    DaemonInUse { users: Vec<String> },
     #[error("materializer {name} cannot work on this host: {why}")]
     Unsupported { name: String, why: String },
     #[error("invalid input: {0}")]
@@ -55,7 +57,7 @@ impl Error {
             Error::Store(e) => e.kind(),
             Error::NoWorkspace(_) => ErrorKind::NotFound,
             Error::NameTaken(_) | Error::PathExists(_) => ErrorKind::Exists,
-            Error::Busy { .. } => ErrorKind::Busy,
+            Error::Busy { .. } | Error::DaemonInUse { .. } => ErrorKind::Busy,
             Error::Unsupported { .. } => ErrorKind::Unsupported,
             Error::Invalid(_) => ErrorKind::InvalidInput,
             Error::WrongState { .. } => ErrorKind::Conflict,
@@ -78,6 +80,9 @@ impl Error {
             Error::NameTaken(_) => "pick another --name, or remove the existing workspace".into(),
             Error::PathExists(_) => "give a --path that does not exist yet".into(),
             Error::Busy { .. } => "stop those processes, or pass --force to end them".into(),
+            Error::DaemonInUse { .. } => "remove them first (`mountctl remove WS`), or pass \
+                --force: their mounts then fail until `mountctl recover WS`"
+                .into(),
             Error::Unsupported { .. } => {
                 "`mountctl doctor` lists what each materializer needs; pick one that works here"
                     .into()

@@ -205,6 +205,32 @@ fn remove_of_a_busy_workspace_is_refused_and_force_ends_the_user() {
 }
 
 #[test]
+fn daemon_stop_is_refused_while_it_serves_a_workspace_and_names_it() {
+    require_root!();
+    let (r, base) = setup();
+    let ws = r.create(&base, &["--materializer", "overlay", "--lower", "view"]);
+    let e = refused(&r, &["daemon", "stop"], 5, "busy");
+    assert!(
+        e["message"].as_str().unwrap_or("").contains(&ws.id),
+        "names the workspace: {e}"
+    );
+    assert!(msg(&e).contains("mountctl remove"), "says what to do: {e}");
+    assert_eq!(r.status(&ws.id)["status"], "active");
+    assert!(
+        std::fs::read_dir(&ws.path).unwrap().count() > 0,
+        "its lower is still served"
+    );
+    r.remove(&ws.id);
+    r.t.json(["daemon", "stop"]).ok();
+    assert_eq!(
+        r.fsd_pids(),
+        Vec::<u32>::new(),
+        "stopped once nothing used it"
+    );
+    r.assert_clean();
+}
+
+#[test]
 fn commit_with_a_wrong_expect_is_a_conflict_and_leaves_the_ref() {
     require_root!();
     let (r, base) = setup();
