@@ -154,10 +154,12 @@ pub fn stop(root: &Path, force: bool) -> Result<bool> {
         let msg = resp["error"]["message"].as_str().unwrap_or("").to_string();
         return Err(match kind.as_str() {
             "busy" => Error::DaemonInUse {
-                users: msg
-                    .split_once(": ")
-                    .map(|(_, u)| u.split(", ").map(str::to_string).collect())
-                    .unwrap_or_default(),
+                // "the daemon still serves workspaces: ws-1, ws-2" (an older daemon's
+                // message is kept whole).
+                users: match msg.split_once(": ") {
+                    Some((_, u)) => u.split(", ").map(str::to_string).collect(),
+                    None => vec![msg],
+                },
             },
             _ => Error::Daemon(msg),
         });
