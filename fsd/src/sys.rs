@@ -1,4 +1,5 @@
-//! The only `unsafe` of this crate: `mallopt` (see [`fix_mmap_threshold`]) and small safe
+//! The only `unsafe` of this crate: `mallopt` (see [`fix_mmap_threshold`]), `malloc_trim`
+//! (see [`trim_heap`]) and small safe
 //! wrappers of the ioctls the `reflink` and `btrfs` materializers make (`FICLONE`, btrfs
 //! subvolume create / snapshot / destroy / set-flags). Every wrapper takes open files (so
 //! the descriptors are valid for the call) and checks the return value in one place (nix's
@@ -150,5 +151,17 @@ pub fn fix_mmap_threshold(bytes: usize) -> io::Result<()> {
     match unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, value) } {
         1 => Ok(()),
         _ => Err(io::Error::other("mallopt(M_MMAP_THRESHOLD) refused")),
+    }
+}
+
+/// Gives the heap's free pages back to the system. glibc returns the pages of its
+/// per-thread arenas only when asked: without this, the inode tables of the fuse
+/// workspaces that came and went stay resident, and the daemon's RSS stays at the
+/// largest sum it ever held rather than what it holds now.
+pub fn trim_heap() {
+    // SAFETY: malloc_trim only releases free heap memory; it takes a plain integer
+    // and touches no memory of ours.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }

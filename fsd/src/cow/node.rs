@@ -24,11 +24,13 @@ pub struct Node {
     /// one; a hard-linked file keeps the last name it was reached by (its operations go
     /// through `upper`, never through this name).
     pub parent: u64,
-    pub name: Vec<u8>,
+    /// Shared, not copied, by the clones every operation takes.
+    pub name: Arc<[u8]>,
     /// The snapshot entry the node shows while it has no upper object.
     pub lower: Option<Arc<Entry>>,
     /// Directories: the snapshot directory merged beneath (none when opaque or new).
-    pub lower_tree: Option<TreeId>,
+    /// (Behind a pointer: most nodes are files, which have none.)
+    pub lower_tree: Option<Arc<TreeId>>,
     /// The upper object (an `O_PATH` descriptor), once there is one.
     pub upper: Option<Arc<OwnedFd>>,
     /// A snapshot-only node whose name was deleted: it may no longer be copied up.
@@ -156,7 +158,7 @@ impl Table {
                 }
                 return Ok(p);
             }
-            parts.push(&cur.name);
+            parts.push(&cur.name[..]);
             cur = match map.get(&cur.parent) {
                 Some(s) => &s.node,
                 None => {
@@ -179,7 +181,7 @@ mod tests {
             ino,
             kind,
             parent,
-            name: name.as_bytes().to_vec(),
+            name: name.as_bytes().into(),
             lower: None,
             lower_tree: None,
             upper: None,
@@ -212,6 +214,6 @@ mod tests {
         t.acquire(node(5, ROOT_INO, "x", FileType::RegularFile));
         let n = t.acquire(node(5, ROOT_INO, "y", FileType::Directory));
         assert_eq!(n.kind, FileType::Directory);
-        assert_eq!(t.get(5).unwrap().name, b"y");
+        assert_eq!(&*t.get(5).unwrap().name, b"y");
     }
 }

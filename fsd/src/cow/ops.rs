@@ -242,6 +242,7 @@ impl Cow {
                     self.lower_child(dir, name)?
                         .filter(|e| e.kind == Kind::Dir)
                         .and_then(|e| e.subtree())
+                        .map(Arc::new)
                 } else {
                     None
                 };
@@ -249,7 +250,7 @@ impl Cow {
                     ino: upper_ino(&path, &meta),
                     kind,
                     parent: dir.ino,
-                    name: name.to_vec(),
+                    name: name.into(),
                     lower: None,
                     lower_tree,
                     upper: Some(Arc::new(open_path(&path).map_err(errno)?)),
@@ -261,8 +262,8 @@ impl Cow {
                 ino: lower_ino(&self.layers.snapshot, &rel, &e),
                 kind: kind_type(e.kind),
                 parent: dir.ino,
-                name: name.to_vec(),
-                lower_tree: e.subtree().filter(|_| e.kind == Kind::Dir),
+                name: name.into(),
+                lower_tree: e.subtree().filter(|_| e.kind == Kind::Dir).map(Arc::new),
                 lower_secs: lower_time_secs(&rel, &e),
                 lower: Some(Arc::new(e)),
                 upper: None,
@@ -529,7 +530,7 @@ impl Cow {
             ino: upper_ino(&target, &meta),
             kind: file_type_of(meta.file_type()),
             parent,
-            name: name.to_vec(),
+            name: name.into(),
             lower: None,
             lower_tree: None,
             upper: Some(Arc::new(open_path(&target).map_err(errno)?)),
@@ -722,7 +723,7 @@ impl Cow {
         }
         self.table.update(src_ino, |n| {
             n.parent = newparent;
-            n.name = newname.to_vec();
+            n.name = newname.into();
         });
         if let Some(d) = dst_ino {
             self.table.update(d, |n| {
@@ -817,9 +818,9 @@ pub fn root_node(layers: &Layers, root_tree: TreeId) -> io::Result<Node> {
         ino: ROOT_INO,
         kind: FileType::Directory,
         parent: ROOT_INO,
-        name: Vec::new(),
+        name: Arc::from(&[][..]),
         lower: None,
-        lower_tree: (!is_opaque(up)).then_some(root_tree),
+        lower_tree: (!is_opaque(up)).then(|| Arc::new(root_tree)),
         upper: Some(Arc::new(open_path(up)?)),
         deleted: false,
         lower_secs: 0,
