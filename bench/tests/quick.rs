@@ -118,14 +118,19 @@ fn quick_run_end_to_end() {
     }
     let mat = methods(&run, "materialize");
     assert_eq!(method(&mat, "cp-a")["status"], "ok");
-    // Where mountctl makes overlay workspaces, the control socket makes them too.
-    if method(&mat, "cowspace-overlay-view")["status"] == "ok" {
-        let m = method(&mat, "cowspace-overlay-socket");
-        assert_eq!(m["status"], "ok", "{m}");
-        assert!(
-            m["summary"]["create_s"]["median"].as_f64().unwrap() > 0.0,
-            "{m}"
-        );
+    // Where mountctl makes overlay or fuse workspaces, the control socket makes them too.
+    for (by_mountctl, by_socket) in [
+        ("cowspace-overlay-view", "cowspace-overlay-socket"),
+        ("cowspace-fuse", "cowspace-fuse-socket"),
+    ] {
+        if method(&mat, by_mountctl)["status"] == "ok" {
+            let m = method(&mat, by_socket);
+            assert_eq!(m["status"], "ok", "{m}");
+            assert!(
+                m["summary"]["create_s"]["median"].as_f64().unwrap() > 0.0,
+                "{m}"
+            );
+        }
     }
     // Loop filesystems are never made in quick mode: their methods say so.
     for id in ["cowspace-btrfs", "btrfs-snapshot", "reflink-copy"] {

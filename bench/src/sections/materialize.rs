@@ -131,6 +131,7 @@ const IDS: &[&str] = &[
     "cowspace-overlay-socket",
     "cowspace-overlay-checkout",
     "cowspace-fuse",
+    "cowspace-fuse-socket",
     "cowspace-btrfs",
     "cowspace-reflink",
     "cp-a",
@@ -152,6 +153,7 @@ fn label(id: &str) -> (&'static str, Role) {
         ),
         "cowspace-overlay-checkout" => ("cowspace overlay (checkout lower)", Role::Cowspace),
         "cowspace-fuse" => ("cowspace fuse", Role::Cowspace),
+        "cowspace-fuse-socket" => ("cowspace fuse, through the control socket", Role::Cowspace),
         "cowspace-btrfs" => ("cowspace btrfs", Role::Cowspace),
         "cowspace-reflink" => ("cowspace reflink", Role::Cowspace),
         "cp-a" => ("cp -a", Role::Baseline),
@@ -333,7 +335,8 @@ impl Section for MaterializeSection {
                 "cowspace-overlay-view"
                 | "cowspace-overlay-socket"
                 | "cowspace-overlay-checkout"
-                | "cowspace-fuse" => {
+                | "cowspace-fuse"
+                | "cowspace-fuse-socket" => {
                     let store = ext4_store
                         .get_or_insert_with(|| {
                             let mc = ctx.mountctl.clone()?;
@@ -368,7 +371,7 @@ impl Section for MaterializeSection {
                     match Cowspace::probed(id, args, store, None, Speed::Fast, ctx.scratch) {
                         Ok((mut m, note)) => {
                             self.notes.push(note);
-                            m.socket = id == "cowspace-overlay-socket";
+                            m.socket = id.ends_with("-socket");
                             Box::new(m)
                         }
                         Err(why) => {
@@ -1228,6 +1231,18 @@ impl Cowspace {
         Ok(v["result"].clone())
     }
 
+    /// The `create` request's arguments that `self.args` (`--materializer M`,
+    /// `--lower L`) stand for.
+    fn socket_args(&self) -> serde_json::Value {
+        let mut v = serde_json::json!({"snapshot": "bench"});
+        for pair in self.args.chunks(2) {
+            if let [flag, value] = pair {
+                v[flag.trim_start_matches("--")] = (*value).into();
+            }
+        }
+        v
+    }
+
     fn ws_path(&self, dir: &Path) -> PathBuf {
         match &self.fs {
             // Full-tree materializers: the workspace on the same filesystem.
@@ -1244,7 +1259,11 @@ impl Materializer for Cowspace {
         info(
             self.id,
             if self.socket {
-                "{\"op\":\"create\",\"args\":{\"snapshot\":\"bench\",\"materializer\":\"overlay\",\"lower\":\"view\",\"path\":WS}} on ROOT/run/fsd.sock (a new connection per request); mountctl commit ID; {\"op\":\"remove\",\"args\":{\"workspace\":ID,\"force\":true}}".into()
+                let mut create = self.socket_args();
+                create["path"] = "WS".into();
+                format!(
+                    "{{\"op\":\"create\",\"args\":{create}}} on ROOT/run/fsd.sock (a new connection per request); mountctl commit ID; {{\"op\":\"remove\",\"args\":{{\"workspace\":ID,\"force\":true}}}}"
+                )
             } else {
                 format!(
                     "mountctl --root ROOT --json create bench {} --path WS; mountctl commit ID; mountctl remove ID --force",
@@ -1272,11 +1291,9 @@ impl Materializer for Cowspace {
         let guard = DirGuard::adopt(path.clone());
         let v = if self.socket {
             let path = path.to_str().context("workspace path is not UTF-8")?;
-            let r = self.request(
-                "create",
-                serde_json::json!({"snapshot": "bench", "materializer": "overlay",
-                    "lower": "view", "path": path}),
-            )?;
+            let mut args = self.socket_args();
+            args["path"] = path.into();
+            let r = self.request("create", args)?;
             serde_json::json!({"workspace": r["id"], "path": r["path"]})
         } else {
             let mut args: Vec<&std::ffi::OsStr> = vec!["create".as_ref(), "bench".as_ref()];
