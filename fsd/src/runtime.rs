@@ -563,7 +563,12 @@ impl Runtime {
             return Err(e);
         }
         // A resume racing this removal may have mounted it again: unmount once more.
-        if mat.is_mounted(rec)? {
+        // EINVAL is "not a mount point" here: the unmount above showed this process may
+        // unmount at this path.
+        if !matches!(
+            crate::mounts::unmount(&rec.path),
+            Err(nix::Error::EINVAL | nix::Error::ENOENT)
+        ) {
             mat.unmount(rec, force)?;
         }
         if !rec.path.starts_with(&rec.private_dir) {
