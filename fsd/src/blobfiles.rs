@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 
 use cowspace_store::{ContentId, Store};
@@ -70,4 +71,19 @@ impl EnsuredBlobs {
         }
         set.insert(*content);
     }
+}
+
+/// Reads into `buf` at `offset` until it is full or the file ends; the bytes read (the
+/// read paths of the view and of fuse workspaces).
+pub fn read_full_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read_at(&mut buf[n..], offset + n as u64) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
 }

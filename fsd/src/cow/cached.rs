@@ -218,14 +218,5 @@ impl CowFs {
 
 /// Reads into `buf` at `offset` until it is full or the file ends; the bytes read.
 pub(super) fn read_full(file: &File, buf: &mut [u8], offset: u64) -> Result<usize, Errno> {
-    let mut n = 0;
-    while n < buf.len() {
-        match file.read_at(&mut buf[n..], offset + n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(errno(e)),
-        }
-    }
-    Ok(n)
+    crate::blobfiles::read_full_at(file, buf, offset).map_err(errno)
 }

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -281,15 +280,10 @@ impl Filesystem for ViewFs {
             None => return reply.error(Errno::EBADF),
         };
         let mut buf = vec![0u8; size.min(MAX_READ_BYTES) as usize];
-        let mut n = 0;
-        while n < buf.len() {
-            match file.read_at(&mut buf[n..], offset + n as u64) {
-                Ok(0) => break,
-                Ok(k) => n += k,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return reply.error(super::errno::errno_of_io("read blob", &e)),
-            }
-        }
+        let n = match crate::blobfiles::read_full_at(&file, &mut buf, offset) {
+            Ok(n) => n,
+            Err(e) => return reply.error(super::errno::errno_of_io("read blob", &e)),
+        };
         self.core
             .counters
             .read_bytes
