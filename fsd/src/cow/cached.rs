@@ -195,14 +195,7 @@ impl CowFs {
         if let Some(p) = self.copying(&node) {
             p.finish().map_err(errno)?;
         }
-        let file = self.inode_file(&node)?;
-        nix::fcntl::fallocate(
-            file.as_ref(),
-            nix::fcntl::FallocateFlags::from_bits_retain(mode),
-            offset as i64,
-            length as i64,
-        )
-        .map_err(|e| Errno::from_i32(e as i32))
+        fallocate(&*self.inode_file(&node)?, offset, length, mode)
     }
 
     /// The kernel forgot `node`: its file is closed, and a deleted file's copy-up dropped.
@@ -214,6 +207,17 @@ impl CowFs {
             self.cow.lazy.forget_deleted(fd.as_ref());
         }
     }
+}
+
+/// `fallocate(2)` with the request's `mode` bits as they came.
+pub(super) fn fallocate(file: &File, offset: u64, length: u64, mode: i32) -> Result<(), Errno> {
+    nix::fcntl::fallocate(
+        file,
+        nix::fcntl::FallocateFlags::from_bits_retain(mode),
+        offset as i64,
+        length as i64,
+    )
+    .map_err(|e| Errno::from_i32(e as i32))
 }
 
 /// Reads into `buf` at `offset` until it is full or the file ends; the bytes read.

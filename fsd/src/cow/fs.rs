@@ -21,7 +21,7 @@ use fuser::{
 };
 
 use super::OpenMode;
-use super::cached::read_full;
+use super::cached::{fallocate, read_full};
 use super::handles::{Backing, Dir, Handles, lock};
 use super::node::Node;
 use super::ops::{Cow, Make, errno};
@@ -607,13 +607,7 @@ impl Filesystem for CowFs {
             if let Some(p) = pending {
                 p.finish().map_err(errno)?;
             }
-            nix::fcntl::fallocate(
-                f.as_ref(),
-                nix::fcntl::FallocateFlags::from_bits_retain(mode),
-                offset as i64,
-                length as i64,
-            )
-            .map_err(|e| Errno::from_i32(e as i32))
+            fallocate(&f, offset, length, mode)
         });
         match r {
             Ok(()) => reply.ok(),
