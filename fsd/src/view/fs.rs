@@ -133,6 +133,20 @@ impl ViewFs {
         backing.insert(ino, Arc::downgrade(&id));
         Ok(id)
     }
+
+    /// The node whose extended attributes are asked for; `ENOSYS` on the plain view,
+    /// which the kernel remembers per connection and asks no more (for `listxattr` too:
+    /// a name listed but not readable would fail overlay copy-ups).
+    fn xattr_node(&self, ino: INodeNo) -> Result<Arc<Node>, Errno> {
+        self.core
+            .counters
+            .xattr_requests
+            .fetch_add(1, Ordering::Relaxed);
+        if !self.core.xattrs {
+            return Err(Errno::ENOSYS);
+        }
+        self.core.node(ino.0)
+    }
 }
 
 impl Filesystem for ViewFs {
@@ -459,15 +473,7 @@ impl Filesystem for ViewFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        self.core
-            .counters
-            .xattr_requests
-            .fetch_add(1, Ordering::Relaxed);
-        if !self.core.xattrs {
-            // The kernel remembers this per connection and asks no more.
-            return reply.error(Errno::ENOSYS);
-        }
-        let node = match self.core.node(ino.0) {
+        let node = match self.xattr_node(ino) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
@@ -482,15 +488,7 @@ impl Filesystem for ViewFs {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.core
-            .counters
-            .xattr_requests
-            .fetch_add(1, Ordering::Relaxed);
-        if !self.core.xattrs {
-            // Together with getxattr: a name listed but not readable fails copy-ups.
-            return reply.error(Errno::ENOSYS);
-        }
-        let node = match self.core.node(ino.0) {
+        let node = match self.xattr_node(ino) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
