@@ -173,6 +173,9 @@ fn run(args: Args) -> Result<()> {
         },
         ..Default::default()
     };
+    // Removals answer once the workspace has left its path; the teardown of its mount
+    // follows on a thread (drained before this process exits).
+    cowspace_fsd::mounts::start_deferred_teardowns();
     let host = cowspace_fsd::cow::install_host(
         Arc::clone(&store),
         args.fuse_open_mode,
@@ -245,6 +248,8 @@ fn run(args: Args) -> Result<()> {
         abort_connection(&view_dir);
         abort_connection(&plain_dir);
     }
+    // Overlays torn down later still hold their lower layer, the view.
+    cowspace_fsd::mounts::drain_deferred();
     host.unmount_all();
     for v in [view, plain] {
         if let Err(e) = v.unmount() {

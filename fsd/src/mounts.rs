@@ -1,7 +1,10 @@
 //! The kernel's mount table and the mount calls cowspace makes (through `nix`'s safe
-//! wrappers; no `unsafe` here).
+//! wrappers and `sys`; no `unsafe` here), and the daemon's deferred teardowns.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use nix::mount::{MntFlags, MsFlags};
 
@@ -120,6 +123,96 @@ pub fn mount_bind(source: &Path, target: &Path) -> Result<()> {
 /// Unmounts `target`; EBUSY is reported as such (nothing forced).
 pub fn unmount(target: &Path) -> std::result::Result<(), nix::Error> {
     nix::mount::umount2(target, MntFlags::empty())
+}
+
+/// Unmounts `target` as [`unmount`] does (busy when processes use it), but first takes a
+/// detached clone of the mount, returned, which keeps the superblock alive: the teardown
+/// — evicting every inode the mount made, an overlay's sync of its upper layer — then
+/// happens when the clone is closed, not in this call. The clone is a mount of its own,
+/// so it does not make `target` busy; on an error it is closed with the original still
+/// mounted, which tears nothing down. `None`: no clone could be taken (`open_tree` needs
+/// Linux 5.2 and `CAP_SYS_ADMIN`), and the unmount was a plain one.
+pub fn unmount_keeping_superblock(
+    target: &Path,
+) -> std::result::Result<Option<OwnedFd>, nix::Error> {
+    let clone = crate::sys::open_tree_clone(target).ok();
+    unmount(target)?;
+    Ok(clone)
+}
+
+/// Work the daemon does after answering: the teardown of unmounted workspaces.
+type Job = Box<dyn FnOnce() + Send>;
+
+struct Deferred {
+    jobs: Mutex<Sender<Job>>,
+    /// Jobs queued and not finished yet.
+    pending: Arc<(Mutex<usize>, Condvar)>,
+}
+
+static DEFERRED: OnceLock<Deferred> = OnceLock::new();
+
+/// Makes this process run deferred teardowns on a thread of their own (the daemon, which
+/// lives on after answering; [`drain_deferred`] before it exits). Elsewhere [`defer`]
+/// runs the job at once.
+pub fn start_deferred_teardowns() {
+    DEFERRED.get_or_init(|| {
+        let (tx, rx) = channel::<Job>();
+        let pending = Arc::new((Mutex::new(0usize), Condvar::new()));
+        let p = Arc::clone(&pending);
+        let spawned = std::thread::Builder::new()
+            .name("teardown".into())
+            .spawn(move || {
+                for job in rx {
+                    job();
+                    let (n, done) = &*p;
+                    *n.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                    done.notify_all();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no teardown thread: removals tear down at once");
+        }
+        Deferred {
+            jobs: Mutex::new(tx),
+            pending,
+        }
+    });
+}
+
+/// Whether [`defer`] runs jobs later (this process started deferred teardowns).
+pub fn deferring() -> bool {
+    DEFERRED.get().is_some()
+}
+
+/// Runs `job` on the teardown thread, or now when there is none.
+pub fn defer(job: impl FnOnce() + Send + 'static) {
+    let Some(d) = DEFERRED.get() else {
+        return job();
+    };
+    *d.pending.0.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+    let sent = d
+        .jobs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send(Box::new(job));
+    if let Err(std::sync::mpsc::SendError(job)) = sent {
+        // The thread is gone (it could not start): do it here.
+        *d.pending.0.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        job();
+    }
+}
+
+/// Waits until every deferred teardown has finished (the daemon, before it unmounts its
+/// views and exits: an overlay's clone still holds its lower layer).
+pub fn drain_deferred() {
+    let Some(d) = DEFERRED.get() else {
+        return;
+    };
+    let (n, done) = &*d.pending;
+    let mut left = n.lock().unwrap_or_else(|e| e.into_inner());
+    while *left > 0 {
+        left = done.wait(left).unwrap_or_else(|e| e.into_inner());
+    }
 }
 
 /// Detaches `target` even while busy (it disappears once unused).

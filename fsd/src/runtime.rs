@@ -554,7 +554,7 @@ impl Runtime {
         made_by: Option<crate::registry::Creator>,
     ) -> Result<()> {
         let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
-        if let Err(e) = mat.unmount(rec, force) {
+        if let Err(e) = mat.unmount_for_removal(rec, force) {
             // Still mounted: back to active, as it was, so nothing is half-removed.
             if matches!(e, Error::Busy { .. }) {
                 rec.creator = made_by;

@@ -1,5 +1,5 @@
 //! The only `unsafe` of this crate: `mallopt` (see [`fix_mmap_threshold`]), `malloc_trim`
-//! (see [`trim_heap`]) and small safe
+//! (see [`trim_heap`]), `open_tree` (see [`open_tree_clone`]) and small safe
 //! wrappers of the ioctls the `reflink` and `btrfs` materializers make (`FICLONE`, btrfs
 //! subvolume create / snapshot / destroy / set-flags). Every wrapper takes open files (so
 //! the descriptors are valid for the call) and checks the return value in one place (nix's
@@ -164,4 +164,26 @@ pub fn trim_heap() {
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+/// A detached clone of the mount at `path` (`open_tree(2)` with `OPEN_TREE_CLONE`): a
+/// mount of its own, attached nowhere, that keeps the superblock alive until the
+/// descriptor is closed. Linux 5.2+; needs `CAP_SYS_ADMIN`.
+pub fn open_tree_clone(path: &std::path::Path) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // <linux/mount.h>: OPEN_TREE_CLONE; OPEN_TREE_CLOEXEC is O_CLOEXEC.
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
+    // SAFETY: `c` is a valid NUL-terminated path that outlives the call; the syscall
+    // writes no memory of ours and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, c.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd =
+        i32::try_from(fd).map_err(|_| io::Error::other("open_tree: descriptor out of range"))?;
+    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }

@@ -166,6 +166,9 @@ pub struct CowMount {
     opens: Arc<AtomicU64>,
     /// The background copier of lazy copy-ups (`lazy.rs`).
     copier: Option<std::thread::JoinHandle<()>>,
+    /// Unmounted from its path already ([`Host::detach`]): stopping must not unmount
+    /// whatever is mounted there by then.
+    detached: bool,
 }
 
 impl std::fmt::Debug for CowMount {
@@ -258,6 +261,7 @@ impl CowMount {
             mode,
             opens,
             copier: Some(copier),
+            detached: false,
         })
     }
 
@@ -296,17 +300,24 @@ impl CowMount {
             .is_some_and(|s| !s.guard.is_finished())
     }
 
-    fn shutdown(&mut self) {
-        // The copier stops between two batches; what is left stays recorded and goes on
-        // when the workspace is served again.
+    /// Stops the background copier (between two batches; what is left stays recorded
+    /// and goes on when the workspace is served again).
+    fn stop_copier(&mut self) {
         self.cow.lazy.stop();
         if let Some(c) = self.copier.take() {
             let _ = c.join();
         }
+    }
+
+    fn shutdown(&mut self) {
+        self.stop_copier();
         let Some(s) = self.session.take() else {
             return;
         };
-        if !s.guard.is_finished() && crate::mounts::is_mounted(&self.path).unwrap_or(false) {
+        if !self.detached
+            && !s.guard.is_finished()
+            && crate::mounts::is_mounted(&self.path).unwrap_or(false)
+        {
             match crate::mounts::unmount(&self.path) {
                 Ok(()) => {}
                 Err(e) => {
@@ -462,6 +473,24 @@ impl Host {
                 .spawn(crate::sys::trim_heap);
         }
         true
+    }
+
+    /// Stops serving workspace `id`, whose mount the caller has unmounted (keeping the
+    /// superblock alive, [`crate::mounts::unmount_keeping_superblock`]): its copier is
+    /// stopped now, so the private state may be deleted; the rest — the session, which
+    /// ends when the superblock goes, and the memory — goes in the returned job, to run
+    /// after the superblock is let go.
+    pub fn detach(&self, id: &str) -> Option<impl FnOnce() + Send + 'static> {
+        let mut m = self.lock().remove(id)?;
+        m.stop_copier();
+        m.detached = true;
+        Some(move || {
+            let large = m.inodes() >= TRIM_AFTER_INODES;
+            drop(m);
+            if large {
+                crate::sys::trim_heap();
+            }
+        })
     }
 
     /// Ids of the workspaces served.

@@ -155,6 +155,23 @@ impl Materializer for Fuse {
         Ok(())
     }
 
+    fn unmount_for_removal(&self, rec: &Record, force: bool) -> Result<()> {
+        let Some(host) = crate::cow::host().filter(|_| crate::mounts::deferring()) else {
+            return self.unmount(rec, force);
+        };
+        let clone = super::unmount_path_keeping_superblock(rec, force)?;
+        let session = host.detach(&rec.id);
+        crate::mounts::defer(move || {
+            // Closing the clone tears the superblock down and ends the FUSE connection;
+            // the session's threads then end and its memory goes.
+            drop(clone);
+            if let Some(end) = session {
+                end();
+            }
+        });
+        Ok(())
+    }
+
     fn is_mounted(&self, rec: &Record) -> Result<bool> {
         // A mount whose daemon died is still in the table but answers ENOTCONN.
         Ok(crate::mounts::is_mounted(&rec.path)? && nix::sys::statfs::statfs(&rec.path).is_ok())

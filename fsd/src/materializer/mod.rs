@@ -12,7 +12,8 @@ pub mod fuse;
 pub mod overlay;
 pub mod reflink;
 
-use std::path::PathBuf;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
 
 use cowspace_store::diff::DiffEntry;
 use cowspace_store::{Editor, SnapshotId, Store};
@@ -95,6 +96,14 @@ pub trait Materializer: Send + Sync {
         unmount_path(rec, force)
     }
 
+    /// [`Materializer::unmount`] for a removal: where the mount's teardown costs time
+    /// (evicting every inode a used workspace made, syncing an overlay's upper layer) and
+    /// this process tears down later ([`mounts::deferring`], the daemon), the workspace
+    /// leaves `rec.path` now and its superblock goes on the teardown thread.
+    fn unmount_for_removal(&self, rec: &Record, force: bool) -> Result<()> {
+        self.unmount(rec, force)
+    }
+
     /// Whether the workspace is currently usable at its path.
     fn is_mounted(&self, rec: &Record) -> Result<bool> {
         mounts::is_mounted(&rec.path)
@@ -174,13 +183,31 @@ pub fn materializer(kind: MaterializerKind) -> Box<dyn Materializer> {
 /// Unmounts the workspace at `rec.path` if mounted. `Busy` while processes use it,
 /// unless `force`, which kills them (then detaches lazily if it is still busy).
 pub(crate) fn unmount_path(rec: &Record, force: bool) -> Result<()> {
+    unmount_path_with(rec, force, |p| mounts::unmount(p).map(|()| None)).map(drop)
+}
+
+/// [`unmount_path`], keeping the mount's superblock alive in a detached clone (returned,
+/// when one could be taken; see [`mounts::unmount_keeping_superblock`]): its teardown
+/// happens when the clone is closed.
+pub(crate) fn unmount_path_keeping_superblock(
+    rec: &Record,
+    force: bool,
+) -> Result<Option<OwnedFd>> {
+    unmount_path_with(rec, force, mounts::unmount_keeping_superblock)
+}
+
+fn unmount_path_with(
+    rec: &Record,
+    force: bool,
+    unmount: impl Fn(&Path) -> std::result::Result<Option<OwnedFd>, nix::Error>,
+) -> Result<Option<OwnedFd>> {
     // Unmounted first and asked after: reading the mount table costs more than the
     // unmount, and grows with every workspace mounted.
-    match mounts::unmount(&rec.path) {
-        Ok(()) => Ok(()),
+    match unmount(&rec.path) {
+        Ok(clone) => Ok(clone),
         // Not a mount point; or one this process may not unmount (also EINVAL), which
         // the mount table tells apart.
-        Err(nix::Error::EINVAL | nix::Error::ENOENT) if !mounts::is_mounted(&rec.path)? => Ok(()),
+        Err(nix::Error::EINVAL | nix::Error::ENOENT) if !mounts::is_mounted(&rec.path)? => Ok(None),
         Err(nix::Error::EBUSY) => {
             let pids = mounts::users_of(&rec.path);
             if !force {
@@ -197,8 +224,8 @@ pub(crate) fn unmount_path(rec: &Record, force: bool) -> Result<()> {
             }
             // Give the killed processes a moment to release the mount.
             for _ in 0..50 {
-                match mounts::unmount(&rec.path) {
-                    Ok(()) => return Ok(()),
+                match unmount(&rec.path) {
+                    Ok(clone) => return Ok(clone),
                     Err(nix::Error::EBUSY) => {
                         std::thread::sleep(std::time::Duration::from_millis(20))
                     }
@@ -210,7 +237,7 @@ pub(crate) fn unmount_path(rec: &Record, force: bool) -> Result<()> {
                     }
                 }
             }
-            mounts::unmount_lazy(&rec.path)
+            mounts::unmount_lazy(&rec.path).map(|()| None)
         }
         Err(source) => Err(Error::Unmount {
             target: rec.path.clone(),

@@ -98,6 +98,16 @@ impl Materializer for Overlay {
         mounts::mount_overlay(&rec.lower, &Self::upper(rec), &Self::work(rec), &rec.path)
     }
 
+    fn unmount_for_removal(&self, rec: &Record, force: bool) -> Result<()> {
+        if !mounts::deferring() {
+            return self.unmount(rec, force);
+        }
+        if let Some(clone) = super::unmount_path_keeping_superblock(rec, force)? {
+            mounts::defer(move || drop(clone));
+        }
+        Ok(())
+    }
+
     fn diff(
         &self,
         store: &Store,

@@ -25,6 +25,7 @@ mod python_client;
 mod races;
 mod subvols;
 pub(crate) mod support;
+mod teardown;
 mod xattrs;
 
 use std::collections::BTreeMap;
