@@ -46,6 +46,25 @@ pub fn request(root: &Path, req: &serde_json::Value) -> Result<serde_json::Value
         .map_err(|e| Error::Daemon(format!("unreadable response {resp:?}: {e}")))
 }
 
+/// Removes workspace `ws` through the root's daemon, when one answers (`None` when none
+/// does): a removal there answers as soon as the workspace has left its path, and the
+/// kernel's teardown of a used mount follows on the daemon's thread instead of holding
+/// up the caller (`mounts::defer`).
+pub fn remove(root: &Path, ws: &str, force: bool) -> Result<Option<crate::registry::Record>> {
+    let Ok(resp) = request(
+        root,
+        &serde_json::json!({"op": "remove", "args": {"workspace": ws, "force": force}}),
+    ) else {
+        return Ok(None);
+    };
+    if resp["ok"] != true {
+        return Err(Error::answered(&resp));
+    }
+    serde_json::from_value(resp["result"].clone())
+        .map(Some)
+        .map_err(|e| Error::Daemon(format!("unreadable remove answer: {e}")))
+}
+
 /// Whether a daemon answers on the root's socket.
 pub fn ping(root: &Path) -> bool {
     matches!(request(root, &serde_json::json!({"op": "ping"})), Ok(v) if v["ok"] == true)
@@ -150,19 +169,7 @@ pub fn stop(root: &Path, force: bool) -> Result<bool> {
         &serde_json::json!({"op": "shutdown", "args": {"force": force}}),
     )?;
     if resp["ok"] != true {
-        let kind = resp["error"]["kind"].as_str().unwrap_or("io").to_string();
-        let msg = resp["error"]["message"].as_str().unwrap_or("").to_string();
-        return Err(match kind.as_str() {
-            "busy" => Error::DaemonInUse {
-                // "the daemon still serves workspaces: ws-1, ws-2" (an older daemon's
-                // message is kept whole).
-                users: match msg.split_once(": ") {
-                    Some((_, u)) => u.split(", ").map(str::to_string).collect(),
-                    None => vec![msg],
-                },
-            },
-            _ => Error::Daemon(msg),
-        });
+        return Err(Error::answered(&resp));
     }
     // Gone means the process has let go of the lock, not only of the socket: a daemon
     // started right after this returns must not find the old one still there.

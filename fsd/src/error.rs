@@ -48,6 +48,13 @@ pub enum Error {
     },
     #[error("the daemon: {0}")]
     Daemon(String),
+    /// An error the daemon answered a request with, as it said it.
+    #[error("{message}")]
+    Answered {
+        kind: ErrorKind,
+        message: String,
+        hint: Option<String>,
+    },
 }
 
 impl Error {
@@ -58,6 +65,7 @@ impl Error {
             Error::NoWorkspace(_) => ErrorKind::NotFound,
             Error::NameTaken(_) | Error::PathExists(_) => ErrorKind::Exists,
             Error::Busy { .. } | Error::DaemonInUse { .. } => ErrorKind::Busy,
+            Error::Answered { kind, .. } => *kind,
             Error::Unsupported { .. } => ErrorKind::Unsupported,
             Error::Invalid(_) => ErrorKind::InvalidInput,
             Error::WrongState { .. } => ErrorKind::Conflict,
@@ -76,6 +84,7 @@ impl Error {
     pub fn hint(&self) -> Option<String> {
         Some(match self {
             Error::Store(e) => return e.hint(),
+            Error::Answered { hint, .. } => return hint.clone(),
             Error::NoWorkspace(_) => "`mountctl list` shows the workspaces of this root".into(),
             Error::NameTaken(_) => "pick another --name, or remove the existing workspace".into(),
             Error::PathExists(_) => "give a --path that does not exist yet".into(),
@@ -98,6 +107,22 @@ impl Error {
     ) -> impl FnOnce(io::Error) -> Error {
         let path = path.into();
         move |source| Error::Io { step, path, source }
+    }
+
+    /// The error of a control-socket answer (`{"ok": false, "error": {...}}`).
+    pub fn answered(resp: &serde_json::Value) -> Error {
+        let e = &resp["error"];
+        Error::Answered {
+            kind: e["kind"]
+                .as_str()
+                .and_then(ErrorKind::parse)
+                .unwrap_or(ErrorKind::Io),
+            message: e["message"]
+                .as_str()
+                .unwrap_or("the daemon refused without saying why")
+                .to_string(),
+            hint: e["hint"].as_str().map(str::to_string),
+        }
     }
 
     pub(crate) fn reg(step: &'static str) -> impl FnOnce(rusqlite::Error) -> Error {

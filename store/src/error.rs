@@ -31,6 +31,22 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// The kind named `name` ([`ErrorKind::as_str`]).
+    pub fn parse(name: &str) -> Option<ErrorKind> {
+        [
+            ErrorKind::InvalidInput,
+            ErrorKind::NotFound,
+            ErrorKind::Exists,
+            ErrorKind::Busy,
+            ErrorKind::Unsupported,
+            ErrorKind::Conflict,
+            ErrorKind::Corrupt,
+            ErrorKind::Io,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == name)
+    }
+
     /// The name used in JSON output and the control protocol.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -38,7 +38,7 @@ impl Fuse {
                 &serde_json::json!({"op": "finish_copies", "args": {"workspace": rec.id}}),
             )?;
             if resp["ok"] != true {
-                return Err(from_response("finish_copies", &resp));
+                return Err(Error::answered(&resp));
             }
             return Ok(());
         }
@@ -57,24 +57,6 @@ impl Fuse {
             .parent()
             .and_then(Path::parent)
             .ok_or_else(|| Error::Invalid(format!("odd private dir {}", rec.private_dir.display())))
-    }
-}
-
-/// Turns a control-protocol error response into an error of the same kind.
-fn from_response(op: &str, resp: &serde_json::Value) -> Error {
-    let kind = resp["error"]["kind"].as_str().unwrap_or("io");
-    let msg = resp["error"]["message"]
-        .as_str()
-        .unwrap_or("the daemon refused")
-        .to_string();
-    match kind {
-        "unsupported" => Error::Unsupported {
-            name: "fuse".into(),
-            why: msg,
-        },
-        "invalid_input" => Error::Invalid(msg),
-        "not_found" => Error::NoWorkspace(msg),
-        _ => Error::Daemon(format!("{op}: {msg}")),
     }
 }
 
@@ -134,7 +116,7 @@ impl Materializer for Fuse {
             }
         };
         if resp["ok"] != true {
-            return Err(from_response("mount_workspace", &resp));
+            return Err(Error::answered(&resp));
         }
         Ok(())
     }

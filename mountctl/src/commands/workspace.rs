@@ -124,9 +124,13 @@ pub fn commit(
 }
 
 pub fn remove(ctx: &Ctx, ws: &str, force: bool) -> anyhow::Result<ExitCode> {
-    let rt = ctx.runtime()?;
     let t = std::time::Instant::now();
-    let r = rt.remove(ws, force)?;
+    // Through a running daemon when there is one: the teardown of a used mount then
+    // does not hold up this command.
+    let r = match cowspace_fsd::daemon::remove(&ctx.root, ws, force)? {
+        Some(r) => r,
+        None => ctx.runtime()?.remove(ws, force)?,
+    };
     let ms = t.elapsed().as_secs_f64() * 1e3;
     ctx.emit(
         json!({"workspace": r.id, "removed": true, "ms": ms}),
