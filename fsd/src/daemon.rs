@@ -32,31 +32,57 @@ pub fn log_path(root: &Path) -> PathBuf {
 /// Sends one request and reads one response line.
 pub fn request(root: &Path, req: &serde_json::Value) -> Result<serde_json::Value> {
     let sock = socket_path(root);
-    let mut s = UnixStream::connect(&sock).map_err(Error::io("connect to", &sock))?;
+    let s = UnixStream::connect(&sock).map_err(Error::io("connect to", &sock))?;
+    exchange(s, &sock, req)
+}
+
+/// Whether the process at the other end of `s` sees the mounts this one sees (its
+/// mount namespace is ours): only then may it mount and unmount for us.
+fn peer_shares_mounts(s: &UnixStream) -> bool {
+    let Ok(cred) = nix::sys::socket::getsockopt(s, nix::sys::socket::sockopt::PeerCredentials)
+    else {
+        return false;
+    };
+    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
+    // A peer in another pid namespace shows pid 0 (or another process's number, whose
+    // namespace is then compared: still the question asked).
+    cred.pid() > 0 && ns("self").is_some() && ns("self") == ns(&cred.pid().to_string())
+}
+
+fn exchange(mut s: UnixStream, sock: &Path, req: &serde_json::Value) -> Result<serde_json::Value> {
     s.set_read_timeout(Some(Duration::from_millis(CONTROL_TIMEOUT_MS)))
-        .map_err(Error::io("configure", &sock))?;
+        .map_err(Error::io("configure", sock))?;
     let mut line = serde_json::to_vec(req).expect("requests serialise");
     line.push(b'\n');
-    s.write_all(&line).map_err(Error::io("write to", &sock))?;
+    s.write_all(&line).map_err(Error::io("write to", sock))?;
     let mut resp = String::new();
     BufReader::new(&s)
         .read_line(&mut resp)
-        .map_err(Error::io("read from", &sock))?;
+        .map_err(Error::io("read from", sock))?;
     serde_json::from_str(&resp)
         .map_err(|e| Error::Daemon(format!("unreadable response {resp:?}: {e}")))
 }
 
 /// Removes workspace `ws` through the root's daemon, when one answers (`None` when none
-/// does): a removal there answers as soon as the workspace has left its path, and the
+/// does, or none that can): a removal there answers as soon as the workspace has left its path, and the
 /// kernel's teardown of a used mount follows on the daemon's thread instead of holding
 /// up the caller (`mounts::defer`).
+///
+/// Only a daemon in this process's mount namespace is asked: the unmount must happen
+/// where the caller sees the workspace.
 pub fn remove(root: &Path, ws: &str, force: bool) -> Result<Option<crate::registry::Record>> {
-    let Ok(resp) = request(
-        root,
-        &serde_json::json!({"op": "remove", "args": {"workspace": ws, "force": force}}),
-    ) else {
+    let sock = socket_path(root);
+    let Ok(s) = UnixStream::connect(&sock) else {
         return Ok(None);
     };
+    if !peer_shares_mounts(&s) {
+        return Ok(None);
+    }
+    let resp = exchange(
+        s,
+        &sock,
+        &serde_json::json!({"op": "remove", "args": {"workspace": ws, "force": force}}),
+    )?;
     if resp["ok"] != true {
         return Err(Error::answered(&resp));
     }
@@ -178,4 +204,67 @@ pub fn stop(root: &Path, force: bool) -> Result<bool> {
         std::thread::sleep(Duration::from_millis(5));
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    /// A listener on `sock` in a process of its own (`unshare --mount` first when
+    /// `own_ns`), which accepts one connection and holds it open.
+    fn peer(sock: &Path, own_ns: bool) -> std::process::Child {
+        let script = format!(
+            "import socket,time\ns=socket.socket(socket.AF_UNIX)\ns.bind({:?})\ns.listen()\nc,_=s.accept()\ntime.sleep(10)",
+            sock.to_str().unwrap()
+        );
+        let mut cmd = if own_ns {
+            let mut c = Command::new("unshare");
+            c.args(["--mount", "python3"]);
+            c
+        } else {
+            Command::new("python3")
+        };
+        cmd.args(["-c", &script]).spawn().expect("start python3")
+    }
+
+    fn connect(sock: &Path) -> UnixStream {
+        for _ in 0..500 {
+            if let Ok(s) = UnixStream::connect(sock) {
+                return s;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("no listener at {}", sock.display());
+    }
+
+    #[test]
+    fn only_a_peer_in_our_mount_namespace_shares_our_mounts() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true: this test must run (root)"
+            );
+            eprintln!("skipped: unshare --mount needs root");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("cowspace-peer-ns-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // In this process: the namespace is ours.
+        let here = dir.join("here.sock");
+        let listener = UnixListener::bind(&here).unwrap();
+        let s = UnixStream::connect(&here).unwrap();
+        let _accepted = listener.accept().unwrap();
+        assert!(peer_shares_mounts(&s));
+        for own_ns in [false, true] {
+            let sock = dir.join(format!("peer-{own_ns}.sock"));
+            let mut child = peer(&sock, own_ns);
+            let s = connect(&sock);
+            let shares = peer_shares_mounts(&s);
+            let _ = child.kill();
+            let _ = child.wait();
+            assert_eq!(shares, !own_ns, "peer in its own mount namespace: {own_ns}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
