@@ -92,33 +92,6 @@ fn parse_read_mode(s: &str) -> std::result::Result<ReadMode, String> {
 #[error("another fsd serves {} already", .0.display())]
 struct AnotherDaemon(PathBuf);
 
-/// Aborts the FUSE connection serving `mountpoint` (through the fusectl filesystem,
-/// mounted on demand).
-fn abort_connection(mountpoint: &std::path::Path) {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(meta) = std::fs::metadata(mountpoint) else {
-        return;
-    };
-    let minor = nix::sys::stat::minor(meta.dev());
-    let conns = std::path::Path::new("/sys/fs/fuse/connections");
-    if !conns.join(minor.to_string()).exists() {
-        let _ = nix::mount::mount(
-            Some("fusectl"),
-            conns,
-            Some("fusectl"),
-            nix::mount::MsFlags::empty(),
-            None::<&str>,
-        );
-    }
-    let abort = conns.join(minor.to_string()).join("abort");
-    match std::fs::write(&abort, "1") {
-        Ok(()) => tracing::warn!(connection = minor, "aborted the view's FUSE connection"),
-        Err(e) => {
-            tracing::error!(path = %abort.display(), "cannot abort the view's connection: {e}")
-        }
-    }
-}
-
 fn run(args: Args) -> Result<()> {
     let root = args
         .root
@@ -245,8 +218,16 @@ fn run(args: Args) -> Result<()> {
     // lower layer fails cleanly (they become `stopped`; `recover` brings them back)
     // instead of keeping this process alive behind a detached mount.
     if !(server.busy)().is_empty() {
-        abort_connection(&view_dir);
-        abort_connection(&plain_dir);
+        for dir in [&view_dir, &plain_dir] {
+            if let Ok(meta) = std::fs::metadata(dir) {
+                use std::os::unix::fs::MetadataExt;
+                if cowspace_fsd::mounts::abort_fuse_connection(meta.dev(), true) {
+                    tracing::warn!(view = %dir.display(), "aborted the view's FUSE connection");
+                } else {
+                    tracing::error!(view = %dir.display(), "cannot abort the view's connection");
+                }
+            }
+        }
     }
     // Overlays torn down later still hold their lower layer, the view.
     cowspace_fsd::mounts::drain_deferred();

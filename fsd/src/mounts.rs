@@ -140,6 +140,35 @@ pub fn unmount_keeping_superblock(
     Ok(clone)
 }
 
+/// Aborts the FUSE connection of the filesystem on device `dev` (through the fusectl
+/// filesystem; mounted first when `mount_fusectl` and it is not there). Every request
+/// then fails and the serving threads end, whatever still holds the superblock. Whether
+/// it was aborted.
+pub fn abort_fuse_connection(dev: u64, mount_fusectl: bool) -> bool {
+    let minor = nix::sys::stat::minor(dev);
+    let conns = Path::new("/sys/fs/fuse/connections");
+    if mount_fusectl && !conns.join(minor.to_string()).exists() {
+        let _ = nix::mount::mount(
+            Some("fusectl"),
+            conns,
+            Some("fusectl"),
+            MsFlags::empty(),
+            None::<&str>,
+        );
+    }
+    let abort = conns.join(minor.to_string()).join("abort");
+    match std::fs::write(&abort, "1") {
+        Ok(()) => {
+            tracing::debug!(connection = minor, "aborted a FUSE connection");
+            true
+        }
+        Err(e) => {
+            tracing::debug!(path = %abort.display(), "cannot abort a FUSE connection: {e}");
+            false
+        }
+    }
+}
+
 /// Work the daemon does after answering: the teardown of unmounted workspaces.
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -162,6 +191,8 @@ pub fn start_deferred_teardowns() {
         let spawned = std::thread::Builder::new()
             .name("teardown".into())
             .spawn(move || {
+                // Behind every request: nobody waits for a teardown.
+                crate::sys::lower_this_thread_priority();
                 for job in rx {
                     job();
                     let (n, done) = &*p;

@@ -166,9 +166,6 @@ pub struct CowMount {
     opens: Arc<AtomicU64>,
     /// The background copier of lazy copy-ups (`lazy.rs`).
     copier: Option<std::thread::JoinHandle<()>>,
-    /// Unmounted from its path already ([`Host::detach`]): stopping must not unmount
-    /// whatever is mounted there by then.
-    detached: bool,
 }
 
 impl std::fmt::Debug for CowMount {
@@ -261,7 +258,6 @@ impl CowMount {
             mode,
             opens,
             copier: Some(copier),
-            detached: false,
         })
     }
 
@@ -300,24 +296,17 @@ impl CowMount {
             .is_some_and(|s| !s.guard.is_finished())
     }
 
-    /// Stops the background copier (between two batches; what is left stays recorded
-    /// and goes on when the workspace is served again).
-    fn stop_copier(&mut self) {
+    fn shutdown(&mut self) {
+        // The copier stops between two batches; what is left stays recorded and goes on
+        // when the workspace is served again.
         self.cow.lazy.stop();
         if let Some(c) = self.copier.take() {
             let _ = c.join();
         }
-    }
-
-    fn shutdown(&mut self) {
-        self.stop_copier();
         let Some(s) = self.session.take() else {
             return;
         };
-        if !self.detached
-            && !s.guard.is_finished()
-            && crate::mounts::is_mounted(&self.path).unwrap_or(false)
-        {
+        if !s.guard.is_finished() && crate::mounts::is_mounted(&self.path).unwrap_or(false) {
             match crate::mounts::unmount(&self.path) {
                 Ok(()) => {}
                 Err(e) => {
@@ -475,15 +464,12 @@ impl Host {
         true
     }
 
-    /// Stops serving workspace `id`, whose mount the caller has unmounted (keeping the
-    /// superblock alive, [`crate::mounts::unmount_keeping_superblock`]): its copier is
-    /// stopped now, so the private state may be deleted; the rest — the session, which
-    /// ends when the superblock goes, and the memory — goes in the returned job, to run
-    /// after the superblock is let go.
-    pub fn detach(&self, id: &str) -> Option<impl FnOnce() + Send + 'static> {
+    /// Stops serving workspace `id` as [`Host::unmount`] does, but gives back what is
+    /// left of it (its inode tables, freed when dropped, and their memory given back to
+    /// the system as `unmount` does): for a caller that frees it later.
+    pub fn stop(&self, id: &str) -> Option<impl FnOnce() + Send + 'static> {
         let mut m = self.lock().remove(id)?;
-        m.stop_copier();
-        m.detached = true;
+        m.shutdown();
         Some(move || {
             let large = m.inodes() >= TRIM_AFTER_INODES;
             drop(m);

@@ -142,13 +142,19 @@ impl Materializer for Fuse {
             return self.unmount(rec, force);
         };
         let clone = super::unmount_path_keeping_superblock(rec, force)?;
-        let session = host.detach(&rec.id);
+        // The session ends now, before the answer: fuser unmounts its mount point by
+        // path when a session is dropped, which must not meet a workspace mounted there
+        // after this removal. Aborting the connection ends it while the clone still
+        // holds the superblock; without that, the clone is closed here.
+        let clone = clone.filter(|c| {
+            nix::sys::stat::fstat(c)
+                .is_ok_and(|st| crate::mounts::abort_fuse_connection(st.st_dev, false))
+        });
+        let rest = host.stop(&rec.id);
         crate::mounts::defer(move || {
-            // Closing the clone tears the superblock down and ends the FUSE connection;
-            // the session's threads then end and its memory goes.
             drop(clone);
-            if let Some(end) = session {
-                end();
+            if let Some(free) = rest {
+                free();
             }
         });
         Ok(())
