@@ -5,6 +5,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
 
 use nix::mount::{MntFlags, MsFlags};
 
@@ -169,6 +170,9 @@ pub fn abort_fuse_connection(dev: u64, mount_fusectl: bool) -> bool {
     }
 }
 
+/// How long a deferred teardown waits before it starts (see [`start_deferred_teardowns`]).
+const TEARDOWN_DELAY_MS: u64 = 10;
+
 /// Work the daemon does after answering: the teardown of unmounted workspaces.
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -191,9 +195,12 @@ pub fn start_deferred_teardowns() {
         let spawned = std::thread::Builder::new()
             .name("teardown".into())
             .spawn(move || {
-                // Behind every request: nobody waits for a teardown.
-                crate::sys::lower_this_thread_priority();
                 for job in rx {
+                    // After the removal that queued it has answered (its last steps
+                    // take a millisecond or two): then at full speed, so the work is
+                    // done while the host is still quiet rather than starved into
+                    // whatever comes next.
+                    std::thread::sleep(Duration::from_millis(TEARDOWN_DELAY_MS));
                     job();
                     let (n, done) = &*p;
                     *n.lock().unwrap_or_else(|e| e.into_inner()) -= 1;

@@ -1,6 +1,5 @@
 //! The only `unsafe` of this crate: `mallopt` (see [`fix_mmap_threshold`]), `malloc_trim`
-//! (see [`trim_heap`]), `open_tree` (see [`open_tree_clone`]), `setpriority` (see
-//! [`lower_this_thread_priority`]) and small safe
+//! (see [`trim_heap`]), `open_tree` (see [`open_tree_clone`]) and small safe
 //! wrappers of the ioctls the `reflink` and `btrfs` materializers make (`FICLONE`, btrfs
 //! subvolume create / snapshot / destroy / set-flags). Every wrapper takes open files (so
 //! the descriptors are valid for the call) and checks the return value in one place (nix's
@@ -187,13 +186,4 @@ pub fn open_tree_clone(path: &std::path::Path) -> io::Result<std::os::fd::OwnedF
         i32::try_from(fd).map_err(|_| io::Error::other("open_tree: descriptor out of range"))?;
     // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
-}
-
-/// Makes the calling thread the last to run when the CPUs are busy (nice 19): for work
-/// nobody waits for, such as the teardown of removed workspaces. Best effort.
-pub fn lower_this_thread_priority() {
-    let tid = nix::unistd::gettid().as_raw();
-    // SAFETY: setpriority takes plain integers and touches no memory of ours; on Linux
-    // PRIO_PROCESS with a thread id changes that thread only.
-    let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 19) };
 }

@@ -152,10 +152,11 @@ impl Materializer for Fuse {
         });
         let rest = host.stop(&rec.id);
         crate::mounts::defer(move || {
-            drop(clone);
+            // The tables first: their memory is back before the longer teardown.
             if let Some(free) = rest {
                 free();
             }
+            drop(clone);
         });
         Ok(())
     }
