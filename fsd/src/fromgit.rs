@@ -136,12 +136,14 @@ impl Runtime {
                 let mut opts = ImportOptions::new();
                 opts.message = format!("clean checkout of {commit}");
                 opts.served_identity = Some(crate::view::served_identity(store.root())?);
+                opts.git_fsmonitor = crate::gitfsmonitor::hook_command();
                 store.import_dir(&top, &opts)?.snapshot
             }
             Dirty::Snapshot => {
                 let mut opts = ImportOptions::new();
                 opts.message = format!("working tree of {} at {commit}", top.display());
                 opts.served_identity = Some(crate::view::served_identity(store.root())?);
+                opts.git_fsmonitor = crate::gitfsmonitor::hook_command();
                 let id = store.import_dir(&top, &opts)?.snapshot;
                 evidence["snapshot_of_working_tree"] = json!(id);
                 id

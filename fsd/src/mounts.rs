@@ -19,7 +19,7 @@ pub struct MountEntry {
     pub source: String,
 }
 
-fn unescape(s: &str) -> String {
+pub(crate) fn unescape(s: &str) -> String {
     // mountinfo escapes space, tab, newline and backslash as \ooo (octal).
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());

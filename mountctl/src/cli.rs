@@ -109,6 +109,16 @@ pub enum Command {
     /// Run a command in the workspace's sandbox (the workspace at /workspace); exits with
     /// its status.
     Run(RunArgs),
+    /// git's fsmonitor hook (run by git in a workspace, not by hand): prints the paths
+    /// changed since TOKEN (docs/git.md).
+    #[command(name = "git-fsmonitor")]
+    GitFsmonitor {
+        /// The hook protocol version git speaks (only 2 is answered).
+        version: u32,
+        /// The token git kept from the last answer.
+        #[arg(default_value = "")]
+        token: String,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -222,6 +232,10 @@ pub struct ImportArgs {
     /// Hashing and compression threads (default: one per core).
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Do not make git in workspaces ask cowspace what changed (a git checkout's
+    /// `.git/config` and `.git/index` then keep only the stat refresh; docs/git.md).
+    #[arg(long)]
+    pub no_git_fsmonitor: bool,
 }
 
 #[derive(Debug, Subcommand)]

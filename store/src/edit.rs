@@ -375,6 +375,7 @@ impl<'s> Editor<'s> {
             source,
             policy: self.base.policy.clone(),
             counts,
+            git_fsmonitor: None,
         };
         let (id, bytes) = snap.encode_with_id();
         self.ingest

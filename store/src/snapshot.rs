@@ -70,6 +70,12 @@ pub struct Snapshot {
     pub source: Source,
     pub policy: Policy,
     pub counts: Counts,
+    /// The fsmonitor token the import gave the tree's `.git/index` (see
+    /// [`crate::import::gitindex::with_fsmonitor`]): git's view of the index entries it
+    /// marks valid is exactly this snapshot's files. `None` for every other snapshot,
+    /// including captures, whose index may describe an earlier tree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_fsmonitor: Option<String>,
 }
 
 impl Snapshot {
@@ -121,6 +127,7 @@ mod tests {
             source: Source::Dir { path: "/x".into() },
             policy: Policy::default(),
             counts: Counts::default(),
+            git_fsmonitor: None,
         };
         let (id, bytes) = s.encode_with_id();
         assert_eq!(Snapshot::decode(&id, &bytes).unwrap(), s);

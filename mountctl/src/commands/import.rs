@@ -45,6 +45,10 @@ pub fn run(ctx: &Ctx, args: ImportArgs) -> anyhow::Result<ExitCode> {
     // A git checkout's index is made to agree with what workspaces serve, so the first
     // `git status` in a new workspace reads no file.
     opts.served_identity = Some(cowspace_fsd::view::served_identity(&ctx.root)?);
+    // And git asks the workspace what changed instead of looking at every file.
+    if !args.no_git_fsmonitor {
+        opts.git_fsmonitor = cowspace_fsd::gitfsmonitor::hook_command();
+    }
     let source = &args.source;
     let report = if let Some(rev) = &args.git {
         store.import_git(source, rev, &opts)

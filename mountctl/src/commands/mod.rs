@@ -55,5 +55,21 @@ pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
         Command::Doctor => workspace::doctor(ctx),
         Command::Daemon(c) => daemon::run(ctx, c),
         Command::Run(args) => run::run(ctx, args),
+        Command::GitFsmonitor { version, token } => git_fsmonitor(ctx, version, &token),
     }
+}
+
+/// git's fsmonitor hook: the answer goes to stdout as git reads it; a protocol version
+/// other than 2 fails, and git then looks at every file.
+fn git_fsmonitor(ctx: &Ctx, version: u32, token: &str) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    if version != 2 {
+        return Ok(ExitCode::FAILURE);
+    }
+    let cwd = std::env::current_dir()?;
+    let answer = cowspace_fsd::gitfsmonitor::answer(&cwd, token, std::slice::from_ref(&ctx.root));
+    let mut out = std::io::stdout().lock();
+    out.write_all(&answer.encode())?;
+    out.flush()?;
+    Ok(ExitCode::SUCCESS)
 }

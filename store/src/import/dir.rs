@@ -170,9 +170,16 @@ impl Store {
         while let Some((slot, r)) = ingest.next_result(true) {
             walk.arrived(slot, r, opts)?;
         }
-        if let Some(served) = &opts.served_identity {
-            refresh_git_index(&src, &mut walk, served, &mut ingest)?;
-        }
+        let git_fsmonitor = match &opts.served_identity {
+            Some(served) => refresh_git_index(
+                &src,
+                &mut walk,
+                served,
+                opts.git_fsmonitor.as_deref(),
+                &mut ingest,
+            )?,
+            None => None,
+        };
 
         // Stat cache changes, committed with the snapshot.
         let files_read = walk.slot_info.len() as u64;
@@ -205,6 +212,7 @@ impl Store {
             warnings: walk.warnings,
             started,
             opts,
+            git_fsmonitor,
         };
         finish.run(self, ingest, |tx| {
             statcache::apply(tx, &root_key, &upserts, &deletes)
@@ -223,32 +231,36 @@ struct At<'a> {
 type LinkSeen = (u64, Slot, Vec<Vec<u8>>);
 
 /// Rewrites the checkout's `.git/index` (if any) so the entries git trusted on the source
-/// carry the stat data workspaces will serve (see [`crate::import::gitindex`]).
+/// carry the stat data workspaces will serve (see [`crate::import::gitindex`]). With a
+/// `hook` command, the index also gets an fsmonitor extension marking those entries
+/// valid and `.git/config` names the hook; the token is returned.
 fn refresh_git_index(
     src: &Path,
     walk: &mut Walk,
     served: &crate::import::ServedIdentityFn,
+    hook: Option<&str>,
     ingest: &mut Ingest<'_>,
-) -> Result<()> {
+) -> Result<Option<String>> {
     use crate::import::gitindex;
     let index_comps = vec![b".git".to_vec(), b"index".to_vec()];
+    let config_comps = vec![b".git".to_vec(), b"config".to_vec()];
     let index_path = src.join(".git/index");
     if walk.builder.file_at(&index_comps).is_none() {
-        return Ok(());
+        return Ok(None);
     }
     let config = fs::read_to_string(src.join(".git/config")).unwrap_or_default();
     if config.contains("sha256") {
-        return Ok(()); // SHA-256 repositories keep their index as it is.
+        return Ok(None); // SHA-256 repositories keep their index as it is.
     }
     let Ok(bytes) = fs::read(&index_path) else {
-        return Ok(());
+        return Ok(None);
     };
     let Ok(meta) = fs::symlink_metadata(&index_path) else {
-        return Ok(());
+        return Ok(None);
     };
     let index_mtime = (meta.mtime() as u32, meta.mtime_nsec() as u32);
     let mut trusted = 0u64;
-    let rewritten = gitindex::rewrite(&bytes, |path, e| {
+    let rewritten = gitindex::rewrite_marking(&bytes, |path, e| {
         if !gitindex::trusted_on_source(
             &src.join(std::ffi::OsStr::from_bytes(path)),
             e,
@@ -257,13 +269,21 @@ fn refresh_git_index(
             return None;
         }
         let comps: Vec<Vec<u8>> = path.split(|&b| b == b'/').map(|c| c.to_vec()).collect();
-        let (mode, slot, _) = walk.builder.file_at(&comps)?;
-        let content = match slot {
-            Slot::Known(c) => c,
-            Slot::Pending(i) => walk.slots.get(i).copied().flatten()?,
+        let entry = match walk.builder.file_at(&comps) {
+            Some((mode, slot, _)) => {
+                let content = match slot {
+                    Slot::Known(c) => c,
+                    Slot::Pending(i) => walk.slots.get(i).copied().flatten()?,
+                };
+                gitindex::served_entry(comps.last()?, mode, content.size, *content.id.as_bytes())
+            }
+            None => match walk.builder.item_at(&comps)? {
+                crate::import::builder::Item::Symlink { target, .. } => {
+                    gitindex::served_symlink(comps.last()?, target)
+                }
+                _ => return None,
+            },
         };
-        let entry =
-            gitindex::served_entry(comps.last()?, mode, content.size, *content.id.as_bytes());
         let s = served(path, &entry);
         trusted += 1;
         Some(gitindex::EntryStat {
@@ -279,17 +299,63 @@ fn refresh_git_index(
             size: e.size,
         })
     });
-    let Some(new) = rewritten else { return Ok(()) };
+    let Some(rewritten) = rewritten else {
+        return Ok(None);
+    };
     if trusted == 0 {
-        return Ok(());
+        return Ok(None);
     }
-    let content = ingest.store_reader(new.as_slice(), new.len() as u64)?;
+    // The fsmonitor hook, unless the repository has its own (or its config is not a
+    // plain file of the tree).
+    let hooked = match hook {
+        Some(cmd)
+            if !config.to_ascii_lowercase().contains("fsmonitor")
+                && walk.builder.file_at(&config_comps).is_some() =>
+        {
+            let token = fsmonitor_token(src);
+            gitindex::with_fsmonitor(&rewritten, &token).map(|index| (cmd, token, index))
+        }
+        _ => None,
+    };
+    let (index, token) = match hooked {
+        Some((cmd, token, index)) => {
+            let mut text = config.clone();
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str(&gitindex::fsmonitor_config(cmd));
+            let content = ingest.store_reader(text.as_bytes(), text.len() as u64)?;
+            walk.builder
+                .set_content(&config_comps, Slot::Known(content));
+            (index, Some(token))
+        }
+        None => (rewritten.bytes, None),
+    };
+    let content = ingest.store_reader(index.as_slice(), index.len() as u64)?;
     walk.builder.set_content(&index_comps, Slot::Known(content));
     tracing::debug!(
         entries = trusted,
+        fsmonitor = token.is_some(),
         "rewrote .git/index stat data for workspaces"
     );
-    Ok(())
+    Ok(token)
+}
+
+/// A token no other import has: this import's source, time and process.
+fn fsmonitor_token(src: &Path) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let mut h = blake3::Hasher::new();
+    h.update(src.as_os_str().as_bytes());
+    h.update(&now.as_nanos().to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    let hex = h.finalize().to_hex();
+    format!(
+        "{}import:{}",
+        crate::import::gitindex::FSMONITOR_TOKEN_PREFIX,
+        &hex[..32]
+    )
 }
 
 struct Walk {

@@ -501,6 +501,7 @@ impl Store {
             warnings,
             started,
             opts,
+            git_fsmonitor: None,
         };
         finish.run(self, ingest, |_| Ok(()))
     }

@@ -48,6 +48,20 @@ pub fn served_entry(name: &[u8], mode: u32, size: u64, hash: [u8; 32]) -> crate:
     }
 }
 
+/// The entry whose served stat a symlink's index entry is made to agree with: the tree's
+/// symlink entry for `target`.
+pub fn served_symlink(name: &[u8], target: &[u8]) -> crate::tree::Entry {
+    crate::tree::Entry {
+        name: name.to_vec(),
+        kind: crate::tree::Kind::Symlink,
+        mode: 0o777,
+        size: target.len() as u64,
+        hash: [0; 32],
+        data: target.to_vec(),
+        xattrs: vec![],
+    }
+}
+
 /// What a workspace serves for a file (see `ImportOptions::served_identity`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServedStat {
@@ -95,8 +109,25 @@ fn write_stat(b: &mut [u8], at: usize, s: &EntryStat) {
 /// checksum is recomputed. `None` when the index is of a kind this does not handle.
 pub fn rewrite(
     index: &[u8],
-    mut f: impl FnMut(&[u8], &EntryStat) -> Option<EntryStat>,
+    f: impl FnMut(&[u8], &EntryStat) -> Option<EntryStat>,
 ) -> Option<Vec<u8>> {
+    rewrite_marking(index, f).map(|r| r.bytes)
+}
+
+/// An index rewritten by [`rewrite_marking`].
+pub struct Rewritten {
+    pub bytes: Vec<u8>,
+    /// Per entry, in index order: whether its stat data was rewritten.
+    pub rewritten: Vec<bool>,
+    /// Where the extensions start (the end of the entries).
+    extensions_at: usize,
+}
+
+/// [`rewrite`], also saying which entries were rewritten.
+pub fn rewrite_marking(
+    index: &[u8],
+    mut f: impl FnMut(&[u8], &EntryStat) -> Option<EntryStat>,
+) -> Option<Rewritten> {
     if index.len() < HEADER_BYTES + OID_BYTES || &index[..4] != b"DIRC" {
         return None;
     }
@@ -112,6 +143,7 @@ pub fn rewrite(
     let mut out = index.to_vec();
     let mut pos = HEADER_BYTES;
     let mut prev: Vec<u8> = Vec::new();
+    let mut rewritten = Vec::with_capacity(count.min(index.len() / 62));
     for _ in 0..count {
         let fixed = 40 + OID_BYTES + 2;
         if pos + fixed > body_end {
@@ -146,11 +178,15 @@ pub fn rewrite(
             (p, pos + (len + 8) / 8 * 8)
         };
         let stage = (flags >> 12) & 0x3;
-        if stage == 0
-            && let Some(new) = f(&path, &read_stat(index, pos))
-        {
-            write_stat(&mut out, pos, &new);
+        let new = if stage == 0 {
+            f(&path, &read_stat(index, pos))
+        } else {
+            None
+        };
+        if let Some(new) = &new {
+            write_stat(&mut out, pos, new);
         }
+        rewritten.push(new.is_some());
         prev = path;
         pos = next;
     }
@@ -165,7 +201,128 @@ pub fn rewrite(
     }
     let digest = sha1_smol::Sha1::from(&out[..body_end]).digest().bytes();
     out[body_end..].copy_from_slice(&digest);
+    Some(Rewritten {
+        bytes: out,
+        rewritten,
+        extensions_at: pos,
+    })
+}
+
+/// The prefix of the fsmonitor tokens cowspace writes and answers (`mountctl
+/// git-fsmonitor`; docs/git.md).
+pub const FSMONITOR_TOKEN_PREFIX: &str = "cowspace:1:";
+
+/// The index's extensions in order: (signature, body range).
+fn extensions(index: &[u8], at: usize) -> Option<Vec<([u8; 4], std::ops::Range<usize>)>> {
+    let body_end = index.len().checked_sub(OID_BYTES)?;
+    let mut out = Vec::new();
+    let mut ext = at;
+    while ext + 8 <= body_end {
+        let sig: [u8; 4] = index[ext..ext + 4].try_into().ok()?;
+        let len = be32(index, ext + 4) as usize;
+        let end = ext.checked_add(8 + len)?;
+        if end > body_end {
+            return None;
+        }
+        out.push((sig, ext + 8..end));
+        ext = end;
+    }
+    (ext == body_end).then_some(out)
+}
+
+/// An EWAH bitmap (git's `ewah/` serialisation) with the bits `set` of `len`: one
+/// run-length word (no run) followed by every word as a literal.
+fn ewah(len: usize, set: impl Fn(usize) -> bool) -> Vec<u8> {
+    let words = len.div_ceil(64);
+    let mut out = Vec::with_capacity(12 + 8 * (words + 1));
+    out.extend_from_slice(&(len as u32).to_be_bytes());
+    out.extend_from_slice(&(words as u32 + 1).to_be_bytes());
+    // Marker word: bit 0 the running bit, 32 bits of run length, then the number of
+    // literal words that follow.
+    out.extend_from_slice(&((words as u64) << 33).to_be_bytes());
+    for w in 0..words {
+        let mut word = 0u64;
+        for b in 0..64 {
+            let i = w * 64 + b;
+            if i < len && set(i) {
+                word |= 1 << b;
+            }
+        }
+        out.extend_from_slice(&word.to_be_bytes());
+    }
+    out.extend_from_slice(&0u32.to_be_bytes()); // the marker word's position
+    out
+}
+
+/// Gives a rewritten index git's fsmonitor extension (version 2) with `token`, every
+/// entry rewritten marked valid (git will not look at its file until the fsmonitor hook
+/// names it) and every other entry dirty. An fsmonitor extension already there is
+/// replaced; an end-of-entries extension, which hashes the extension headers, is
+/// written again last.
+pub fn with_fsmonitor(r: &Rewritten, token: &str) -> Option<Vec<u8>> {
+    if token.is_empty() || token.contains('\0') {
+        return None;
+    }
+    let index = &r.bytes;
+    let exts = extensions(index, r.extensions_at)?;
+    let mut fsmn = Vec::new();
+    fsmn.extend_from_slice(&2u32.to_be_bytes());
+    fsmn.extend_from_slice(token.as_bytes());
+    fsmn.push(0);
+    let bitmap = ewah(r.rewritten.len(), |i| !r.rewritten[i]);
+    fsmn.extend_from_slice(&(bitmap.len() as u32).to_be_bytes());
+    fsmn.extend_from_slice(&bitmap);
+
+    let mut out = index[..r.extensions_at].to_vec();
+    let mut headers = sha1_smol::Sha1::new();
+    let mut had_eoie = false;
+    let mut push = |out: &mut Vec<u8>, sig: &[u8; 4], body: &[u8]| {
+        let len = (body.len() as u32).to_be_bytes();
+        headers.update(sig);
+        headers.update(&len);
+        out.extend_from_slice(sig);
+        out.extend_from_slice(&len);
+        out.extend_from_slice(body);
+    };
+    for (sig, range) in &exts {
+        match sig {
+            b"FSMN" => {}
+            b"EOIE" => had_eoie = true,
+            _ => push(&mut out, sig, &index[range.clone()]),
+        }
+    }
+    push(&mut out, b"FSMN", &fsmn);
+    if had_eoie {
+        let digest = headers.digest().bytes();
+        out.extend_from_slice(b"EOIE");
+        out.extend_from_slice(&24u32.to_be_bytes());
+        out.extend_from_slice(&(r.extensions_at as u32).to_be_bytes());
+        out.extend_from_slice(&digest);
+    }
+    let digest = sha1_smol::Sha1::from(&out).digest().bytes();
+    out.extend_from_slice(&digest);
     Some(out)
+}
+
+/// The `.git/config` lines that make git ask `hook` (a shell command) what changed.
+pub fn fsmonitor_config(hook: &str) -> String {
+    let quoted = hook.replace('\\', "\\\\").replace('"', "\\\"");
+    format!(
+        "# cowspace: git asks the workspace what changed (docs/git.md)\n[core]\n\tfsmonitor = \"{quoted}\"\n\tfsmonitorHookVersion = 2\n"
+    )
+}
+
+/// The token of the index's fsmonitor extension (version 2), if it has one.
+pub fn fsmonitor_token(index: &[u8]) -> Option<String> {
+    let r = rewrite_marking(index, |_, _| None)?;
+    let exts = extensions(&r.bytes, r.extensions_at)?;
+    let (_, range) = exts.iter().find(|(sig, _)| sig == b"FSMN")?;
+    let body = &r.bytes[range.clone()];
+    if body.len() < 5 || be32(body, 0) != 2 {
+        return None;
+    }
+    let nul = body[4..].iter().position(|&b| b == 0)?;
+    String::from_utf8(body[4..4 + nul].to_vec()).ok()
 }
 
 /// Whether the source file at `path` is what the index entry says git last saw: same
@@ -189,6 +346,75 @@ pub fn trusted_on_source(path: &Path, e: &EntryStat, index_mtime: (u32, u32)) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A version 2 index of one entry `a` with the given extensions (signature, body).
+    fn index_with(exts: &[(&[u8; 4], Vec<u8>)]) -> Vec<u8> {
+        let mut b = b"DIRC".to_vec();
+        b.extend_from_slice(&2u32.to_be_bytes());
+        b.extend_from_slice(&1u32.to_be_bytes());
+        b.extend_from_slice(&[0; 40]); // stat data
+        b.extend_from_slice(&[7; OID_BYTES]);
+        b.extend_from_slice(&1u16.to_be_bytes()); // flags: name length 1
+        b.push(b'a');
+        while !(b.len() - HEADER_BYTES).is_multiple_of(8) || b.last() != Some(&0) {
+            b.push(0);
+        }
+        for (sig, body) in exts {
+            b.extend_from_slice(*sig);
+            b.extend_from_slice(&(body.len() as u32).to_be_bytes());
+            b.extend_from_slice(body);
+        }
+        let digest = sha1_smol::Sha1::from(&b).digest().bytes();
+        b.extend_from_slice(&digest);
+        b
+    }
+
+    #[test]
+    fn fsmonitor_extension_replaces_the_old_one_and_eoie_is_written_again_last() {
+        let eoie = vec![0; 24];
+        let old = index_with(&[
+            (b"TREE", b"tree-body".to_vec()),
+            (b"FSMN", b"old".to_vec()),
+            (b"EOIE", eoie),
+        ]);
+        let r = rewrite_marking(&old, |_, e| Some(*e)).unwrap();
+        assert_eq!(r.rewritten, vec![true]);
+        let new = with_fsmonitor(&r, "cowspace:1:import:t").unwrap();
+        assert_eq!(
+            fsmonitor_token(&new).as_deref(),
+            Some("cowspace:1:import:t")
+        );
+        let body_end = new.len() - OID_BYTES;
+        assert_eq!(
+            sha1_smol::Sha1::from(&new[..body_end]).digest().bytes(),
+            new[body_end..]
+        );
+        let exts = extensions(&new, r.extensions_at).unwrap();
+        let sigs: Vec<&[u8; 4]> = exts.iter().map(|(s, _)| s).collect();
+        assert_eq!(sigs, [b"TREE", b"FSMN", b"EOIE"]);
+        // EOIE: where the extensions start, and the hash of the headers before it.
+        let body = &new[exts[2].1.clone()];
+        assert_eq!(be32(body, 0) as usize, r.extensions_at);
+        let mut h = sha1_smol::Sha1::new();
+        for (sig, range) in &exts[..2] {
+            h.update(sig);
+            h.update(&(range.len() as u32).to_be_bytes());
+        }
+        assert_eq!(&body[4..], h.digest().bytes());
+    }
+
+    #[test]
+    fn the_dirty_bitmap_marks_entries_not_rewritten() {
+        // 70 entries: a bitmap of two literal words.
+        let bits = ewah(70, |i| i == 3 || i == 69);
+        assert_eq!(be32(&bits, 0), 70);
+        assert_eq!(be32(&bits, 4), 3);
+        let word = |k: usize| u64::from_be_bytes(bits[8 + 8 * k..16 + 8 * k].try_into().unwrap());
+        assert_eq!(word(0), 2 << 33, "marker: no run, two literal words");
+        assert_eq!(word(1), 1 << 3);
+        assert_eq!(word(2), 1 << 5);
+        assert_eq!(be32(&bits, 32), 0);
+    }
 
     #[test]
     fn rejects_what_it_does_not_know() {

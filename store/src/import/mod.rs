@@ -59,6 +59,12 @@ pub struct ImportOptions {
     /// When set, a directory import of a git checkout rewrites the stat data of the
     /// `.git/index` entries git trusted on the source to what workspaces will serve.
     pub served_identity: Option<ServedIdentityFn>,
+    /// With `served_identity`: the command git runs as its fsmonitor hook in workspaces
+    /// of the snapshot (`core.fsmonitor`). The import then also gives the `.git/index` an
+    /// fsmonitor extension marking the entries it rewrote as valid, and adds the hook to
+    /// `.git/config`, so git asks cowspace what changed instead of looking at every file
+    /// (docs/git.md). Left alone when the repository configures an fsmonitor itself.
+    pub git_fsmonitor: Option<String>,
 }
 
 impl std::fmt::Debug for ImportOptions {
@@ -118,6 +124,8 @@ pub(crate) struct Finish<'a> {
     pub warnings: Vec<String>,
     pub started: Instant,
     pub opts: &'a ImportOptions,
+    /// The fsmonitor token given to the tree's `.git/index`, if any.
+    pub git_fsmonitor: Option<String>,
 }
 
 impl Finish<'_> {
@@ -143,6 +151,7 @@ impl Finish<'_> {
             source: self.source,
             policy: self.policy,
             counts,
+            git_fsmonitor: self.git_fsmonitor,
         };
         let (id, bytes) = snap.encode_with_id();
         ingest.put_owned(ObjectKind::Snapshot, *id.as_bytes(), bytes)?;

@@ -643,6 +643,7 @@ impl Store {
             warnings: state.warnings,
             started,
             opts,
+            git_fsmonitor: None,
         };
         finish.run(self, ingest, |_| Ok(()))
     }

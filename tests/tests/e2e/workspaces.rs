@@ -20,6 +20,7 @@ mod bad_input;
 mod concurrency;
 mod copyup;
 mod crash;
+mod gitfsmonitor;
 mod properties;
 mod python_client;
 mod races;

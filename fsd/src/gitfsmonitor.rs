@@ -1,0 +1,259 @@
+//! git's fsmonitor hook for workspaces: git asks what changed instead of looking at
+//! every file (docs/git.md).
+//!
+//! An import of a git checkout gives its `.git/index` git's fsmonitor extension with a
+//! token of its own (recorded in the snapshot, [`cowspace_store::Snapshot::git_fsmonitor`])
+//! and every entry it made agree with the served files marked valid, and names
+//! `mountctl git-fsmonitor` as the hook in `.git/config`. git then runs the hook with the
+//! index's token and looks only at the paths it answers.
+//!
+//! A workspace knows what changed since its base: its private state holds every path
+//! written, created or deleted, and nothing else (the upper layer of overlay and fuse
+//! workspaces; for full-tree workspaces, the entries whose stamp changed). So the
+//! answer is that list, and it is right for any token that describes the base or a
+//! later state of this workspace:
+//! - the import's token, when the base is the import that wrote it;
+//! - `cowspace:1:<base id>`, the token this hook gives whenever it cannot vouch for the
+//!   one it got (git then checks every file once and keeps the new token).
+//!
+//! Any other token (another tool's, or an import token in a capture, whose index may
+//! describe an older tree) gets the answer "everything may have changed". So does a
+//! directory that is not a live workspace the hook can find. Nothing is ever left out:
+//! paths under `.git/` are the only ones not named, and git tracks none there.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use cowspace_store::import::gitindex::FSMONITOR_TOKEN_PREFIX;
+use cowspace_store::{Kind, SnapshotId};
+
+use crate::error::Result;
+use crate::materializer::{MaterializerKind, fulltree};
+use crate::registry::{Record, Status};
+use crate::runtime::Runtime;
+use crate::upper::{BaseTrees, UpperChange};
+
+/// What the hook tells git.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The token git keeps for the next query.
+    pub token: String,
+    /// The paths that may have changed (`dir/` for a whole directory), or `None` for
+    /// "everything may have changed".
+    pub paths: Option<Vec<Vec<u8>>>,
+}
+
+impl Answer {
+    /// The hook's output: the token, then the paths, each ending in a NUL.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = self.token.as_bytes().to_vec();
+        out.push(0);
+        match &self.paths {
+            None => out.extend_from_slice(b"/\0"),
+            Some(paths) => {
+                for p in paths {
+                    out.extend_from_slice(p);
+                    out.push(0);
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The command git runs as the hook: this `mountctl`, or the one beside this program.
+pub fn hook_command() -> Option<String> {
+    let exe = std::env::current_exe().ok()?;
+    let mountctl = if exe.file_name() == Some(OsStr::new("mountctl")) {
+        exe
+    } else {
+        exe.with_file_name("mountctl")
+    };
+    if !mountctl.is_file() {
+        return None;
+    }
+    let path = mountctl.to_str()?;
+    if path.contains('\'') {
+        return None;
+    }
+    Some(format!("'{path}' git-fsmonitor"))
+}
+
+/// Answers git's query with `token`, asked in the work tree `cwd`. `roots` are runtime
+/// roots to look in besides those the workspace's own paths name.
+pub fn answer(cwd: &Path, token: &str, roots: &[PathBuf]) -> Answer {
+    match find_workspace(cwd, roots) {
+        Some((rt, rec)) => match answer_for(&rt, &rec, token) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::debug!(error = %e, "git-fsmonitor: answering everything");
+                everything(Some(&rec))
+            }
+        },
+        None => everything(None),
+    }
+}
+
+fn everything(rec: Option<&Record>) -> Answer {
+    Answer {
+        token: match rec {
+            Some(r) => format!("{FSMONITOR_TOKEN_PREFIX}{}", r.snapshot),
+            None => format!("{FSMONITOR_TOKEN_PREFIX}unknown"),
+        },
+        paths: None,
+    }
+}
+
+fn answer_for(rt: &Runtime, rec: &Record, token: &str) -> Result<Answer> {
+    let base: SnapshotId = rec.snapshot.parse()?;
+    let own = format!("{FSMONITOR_TOKEN_PREFIX}{}", rec.snapshot);
+    let snap = rt.store().snapshot(&base)?;
+    if token != own && snap.git_fsmonitor.as_deref() != Some(token) {
+        return Ok(everything(Some(rec)));
+    }
+    let changes = match MaterializerKind::parse(&rec.materializer)? {
+        MaterializerKind::Overlay | MaterializerKind::Fuse => {
+            crate::upper::changes(&rec.private_dir.join("upper"))?
+        }
+        MaterializerKind::Btrfs | MaterializerKind::Reflink | MaterializerKind::Copy => {
+            let stamps = fulltree::Stamps::load(&fulltree::stamps_path(rec))?;
+            fulltree::changes(rt.store(), &base, &fulltree::tree_dir(rec), &stamps)?
+        }
+    };
+    let mut base_trees = BaseTrees::new(rt.store(), snap.root);
+    Ok(Answer {
+        token: token.to_string(),
+        paths: Some(paths_of(&changes, &mut base_trees)?),
+    })
+}
+
+fn under_git_dir(path: &[u8]) -> bool {
+    path == b".git" || path.starts_with(b".git/")
+}
+
+/// The paths git must look at for `changes`: every changed entry by name (git takes a
+/// name it does not track as a directory and looks at everything under it); a
+/// directory that hides the base's (opaque) as `dir/` too; a directory that is not
+/// opaque only where the base had something else there, since naming it would make
+/// git look at everything under it.
+fn paths_of(changes: &[UpperChange], base: &mut BaseTrees<'_>) -> Result<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    for c in changes {
+        match c {
+            UpperChange::Whiteout { path }
+            | UpperChange::File { path, .. }
+            | UpperChange::Symlink { path, .. }
+            | UpperChange::Special { path, .. } => {
+                if !under_git_dir(path) {
+                    out.push(path.clone());
+                }
+            }
+            UpperChange::Dir { path, opaque, .. } => {
+                if under_git_dir(path) {
+                    continue;
+                }
+                if *opaque {
+                    out.push(path.clone());
+                    let mut cone = path.clone();
+                    cone.push(b'/');
+                    out.push(cone);
+                } else if base.entry(path)?.is_some_and(|e| e.kind != Kind::Dir) {
+                    out.push(path.clone());
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The live workspace whose path is `cwd`, looked up in the runtime root its path or
+/// its overlay mount names, then in `roots`.
+fn find_workspace(cwd: &Path, roots: &[PathBuf]) -> Option<(Runtime, Record)> {
+    let cwd = std::fs::canonicalize(cwd).ok()?;
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    // The default workspace path: <root>/workspaces/<id>/mnt.
+    if cwd.file_name() == Some(OsStr::new("mnt"))
+        && let Some(root) = cwd.parent().and_then(Path::parent).and_then(Path::parent)
+    {
+        candidates.push(root.to_path_buf());
+    }
+    // An overlay workspace anywhere: its upper layer is <root>/workspaces/<id>/upper.
+    if let Some(upper) = overlay_upper(&cwd)
+        && let Some(root) = upper.parent().and_then(Path::parent).and_then(Path::parent)
+    {
+        candidates.push(root.to_path_buf());
+    }
+    candidates.extend(roots.iter().cloned());
+    let mut tried: Vec<PathBuf> = Vec::new();
+    for root in candidates {
+        if tried.contains(&root) || !root.join("registry.db").is_file() {
+            continue;
+        }
+        tried.push(root.clone());
+        let Ok(rt) = Runtime::open(&root) else {
+            continue;
+        };
+        let Ok(list) = rt.list(false) else { continue };
+        let found = list.into_iter().find(|r| {
+            r.status == Status::Active && std::fs::canonicalize(&r.path).ok().as_ref() == Some(&cwd)
+        });
+        if let Some(rec) = found {
+            return Some((rt, rec));
+        }
+    }
+    None
+}
+
+/// The `upperdir` of the overlay mounted at `target`, from `/proc/self/mountinfo`.
+fn overlay_upper(target: &Path) -> Option<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    for line in text.lines().rev() {
+        let (left, right) = line.split_once(" - ")?;
+        let Some(t) = left.split(' ').nth(4) else {
+            continue;
+        };
+        if crate::mounts::unescape(t).as_bytes() != target.as_os_str().as_bytes() {
+            continue;
+        }
+        let mut r = right.split(' ');
+        if r.next() != Some("overlay") {
+            return None;
+        }
+        let opts = r.nth(1)?;
+        let upper = opts.split(',').find_map(|o| o.strip_prefix("upperdir="))?;
+        return Some(PathBuf::from(crate::mounts::unescape(upper)));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_token_then_paths_or_everything() {
+        let a = Answer {
+            token: "t".into(),
+            paths: Some(vec![b"a/b".to_vec(), b"c/".to_vec()]),
+        };
+        assert_eq!(a.encode(), b"t\0a/b\0c/\0");
+        let all = Answer {
+            token: "t".into(),
+            paths: None,
+        };
+        assert_eq!(all.encode(), b"t\0/\0");
+    }
+
+    #[test]
+    fn a_directory_that_is_no_workspace_is_answered_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = answer(
+            dir.path(),
+            "cowspace:1:import:x",
+            &[dir.path().to_path_buf()],
+        );
+        assert_eq!(a.paths, None);
+        assert!(a.token.starts_with(FSMONITOR_TOKEN_PREFIX));
+    }
+}

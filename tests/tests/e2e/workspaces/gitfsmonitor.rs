@@ -1,0 +1,312 @@
+//! git asks the workspace what changed (docs/git.md): an imported git checkout names
+//! `mountctl git-fsmonitor` as its fsmonitor hook, so the first `git status` in a fresh
+//! workspace looks at no file git last saw unchanged, and after any changes, on every
+//! materializer, `git status` says exactly what it says when it looks at every file.
+//! A capture's index, which may describe an older tree, is not trusted.
+
+use std::path::Path;
+use std::process::Command;
+
+use cowspace_tests::{LoopFs, LoopKind, mountctl_bin};
+
+use crate::workspaces::support::{WsRoot, require_root, sh};
+
+/// Runs git in `dir` with no system or user configuration; with `trace`, git's trace2
+/// events go to that file. Gives stdout; asserts success.
+#[track_caller]
+fn git(dir: &Path, args: &[&str], trace: Option<&Path>) -> String {
+    let mut cmd = Command::new("git");
+    cmd.current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", "/nonexistent")
+        // Preload the index with threads even for a small index, so git counts the
+        // files it looks at (`preload/sum_lstat`).
+        .env("GIT_TEST_PRELOAD_INDEX", "1")
+        .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+        .args(args);
+    if let Some(t) = trace {
+        let _ = std::fs::remove_file(t);
+        cmd.env("GIT_TRACE2_EVENT", t);
+    }
+    let out = cmd.output().expect("git runs");
+    assert!(
+        out.status.success(),
+        "git {args:?} in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// How many files git looked at (`lstat`) before it refreshed the index.
+fn files_looked_at(trace: &Path) -> u64 {
+    let text = std::fs::read_to_string(trace).expect("trace2 events");
+    let key = "\"key\":\"preload/sum_lstat\",\"value\":\"";
+    let at = text
+        .find(key)
+        .unwrap_or_else(|| panic!("no preload/sum_lstat in {text}"));
+    let rest = &text[at + key.len()..];
+    rest[..rest.find('"').expect("closing quote")]
+        .parse()
+        .expect("a count")
+}
+
+/// A git checkout whose index git trusts for every file but `d0/late.txt`, changed after
+/// the index was last written (so the import keeps that entry for git to check).
+fn checkout(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    for i in 0..120 {
+        let d = dir
+            .join(format!("d{}", i % 6))
+            .join(format!("sub{}", i % 3));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join(format!("f{i}.txt")), format!("file {i}\n")).unwrap();
+    }
+    std::fs::write(dir.join("d0/late.txt"), "before\n").unwrap();
+    std::fs::write(
+        dir.join("replaced"),
+        "a file the workload makes a directory\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("tool.sh"), "#!/bin/sh\n").unwrap();
+    std::fs::write(dir.join(".gitignore"), "*.o\n").unwrap();
+    std::os::unix::fs::symlink("d1/sub1/f1.txt", dir.join("link")).unwrap();
+    git(dir, &["init", "-q"], None);
+    // The end-of-entries extension hashes the extension headers: the import must write
+    // it again after adding its own.
+    git(
+        dir,
+        &["config", "index.recordEndOfIndexEntries", "true"],
+        None,
+    );
+    git(dir, &["add", "-A"], None);
+    git(dir, &["commit", "-qm", "base"], None);
+    // Files older than the index (git's racy-clean rule) and the stat cache margin.
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    git(dir, &["status", "--porcelain"], None);
+    std::fs::write(dir.join("d0/late.txt"), "after!\n").unwrap();
+}
+
+/// Changes of every kind git cares about, made in a workspace.
+fn change(ws: &Path) {
+    sh(
+        ws,
+        "echo edited >> d1/sub1/f1.txt && rm d2/sub2/f2.txt && rm -r d3 && \
+         rm replaced && mkdir replaced && echo inside > replaced/file && \
+         rm -r d4/sub1 && echo now-a-file > d4/sub1 && chmod +x tool.sh && \
+         ln -sfn d5/sub2/f5.txt link && echo new > d5/new.txt && echo obj > d5/x.o && \
+         mv d5/sub2 d5/moved && echo touched > d0/sub0/f0.txt && \
+         printf 'file 6\\n' > d0/sub0/f6.txt.tmp && mv d0/sub0/f6.txt.tmp d0/sub0/f6.txt",
+    );
+}
+
+const ALL: &[&str] = &[
+    "status",
+    "--porcelain",
+    "--untracked-files=all",
+    "--ignored",
+];
+
+/// `git status` through the hook and with the hook off agree, and show `want` lines.
+#[track_caller]
+fn assert_status_agrees(ws: &Path, what: &str, want: &[&str]) {
+    let with = git(ws, ALL, None);
+    let mut off = vec!["-c", "core.fsmonitor=false"];
+    off.extend_from_slice(ALL);
+    let without = git(ws, &off, None);
+    assert_eq!(
+        with, without,
+        "{what}: git status through the hook differs from looking at every file"
+    );
+    for w in want {
+        assert!(
+            with.lines().any(|l| l == *w),
+            "{what}: git status lacks {w:?}:\n{with}"
+        );
+    }
+}
+
+/// Every change [`change`] makes, as `git status --porcelain` shows it.
+const CHANGED: &[&str] = &[
+    " M d0/late.txt",
+    " M d1/sub1/f1.txt",
+    " D d2/sub2/f2.txt",
+    " D d3/sub0/f3.txt",
+    " D replaced",
+    "?? replaced/file",
+    " D d4/sub1/f10.txt",
+    "?? d4/sub1",
+    " M tool.sh",
+    " M link",
+    "?? d5/new.txt",
+    "!! d5/x.o",
+    " D d5/sub2/f5.txt",
+    "?? d5/moved/f5.txt",
+    " M d0/sub0/f0.txt",
+];
+
+fn check_materializer(r: &WsRoot, base: &str, what: &str, flags: &[&str]) {
+    let ws = r.create(base, flags);
+    let trace = r.t.path(&format!("trace-{}", ws.id));
+    let first = git(&ws.path, &["status", "--porcelain"], Some(&trace));
+    assert_eq!(
+        first, " M d0/late.txt\n",
+        "{what}: the first git status in a fresh workspace"
+    );
+    assert_eq!(
+        files_looked_at(&trace),
+        1,
+        "{what}: the first git status should look only at the file git did not trust"
+    );
+    change(&ws.path);
+    assert_status_agrees(&ws.path, what, CHANGED);
+    // git keeps the hook's token when it writes the index; later queries still agree.
+    git(&ws.path, &["add", "-A"], None);
+    assert_status_agrees(&ws.path, &format!("{what}, after git add"), &[]);
+    sh(&ws.path, "echo again >> d1/sub1/f1.txt");
+    assert_status_agrees(
+        &ws.path,
+        &format!("{what}, after git add"),
+        &["MM d1/sub1/f1.txt"],
+    );
+    r.remove(&ws.id);
+}
+
+#[test]
+fn git_status_through_the_hook_agrees_with_looking_at_every_file() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    checkout(&src);
+    let base = r.import(&src, &["--no-default-excludes"]);
+    let config = std::fs::read_to_string(src.join(".git/config")).unwrap();
+    assert!(
+        !config.contains("fsmonitor"),
+        "the source is left as it was"
+    );
+    for (what, flags) in [
+        (
+            "overlay/view",
+            &["--materializer", "overlay", "--lower", "view"][..],
+        ),
+        (
+            "overlay/checkout",
+            &["--materializer", "overlay", "--lower", "checkout"],
+        ),
+        ("fuse", &["--materializer", "fuse"]),
+        ("copy", &["--materializer", "copy"]),
+    ] {
+        check_materializer(&r, &base, what, flags);
+    }
+    r.assert_clean();
+}
+
+#[test]
+fn git_status_through_the_hook_agrees_on_btrfs_and_reflink() {
+    require_root!();
+    let src_dir = tempfile::tempdir().unwrap();
+    let src = src_dir.path().join("src");
+    checkout(&src);
+    for (kind, materializer) in [(LoopKind::Btrfs, "btrfs"), (LoopKind::Xfs, "reflink")] {
+        let fs = match LoopFs::new(kind) {
+            Ok(fs) => fs,
+            Err(why) => {
+                if std::env::var("CI").as_deref() == Ok("true") {
+                    panic!("{materializer} cannot run under CI=true: {why}");
+                }
+                eprintln!("SKIPPED: {materializer}: {why}");
+                continue;
+            }
+        };
+        let r = WsRoot::new_in(fs.mnt());
+        let base = r.import(&src, &["--no-default-excludes"]);
+        check_materializer(&r, &base, materializer, &["--materializer", materializer]);
+        r.assert_clean();
+        drop(r);
+        drop(fs);
+    }
+}
+
+/// A capture holds the index the workspace had, made for its base: in a workspace of
+/// the capture, git must still see the files changed after that index was written.
+#[test]
+fn a_captures_index_is_not_trusted() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    checkout(&src);
+    let base = r.import(&src, &["--no-default-excludes"]);
+    for flags in [
+        &["--materializer", "overlay"][..],
+        &["--materializer", "fuse"],
+    ] {
+        let ws = r.create(&base, flags);
+        // Changed without git: the index stays the import's.
+        sh(
+            &ws.path,
+            "echo later >> d2/sub2/f2.txt && rm d3/sub0/f3.txt",
+        );
+        let (capture, _, _) = r.commit(&ws.id, &[]);
+        let next = r.create(&capture, flags);
+        assert_eq!(
+            git(&next.path, &["status", "--porcelain"], None),
+            " M d0/late.txt\n M d2/sub2/f2.txt\n D d3/sub0/f3.txt\n",
+            "{flags:?}: a workspace of the capture"
+        );
+        // And git keeps the token this workspace's hook gave it: still right afterwards.
+        sh(&next.path, "echo more >> d1/sub1/f1.txt");
+        assert_status_agrees(
+            &next.path,
+            &format!("{flags:?}, capture"),
+            &[" M d1/sub1/f1.txt"],
+        );
+        r.remove(&next.id);
+        r.remove(&ws.id);
+    }
+    r.assert_clean();
+}
+
+#[test]
+fn import_without_the_hook_leaves_git_config_alone() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    checkout(&src);
+    let base = r.import(&src, &["--no-default-excludes", "--no-git-fsmonitor"]);
+    let ws = r.create(&base, &[]);
+    assert_eq!(
+        std::fs::read(ws.path.join(".git/config")).unwrap(),
+        std::fs::read(src.join(".git/config")).unwrap()
+    );
+    let trace = r.t.path("trace");
+    assert_eq!(
+        git(&ws.path, &["status", "--porcelain"], Some(&trace)),
+        " M d0/late.txt\n"
+    );
+    r.remove(&ws.id);
+    r.assert_clean();
+}
+
+/// The hook run by hand outside a workspace, and with another version of the protocol.
+#[test]
+fn the_hook_outside_a_workspace_says_everything_may_have_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(mountctl_bin())
+        .args(["--root", &dir.path().join("root").to_string_lossy()])
+        .args(["git-fsmonitor", "2", "cowspace:1:import:x"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("cowspace:1:") && text.ends_with("\0/\0"),
+        "{text:?}"
+    );
+    let v1 = Command::new(mountctl_bin())
+        .args(["git-fsmonitor", "1", "0"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!v1.status.success(), "version 1 is not answered");
+}
