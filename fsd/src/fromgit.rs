@@ -136,14 +136,18 @@ impl Runtime {
                 let mut opts = ImportOptions::new();
                 opts.message = format!("clean checkout of {commit}");
                 opts.served_identity = Some(crate::view::served_identity(store.root())?);
-                opts.git_fsmonitor = crate::gitfsmonitor::hook_command();
+                opts.git_fsmonitor = crate::gitfsmonitor::git_reads_the_extension()
+                    .ok()
+                    .and_then(|()| crate::gitfsmonitor::hook_command());
                 store.import_dir(&top, &opts)?.snapshot
             }
             Dirty::Snapshot => {
                 let mut opts = ImportOptions::new();
                 opts.message = format!("working tree of {} at {commit}", top.display());
                 opts.served_identity = Some(crate::view::served_identity(store.root())?);
-                opts.git_fsmonitor = crate::gitfsmonitor::hook_command();
+                opts.git_fsmonitor = crate::gitfsmonitor::git_reads_the_extension()
+                    .ok()
+                    .and_then(|()| crate::gitfsmonitor::hook_command());
                 let id = store.import_dir(&top, &opts)?.snapshot;
                 evidence["snapshot_of_working_tree"] = json!(id);
                 id

@@ -80,6 +80,35 @@ pub fn hook_command() -> Option<String> {
     Some(format!("'{path}' git-fsmonitor"))
 }
 
+/// The oldest git that reads the fsmonitor extension the import writes (version 2, with
+/// a string token); older ones refuse such an index as corrupt.
+pub const OLDEST_GIT: (u32, u32) = (2, 26);
+
+/// Whether the `git` on `PATH` reads the fsmonitor extension: `Err` says why not.
+pub fn git_reads_the_extension() -> std::result::Result<(), String> {
+    let out = std::process::Command::new("git")
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("git --version: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = parse_git_version(&text).ok_or_else(|| format!("git said {text:?}"))?;
+    if version >= OLDEST_GIT {
+        Ok(())
+    } else {
+        Err(format!(
+            "git {}.{} is older than {}.{}",
+            version.0, version.1, OLDEST_GIT.0, OLDEST_GIT.1
+        ))
+    }
+}
+
+/// `(major, minor)` from `git version 2.47.3` (and vendor suffixes after it).
+fn parse_git_version(text: &str) -> Option<(u32, u32)> {
+    let v = text.trim().strip_prefix("git version ")?;
+    let mut parts = v.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
 /// Answers git's query with `token`, asked in the work tree `cwd`. `roots` are runtime
 /// roots to look in besides those the workspace's own paths name.
 pub fn answer(cwd: &Path, token: &str, roots: &[PathBuf]) -> Answer {
@@ -230,6 +259,17 @@ fn overlay_upper(target: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_git_versions() {
+        assert_eq!(parse_git_version("git version 2.47.3\n"), Some((2, 47)));
+        assert_eq!(
+            parse_git_version("git version 2.39.5 (Apple Git-154)"),
+            Some((2, 39))
+        );
+        assert_eq!(parse_git_version("git version 2.25.1"), Some((2, 25)));
+        assert_eq!(parse_git_version("nonsense"), None);
+    }
 
     #[test]
     fn encodes_token_then_paths_or_everything() {

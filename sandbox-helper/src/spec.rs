@@ -246,6 +246,17 @@ impl Spec {
         env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
         env.insert("HOME".to_string(), "/root".to_string());
         env.insert("HOSTNAME".to_string(), input.name.clone());
+        // git's fsmonitor hook, which imports name in a checkout's `.git/config`
+        // (docs/git.md), reads the workspace's private state, which the sandbox does not
+        // show: git looks at every file instead of failing to run the hook. `--env`
+        // overrides it.
+        for (k, v) in [
+            ("GIT_CONFIG_COUNT", "1"),
+            ("GIT_CONFIG_KEY_0", "core.fsmonitor"),
+            ("GIT_CONFIG_VALUE_0", "false"),
+        ] {
+            env.insert(k.to_string(), v.to_string());
+        }
         for key in ENV_ALLOWLIST {
             if let Ok(value) = std::env::var(key) {
                 env.insert(key.to_string(), value);

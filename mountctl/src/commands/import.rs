@@ -47,7 +47,12 @@ pub fn run(ctx: &Ctx, args: ImportArgs) -> anyhow::Result<ExitCode> {
     opts.served_identity = Some(cowspace_fsd::view::served_identity(&ctx.root)?);
     // And git asks the workspace what changed instead of looking at every file.
     if !args.no_git_fsmonitor {
-        opts.git_fsmonitor = cowspace_fsd::gitfsmonitor::hook_command();
+        match cowspace_fsd::gitfsmonitor::git_reads_the_extension() {
+            Ok(()) => opts.git_fsmonitor = cowspace_fsd::gitfsmonitor::hook_command(),
+            Err(why) => ctx.note(&format!(
+                "note: git in workspaces will look at every file ({why}; docs/git.md)"
+            )),
+        }
     }
     let source = &args.source;
     let report = if let Some(rev) = &args.git {

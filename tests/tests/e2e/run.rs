@@ -392,3 +392,56 @@ fn an_unenforceable_control_is_refused_with_7_and_nothing_runs() {
     r.remove("limited");
     r.assert_clean();
 }
+
+/// git in the sandbox of a workspace of an imported git checkout: the checkout names
+/// cowspace's fsmonitor hook, which cannot see the workspace's private state from
+/// inside; git looks at every file, says nothing about the hook and sees the changes.
+#[test]
+fn git_in_the_sandbox_of_a_git_checkout_works_without_the_hook() {
+    require_root!();
+    sandbox_support::helper();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    write_file(&src.join("a.txt"), "hello\n");
+    write_file(&src.join("d/x"), "x\n");
+    let git = |args: &[&str]| {
+        let o = Command::new("git")
+            .current_dir(&src)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+            .args(args)
+            .output()
+            .expect("git runs");
+        assert!(o.status.success(), "git {args:?}: {o:?}");
+    };
+    git(&["init", "-q"]);
+    git(&["add", "-A"]);
+    git(&["commit", "-qm", "base"]);
+    std::thread::sleep(Duration::from_millis(1200));
+    git(&["status", "--porcelain"]);
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    let ws = r.create(&snap, &[]);
+    let config = std::fs::read_to_string(ws.path.join(".git/config")).unwrap();
+    assert!(
+        config.contains("git-fsmonitor"),
+        "the import names the hook: {config}"
+    );
+    let (code, out, err) = output(run_cmd(
+        &r,
+        &[
+            &ws.id,
+            "--",
+            "sh",
+            "-c",
+            "cd /workspace && echo changed >> a.txt && git status --porcelain",
+        ],
+    ));
+    assert_eq!(code, 0, "stderr: {err}");
+    assert_eq!(out, " M a.txt\n", "stderr: {err}");
+    assert!(
+        !err.contains("fsmonitor"),
+        "git complains about the hook: {err}"
+    );
+    r.remove(&ws.id);
+    r.assert_clean();
+}
