@@ -197,36 +197,44 @@ fn paths_of(changes: &[UpperChange], base: &mut BaseTrees<'_>) -> Result<Vec<Vec
 }
 
 /// The live workspace whose path is `cwd`, looked up in the runtime root its path or
-/// its overlay mount names, then in `roots`.
+/// its overlay mount names (by id), then in `roots` (by path).
 fn find_workspace(cwd: &Path, roots: &[PathBuf]) -> Option<(Runtime, Record)> {
     let cwd = std::fs::canonicalize(cwd).ok()?;
-    let mut candidates: Vec<PathBuf> = Vec::new();
+    // (root, workspace id) from a path <root>/workspaces/<id>/<leaf>.
+    let named = |p: &Path| -> Option<(PathBuf, Option<String>)> {
+        let id = p.parent()?;
+        let root = id.parent()?.parent()?;
+        Some((
+            root.to_path_buf(),
+            Some(id.file_name()?.to_str()?.to_string()),
+        ))
+    };
+    let mut candidates: Vec<(PathBuf, Option<String>)> = Vec::new();
     // The default workspace path: <root>/workspaces/<id>/mnt.
     if cwd.file_name() == Some(OsStr::new("mnt"))
-        && let Some(root) = cwd.parent().and_then(Path::parent).and_then(Path::parent)
+        && let Some(c) = named(&cwd)
     {
-        candidates.push(root.to_path_buf());
+        candidates.push(c);
     }
     // An overlay workspace anywhere: its upper layer is <root>/workspaces/<id>/upper.
-    if let Some(upper) = overlay_upper(&cwd)
-        && let Some(root) = upper.parent().and_then(Path::parent).and_then(Path::parent)
-    {
-        candidates.push(root.to_path_buf());
+    if let Some(c) = overlay_upper(&cwd).as_deref().and_then(named) {
+        candidates.push(c);
     }
-    candidates.extend(roots.iter().cloned());
-    let mut tried: Vec<PathBuf> = Vec::new();
-    for root in candidates {
-        if tried.contains(&root) || !root.join("registry.db").is_file() {
+    candidates.extend(roots.iter().map(|r| (r.clone(), None)));
+    let is_it = |r: &Record| {
+        r.status == Status::Active && std::fs::canonicalize(&r.path).ok().as_ref() == Some(&cwd)
+    };
+    for (root, id) in candidates {
+        if !root.join("registry.db").is_file() {
             continue;
         }
-        tried.push(root.clone());
         let Ok(rt) = Runtime::open(&root) else {
             continue;
         };
-        let Ok(list) = rt.list(false) else { continue };
-        let found = list.into_iter().find(|r| {
-            r.status == Status::Active && std::fs::canonicalize(&r.path).ok().as_ref() == Some(&cwd)
-        });
+        let found = match id {
+            Some(id) => rt.status(&id).ok().filter(is_it),
+            None => rt.list(false).ok().and_then(|l| l.into_iter().find(is_it)),
+        };
         if let Some(rec) = found {
             return Some((rt, rec));
         }
