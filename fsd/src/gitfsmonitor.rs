@@ -216,8 +216,9 @@ fn find_workspace(cwd: &Path, roots: &[PathBuf]) -> Option<(Runtime, Record)> {
     {
         candidates.push(c);
     }
-    // An overlay workspace anywhere: its upper layer is <root>/workspaces/<id>/upper.
-    if let Some(c) = overlay_upper(&cwd).as_deref().and_then(named) {
+    // An overlay or fuse workspace anywhere: the mount table names a path in its
+    // private directory, <root>/workspaces/<id>.
+    if let Some(c) = private_path(&cwd).as_deref().and_then(named) {
         candidates.push(c);
     }
     candidates.extend(roots.iter().map(|r| (r.clone(), None)));
@@ -242,11 +243,19 @@ fn find_workspace(cwd: &Path, roots: &[PathBuf]) -> Option<(Runtime, Record)> {
     None
 }
 
-/// The `upperdir` of the overlay mounted at `target`, from `/proc/self/mountinfo`.
-fn overlay_upper(target: &Path) -> Option<PathBuf> {
+/// A path inside the private directory of the workspace mounted at `target`, from
+/// `/proc/self/mountinfo`: an overlay's `upperdir`, or a fuse workspace's source.
+fn private_path(target: &Path) -> Option<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    for line in text.lines().rev() {
-        let (left, right) = line.split_once(" - ")?;
+    private_path_in(&text, target)
+}
+
+fn private_path_in(mountinfo: &str, target: &Path) -> Option<PathBuf> {
+    // The last mount at the path is the one on top.
+    for line in mountinfo.lines().rev() {
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
         let Some(t) = left.split(' ').nth(4) else {
             continue;
         };
@@ -254,12 +263,18 @@ fn overlay_upper(target: &Path) -> Option<PathBuf> {
             continue;
         }
         let mut r = right.split(' ');
-        if r.next() != Some("overlay") {
-            return None;
+        let fstype = r.next()?;
+        let source = r.next()?;
+        if fstype == "overlay" {
+            let opts = r.next()?;
+            let upper = opts.split(',').find_map(|o| o.strip_prefix("upperdir="))?;
+            return Some(PathBuf::from(crate::mounts::unescape(upper)));
         }
-        let opts = r.nth(1)?;
-        let upper = opts.split(',').find_map(|o| o.strip_prefix("upperdir="))?;
-        return Some(PathBuf::from(crate::mounts::unescape(upper)));
+        if fstype == format!("fuse.{}", crate::cow::WS_SUBTYPE) {
+            let private = source.strip_prefix(crate::cow::WS_SOURCE_PREFIX)?;
+            return Some(PathBuf::from(crate::mounts::unescape(private)).join("upper"));
+        }
+        return None;
     }
     None
 }
@@ -267,6 +282,25 @@ fn overlay_upper(target: &Path) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_the_private_directory_in_the_mount_table() {
+        let table = "\
+36 25 0:32 / /r/ws/a rw - overlay cowspace rw,lowerdir=/r/run/view-plain/s,upperdir=/r/workspaces/ws-1/upper,workdir=/r/workspaces/ws-1/work,userxattr
+37 25 0:33 / /r/ws/b rw,nosuid - fuse.cowspace-ws cowspace:/r/work\\040spaces/ws-2 rw,user_id=0
+38 25 0:34 / /r/ws/c rw - fuse.other cowspace:/x rw
+";
+        assert_eq!(
+            private_path_in(table, Path::new("/r/ws/a")),
+            Some(PathBuf::from("/r/workspaces/ws-1/upper"))
+        );
+        assert_eq!(
+            private_path_in(table, Path::new("/r/ws/b")),
+            Some(PathBuf::from("/r/work spaces/ws-2/upper"))
+        );
+        assert_eq!(private_path_in(table, Path::new("/r/ws/c")), None);
+        assert_eq!(private_path_in(table, Path::new("/r/ws/d")), None);
+    }
 
     #[test]
     fn reads_git_versions() {

@@ -254,7 +254,9 @@ pub fn sweep_partials(cache: &Path) -> Result<()> {
 }
 
 /// Fixed identity and settings for every git command bench runs: no user config,
-/// no signing, no background maintenance racing the measurements.
+/// no signing, no background maintenance racing the measurements. The repository's own
+/// config still applies: in cowspace workspaces of an imported checkout that names
+/// cowspace's fsmonitor hook (docs/git.md), which the baselines' checkouts do not.
 pub fn git() -> Command {
     let mut c = Command::new("git");
     c.env("GIT_CONFIG_NOSYSTEM", "1")
@@ -274,8 +276,6 @@ pub fn git() -> Command {
             "maintenance.auto=false",
             "-c",
             "safe.directory=*",
-            "-c",
-            "core.fsmonitor=false",
         ]);
     c
 }

@@ -113,6 +113,10 @@ use fuser::{BackgroundSession, Config, MountOption, SessionACL};
 use crate::error::{Error, Result};
 use crate::registry::{Record, Status};
 
+/// What the mount table shows as a workspace mount's source, before its private
+/// directory.
+pub const WS_SOURCE_PREFIX: &str = "cowspace:";
+
 /// File system subtype shown in the mount table (`fuse.cowspace-ws`).
 pub const WS_SUBTYPE: &str = "cowspace-ws";
 
@@ -228,7 +232,9 @@ impl CowMount {
         );
         let mut config = Config::default();
         config.mount_options = vec![
-            MountOption::FSName("cowspace".into()),
+            // The private directory in the mount table lets git's fsmonitor hook find
+            // the workspace at any path (`gitfsmonitor.rs`).
+            MountOption::FSName(format!("{WS_SOURCE_PREFIX}{}", private_dir.display())),
             MountOption::CUSTOM(format!("subtype={WS_SUBTYPE}")),
             MountOption::DefaultPermissions,
             MountOption::NoAtime,

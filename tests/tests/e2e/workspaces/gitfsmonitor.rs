@@ -184,6 +184,8 @@ fn git_status_through_the_hook_agrees_with_looking_at_every_file() {
         !config.contains("fsmonitor"),
         "the source is left as it was"
     );
+    let at = |name: &str| r.t.path(name).to_string_lossy().into_owned();
+    let (overlay_at, fuse_at) = (at("elsewhere-overlay"), at("elsewhere-fuse"));
     for (what, flags) in [
         (
             "overlay/view",
@@ -195,6 +197,15 @@ fn git_status_through_the_hook_agrees_with_looking_at_every_file() {
         ),
         ("fuse", &["--materializer", "fuse"]),
         ("copy", &["--materializer", "copy"]),
+        // At a path of the caller's: found through the mount table.
+        (
+            "overlay at --path",
+            &["--materializer", "overlay", "--path", &overlay_at],
+        ),
+        (
+            "fuse at --path",
+            &["--materializer", "fuse", "--path", &fuse_at],
+        ),
     ] {
         check_materializer(&r, &base, what, flags);
     }
