@@ -151,10 +151,102 @@ fn answer_for(rt: &Runtime, rec: &Record, token: &str) -> Result<Answer> {
         }
     };
     let mut base_trees = BaseTrees::new(rt.store(), snap.root);
+    let paths = paths_of(&changes, |p| {
+        Ok(base_trees.entry(p)?.is_some_and(|e| e.kind != Kind::Dir))
+    })?;
     Ok(Answer {
         token: token.to_string(),
-        paths: Some(paths_of(&changes, &mut base_trees)?),
+        paths: Some(paths),
     })
+}
+
+/// Inside a sandbox (`mountctl run`, docs/git.md): the workspace's upper layer, bound
+/// read-only, ...
+pub const SANDBOX_UPPER_ENV: &str = "COWSPACE_GIT_FSMONITOR_UPPER";
+/// ... the tokens this hook may vouch for there, space-separated, its own first ...
+pub const SANDBOX_TOKENS_ENV: &str = "COWSPACE_GIT_FSMONITOR_TOKENS";
+/// ... and the work tree they describe.
+pub const SANDBOX_WORKTREE_ENV: &str = "COWSPACE_GIT_FSMONITOR_WORKTREE";
+
+/// The answer inside a sandbox, where the registry and the store are out of sight and
+/// `mountctl run` said (in the environment) where the overlay workspace's upper layer
+/// is and which tokens describe its base. `None` outside one.
+pub fn answer_in_sandbox(cwd: &Path, token: &str) -> Option<Answer> {
+    let upper = std::env::var_os(SANDBOX_UPPER_ENV)?;
+    let tokens = std::env::var(SANDBOX_TOKENS_ENV).ok()?;
+    let worktree = std::env::var_os(SANDBOX_WORKTREE_ENV)?;
+    let accepted: Vec<&str> = tokens.split_whitespace().collect();
+    let own = accepted.first().map_or_else(
+        || format!("{FSMONITOR_TOKEN_PREFIX}unknown"),
+        |t| t.to_string(),
+    );
+    let here = std::fs::canonicalize(cwd).ok() == std::fs::canonicalize(&worktree).ok();
+    let everything = Answer {
+        token: own,
+        paths: None,
+    };
+    if !here || !accepted.contains(&token) {
+        return Some(everything);
+    }
+    // The sandbox's workspace is an overlay: a directory made where the base had a file
+    // or symlink is always opaque there, so no other directory needs naming.
+    let listed = crate::upper::changes(Path::new(&upper))
+        .and_then(|changes| paths_of(&changes, |_| Ok(false)));
+    Some(match listed {
+        Ok(paths) => Answer {
+            token: token.to_string(),
+            paths: Some(paths),
+        },
+        Err(e) => {
+            tracing::debug!(error = %e, "git-fsmonitor: answering everything");
+            everything
+        }
+    })
+}
+
+/// For `mountctl run` of the overlay workspace `rec`: the environment and the read-only
+/// binds (`SRC:DST`) that let this hook answer inside the sandbox, where the upper layer
+/// is seen at `upper_inside` and the workspace at `worktree`. The hook's program, named
+/// by the checkout's config at its host path, is bound there unless it already lies in a
+/// system directory the sandbox shows. `None` when a path cannot be given to the helper.
+pub fn sandbox_setup(
+    rt: &Runtime,
+    rec: &Record,
+    upper_inside: &str,
+    worktree: &str,
+) -> Option<(Vec<String>, Vec<String>)> {
+    let base: SnapshotId = rec.snapshot.parse().ok()?;
+    let snap = rt.store().snapshot(&base).ok()?;
+    let mut tokens = vec![format!("{FSMONITOR_TOKEN_PREFIX}{}", rec.snapshot)];
+    tokens.extend(snap.git_fsmonitor);
+    if tokens.iter().any(|t| t.contains(char::is_whitespace)) {
+        return None;
+    }
+    let upper = rec.private_dir.join("upper");
+    let upper = upper.to_str().filter(|u| !u.contains(':'))?;
+    let mut binds = vec![format!("{upper}:{upper_inside}")];
+    let exe = std::env::current_exe().ok()?;
+    let exe = exe.to_str().filter(|e| !e.contains(':'))?;
+    // The sandbox shows the host's system directories; the helper binds nothing at or
+    // under its own (docs/sandbox.md).
+    const SHOWN: [&str; 7] = [
+        "/usr/", "/bin/", "/sbin/", "/lib/", "/lib32/", "/lib64/", "/libx32/",
+    ];
+    const RESERVED: [&str; 6] = ["/run/", "/proc/", "/dev/", "/workspace/", "/etc/", "/root/"];
+    if RESERVED.iter().any(|d| exe.starts_with(d)) {
+        return None;
+    }
+    if !SHOWN.iter().any(|d| exe.starts_with(d)) {
+        binds.push(format!("{exe}:{exe}"));
+    }
+    let env = vec![
+        // The helper turns git's fsmonitor off by default (GIT_CONFIG_*): on again.
+        "GIT_CONFIG_COUNT=0".to_string(),
+        format!("{SANDBOX_UPPER_ENV}={upper_inside}"),
+        format!("{SANDBOX_TOKENS_ENV}={}", tokens.join(" ")),
+        format!("{SANDBOX_WORKTREE_ENV}={worktree}"),
+    ];
+    Some((env, binds))
 }
 
 fn under_git_dir(path: &[u8]) -> bool {
@@ -166,7 +258,10 @@ fn under_git_dir(path: &[u8]) -> bool {
 /// directory that hides the base's (opaque) as `dir/` too; a directory that is not
 /// opaque only where the base had something else there, since naming it would make
 /// git look at everything under it.
-fn paths_of(changes: &[UpperChange], base: &mut BaseTrees<'_>) -> Result<Vec<Vec<u8>>> {
+fn paths_of(
+    changes: &[UpperChange],
+    mut base_has_non_dir: impl FnMut(&[u8]) -> Result<bool>,
+) -> Result<Vec<Vec<u8>>> {
     let mut out = Vec::new();
     for c in changes {
         match c {
@@ -187,7 +282,7 @@ fn paths_of(changes: &[UpperChange], base: &mut BaseTrees<'_>) -> Result<Vec<Vec
                     let mut cone = path.clone();
                     cone.push(b'/');
                     out.push(cone);
-                } else if base.entry(path)?.is_some_and(|e| e.kind != Kind::Dir) {
+                } else if base_has_non_dir(path)? {
                     out.push(path.clone());
                 }
             }

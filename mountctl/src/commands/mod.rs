@@ -67,7 +67,10 @@ fn git_fsmonitor(ctx: &Ctx, version: u32, token: &str) -> anyhow::Result<ExitCod
         return Ok(ExitCode::FAILURE);
     }
     let cwd = std::env::current_dir()?;
-    let answer = cowspace_fsd::gitfsmonitor::answer(&cwd, token, std::slice::from_ref(&ctx.root));
+    let answer = match cowspace_fsd::gitfsmonitor::answer_in_sandbox(&cwd, token) {
+        Some(a) => a,
+        None => cowspace_fsd::gitfsmonitor::answer(&cwd, token, std::slice::from_ref(&ctx.root)),
+    };
     let mut out = std::io::stdout().lock();
     out.write_all(&answer.encode())?;
     out.flush()?;

@@ -114,6 +114,21 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> anyhow::Result<ExitCode> {
     for p in &a.publish {
         cmd.arg("--publish").arg(p.to_string());
     }
+    // git's fsmonitor hook (docs/git.md), which the helper turns off since the sandbox
+    // hides the private state: for an overlay workspace, the upper layer is shown
+    // read-only, with the tokens the hook may vouch for (before the caller's --env, which
+    // may override them).
+    if host_overlay
+        && let Some((env, binds)) =
+            cowspace_fsd::gitfsmonitor::sandbox_setup(&rt, &rec, "/.cowspace/upper", "/workspace")
+    {
+        for e in env {
+            cmd.arg("--env").arg(e);
+        }
+        for b in binds {
+            cmd.arg("--ro-bind").arg(b);
+        }
+    }
     for e in &a.env {
         cmd.arg("--env").arg(e);
     }
