@@ -339,7 +339,8 @@ fn find_workspace(cwd: &Path, roots: &[PathBuf]) -> Option<(Runtime, Record)> {
 }
 
 /// A path inside the private directory of the workspace mounted at `target`, from
-/// `/proc/self/mountinfo`: an overlay's `upperdir`, or a fuse workspace's source.
+/// `/proc/self/mountinfo`: an overlay's `upperdir`, a fuse workspace's source, or the
+/// tree a full-tree workspace's bind mount shows.
 fn private_path(target: &Path) -> Option<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     private_path_in(&text, target)
@@ -369,7 +370,20 @@ fn private_path_in(mountinfo: &str, target: &Path) -> Option<PathBuf> {
             let private = source.strip_prefix(crate::cow::WS_SOURCE_PREFIX)?;
             return Some(PathBuf::from(crate::mounts::unescape(private)).join("upper"));
         }
-        return None;
+        // A full-tree workspace: a bind mount of <root>/workspaces/<id>/tree. Its root
+        // field is that path within its filesystem, which is mounted whole elsewhere.
+        let mut fields = left.split(' ');
+        let dev = fields.nth(2)?;
+        let within = crate::mounts::unescape(fields.next()?);
+        let fs_mount = mountinfo.lines().find_map(|l| {
+            let mut f = l.split(' ');
+            (f.nth(2)? == dev && f.next()? == "/")
+                .then(|| f.next())
+                .flatten()
+        })?;
+        let tree =
+            Path::new(&crate::mounts::unescape(fs_mount)).join(within.trim_start_matches('/'));
+        return (tree.file_name() == Some(OsStr::new("tree"))).then_some(tree);
     }
     None
 }
@@ -395,6 +409,23 @@ mod tests {
         );
         assert_eq!(private_path_in(table, Path::new("/r/ws/c")), None);
         assert_eq!(private_path_in(table, Path::new("/r/ws/d")), None);
+        // A full-tree workspace bound from a filesystem mounted at /mnt/loop.
+        let binds = "\
+20 1 8:0 / / rw - ext4 /dev/vda rw
+40 1 7:1 / /mnt/loop rw - btrfs /dev/loop1 rw
+41 1 7:1 /root/workspaces/ws-3/tree /r/ws/e rw - btrfs /dev/loop1 rw
+42 1 8:0 /r/workspaces/ws-4/tree /r/ws/f rw - ext4 /dev/vda rw
+43 1 8:0 /r/other /r/ws/g rw - ext4 /dev/vda rw
+";
+        assert_eq!(
+            private_path_in(binds, Path::new("/r/ws/e")),
+            Some(PathBuf::from("/mnt/loop/root/workspaces/ws-3/tree"))
+        );
+        assert_eq!(
+            private_path_in(binds, Path::new("/r/ws/f")),
+            Some(PathBuf::from("/r/workspaces/ws-4/tree"))
+        );
+        assert_eq!(private_path_in(binds, Path::new("/r/ws/g")), None);
     }
 
     #[test]

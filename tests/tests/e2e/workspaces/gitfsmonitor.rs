@@ -232,6 +232,20 @@ fn git_status_through_the_hook_agrees_on_btrfs_and_reflink() {
         let r = WsRoot::new_in(fs.mnt());
         let base = r.import(&src, &["--no-default-excludes"]);
         check_materializer(&r, &base, materializer, &["--materializer", materializer]);
+        // At a path of the caller's (on another filesystem): found through the mount
+        // table too.
+        let elsewhere = src_dir.path().join(format!("elsewhere-{materializer}"));
+        check_materializer(
+            &r,
+            &base,
+            &format!("{materializer} at --path"),
+            &[
+                "--materializer",
+                materializer,
+                "--path",
+                &elsewhere.to_string_lossy(),
+            ],
+        );
         r.assert_clean();
         drop(r);
         drop(fs);
