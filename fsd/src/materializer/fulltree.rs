@@ -266,7 +266,8 @@ pub fn build(
 /// serve for the snapshot's file at that path) get the stat data of the built file;
 /// every other entry keeps what it had, so git still checks it. The index is rewritten
 /// in place (its directory's mtime stays) and its stamp taken again, so an untouched
-/// workspace still diffs empty (commit keeps the snapshot's index).
+/// workspace still diffs empty (commit keeps the snapshot's index). The fsmonitor hook
+/// the import named is taken out of the tree's config and index.
 fn refresh_git_index(
     store: &Store,
     root: &TreeId,
@@ -286,7 +287,7 @@ fn refresh_git_index(
     let mut base = BaseTrees::new(store, *root);
     let mut failed = None;
     let mut trusted = 0u64;
-    let rewritten = gitindex::rewrite(&bytes, |path, e| {
+    let rewritten = gitindex::rewrite_marking(&bytes, |path, e| {
         let entry = match base.entry(path) {
             Ok(Some(entry)) if entry.kind == Kind::File => entry,
             Ok(_) => return None,
@@ -325,8 +326,26 @@ fn refresh_git_index(
     if let Some(err) = failed {
         return Err(err);
     }
-    let Some(new) = rewritten.filter(|_| trusted > 0) else {
+    let Some(rewritten) = rewritten.filter(|_| trusted > 0) else {
         return Ok(());
+    };
+    // git's fsmonitor hook (docs/git.md) would walk this whole tree to learn what
+    // changed, which costs more than git's own look at every file: both the config lines
+    // the import added and the index's extension go, as written, and only together.
+    let config_path = dest.join(".git/config");
+    let unhooked = fs::read_to_string(&config_path)
+        .ok()
+        .and_then(|text| gitindex::strip_fsmonitor_config(&text))
+        .and_then(|text| Some((text, gitindex::without_fsmonitor(&rewritten)?)));
+    let new = match unhooked {
+        Some((config, index)) => {
+            // In place too, and stamped again: an untouched workspace diffs empty.
+            fs::write(&config_path, config).map_err(Error::io("write", &config_path))?;
+            let m = fs::symlink_metadata(&config_path).map_err(Error::io("stat", &config_path))?;
+            stamps.insert(b".git/config".to_vec(), Stamp::of(&m));
+            index
+        }
+        None => rewritten.bytes,
     };
     // In place: the index is a file of this private, not yet shown tree.
     let mut f = fs::OpenOptions::new()

@@ -263,8 +263,6 @@ pub fn with_fsmonitor(r: &Rewritten, token: &str) -> Option<Vec<u8>> {
     if token.is_empty() || token.contains('\0') {
         return None;
     }
-    let index = &r.bytes;
-    let exts = extensions(index, r.extensions_at)?;
     let mut fsmn = Vec::new();
     fsmn.extend_from_slice(&2u32.to_be_bytes());
     fsmn.extend_from_slice(token.as_bytes());
@@ -272,7 +270,18 @@ pub fn with_fsmonitor(r: &Rewritten, token: &str) -> Option<Vec<u8>> {
     let bitmap = ewah(r.rewritten.len(), |i| !r.rewritten[i]);
     fsmn.extend_from_slice(&(bitmap.len() as u32).to_be_bytes());
     fsmn.extend_from_slice(&bitmap);
+    set_fsmonitor(r, Some(&fsmn))
+}
 
+/// A rewritten index without an fsmonitor extension (an end-of-entries extension is
+/// written again last).
+pub fn without_fsmonitor(r: &Rewritten) -> Option<Vec<u8>> {
+    set_fsmonitor(r, None)
+}
+
+fn set_fsmonitor(r: &Rewritten, fsmn: Option<&[u8]>) -> Option<Vec<u8>> {
+    let index = &r.bytes;
+    let exts = extensions(index, r.extensions_at)?;
     let mut out = index[..r.extensions_at].to_vec();
     let mut headers = sha1_smol::Sha1::new();
     let mut had_eoie = false;
@@ -291,7 +300,9 @@ pub fn with_fsmonitor(r: &Rewritten, token: &str) -> Option<Vec<u8>> {
             _ => push(&mut out, sig, &index[range.clone()]),
         }
     }
-    push(&mut out, b"FSMN", &fsmn);
+    if let Some(fsmn) = fsmn {
+        push(&mut out, b"FSMN", fsmn);
+    }
     if had_eoie {
         let digest = headers.digest().bytes();
         out.extend_from_slice(b"EOIE");
@@ -304,12 +315,30 @@ pub fn with_fsmonitor(r: &Rewritten, token: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// The first line of the `.git/config` lines [`fsmonitor_config`] writes.
+const FSMONITOR_CONFIG_MARKER: &str =
+    "# cowspace: git asks the workspace what changed (docs/git.md)\n";
+
 /// The `.git/config` lines that make git ask `hook` (a shell command) what changed.
 pub fn fsmonitor_config(hook: &str) -> String {
     let quoted = hook.replace('\\', "\\\\").replace('"', "\\\"");
     format!(
-        "# cowspace: git asks the workspace what changed (docs/git.md)\n[core]\n\tfsmonitor = \"{quoted}\"\n\tfsmonitorHookVersion = 2\n"
+        "{FSMONITOR_CONFIG_MARKER}[core]\n\tfsmonitor = \"{quoted}\"\n\tfsmonitorHookVersion = 2\n"
     )
+}
+
+/// `.git/config` text without the lines [`fsmonitor_config`] appended, when it ends with
+/// them exactly; `None` otherwise (edited since, or never there).
+pub fn strip_fsmonitor_config(text: &str) -> Option<String> {
+    let at = text.rfind(FSMONITOR_CONFIG_MARKER)?;
+    let tail = &text[at + FSMONITOR_CONFIG_MARKER.len()..];
+    let hook = tail
+        .strip_prefix("[core]\n\tfsmonitor = \"")?
+        .strip_suffix("\"\n\tfsmonitorHookVersion = 2\n")?;
+    if hook.contains('\n') {
+        return None;
+    }
+    Some(text[..at].to_string())
 }
 
 /// The token of the index's fsmonitor extension (version 2), if it has one.
@@ -401,6 +430,30 @@ mod tests {
             h.update(&(range.len() as u32).to_be_bytes());
         }
         assert_eq!(&body[4..], h.digest().bytes());
+    }
+
+    #[test]
+    fn the_config_lines_come_off_only_as_written() {
+        let user = "[core]\n\tbare = false\n";
+        let with = format!(
+            "{user}{}",
+            fsmonitor_config("'/x y/mountctl' git-fsmonitor")
+        );
+        assert_eq!(strip_fsmonitor_config(&with).as_deref(), Some(user));
+        assert_eq!(strip_fsmonitor_config(user), None);
+        let edited = format!("{with}[user]\n\tname = a\n");
+        assert_eq!(strip_fsmonitor_config(&edited), None);
+    }
+
+    #[test]
+    fn without_fsmonitor_drops_the_extension() {
+        let old = index_with(&[(b"TREE", b"t".to_vec()), (b"FSMN", b"old".to_vec())]);
+        let r = rewrite_marking(&old, |_, _| None).unwrap();
+        let new = without_fsmonitor(&r).unwrap();
+        assert_eq!(fsmonitor_token(&new), None);
+        let exts = extensions(&new, r.extensions_at).unwrap();
+        assert_eq!(exts.len(), 1);
+        assert_eq!(&exts[0].0, b"TREE");
     }
 
     #[test]
