@@ -299,12 +299,13 @@ fn refresh_git_index(
             size: e.size,
         })
     });
-    let Some(rewritten) = rewritten else {
+    let Some(mut rewritten) = rewritten else {
         return Ok(None);
     };
     if trusted == 0 {
         return Ok(None);
     }
+    rewritten.unracy_unverified();
     // The fsmonitor hook, unless the repository has its own (or its config is not a
     // plain file of the tree).
     let hooked = match hook {

@@ -121,6 +121,30 @@ pub struct Rewritten {
     pub rewritten: Vec<bool>,
     /// Where the extensions start (the end of the entries).
     extensions_at: usize,
+    /// Where each entry of stage 0 (not a merge conflict) starts.
+    stage0_at: Vec<Option<usize>>,
+}
+
+impl Rewritten {
+    /// Gives every entry of stage 0 that was not rewritten the modification time 0 (and
+    /// recomputes the checksum). Its stat data no longer matches any served file, so git
+    /// still looks at it, as before; but git no longer takes it for "racily clean" (its
+    /// time was newer than the index's, which workspaces serve from 2001), which made git
+    /// write the whole index again at the first command in every workspace.
+    pub fn unracy_unverified(&mut self) {
+        for (i, at) in self.stage0_at.iter().enumerate() {
+            if let Some(at) = at
+                && !self.rewritten[i]
+            {
+                self.bytes[at + 8..at + 16].fill(0);
+            }
+        }
+        let body_end = self.bytes.len() - OID_BYTES;
+        let digest = sha1_smol::Sha1::from(&self.bytes[..body_end])
+            .digest()
+            .bytes();
+        self.bytes[body_end..].copy_from_slice(&digest);
+    }
 }
 
 /// [`rewrite`], also saying which entries were rewritten.
@@ -144,6 +168,7 @@ pub fn rewrite_marking(
     let mut pos = HEADER_BYTES;
     let mut prev: Vec<u8> = Vec::new();
     let mut rewritten = Vec::with_capacity(count.min(index.len() / 62));
+    let mut stage0_at = Vec::with_capacity(rewritten.capacity());
     for _ in 0..count {
         let fixed = 40 + OID_BYTES + 2;
         if pos + fixed > body_end {
@@ -178,6 +203,7 @@ pub fn rewrite_marking(
             (p, pos + (len + 8) / 8 * 8)
         };
         let stage = (flags >> 12) & 0x3;
+        stage0_at.push((stage == 0).then_some(pos));
         let new = if stage == 0 {
             f(&path, &read_stat(index, pos))
         } else {
@@ -205,6 +231,7 @@ pub fn rewrite_marking(
         bytes: out,
         rewritten,
         extensions_at: pos,
+        stage0_at,
     })
 }
 
@@ -443,6 +470,24 @@ mod tests {
         assert_eq!(strip_fsmonitor_config(user), None);
         let edited = format!("{with}[user]\n\tname = a\n");
         assert_eq!(strip_fsmonitor_config(&edited), None);
+    }
+
+    #[test]
+    fn entries_not_rewritten_get_time_zero() {
+        let mut old = index_with(&[]);
+        old[HEADER_BYTES + 8..HEADER_BYTES + 16].copy_from_slice(&[9; 8]);
+        let body_end = old.len() - OID_BYTES;
+        let digest = sha1_smol::Sha1::from(&old[..body_end]).digest().bytes();
+        old[body_end..].copy_from_slice(&digest);
+        let mut r = rewrite_marking(&old, |_, _| None).unwrap();
+        r.unracy_unverified();
+        let e = read_stat(&r.bytes, HEADER_BYTES);
+        assert_eq!((e.mtime_s, e.mtime_ns), (0, 0));
+        // Still a valid index (checksum), and a rewritten entry keeps its new time.
+        assert!(rewrite(&r.bytes, |_, _| None).is_some());
+        let mut r = rewrite_marking(&old, |_, e| Some(*e)).unwrap();
+        r.unracy_unverified();
+        assert_eq!(read_stat(&r.bytes, HEADER_BYTES).mtime_s, 0x0909_0909);
     }
 
     #[test]
