@@ -27,7 +27,10 @@ fn main() -> ExitCode {
             return usage_error(&e.to_string(), json_requested);
         }
     };
-    init_logging(cli.verbose, cli.quiet);
+    // git's fsmonitor hook runs at every git command in a workspace, and git shows its
+    // stderr: errors only (a hook that cannot answer says "everything" instead).
+    let hook = matches!(cli.command, cli::Command::GitFsmonitor { .. });
+    init_logging(cli.verbose, cli.quiet || hook);
     let ctx = Ctx {
         root: cli
             .root
