@@ -249,6 +249,79 @@ pub fn sandbox_setup(
     Some((env, binds))
 }
 
+/// For a commit of the overlay or fuse workspace `rec`: the `.git/index` the capture
+/// should hold instead of the one git left in the upper layer, and its new token, so git
+/// in workspaces of the capture asks them what changed too.
+///
+/// Only when git wrote that index under a token this hook vouches for in `rec` (its
+/// valid entries were right then, and everything changed since is in the upper layer).
+/// Then an entry stays valid unless the index marked it dirty or the hook would name it
+/// now (git's rules: a name, or everything under a directory); every other entry gets
+/// the time 0 ([`gitindex::Rewritten::unracy_unverified`]). The token is new, so it can
+/// only be the capture's.
+pub fn capture_index(rt: &Runtime, rec: &Record) -> Result<Option<CapturedIndex>> {
+    use cowspace_store::import::gitindex;
+    use std::os::unix::fs::MetadataExt;
+    let upper = rec.private_dir.join("upper");
+    let index_path = upper.join(".git/index");
+    let mode = match std::fs::symlink_metadata(&index_path) {
+        Ok(m) if m.is_file() && m.nlink() == 1 => m.mode() & 0o7777,
+        _ => return Ok(None),
+    };
+    let bytes = std::fs::read(&index_path).map_err(crate::error::Error::io("read", &index_path))?;
+    let Some((token, dirty)) = gitindex::read_fsmonitor(&bytes) else {
+        return Ok(None);
+    };
+    let base: SnapshotId = rec.snapshot.parse()?;
+    let snap = rt.store().snapshot(&base)?;
+    let own = format!("{FSMONITOR_TOKEN_PREFIX}{}", rec.snapshot);
+    if token != own && snap.git_fsmonitor.as_deref() != Some(token.as_str()) {
+        return Ok(None);
+    }
+    let changes = crate::upper::changes(&upper)?;
+    let mut base_trees = BaseTrees::new(rt.store(), snap.root);
+    let named = paths_of(&changes, |p| {
+        Ok(base_trees.entry(p)?.is_some_and(|e| e.kind != Kind::Dir))
+    })?;
+    // git takes a name that is no entry as a directory: everything under it.
+    let mut exact = std::collections::HashSet::new();
+    let mut cones = std::collections::HashSet::new();
+    for p in &named {
+        match p.strip_suffix(b"/") {
+            Some(dir) => {
+                cones.insert(dir.to_vec());
+            }
+            None => {
+                exact.insert(p.clone());
+                cones.insert(p.clone());
+            }
+        }
+    }
+    let under_a_cone = |path: &[u8]| {
+        path.iter()
+            .enumerate()
+            .any(|(i, &b)| b == b'/' && cones.contains(&path[..i]))
+    };
+    let Some(mut r) = gitindex::rewrite_numbered(&bytes, |i, path, e| {
+        let valid = !dirty[i] && !exact.contains(path) && !under_a_cone(path);
+        valid.then_some(*e)
+    }) else {
+        return Ok(None);
+    };
+    r.unracy_unverified();
+    let token = gitindex::new_fsmonitor_token("capture", rec.id.as_bytes());
+    Ok(gitindex::with_fsmonitor(&r, &token).map(|bytes| CapturedIndex { bytes, mode, token }))
+}
+
+/// What [`capture_index`] gives.
+#[derive(Debug)]
+pub struct CapturedIndex {
+    pub bytes: Vec<u8>,
+    /// The permission bits git gave the index.
+    pub mode: u32,
+    pub token: String,
+}
+
 fn under_git_dir(path: &[u8]) -> bool {
     path == b".git" || path.starts_with(b".git/")
 }

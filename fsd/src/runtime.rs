@@ -380,15 +380,33 @@ impl Runtime {
             }),
             (None, _) => None,
         };
-        let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
+        let kind = MaterializerKind::parse(&rec.materializer)?;
+        let mat = materializer::materializer(kind);
         let mut ed = self.store.edit(&base)?;
         ed.set_parents(vec![previous]);
         mat.capture(&mut ed, &rec)?;
+        // git's index, carried on with a token the capture's workspaces vouch for
+        // (docs/git.md); read from a file of the private directory, gone after.
+        let index_copy = rec.private_dir.join("capture-git-index");
+        let _ = fs::remove_file(&index_copy);
+        if matches!(kind, MaterializerKind::Overlay | MaterializerKind::Fuse)
+            && let Some(index) = crate::gitfsmonitor::capture_index(self, &rec)
+                .unwrap_or_else(|e| {
+                    tracing::warn!(workspace = %rec.id, "git's index is captured as git left it: {e}");
+                    None
+                })
+        {
+            fs::write(&index_copy, &index.bytes).map_err(Error::io("write", &index_copy))?;
+            ed.put_file(b".git/index", index_copy.clone(), index.mode, vec![], None)?;
+            ed.set_git_fsmonitor(Some(index.token));
+        }
         let report = ed.commit(
             &o.message,
             Source::Workspace { id: rec.id.clone() },
             o.ref_name.as_deref().zip(expect),
-        )?;
+        );
+        let _ = fs::remove_file(&index_copy);
+        let report = report?;
         rec.commits.push(report.snapshot.to_hex());
         rec.updated_at = now();
         self.reg().update(&rec)?;

@@ -84,6 +84,7 @@ pub struct Editor<'s> {
     changed: u64,
     touched_primary: bool,
     parents: Vec<SnapshotId>,
+    git_fsmonitor: Option<String>,
 }
 
 impl std::fmt::Debug for Editor<'_> {
@@ -129,11 +130,18 @@ impl Store {
             changed: 0,
             touched_primary: false,
             parents: vec![*base],
+            git_fsmonitor: None,
         })
     }
 }
 
 impl<'s> Editor<'s> {
+    /// The fsmonitor token the new snapshot's `.git/index` carries, vouched for by the
+    /// caller (see [`Snapshot::git_fsmonitor`]).
+    pub fn set_git_fsmonitor(&mut self, token: Option<String>) {
+        self.git_fsmonitor = token;
+    }
+
     /// Records these parents instead of the base (e.g. a workspace's previous capture).
     pub fn set_parents(&mut self, parents: Vec<SnapshotId>) {
         self.parents = parents;
@@ -375,7 +383,7 @@ impl<'s> Editor<'s> {
             source,
             policy: self.base.policy.clone(),
             counts,
-            git_fsmonitor: None,
+            git_fsmonitor: self.git_fsmonitor.take(),
         };
         let (id, bytes) = snap.encode_with_id();
         self.ingest

@@ -313,7 +313,7 @@ fn refresh_git_index(
             if !config.to_ascii_lowercase().contains("fsmonitor")
                 && walk.builder.file_at(&config_comps).is_some() =>
         {
-            let token = fsmonitor_token(src);
+            let token = gitindex::new_fsmonitor_token("import", src.as_os_str().as_bytes());
             gitindex::with_fsmonitor(&rewritten, &token).map(|index| (cmd, token, index))
         }
         _ => None,
@@ -340,23 +340,6 @@ fn refresh_git_index(
         "rewrote .git/index stat data for workspaces"
     );
     Ok(token)
-}
-
-/// A token no other import has: this import's source, time and process.
-fn fsmonitor_token(src: &Path) -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let mut h = blake3::Hasher::new();
-    h.update(src.as_os_str().as_bytes());
-    h.update(&now.as_nanos().to_le_bytes());
-    h.update(&std::process::id().to_le_bytes());
-    let hex = h.finalize().to_hex();
-    format!(
-        "{}import:{}",
-        crate::import::gitindex::FSMONITOR_TOKEN_PREFIX,
-        &hex[..32]
-    )
 }
 
 struct Walk {

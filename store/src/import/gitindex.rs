@@ -152,6 +152,14 @@ pub fn rewrite_marking(
     index: &[u8],
     mut f: impl FnMut(&[u8], &EntryStat) -> Option<EntryStat>,
 ) -> Option<Rewritten> {
+    rewrite_numbered(index, |_, path, e| f(path, e))
+}
+
+/// [`rewrite_marking`], telling `f` each entry's position in the index too.
+pub fn rewrite_numbered(
+    index: &[u8],
+    mut f: impl FnMut(usize, &[u8], &EntryStat) -> Option<EntryStat>,
+) -> Option<Rewritten> {
     if index.len() < HEADER_BYTES + OID_BYTES || &index[..4] != b"DIRC" {
         return None;
     }
@@ -205,7 +213,7 @@ pub fn rewrite_marking(
         let stage = (flags >> 12) & 0x3;
         stage0_at.push((stage == 0).then_some(pos));
         let new = if stage == 0 {
-            f(&path, &read_stat(index, pos))
+            f(rewritten.len(), &path, &read_stat(index, pos))
         } else {
             None
         };
@@ -370,6 +378,12 @@ pub fn strip_fsmonitor_config(text: &str) -> Option<String> {
 
 /// The token of the index's fsmonitor extension (version 2), if it has one.
 pub fn fsmonitor_token(index: &[u8]) -> Option<String> {
+    read_fsmonitor(index).map(|(token, _)| token)
+}
+
+/// The index's fsmonitor extension (version 2): its token, and per entry whether it is
+/// marked dirty (git looks at its file whatever the hook says).
+pub fn read_fsmonitor(index: &[u8]) -> Option<(String, Vec<bool>)> {
     let r = rewrite_marking(index, |_, _| None)?;
     let exts = extensions(&r.bytes, r.extensions_at)?;
     let (_, range) = exts.iter().find(|(sig, _)| sig == b"FSMN")?;
@@ -378,7 +392,67 @@ pub fn fsmonitor_token(index: &[u8]) -> Option<String> {
         return None;
     }
     let nul = body[4..].iter().position(|&b| b == 0)?;
-    String::from_utf8(body[4..4 + nul].to_vec()).ok()
+    let token = String::from_utf8(body[4..4 + nul].to_vec()).ok()?;
+    let at = 4 + nul + 1;
+    let size = be32(body.get(at..at + 4)?, 0) as usize;
+    let dirty = ewah_bits(body.get(at + 4..at + 4 + size)?, r.rewritten.len())?;
+    Some((token, dirty))
+}
+
+/// The bits of an EWAH bitmap (git's `ewah/` serialisation) as `len` flags; `None` when
+/// it is malformed or sets a bit at or past `len`.
+fn ewah_bits(b: &[u8], len: usize) -> Option<Vec<bool>> {
+    let words = be32(b.get(..8)?, 4) as usize;
+    let word = |k: usize| -> Option<u64> {
+        Some(u64::from_be_bytes(
+            b.get(8 + 8 * k..16 + 8 * k)?.try_into().ok()?,
+        ))
+    };
+    let mut out = vec![false; len];
+    let mut set = |bit: usize| -> Option<()> {
+        *out.get_mut(bit)? = true;
+        Some(())
+    };
+    let (mut k, mut pos) = (0usize, 0usize);
+    while k < words {
+        let marker = word(k)?;
+        k += 1;
+        let run = ((marker >> 1) & 0xffff_ffff) as usize;
+        let literals = (marker >> 33) as usize;
+        if marker & 1 == 1 {
+            for bit in pos..pos.checked_add(run.checked_mul(64)?)? {
+                if bit < len {
+                    set(bit)?;
+                }
+            }
+        }
+        pos = pos.checked_add(run.checked_mul(64)?)?;
+        for _ in 0..literals {
+            let w = word(k)?;
+            k += 1;
+            for i in 0..64 {
+                if w >> i & 1 == 1 {
+                    set(pos + i)?;
+                }
+            }
+            pos += 64;
+        }
+    }
+    Some(out)
+}
+
+/// A token no other index has: `kind` (`import`, `capture`), `seed` (a path, an id),
+/// the time and this process.
+pub fn new_fsmonitor_token(kind: &str, seed: &[u8]) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let mut h = blake3::Hasher::new();
+    h.update(seed);
+    h.update(&now.as_nanos().to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    let hex = h.finalize().to_hex();
+    format!("{FSMONITOR_TOKEN_PREFIX}{kind}:{}", &hex[..32])
 }
 
 /// Whether the source file at `path` is what the index entry says git last saw: same
@@ -499,6 +573,26 @@ mod tests {
         let exts = extensions(&new, r.extensions_at).unwrap();
         assert_eq!(exts.len(), 1);
         assert_eq!(&exts[0].0, b"TREE");
+    }
+
+    #[test]
+    fn the_bitmap_reads_back() {
+        let bits = ewah(130, |i| i % 7 == 0 || i == 129);
+        let back = ewah_bits(&bits, 130).unwrap();
+        assert_eq!(
+            back,
+            (0..130).map(|i| i % 7 == 0 || i == 129).collect::<Vec<_>>()
+        );
+        // A bit past the entries is refused; so is a truncated bitmap.
+        assert!(ewah_bits(&bits, 129).is_none());
+        assert!(ewah_bits(&bits[..bits.len() - 8], 130).is_none());
+        // git's own runs: a marker with the running bit set covers whole words.
+        let mut run = Vec::new();
+        run.extend_from_slice(&128u32.to_be_bytes());
+        run.extend_from_slice(&1u32.to_be_bytes());
+        run.extend_from_slice(&((2u64 << 1) | 1).to_be_bytes());
+        run.extend_from_slice(&0u32.to_be_bytes());
+        assert_eq!(ewah_bits(&run, 128).unwrap(), vec![true; 128]);
     }
 
     #[test]

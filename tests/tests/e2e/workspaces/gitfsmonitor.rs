@@ -322,6 +322,54 @@ fn a_captures_index_is_not_trusted() {
     r.assert_clean();
 }
 
+/// An index git wrote in the workspace is carried into the capture with a token of the
+/// capture's: git in a workspace of the capture looks only at what the index had not
+/// verified and what changed since, and still sees every change.
+#[test]
+fn a_captures_index_git_wrote_is_carried_on() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    checkout(&src);
+    let base = r.import(&src, &["--no-default-excludes"]);
+    for flags in [
+        &["--materializer", "overlay"][..],
+        &["--materializer", "fuse"],
+    ] {
+        let ws = r.create(&base, flags);
+        sh(&ws.path, "echo staged >> d1/sub1/f1.txt");
+        git(&ws.path, &["add", "d1/sub1/f1.txt"], None);
+        // Changed after git wrote the index.
+        sh(
+            &ws.path,
+            "echo later >> d2/sub2/f2.txt && rm d3/sub0/f3.txt",
+        );
+        let (capture, _, _) = r.commit(&ws.id, &[]);
+        let shown = r.t.json(["show", capture.as_str()]).ok().json();
+        let next = r.create(&capture, flags);
+        let trace = r.t.path(&format!("trace-{}", next.id));
+        assert_eq!(
+            git(&next.path, &["status", "--porcelain"], Some(&trace)),
+            " M d0/late.txt\nM  d1/sub1/f1.txt\n M d2/sub2/f2.txt\n D d3/sub0/f3.txt\n",
+            "{flags:?}: a workspace of the capture ({shown})"
+        );
+        assert_eq!(
+            files_looked_at(&trace),
+            4,
+            "{flags:?}: git should look only at the four files not known unchanged"
+        );
+        sh(&next.path, "echo more >> d4/sub1/f4.txt");
+        assert_status_agrees(
+            &next.path,
+            &format!("{flags:?}, capture"),
+            &[" M d4/sub1/f4.txt", "M  d1/sub1/f1.txt"],
+        );
+        r.remove(&next.id);
+        r.remove(&ws.id);
+    }
+    r.assert_clean();
+}
+
 #[test]
 fn import_without_the_hook_leaves_git_config_alone() {
     require_root!();
