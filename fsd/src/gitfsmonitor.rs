@@ -188,8 +188,9 @@ pub fn answer_in_sandbox(cwd: &Path, token: &str) -> Option<Answer> {
     if !here || !accepted.contains(&token) {
         return Some(everything);
     }
-    // The sandbox's workspace is an overlay: a directory made where the base had a file
-    // or symlink is always opaque there, so no other directory needs naming.
+    // In overlay's upper format a directory made where the base had a file or symlink
+    // is always opaque (overlayfs marks it; so does the fuse workspace, `cow/ops.rs`), so
+    // no other directory needs naming.
     let listed = crate::upper::changes(Path::new(&upper))
         .and_then(|changes| paths_of(&changes, |_| Ok(false)));
     Some(match listed {
@@ -204,7 +205,7 @@ pub fn answer_in_sandbox(cwd: &Path, token: &str) -> Option<Answer> {
     })
 }
 
-/// For `mountctl run` of the overlay workspace `rec`: the environment and the read-only
+/// For `mountctl run` of the overlay or fuse workspace `rec`: the environment and the read-only
 /// binds (`SRC:DST`) that let this hook answer inside the sandbox, where the upper layer
 /// is seen at `upper_inside` and the workspace at `worktree`. The hook's program, named
 /// by the checkout's config at its host path, is bound there unless it already lies in a

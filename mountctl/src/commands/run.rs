@@ -115,10 +115,10 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> anyhow::Result<ExitCode> {
         cmd.arg("--publish").arg(p.to_string());
     }
     // git's fsmonitor hook (docs/git.md), which the helper turns off since the sandbox
-    // hides the private state: for an overlay workspace, the upper layer is shown
+    // hides the private state: for an overlay or fuse workspace, the upper layer is shown
     // read-only, with the tokens the hook may vouch for (before the caller's --env, which
     // may override them).
-    if host_overlay
+    if matches!(rec.materializer.as_str(), "overlay" | "fuse")
         && let Some((env, binds)) =
             cowspace_fsd::gitfsmonitor::sandbox_setup(&rt, &rec, "/.cowspace/upper", "/workspace")
     {

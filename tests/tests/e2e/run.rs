@@ -393,7 +393,8 @@ fn an_unenforceable_control_is_refused_with_7_and_nothing_runs() {
     r.assert_clean();
 }
 
-/// git in the sandbox of a workspace of an imported git checkout: the checkout names
+/// git in the sandbox of an overlay or fuse workspace of an imported git checkout: the
+/// checkout names
 /// cowspace's fsmonitor hook at the host path of `mountctl`; `mountctl run` shows the
 /// sandbox that program and the workspace's upper layer read-only, so git there looks at
 /// no file it trusts and still sees every change (docs/git.md). Where the program lies
@@ -423,7 +424,14 @@ fn git_in_the_sandbox_of_a_git_checkout_asks_the_workspace() {
     std::thread::sleep(Duration::from_millis(1200));
     git(&["status", "--porcelain"]);
     let snap = r.import(&src, &["--no-default-excludes"]);
-    let ws = r.create(&snap, &[]);
+    for materializer in ["overlay", "fuse"] {
+        git_in_the_sandbox_of(&r, &snap, materializer);
+    }
+    r.assert_clean();
+}
+
+fn git_in_the_sandbox_of(r: &WsRoot, snap: &str, materializer: &str) {
+    let ws = r.create(snap, &["--materializer", materializer]);
     let config = std::fs::read_to_string(ws.path.join(".git/config")).unwrap();
     assert!(
         config.contains("git-fsmonitor"),
@@ -435,11 +443,11 @@ fn git_in_the_sandbox_of_a_git_checkout_asks_the_workspace() {
          echo changed >> a.txt && rm d/x && echo new > d/y && \
          git status --porcelain --untracked-files=all && echo -- && \
          git -c core.fsmonitor=false status --porcelain --untracked-files=all";
-    let (code, out, err) = output(run_cmd(&r, &[&ws.id, "--", "sh", "-c", script]));
-    assert_eq!(code, 0, "stderr: {err}");
+    let (code, out, err) = output(run_cmd(r, &[&ws.id, "--", "sh", "-c", script]));
+    assert_eq!(code, 0, "{materializer}: stderr: {err}");
     assert!(
         !err.contains("fsmonitor"),
-        "git complains about the hook: {err}"
+        "{materializer}: git complains about the hook: {err}"
     );
     let changed = " M a.txt\n D d/x\n?? d/y\n";
     let reserved = ["/root/", "/etc/", "/run/", "/proc/", "/dev/", "/workspace/"];
@@ -455,8 +463,7 @@ fn git_in_the_sandbox_of_a_git_checkout_asks_the_workspace() {
     assert_eq!(
         out,
         format!("{looked_at}\n{changed}--\n{changed}"),
-        "stderr: {err}"
+        "{materializer}: stderr: {err}"
     );
     r.remove(&ws.id);
-    r.assert_clean();
 }
