@@ -175,24 +175,46 @@ pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         rows.push(json!({"materializer": kind.as_str(), "available": r.is_ok(), "why": r.err()}));
     }
     let auto = materializer::pick_auto(&store).map(|k| k.as_str()).ok();
-    ctx.emit(json!({"materializers": rows, "auto": auto}), || {
-        let mut s = String::new();
-        for r in &rows {
+    // What imports of git checkouts will name as git's fsmonitor hook (docs/git.md).
+    let hook = match cowspace_fsd::gitfsmonitor::git_reads_the_extension() {
+        Ok(()) => match cowspace_fsd::gitfsmonitor::hook_command() {
+            Some(cmd) => json!({"available": true, "command": cmd}),
+            None => {
+                json!({"available": false, "why": "this mountctl's path cannot be named in a git config (it holds a quote)"})
+            }
+        },
+        Err(why) => json!({"available": false, "why": why}),
+    };
+    ctx.emit(
+        json!({"materializers": rows, "auto": auto, "git_fsmonitor": hook}),
+        || {
+            let mut s = String::new();
+            for r in &rows {
+                s.push_str(&format!(
+                    "{:<8} {}\n",
+                    r["materializer"].as_str().unwrap_or(""),
+                    if r["available"] == true {
+                        "available".to_string()
+                    } else {
+                        format!("no: {}", r["why"].as_str().unwrap_or(""))
+                    }
+                ));
+            }
             s.push_str(&format!(
-                "{:<8} {}\n",
-                r["materializer"].as_str().unwrap_or(""),
-                if r["available"] == true {
-                    "available".to_string()
-                } else {
-                    format!("no: {}", r["why"].as_str().unwrap_or(""))
-                }
+                "auto picks: {}\n",
+                auto.unwrap_or("nothing (see above)")
             ));
-        }
-        s.push_str(&format!(
-            "auto picks: {}",
-            auto.unwrap_or("nothing (see above)")
-        ));
-        s
-    });
+            s.push_str(&match hook["command"].as_str() {
+                Some(cmd) => format!(
+                    "git in workspaces of imported checkouts asks the workspace what changed: {cmd}"
+                ),
+                None => format!(
+                    "git in workspaces looks at every file: {}",
+                    hook["why"].as_str().unwrap_or("")
+                ),
+            });
+            s
+        },
+    );
     Ok(ExitCode::SUCCESS)
 }

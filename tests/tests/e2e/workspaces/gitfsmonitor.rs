@@ -414,3 +414,20 @@ fn the_hook_outside_a_workspace_says_everything_may_have_changed() {
         .unwrap();
     assert!(!v1.status.success(), "version 1 is not answered");
 }
+
+/// `doctor` says what imports of git checkouts will name as the hook.
+#[test]
+fn doctor_names_the_hook() {
+    require_root!();
+    let r = WsRoot::new();
+    let v = r.t.json(["doctor"]).ok().json();
+    let hook = &v["git_fsmonitor"];
+    assert_eq!(hook["available"], true, "{v}");
+    let cmd = hook["command"].as_str().expect("a command");
+    assert!(
+        cmd.ends_with(" git-fsmonitor") && cmd.contains(&*mountctl_bin().to_string_lossy()),
+        "{cmd}"
+    );
+    let text = r.t.run(["doctor"]).ok().stdout;
+    assert!(text.contains("asks the workspace what changed"), "{text}");
+}
