@@ -114,7 +114,7 @@ impl CowFs {
             .write(true)
             .mode(0o600)
             .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
-            .open(&self.cow.layers.work)
+            .open(self.cow.layers.work_dir().map_err(errno)?)
             .map_err(errno)?;
         if !empty {
             let mut blob = self

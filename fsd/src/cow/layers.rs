@@ -123,8 +123,11 @@ pub struct Layers {
     /// `<private_dir>/upper`.
     pub upper: PathBuf,
     /// `<private_dir>/work`: copy-ups are built here and renamed into place, so the upper
-    /// never holds a half-made object. Emptied whenever the workspace is served again.
+    /// never holds a half-made object. Emptied whenever the workspace is served again,
+    /// and made at its first use ([`Layers::work_dir`]): a workspace that is never
+    /// written costs one directory less to make and to remove.
     pub work: PathBuf,
+    work_made: std::sync::atomic::AtomicBool,
     /// Owner of snapshot entries (the runtime root's owner, as in the view).
     pub uid: u32,
     pub gid: u32,
@@ -147,6 +150,7 @@ impl Layers {
             snapshot,
             upper: private_dir.join("upper"),
             work: private_dir.join("work"),
+            work_made: std::sync::atomic::AtomicBool::new(false),
             uid,
             gid,
             tmp_seq: AtomicU64::new(0),
@@ -176,14 +180,25 @@ impl Layers {
         }
     }
 
-    /// A fresh name in the work directory.
+    /// The work directory, made if this is its first use.
+    pub fn work_dir(&self) -> io::Result<&Path> {
+        if !self.work_made.load(Ordering::Acquire) {
+            fs::create_dir_all(&self.work)?;
+            self.work_made.store(true, Ordering::Release);
+        }
+        Ok(&self.work)
+    }
+
+    /// A fresh name in the work directory. (Should the directory fail to be made, making
+    /// something at the name fails and says why.)
     pub fn tmp(&self) -> PathBuf {
         let n = self.tmp_seq.fetch_add(1, Ordering::Relaxed);
+        let _ = self.work_dir();
         self.work.join(format!("t{}-{n}", std::process::id()))
     }
 
     /// Makes the upper root (with the snapshot root's mode and the view's times the first
-    /// time) and an empty work directory.
+    /// time) and empties the work directory (made again at its first use).
     pub fn prepare(&self, root_mode: u32) -> io::Result<()> {
         if !self.upper.exists() {
             let tmp = self.upper.with_extension("new");
@@ -197,7 +212,6 @@ impl Layers {
         if self.work.exists() {
             crate::checkout::remove_tree(&self.work);
         }
-        fs::create_dir_all(&self.work)?;
         Ok(())
     }
 
