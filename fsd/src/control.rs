@@ -64,7 +64,11 @@ impl Server {
                 .as_str()
                 .ok_or_else(|| Error::Invalid("op is required".into()))?;
             Ok(match op {
-                "ping" => json!({"pong": true, "version": env!("CARGO_PKG_VERSION")}),
+                "ping" => json!({
+                    "pong": true,
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "program": crate::daemon::program_identity(std::path::Path::new("/proc/self/exe")),
+                }),
                 "create" => json!(rt.create(&args::<CreateOptions>(req)?)?),
                 "list" => json!(rt.list(req["args"]["all"].as_bool().unwrap_or(false))?),
                 "status" => json!(rt.status(&ws_arg(req)?)?),

@@ -93,7 +93,30 @@ pub fn remove(root: &Path, ws: &str, force: bool) -> Result<Option<crate::regist
 
 /// Whether a daemon answers on the root's socket.
 pub fn ping(root: &Path) -> bool {
-    matches!(request(root, &serde_json::json!({"op": "ping"})), Ok(v) if v["ok"] == true)
+    ping_result(root).is_some()
+}
+
+/// The daemon's answer to `ping`, if one answers.
+fn ping_result(root: &Path) -> Option<serde_json::Value> {
+    match request(root, &serde_json::json!({"op": "ping"})) {
+        Ok(v) if v["ok"] == true => Some(v["result"].clone()),
+        _ => None,
+    }
+}
+
+/// Which build of a program the file at `path` is: its device, inode, size and time.
+/// `/proc/self/exe` gives the running program's, even once its file was replaced.
+pub fn program_identity(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some(format!(
+        "{}:{}:{}:{}.{}",
+        m.dev(),
+        m.ino(),
+        m.size(),
+        m.mtime(),
+        m.mtime_nsec()
+    ))
 }
 
 /// The `fsd` program: `$COWSPACE_FSD`, else next to the running executable (or its
@@ -125,13 +148,33 @@ pub fn lock_held(root: &Path) -> bool {
     }
 }
 
-/// Starts the daemon unless it already answers.
+/// Starts the daemon unless it already answers. A daemon that runs another build of
+/// `fsd` than the one this process would start (an upgrade, say: an older build may
+/// refuse what a newer one stored) is stopped and started again when it serves no
+/// workspace; while it does, it is left running, with a warning.
 pub fn ensure_running(root: &Path) -> Result<()> {
-    if ping(root) {
-        return Ok(());
+    let prog = fsd_program();
+    if let Some(pong) = ping_result(root) {
+        let theirs = pong["program"].as_str().map(str::to_owned);
+        let ours = program_identity(&prog);
+        match (theirs, ours) {
+            (Some(t), Some(o)) if t != o => match stop(root, false) {
+                Ok(_) => tracing::info!(
+                    program = %prog.display(),
+                    "the daemon ran another build of fsd; started this one"
+                ),
+                Err(e) => {
+                    tracing::warn!(
+                        program = %prog.display(),
+                        "the daemon runs another build of fsd and serves workspaces, so it keeps running ({e}); stop it (`mountctl daemon stop`) once they are removed"
+                    );
+                    return Ok(());
+                }
+            },
+            _ => return Ok(()),
+        }
     }
     let log = log_path(root);
-    let prog = fsd_program();
     let spawn = || -> Result<std::process::Child> {
         let logf = std::fs::OpenOptions::new()
             .create(true)

@@ -27,6 +27,7 @@ mod races;
 mod subvols;
 pub(crate) mod support;
 mod teardown;
+mod upgrade;
 mod xattrs;
 
 use std::collections::BTreeMap;
