@@ -283,50 +283,54 @@ fn git_status_through_the_hook_agrees_on_btrfs_and_reflink() {
     }
 }
 
-/// A capture holds the index the workspace had, made for its base: in a workspace of
-/// the capture, git must still see the files changed after that index was written.
-#[test]
-fn a_captures_index_is_not_trusted() {
-    require_root!();
-    let r = WsRoot::new();
-    let src = r.t.path("src");
-    checkout(&src);
-    let base = r.import(&src, &["--no-default-excludes"]);
-    for flags in [
-        &["--materializer", "overlay"][..],
-        &["--materializer", "fuse"],
-    ] {
-        let ws = r.create(&base, flags);
-        // Changed without git: the index stays the import's.
-        sh(
-            &ws.path,
-            "echo later >> d2/sub2/f2.txt && rm d3/sub0/f3.txt",
-        );
-        let (capture, _, _) = r.commit(&ws.id, &[]);
-        let next = r.create(&capture, flags);
-        assert_eq!(
-            git(&next.path, &["status", "--porcelain"], None),
-            " M d0/late.txt\n M d2/sub2/f2.txt\n D d3/sub0/f3.txt\n",
-            "{flags:?}: a workspace of the capture"
-        );
-        // And git keeps the token this workspace's hook gave it: still right afterwards.
-        sh(&next.path, "echo more >> d1/sub1/f1.txt");
-        assert_status_agrees(
-            &next.path,
-            &format!("{flags:?}, capture"),
-            &[" M d1/sub1/f1.txt"],
-        );
-        r.remove(&next.id);
-        r.remove(&ws.id);
+/// A capture of a workspace of `base` made by `flags`, after `git_add` (a path staged with
+/// `git add`, so git writes the index in the workspace; `None`: no git command) and then
+/// changes made without git. In a fresh workspace of the capture, `git status` says
+/// `want` and (when `looked_at` is given) looks at that many files; after one more change
+/// it still agrees with looking at every file.
+fn check_capture(
+    r: &WsRoot,
+    base: &str,
+    flags: &[&str],
+    git_add: Option<&str>,
+    want: &str,
+    looked_at: Option<u64>,
+) {
+    let what = format!("{flags:?}, git add {git_add:?}: a workspace of the capture");
+    let ws = r.create(base, flags);
+    if let Some(path) = git_add {
+        sh(&ws.path, &format!("echo staged >> {path}"));
+        git(&ws.path, &["add", path], None);
     }
-    r.assert_clean();
+    sh(
+        &ws.path,
+        "echo later >> d2/sub2/f2.txt && rm d3/sub0/f3.txt",
+    );
+    let (capture, _, _) = r.commit(&ws.id, &[]);
+    let next = r.create(&capture, flags);
+    let trace = r.t.path(&format!("trace-{}", next.id));
+    assert_eq!(
+        git(&next.path, &["status", "--porcelain"], Some(&trace)),
+        want,
+        "{what}"
+    );
+    if let Some(n) = looked_at {
+        assert_eq!(files_looked_at(&trace), n, "{what}: files git looked at");
+    }
+    // And git keeps the token this workspace's hook gives it: still right afterwards.
+    sh(&next.path, "echo more >> d4/sub1/f4.txt");
+    assert_status_agrees(&next.path, &what, &[" M d4/sub1/f4.txt"]);
+    r.remove(&next.id);
+    r.remove(&ws.id);
 }
 
-/// An index git wrote in the workspace is carried into the capture with a token of the
-/// capture's: git in a workspace of the capture looks only at what the index had not
-/// verified and what changed since, and still sees every change.
+/// A capture of a workspace where git never wrote the index holds the base's index,
+/// made for the base: in a workspace of the capture, git must still see the files
+/// changed after that index was written. An index git wrote in the workspace is carried
+/// into the capture with a token of the capture's: git there looks only at what that
+/// index had not verified and what changed since (4 files), and still sees every change.
 #[test]
-fn a_captures_index_git_wrote_is_carried_on() {
+fn a_captures_index_is_trusted_only_when_carried_on() {
     require_root!();
     let r = WsRoot::new();
     let src = r.t.path("src");
@@ -336,36 +340,22 @@ fn a_captures_index_git_wrote_is_carried_on() {
         &["--materializer", "overlay"][..],
         &["--materializer", "fuse"],
     ] {
-        let ws = r.create(&base, flags);
-        sh(&ws.path, "echo staged >> d1/sub1/f1.txt");
-        git(&ws.path, &["add", "d1/sub1/f1.txt"], None);
-        // Changed after git wrote the index.
-        sh(
-            &ws.path,
-            "echo later >> d2/sub2/f2.txt && rm d3/sub0/f3.txt",
+        check_capture(
+            &r,
+            &base,
+            flags,
+            None,
+            " M d0/late.txt\n M d2/sub2/f2.txt\n D d3/sub0/f3.txt\n",
+            None,
         );
-        let (capture, _, _) = r.commit(&ws.id, &[]);
-        let shown = r.t.json(["show", capture.as_str()]).ok().json();
-        let next = r.create(&capture, flags);
-        let trace = r.t.path(&format!("trace-{}", next.id));
-        assert_eq!(
-            git(&next.path, &["status", "--porcelain"], Some(&trace)),
+        check_capture(
+            &r,
+            &base,
+            flags,
+            Some("d1/sub1/f1.txt"),
             " M d0/late.txt\nM  d1/sub1/f1.txt\n M d2/sub2/f2.txt\n D d3/sub0/f3.txt\n",
-            "{flags:?}: a workspace of the capture ({shown})"
+            Some(4),
         );
-        assert_eq!(
-            files_looked_at(&trace),
-            4,
-            "{flags:?}: git should look only at the four files not known unchanged"
-        );
-        sh(&next.path, "echo more >> d4/sub1/f4.txt");
-        assert_status_agrees(
-            &next.path,
-            &format!("{flags:?}, capture"),
-            &[" M d4/sub1/f4.txt", "M  d1/sub1/f1.txt"],
-        );
-        r.remove(&next.id);
-        r.remove(&ws.id);
     }
     r.assert_clean();
 }
