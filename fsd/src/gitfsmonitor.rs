@@ -73,8 +73,9 @@ pub fn hook_command() -> Option<String> {
     if !mountctl.is_file() {
         return None;
     }
+    // Named inside single quotes in a git config value: no quote or line break in it.
     let path = mountctl.to_str()?;
-    if path.contains('\'') {
+    if path.contains(['\'', '\n']) {
         return None;
     }
     Some(format!("'{path}' git-fsmonitor"))

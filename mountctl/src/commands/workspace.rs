@@ -180,7 +180,7 @@ pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         Ok(()) => match cowspace_fsd::gitfsmonitor::hook_command() {
             Some(cmd) => json!({"available": true, "command": cmd}),
             None => {
-                json!({"available": false, "why": "this mountctl's path cannot be named in a git config (it holds a quote)"})
+                json!({"available": false, "why": "this mountctl's path cannot be named in a git config (it holds a quote or a line break)"})
             }
         },
         Err(why) => json!({"available": false, "why": why}),
