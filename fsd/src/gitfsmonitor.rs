@@ -26,7 +26,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use cowspace_store::import::gitindex::FSMONITOR_TOKEN_PREFIX;
-use cowspace_store::{Kind, SnapshotId};
+use cowspace_store::{Kind, Snapshot, SnapshotId, TreeId};
 
 use crate::error::Result;
 use crate::materializer::{MaterializerKind, fulltree};
@@ -135,13 +135,30 @@ fn everything(rec: Option<&Record>) -> Answer {
     }
 }
 
-fn answer_for(rt: &Runtime, rec: &Record, token: &str) -> Result<Answer> {
+/// The base snapshot of `rec` and the tokens this hook vouches for in it: its own
+/// (`cowspace:1:<base>`) first, then the one recorded in the base snapshot, if any.
+fn vouched_tokens(rt: &Runtime, rec: &Record) -> Result<(Snapshot, Vec<String>)> {
     let base: SnapshotId = rec.snapshot.parse()?;
-    let own = format!("{FSMONITOR_TOKEN_PREFIX}{}", rec.snapshot);
     let snap = rt.store().snapshot(&base)?;
-    if token != own && snap.git_fsmonitor.as_deref() != Some(token) {
+    let mut tokens = vec![format!("{FSMONITOR_TOKEN_PREFIX}{}", rec.snapshot)];
+    tokens.extend(snap.git_fsmonitor.clone());
+    Ok((snap, tokens))
+}
+
+/// [`paths_of`] `changes`, the base's entries looked up in the store (`root`).
+fn named_paths(rt: &Runtime, root: TreeId, changes: &[UpperChange]) -> Result<Vec<Vec<u8>>> {
+    let mut base = BaseTrees::new(rt.store(), root);
+    paths_of(changes, |p| {
+        Ok(base.entry(p)?.is_some_and(|e| e.kind != Kind::Dir))
+    })
+}
+
+fn answer_for(rt: &Runtime, rec: &Record, token: &str) -> Result<Answer> {
+    let (snap, tokens) = vouched_tokens(rt, rec)?;
+    if !tokens.iter().any(|t| t == token) {
         return Ok(everything(Some(rec)));
     }
+    let base: SnapshotId = rec.snapshot.parse()?;
     let changes = match MaterializerKind::parse(&rec.materializer)? {
         MaterializerKind::Overlay | MaterializerKind::Fuse => {
             crate::upper::changes(&rec.private_dir.join("upper"))?
@@ -151,13 +168,9 @@ fn answer_for(rt: &Runtime, rec: &Record, token: &str) -> Result<Answer> {
             fulltree::changes(rt.store(), &base, &fulltree::tree_dir(rec), &stamps)?
         }
     };
-    let mut base_trees = BaseTrees::new(rt.store(), snap.root);
-    let paths = paths_of(&changes, |p| {
-        Ok(base_trees.entry(p)?.is_some_and(|e| e.kind != Kind::Dir))
-    })?;
     Ok(Answer {
         token: token.to_string(),
-        paths: Some(paths),
+        paths: Some(named_paths(rt, snap.root, &changes)?),
     })
 }
 
@@ -217,10 +230,7 @@ pub fn sandbox_setup(
     upper_inside: &str,
     worktree: &str,
 ) -> Option<(Vec<String>, Vec<String>)> {
-    let base: SnapshotId = rec.snapshot.parse().ok()?;
-    let snap = rt.store().snapshot(&base).ok()?;
-    let mut tokens = vec![format!("{FSMONITOR_TOKEN_PREFIX}{}", rec.snapshot)];
-    tokens.extend(snap.git_fsmonitor);
+    let (_, tokens) = vouched_tokens(rt, rec).ok()?;
     if tokens.iter().any(|t| t.contains(char::is_whitespace)) {
         return None;
     }
@@ -274,17 +284,11 @@ pub fn capture_index(rt: &Runtime, rec: &Record) -> Result<Option<CapturedIndex>
     let Some((token, dirty)) = gitindex::read_fsmonitor(&bytes) else {
         return Ok(None);
     };
-    let base: SnapshotId = rec.snapshot.parse()?;
-    let snap = rt.store().snapshot(&base)?;
-    let own = format!("{FSMONITOR_TOKEN_PREFIX}{}", rec.snapshot);
-    if token != own && snap.git_fsmonitor.as_deref() != Some(token.as_str()) {
+    let (snap, tokens) = vouched_tokens(rt, rec)?;
+    if !tokens.contains(&token) {
         return Ok(None);
     }
-    let changes = crate::upper::changes(&upper)?;
-    let mut base_trees = BaseTrees::new(rt.store(), snap.root);
-    let named = paths_of(&changes, |p| {
-        Ok(base_trees.entry(p)?.is_some_and(|e| e.kind != Kind::Dir))
-    })?;
+    let named = named_paths(rt, snap.root, &crate::upper::changes(&upper)?)?;
     // git takes a name that is no entry as a directory: everything under it.
     let mut exact = std::collections::HashSet::new();
     let mut cones = std::collections::HashSet::new();
