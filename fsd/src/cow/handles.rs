@@ -21,7 +21,7 @@ use fuser::{
 use super::fs::{CowFs, TTL, parent_of};
 use super::lazy::Pending;
 use super::node::Node;
-use super::ops::{Listed, errno};
+use super::ops::{Listing, errno};
 
 /// What a passthrough backing file is: the same file for every open of an inode, or the
 /// kernel refuses the open.
@@ -44,24 +44,10 @@ pub(super) struct Handle {
     pub(super) append: bool,
 }
 
-/// An open directory: the listing taken at its first read (and again at a rewind). The
-/// kernel keeps listings (`FOPEN_CACHE_DIR`), so most opens are never read from.
-pub(super) struct Dir {
-    pub(super) entries: Vec<Listed>,
-    /// Read from since listed (a read at offset 0 then is a rewind: list again).
-    pub(super) read: bool,
-    /// Listed yet (the handle's first read lists, at whatever offset).
-    pub(super) listed: bool,
-}
-
-/// Entries of a listing handed to one `readdir` (a reply holds far fewer).
-pub(super) const MAX_DIR_BATCH: usize = 512;
-
 #[derive(Default)]
 pub(super) struct Handles {
     pub(super) next: AtomicU64,
     pub(super) files: Mutex<HashMap<u64, Handle>>,
-    pub(super) dirs: Mutex<HashMap<u64, Dir>>,
     pub(super) backing: Mutex<HashMap<u64, (Backing, Weak<BackingId>)>>,
     /// Files kept open for I/O by inode (the cached open mode, `cached.rs`).
     pub(super) by_inode: Mutex<HashMap<u64, super::cached::InodeFile>>,
@@ -175,46 +161,14 @@ impl CowFs {
             .ok_or(Errno::EBADF)
     }
 
-    /// Entries of open directory `fh` (of `node`) from `offset` (0 and 1 are `.` and
-    /// `..`), at most [`MAX_DIR_BATCH`]. A read at offset 0 of a handle read before is a
-    /// rewind: the directory is listed again, as it is now; later offsets keep reading the
-    /// listing taken then, so concurrent changes never make an entry appear twice or be
-    /// skipped.
-    /// Directory `ino` and the batch of its listing from `offset` (handle `fh`).
-    pub(super) fn dir_batch(
-        &self,
-        ino: u64,
-        fh: u64,
-        offset: u64,
-    ) -> Result<(Node, Vec<Listed>), Errno> {
+    /// Directory `ino` and its listing.
+    pub(super) fn dir_listing(&self, ino: u64) -> Result<(Node, Arc<Listing>), Errno> {
         let node = self.cow.table.get(ino)?;
-        let entries = self.dir_entries(&node, fh, offset)?;
-        Ok((node, entries))
-    }
-
-    fn dir_entries(&self, node: &Node, fh: u64, offset: u64) -> Result<Vec<Listed>, Errno> {
-        let relist = lock(&self.handles.dirs)
-            .get(&fh)
-            .is_some_and(|d| !d.listed || (offset == 0 && d.read));
-        if relist {
-            let entries = self.cow.list(node)?;
-            if let Some(d) = lock(&self.handles.dirs).get_mut(&fh) {
-                d.entries = entries;
-                d.read = false;
-                d.listed = true;
-            }
+        if node.kind != FileType::Directory {
+            return Err(Errno::ENOTDIR);
         }
-        let mut dirs = lock(&self.handles.dirs);
-        let d = dirs.get_mut(&fh).ok_or(Errno::EBADF)?;
-        d.read = true;
-        let start = usize::try_from(offset.saturating_sub(2))
-            .unwrap_or(usize::MAX)
-            .min(d.entries.len());
-        Ok(d.entries[start..]
-            .iter()
-            .take(MAX_DIR_BATCH)
-            .cloned()
-            .collect())
+        let listing = self.cow.listing(&node)?;
+        Ok((node, listing))
     }
 
     pub(super) fn what_backs(&self, node: &Node, file: &File) -> Result<Backing, Errno> {
@@ -227,14 +181,8 @@ impl CowFs {
 
     /// `readdirplus`: entries with their attributes, each (but `.` and `..`) taking a
     /// lookup as `lookup` would.
-    pub(super) fn do_readdirplus(
-        &self,
-        ino: INodeNo,
-        fh: FileHandle,
-        offset: u64,
-        mut reply: ReplyDirectoryPlus,
-    ) {
-        let (node, entries) = match self.dir_batch(ino.0, fh.0, offset) {
+    pub(super) fn do_readdirplus(&self, ino: INodeNo, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let (node, listing) = match self.dir_listing(ino.0) {
             Ok(x) => x,
             Err(e) => return reply.error(e),
         };
@@ -242,7 +190,6 @@ impl CowFs {
             Ok(a) => a,
             Err(e) => return reply.error(e),
         };
-        let first = offset.max(2);
         // "." and ".." take no lookup in the kernel; every other entry takes one.
         for i in offset..2 {
             let mut a = dir_attr;
@@ -257,8 +204,7 @@ impl CowFs {
             }
         }
         let mut added_any = offset < 2;
-        for (k, e) in entries.iter().enumerate() {
-            let off = first + k as u64 + 1;
+        for (off, e) in listing.after(offset) {
             // The name as it is now (it may have changed since the listing was taken).
             let child = match self.cow.lookup(node.ino, &e.name) {
                 Ok(Some(c)) => c,
@@ -278,7 +224,7 @@ impl CowFs {
             };
             let full = reply.add(
                 attr.ino,
-                off,
+                *off,
                 OsStr::from_bytes(&e.name),
                 &TTL,
                 &attr,

@@ -65,10 +65,14 @@
 //!   served by the daemon with direct I/O instead.
 //!
 //! Copy-ups use a reflink where the filesystem can, else `copy_file_range`, lazily for
-//! large files. Directory listings are taken at a handle's first read (and again on
-//! rewind), so a listing read in pieces never shows an entry twice or skips one while
-//! the directory changes; the kernel keeps listings (`FOPEN_CACHE_DIR`) and drops one when
-//! its directory changes through the mount, so a second walk of a tree asks for none.
+//! large files. Directories are opened without a request: the first `opendir` is
+//! answered "not implemented", after which the kernel sends no open or release of a
+//! directory and keeps listings (`FOPEN_CACHE_DIR`), dropping one when its directory
+//! changes through the mount; so a second walk of a tree asks for none. Listings are
+//! read by inode in the order of a hash of each name, whose value is the offset a reader
+//! resumes after ([`ops::Listing`]): a listing read in pieces while the directory
+//! changes never shows an entry twice or skips one that was there throughout, and
+//! `telldir` positions stay valid.
 //!
 //! # What the kernel keeps
 //!

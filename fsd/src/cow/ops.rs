@@ -2,6 +2,7 @@
 //! upper directory and the snapshot, attributes, listings, copy-up, and the namespace
 //! changes (create, link, unlink, rmdir, rename) written in overlay's upper format.
 
+use std::collections::VecDeque;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsStr;
 use std::fs::{self, File};
@@ -10,6 +11,7 @@ use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -29,6 +31,12 @@ use crate::view::VIEW_BLKSIZE_BYTES;
 
 /// Decoded snapshot trees kept (cleared when full).
 const MAX_CACHED_TREES: usize = 1024;
+
+/// Listings kept for `readdir` (those of the directories read lately).
+const MAX_KEPT_LISTINGS: usize = 16;
+
+/// The first cookie an entry can have (`.` and `..` are 1 and 2).
+const FIRST_COOKIE: u64 = 3;
 
 /// What a name in a directory is.
 pub enum Found {
@@ -55,6 +63,43 @@ pub struct Listed {
     pub kind: FileType,
 }
 
+/// A directory's entries in the order `readdir` hands them out: by cookie, the offset a
+/// reader resumes after, which is a function of the name alone ([`name_cookie`]). So a
+/// listing read in pieces while the directory changes never shows an entry twice or
+/// skips one that was there throughout, whatever changed between two pieces; `telldir`
+/// positions stay valid too. (Two names with one cookie, a 62-bit hash, are never split
+/// across two replies by chance only: the second could be skipped when one reply ends
+/// between them.)
+#[derive(Debug)]
+pub struct Listing {
+    pub entries: Vec<(u64, Listed)>,
+}
+
+impl Listing {
+    /// The entries after offset `offset` (`0`, `1` and `2`: from the first).
+    pub fn after(&self, offset: u64) -> &[(u64, Listed)] {
+        let i = self.entries.partition_point(|(c, _)| *c <= offset);
+        &self.entries[i..]
+    }
+}
+
+/// The `readdir` offset of the entry after `name`: 62 bits of its hash, from 3 on.
+pub fn name_cookie(name: &[u8]) -> u64 {
+    let h = blake3::hash(name);
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&h.as_bytes()[..8]);
+    (u64::from_le_bytes(b) >> 2).max(FIRST_COOKIE)
+}
+
+/// Bumps a counter when dropped: at the end of an operation that changes names.
+struct NamesChange<'a>(&'a AtomicU64);
+
+impl Drop for NamesChange<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
 /// The writable view of one workspace.
 pub struct Cow {
     pub layers: Layers,
@@ -67,6 +112,11 @@ pub struct Cow {
     trees: Mutex<HashMap<TreeId, Arc<Tree>>>,
     /// Large files being copied up (`lazy.rs`): their I/O goes through the daemon.
     pub lazy: Lazy,
+    /// Counts the operations that changed names or the upper layer (make, remove, rename,
+    /// copy-up), counted when each ends: a listing kept from before one is stale.
+    names_changed: AtomicU64,
+    /// Listings lately read, with the count they were taken at (newest first).
+    listings: Mutex<VecDeque<(u64, u64, Arc<Listing>)>>,
 }
 
 pub fn errno(e: io::Error) -> Errno {
@@ -169,7 +219,40 @@ impl Cow {
             copy: Mutex::new(()),
             trees: Mutex::new(HashMap::new()),
             lazy: Lazy::new(),
+            names_changed: AtomicU64::new(0),
+            listings: Mutex::new(VecDeque::new()),
         }
+    }
+
+    fn names_change(&self) -> NamesChange<'_> {
+        NamesChange(&self.names_changed)
+    }
+
+    /// Directory `dir`'s listing in cookie order: kept from a read since which no name
+    /// changed, else taken now.
+    pub fn listing(&self, dir: &Node) -> Result<Arc<Listing>, Errno> {
+        // Read before listing: a change that ends while the listing is taken makes it
+        // stale at once.
+        let count = self.names_changed.load(Ordering::Acquire);
+        let kept = lock(&self.listings)
+            .iter()
+            .find(|(ino, c, _)| *ino == dir.ino && *c == count)
+            .map(|(_, _, l)| Arc::clone(l));
+        if let Some(l) = kept {
+            return Ok(l);
+        }
+        let mut entries: Vec<(u64, Listed)> = self
+            .list(dir)?
+            .into_iter()
+            .map(|e| (name_cookie(&e.name), e))
+            .collect();
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.name.cmp(&b.1.name)));
+        let listing = Arc::new(Listing { entries });
+        let mut kept = lock(&self.listings);
+        kept.retain(|(ino, c, _)| *ino != dir.ino && *c == count);
+        kept.truncate(MAX_KEPT_LISTINGS - 1);
+        kept.push_front((dir.ino, count, Arc::clone(&listing)));
+        Ok(listing)
     }
 
     /// The decoded snapshot tree `id`.
@@ -375,6 +458,7 @@ impl Cow {
     }
 
     fn copy_up_locked(&self, ino: u64, empty: bool) -> Result<Node, Errno> {
+        let _changes = self.names_change();
         let node = self.table.get(ino)?;
         if node.upper.is_some() {
             return Ok(node);
@@ -432,6 +516,7 @@ impl Cow {
             return Err(Errno::from_i32(libc::ENAMETOOLONG));
         }
         let _r = self.ns.read().unwrap_or_else(|p| p.into_inner());
+        let _changes = self.names_change();
         let dir = self.copy_up(parent, false)?;
         let dir_fd = dir.upper.as_ref().ok_or(Errno::EIO)?;
         let target = at(dir_fd.as_ref(), name);
@@ -577,6 +662,7 @@ impl Cow {
     /// `unlink` (`dir` false) or `rmdir` (`dir` true) of `name` in `parent`.
     pub fn remove(&self, parent: u64, name: &[u8], want_dir: bool) -> Result<(), Errno> {
         let _w = self.ns.write().unwrap_or_else(|p| p.into_inner());
+        let _changes = self.names_change();
         let dir = self.table.get(parent)?;
         let dir_path = self.table.path_of(&dir)?;
         let found = self.resolve(&dir, name)?;
@@ -644,6 +730,7 @@ impl Cow {
             return Err(Errno::from_i32(libc::ENAMETOOLONG));
         }
         let _w = self.ns.write().unwrap_or_else(|p| p.into_inner());
+        let _changes = self.names_change();
         let dir = self.table.get(parent)?;
         let dir_path = self.table.path_of(&dir)?;
         let src = self.resolve(&dir, name)?;

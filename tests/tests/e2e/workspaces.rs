@@ -21,6 +21,7 @@ mod concurrency;
 mod copyup;
 mod crash;
 mod gitfsmonitor;
+mod listings;
 mod properties;
 mod python_client;
 mod races;
