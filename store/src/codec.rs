@@ -27,11 +27,27 @@ pub fn compress(compressor: &mut zstd::bulk::Compressor<'_>, data: Vec<u8>) -> (
     }
 }
 
+thread_local! {
+    /// A decompression context per thread, made at its first use: making one costs more
+    /// than decompressing a small tree (each read of an object made one before).
+    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Reverses [`compress`], checking the length.
 pub fn decompress(codec: Codec, stored: Vec<u8>, raw_len: usize, what: &str) -> Result<Vec<u8>> {
     let out = match codec {
         Codec::Raw => stored,
-        Codec::Zstd => zstd::bulk::decompress(&stored, raw_len)
+        Codec::Zstd => DECOMPRESSOR
+            .with(|d| match &mut *d.borrow_mut() {
+                Some(d) => d.decompress(&stored, raw_len),
+                slot => {
+                    let mut d = zstd::bulk::Decompressor::new()?;
+                    let out = d.decompress(&stored, raw_len);
+                    *slot = Some(d);
+                    out
+                }
+            })
             .map_err(|e| Error::corrupt("object", what, format!("zstd: {e}")))?,
     };
     if out.len() != raw_len {

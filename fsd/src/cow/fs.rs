@@ -649,8 +649,19 @@ impl Filesystem for CowFs {
                 return reply.ok();
             }
         }
+        // Only without readdirplus (never negotiated so): numbers found one by one.
+        let _r = self.cow.ns.read().unwrap_or_else(|p| p.into_inner());
+        let dir_path = match self.cow.table.path_of(&node) {
+            Ok(p) => p,
+            Err(e) => return reply.error(e),
+        };
         for (off, e) in listing.after(offset) {
-            if reply.add(INodeNo(e.ino), *off, e.kind, OsStr::from_bytes(&e.name)) {
+            let ino = match self.cow.ino_at(&node, &dir_path, &e.name) {
+                Ok(Some(ino)) => ino,
+                Ok(None) => continue,
+                Err(err) => return reply.error(err),
+            };
+            if reply.add(INodeNo(ino), *off, e.kind, OsStr::from_bytes(&e.name)) {
                 break;
             }
         }

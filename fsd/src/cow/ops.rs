@@ -55,11 +55,11 @@ pub enum Make<'a> {
     Link { source: Node },
 }
 
-/// One entry of a directory listing.
+/// One entry of a directory listing (its inode number is found when asked for:
+/// `readdirplus` looks every entry up anyway).
 #[derive(Debug, Clone)]
 pub struct Listed {
     pub name: Vec<u8>,
-    pub ino: u64,
     pub kind: FileType,
 }
 
@@ -83,12 +83,14 @@ impl Listing {
     }
 }
 
-/// The `readdir` offset of the entry after `name`: 62 bits of its hash, from 3 on.
+/// The `readdir` offset of the entry after `name`: 62 bits of a hash of it, from 3 on.
 pub fn name_cookie(name: &[u8]) -> u64 {
-    let h = blake3::hash(name);
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&h.as_bytes()[..8]);
-    (u64::from_le_bytes(b) >> 2).max(FIRST_COOKIE)
+    // SipHash with fixed keys: the same for a name throughout the daemon's life, which
+    // outlives every reader of its mounts.
+    use std::hash::Hasher;
+    let mut h = std::hash::DefaultHasher::new();
+    h.write(name);
+    (h.finish() >> 2).max(FIRST_COOKIE)
 }
 
 /// Bumps a counter when dropped: at the end of an operation that changes names.
@@ -401,12 +403,11 @@ impl Cow {
     /// The merged listing of directory `dir`, sorted by name.
     pub fn list(&self, dir: &Node) -> Result<Vec<Listed>, Errno> {
         let _r = self.ns.read().unwrap_or_else(|p| p.into_inner());
-        let dir_path = self.table.path_of(dir)?;
-        self.list_at(dir, &dir_path)
+        self.list_at(dir)
     }
 
-    fn list_at(&self, dir: &Node, dir_path: &[u8]) -> Result<Vec<Listed>, Errno> {
-        let mut out: BTreeMap<Vec<u8>, (u64, FileType)> = BTreeMap::new();
+    fn list_at(&self, dir: &Node) -> Result<Vec<Listed>, Errno> {
+        let mut out: BTreeMap<Vec<u8>, FileType> = BTreeMap::new();
         let mut whiteouts = HashSet::new();
         if let Some(dfd) = &dir.upper {
             let up = fd_path(dfd.as_ref());
@@ -418,17 +419,24 @@ impl Cow {
             for e in rd.into_iter().flatten() {
                 let e = e.map_err(errno)?;
                 let name = e.file_name().as_bytes().to_vec();
-                let meta = match fs::symlink_metadata(e.path()) {
-                    Ok(m) => m,
+                let ft = match e.file_type() {
+                    Ok(ft) => ft,
                     Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                     Err(e) => return Err(errno(e)),
                 };
-                if is_whiteout(&meta) {
-                    whiteouts.insert(name);
-                } else {
-                    let ino = upper_ino(&e.path(), &meta);
-                    out.insert(name, (ino, file_type_of(meta.file_type())));
+                // Only a character device can be a whiteout: the others need no stat.
+                if ft.is_char_device() {
+                    match fs::symlink_metadata(e.path()) {
+                        Ok(m) if is_whiteout(&m) => {
+                            whiteouts.insert(name);
+                            continue;
+                        }
+                        Ok(_) => {}
+                        Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                        Err(e) => return Err(errno(e)),
+                    }
                 }
+                out.insert(name, file_type_of(ft));
             }
         }
         if let Some(id) = &dir.lower_tree {
@@ -436,14 +444,19 @@ impl Cow {
                 if out.contains_key(&e.name) || whiteouts.contains(&e.name) {
                     continue;
                 }
-                let ino = lower_ino(&self.layers.snapshot, &join(dir_path, &e.name), e);
-                out.insert(e.name.clone(), (ino, kind_type(e.kind)));
+                out.insert(e.name.clone(), kind_type(e.kind));
             }
         }
         Ok(out
             .into_iter()
-            .map(|(name, (ino, kind))| Listed { name, ino, kind })
+            .map(|(name, kind)| Listed { name, kind })
             .collect())
+    }
+
+    /// The inode number of `name` in directory `dir` as it is now (`None`: gone).
+    pub fn ino_at(&self, dir: &Node, dir_path: &[u8], name: &[u8]) -> Result<Option<u64>, Errno> {
+        let found = self.resolve(dir, name)?;
+        Ok(self.ino_of(dir_path, name, &found))
     }
 
     /// Gives node `ino` an upper object (copy-up), its directories first. `empty`: a
@@ -641,7 +654,7 @@ impl Cow {
         let node = self
             .node_of(dir, dir_path, name, found)?
             .ok_or(Errno::ENOENT)?;
-        if !self.list_at(&node, &join(dir_path, name))?.is_empty() {
+        if !self.list_at(&node)?.is_empty() {
             return Err(Errno::ENOTEMPTY);
         }
         if let Some(p) = upper {
