@@ -461,12 +461,14 @@ impl Pending {
     }
 }
 
-/// The copy-ups in progress in one workspace, and its background copier.
+/// The copy-ups in progress in one workspace, and its background copier (a thread
+/// started at the first copy-up: most workspaces never have one).
 pub struct Lazy {
     map: Mutex<HashMap<u64, Arc<Pending>>>,
     wake: Condvar,
     stop: AtomicBool,
     pause: Duration,
+    copier: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Default for Lazy {
@@ -486,6 +488,7 @@ impl Lazy {
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
             pause: Duration::from_millis(pause_ms),
+            copier: Mutex::new(None),
         }
     }
 
@@ -493,11 +496,24 @@ impl Lazy {
         self.map.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Registers a copy-up in progress (before anything may open its file).
-    pub fn add(&self, p: Arc<Pending>) -> io::Result<()> {
+    /// Registers a copy-up in progress (before anything may open its file), starting the
+    /// background copier if it does not run yet.
+    pub fn add(self: &Arc<Self>, p: Arc<Pending>) -> io::Result<()> {
         let ino = p.upper_ino()?;
         self.lock().insert(ino, p);
         self.wake.notify_all();
+        let mut copier = self.copier.lock().unwrap_or_else(|e| e.into_inner());
+        if copier.is_none() && !self.stop.load(Ordering::SeqCst) {
+            let me = Arc::clone(self);
+            match std::thread::Builder::new()
+                .name("copy-up".into())
+                .spawn(move || me.run())
+            {
+                Ok(t) => *copier = Some(t),
+                // Writes still copy what they touch, and commit finishes the rest.
+                Err(e) => tracing::warn!(error = %e, "cannot start the background copier"),
+            }
+        }
         Ok(())
     }
 
@@ -556,11 +572,17 @@ impl Lazy {
         }
     }
 
-    /// Makes the copier return (soon: it checks between batches).
+    /// Stops the copier (it checks between batches) and waits for it.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::SeqCst);
-        let _g = self.lock();
-        self.wake.notify_all();
+        {
+            let _g = self.lock();
+            self.wake.notify_all();
+        }
+        let copier = self.copier.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = copier {
+            let _ = t.join();
+        }
     }
 
     /// Waits `d` unless stopped first; whether to go on.
@@ -575,7 +597,7 @@ impl Lazy {
 
     /// The background copier: copies one batch at a time of some pending file until
     /// stopped.
-    pub fn run(&self) {
+    fn run(&self) {
         while !self.stop.load(Ordering::SeqCst) {
             // Deleted files are not copied on (their writers copy what they write); done
             // ones are dropped.

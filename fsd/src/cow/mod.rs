@@ -112,7 +112,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cowspace_store::{SnapshotId, Store};
-use fuser::{BackgroundSession, Config, MountOption, SessionACL};
+use fuser::{BackgroundSession, Config, SessionACL};
 
 use crate::error::{Error, Result};
 use crate::registry::{Record, Status};
@@ -172,8 +172,6 @@ pub struct CowMount {
     passthrough: Arc<AtomicBool>,
     mode: OpenMode,
     opens: Arc<AtomicU64>,
-    /// The background copier of lazy copy-ups (`lazy.rs`).
-    copier: Option<std::thread::JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for CowMount {
@@ -218,13 +216,6 @@ impl CowMount {
                 .add(Arc::new(p))
                 .map_err(Error::io("resume copy-ups in", &cow.layers.upper))?;
         }
-        let copier = {
-            let cow = Arc::clone(&cow);
-            std::thread::Builder::new()
-                .name("copy-up".into())
-                .spawn(move || cow.lazy.run())
-                .map_err(Error::io("start the copy-up thread of", path))?
-        };
         let flag = Arc::new(AtomicBool::new(false));
         let opens = Arc::new(AtomicU64::new(0));
         let fs = fs::CowFs::new(
@@ -235,24 +226,22 @@ impl CowMount {
             Arc::clone(&opens),
         );
         let mut config = Config::default();
-        config.mount_options = vec![
-            // The private directory in the mount table lets git's fsmonitor hook find
-            // the workspace at any path (`gitfsmonitor.rs`).
-            MountOption::FSName(format!("{WS_SOURCE_PREFIX}{}", private_dir.display())),
-            MountOption::CUSTOM(format!("subtype={WS_SUBTYPE}")),
-            MountOption::DefaultPermissions,
-            MountOption::NoAtime,
-            MountOption::Dev,
-            MountOption::Suid,
-        ];
         config.acl = SessionACL::All;
         config.n_threads = Some(THREADS_PER_WORKSPACE);
         config.clone_fd = true;
-        let session = match fuser::spawn_mount(fs, path, &config) {
+        let session = mount_fuse(path, private_dir).and_then(|fd| {
+            let s = fuser::Session::from_fd(fs, fd, SessionACL::All, config)
+                .and_then(fuser::Session::spawn);
+            if s.is_err() {
+                // Mounted, but never served: nothing can use it.
+                let _ = crate::mounts::unmount_lazy(path);
+            }
+            s
+        });
+        let session = match session {
             Ok(s) => s,
             Err(e) => {
                 cow.lazy.stop();
-                let _ = copier.join();
                 return Err(Error::Io {
                     step: "mount the workspace's FUSE view at",
                     path: path.to_path_buf(),
@@ -267,7 +256,6 @@ impl CowMount {
             passthrough: flag,
             mode,
             opens,
-            copier: Some(copier),
         })
     }
 
@@ -307,15 +295,18 @@ impl CowMount {
     }
 
     fn shutdown(&mut self) {
+        if let Some(threads) = self.end_session() {
+            wait_for_session(threads);
+        }
+    }
+
+    /// Ends the session: unmounts the workspace if still mounted. Gives the serving
+    /// threads, which end once the kernel drops the connection.
+    fn end_session(&mut self) -> Option<std::thread::JoinHandle<std::io::Result<()>>> {
         // The copier stops between two batches; what is left stays recorded and goes on
         // when the workspace is served again.
         self.cow.lazy.stop();
-        if let Some(c) = self.copier.take() {
-            let _ = c.join();
-        }
-        let Some(s) = self.session.take() else {
-            return;
-        };
+        let s = self.session.take()?;
         if !s.guard.is_finished() && crate::mounts::is_mounted(&self.path).unwrap_or(false) {
             match crate::mounts::unmount(&self.path) {
                 Ok(()) => {}
@@ -326,21 +317,57 @@ impl CowMount {
                 }
             }
         }
-        // The serving threads end once the kernel drops the connection; a mount kept
-        // alive elsewhere (a lazily detached one still in use) is not waited for.
-        // Polled finely: the threads usually end within a millisecond of the unmount,
-        // and every removal waits for them.
-        for _ in 0..SESSION_END_WAIT_MS * 5 {
-            if s.guard.is_finished() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_micros(200));
+        Some(s.guard)
+    }
+}
+
+/// Mounts a new FUSE connection at `path` and gives its `/dev/fuse` descriptor. Mounted
+/// here rather than by fuser, whose record of the mount unmounts by path when its
+/// session is dropped: a workspace mounted at that path since would be unmounted, so
+/// every removal had to wait for the session's end (and the attempt logged a warning).
+fn mount_fuse(path: &Path, private_dir: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_CLOEXEC)
+        .open("/dev/fuse")?;
+    let root_mode = std::fs::metadata(path)?.mode();
+    let options = format!(
+        "fd={},rootmode={root_mode:o},user_id={},group_id={},default_permissions,allow_other,subtype={WS_SUBTYPE}",
+        dev.as_raw_fd(),
+        nix::unistd::getuid(),
+        nix::unistd::getgid(),
+    );
+    // The private directory as the source lets git's fsmonitor hook find the workspace
+    // at any path (`gitfsmonitor.rs`).
+    let source = format!("{WS_SOURCE_PREFIX}{}", private_dir.display());
+    nix::mount::mount(
+        Some(source.as_str()),
+        path,
+        Some("fuse"),
+        nix::mount::MsFlags::MS_NOATIME,
+        Some(options.as_str()),
+    )?;
+    Ok(dev.into())
+}
+
+/// Waits for a session's serving threads to end, which they do once the kernel drops the
+/// connection; a mount kept alive elsewhere (a lazily detached one still in use) is not
+/// waited for. Polled finely: the threads usually end within a millisecond of the
+/// unmount.
+fn wait_for_session(threads: std::thread::JoinHandle<std::io::Result<()>>) {
+    for _ in 0..SESSION_END_WAIT_MS * 5 {
+        if threads.is_finished() {
+            break;
         }
-        if s.guard.is_finished()
-            && let Err(e) = s.join()
-        {
-            tracing::debug!(error = %e, "workspace session ended with an error");
-        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+    if threads.is_finished()
+        && let Ok(Err(e)) = threads.join()
+    {
+        tracing::debug!(error = %e, "workspace session ended with an error");
     }
 }
 
@@ -479,8 +506,13 @@ impl Host {
     /// the system as `unmount` does): for a caller that frees it later.
     pub fn stop(&self, id: &str) -> Option<impl FnOnce() + Send + 'static> {
         let mut m = self.lock().remove(id)?;
-        m.shutdown();
+        // The serving threads are not waited for here: they hold nothing the answer
+        // depends on, and their end (each frees its request buffer) is later work.
+        let threads = m.end_session();
         Some(move || {
+            if let Some(t) = threads {
+                wait_for_session(t);
+            }
             let large = m.inodes() >= TRIM_AFTER_INODES;
             drop(m);
             if large {

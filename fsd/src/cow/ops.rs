@@ -113,7 +113,7 @@ pub struct Cow {
     copy: Mutex<()>,
     trees: Mutex<HashMap<TreeId, Arc<Tree>>>,
     /// Large files being copied up (`lazy.rs`): their I/O goes through the daemon.
-    pub lazy: Lazy,
+    pub lazy: Arc<Lazy>,
     /// Counts the operations that changed names or the upper layer (make, remove, rename,
     /// copy-up), counted when each ends: a listing kept from before one is stale.
     names_changed: AtomicU64,
@@ -220,7 +220,7 @@ impl Cow {
             ns: RwLock::new(()),
             copy: Mutex::new(()),
             trees: Mutex::new(HashMap::new()),
-            lazy: Lazy::new(),
+            lazy: Arc::new(Lazy::new()),
             names_changed: AtomicU64::new(0),
             listings: Mutex::new(VecDeque::new()),
         }

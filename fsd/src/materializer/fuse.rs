@@ -142,10 +142,8 @@ impl Materializer for Fuse {
             return self.unmount(rec, force);
         };
         let clone = super::unmount_path_keeping_superblock(rec, force)?;
-        // The session ends now, before the answer: fuser unmounts its mount point by
-        // path when a session is dropped, which must not meet a workspace mounted there
-        // after this removal. Aborting the connection ends it while the clone still
-        // holds the superblock; without that, the clone is closed here.
+        // Aborting the connection ends the session while the clone still holds the
+        // superblock; without that, the clone is closed here.
         let clone = clone.filter(|c| {
             nix::sys::stat::fstat(c)
                 .is_ok_and(|st| crate::mounts::abort_fuse_connection(st.st_dev, false))
