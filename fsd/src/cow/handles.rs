@@ -204,9 +204,13 @@ impl CowFs {
             }
         }
         let mut added_any = offset < 2;
+        let lookups = match self.cow.lookups_in(&node) {
+            Ok(l) => l,
+            Err(e) => return reply.error(e),
+        };
         for (off, e) in listing.after(offset) {
             // The name as it is now (it may have changed since the listing was taken).
-            let child = match self.cow.lookup(node.ino, &e.name) {
+            let child = match lookups.lookup(&e.name) {
                 Ok(Some(c)) => c,
                 Ok(None) => continue,
                 Err(err) if !added_any => return reply.error(err),

@@ -19,7 +19,7 @@ use nix::sys::stat::{Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 
 use super::lazy::{LAZY_COPY_MIN_BYTES, Pending};
-use crate::view::{INO_LIMIT, InodeKey, VIEW_TIME_SECS, served_file_stat};
+use crate::view::{INO_LIMIT, InodeKey, VIEW_TIME_SECS};
 
 /// The xattr holding a copied-up object's inode number (8 bytes, little-endian), so
 /// `st_ino` survives copy-up and daemon restarts. `trusted.*` is neither recorded by
@@ -99,7 +99,7 @@ pub fn lower_ino(snapshot: &SnapshotId, path: &[u8], entry: &Entry) -> u64 {
 /// The mtime (= ctime = atime) of a snapshot entry, as the view serves it.
 pub fn lower_time_secs(path: &[u8], entry: &Entry) -> u64 {
     if entry.kind.has_content() {
-        u64::from(served_file_stat(path, entry, 0, 0).mtime_s)
+        crate::view::served_time_secs(path)
     } else {
         VIEW_TIME_SECS
     }

@@ -93,6 +93,26 @@ pub fn name_cookie(name: &[u8]) -> u64 {
     (h.finish() >> 2).max(FIRST_COOKIE)
 }
 
+/// Lookups in one directory ([`Cow::lookups_in`]).
+pub struct LookupsIn<'a> {
+    cow: &'a Cow,
+    dir: &'a Node,
+    dir_path: Vec<u8>,
+    tree: Option<Arc<Tree>>,
+    _ns: std::sync::RwLockReadGuard<'a, ()>,
+}
+
+impl LookupsIn<'_> {
+    /// `name` in the directory, taking one lookup on the result.
+    pub fn lookup(&self, name: &[u8]) -> Result<Option<Node>, Errno> {
+        let found = self.cow.resolve_in(self.dir, self.tree.as_deref(), name)?;
+        Ok(self
+            .cow
+            .node_of(self.dir, &self.dir_path, name, found)?
+            .map(|n| self.cow.table.acquire(n)))
+    }
+}
+
 /// Bumps a counter when dropped: at the end of an operation that changes names.
 struct NamesChange<'a>(&'a AtomicU64);
 
@@ -291,6 +311,15 @@ impl Cow {
     /// What `name` is in directory `dir`. An upper entry's path goes through the
     /// directory's descriptor (valid while `dir` is held).
     pub fn resolve(&self, dir: &Node, name: &[u8]) -> Result<Found, Errno> {
+        let tree = match &dir.lower_tree {
+            Some(id) if dir.kind == FileType::Directory => Some(self.tree(id)?),
+            _ => None,
+        };
+        self.resolve_in(dir, tree.as_deref(), name)
+    }
+
+    /// [`Cow::resolve`] with the directory's snapshot tree (`dir.lower_tree`) at hand.
+    fn resolve_in(&self, dir: &Node, tree: Option<&Tree>, name: &[u8]) -> Result<Found, Errno> {
         if dir.kind != FileType::Directory {
             return Err(Errno::ENOTDIR);
         }
@@ -304,7 +333,13 @@ impl Cow {
                 Err(e) => return Err(errno(e)),
             }
         }
-        Ok(match self.lower_child(dir, name)? {
+        let lower = tree.and_then(|t| {
+            t.entries
+                .binary_search_by(|e| e.name.as_slice().cmp(name))
+                .ok()
+                .map(|i| t.entries[i].clone())
+        });
+        Ok(match lower {
             Some(e) => Found::Lower(e),
             None => Found::Absent,
         })
@@ -355,6 +390,25 @@ impl Cow {
                 deleted: false,
             },
         }))
+    }
+
+    /// Resolves names of one held directory, each as [`Cow::lookup`] does, with the
+    /// directory's path and snapshot tree found once (`readdirplus`). Holds the namespace
+    /// lock while it lives.
+    pub fn lookups_in<'a>(&'a self, dir: &'a Node) -> Result<LookupsIn<'a>, Errno> {
+        let guard = self.ns.read().unwrap_or_else(|p| p.into_inner());
+        let dir_path = self.table.path_of(dir)?;
+        let tree = match &dir.lower_tree {
+            Some(id) if dir.kind == FileType::Directory => Some(self.tree(id)?),
+            _ => None,
+        };
+        Ok(LookupsIn {
+            cow: self,
+            dir,
+            dir_path,
+            tree,
+            _ns: guard,
+        })
     }
 
     /// Resolves `name` in `parent`, taking one lookup on the result.

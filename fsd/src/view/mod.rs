@@ -392,6 +392,11 @@ pub fn served_identity(
     ))
 }
 
+/// The mtime (= ctime = atime) the view serves a file at `path` with.
+pub fn served_time_secs(path: &[u8]) -> u64 {
+    VIEW_TIME_SECS + inode::time_offset(path)
+}
+
 /// What the view serves for the non-directory `entry` at `path` (`/`-joined from the
 /// snapshot root), in every snapshot and daemon run (barring an inode collision, which
 /// is logged): its inode number and times, and the owner `uid`/`gid`. Imports use it to
@@ -407,7 +412,7 @@ pub fn served_file_stat(
     // A file's key does not involve the snapshot (only directories' do).
     let any_snapshot = cowspace_store::SnapshotId::from_bytes([0; 32]);
     let ino = inode::InodeKey::of_entry(&any_snapshot, path, entry).ino(0);
-    let t = (VIEW_TIME_SECS + inode::time_offset(path)) as u32;
+    let t = served_time_secs(path) as u32;
     cowspace_store::import::gitindex::ServedStat {
         ino,
         mtime_s: t,
