@@ -3,6 +3,7 @@
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
@@ -173,6 +174,12 @@ pub fn abort_fuse_connection(dev: u64, mount_fusectl: bool) -> bool {
 /// How long a deferred teardown waits before it starts (see [`start_deferred_teardowns`]).
 const TEARDOWN_DELAY_MS: u64 = 10;
 
+/// Teardowns queued beyond which they no longer wait for idle CPUs.
+const MAX_IDLE_BACKLOG: usize = 16;
+
+/// Set while the daemon waits for every teardown ([`drain_deferred`]).
+static DRAINING: AtomicBool = AtomicBool::new(false);
+
 /// Work the daemon does after answering: the teardown of unmounted workspaces.
 type Job = Box<dyn FnOnce() + Send>;
 
@@ -195,12 +202,24 @@ pub fn start_deferred_teardowns() {
         let spawned = std::thread::Builder::new()
             .name("teardown".into())
             .spawn(move || {
+                let mut idle = false;
                 for job in rx {
                     // After the removal that queued it has answered (its last steps
-                    // take a millisecond or two): then at full speed, so the work is
-                    // done while the host is still quiet rather than starved into
-                    // whatever comes next.
+                    // take a millisecond or two).
                     std::thread::sleep(Duration::from_millis(TEARDOWN_DELAY_MS));
+                    // A teardown (the kernel freeing a workspace's inodes and pages: 0.4 s
+                    // of CPU after a full read of the Linux tree) runs when nothing else
+                    // wants a CPU: at full priority it slowed the creates and removals
+                    // that followed a large removal 1-5x on a 2-CPU host. Not when they
+                    // pile up, nor when the daemon waits for them to exit.
+                    let backlog = *p.0.lock().unwrap_or_else(|e| e.into_inner());
+                    let want_idle = backlog <= MAX_IDLE_BACKLOG && !DRAINING.load(Ordering::SeqCst);
+                    if want_idle != idle {
+                        match crate::sys::idle_priority(want_idle) {
+                            Ok(()) => idle = want_idle,
+                            Err(e) => tracing::debug!(error = %e, "teardown priority unchanged"),
+                        }
+                    }
                     job();
                     let (n, done) = &*p;
                     *n.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
@@ -246,6 +265,7 @@ pub fn drain_deferred() {
     let Some(d) = DEFERRED.get() else {
         return;
     };
+    DRAINING.store(true, Ordering::SeqCst);
     let (n, done) = &*d.pending;
     let mut left = n.lock().unwrap_or_else(|e| e.into_inner());
     while *left > 0 {

@@ -1,5 +1,5 @@
 //! The only `unsafe` of this crate: `mallopt` (see [`fix_mmap_threshold`]), `malloc_trim`
-//! (see [`trim_heap`]), `open_tree` (see [`open_tree_clone`]) and small safe
+//! (see [`trim_heap`]), `sched_setscheduler` (see [`idle_priority`]), `open_tree` (see [`open_tree_clone`]) and small safe
 //! wrappers of the ioctls the `reflink` and `btrfs` materializers make (`FICLONE`, btrfs
 //! subvolume create / snapshot / destroy / set-flags). Every wrapper takes open files (so
 //! the descriptors are valid for the call) and checks the return value in one place (nix's
@@ -163,6 +163,24 @@ pub fn trim_heap() {
     // and touches no memory of ours.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+/// Makes the calling thread run only when nothing else wants a CPU (`SCHED_IDLE`), or
+/// (`idle` false) as any other thread (`SCHED_OTHER`).
+pub fn idle_priority(idle: bool) -> io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    let policy = if idle {
+        libc::SCHED_IDLE
+    } else {
+        libc::SCHED_OTHER
+    };
+    // SAFETY: `param` is a valid `sched_param` for the call; pid 0 is the calling thread.
+    let r = unsafe { libc::sched_setscheduler(0, policy, &param) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
