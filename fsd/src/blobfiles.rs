@@ -39,6 +39,18 @@ impl EnsuredBlobs {
         size: Option<u64>,
     ) -> Result<File, OpenBlobError> {
         let cache = store.blob_cache();
+        if let Some(size) = size {
+            // Given the length, a file of that length is it: no need to remember it (a
+            // fuse workspace's set grew to 4 MiB after a read of the Linux tree).
+            match File::open(cache.path(content)) {
+                Ok(f) if f.metadata().is_ok_and(|m| m.len() == size) => return Ok(f),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(OpenBlobError::Io(e)),
+            }
+            let path = cache.ensure(content).map_err(OpenBlobError::Store)?;
+            return File::open(path).map_err(OpenBlobError::Io);
+        }
         let known = self
             .set
             .lock()
@@ -51,12 +63,6 @@ impl EnsuredBlobs {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(OpenBlobError::Io(e)),
             }
-        } else if let Some(size) = size
-            && let Ok(f) = File::open(cache.path(content))
-            && f.metadata().is_ok_and(|m| m.len() == size)
-        {
-            self.remember(content);
-            return Ok(f);
         }
         let path = cache.ensure(content).map_err(OpenBlobError::Store)?;
         let f = File::open(path).map_err(OpenBlobError::Io)?;

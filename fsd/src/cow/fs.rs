@@ -246,7 +246,7 @@ impl Filesystem for CowFs {
             }
         } else {
             match &node.lower {
-                Some(e) if e.kind == cowspace_store::Kind::Symlink => reply.data(&e.data),
+                Some(e) if e.kind == cowspace_store::Kind::Symlink => reply.data(e.data()),
                 _ => reply.error(Errno::EINVAL),
             }
         }

@@ -6,7 +6,7 @@ use std::collections::hash_map::Entry as MapEntry;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cowspace_store::{Entry, TreeId};
+use cowspace_store::{Entry, Kind, TreeId};
 use fuser::{Errno, FileType};
 
 /// The mount root's inode number (fixed by FUSE).
@@ -27,7 +27,7 @@ pub struct Node {
     /// Shared, not copied, by the clones every operation takes.
     pub name: Arc<[u8]>,
     /// The snapshot entry the node shows while it has no upper object.
-    pub lower: Option<Arc<Entry>>,
+    pub lower: Option<Lower>,
     /// Directories: the snapshot directory merged beneath (none when opaque or new).
     /// (Behind a pointer: most nodes are files, which have none.)
     pub lower_tree: Option<Arc<TreeId>>,
@@ -39,14 +39,77 @@ pub struct Node {
     pub lower_secs: u64,
 }
 
+/// A snapshot entry as a node keeps it: what attributes and reads need, in place; the
+/// rest (a symlink's target, a device number, a hard link's path, xattrs), which few
+/// entries have, behind a pointer. (A copy of the whole entry per node was half of a
+/// fuse workspace's memory after a walk.)
+#[derive(Clone, Debug)]
+pub struct Lower {
+    pub kind: Kind,
+    /// Permission bits (`0o7777`).
+    pub mode: u32,
+    pub size: u64,
+    /// Content id (files, hard links) or subtree id (directories).
+    pub hash: [u8; 32],
+    /// The whole entry, when it has data or xattrs.
+    rest: Option<Arc<Entry>>,
+}
+
+impl Lower {
+    pub fn of(e: Entry) -> Lower {
+        Lower {
+            kind: e.kind,
+            mode: e.mode,
+            size: e.size,
+            hash: e.hash,
+            rest: (!e.data.is_empty() || !e.xattrs.is_empty()).then(|| Arc::new(e)),
+        }
+    }
+
+    /// Symlink target, hard-link primary path, or device number.
+    pub fn data(&self) -> &[u8] {
+        self.rest.as_deref().map_or(&[], |e| &e.data)
+    }
+
+    /// Extended attributes, sorted by name.
+    pub fn xattrs(&self) -> &[(Vec<u8>, Vec<u8>)] {
+        self.rest.as_deref().map_or(&[], |e| &e.xattrs)
+    }
+
+    /// The device number of a device node.
+    pub fn rdev(&self) -> Option<u64> {
+        self.rest.as_deref().and_then(Entry::rdev)
+    }
+
+    /// The whole entry, named `name`.
+    pub fn entry(&self, name: &[u8]) -> Entry {
+        match &self.rest {
+            Some(e) => Entry {
+                name: name.to_vec(),
+                ..(**e).clone()
+            },
+            None => Entry {
+                name: name.to_vec(),
+                kind: self.kind,
+                mode: self.mode,
+                size: self.size,
+                hash: self.hash,
+                data: Vec::new(),
+                xattrs: Vec::new(),
+            },
+        }
+    }
+}
+
 struct Slot {
     node: Node,
     lookups: u64,
 }
 
-/// Inode number -> node, for the inodes the kernel holds (the root always).
+/// Inode number -> node, for the inodes the kernel holds (the root always). Slots are
+/// boxed: the map then keeps two words per bucket, its spare buckets included.
 pub struct Table {
-    map: Mutex<HashMap<u64, Slot>>,
+    map: Mutex<HashMap<u64, Box<Slot>>>,
 }
 
 impl Table {
@@ -54,17 +117,17 @@ impl Table {
         let mut map = HashMap::new();
         map.insert(
             ROOT_INO,
-            Slot {
+            Box::new(Slot {
                 node: root,
                 lookups: 1,
-            },
+            }),
         );
         Table {
             map: Mutex::new(map),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Slot>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Box<Slot>>> {
         // Every critical section is a single insert, update or remove.
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -106,10 +169,10 @@ impl Table {
                 held.clone()
             }
             MapEntry::Vacant(v) => {
-                v.insert(Slot {
+                v.insert(Box::new(Slot {
                     node: node.clone(),
                     lookups: 1,
-                });
+                }));
                 node
             }
         }

@@ -26,7 +26,7 @@ use super::layers::{
     open_path, upper_ino,
 };
 use super::lazy::{Lazy, Pending};
-use super::node::{Node, ROOT_INO, Table};
+use super::node::{Lower, Node, ROOT_INO, Table};
 use crate::view::VIEW_BLKSIZE_BYTES;
 
 /// Decoded snapshot trees kept (cleared when full).
@@ -385,7 +385,7 @@ impl Cow {
                 name: name.into(),
                 lower_tree: e.subtree().filter(|_| e.kind == Kind::Dir).map(Arc::new),
                 lower_secs: lower_time_secs(&rel, &e),
-                lower: Some(Arc::new(e)),
+                lower: Some(Lower::of(e)),
                 upper: None,
                 deleted: false,
             },
@@ -533,7 +533,7 @@ impl Cow {
         if node.deleted {
             return Err(Errno::ENOENT);
         }
-        let entry = node.lower.clone().ok_or(Errno::EIO)?;
+        let entry = node.lower.as_ref().ok_or(Errno::EIO)?.entry(&node.name);
         let parent = self.copy_up_locked(node.parent, false)?;
         let parent_fd = parent.upper.as_ref().ok_or(Errno::EIO)?;
         let target = at(parent_fd.as_ref(), &node.name);

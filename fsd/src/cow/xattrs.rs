@@ -34,7 +34,7 @@ impl CowFs {
             }
         } else {
             let found = node.lower.as_ref().and_then(|e| {
-                e.xattrs
+                e.xattrs()
                     .iter()
                     .find(|(n, _)| n.as_slice() == name.as_bytes())
             });
@@ -66,7 +66,7 @@ impl CowFs {
                 }
             }
         } else if let Some(e) = &node.lower {
-            for (n, _) in &e.xattrs {
+            for (n, _) in e.xattrs() {
                 names.extend_from_slice(n);
                 names.push(0);
             }
