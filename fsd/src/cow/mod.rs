@@ -384,6 +384,9 @@ pub struct Host {
     mode: OpenMode,
     passthrough: bool,
     mounts: Mutex<HashMap<String, CowMount>>,
+    /// One mount or unmount of a workspace at a time (by id); those of different
+    /// workspaces run in parallel, outside the `mounts` lock.
+    gates: Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
 
 static HOST: OnceLock<Arc<Host>> = OnceLock::new();
@@ -396,6 +399,7 @@ pub fn install_host(store: Arc<Store>, mode: OpenMode, passthrough: bool) -> Arc
             mode,
             passthrough,
             mounts: Mutex::new(HashMap::new()),
+            gates: Mutex::new(HashMap::new()),
         })
     }))
 }
@@ -429,16 +433,44 @@ impl Host {
                 op: "mount_workspace",
             });
         }
-        let mut mounts = self.lock();
-        if let Some(m) = mounts.get(&rec.id)
-            && m.serving()
-            && crate::mounts::is_mounted(&rec.path)?
-            && nix::sys::statfs::statfs(&rec.path).is_ok()
-        {
-            return Ok(());
+        self.gated(&rec.id, || self.mount_gated(rec))
+    }
+
+    /// Runs `f` holding workspace `id`'s gate.
+    fn gated<T>(&self, id: &str, f: impl FnOnce() -> T) -> T {
+        let gate = Arc::clone(
+            self.gates
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(id.to_owned())
+                .or_default(),
+        );
+        let out = {
+            let _g = gate.lock().unwrap_or_else(|p| p.into_inner());
+            f()
+        };
+        let mut gates = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+        // Held by the map and this call only: nobody waits on it.
+        if Arc::strong_count(&gate) == 2 {
+            gates.remove(id);
         }
+        out
+    }
+
+    fn mount_gated(&self, rec: &Record) -> Result<()> {
+        let old = {
+            let mut mounts = self.lock();
+            if let Some(m) = mounts.get(&rec.id)
+                && m.serving()
+                && crate::mounts::is_mounted(&rec.path)?
+                && nix::sys::statfs::statfs(&rec.path).is_ok()
+            {
+                return Ok(());
+            }
+            mounts.remove(&rec.id)
+        };
         // A session whose mount went away (an unmount, a sandbox run) is finished off.
-        drop(mounts.remove(&rec.id));
+        drop(old);
         if crate::mounts::is_mounted(&rec.path)? {
             crate::mounts::unmount_lazy(&rec.path)?;
         }
@@ -453,7 +485,7 @@ impl Host {
             self.passthrough,
         )?;
         tracing::info!(workspace = %rec.id, path = %rec.path.display(), mode = self.mode.as_str(), passthrough = m.passthrough(), "fuse workspace served");
-        mounts.insert(rec.id.clone(), m);
+        self.lock().insert(rec.id.clone(), m);
         Ok(())
     }
 
@@ -487,11 +519,16 @@ impl Host {
 
     /// Stops serving workspace `id` (its mount is detached if still there).
     pub fn unmount(&self, id: &str) -> bool {
-        let Some(m) = self.lock().remove(id) else {
+        // Ended under the gate: its unmount by path must not meet a new mount there.
+        let ended = self.gated(id, || {
+            let m = self.lock().remove(id)?;
+            let large = m.inodes() >= TRIM_AFTER_INODES;
+            drop(m);
+            Some(large)
+        });
+        let Some(large) = ended else {
             return false;
         };
-        let large = m.inodes() >= TRIM_AFTER_INODES;
-        drop(m);
         if large {
             // After the reply: trimming walks the whole heap.
             let _ = std::thread::Builder::new()
@@ -505,10 +542,13 @@ impl Host {
     /// left of it (its inode tables, freed when dropped, and their memory given back to
     /// the system as `unmount` does): for a caller that frees it later.
     pub fn stop(&self, id: &str) -> Option<impl FnOnce() + Send + 'static> {
-        let mut m = self.lock().remove(id)?;
         // The serving threads are not waited for here: they hold nothing the answer
         // depends on, and their end (each frees its request buffer) is later work.
-        let threads = m.end_session();
+        let (m, threads) = self.gated(id, || {
+            let mut m = self.lock().remove(id)?;
+            let threads = m.end_session();
+            Some((m, threads))
+        })?;
         Some(move || {
             if let Some(t) = threads {
                 wait_for_session(t);

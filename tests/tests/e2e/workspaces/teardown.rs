@@ -2,7 +2,8 @@
 //! answer, while the teardown of its mount (evicting what it cached, an overlay's upper
 //! sync) finishes on the daemon's teardown thread. Nothing of it may show: not in the
 //! mount table, not on disk, not in a new workspace made at the same path at once, and a
-//! busy workspace is still refused.
+//! busy workspace is still refused. Mounts and unmounts of one fuse workspace racing
+//! through the daemon leave it mounted once.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -117,6 +118,61 @@ fn removal_through_the_daemon_after_use_leaves_nothing_and_the_path_is_reusable_
         assert_eq!(v["ok"], true, "{kind:?}: {v}");
     }
     // The daemon stops cleanly once its teardowns are done; nothing is left.
+    r.t.json(["daemon", "stop"]).ok();
+    r.assert_clean();
+}
+
+#[test]
+fn racing_mounts_and_unmounts_of_one_fuse_workspace_never_stack_or_lose_its_mount() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base_tree(&src);
+    let base = r.import(&src, &[]);
+    r.t.json(["daemon", "start"]).ok();
+    let path = r.t.path("ws");
+    let rec = create(&r, &base, &[("materializer", "fuse")], &path);
+    let id = rec["id"].as_str().unwrap().to_string();
+
+    // Eight clients, each alternating unmount and mount requests for the one workspace.
+    std::thread::scope(|s| {
+        for t in 0..8 {
+            let (r, id) = (&r, &id);
+            s.spawn(move || {
+                for k in 0..12 {
+                    let op = if (t + k) % 2 == 0 {
+                        "unmount_workspace"
+                    } else {
+                        "mount_workspace"
+                    };
+                    let v = request(r, op, json!({"workspace": id}));
+                    assert_eq!(v["ok"], true, "{op}: {v}");
+                }
+            });
+        }
+    });
+    // Served once more: exactly one mount at the path, serving the snapshot.
+    let v = request(&r, "mount_workspace", json!({"workspace": id}));
+    assert_eq!(v["ok"], true, "{v}");
+    let at_path = r.mounts().iter().filter(|m| **m == path).count();
+    assert_eq!(at_path, 1, "mounts at the workspace path: {:?}", r.mounts());
+    assert_eq!(
+        std::fs::read_to_string(path.join("README.md")).unwrap(),
+        "# base\n"
+    );
+    // An answered mount stays: a session ended late must not unmount it.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        r.mounts().contains(&path),
+        "the mount went after its answer"
+    );
+    assert_eq!(
+        std::fs::read_to_string(path.join("README.md")).unwrap(),
+        "# base\n"
+    );
+
+    let v = request(&r, "remove", json!({"workspace": id}));
+    assert_eq!(v["ok"], true, "{v}");
     r.t.json(["daemon", "stop"]).ok();
     r.assert_clean();
 }
