@@ -37,15 +37,21 @@ fn create(r: &WsRoot, base: &str, kind: &[(&str, &str)], path: &std::path::Path)
     rec
 }
 
-#[test]
-fn removal_through_the_daemon_after_use_leaves_nothing_and_the_path_is_reusable_at_once() {
-    require_root!();
+/// A root with the base tree imported and its daemon started, and the workspace path.
+fn with_daemon() -> (WsRoot, String, std::path::PathBuf) {
     let r = WsRoot::new();
     let src = r.t.path("src");
     base_tree(&src);
     let base = r.import(&src, &[]);
     r.t.json(["daemon", "start"]).ok();
     let path = r.t.path("ws");
+    (r, base, path)
+}
+
+#[test]
+fn removal_through_the_daemon_after_use_leaves_nothing_and_the_path_is_reusable_at_once() {
+    require_root!();
+    let (r, base, path) = with_daemon();
     for kind in [
         &[("materializer", "overlay"), ("lower", "view")][..],
         &[("materializer", "overlay"), ("lower", "checkout")],
@@ -125,12 +131,7 @@ fn removal_through_the_daemon_after_use_leaves_nothing_and_the_path_is_reusable_
 #[test]
 fn racing_mounts_and_unmounts_of_one_fuse_workspace_never_stack_or_lose_its_mount() {
     require_root!();
-    let r = WsRoot::new();
-    let src = r.t.path("src");
-    base_tree(&src);
-    let base = r.import(&src, &[]);
-    r.t.json(["daemon", "start"]).ok();
-    let path = r.t.path("ws");
+    let (r, base, path) = with_daemon();
     let rec = create(&r, &base, &[("materializer", "fuse")], &path);
     let id = rec["id"].as_str().unwrap().to_string();
 
