@@ -67,9 +67,9 @@ pub struct Listed {
 /// reader resumes after, which is a function of the name alone ([`name_cookie`]). So a
 /// listing read in pieces while the directory changes never shows an entry twice or
 /// skips one that was there throughout, whatever changed between two pieces; `telldir`
-/// positions stay valid too. (Two names with one cookie, a 62-bit hash, are never split
-/// across two replies by chance only: the second could be skipped when one reply ends
-/// between them.)
+/// positions stay valid too. (Two names of one directory share a cookie, a 62-bit hash,
+/// with a chance of 2^-62 per pair; a reply ending between two such names would make the
+/// next one skip the second.)
 #[derive(Debug)]
 pub struct Listing {
     pub entries: Vec<(u64, Listed)>,
