@@ -191,6 +191,9 @@ pub fn open(path: &Path) -> Result<Connection> {
     }
 }
 
+/// Page cache of a reader connection, in KiB.
+const READER_CACHE_KIB: i64 = 256;
+
 /// Opens a second connection for reading only (import workers, concurrent readers).
 pub fn open_reader(path: &Path) -> Result<Connection> {
     let conn = Connection::open_with_flags(
@@ -200,6 +203,10 @@ pub fn open_reader(path: &Path) -> Result<Connection> {
     .map_err(Error::db("open index for reading"))?;
     conn.busy_timeout(Duration::from_millis(DB_BUSY_TIMEOUT_MS))
         .map_err(Error::db("set busy timeout"))?;
+    // Readers look objects up by id (a few pages each, which the OS caches anyway); a
+    // daemon keeps up to 16 of them idle, each with SQLite's default 2 MiB cache.
+    conn.pragma_update(None, "cache_size", -READER_CACHE_KIB)
+        .map_err(Error::db("set reader cache size"))?;
     Ok(conn)
 }
 
