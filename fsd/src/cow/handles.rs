@@ -186,21 +186,25 @@ impl CowFs {
             Ok(x) => x,
             Err(e) => return reply.error(e),
         };
-        let dir_attr = match self.cow.attr(&node) {
-            Ok(a) => a,
-            Err(e) => return reply.error(e),
-        };
-        // "." and ".." take no lookup in the kernel; every other entry takes one.
-        for i in offset..2 {
-            let mut a = dir_attr;
-            let full = if i == 0 {
-                reply.add(a.ino, 1, ".", &TTL, &a, Generation(0))
-            } else {
-                a.ino = INodeNo(parent_of(&node));
-                reply.add(a.ino, 2, "..", &TTL, &a, Generation(0))
+        // "." and ".." take no lookup in the kernel; every other entry takes one. (The
+        // directory's attributes only for a read from the start: half of a walk's reads
+        // are the empty one that ends a directory.)
+        if offset < 2 {
+            let dir_attr = match self.cow.attr(&node) {
+                Ok(a) => a,
+                Err(e) => return reply.error(e),
             };
-            if full {
-                return reply.ok();
+            for i in offset..2 {
+                let mut a = dir_attr;
+                let full = if i == 0 {
+                    reply.add(a.ino, 1, ".", &TTL, &a, Generation(0))
+                } else {
+                    a.ino = INodeNo(parent_of(&node));
+                    reply.add(a.ino, 2, "..", &TTL, &a, Generation(0))
+                };
+                if full {
+                    return reply.ok();
+                }
             }
         }
         let mut added_any = offset < 2;
