@@ -4,7 +4,7 @@
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Sender, channel};
+use std::sync::mpsc::{RecvTimeoutError, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -66,7 +66,19 @@ pub fn mounts() -> Result<Vec<MountEntry>> {
 }
 
 /// Whether something is mounted exactly at `path`.
+///
+/// Asked of the path itself (`statx`), not of the mount table: reading
+/// `/proc/self/mountinfo` costs time in proportion to the mounts there, hundreds with
+/// hundreds of workspaces, and every create and removal asks. The table is the answer
+/// only where the kernel does not say, or cannot look at the path.
 pub fn is_mounted(path: &Path) -> Result<bool> {
+    match crate::sys::is_mount_root(path) {
+        Ok(Some(root)) => return Ok(root),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
+            return Ok(false);
+        }
+        Ok(None) | Err(_) => {}
+    }
     Ok(mounts()?.iter().any(|m| m.target == path))
 }
 
@@ -174,6 +186,10 @@ pub fn abort_fuse_connection(dev: u64, mount_fusectl: bool) -> bool {
 /// How long a deferred teardown waits before it starts (see [`start_deferred_teardowns`]).
 const TEARDOWN_DELAY_MS: u64 = 10;
 
+/// How long the teardown queue stays empty before the heap is trimmed
+/// ([`crate::sys::trim_heap`]).
+const TRIM_AFTER_QUIET_MS: u64 = 1_000;
+
 /// Teardowns queued beyond which they no longer wait for idle CPUs.
 const MAX_IDLE_BACKLOG: usize = 16;
 
@@ -204,7 +220,26 @@ pub fn start_deferred_teardowns() {
             .name("teardown".into())
             .spawn(move || {
                 let mut idle = false;
-                for (queued, job) in rx {
+                // Whether a teardown ran since the heap was last trimmed.
+                let mut owed_trim = false;
+                loop {
+                    let next = if owed_trim {
+                        rx.recv_timeout(Duration::from_millis(TRIM_AFTER_QUIET_MS))
+                    } else {
+                        rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+                    };
+                    let (queued, job) = match next {
+                        Ok(j) => j,
+                        Err(RecvTimeoutError::Timeout) => {
+                            // The teardowns are over for now: give what they freed back
+                            // (the heap otherwise keeps the freed pages of every thread's
+                            // arena; small workspaces do not trim when they go).
+                            crate::sys::trim_heap();
+                            owed_trim = false;
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => break,
+                    };
                     // After the removal that queued it has answered (its last steps
                     // take a millisecond or two); a job that waited behind others that
                     // long already starts at once (a sleep per job held the queue to
@@ -228,6 +263,7 @@ pub fn start_deferred_teardowns() {
                         }
                     }
                     job();
+                    owed_trim = true;
                     let (n, done) = &*p;
                     *n.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
                     done.notify_all();
@@ -328,4 +364,35 @@ pub fn users_of(dir: &Path) -> Vec<i32> {
         }
     }
     pids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn is_mounted_answers_for_the_path_itself() {
+        // Mount roots on every Linux host this runs on.
+        assert!(is_mounted(Path::new("/")).unwrap());
+        assert!(is_mounted(Path::new("/proc")).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!is_mounted(dir.path()).unwrap());
+        assert!(!is_mounted(&dir.path().join("missing")).unwrap());
+        // Below a file: not a directory, so nothing is mounted there.
+        std::fs::write(dir.path().join("f"), b"").unwrap();
+        assert!(!is_mounted(&dir.path().join("f/x")).unwrap());
+        // A symlink to a mount root is not one itself (the mount table lists no such path).
+        std::os::unix::fs::symlink("/proc", dir.path().join("l")).unwrap();
+        assert!(!is_mounted(&dir.path().join("l")).unwrap());
+        // Every path the mount table lists that is not covered by a later mount agrees.
+        let table = mounts().unwrap();
+        for (i, m) in table.iter().enumerate() {
+            let covered = table[i + 1..]
+                .iter()
+                .any(|later| m.target.starts_with(&later.target));
+            if !covered && m.target.is_dir() {
+                assert!(is_mounted(&m.target).unwrap(), "{}", m.target.display());
+            }
+        }
+    }
 }

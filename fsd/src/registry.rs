@@ -3,6 +3,7 @@
 //! crash between the two leaves a record that `sweep` can see and repair.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
@@ -121,15 +122,23 @@ fn boot_id() -> Option<String> {
 }
 
 impl Creator {
-    /// The calling process.
+    /// The calling process. Read from `/proc` once per process (the daemon asks at every
+    /// create and removal); a forked child, with a pid of its own, reads again.
     pub fn current() -> Option<Creator> {
+        static CURRENT: Mutex<Option<Creator>> = Mutex::new(None);
         let pid = std::process::id() as i32;
+        let mut known = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = known.as_ref().filter(|c| c.pid == pid) {
+            return Some(c.clone());
+        }
         let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-        Some(Creator {
+        let c = Creator {
             pid,
             start_ticks: parse_proc_stat(&stat)?.start_ticks,
             boot_id: boot_id()?,
-        })
+        };
+        *known = Some(c.clone());
+        Some(c)
     }
 
     /// Whether this process still runs: the liveness rule applied to what `/proc` shows

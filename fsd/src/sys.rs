@@ -1,5 +1,6 @@
 //! The only `unsafe` of this crate: `mallopt` (see [`fix_mmap_threshold`]), `malloc_trim`
-//! (see [`trim_heap`]), `sched_setscheduler` (see [`idle_priority`]), `open_tree` (see [`open_tree_clone`]) and small safe
+//! (see [`trim_heap`]), `sched_setscheduler` and `sched_getscheduler` (see
+//! [`idle_priority`], [`trim_heap`]), `statx` (see [`is_mount_root`]), `open_tree` (see [`open_tree_clone`]) and small safe
 //! wrappers of the ioctls the `reflink` and `btrfs` materializers make (`FICLONE`, btrfs
 //! subvolume create / snapshot / destroy / set-flags). Every wrapper takes open files (so
 //! the descriptors are valid for the call) and checks the return value in one place (nix's
@@ -158,11 +159,24 @@ pub fn fix_mmap_threshold(bytes: usize) -> io::Result<()> {
 /// per-thread arenas only when asked: without this, the inode tables of the fuse
 /// workspaces that came and went stay resident, and the daemon's RSS stays at the
 /// largest sum it ever held rather than what it holds now.
+///
+/// A thread at idle priority (the teardown thread) trims at normal priority:
+/// `malloc_trim` holds each arena's lock while it gives that arena's pages back, and an
+/// idle thread preempted there would keep every thread allocating from the arena waiting.
 pub fn trim_heap() {
+    // SAFETY: sched_getscheduler takes a pid (0: the calling thread) and touches no
+    // memory.
+    let idle = unsafe { libc::sched_getscheduler(0) } == libc::SCHED_IDLE;
+    if idle {
+        let _ = idle_priority(false);
+    }
     // SAFETY: malloc_trim only releases free heap memory; it takes a plain integer
     // and touches no memory of ours.
     unsafe {
         libc::malloc_trim(0);
+    }
+    if idle {
+        let _ = idle_priority(true);
     }
 }
 
@@ -182,6 +196,34 @@ pub fn idle_priority(idle: bool) -> io::Result<()> {
     } else {
         Err(io::Error::last_os_error())
     }
+}
+
+/// Whether `path` (its last component not followed) is the root of a mount, from
+/// `statx(2)`'s `STATX_ATTR_MOUNT_ROOT` (Linux 5.8+): `None` when the kernel does not say.
+/// It asks for no attributes, so no filesystem is asked anything: a FUSE mount whose
+/// daemon is gone or stuck answers from what the kernel holds.
+pub fn is_mount_root(path: &std::path::Path) -> io::Result<Option<bool>> {
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut st = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: `c` is a valid NUL-terminated path and `st` a writable `statx` buffer, both
+    // outliving the call; the kernel writes only into `st`.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_DONT_SYNC,
+            0,
+            st.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: statx returned 0, so it filled the buffer (zeroed before, in any case).
+    let st = unsafe { st.assume_init() };
+    let bit = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    Ok((st.stx_attributes_mask & bit != 0).then_some(st.stx_attributes & bit != 0))
 }
 
 /// A detached clone of the mount at `path` (`open_tree(2)` with `OPEN_TREE_CLONE`): a
