@@ -82,13 +82,16 @@ impl CowFs {
         flags: i32,
         reply: ReplyEmpty,
     ) {
-        if reserved_xattr(name.as_bytes()) {
-            return reply.error(Errno::EPERM);
-        }
         if name.as_bytes().starts_with(b"system.") {
             // POSIX ACLs are not kept (tools then set the mode with chmod, which the
-            // kernel's attribute cache sees).
+            // kernel's attribute cache sees). Asked before the reserved names, which
+            // include the upper files' own ACLs: `cp -a` and `mv` (which copies a
+            // directory of the snapshot: rename says `EXDEV`) take "not supported" in
+            // silence, and warned "Operation not permitted" for every file.
             return reply.error(Errno::EOPNOTSUPP);
+        }
+        if reserved_xattr(name.as_bytes()) {
+            return reply.error(Errno::EPERM);
         }
         let r = self.cow.table.get(ino.0).and_then(|n| {
             let n = {

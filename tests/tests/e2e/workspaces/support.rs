@@ -262,6 +262,26 @@ impl Drop for KillOnDrop {
 
 /// Runs `sh -c script` in `dir`, asserting success; gives stdout.
 #[track_caller]
+/// Like [`sh`], and the script must also print nothing on stderr (a tool that succeeds
+/// but warns, as `mv` does when it cannot keep what it copies, fails here).
+pub fn sh_quiet(dir: &Path, script: &str) -> String {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("sh -c {script:?}: {e}"));
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "`{script}` in {} failed or warned ({})\nstdout: {}\nstderr: {}",
+        dir.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 pub fn sh(dir: &Path, script: &str) -> String {
     let out = Command::new("sh")
         .arg("-c")
