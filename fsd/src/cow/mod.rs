@@ -33,7 +33,8 @@
 //! As in the view: the daemon's table holds exactly the inodes the kernel holds (lookup
 //! counts: +1 per entry replied, -n per forget; the root is never forgotten), so its size
 //! is bounded by the kernel's inode cache. A node remembers its directory and name (a
-//! directory's is unique: only directories without snapshot content can be renamed) and,
+//! directory's is unique: a directory is renamed only once nothing of the snapshot is
+//! merged beneath it, and the held nodes beneath then learn their upper objects) and,
 //! once it has one, an `O_PATH` descriptor of its upper object, through which every
 //! operation on a modified file goes (so hard links and open-but-deleted files work).
 //!
@@ -89,10 +90,12 @@
 //!
 //! # Not supported
 //!
-//! Renaming a directory that has snapshot content beneath fails with `EXDEV` (as overlayfs
-//! without `redirect_dir`; `mv` then copies). `RENAME_EXCHANGE` and `RENAME_WHITEOUT` are
-//! `EINVAL`. `O_TMPFILE` is `EOPNOTSUPP` (the FUSE library has no `tmpfile`). File locks
-//! are the kernel's own (local to this host, which is every user of a workspace).
+//! `RENAME_EXCHANGE` and `RENAME_WHITEOUT` are `EINVAL`. (A directory that has snapshot
+//! content beneath is renamed after the daemon copies it up with all of it, since the
+//! upper format has no redirects; see [`ops::Cow::rename`]. It costs time in proportion
+//! to the tree, and the namespace is held for it.) `O_TMPFILE` is `EOPNOTSUPP` (the FUSE
+//! library has no `tmpfile`). File locks are the kernel's own (local to this host, which
+//! is every user of a workspace).
 
 mod cached;
 pub mod fs;

@@ -200,6 +200,30 @@ impl Table {
         }
     }
 
+    /// The held nodes beneath directory `ino` (not `ino` itself), each after its parent.
+    pub fn beneath(&self, ino: u64) -> Vec<Node> {
+        let map = self.lock();
+        let mut found: Vec<(usize, Node)> = Vec::new();
+        for slot in map.values() {
+            let mut cur = &slot.node;
+            for depth in 0..MAX_DEPTH {
+                if cur.ino == ROOT_INO {
+                    break;
+                }
+                if cur.parent == ino {
+                    found.push((depth, slot.node.clone()));
+                    break;
+                }
+                cur = match map.get(&cur.parent) {
+                    Some(s) => &s.node,
+                    None => break,
+                };
+            }
+        }
+        found.sort_by_key(|(depth, _)| *depth);
+        found.into_iter().map(|(_, n)| n).collect()
+    }
+
     /// Inodes held, the root included (never 0).
     pub fn held(&self) -> usize {
         self.lock().len()
@@ -269,6 +293,21 @@ mod tests {
         assert_eq!(t.get(3).unwrap_err(), Errno::from_i32(libc::ESTALE));
         t.forget(ROOT_INO, 100);
         assert_eq!(t.held(), 2);
+    }
+
+    #[test]
+    fn beneath_gives_descendants_parents_first() {
+        let t = Table::new(node(ROOT_INO, ROOT_INO, "", FileType::Directory));
+        t.acquire(node(4, 3, "f", FileType::RegularFile));
+        t.acquire(node(3, 2, "sub", FileType::Directory));
+        t.acquire(node(2, ROOT_INO, "d", FileType::Directory));
+        t.acquire(node(5, ROOT_INO, "other", FileType::RegularFile));
+        let inos: Vec<u64> = t.beneath(2).iter().map(|n| n.ino).collect();
+        assert_eq!(inos, [3, 4]);
+        assert!(t.beneath(4).is_empty());
+        let mut all: Vec<u64> = t.beneath(ROOT_INO).iter().map(|n| n.ino).collect();
+        all.sort();
+        assert_eq!(all, [2, 3, 4, 5]);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -37,6 +37,13 @@ const MAX_KEPT_LISTINGS: usize = 16;
 
 /// The first cookie an entry can have (`.` and `..` are 1 and 2).
 const FIRST_COOKIE: u64 = 3;
+
+/// A name in an upper directory (held open).
+type Placed = (Arc<OwnedFd>, Vec<u8>);
+
+/// A hard link of the snapshot to place once its primary name may have been copied: its
+/// upper directory, name, snapshot path, entry and inode number.
+type LinkLater = (Arc<OwnedFd>, Vec<u8>, Vec<u8>, Entry, u64);
 
 /// What a name in a directory is.
 pub enum Found {
@@ -778,9 +785,11 @@ impl Cow {
         Ok(())
     }
 
-    /// `rename(parent/name, newparent/newname)`. Directories that have snapshot content
-    /// beneath are refused with `EXDEV`, as overlayfs does without redirects (tools then
-    /// copy); `RENAME_EXCHANGE` and `RENAME_WHITEOUT` are refused with `EINVAL`.
+    /// `rename(parent/name, newparent/newname)`. A directory that has snapshot content
+    /// beneath is first copied up with all of it ([`Cow::fill_from_snapshot`]), then
+    /// renamed as a directory made in the workspace is (overlayfs without redirects refuses
+    /// with `EXDEV`, and `git mv` then fails); `RENAME_EXCHANGE` and `RENAME_WHITEOUT` are
+    /// refused with `EINVAL`.
     pub fn rename(
         &self,
         parent: u64,
@@ -810,9 +819,8 @@ impl Cow {
             .node_of(&dir, &dir_path, name, src)?
             .ok_or(Errno::ENOENT)?;
         let src_is_dir = src_node.kind == FileType::Directory;
-        if src_is_dir && src_node.lower_tree.is_some() {
-            return Err(Errno::EXDEV);
-        }
+        // A directory with snapshot content beneath is copied up whole first (below).
+        let src_tree = src_node.lower_tree.clone().filter(|_| src_is_dir);
         let ndir = self.table.get(newparent)?;
         let ndir_path = self.table.path_of(&ndir)?;
         let dst = self.resolve(&ndir, newname)?;
@@ -852,13 +860,21 @@ impl Cow {
             let ndir = self.copy_up_locked(newparent, false)?;
             let dir_up = dir.upper.ok_or(Errno::EIO)?;
             let ndir_up = ndir.upper.ok_or(Errno::EIO)?;
+            let rel = join(&dir_path, name);
             if let Some(entry) = &src_lower {
-                let rel = join(&dir_path, name);
-                let path = self
-                    .copy_up_leaf(at(dir_up.as_ref(), name), &rel, entry, src_ino, false)
-                    .map_err(errno)?;
+                let target = at(dir_up.as_ref(), name);
+                let path = if src_is_dir {
+                    self.layers.copy_up_dir(target, &rel, entry, src_ino)
+                } else {
+                    self.copy_up_leaf(target, &rel, entry, src_ino, false)
+                }
+                .map_err(errno)?;
                 let fd = Arc::new(open_path(&path).map_err(errno)?);
                 self.table.update(src_ino, |n| n.upper = Some(fd));
+            }
+            if let Some(tree) = &src_tree {
+                let fd = open_path(&at(dir_up.as_ref(), name)).map_err(errno)?;
+                self.fill_from_snapshot(Arc::new(fd), &rel, tree)?;
             }
             (dir_up, ndir_up)
         };
@@ -879,12 +895,139 @@ impl Cow {
             n.parent = newparent;
             n.name = newname.into();
         });
+        if src_tree.is_some() {
+            self.table.update(src_ino, |n| n.lower_tree = None);
+            self.refresh_beneath(src_ino)?;
+        }
         if let Some(d) = dst_ino {
             self.table.update(d, |n| {
                 if n.upper.is_none() {
                     n.deleted = true;
                 }
             });
+        }
+        Ok(())
+    }
+
+    /// Copies into the upper directory `dir` (at `rel`; its snapshot directory is `tree`)
+    /// every entry of the snapshot still merged there, recursively, each keeping its inode
+    /// number, mode, xattrs and times: afterwards nothing beneath `dir` depends on where it
+    /// is in the snapshot, so it can be renamed. Names deleted or replaced in the upper
+    /// layer stay as they are. Each object is copied up as a single copy-up is (a crash
+    /// leaves a merged directory that shows the same), and a hard link of the snapshot
+    /// whose primary name is copied here too becomes a link of that copy. The caller holds
+    /// the namespace for writing and the copy-up lock. Time and space grow with the tree
+    /// (files are reflinked where the filesystem can, large ones copied lazily).
+    fn fill_from_snapshot(
+        &self,
+        dir: Arc<OwnedFd>,
+        rel: &[u8],
+        tree: &TreeId,
+    ) -> Result<(), Errno> {
+        let mut files = HashMap::new();
+        let mut links = Vec::new();
+        self.fill_dir(&dir, rel, tree, &mut files, &mut links)?;
+        for (dir, name, rel, entry, ino) in links {
+            let target = at(dir.as_ref(), &name);
+            match files.get(entry.data.as_slice()) {
+                Some((pdir, pname)) => {
+                    let primary: &Arc<OwnedFd> = pdir;
+                    fs::hard_link(at(primary.as_ref(), pname), &target).map_err(errno)?
+                }
+                // Its primary name is elsewhere: a copy of its own, as `mv` makes.
+                None => {
+                    self.copy_up_leaf(target, &rel, &entry, ino, false)
+                        .map_err(errno)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One directory of [`Cow::fill_from_snapshot`]: copied files are recorded in `files`
+    /// (by snapshot path), hard links of the snapshot left in `links` for the end.
+    fn fill_dir(
+        &self,
+        dir: &Arc<OwnedFd>,
+        rel: &[u8],
+        tree: &TreeId,
+        files: &mut HashMap<Vec<u8>, Placed>,
+        links: &mut Vec<LinkLater>,
+    ) -> Result<(), Errno> {
+        let t = self.tree(tree)?;
+        for e in &t.entries {
+            let child = join(rel, &e.name);
+            let target = at(dir.as_ref(), &e.name);
+            match fs::symlink_metadata(&target) {
+                Ok(m) if is_whiteout(&m) => {}
+                Ok(m) if m.is_dir() => {
+                    // Copied up before (or made over a snapshot file): what the snapshot
+                    // has beneath is merged only when it is not opaque.
+                    if let Some(sub) = e.subtree()
+                        && !is_opaque(&target)
+                    {
+                        let fd = Arc::new(open_path(&target).map_err(errno)?);
+                        self.fill_dir(&fd, &child, &sub, files, links)?;
+                    }
+                }
+                Ok(_) => {}
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                    let ino = lower_ino(&self.layers.snapshot, &child, e);
+                    match e.kind {
+                        Kind::Dir => {
+                            let placed = self
+                                .layers
+                                .copy_up_dir(target, &child, e, ino)
+                                .map_err(errno)?;
+                            if let Some(sub) = e.subtree() {
+                                let fd = Arc::new(open_path(&placed).map_err(errno)?);
+                                self.fill_dir(&fd, &child, &sub, files, links)?;
+                            }
+                        }
+                        Kind::Hardlink => {
+                            links.push((Arc::clone(dir), e.name.clone(), child, e.clone(), ino))
+                        }
+                        _ => {
+                            self.copy_up_leaf(target, &child, e, ino, false)
+                                .map_err(errno)?;
+                            if e.kind == Kind::File {
+                                files.insert(child, (Arc::clone(dir), e.name.clone()));
+                            }
+                        }
+                    }
+                }
+                Err(err) => return Err(errno(err)),
+            }
+        }
+        Ok(())
+    }
+
+    /// After [`Cow::fill_from_snapshot`] of directory `ino` and its rename: the held nodes
+    /// beneath it learn their upper objects and merge no snapshot directory any more.
+    fn refresh_beneath(&self, ino: u64) -> Result<(), Errno> {
+        for d in self.table.beneath(ino) {
+            if d.deleted {
+                continue;
+            }
+            let Ok(parent) = self.table.get(d.parent) else {
+                continue;
+            };
+            let Some(pfd) = &parent.upper else {
+                continue;
+            };
+            let path = at(pfd.as_ref(), &d.name);
+            match fs::symlink_metadata(&path) {
+                Ok(m) if !is_whiteout(&m) => {
+                    let fd = Arc::new(open_path(&path).map_err(errno)?);
+                    self.table.update(d.ino, |n| {
+                        if n.upper.is_none() {
+                            n.upper = Some(fd);
+                        }
+                        n.lower_tree = None;
+                    });
+                }
+                _ => {}
+            }
         }
         Ok(())
     }

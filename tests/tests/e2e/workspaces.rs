@@ -20,6 +20,7 @@ mod bad_input;
 mod concurrency;
 mod copyup;
 mod crash;
+mod dirrename;
 mod gitfsmonitor;
 mod listings;
 mod properties;

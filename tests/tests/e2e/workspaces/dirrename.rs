@@ -1,0 +1,160 @@
+//! Renaming a directory of the snapshot in a fuse workspace: `rename(2)` itself succeeds
+//! (overlayfs without redirects says `EXDEV`, and `git mv` of a directory then fails).
+//! The daemon copies the directory up with everything beneath it first, so the moved tree
+//! shows what it showed before — changes, deletions and new names beneath it included —
+//! keeps every inode number and the hard links inside it, and a commit records exactly the
+//! moved tree. Held files (open descriptors, a running `git`) keep working after it.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use cowspace_tests::write_file;
+
+use super::support::{WsRoot, require_root, sh};
+
+/// Fixed identity and dates (as the acceptance suite's git workflow).
+const GIT: &str = "GIT_AUTHOR_DATE='2024-01-02T03:04:05Z' \
+     GIT_COMMITTER_DATE='2024-01-02T03:04:05Z' HOME=/nonexistent GIT_CONFIG_NOSYSTEM=1 \
+     git -c user.name=cowspace -c user.email=tests@cowspace.invalid \
+     -c init.defaultBranch=main -c gc.auto=0 -c core.fsync=none";
+
+/// A repository with a nested package, a hard link and a symlink inside it.
+fn base(src: &Path) {
+    write_file(&src.join("README.md"), "# repo\n");
+    write_file(&src.join("pkg/a.txt"), "a\n");
+    write_file(&src.join("pkg/gone.txt"), "to be deleted\n");
+    write_file(&src.join("pkg/sub/deeper/f.txt"), "deep\n");
+    write_file(&src.join("pkg/sub/keep.txt"), "keep\n");
+    fs::hard_link(src.join("pkg/a.txt"), src.join("pkg/sub/a-link.txt")).unwrap();
+    std::os::unix::fs::symlink("../a.txt", src.join("pkg/sub/to-a")).unwrap();
+    sh(
+        src,
+        &format!("{GIT} init -q && {GIT} add -A && {GIT} commit -q -m first"),
+    );
+}
+
+/// Names beneath `dir` (not `.git`) with kind, content or target, and inode number.
+fn tree(dir: &Path) -> Vec<(String, String, u64)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.file_name().is_some_and(|n| n == ".git") {
+                continue;
+            }
+            let rel = p.strip_prefix(dir).unwrap().display().to_string();
+            let m = fs::symlink_metadata(&p).unwrap();
+            let what = if m.is_dir() {
+                stack.push(p.clone());
+                "dir".to_owned()
+            } else if m.file_type().is_symlink() {
+                format!("-> {}", fs::read_link(&p).unwrap().display())
+            } else {
+                fs::read_to_string(&p).unwrap()
+            };
+            out.push((rel, what, m.ino()));
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn fuse_renames_a_snapshot_directory_in_place_keeping_identity_and_changes() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base(&src);
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    let ws = r.create(&snap, &["--materializer", "fuse"]);
+    let d = &ws.path;
+
+    // Changes beneath the directory before it moves: one file changed, one deleted, a new
+    // directory with a file; and a descriptor held on an unchanged file.
+    fs::write(d.join("pkg/sub/keep.txt"), "kept and changed\n").unwrap();
+    fs::remove_file(d.join("pkg/gone.txt")).unwrap();
+    write_file(&d.join("pkg/new/n.txt"), "new\n");
+    let held = fs::File::open(d.join("pkg/sub/deeper/f.txt")).unwrap();
+    let dir_ino = fs::metadata(d.join("pkg")).unwrap().ino();
+    let before = tree(&d.join("pkg"));
+    assert!(before.iter().all(|(n, _, _)| n != "gone.txt"));
+
+    fs::rename(d.join("pkg"), d.join("moved")).expect("rename of a snapshot directory");
+    assert!(!d.join("pkg").exists(), "the old name is gone");
+    assert_eq!(fs::metadata(d.join("moved")).unwrap().ino(), dir_ino);
+    assert_eq!(
+        tree(&d.join("moved")),
+        before,
+        "the moved tree, numbers included"
+    );
+    let a = fs::metadata(d.join("moved/a.txt")).unwrap();
+    let link = fs::metadata(d.join("moved/sub/a-link.txt")).unwrap();
+    assert_eq!(
+        a.ino(),
+        link.ino(),
+        "the hard link inside the tree stays one file"
+    );
+    assert_eq!(a.nlink(), 2);
+
+    // The held file reads on, and writes through either name reach one file.
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut &held, &mut s).unwrap();
+    assert_eq!(s, "deep\n");
+    fs::write(d.join("moved/sub/a-link.txt"), "written through the link\n").unwrap();
+    assert_eq!(
+        fs::read_to_string(d.join("moved/a.txt")).unwrap(),
+        "written through the link\n"
+    );
+    // Beneath the moved directory, names come and go as anywhere.
+    fs::remove_file(d.join("moved/sub/deeper/f.txt")).unwrap();
+    fs::rename(d.join("moved/sub"), d.join("sub-out")).unwrap();
+    fs::create_dir(d.join("pkg")).unwrap();
+    write_file(&d.join("pkg/again.txt"), "a new pkg\n");
+
+    // A commit records exactly this tree, and a fresh workspace of it shows it.
+    let (snap2, _, _) = r.commit(&ws.id, &[]);
+    let ws2 = r.create(&snap2, &["--materializer", "fuse"]);
+    let shown = |root: &Path| -> Vec<(String, String)> {
+        tree(root).into_iter().map(|(n, w, _)| (n, w)).collect()
+    };
+    assert_eq!(shown(&ws2.path), shown(d));
+    let a2 = fs::metadata(ws2.path.join("moved/a.txt")).unwrap();
+    let link2 = fs::metadata(ws2.path.join("sub-out/a-link.txt")).unwrap();
+    assert_eq!(a2.ino(), link2.ino(), "the commit keeps the hard link");
+    drop(held);
+}
+
+#[test]
+fn git_mv_of_a_directory_works_in_a_fuse_workspace() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base(&src);
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    let ws = r.create(&snap, &["--materializer", "fuse"]);
+    sh(
+        &ws.path,
+        &format!("{GIT} mv pkg lib && {GIT} commit -q -m 'move pkg to lib'"),
+    );
+    let status = sh(&ws.path, &format!("{GIT} status --porcelain"));
+    assert_eq!(status, "", "clean after the commit");
+    let files = sh(&ws.path, &format!("{GIT} ls-files"));
+    assert_eq!(
+        files.lines().collect::<Vec<_>>(),
+        [
+            "README.md",
+            "lib/a.txt",
+            "lib/gone.txt",
+            "lib/sub/a-link.txt",
+            "lib/sub/deeper/f.txt",
+            "lib/sub/keep.txt",
+            "lib/sub/to-a",
+        ]
+    );
+    assert_eq!(
+        fs::read_to_string(ws.path.join("lib/sub/deeper/f.txt")).unwrap(),
+        "deep\n"
+    );
+}
