@@ -61,9 +61,13 @@
 //!   file up (nothing with `O_TRUNC`) and is backed by the upper file. Reads, writes and
 //!   mmap never reach the daemon — except for a file whose lazy copy-up is still in
 //!   progress: its opens are served by the daemon (direct I/O), which copies what a
-//!   write touches first. When an inode's live backing is another file (a read-only open
-//!   of the old content is still open while the file is copied up), the new open is
-//!   served by the daemon with direct I/O instead.
+//!   write touches first. **Known gap:** while an unmodified file is open for reading
+//!   (backed by its blob-cache file), an open of it that needs another backing — for
+//!   writing (a copy-up), or any open once the file was copied up meanwhile (by a
+//!   truncate, or a rename of a snapshot directory above it) — fails with `EIO`: the
+//!   kernel requires every open of an inode that has a passthrough open to pass through
+//!   to that same file, and refuses the daemon-served (direct I/O) open offered instead.
+//!   The `cached` mode has no such case.
 //!
 //! Copy-ups use a reflink where the filesystem can, else `copy_file_range`, lazily for
 //! large files. Directories are opened without a request: the first `opendir` is
