@@ -3,7 +3,9 @@
 //! The daemon copies the directory up with everything beneath it first, so the moved tree
 //! shows what it showed before — changes, deletions and new names beneath it included —
 //! keeps every inode number and the hard links inside it, and a commit records exactly the
-//! moved tree. Held files (open descriptors, a running `git`) keep working after it.
+//! moved tree. Held files (open descriptors, a running `git`) keep working after it. A
+//! daemon killed in the middle of the copy loses nothing: after `recover` the directory
+//! is whole at one of its two names.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -157,4 +159,75 @@ fn git_mv_of_a_directory_works_in_a_fuse_workspace() {
         fs::read_to_string(ws.path.join("lib/sub/deeper/f.txt")).unwrap(),
         "deep\n"
     );
+}
+
+/// The content of file `i` of the large directory.
+fn big_content(i: usize) -> String {
+    format!("file {i}\n").repeat(40)
+}
+
+const BIG_FILES: usize = 4000;
+
+#[test]
+fn a_daemon_killed_during_a_directory_rename_loses_nothing() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    for i in 0..BIG_FILES {
+        write_file(
+            &src.join(format!("big/d{}/f{i}.txt", i % 40)),
+            big_content(i),
+        );
+    }
+    write_file(&src.join("README.md"), "# big\n");
+    let snap = r.import(&src, &[]);
+    let ws = r.create(&snap, &["--materializer", "fuse"]);
+    let d = ws.path.clone();
+    write_file(&d.join("big/d0/changed.txt"), "written before the rename\n");
+    let fsd = r.fsd_pids();
+    assert_eq!(fsd.len(), 1, "{fsd:?}");
+
+    // The rename copies thousands of files first; the daemon dies during it.
+    let (from, to) = (d.join("big"), d.join("moved"));
+    let renamer = std::thread::spawn(move || fs::rename(from, to));
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    super::support::kill9(fsd[0]);
+    let renamed = renamer.join().unwrap();
+    eprintln!("the rename when the daemon died: {renamed:?}");
+    r.t.json(["sweep"]).ok();
+    let rec = r.t.json(["recover", &ws.id]).ok().json();
+    assert_eq!(rec["status"], "active", "{rec}");
+
+    // One of the two names, whole: the rename happened or it did not.
+    let (old, new) = (d.join("big").exists(), d.join("moved").exists());
+    assert!(old != new, "big exists: {old}, moved exists: {new}");
+    if old {
+        fs::rename(d.join("big"), d.join("moved")).expect("the rename, again");
+    }
+    for i in 0..BIG_FILES {
+        let p = d.join(format!("moved/d{}/f{i}.txt", i % 40));
+        assert_eq!(
+            fs::read_to_string(&p).unwrap(),
+            big_content(i),
+            "{}",
+            p.display()
+        );
+    }
+    assert_eq!(
+        fs::read_to_string(d.join("moved/d0/changed.txt")).unwrap(),
+        "written before the rename\n"
+    );
+    let names: usize = (0..40)
+        .map(|k| fs::read_dir(d.join(format!("moved/d{k}"))).unwrap().count())
+        .sum();
+    assert_eq!(names, BIG_FILES + 1, "no name twice, none lost");
+    let (snap2, _, _) = r.commit(&ws.id, &[]);
+    let shown = r.t.json(["show", &snap2, "moved/d7/f7.txt"]).ok().json();
+    assert_eq!(
+        shown["entry"]["size"],
+        big_content(7).len() as u64,
+        "{shown}"
+    );
+    let gone = r.t.json(["show", &snap2, "big"]);
+    assert_ne!(gone.code, 0, "the old name is not in the commit");
 }
