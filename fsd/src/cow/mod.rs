@@ -97,7 +97,8 @@
 //! `RENAME_EXCHANGE` and `RENAME_WHITEOUT` are `EINVAL`. (A directory that has snapshot
 //! content beneath is renamed after the daemon copies it up with all of it, since the
 //! upper format has no redirects; see [`ops::Cow::rename`]. It costs time in proportion
-//! to the tree, and the namespace is held for it.) `O_TMPFILE` is `EOPNOTSUPP` (the FUSE
+//! to the tree; lookups, reads, writes and creates go on meanwhile, other renames and
+//! removals in the workspace wait for it.) `O_TMPFILE` is `EOPNOTSUPP` (the FUSE
 //! library has no `tmpfile`). File locks are the kernel's own (local to this host, which
 //! is every user of a workspace).
 

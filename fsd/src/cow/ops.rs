@@ -42,8 +42,9 @@ const FIRST_COOKIE: u64 = 3;
 type Placed = (Arc<OwnedFd>, Vec<u8>);
 
 /// A hard link of the snapshot to place once its primary name may have been copied: its
-/// upper directory, name, snapshot path, entry and inode number.
-type LinkLater = (Arc<OwnedFd>, Vec<u8>, Vec<u8>, Entry, u64);
+/// upper directory (and that directory's held node), name, snapshot path, entry and inode
+/// number.
+type LinkLater = (Arc<OwnedFd>, Option<u64>, Vec<u8>, Vec<u8>, Entry, u64);
 
 /// What a name in a directory is.
 pub enum Found {
@@ -544,6 +545,17 @@ impl Cow {
         let parent = self.copy_up_locked(node.parent, false)?;
         let parent_fd = parent.upper.as_ref().ok_or(Errno::EIO)?;
         let target = at(parent_fd.as_ref(), &node.name);
+        // Copied already: a rename copies a whole directory up while lookups go on, so a
+        // node can be made from the snapshot just before its copy is placed. (Any other
+        // object at a snapshot node's name would have replaced it, and replacing marks
+        // the node deleted.)
+        if let Ok(m) = fs::symlink_metadata(&target)
+            && !is_whiteout(&m)
+        {
+            let fd = Arc::new(open_path(&target).map_err(errno)?);
+            self.table.update(ino, |n| n.upper = Some(Arc::clone(&fd)));
+            return self.table.get(ino);
+        }
         let rel = self.table.path_of(&node)?;
         let placed = if entry.kind == Kind::Dir {
             self.layers.copy_up_dir(target, &rel, &entry, ino)
@@ -786,9 +798,10 @@ impl Cow {
     }
 
     /// `rename(parent/name, newparent/newname)`. A directory that has snapshot content
-    /// beneath is first copied up with all of it ([`Cow::fill_from_snapshot`]), then
-    /// renamed as a directory made in the workspace is (overlayfs without redirects refuses
-    /// with `EXDEV`, and `git mv` then fails); `RENAME_EXCHANGE` and `RENAME_WHITEOUT` are
+    /// beneath is first copied up with all of it ([`Cow::fill_from_snapshot`], under the
+    /// namespace's read lock: [`Cow::fill_for_rename`]), then renamed under the write lock
+    /// as a directory made in the workspace is (overlayfs without redirects refuses with
+    /// `EXDEV`, and `git mv` then fails); `RENAME_EXCHANGE` and `RENAME_WHITEOUT` are
     /// refused with `EINVAL`.
     pub fn rename(
         &self,
@@ -805,6 +818,7 @@ impl Cow {
         if newname.len() > 255 {
             return Err(Errno::from_i32(libc::ENAMETOOLONG));
         }
+        let filled = self.fill_for_rename(parent, name)?;
         let _w = self.ns.write().unwrap_or_else(|p| p.into_inner());
         let _changes = self.names_change();
         let dir = self.table.get(parent)?;
@@ -872,12 +886,18 @@ impl Cow {
                 let fd = Arc::new(open_path(&path).map_err(errno)?);
                 self.table.update(src_ino, |n| n.upper = Some(fd));
             }
-            if let Some(tree) = &src_tree {
-                let fd = open_path(&at(dir_up.as_ref(), name)).map_err(errno)?;
-                self.fill_from_snapshot(Arc::new(fd), &rel, tree)?;
-            }
             (dir_up, ndir_up)
         };
+        if let Some(tree) = &src_tree
+            && filled != Some(src_ino)
+        {
+            // Not copied by `fill_for_rename` (not held then, or another directory has
+            // its name now). Once copied, a directory stays whole: the snapshot does not
+            // change, and what comes beneath it since is in the upper layer. Nothing else
+            // copies now (copy-ups need the namespace too).
+            let fd = open_path(&at(dir_up.as_ref(), name)).map_err(errno)?;
+            self.fill_from_snapshot(Arc::new(fd), None, &join(&dir_path, name), tree)?;
+        }
         let from = at(dir_up.as_ref(), name);
         let to = at(ndir_up.as_ref(), newname);
         let mut host = HostRename::empty();
@@ -909,26 +929,66 @@ impl Cow {
         Ok(())
     }
 
-    /// Copies into the upper directory `dir` (at `rel`; its snapshot directory is `tree`)
-    /// every entry of the snapshot still merged there, recursively, each keeping its inode
-    /// number, mode, xattrs and times: afterwards nothing beneath `dir` depends on where it
-    /// is in the snapshot, so it can be renamed. Names deleted or replaced in the upper
-    /// layer stay as they are. Each object is copied up as a single copy-up is (a crash
-    /// leaves a merged directory that shows the same), and a hard link of the snapshot
-    /// whose primary name is copied here too becomes a link of that copy. The caller holds
-    /// the namespace for writing and the copy-up lock. Time and space grow with the tree
-    /// (files are reflinked where the filesystem can, large ones copied lazily).
+    /// Before a rename, under the namespace's read lock (reads, writes and creates go on
+    /// meanwhile): when `name` in `parent` is a held directory with snapshot content
+    /// beneath, copies it up with all of it ([`Cow::fill_from_snapshot`]). The rename,
+    /// under the write lock, then finds nothing left to copy. Gives the directory's number
+    /// when it did.
+    fn fill_for_rename(&self, parent: u64, name: &[u8]) -> Result<Option<u64>, Errno> {
+        let _r = self.ns.read().unwrap_or_else(|p| p.into_inner());
+        let _changes = self.names_change();
+        let dir = self.table.get(parent)?;
+        let dir_path = self.table.path_of(&dir)?;
+        let found = self.resolve(&dir, name)?;
+        let Some(ino) = self.ino_of(&dir_path, name, &found) else {
+            return Ok(None);
+        };
+        let Some(node) = self.node_of(&dir, &dir_path, name, found)? else {
+            return Ok(None);
+        };
+        let Some(tree) = node
+            .lower_tree
+            .clone()
+            .filter(|_| node.kind == FileType::Directory)
+        else {
+            return Ok(None);
+        };
+        if self.table.find(ino).is_none() {
+            // Not held (the kernel holds what it renames): the rename itself copies.
+            return Ok(None);
+        }
+        let up = self.copy_up(ino, false)?;
+        let fd = up.upper.ok_or(Errno::EIO)?;
+        self.fill_from_snapshot(fd, Some(ino), &join(&dir_path, name), &tree)?;
+        Ok(Some(ino))
+    }
+
+    /// Copies into the upper directory `dir` (at `rel`; its snapshot directory is `tree`;
+    /// `dir_ino` its node when held) every entry of the snapshot still merged there,
+    /// recursively, each keeping its inode number, mode, xattrs and times: afterwards
+    /// nothing beneath `dir` depends on where it is in the snapshot, so it can be renamed.
+    /// Names deleted or replaced in the upper layer stay as they are. Each object is copied
+    /// up as a single copy-up is, under the copy-up lock (a crash leaves a merged directory
+    /// that shows the same), and a held node learns its copy at once, so a copy-up of it
+    /// meanwhile finds it done. A hard link of the snapshot whose primary name is copied
+    /// here too becomes a link of that copy. Time and space grow with the tree (files are
+    /// reflinked where the filesystem can, large ones copied lazily).
     fn fill_from_snapshot(
         &self,
         dir: Arc<OwnedFd>,
+        dir_ino: Option<u64>,
         rel: &[u8],
         tree: &TreeId,
     ) -> Result<(), Errno> {
         let mut files = HashMap::new();
         let mut links = Vec::new();
-        self.fill_dir(&dir, rel, tree, &mut files, &mut links)?;
-        for (dir, name, rel, entry, ino) in links {
+        self.fill_dir(&dir, dir_ino, rel, tree, &mut files, &mut links)?;
+        for (dir, dir_ino, name, rel, entry, ino) in links {
+            let _g = lock(&self.copy);
             let target = at(dir.as_ref(), &name);
+            if fs::symlink_metadata(&target).is_ok() {
+                continue;
+            }
             match files.get(entry.data.as_slice()) {
                 Some((pdir, pname)) => {
                     let primary: &Arc<OwnedFd> = pdir;
@@ -936,10 +996,11 @@ impl Cow {
                 }
                 // Its primary name is elsewhere: a copy of its own, as `mv` makes.
                 None => {
-                    self.copy_up_leaf(target, &rel, &entry, ino, false)
+                    self.copy_up_leaf(target.clone(), &rel, &entry, ino, false)
                         .map_err(errno)?;
                 }
             }
+            self.note_copied(dir_ino, &name, ino, &target)?;
         }
         Ok(())
     }
@@ -949,6 +1010,7 @@ impl Cow {
     fn fill_dir(
         &self,
         dir: &Arc<OwnedFd>,
+        dir_ino: Option<u64>,
         rel: &[u8],
         tree: &TreeId,
         files: &mut HashMap<Vec<u8>, Placed>,
@@ -958,46 +1020,95 @@ impl Cow {
         for e in &t.entries {
             let child = join(rel, &e.name);
             let target = at(dir.as_ref(), &e.name);
-            match fs::symlink_metadata(&target) {
-                Ok(m) if is_whiteout(&m) => {}
-                Ok(m) if m.is_dir() => {
-                    // Copied up before (or made over a snapshot file): what the snapshot
-                    // has beneath is merged only when it is not opaque.
-                    if let Some(sub) = e.subtree()
-                        && !is_opaque(&target)
-                    {
-                        let fd = Arc::new(open_path(&target).map_err(errno)?);
-                        self.fill_dir(&fd, &child, &sub, files, links)?;
+            let ino = lower_ino(&self.layers.snapshot, &child, e);
+            // Looked at and copied under the copy-up lock; a directory is then filled
+            // without it.
+            let beneath = {
+                let _g = lock(&self.copy);
+                match fs::symlink_metadata(&target) {
+                    Ok(m) if is_whiteout(&m) => None,
+                    Ok(m) if m.is_dir() => {
+                        // Copied up before (or made over a snapshot file): what the
+                        // snapshot has beneath is merged only when it is not opaque.
+                        if e.subtree().is_some() && !is_opaque(&target) {
+                            let held = upper_ino(&target, &m);
+                            Some((target.clone(), held))
+                        } else {
+                            None
+                        }
                     }
-                }
-                Ok(_) => {}
-                Err(err) if err.kind() == io::ErrorKind::NotFound => {
-                    let ino = lower_ino(&self.layers.snapshot, &child, e);
-                    match e.kind {
+                    Ok(_) => None,
+                    Err(err) if err.kind() == io::ErrorKind::NotFound => match e.kind {
                         Kind::Dir => {
                             let placed = self
                                 .layers
-                                .copy_up_dir(target, &child, e, ino)
+                                .copy_up_dir(target.clone(), &child, e, ino)
                                 .map_err(errno)?;
-                            if let Some(sub) = e.subtree() {
-                                let fd = Arc::new(open_path(&placed).map_err(errno)?);
-                                self.fill_dir(&fd, &child, &sub, files, links)?;
-                            }
+                            self.note_copied(dir_ino, &e.name, ino, &placed)?;
+                            Some((placed, ino))
                         }
                         Kind::Hardlink => {
-                            links.push((Arc::clone(dir), e.name.clone(), child, e.clone(), ino))
+                            links.push((
+                                Arc::clone(dir),
+                                dir_ino,
+                                e.name.clone(),
+                                child.clone(),
+                                e.clone(),
+                                ino,
+                            ));
+                            None
                         }
                         _ => {
-                            self.copy_up_leaf(target, &child, e, ino, false)
+                            let placed = self
+                                .copy_up_leaf(target.clone(), &child, e, ino, false)
                                 .map_err(errno)?;
+                            self.note_copied(dir_ino, &e.name, ino, &placed)?;
                             if e.kind == Kind::File {
-                                files.insert(child, (Arc::clone(dir), e.name.clone()));
+                                files.insert(child.clone(), (Arc::clone(dir), e.name.clone()));
                             }
+                            None
                         }
-                    }
+                    },
+                    Err(err) => return Err(errno(err)),
                 }
-                Err(err) => return Err(errno(err)),
+            };
+            if let (Some((path, sub_ino)), Some(sub)) = (beneath, e.subtree()) {
+                let fd = Arc::new(open_path(&path).map_err(errno)?);
+                let held = dir_ino.and_then(|d| {
+                    self.table
+                        .find(sub_ino)
+                        .filter(|n| n.parent == d && *n.name == *e.name)
+                        .map(|n| n.ino)
+                });
+                self.fill_dir(&fd, held, &child, &sub, files, links)?;
             }
+        }
+        Ok(())
+    }
+
+    /// `name` in held directory `dir_ino` was just copied up to `path` (as number `ino`):
+    /// its held node, if any, learns the copy. Called under the copy-up lock.
+    fn note_copied(
+        &self,
+        dir_ino: Option<u64>,
+        name: &[u8],
+        ino: u64,
+        path: &Path,
+    ) -> Result<(), Errno> {
+        let Some(d) = dir_ino else {
+            return Ok(());
+        };
+        let held = self
+            .table
+            .find(ino)
+            .is_some_and(|n| n.parent == d && *n.name == *name && n.upper.is_none());
+        if held {
+            let fd = Arc::new(open_path(path).map_err(errno)?);
+            self.table.update(ino, |n| {
+                if n.upper.is_none() {
+                    n.upper = Some(fd);
+                }
+            });
         }
         Ok(())
     }

@@ -231,3 +231,107 @@ fn a_daemon_killed_during_a_directory_rename_loses_nothing() {
     let gone = r.t.json(["show", &snap2, "big"]);
     assert_ne!(gone.code, 0, "the old name is not in the commit");
 }
+
+#[test]
+fn a_large_directory_copied_for_a_rename_lets_lookups_and_writes_go_on() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    for i in 0..BIG_FILES {
+        write_file(
+            &src.join(format!("big/d{}/f{i}.txt", i % 40)),
+            big_content(i),
+        );
+    }
+    for i in 0..BIG_FILES {
+        write_file(&src.join(format!("other/f{i}.txt")), "other\n");
+    }
+    let snap = r.import(&src, &[]);
+    let ws = r.create(&snap, &["--materializer", "fuse"]);
+    let d = ws.path.clone();
+
+    // A reader looking up names the kernel has not seen (each one a request to the daemon)
+    // and noting when each answer came.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = {
+        let (d, stop) = (d.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut done = Vec::new();
+            for i in 0..BIG_FILES {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                assert_eq!(
+                    fs::read_to_string(d.join(format!("other/f{i}.txt"))).unwrap(),
+                    "other\n"
+                );
+                done.push(std::time::Instant::now());
+            }
+            done
+        })
+    };
+    // A writer appending to files of the directory being moved (each first write a
+    // copy-up racing the rename's), until their old names are gone.
+    let writer = {
+        let d = d.clone();
+        std::thread::spawn(move || {
+            let mut written = Vec::new();
+            for i in (0..BIG_FILES).rev() {
+                let p = d.join(format!("big/d{}/f{i}.txt", i % 40));
+                match fs::OpenOptions::new().append(true).open(&p) {
+                    Ok(mut f) => {
+                        std::io::Write::write_all(&mut f, b"appended\n")
+                            .unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+                        written.push(i);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                    Err(e) => panic!("{}: {e}", p.display()),
+                }
+            }
+            written
+        })
+    };
+    while fs::read_dir(d.join("other")).is_err() {}
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let start = std::time::Instant::now();
+    fs::rename(d.join("big"), d.join("moved")).unwrap();
+    let end = std::time::Instant::now();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let done = reader.join().unwrap();
+    let written = writer.join().unwrap();
+    eprintln!(
+        "{} files appended to before the rename took their names",
+        written.len()
+    );
+    for i in 0..BIG_FILES {
+        let mut want = big_content(i);
+        if written.contains(&i) {
+            want.push_str("appended\n");
+        }
+        let p = d.join(format!("moved/d{}/f{i}.txt", i % 40));
+        assert_eq!(fs::read_to_string(&p).unwrap(), want, "{}", p.display());
+    }
+    // Answers came all along: no wait between two of them (the second during the rename)
+    // as long as half the rename. Before, the rename held every lookup of the workspace
+    // until it ended.
+    let longest = done
+        .windows(2)
+        .filter(|w| w[1] > start)
+        .map(|w| w[1] - w[0])
+        .max()
+        .unwrap_or_default();
+    eprintln!(
+        "longest wait between two lookups {longest:?}, the rename {:?} ({} lookups)",
+        end - start,
+        done.len()
+    );
+    assert!(
+        longest < (end - start) / 2,
+        "lookups waited {longest:?} during a {:?} rename",
+        end - start
+    );
+    assert_eq!(
+        fs::read_to_string(d.join("moved/d3/f3.txt")).unwrap(),
+        big_content(3)
+    );
+}
