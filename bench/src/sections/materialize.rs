@@ -107,6 +107,9 @@ pub trait Materializer: Send + Sync {
 
 pub struct MaterializeSection {
     largest: Option<PathBuf>,
+    /// The directory of the tree renamed with `mv` and its entry count (see
+    /// [`dir_to_move`]).
+    moved: Option<(PathBuf, usize)>,
     /// Stores the cowspace methods use (daemons stopped on drop) — before `loops`,
     /// so they go first.
     stores: Vec<Arc<StoreGuard>>,
@@ -119,6 +122,7 @@ impl MaterializeSection {
     pub fn new() -> Self {
         Self {
             largest: None,
+            moved: None,
             stores: Vec::new(),
             loops: Vec::new(),
             notes: Vec::new(),
@@ -205,7 +209,8 @@ impl Section for MaterializeSection {
              absent string, write workload ({WRITE_CREATE_FILES} files of {WRITE_FILE_BYTES} \
              B created, {WRITE_RENAME_FILES} renamed, {WRITE_DELETE_FILES} deleted), append \
              one byte to the largest file, capture the changes (`mountctl commit`; `git add -A \
-             && git commit` for the baselines), read the daemon's memory, then remove the \
+             && git commit` for the baselines), rename a directory of about \
+             {MOVED_DIR_ENTRIES} entries with `mv`, read the daemon's memory, then remove the \
              workspace (timed as teardown). Methods that create in milliseconds also get: \
              `git status` as the first command in a second, fresh workspace; a fast loop of \
              creates and removes (spread over the runs); and N concurrent creates (total \
@@ -242,6 +247,12 @@ impl Section for MaterializeSection {
                 Better::Lower,
             ),
             metric("commit_s", "capture the changes", "s", Better::Lower),
+            metric(
+                "dir_rename_s",
+                "mv of a directory of the tree",
+                "s",
+                Better::Lower,
+            ),
             metric(
                 "daemon_peak_rss_bytes",
                 "daemon peak RSS",
@@ -285,6 +296,14 @@ impl Section for MaterializeSection {
 
     fn prepare(&mut self, ctx: &Ctx, selected: &dyn Fn(&str) -> bool) -> Result<Vec<Prepared>> {
         self.largest = largest_file(&ctx.corpus.tree)?;
+        self.moved = dir_to_move(&ctx.corpus.tree)?;
+        if let Some((dir, n)) = &self.moved {
+            self.notes.push(format!(
+                "The directory renamed with `mv` (after the capture): `{}`, {n} entries beneath.",
+                dir.display()
+            ));
+        }
+        let moved = self.moved.as_ref().map(|(d, _)| d.clone());
         let mut out = Vec::new();
         let wanted: Vec<&'static str> = IDS.iter().copied().filter(|id| selected(id)).collect();
         let needs_src = !wanted.is_empty();
@@ -514,6 +533,7 @@ impl Section for MaterializeSection {
             out.push(Prepared::Ready(Box::new(UseCost {
                 m,
                 largest: self.largest.clone(),
+                moved: moved.clone(),
             })));
         }
         Ok(out)
@@ -531,6 +551,29 @@ fn largest_file(tree: &Path) -> Result<Option<PathBuf>> {
     Ok(best.map(|(_, p)| p))
 }
 
+/// Entries beneath the directory [`dir_to_move`] picks, as near as the tree has.
+const MOVED_DIR_ENTRIES: usize = 500;
+
+/// The directory of `tree` (not the root) with the number of entries beneath it nearest
+/// [`MOVED_DIR_ENTRIES`] (the first in path order among equals), and that number.
+fn dir_to_move(tree: &Path) -> Result<Option<(PathBuf, usize)>> {
+    let mut counts: std::collections::BTreeMap<PathBuf, usize> = Default::default();
+    walk::visit(tree, &mut |rel, md| {
+        if md.is_dir() {
+            counts.entry(rel.to_path_buf()).or_insert(0);
+        }
+        for a in rel.ancestors().skip(1) {
+            if !a.as_os_str().is_empty() {
+                *counts.entry(a.to_path_buf()).or_insert(0) += 1;
+            }
+        }
+        Ok(())
+    })?;
+    Ok(counts
+        .into_iter()
+        .min_by_key(|(_, n)| n.abs_diff(MOVED_DIR_ENTRIES)))
+}
+
 /// Used bytes of the filesystem holding `p`, after flushing it.
 fn fs_used(p: &Path) -> Result<u64> {
     nix::unistd::sync();
@@ -546,6 +589,7 @@ fn git_status(p: &Path) -> Result<()> {
 struct UseCost {
     m: Box<dyn Materializer>,
     largest: Option<PathBuf>,
+    moved: Option<PathBuf>,
 }
 
 impl Method for UseCost {
@@ -625,6 +669,17 @@ impl Method for UseCost {
         let (did, t) = timed(|| self.m.commit(&ws))?;
         if did {
             s.push(("commit_s", t.wall_s()));
+        }
+        if let Some(dir) = &self.moved {
+            // After the capture, so the rows before stay as they were. `mv`, as a user
+            // would: where rename says EXDEV (overlayfs), it copies.
+            ctx.before_step()?;
+            let mut to = dir.clone().into_os_string();
+            to.push("-moved");
+            let (_, t) = timed(|| {
+                proc::run(Command::new("mv").arg(p.join(dir)).arg(p.join(&to))).map(drop)
+            })?;
+            s.push(("dir_rename_s", t.wall_s()));
         }
         if let Some((_, peak)) = self.m.daemon_rss() {
             s.push(("daemon_peak_rss_bytes", peak as f64));
