@@ -13,7 +13,7 @@ use std::path::Path;
 
 use cowspace_tests::write_file;
 
-use super::support::{WsRoot, require_root, sh};
+use super::support::{Ws, WsRoot, require_root, sh};
 
 /// Fixed identity and dates (as the acceptance suite's git workflow).
 const GIT: &str = "GIT_AUTHOR_DATE='2024-01-02T03:04:05Z' \
@@ -34,6 +34,16 @@ fn base(src: &Path) {
         src,
         &format!("{GIT} init -q && {GIT} add -A && {GIT} commit -q -m first"),
     );
+}
+
+/// A runtime root and a fuse workspace of [`base`].
+fn fuse_workspace_of_base() -> (WsRoot, Ws) {
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base(&src);
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    let ws = r.create(&snap, &["--materializer", "fuse"]);
+    (r, ws)
 }
 
 /// Names beneath `dir` (not `.git`) with kind, content or target, and inode number.
@@ -66,11 +76,7 @@ fn tree(dir: &Path) -> Vec<(String, String, u64)> {
 #[test]
 fn fuse_renames_a_snapshot_directory_in_place_keeping_identity_and_changes() {
     require_root!();
-    let r = WsRoot::new();
-    let src = r.t.path("src");
-    base(&src);
-    let snap = r.import(&src, &["--no-default-excludes"]);
-    let ws = r.create(&snap, &["--materializer", "fuse"]);
+    let (r, ws) = fuse_workspace_of_base();
     let d = &ws.path;
 
     // Changes beneath the directory before it moves: one file changed, one deleted, a new
@@ -131,11 +137,7 @@ fn fuse_renames_a_snapshot_directory_in_place_keeping_identity_and_changes() {
 #[test]
 fn git_mv_of_a_directory_works_in_a_fuse_workspace() {
     require_root!();
-    let r = WsRoot::new();
-    let src = r.t.path("src");
-    base(&src);
-    let snap = r.import(&src, &["--no-default-excludes"]);
-    let ws = r.create(&snap, &["--materializer", "fuse"]);
+    let (_root, ws) = fuse_workspace_of_base();
     sh(
         &ws.path,
         &format!("{GIT} mv pkg lib && {GIT} commit -q -m 'move pkg to lib'"),
@@ -168,17 +170,24 @@ fn big_content(i: usize) -> String {
 
 const BIG_FILES: usize = 4000;
 
+/// Where file `i` of the large directory is, beneath it (40 subdirectories).
+fn big_rel(i: usize) -> String {
+    format!("d{}/f{i}.txt", i % 40)
+}
+
+/// The large directory, `big/` in `src`.
+fn write_big(src: &Path) {
+    for i in 0..BIG_FILES {
+        write_file(&src.join("big").join(big_rel(i)), big_content(i));
+    }
+}
+
 #[test]
 fn a_daemon_killed_during_a_directory_rename_loses_nothing() {
     require_root!();
     let r = WsRoot::new();
     let src = r.t.path("src");
-    for i in 0..BIG_FILES {
-        write_file(
-            &src.join(format!("big/d{}/f{i}.txt", i % 40)),
-            big_content(i),
-        );
-    }
+    write_big(&src);
     write_file(&src.join("README.md"), "# big\n");
     let snap = r.import(&src, &[]);
     let ws = r.create(&snap, &["--materializer", "fuse"]);
@@ -205,7 +214,7 @@ fn a_daemon_killed_during_a_directory_rename_loses_nothing() {
         fs::rename(d.join("big"), d.join("moved")).expect("the rename, again");
     }
     for i in 0..BIG_FILES {
-        let p = d.join(format!("moved/d{}/f{i}.txt", i % 40));
+        let p = d.join("moved").join(big_rel(i));
         assert_eq!(
             fs::read_to_string(&p).unwrap(),
             big_content(i),
@@ -237,12 +246,7 @@ fn a_large_directory_copied_for_a_rename_lets_lookups_and_writes_go_on() {
     require_root!();
     let r = WsRoot::new();
     let src = r.t.path("src");
-    for i in 0..BIG_FILES {
-        write_file(
-            &src.join(format!("big/d{}/f{i}.txt", i % 40)),
-            big_content(i),
-        );
-    }
+    write_big(&src);
     for i in 0..BIG_FILES {
         write_file(&src.join(format!("other/f{i}.txt")), "other\n");
     }
@@ -277,7 +281,7 @@ fn a_large_directory_copied_for_a_rename_lets_lookups_and_writes_go_on() {
         std::thread::spawn(move || {
             let mut written = Vec::new();
             for i in (0..BIG_FILES).rev() {
-                let p = d.join(format!("big/d{}/f{i}.txt", i % 40));
+                let p = d.join("big").join(big_rel(i));
                 match fs::OpenOptions::new().append(true).open(&p) {
                     Ok(mut f) => {
                         std::io::Write::write_all(&mut f, b"appended\n")
@@ -308,7 +312,7 @@ fn a_large_directory_copied_for_a_rename_lets_lookups_and_writes_go_on() {
         if written.contains(&i) {
             want.push_str("appended\n");
         }
-        let p = d.join(format!("moved/d{}/f{i}.txt", i % 40));
+        let p = d.join("moved").join(big_rel(i));
         assert_eq!(fs::read_to_string(&p).unwrap(), want, "{}", p.display());
     }
     // Answers came all along: no wait between two of them (the second during the rename)

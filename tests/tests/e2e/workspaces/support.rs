@@ -262,27 +262,19 @@ impl Drop for KillOnDrop {
 
 /// Runs `sh -c script` in `dir`, asserting success; gives stdout.
 #[track_caller]
-/// Like [`sh`], and the script must also print nothing on stderr (a tool that succeeds
-/// but warns, as `mv` does when it cannot keep what it copies, fails here).
-pub fn sh_quiet(dir: &Path, script: &str) -> String {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(script)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("sh -c {script:?}: {e}"));
-    assert!(
-        out.status.success() && out.stderr.is_empty(),
-        "`{script}` in {} failed or warned ({})\nstdout: {}\nstderr: {}",
-        dir.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+pub fn sh(dir: &Path, script: &str) -> String {
+    run_sh(dir, script, false)
 }
 
-pub fn sh(dir: &Path, script: &str) -> String {
+/// Like [`sh`], and the script must also print nothing on stderr (a tool that succeeds
+/// but warns, as `mv` does when it cannot keep what it copies, fails here).
+#[track_caller]
+pub fn sh_quiet(dir: &Path, script: &str) -> String {
+    run_sh(dir, script, true)
+}
+
+#[track_caller]
+fn run_sh(dir: &Path, script: &str, quiet: bool) -> String {
     let out = Command::new("sh")
         .arg("-c")
         .arg(script)
@@ -291,9 +283,10 @@ pub fn sh(dir: &Path, script: &str) -> String {
         .output()
         .unwrap_or_else(|e| panic!("sh -c {script:?}: {e}"));
     assert!(
-        out.status.success(),
-        "`{script}` in {} failed ({})\nstdout: {}\nstderr: {}",
+        out.status.success() && (!quiet || out.stderr.is_empty()),
+        "`{script}` in {} failed{} ({})\nstdout: {}\nstderr: {}",
         dir.display(),
+        if quiet { " or warned" } else { "" },
         out.status,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
