@@ -818,7 +818,7 @@ impl Cow {
         if newname.len() > 255 {
             return Err(Errno::from_i32(libc::ENAMETOOLONG));
         }
-        let filled = self.fill_for_rename(parent, name)?;
+        let filled = self.fill_for_rename(parent, name, newparent, newname)?;
         let _w = self.ns.write().unwrap_or_else(|p| p.into_inner());
         let _changes = self.names_change();
         let dir = self.table.get(parent)?;
@@ -933,9 +933,32 @@ impl Cow {
     /// meanwhile): when `name` in `parent` is a held directory with snapshot content
     /// beneath, copies it up with all of it ([`Cow::fill_from_snapshot`]). The rename,
     /// under the write lock, then finds nothing left to copy. Gives the directory's number
-    /// when it did.
-    fn fill_for_rename(&self, parent: u64, name: &[u8]) -> Result<Option<u64>, Errno> {
+    /// when it did. Nothing is copied for a rename bound to fail on its target (a file, or
+    /// a directory that is not empty).
+    fn fill_for_rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+    ) -> Result<Option<u64>, Errno> {
         let _r = self.ns.read().unwrap_or_else(|p| p.into_inner());
+        let ndir = self.table.get(newparent)?;
+        let ndir_path = self.table.path_of(&ndir)?;
+        let dst = self.resolve(&ndir, newname)?;
+        let refused = match &dst {
+            Found::Upper { meta, .. } if !meta.is_dir() => true,
+            Found::Lower(e) if e.kind != Kind::Dir => true,
+            Found::Upper { .. } | Found::Lower(_) => self
+                .node_of(&ndir, &ndir_path, newname, dst)?
+                .map(|n| self.list_at(&n))
+                .transpose()?
+                .is_some_and(|names| !names.is_empty()),
+            Found::Whiteout | Found::Absent => false,
+        };
+        if refused {
+            return Ok(None);
+        }
         let _changes = self.names_change();
         let dir = self.table.get(parent)?;
         let dir_path = self.table.path_of(&dir)?;

@@ -89,6 +89,20 @@ fn fuse_renames_a_snapshot_directory_in_place_keeping_identity_and_changes() {
     let before = tree(&d.join("pkg"));
     assert!(before.iter().all(|(n, _, _)| n != "gone.txt"));
 
+    // A rename bound to fail (onto a directory that is not empty) copies nothing first.
+    write_file(&d.join("full/x"), "x\n");
+    let err = fs::rename(d.join("pkg"), d.join("full")).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTEMPTY), "{err}");
+    let upper = r.root().join("workspaces").join(&ws.id).join("upper");
+    assert!(
+        upper.join("pkg/sub").is_dir(),
+        "copied up for the changed file"
+    );
+    assert!(
+        !upper.join("pkg/sub/deeper").exists(),
+        "copied for a failed rename"
+    );
+
     fs::rename(d.join("pkg"), d.join("moved")).expect("rename of a snapshot directory");
     assert!(!d.join("pkg").exists(), "the old name is gone");
     assert_eq!(fs::metadata(d.join("moved")).unwrap().ino(), dir_ino);
