@@ -372,6 +372,13 @@ mod tests {
 
     #[test]
     fn is_mounted_answers_for_the_path_itself() {
+        // The kernel answers for the path (Linux 5.8+), without the mount table.
+        assert_eq!(
+            crate::sys::is_mount_root(Path::new("/proc")).unwrap(),
+            Some(true)
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        assert_eq!(crate::sys::is_mount_root(tmp.path()).unwrap(), Some(false));
         // Mount roots on every Linux host this runs on.
         assert!(is_mounted(Path::new("/")).unwrap());
         assert!(is_mounted(Path::new("/proc")).unwrap());

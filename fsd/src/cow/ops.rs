@@ -867,6 +867,7 @@ impl Cow {
             }
             _ => {}
         }
+        let rel = join(&dir_path, name);
         // The source in the upper layer, and both directories.
         let (dir_up, ndir_up) = {
             let _g = lock(&self.copy);
@@ -874,7 +875,6 @@ impl Cow {
             let ndir = self.copy_up_locked(newparent, false)?;
             let dir_up = dir.upper.ok_or(Errno::EIO)?;
             let ndir_up = ndir.upper.ok_or(Errno::EIO)?;
-            let rel = join(&dir_path, name);
             if let Some(entry) = &src_lower {
                 let target = at(dir_up.as_ref(), name);
                 let path = if src_is_dir {
@@ -896,7 +896,7 @@ impl Cow {
             // change, and what comes beneath it since is in the upper layer. Nothing else
             // copies now (copy-ups need the namespace too).
             let fd = open_path(&at(dir_up.as_ref(), name)).map_err(errno)?;
-            self.fill_from_snapshot(Arc::new(fd), None, &join(&dir_path, name), tree)?;
+            self.fill_from_snapshot(Arc::new(fd), None, &rel, tree)?;
         }
         let from = at(dir_up.as_ref(), name);
         let to = at(ndir_up.as_ref(), newname);
@@ -1013,10 +1013,7 @@ impl Cow {
                 continue;
             }
             match files.get(entry.data.as_slice()) {
-                Some((pdir, pname)) => {
-                    let primary: &Arc<OwnedFd> = pdir;
-                    fs::hard_link(at(primary.as_ref(), pname), &target).map_err(errno)?
-                }
+                Some((pdir, pname)) => fs::hard_link(at(&**pdir, pname), &target).map_err(errno)?,
                 // Its primary name is elsewhere: a copy of its own, as `mv` makes.
                 None => {
                     self.copy_up_leaf(target.clone(), &rel, &entry, ino, false)
