@@ -102,3 +102,130 @@ fn dirty_checkouts_are_refused_patched_or_snapshotted() {
         clean.policies["checkout"]["commit"]
     );
 }
+
+fn git_out(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("HOME", dir)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// What git says of a checkout: branch, HEAD, status, and the branches it knows.
+fn git_state(dir: &Path) -> Vec<String> {
+    [
+        &["rev-parse", "--abbrev-ref", "HEAD"][..],
+        &["rev-parse", "HEAD"],
+        &["status", "--porcelain=v1"],
+        &[
+            "for-each-ref",
+            "--format=%(refname) %(objectname)",
+            "refs/heads",
+        ],
+        &["rev-parse", "--is-bare-repository"],
+    ]
+    .iter()
+    .map(|a| git_out(dir, a))
+    .collect()
+}
+
+#[test]
+fn linked_worktrees_get_a_repository_of_their_own() {
+    if !can_run() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = tmp.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    std::fs::write(repo.join("a.txt"), "one\n").unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-qm", "init"]);
+    // The main worktree is in the middle of something of its own.
+    std::fs::write(repo.join("a.txt"), "main's change\n").unwrap();
+    git(&repo, &["add", "a.txt"]);
+    let wt = tmp.path().join("wt");
+    git(
+        &repo,
+        &["worktree", "add", "-q", "-b", "topic", wt.to_str().unwrap()],
+    );
+    std::fs::write(wt.join("a.txt"), "one\ntopic\n").unwrap();
+    std::fs::write(wt.join("b.txt"), "staged\n").unwrap();
+    git(&wt, &["add", "b.txt"]);
+    std::fs::write(wt.join("new.txt"), "untracked\n").unwrap();
+    // A bare repository's worktree, and a checkout with a separate git dir.
+    let bare = tmp.path().join("bare.git");
+    git(
+        tmp.path(),
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            repo.to_str().unwrap(),
+            bare.to_str().unwrap(),
+        ],
+    );
+    let bwt = tmp.path().join("bwt");
+    git(
+        &bare,
+        &["worktree", "add", "-q", bwt.to_str().unwrap(), "main"],
+    );
+    let sep = tmp.path().join("sep");
+    git(
+        tmp.path(),
+        &[
+            "clone",
+            "-q",
+            "--separate-git-dir",
+            tmp.path().join("sep.git").to_str().unwrap(),
+            repo.to_str().unwrap(),
+            sep.to_str().unwrap(),
+        ],
+    );
+
+    let root = tmp.path().join("root");
+    let _cleanup = Cleanup(root.clone());
+    Store::init(&root, StoreConfig::default()).unwrap();
+    let rt = Runtime::open(&root).unwrap();
+    let opts = CreateOptions::default();
+
+    let host = |d: &Path| (git_state(d), std::fs::read(d.join(".git")).ok());
+    let (wt_before, repo_before) = (host(&wt), git_state(&repo));
+    let ws = rt.create_from_git(&wt, Dirty::Snapshot, &opts).unwrap();
+    assert!(ws.path.join(".git").is_dir(), "a repository, not a pointer");
+    assert_eq!(git_state(&ws.path), wt_before.0, "the worktree's state");
+    assert_eq!(
+        git_out(&ws.path, &["worktree", "list", "--porcelain"])
+            .lines()
+            .filter(|l| l.starts_with("worktree "))
+            .count(),
+        1,
+        "no other worktree is named"
+    );
+    assert!(!ws.path.join(".git/worktrees").exists());
+    // What git does in the workspace stays there.
+    git(&ws.path, &["add", "-A"]);
+    git(&ws.path, &["commit", "-qm", "in the workspace"]);
+    git(&ws.path, &["checkout", "-q", "-b", "another"]);
+    assert_eq!(host(&wt), wt_before, "the host worktree is as it was");
+    assert_eq!(git_state(&repo), repo_before, "and so is its repository");
+
+    // Clean worktrees under `refuse`; the bare repository's worktree is not bare.
+    for (dir, branch) in [(&bwt, "main"), (&sep, "main")] {
+        let before = host(dir);
+        let ws = rt.create_from_git(dir, Dirty::Refuse, &opts).unwrap();
+        assert!(ws.path.join(".git").is_dir(), "{}", dir.display());
+        let state = git_state(&ws.path);
+        assert_eq!(state, before.0, "{}", dir.display());
+        assert_eq!(state[0].trim(), branch);
+        assert_eq!(state[4].trim(), "false");
+        std::fs::write(ws.path.join("c.txt"), "c\n").unwrap();
+        git(&ws.path, &["add", "c.txt"]);
+        git(&ws.path, &["commit", "-qm", "c"]);
+        assert_eq!(host(dir), before, "{}", dir.display());
+    }
+}

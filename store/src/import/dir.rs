@@ -6,6 +6,9 @@
 //! open it relative to its already open directory and read its xattrs from the open
 //! file. The walk and the hashing overlap. Hard links are found by (device, inode). The walk does not
 //! cross into other filesystems (mount points are left out with a warning).
+//!
+//! A checkout whose `.git` is a file naming a repository outside it (a linked worktree)
+//! gets that repository as its `.git` directory instead ([`crate::import::gitdir`]).
 
 use std::collections::HashMap;
 use std::fs;
@@ -19,6 +22,7 @@ use std::time::Instant;
 use crate::error::{Error, Result};
 use crate::import::builder::{Builder, Item, Slot};
 use crate::import::exclude::Excluder;
+use crate::import::gitdir::{self, LinkedGit, Part};
 use crate::import::{Finish, ImportOptions, ImportReport, Progress};
 use crate::ingest::{FileContent, FileJob, Ingest, Xattrs};
 use crate::lock::StoreLock;
@@ -140,6 +144,7 @@ impl Store {
             excluder.set_tracked(tracked.iter().map(|p| p.as_slice()));
         }
         let _lock = StoreLock::shared(self)?;
+        let linked = gitdir::linked_git(&src)?;
         let root_key = src.to_string_lossy().into_owned();
         let cache = self.with_reader(|c| statcache::load(c, &root_key))?;
 
@@ -150,7 +155,6 @@ impl Store {
             slot_info: Vec::new(),
             links: HashMap::new(),
             next_group: 0,
-            root_dev: meta.dev(),
             excluded: 0,
             warnings: Vec::new(),
             allow_devices: opts.allow_devices,
@@ -166,13 +170,25 @@ impl Store {
                 xattrs: vec![],
             },
         )?;
-        walk.walk(&src, &mut excluder, &cache, &mut ingest, opts)?;
+        let tree = Part::Tree {
+            linked: linked.is_some(),
+        };
+        let mut cx = (&mut excluder, &cache, &mut ingest, opts);
+        walk.walk(&src, &[], tree, meta.dev(), &mut cx)?;
+        let git_files = match &linked {
+            None => GitFiles {
+                index: src.join(".git/index"),
+                config: fs::read_to_string(src.join(".git/config")).unwrap_or_default(),
+            },
+            Some(l) => walk.linked_git(l, &mut cx)?,
+        };
         while let Some((slot, r)) = ingest.next_result(true) {
             walk.arrived(slot, r, opts)?;
         }
         let git_fsmonitor = match &opts.served_identity {
             Some(served) => refresh_git_index(
                 &src,
+                &git_files,
                 &mut walk,
                 served,
                 opts.git_fsmonitor.as_deref(),
@@ -230,12 +246,28 @@ struct At<'a> {
 /// A multiply-linked file seen before: its link group, content slot and first path.
 type LinkSeen = (u64, Slot, Vec<Vec<u8>>);
 
+/// What a walk needs besides the walk itself.
+type WalkCx<'c, 's> = (
+    &'c mut Excluder,
+    &'c statcache::Entries,
+    &'c mut Ingest<'s>,
+    &'c ImportOptions,
+);
+
+/// The git files of the tree's `.git`: where its index is read from, and its config's
+/// text as the snapshot holds it.
+struct GitFiles {
+    index: PathBuf,
+    config: String,
+}
+
 /// Rewrites the checkout's `.git/index` (if any) so the entries git trusted on the source
 /// carry the stat data workspaces will serve (see [`crate::import::gitindex`]). With a
 /// `hook` command, the index also gets an fsmonitor extension marking those entries
 /// valid and `.git/config` names the hook; the token is returned.
 fn refresh_git_index(
     src: &Path,
+    git: &GitFiles,
     walk: &mut Walk,
     served: &crate::import::ServedIdentityFn,
     hook: Option<&str>,
@@ -244,18 +276,18 @@ fn refresh_git_index(
     use crate::import::gitindex;
     let index_comps = vec![b".git".to_vec(), b"index".to_vec()];
     let config_comps = vec![b".git".to_vec(), b"config".to_vec()];
-    let index_path = src.join(".git/index");
+    let index_path = &git.index;
     if walk.builder.file_at(&index_comps).is_none() {
         return Ok(None);
     }
-    let config = fs::read_to_string(src.join(".git/config")).unwrap_or_default();
+    let config = &git.config;
     if config.contains("sha256") {
         return Ok(None); // SHA-256 repositories keep their index as it is.
     }
-    let Ok(bytes) = fs::read(&index_path) else {
+    let Ok(bytes) = fs::read(index_path) else {
         return Ok(None);
     };
-    let Ok(meta) = fs::symlink_metadata(&index_path) else {
+    let Ok(meta) = fs::symlink_metadata(index_path) else {
         return Ok(None);
     };
     let index_mtime = (meta.mtime() as u32, meta.mtime_nsec() as u32);
@@ -350,7 +382,6 @@ struct Walk {
     /// (dev, ino) of multiply-linked files -> (link group, content slot, first path).
     links: HashMap<(u64, u64), LinkSeen>,
     next_group: u64,
-    root_dev: u64,
     excluded: u64,
     warnings: Vec<String>,
     allow_devices: bool,
@@ -361,16 +392,52 @@ struct Walk {
 }
 
 impl Walk {
+    /// Makes the tree's `.git` of the repository a linked checkout names (see
+    /// [`gitdir`]): its common directory, then the checkout's own git directory.
+    fn linked_git(&mut self, l: &LinkedGit, cx: &mut WalkCx<'_, '_>) -> Result<GitFiles> {
+        let dot = [b".git".to_vec()];
+        let meta = fs::metadata(&l.common_dir).map_err(Error::io("stat", &l.common_dir))?;
+        let item = Item::Dir {
+            mode: meta.mode(),
+            xattrs: read_xattrs(&l.common_dir)?,
+        };
+        self.builder.insert(&dot, item)?;
+        if l.common_dir != l.git_dir {
+            self.walk(&l.common_dir, &dot, Part::Common, meta.dev(), cx)?;
+        }
+        let dev = fs::metadata(&l.git_dir)
+            .map_err(Error::io("stat", &l.git_dir))?
+            .dev();
+        self.walk(&l.git_dir, &dot, Part::GitDir, dev, cx)?;
+        let mut config = fs::read_to_string(l.config()).unwrap_or_default();
+        if gitdir::is_bare(&l.config()) {
+            if !config.is_empty() && !config.ends_with('\n') {
+                config.push('\n');
+            }
+            config.push_str(gitdir::NOT_BARE);
+            let comps = [b".git".to_vec(), b"config".to_vec()];
+            let content = cx.2.store_reader(config.as_bytes(), config.len() as u64)?;
+            self.builder.set_content(&comps, Slot::Known(content));
+        }
+        Ok(GitFiles {
+            index: l.index(),
+            config,
+        })
+    }
+
+    /// Walks the directory `root` into the tree at `prefix`, leaving out what `part`
+    /// leaves out and what lies on another filesystem than `root_dev`.
     fn walk(
         &mut self,
-        src: &Path,
-        excluder: &mut Excluder,
-        cache: &statcache::Entries,
-        ingest: &mut Ingest<'_>,
-        opts: &ImportOptions,
+        root: &Path,
+        prefix: &[Vec<u8>],
+        part: Part,
+        root_dev: u64,
+        cx: &mut WalkCx<'_, '_>,
     ) -> Result<()> {
+        let (excluder, cache, ingest, opts) = (&mut *cx.0, cx.1, &mut *cx.2, cx.3);
         // Depth-first with an explicit stack: (absolute dir, relative components).
-        let mut stack: Vec<(PathBuf, Vec<Vec<u8>>)> = vec![(src.to_path_buf(), vec![])];
+        let mut stack: Vec<(PathBuf, Vec<Vec<u8>>)> = vec![(root.to_path_buf(), prefix.to_vec())];
         while let Some((dir, rel)) = stack.pop() {
             let rd = fs::read_dir(&dir).map_err(Error::io("read directory", &dir))?;
             let mut entries = Vec::new();
@@ -397,6 +464,9 @@ impl Walk {
                 let abs = dir.join(&name);
                 let mut comps = rel.clone();
                 comps.push(name.as_bytes().to_vec());
+                if part.leaves_out(&comps[prefix.len()..]) {
+                    continue;
+                }
                 let rel_path = comps.join(&b'/');
                 // lstat relative to the directory read (no walk of the whole path).
                 let meta = entry.metadata().map_err(Error::io("stat", &abs))?;
@@ -406,7 +476,7 @@ impl Walk {
                     continue;
                 }
                 if ft.is_dir() {
-                    if meta.dev() != self.root_dev {
+                    if meta.dev() != root_dev {
                         self.warnings.push(format!(
                             "{}: another filesystem is mounted here; left out",
                             abs.display()

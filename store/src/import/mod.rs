@@ -4,6 +4,7 @@ pub(crate) mod builder;
 pub mod dir;
 pub mod exclude;
 pub mod git;
+pub mod gitdir;
 pub mod gitindex;
 pub mod tar;
 

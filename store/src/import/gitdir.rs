@@ -1,0 +1,275 @@
+//! A checkout whose `.git` is a file naming a repository outside it: a linked worktree
+//! (`git worktree add`) or a checkout made with `--separate-git-dir`.
+//!
+//! Its snapshot must hold the repository itself, never the path out of it: a workspace's
+//! git would otherwise read and write the developer's repository (its index, its
+//! branch), and inside a sandbox the path does not resolve at all. So the import puts a
+//! `.git` directory where the file was, made of:
+//!
+//! - the repository's common directory (objects, refs, config, hooks), without what
+//!   belongs to one worktree only: the main worktree's `HEAD` and other pseudo-refs,
+//!   index, `logs/HEAD`, per-worktree refs and operation state, and the other worktrees'
+//!   directories (`worktrees/`);
+//! - then the checkout's own git directory (its `HEAD`, index, per-worktree refs and
+//!   logs, `config.worktree`), without the files that make it a linked one (`commondir`,
+//!   `gitdir`, `locked`).
+//!
+//! A workspace's `.git` is thus what `git clone` of the checkout would have made, with
+//! the checkout's state: git in the workspace sees the same branch, index and history,
+//! and what it writes stays in the workspace. The worktree of a bare repository gets
+//! `core.bare = false` appended to its `.git/config` (the common config says `true`).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::error::{Error, Result};
+
+/// Where the repository of a checkout with a `.git` file lies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkedGit {
+    /// The checkout's own git directory (`HEAD`, `index`, ...).
+    pub git_dir: PathBuf,
+    /// The repository's common directory (objects, refs, config): `git_dir` itself for
+    /// a separate git directory.
+    pub common_dir: PathBuf,
+}
+
+impl LinkedGit {
+    /// The index file git uses for the checkout.
+    pub fn index(&self) -> PathBuf {
+        self.git_dir.join("index")
+    }
+
+    /// The repository's config file.
+    pub fn config(&self) -> PathBuf {
+        self.common_dir.join("config")
+    }
+}
+
+/// The repository `src/.git` names, when `src/.git` is a git file (`gitdir: PATH`) whose
+/// directory lies outside `src` (canonical). `None` for a `.git` directory, no `.git`,
+/// or a git directory inside the tree (imported as it is).
+pub fn linked_git(src: &Path) -> Result<Option<LinkedGit>> {
+    let dot = src.join(".git");
+    match fs::symlink_metadata(&dot) {
+        Ok(m) if m.is_file() => {}
+        _ => return Ok(None),
+    }
+    let text = fs::read_to_string(&dot).map_err(Error::io("read", &dot))?;
+    let Some(named) = text.strip_prefix("gitdir:") else {
+        return Ok(None);
+    };
+    let named = Path::new(named.trim());
+    let unreadable = |what: &str, path: &Path, e: std::io::Error| {
+        Error::Invalid(format!(
+            "{} names the {what} {}, which cannot be read ({e}); run `git worktree repair` in the checkout, or import it from the main worktree",
+            dot.display(),
+            path.display()
+        ))
+    };
+    let git_dir = src.join(named);
+    let git_dir =
+        fs::canonicalize(&git_dir).map_err(|e| unreadable("git directory", &git_dir, e))?;
+    if git_dir.starts_with(src) {
+        return Ok(None);
+    }
+    let commondir = git_dir.join("commondir");
+    let common_dir = match fs::read_to_string(&commondir) {
+        Ok(c) => {
+            let p = git_dir.join(c.trim());
+            fs::canonicalize(&p).map_err(|e| unreadable("repository", &p, e))?
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => git_dir.clone(),
+        Err(e) => return Err(Error::io("read", &commondir)(e)),
+    };
+    for dir in [&git_dir, &common_dir] {
+        if !dir.join("HEAD").exists() && !dir.join("objects").is_dir() {
+            return Err(unreadable(
+                "git directory",
+                dir,
+                std::io::Error::other("it holds no repository"),
+            ));
+        }
+    }
+    Ok(Some(LinkedGit {
+        git_dir,
+        common_dir,
+    }))
+}
+
+/// A part of an import: the tree, or one of the two directories that make its `.git`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// The checkout; `linked`: its `.git` file is left out (the parts below replace it).
+    Tree { linked: bool },
+    /// The repository's common directory, walked first into `.git`.
+    Common,
+    /// The checkout's own git directory, walked last into `.git` (its files win).
+    GitDir,
+}
+
+impl Part {
+    /// Whether the entry at `inner` (components below the part's own root) is left out.
+    pub fn leaves_out(self, inner: &[Vec<u8>]) -> bool {
+        match self {
+            Part::Tree { linked } => linked && inner.len() == 1 && inner[0] == b".git",
+            Part::Common => worktree_state(inner),
+            Part::GitDir => {
+                inner.len() == 1
+                    && matches!(
+                        inner[0].as_slice(),
+                        b"commondir" | b"gitdir" | b"locked" | b"worktrees"
+                    )
+            }
+        }
+    }
+}
+
+/// Whether a path of a repository's common directory belongs to one worktree (the
+/// main one): pseudo-refs (`HEAD`, `ORIG_HEAD`, `MERGE_MSG`, ...), the index, state of an
+/// operation in progress, per-worktree refs and logs, and the linked worktrees'
+/// directories.
+pub fn worktree_state(inner: &[Vec<u8>]) -> bool {
+    match inner {
+        [top] => {
+            matches!(
+                top.as_slice(),
+                b"index"
+                    | b"worktrees"
+                    | b"config.worktree"
+                    | b"sequencer"
+                    | b"rebase-merge"
+                    | b"rebase-apply"
+            ) || top.starts_with(b"sharedindex.")
+                || top.starts_with(b"index.")
+                || (!top.is_empty() && top.iter().all(|&c| c.is_ascii_uppercase() || c == b'_'))
+        }
+        [a, b] => matches!(
+            (a.as_slice(), b.as_slice()),
+            (b"logs", b"HEAD")
+                | (b"refs", b"bisect" | b"worktree" | b"rewritten")
+                | (b"info", b"sparse-checkout")
+        ),
+        [a, b, c] => {
+            a == b"logs" && b == b"refs" && matches!(c.as_slice(), b"bisect" | b"worktree")
+        }
+        _ => false,
+    }
+}
+
+/// The lines appended to the `.git/config` of a bare repository's worktree.
+pub const NOT_BARE: &str = "# cowspace: the worktree of a bare repository, made a repository of its own\n[core]\n\tbare = false\n";
+
+/// Whether the config file at `path` makes its repository bare (`core.bare`), as git
+/// reads it. False when git cannot say.
+pub fn is_bare(config: &Path) -> bool {
+    Command::new("git")
+        .args(["config", "--file"])
+        .arg(config)
+        .args(["--type=bool", "--get", "core.bare"])
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .is_ok_and(|o| o.status.success() && o.stdout.trim_ascii() == b"true")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Vec<Vec<u8>> {
+        s.split('/').map(|c| c.as_bytes().to_vec()).collect()
+    }
+
+    #[test]
+    fn one_worktree_state_is_told_from_the_repository() {
+        for s in [
+            "HEAD",
+            "ORIG_HEAD",
+            "FETCH_HEAD",
+            "MERGE_MSG",
+            "COMMIT_EDITMSG",
+            "index",
+            "index.lock",
+            "sharedindex.0123",
+            "worktrees",
+            "config.worktree",
+            "rebase-merge",
+            "logs/HEAD",
+            "refs/bisect",
+            "refs/worktree",
+            "logs/refs/bisect",
+            "info/sparse-checkout",
+        ] {
+            assert!(worktree_state(&p(s)), "{s}");
+        }
+        for s in [
+            "objects",
+            "refs",
+            "refs/heads",
+            "refs/heads/HEAD_LIKE",
+            "logs",
+            "logs/refs/heads/main",
+            "packed-refs",
+            "config",
+            "hooks",
+            "info/exclude",
+            "shallow",
+            "description",
+        ] {
+            assert!(!worktree_state(&p(s)), "{s}");
+        }
+        assert!(Part::GitDir.leaves_out(&p("commondir")));
+        assert!(Part::GitDir.leaves_out(&p("gitdir")));
+        assert!(!Part::GitDir.leaves_out(&p("HEAD")));
+        assert!(!Part::GitDir.leaves_out(&p("logs/HEAD")));
+        assert!(Part::Tree { linked: true }.leaves_out(&p(".git")));
+        assert!(!Part::Tree { linked: false }.leaves_out(&p(".git")));
+        assert!(!Part::Tree { linked: true }.leaves_out(&p("d/.git")));
+    }
+
+    #[test]
+    fn a_git_file_naming_a_directory_outside_is_linked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tmp = fs::canonicalize(tmp.path()).unwrap();
+        let common = tmp.join("repo.git");
+        let wt_dir = common.join("worktrees/wt");
+        fs::create_dir_all(common.join("objects")).unwrap();
+        fs::create_dir_all(&wt_dir).unwrap();
+        fs::write(common.join("HEAD"), "ref: refs/heads/main\n").unwrap();
+        fs::write(wt_dir.join("HEAD"), "ref: refs/heads/wt\n").unwrap();
+        fs::write(wt_dir.join("commondir"), "../..\n").unwrap();
+        let src = tmp.join("wt");
+        fs::create_dir_all(&src).unwrap();
+        assert_eq!(linked_git(&src).unwrap(), None, "no .git");
+        fs::write(src.join(".git"), format!("gitdir: {}\n", wt_dir.display())).unwrap();
+        let l = linked_git(&src).unwrap().unwrap();
+        assert_eq!(l.git_dir, wt_dir);
+        assert_eq!(l.common_dir, common);
+        assert_eq!(l.index(), wt_dir.join("index"));
+
+        // Relative, and a separate git dir (no commondir).
+        fs::write(src.join(".git"), "gitdir: ../repo.git\n").unwrap();
+        let l = linked_git(&src).unwrap().unwrap();
+        assert_eq!((l.git_dir.clone(), l.common_dir), (common.clone(), common));
+
+        // Inside the tree: imported as it is.
+        fs::create_dir_all(src.join("modules/x/objects")).unwrap();
+        fs::write(src.join(".git"), "gitdir: modules/x\n").unwrap();
+        assert_eq!(linked_git(&src).unwrap(), None);
+
+        // Gone: a clear error with the fix.
+        fs::write(src.join(".git"), "gitdir: /nonexistent/wt\n").unwrap();
+        let e = linked_git(&src).unwrap_err().to_string();
+        assert!(
+            e.contains("/nonexistent/wt") && e.contains("git worktree repair"),
+            "{e}"
+        );
+
+        // Not a git file at all.
+        fs::write(src.join(".git"), "something else\n").unwrap();
+        assert_eq!(linked_git(&src).unwrap(), None);
+    }
+}
