@@ -3,9 +3,10 @@
 //!
 //! - `refuse` (default): a checkout with uncommitted changes (modified, staged, deleted
 //!   or untracked non-ignored files) is refused, and the changes are listed.
-//! - `patch`: the clean HEAD commit is imported (no working tree is read) and the
-//!   uncommitted diff of tracked files (`git diff --binary HEAD`) is applied in the new
-//!   workspace; the patch is kept as an artifact in the workspace's private directory and
+//! - `patch`: the clean HEAD commit is imported (no working tree is read) with the
+//!   checkout's repository as `.git` (its index included, so the workspace is a git work
+//!   tree with the checkout's branch and staged changes), and the uncommitted diff of
+//!   tracked files (`git diff --binary HEAD`) is applied in the new workspace; the patch is kept as an artifact in the workspace's private directory and
 //!   its BLAKE3 recorded. Untracked files are not part of a patch (they are listed in the
 //!   record's diagnostics).
 //! - `snapshot`: the working tree is imported as it is (with `.git`, untracked files, and
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cowspace_store::ImportOptions;
+use cowspace_store::import::gitdir;
 use serde_json::json;
 
 use crate::error::{Error, Result};
@@ -165,7 +167,16 @@ impl Runtime {
                 patch = Some(diff);
                 let mut opts = ImportOptions::new();
                 opts.message = format!("HEAD {commit} of {}", top.display());
-                store.import_git(&top, &commit, &opts)?.snapshot
+                let head = store.import_git(&top, &commit, &opts)?.snapshot;
+                // A git work tree: the checkout's repository (with its index) as `.git`.
+                match gitdir::repository_of(&top)? {
+                    Some(repo) => {
+                        let message =
+                            format!("HEAD {commit} of {} with its repository", top.display());
+                        store.with_repository(&head, &repo, &message)?.snapshot
+                    }
+                    None => head,
+                }
             }
         };
         let rec = self.create(&CreateOptions {

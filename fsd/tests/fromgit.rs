@@ -88,6 +88,12 @@ fn dirty_checkouts_are_refused_patched_or_snapshotted() {
         .map(|(c, _)| c.path)
         .collect();
     assert_eq!(changes, vec!["a.txt".to_string()]);
+    // A git work tree: the change is uncommitted there, as on the host.
+    assert!(p.path.join(".git").is_dir());
+    assert_eq!(
+        git_out(&p.path, &["status", "--porcelain=v1"]),
+        " M a.txt\n"
+    );
 
     // Snapshot: the working tree as it is, .git included.
     let s = rt.create_from_git(&repo, Dirty::Snapshot, &opts).unwrap();
@@ -214,10 +220,26 @@ fn linked_worktrees_get_a_repository_of_their_own() {
     assert_eq!(host(&wt), wt_before, "the host worktree is as it was");
     assert_eq!(git_state(&repo), repo_before, "and so is its repository");
 
+    // Under `patch`: HEAD, the diff applied, the worktree's index; untracked files left.
+    let ws = rt.create_from_git(&wt, Dirty::Patch, &opts).unwrap();
+    let mut want = wt_before.0.clone();
+    want[2] = want[2]
+        .lines()
+        .filter(|l| !l.starts_with("??"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(git_state(&ws.path), want);
+    git(&ws.path, &["commit", "-qam", "in the workspace"]);
+    assert_eq!(host(&wt), wt_before);
+
     // Clean worktrees under `refuse`; the bare repository's worktree is not bare.
-    for (dir, branch) in [(&bwt, "main"), (&sep, "main")] {
+    for (dir, branch, dirty) in [
+        (&bwt, "main", Dirty::Refuse),
+        (&sep, "main", Dirty::Refuse),
+        (&bwt, "main", Dirty::Patch),
+    ] {
         let before = host(dir);
-        let ws = rt.create_from_git(dir, Dirty::Refuse, &opts).unwrap();
+        let ws = rt.create_from_git(dir, dirty, &opts).unwrap();
         assert!(ws.path.join(".git").is_dir(), "{}", dir.display());
         let state = git_state(&ws.path);
         assert_eq!(state, before.0, "{}", dir.display());

@@ -20,6 +20,7 @@
 //! `core.bare = false` appended to its `.git/config` (the common config says `true`).
 
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -156,6 +157,130 @@ pub fn worktree_state(inner: &[Vec<u8>]) -> bool {
         }
         _ => false,
     }
+}
+
+/// The repository of the checkout at `top`, for any checkout: its `.git` directory (also
+/// its common directory), or the one a `.git` file names (see [`linked_git`]). `None`
+/// when `top` has no `.git`.
+pub fn repository_of(top: &Path) -> Result<Option<LinkedGit>> {
+    let dot = top.join(".git");
+    match fs::symlink_metadata(&dot) {
+        Ok(m) if m.is_dir() => Ok(Some(LinkedGit {
+            git_dir: dot.clone(),
+            common_dir: dot,
+        })),
+        Ok(m) if m.is_file() => {
+            let top = fs::canonicalize(top).map_err(Error::io("resolve", top))?;
+            linked_git(&top)
+        }
+        _ => Ok(None),
+    }
+}
+
+impl crate::Store {
+    /// A snapshot of `base` with the repository `repo` as its `.git` directory (what a
+    /// linked worktree's import makes of it, see the module doc), whose parent is `base`.
+    /// For a workspace of a commit that is to be a git work tree (`create --from-git
+    /// --dirty patch`).
+    pub fn with_repository(
+        &self,
+        base: &crate::SnapshotId,
+        repo: &LinkedGit,
+        message: &str,
+    ) -> Result<crate::ImportReport> {
+        let source = self.snapshot(base)?.source;
+        let mut ed = self.edit(base)?;
+        let meta = fs::metadata(&repo.common_dir).map_err(Error::io("stat", &repo.common_dir))?;
+        ed.clear_dir(
+            b".git",
+            meta.mode(),
+            crate::import::dir::read_xattrs(&repo.common_dir)?,
+        )?;
+        if repo.common_dir != repo.git_dir {
+            put_tree(&mut ed, &repo.common_dir, Part::Common)?;
+        }
+        put_tree(&mut ed, &repo.git_dir, Part::GitDir)?;
+        // A bare repository's worktree: its config, made not bare, from a file that
+        // outlives the edit.
+        let mut tmp = None;
+        if is_bare(&repo.config()) {
+            let mut config =
+                fs::read_to_string(repo.config()).map_err(Error::io("read", repo.config()))?;
+            if !config.is_empty() && !config.ends_with('\n') {
+                config.push('\n');
+            }
+            config.push_str(NOT_BARE);
+            let dir = self.layout().tmp();
+            let file = tempfile_in(&dir)?;
+            fs::write(&file.0, config).map_err(Error::io("write", &file.0))?;
+            ed.put_file(
+                b".git/config",
+                file.0.clone(),
+                fs::metadata(repo.config()).map_or(0o644, |m| m.mode()),
+                vec![],
+                None,
+            )?;
+            tmp = Some(file);
+        }
+        let report = ed.commit(message, source, None);
+        drop(tmp);
+        report
+    }
+}
+
+/// A file in `dir` removed when dropped.
+struct TempFile(std::path::PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+fn tempfile_in(dir: &Path) -> Result<TempFile> {
+    fs::create_dir_all(dir).map_err(Error::io("create", dir))?;
+    for n in 0u32.. {
+        let p = dir.join(format!("git-config.{}.{n}", std::process::id()));
+        match fs::OpenOptions::new().write(true).create_new(true).open(&p) {
+            Ok(_) => return Ok(TempFile(p)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(Error::io("create", &p)(e)),
+        }
+    }
+    unreachable!("some name is free")
+}
+
+/// Puts the directory `root` into the edit at `.git`, leaving out what `part` leaves out.
+fn put_tree(ed: &mut crate::Editor<'_>, root: &Path, part: Part) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let mut stack: Vec<(std::path::PathBuf, Vec<Vec<u8>>)> = vec![(root.to_path_buf(), vec![])];
+    while let Some((dir, inner)) = stack.pop() {
+        let rd = fs::read_dir(&dir).map_err(Error::io("read directory", &dir))?;
+        for e in rd {
+            let e = e.map_err(Error::io("read directory", &dir))?;
+            let mut comps = inner.clone();
+            comps.push(e.file_name().as_bytes().to_vec());
+            if part.leaves_out(&comps) {
+                continue;
+            }
+            let abs = e.path();
+            let path = [b".git".as_slice(), b"/", &comps.join(&b'/')].concat();
+            let meta = e.metadata().map_err(Error::io("stat", &abs))?;
+            let ft = meta.file_type();
+            if ft.is_dir() {
+                ed.put_dir(&path, meta.mode(), crate::import::dir::read_xattrs(&abs)?)?;
+                stack.push((abs, comps));
+            } else if ft.is_file() {
+                let xattrs = crate::import::dir::read_xattrs(&abs)?;
+                ed.put_file(&path, abs, meta.mode(), xattrs, None)?;
+            } else if ft.is_symlink() {
+                let target = fs::read_link(&abs).map_err(Error::io("read link", &abs))?;
+                ed.put_symlink(&path, target.as_os_str().as_bytes().to_vec(), vec![])?;
+            }
+            // Sockets, fifos and devices have no place in a git directory.
+        }
+    }
+    Ok(())
 }
 
 /// The lines appended to the `.git/config` of a bare repository's worktree.
