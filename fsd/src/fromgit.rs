@@ -4,8 +4,9 @@
 //! - `refuse` (default): a checkout with uncommitted changes (modified, staged, deleted
 //!   or untracked non-ignored files) is refused, and the changes are listed.
 //! - `patch`: the clean HEAD commit is imported (no working tree is read) with the
-//!   checkout's repository as `.git` (its index included, so the workspace is a git work
-//!   tree with the checkout's branch and staged changes), and the uncommitted diff of
+//!   checkout's repository as `.git` (its index included and made to agree with what
+//!   workspaces serve, so the workspace is a git work tree with the checkout's branch
+//!   and staged changes), and the uncommitted diff of
 //!   tracked files (`git diff --binary HEAD`) is applied in the new workspace; the patch is kept as an artifact in the workspace's private directory and
 //!   its BLAKE3 recorded. Untracked files are not part of a patch (they are listed in the
 //!   record's diagnostics).
@@ -171,9 +172,14 @@ impl Runtime {
                 // A git work tree: the checkout's repository (with its index) as `.git`.
                 match gitdir::repository_of(&top)? {
                     Some(repo) => {
-                        let message =
+                        let mut opts = ImportOptions::new();
+                        opts.message =
                             format!("HEAD {commit} of {} with its repository", top.display());
-                        store.with_repository(&head, &repo, &message)?.snapshot
+                        opts.served_identity = Some(crate::view::served_identity(store.root())?);
+                        opts.git_fsmonitor = crate::gitfsmonitor::git_reads_the_extension()
+                            .ok()
+                            .and_then(|()| crate::gitfsmonitor::hook_command());
+                        store.with_repository(&head, &top, &repo, &opts)?.snapshot
                     }
                     None => head,
                 }

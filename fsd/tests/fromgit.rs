@@ -66,6 +66,17 @@ fn dirty_checkouts_are_refused_patched_or_snapshotted() {
     );
     assert_eq!(rt.list(true).unwrap().len(), before, "nothing was made");
 
+    // The unchanged files older than the index, so git trusts their entries there.
+    for f in ["d/b.txt", ".gitignore"] {
+        let t = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        let file = std::fs::File::options()
+            .write(true)
+            .open(repo.join(f))
+            .unwrap();
+        file.set_modified(t).unwrap();
+    }
+    git(&repo, &["status", "--porcelain"]);
+
     // Patch: HEAD's tree plus the tracked diff; the untracked file is not in a patch.
     let p = rt.create_from_git(&repo, Dirty::Patch, &opts).unwrap();
     assert_eq!(
@@ -90,6 +101,9 @@ fn dirty_checkouts_are_refused_patched_or_snapshotted() {
     assert_eq!(changes, vec!["a.txt".to_string()]);
     // A git work tree: the change is uncommitted there, as on the host.
     assert!(p.path.join(".git").is_dir());
+    // The index agrees with what the workspace serves: git need not look at the files
+    // the patch left alone (`diff-files` compares stat data only).
+    assert_eq!(git_out(&p.path, &["diff-files", "--name-only"]), "a.txt\n");
     assert_eq!(
         git_out(&p.path, &["status", "--porcelain=v1"]),
         " M a.txt\n"

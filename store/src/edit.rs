@@ -284,6 +284,20 @@ impl<'s> Editor<'s> {
         )
     }
 
+    /// Stores `bytes` as the file at `path`.
+    pub fn put_bytes(&mut self, path: &[u8], bytes: &[u8], mode: u32) -> Result<()> {
+        let content = self.ingest.store_reader(bytes, bytes.len() as u64)?;
+        self.set(
+            path,
+            Child::Leaf(Leaf::File {
+                mode: mode & 0o7777,
+                content: Content::Known(content),
+                link: None,
+                xattrs: vec![],
+            }),
+        )
+    }
+
     /// Puts a file whose content is already stored (e.g. unchanged content, new mode).
     pub fn put_stored_file(
         &mut self,

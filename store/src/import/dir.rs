@@ -256,9 +256,9 @@ type WalkCx<'c, 's> = (
 
 /// The git files of the tree's `.git`: where its index is read from, and its config's
 /// text as the snapshot holds it.
-struct GitFiles {
-    index: PathBuf,
-    config: String,
+pub(crate) struct GitFiles {
+    pub index: PathBuf,
+    pub config: String,
 }
 
 /// Rewrites the checkout's `.git/index` (if any) so the entries git trusted on the source
@@ -276,20 +276,73 @@ fn refresh_git_index(
     use crate::import::gitindex;
     let index_comps = vec![b".git".to_vec(), b"index".to_vec()];
     let config_comps = vec![b".git".to_vec(), b"config".to_vec()];
-    let index_path = &git.index;
     if walk.builder.file_at(&index_comps).is_none() {
         return Ok(None);
     }
+    let config_in_tree = walk.builder.file_at(&config_comps).is_some();
+    let entry_at = |comps: &[Vec<u8>]| match walk.builder.file_at(comps) {
+        Some((mode, slot, _)) => {
+            let content = match slot {
+                Slot::Known(c) => c,
+                Slot::Pending(i) => walk.slots.get(i).copied().flatten()?,
+            };
+            Some(gitindex::served_entry(
+                comps.last()?,
+                mode,
+                content.size,
+                *content.id.as_bytes(),
+            ))
+        }
+        None => match walk.builder.item_at(comps)? {
+            Item::Symlink { target, .. } => Some(gitindex::served_symlink(comps.last()?, target)),
+            _ => None,
+        },
+    };
+    let Some(r) = refreshed_index(src, git, config_in_tree, served, hook, entry_at) else {
+        return Ok(None);
+    };
+    if let Some(text) = &r.config {
+        let content = ingest.store_reader(text.as_bytes(), text.len() as u64)?;
+        walk.builder
+            .set_content(&config_comps, Slot::Known(content));
+    }
+    let content = ingest.store_reader(r.index.as_slice(), r.index.len() as u64)?;
+    walk.builder.set_content(&index_comps, Slot::Known(content));
+    Ok(r.token)
+}
+
+/// A checkout's index made to agree with what workspaces serve ([`refreshed_index`]).
+pub(crate) struct RefreshedIndex {
+    /// The new `.git/index`.
+    pub index: Vec<u8>,
+    /// The new `.git/config` text, when the fsmonitor hook was added to it.
+    pub config: Option<String>,
+    /// The fsmonitor token the index carries, if any.
+    pub token: Option<String>,
+}
+
+/// The checkout's index (at `git.index`) with the entries git trusted on the source (the
+/// work tree `src`) carrying the stat data workspaces will serve for the snapshot's entry
+/// at their path (`entry_at`, in the form [`crate::import::gitindex::served_entry`] and
+/// `served_symlink` make); with a `hook`, also an fsmonitor extension marking them
+/// valid, and `.git/config` (`git.config`, a plain file of the tree when
+/// `config_in_tree`) naming the hook. `None` when nothing is to be rewritten: no
+/// readable index, a SHA-256 repository, or no entry trusted.
+pub(crate) fn refreshed_index(
+    src: &Path,
+    git: &GitFiles,
+    config_in_tree: bool,
+    served: &crate::import::ServedIdentityFn,
+    hook: Option<&str>,
+    entry_at: impl Fn(&[Vec<u8>]) -> Option<crate::tree::Entry>,
+) -> Option<RefreshedIndex> {
+    use crate::import::gitindex;
     let config = &git.config;
     if config.contains("sha256") {
-        return Ok(None); // SHA-256 repositories keep their index as it is.
+        return None; // SHA-256 repositories keep their index as it is.
     }
-    let Ok(bytes) = fs::read(index_path) else {
-        return Ok(None);
-    };
-    let Ok(meta) = fs::symlink_metadata(index_path) else {
-        return Ok(None);
-    };
+    let bytes = fs::read(&git.index).ok()?;
+    let meta = fs::symlink_metadata(&git.index).ok()?;
     let index_mtime = (meta.mtime() as u32, meta.mtime_nsec() as u32);
     let mut trusted = 0u64;
     let rewritten = gitindex::rewrite_marking(&bytes, |path, e| {
@@ -301,21 +354,7 @@ fn refresh_git_index(
             return None;
         }
         let comps: Vec<Vec<u8>> = path.split(|&b| b == b'/').map(|c| c.to_vec()).collect();
-        let entry = match walk.builder.file_at(&comps) {
-            Some((mode, slot, _)) => {
-                let content = match slot {
-                    Slot::Known(c) => c,
-                    Slot::Pending(i) => walk.slots.get(i).copied().flatten()?,
-                };
-                gitindex::served_entry(comps.last()?, mode, content.size, *content.id.as_bytes())
-            }
-            None => match walk.builder.item_at(&comps)? {
-                crate::import::builder::Item::Symlink { target, .. } => {
-                    gitindex::served_symlink(comps.last()?, target)
-                }
-                _ => return None,
-            },
-        };
+        let entry = entry_at(&comps)?;
         let s = served(path, &entry);
         trusted += 1;
         Some(gitindex::EntryStat {
@@ -331,47 +370,45 @@ fn refresh_git_index(
             size: e.size,
         })
     });
-    let Some(mut rewritten) = rewritten else {
-        return Ok(None);
-    };
+    let mut rewritten = rewritten?;
     if trusted == 0 {
-        return Ok(None);
+        return None;
     }
     rewritten.unracy_unverified();
     // The fsmonitor hook, unless the repository has its own (or its config is not a
     // plain file of the tree).
     let hooked = match hook {
-        Some(cmd)
-            if !config.to_ascii_lowercase().contains("fsmonitor")
-                && walk.builder.file_at(&config_comps).is_some() =>
-        {
+        Some(cmd) if !config.to_ascii_lowercase().contains("fsmonitor") && config_in_tree => {
             let token = gitindex::new_fsmonitor_token("import", src.as_os_str().as_bytes());
             gitindex::with_fsmonitor(&rewritten, &token).map(|index| (cmd, token, index))
         }
         _ => None,
     };
-    let (index, token) = match hooked {
+    let r = match hooked {
         Some((cmd, token, index)) => {
             let mut text = config.clone();
             if !text.is_empty() && !text.ends_with('\n') {
                 text.push('\n');
             }
             text.push_str(&gitindex::fsmonitor_config(cmd));
-            let content = ingest.store_reader(text.as_bytes(), text.len() as u64)?;
-            walk.builder
-                .set_content(&config_comps, Slot::Known(content));
-            (index, Some(token))
+            RefreshedIndex {
+                index,
+                config: Some(text),
+                token: Some(token),
+            }
         }
-        None => (rewritten.bytes, None),
+        None => RefreshedIndex {
+            index: rewritten.bytes,
+            config: None,
+            token: None,
+        },
     };
-    let content = ingest.store_reader(index.as_slice(), index.len() as u64)?;
-    walk.builder.set_content(&index_comps, Slot::Known(content));
     tracing::debug!(
         entries = trusted,
-        fsmonitor = token.is_some(),
+        fsmonitor = r.token.is_some(),
         "rewrote .git/index stat data for workspaces"
     );
-    Ok(token)
+    Some(r)
 }
 
 struct Walk {

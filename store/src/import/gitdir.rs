@@ -179,75 +179,98 @@ pub fn repository_of(top: &Path) -> Result<Option<LinkedGit>> {
 
 impl crate::Store {
     /// A snapshot of `base` with the repository `repo` as its `.git` directory (what a
-    /// linked worktree's import makes of it, see the module doc), whose parent is `base`.
-    /// For a workspace of a commit that is to be a git work tree (`create --from-git
-    /// --dirty patch`).
+    /// linked worktree's import makes of it, see the module doc), whose parent is `base`:
+    /// for a workspace of a commit that is to be a git work tree (`create --from-git
+    /// --dirty patch`). `top` is the checkout `base` was made from; with
+    /// `opts.served_identity` (and `opts.git_fsmonitor`), the index entries git trusted
+    /// there are made to agree with what workspaces serve of `base`, as a directory
+    /// import does (docs/git.md). `opts.message` is the new snapshot's message.
     pub fn with_repository(
         &self,
         base: &crate::SnapshotId,
+        top: &Path,
         repo: &LinkedGit,
-        message: &str,
+        opts: &crate::ImportOptions,
     ) -> Result<crate::ImportReport> {
-        let source = self.snapshot(base)?.source;
+        let snap = self.snapshot(base)?;
         let mut ed = self.edit(base)?;
         let meta = fs::metadata(&repo.common_dir).map_err(Error::io("stat", &repo.common_dir))?;
-        ed.clear_dir(
-            b".git",
-            meta.mode(),
-            crate::import::dir::read_xattrs(&repo.common_dir)?,
-        )?;
+        let xattrs = crate::import::dir::read_xattrs(&repo.common_dir)?;
+        ed.clear_dir(b".git", meta.mode(), xattrs)?;
         if repo.common_dir != repo.git_dir {
             put_tree(&mut ed, &repo.common_dir, Part::Common)?;
         }
         put_tree(&mut ed, &repo.git_dir, Part::GitDir)?;
-        // A bare repository's worktree: its config, made not bare, from a file that
-        // outlives the edit.
-        let mut tmp = None;
+        let mode_of = |p: &Path| fs::metadata(p).map_or(0o644, |m| m.mode());
+        let mut config = fs::read_to_string(repo.config()).unwrap_or_default();
+        let mut config_changed = false;
         if is_bare(&repo.config()) {
-            let mut config =
-                fs::read_to_string(repo.config()).map_err(Error::io("read", repo.config()))?;
             if !config.is_empty() && !config.ends_with('\n') {
                 config.push('\n');
             }
             config.push_str(NOT_BARE);
-            let dir = self.layout().tmp();
-            let file = tempfile_in(&dir)?;
-            fs::write(&file.0, config).map_err(Error::io("write", &file.0))?;
-            ed.put_file(
-                b".git/config",
-                file.0.clone(),
-                fs::metadata(repo.config()).map_or(0o644, |m| m.mode()),
-                vec![],
-                None,
-            )?;
-            tmp = Some(file);
+            config_changed = true;
         }
-        let report = ed.commit(message, source, None);
-        drop(tmp);
-        report
+        let mut token = None;
+        if let Some(served) = &opts.served_identity {
+            let mut entries = std::collections::HashMap::new();
+            served_entries(self, &snap.root, &mut vec![], &mut entries)?;
+            let git = crate::import::dir::GitFiles {
+                index: repo.index(),
+                config: config.clone(),
+            };
+            let hook = opts.git_fsmonitor.as_deref();
+            let entry_at = |comps: &[Vec<u8>]| entries.get(comps).cloned();
+            let top = fs::canonicalize(top).map_err(Error::io("resolve", top))?;
+            let refreshed =
+                crate::import::dir::refreshed_index(&top, &git, true, served, hook, entry_at);
+            if let Some(r) = refreshed {
+                ed.put_bytes(b".git/index", &r.index, mode_of(&repo.index()))?;
+                if let Some(text) = r.config {
+                    config = text;
+                    config_changed = true;
+                }
+                token = r.token;
+            }
+        }
+        if config_changed {
+            ed.put_bytes(b".git/config", config.as_bytes(), mode_of(&repo.config()))?;
+        }
+        ed.set_git_fsmonitor(token);
+        ed.commit(&opts.message, snap.source, None)
     }
 }
 
-/// A file in `dir` removed when dropped.
-struct TempFile(std::path::PathBuf);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = fs::remove_file(&self.0);
-    }
-}
-
-fn tempfile_in(dir: &Path) -> Result<TempFile> {
-    fs::create_dir_all(dir).map_err(Error::io("create", dir))?;
-    for n in 0u32.. {
-        let p = dir.join(format!("git-config.{}.{n}", std::process::id()));
-        match fs::OpenOptions::new().write(true).create_new(true).open(&p) {
-            Ok(_) => return Ok(TempFile(p)),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(Error::io("create", &p)(e)),
+/// The entries of the tree `id` (at `prefix`) an index entry can agree with, by path, in
+/// the form the index rewrite compares (see [`crate::import::gitindex::served_entry`]).
+fn served_entries(
+    store: &crate::Store,
+    id: &crate::TreeId,
+    prefix: &mut Vec<Vec<u8>>,
+    out: &mut std::collections::HashMap<Vec<Vec<u8>>, crate::tree::Entry>,
+) -> Result<()> {
+    use crate::import::gitindex::{served_entry, served_symlink};
+    use crate::tree::Kind;
+    for e in store.tree(id)?.entries {
+        prefix.push(e.name.clone());
+        match e.kind {
+            Kind::Dir => {
+                if let Some(t) = e.subtree() {
+                    served_entries(store, &t, prefix, out)?;
+                }
+            }
+            Kind::File | Kind::Hardlink => {
+                let entry = served_entry(&e.name, e.mode, e.size, e.hash);
+                out.insert(prefix.clone(), entry);
+            }
+            Kind::Symlink => {
+                out.insert(prefix.clone(), served_symlink(&e.name, &e.data));
+            }
+            _ => {}
         }
+        prefix.pop();
     }
-    unreachable!("some name is free")
+    Ok(())
 }
 
 /// Puts the directory `root` into the edit at `.git`, leaving out what `part` leaves out.
