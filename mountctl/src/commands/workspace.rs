@@ -185,8 +185,13 @@ pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         },
         Err(why) => json!({"available": false, "why": why}),
     };
+    // What the host could change to make fuse workspaces answer faster.
+    let hints: Vec<_> = materializer::fuse::host_hints()
+        .into_iter()
+        .map(|(cause, fix)| json!({"materializer": "fuse", "cause": cause, "fix": fix}))
+        .collect();
     ctx.emit(
-        json!({"materializers": rows, "auto": auto, "git_fsmonitor": hook}),
+        json!({"materializers": rows, "auto": auto, "git_fsmonitor": hook, "hints": hints}),
         || {
             let mut s = String::new();
             for r in &rows {
@@ -213,6 +218,14 @@ pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
                     hook["why"].as_str().unwrap_or("")
                 ),
             });
+            for h in &hints {
+                s.push_str(&format!(
+                    "\nhint ({}): {}\n  fix: {}",
+                    h["materializer"].as_str().unwrap_or(""),
+                    h["cause"].as_str().unwrap_or(""),
+                    h["fix"].as_str().unwrap_or("")
+                ));
+            }
             s
         },
     );

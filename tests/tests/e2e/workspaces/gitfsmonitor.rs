@@ -420,4 +420,11 @@ fn doctor_names_the_hook() {
     );
     let text = r.t.run(["doctor"]).ok().stdout;
     assert!(text.contains("asks the workspace what changed"), "{text}");
+    // Host hints: each with its cause and fix, in the JSON and the text alike.
+    let hints = v["hints"].as_array().expect("a list of hints");
+    for h in hints {
+        let (cause, fix) = (h["cause"].as_str().unwrap(), h["fix"].as_str().unwrap());
+        assert!(text.contains(cause) && text.contains(fix), "{text}");
+    }
+    assert_eq!(text.matches("\nhint (").count(), hints.len(), "{text}");
 }
