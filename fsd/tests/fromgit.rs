@@ -265,3 +265,78 @@ fn linked_worktrees_get_a_repository_of_their_own() {
         assert_eq!(host(dir), before, "{}", dir.display());
     }
 }
+
+#[test]
+fn a_linked_worktree_s_submodules_stay_in_the_workspace() {
+    if !can_run() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let lib = tmp.path().join("lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    git(&lib, &["init", "-q", "-b", "main"]);
+    std::fs::write(lib.join("s.txt"), "lib\n").unwrap();
+    git(&lib, &["add", "-A"]);
+    git(&lib, &["commit", "-qm", "lib"]);
+    let repo = tmp.path().join("repo");
+    std::fs::create_dir_all(&repo).unwrap();
+    git(&repo, &["init", "-q", "-b", "main"]);
+    let allow = ["-c", "protocol.file.allow=always"];
+    git(
+        &repo,
+        &[&allow[..], &["submodule", "add", "-q", "../lib", "ext/lib"]].concat(),
+    );
+    git(&repo, &["commit", "-qm", "with lib"]);
+    let wt = tmp.path().join("wt");
+    git(&repo, &["worktree", "add", "-q", wt.to_str().unwrap()]);
+    git(
+        &wt,
+        &[&allow[..], &["submodule", "update", "-q", "--init"]].concat(),
+    );
+    std::fs::write(wt.join("ext/lib/s.txt"), "lib\nchanged\n").unwrap();
+    // Its `.git` file names the submodule's repository by a relative path, which from a
+    // workspace beside the worktree would lead to the host's.
+    let host_gitfile = std::fs::read_to_string(wt.join("ext/lib/.git")).unwrap();
+    assert!(
+        host_gitfile.contains("worktrees/wt/modules"),
+        "{host_gitfile}"
+    );
+
+    let root = tmp.path().join("root");
+    let _cleanup = Cleanup(root.clone());
+    Store::init(&root, StoreConfig::default()).unwrap();
+    let rt = Runtime::open(&root).unwrap();
+    let opts = CreateOptions {
+        path: Some(tmp.path().join("ws")),
+        ..Default::default()
+    };
+    let before = git_state(&wt.join("ext/lib"));
+    let ws = rt.create_from_git(&wt, Dirty::Snapshot, &opts).unwrap();
+    let sub = ws.path.join("ext/lib");
+    assert_eq!(
+        std::fs::read_to_string(sub.join(".git")).unwrap(),
+        "gitdir: ../../.git/modules/ext/lib\n"
+    );
+    let git_dir = git_out(&sub, &["rev-parse", "--absolute-git-dir"]);
+    assert!(
+        git_dir.starts_with(&*ws.path.to_string_lossy()),
+        "{git_dir}"
+    );
+    assert_eq!(
+        git_out(&sub, &["rev-parse", "--show-toplevel"]).trim(),
+        sub.to_str().unwrap()
+    );
+    assert_eq!(git_state(&sub), before, "the submodule's state");
+    let status = ["status", "--porcelain=v1"];
+    assert_eq!(git_out(&ws.path, &status), git_out(&wt, &status));
+    git(&sub, &["commit", "-qam", "in the workspace"]);
+    assert_eq!(
+        git_state(&wt.join("ext/lib")),
+        before,
+        "the host's is as it was"
+    );
+    assert_eq!(
+        std::fs::read_to_string(wt.join("ext/lib/.git")).unwrap(),
+        host_gitfile
+    );
+}

@@ -162,6 +162,8 @@ impl Store {
             files_total: 0,
             files_done: 0,
             bytes_done: 0,
+            linked: linked.clone(),
+            submodules: Vec::new(),
         };
         walk.builder.insert(
             &[],
@@ -180,7 +182,7 @@ impl Store {
                 index: src.join(".git/index"),
                 config: fs::read_to_string(src.join(".git/config")).unwrap_or_default(),
             },
-            Some(l) => walk.linked_git(l, &mut cx)?,
+            Some(l) => walk.linked_git(l, &self.layout().tmp(), &mut cx)?,
         };
         while let Some((slot, r)) = ingest.next_result(true) {
             walk.arrived(slot, r, opts)?;
@@ -426,12 +428,21 @@ struct Walk {
     files_total: u64,
     files_done: u64,
     bytes_done: u64,
+    /// The repository a linked checkout names (its submodules' `.git` files are made to
+    /// name the snapshot's `.git`), and the submodule repositories found so.
+    linked: Option<LinkedGit>,
+    submodules: Vec<gitdir::NestedGitFile>,
 }
 
 impl Walk {
     /// Makes the tree's `.git` of the repository a linked checkout names (see
     /// [`gitdir`]): its common directory, then the checkout's own git directory.
-    fn linked_git(&mut self, l: &LinkedGit, cx: &mut WalkCx<'_, '_>) -> Result<GitFiles> {
+    fn linked_git(
+        &mut self,
+        l: &LinkedGit,
+        tmp: &Path,
+        cx: &mut WalkCx<'_, '_>,
+    ) -> Result<GitFiles> {
         let dot = [b".git".to_vec()];
         let meta = fs::metadata(&l.common_dir).map_err(Error::io("stat", &l.common_dir))?;
         let item = Item::Dir {
@@ -446,6 +457,28 @@ impl Walk {
             .map_err(Error::io("stat", &l.git_dir))?
             .dev();
         self.walk(&l.git_dir, &dot, Part::GitDir, dev, cx)?;
+        // Submodules: their repositories' work trees, as the snapshot places them.
+        for sub in std::mem::take(&mut self.submodules) {
+            let mut comps = dot.to_vec();
+            comps.extend(sub.repo.iter().cloned());
+            let source = comps[1..]
+                .iter()
+                .fold(l.git_dir.clone(), |p, c| {
+                    p.join(std::ffi::OsStr::from_bytes(c))
+                })
+                .join("config");
+            comps.push(b"config".to_vec());
+            if self.builder.file_at(&comps).is_none() {
+                continue;
+            }
+            let Ok(text) = fs::read_to_string(&source) else {
+                continue;
+            };
+            if let Some(fixed) = gitdir::with_worktree(&text, &sub.worktree, tmp) {
+                let content = cx.2.store_reader(fixed.as_bytes(), fixed.len() as u64)?;
+                self.builder.set_content(&comps, Slot::Known(content));
+            }
+        }
         let mut config = fs::read_to_string(l.config()).unwrap_or_default();
         if gitdir::is_bare(&l.config()) {
             if !config.is_empty() && !config.ends_with('\n') {
@@ -530,6 +563,24 @@ impl Walk {
                     )?;
                     stack.push((abs, comps));
                 } else if ft.is_file() {
+                    if part == (Part::Tree { linked: true })
+                        && comps.len() > 1
+                        && name.as_bytes() == b".git"
+                        && let Some(sub) = self.linked.as_ref().and_then(|l| l.nested(&abs, &comps))
+                    {
+                        // A submodule's `.git` file: made to name the snapshot's `.git`.
+                        let text = sub.content.as_bytes();
+                        let content = ingest.store_reader(text, text.len() as u64)?;
+                        let item = Item::File {
+                            mode: meta.mode(),
+                            content: Slot::Known(content),
+                            link_group: None,
+                            xattrs: vec![],
+                        };
+                        self.builder.insert(&comps, item)?;
+                        self.submodules.push(sub);
+                        continue;
+                    }
                     let at = At {
                         dir: &dir,
                         fd: &mut dir_fd,

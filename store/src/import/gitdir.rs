@@ -14,6 +14,11 @@
 //!   logs, `config.worktree`), without the files that make it a linked one (`commondir`,
 //!   `gitdir`, `locked`).
 //!
+//! The worktree's submodules keep their repositories in its git directory
+//! (`modules/`); their `.git` files name them by paths that lead out of the tree, so each
+//! is rewritten to name the snapshot's copy ([`LinkedGit::nested`]), and that
+//! repository's `core.worktree` to the submodule's directory ([`with_worktree`]).
+//!
 //! A workspace's `.git` is thus what `git clone` of the checkout would have made, with
 //! the checkout's state: git in the workspace sees the same branch, index and history,
 //! and what it writes stays in the workspace. The worktree of a bare repository gets
@@ -137,6 +142,7 @@ pub fn worktree_state(inner: &[Vec<u8>]) -> bool {
             matches!(
                 top.as_slice(),
                 b"index"
+                    | b"modules"
                     | b"worktrees"
                     | b"config.worktree"
                     | b"sequencer"
@@ -306,6 +312,73 @@ fn put_tree(ed: &mut crate::Editor<'_>, root: &Path, part: Part) -> Result<()> {
     Ok(())
 }
 
+/// A submodule's `.git` file inside a linked checkout, made to name the submodule's
+/// repository where the snapshot's `.git` holds it: its new content, and the fix its
+/// repository's config needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NestedGitFile {
+    /// The file's new content (`gitdir: ` and a path relative to its directory).
+    pub content: String,
+    /// The submodule's repository, relative to the checkout's git directory (and so to
+    /// the snapshot's `.git`): e.g. `modules/sub`.
+    pub repo: Vec<Vec<u8>>,
+    /// `core.worktree` for that repository's config: the submodule's directory, relative
+    /// to the repository as the snapshot holds it.
+    pub worktree: String,
+}
+
+impl LinkedGit {
+    /// What the `.git` file at `at` (components from the checkout's top; `file` its path
+    /// on the host) becomes when it names a repository inside the checkout's own git
+    /// directory (a submodule's, under `modules/`), which the snapshot holds in `.git`.
+    /// `None` for any other file (kept as it is).
+    pub fn nested(&self, file: &Path, at: &[Vec<u8>]) -> Option<NestedGitFile> {
+        use std::os::unix::ffi::OsStrExt;
+        let text = fs::read_to_string(file).ok()?;
+        let named = Path::new(text.strip_prefix("gitdir:")?.trim());
+        let target = fs::canonicalize(file.parent()?.join(named)).ok()?;
+        let rel = target.strip_prefix(&self.git_dir).ok()?;
+        let repo: Vec<Vec<u8>> = rel
+            .components()
+            .map(|c| c.as_os_str().as_bytes().to_vec())
+            .collect();
+        if repo.is_empty() || at.len() < 2 {
+            return None;
+        }
+        let dir = &at[..at.len() - 1];
+        let join = |c: &[Vec<u8>]| String::from_utf8_lossy(&c.join(&b'/')).into_owned();
+        Some(NestedGitFile {
+            content: format!("gitdir: {}.git/{}\n", "../".repeat(dir.len()), join(&repo)),
+            worktree: format!("{}{}", "../".repeat(repo.len() + 1), join(dir)),
+            repo,
+        })
+    }
+}
+
+/// `config` (a git config file's text) with `core.worktree` set to `value`, as git
+/// writes it; `None` when git cannot.
+pub fn with_worktree(config: &str, value: &str, tmp: &Path) -> Option<String> {
+    fs::create_dir_all(tmp).ok()?;
+    let path = tmp.join(format!(
+        "submodule-config.{}.{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    fs::write(&path, config).ok()?;
+    let ok = Command::new("git")
+        .args(["config", "--file"])
+        .arg(&path)
+        .args(["core.worktree", value])
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let text = fs::read_to_string(&path).ok();
+    let _ = fs::remove_file(&path);
+    text.filter(|_| ok)
+}
+
 /// The lines appended to the `.git/config` of a bare repository's worktree.
 pub const NOT_BARE: &str = "# cowspace: the worktree of a bare repository, made a repository of its own\n[core]\n\tbare = false\n";
 
@@ -343,6 +416,7 @@ mod tests {
             "index.lock",
             "sharedindex.0123",
             "worktrees",
+            "modules",
             "config.worktree",
             "rebase-merge",
             "logs/HEAD",
@@ -376,6 +450,63 @@ mod tests {
         assert!(Part::Tree { linked: true }.leaves_out(&p(".git")));
         assert!(!Part::Tree { linked: false }.leaves_out(&p(".git")));
         assert!(!Part::Tree { linked: true }.leaves_out(&p("d/.git")));
+    }
+
+    #[test]
+    fn a_submodule_of_a_linked_checkout_names_the_snapshot_s_git() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tmp = fs::canonicalize(tmp.path()).unwrap();
+        let wt_dir = tmp.join("main/.git/worktrees/wt");
+        fs::create_dir_all(wt_dir.join("modules/lib/modules/inner")).unwrap();
+        let l = LinkedGit {
+            git_dir: wt_dir.clone(),
+            common_dir: tmp.join("main/.git"),
+        };
+        let top = tmp.join("wt");
+        fs::create_dir_all(top.join("ext/lib/inner")).unwrap();
+        fs::write(
+            top.join("ext/lib/.git"),
+            "gitdir: ../../../main/.git/worktrees/wt/modules/lib\n",
+        )
+        .unwrap();
+        let at = |s: &str| {
+            s.split('/')
+                .map(|c| c.as_bytes().to_vec())
+                .collect::<Vec<_>>()
+        };
+        let n = l
+            .nested(&top.join("ext/lib/.git"), &at("ext/lib/.git"))
+            .unwrap();
+        assert_eq!(n.content, "gitdir: ../../.git/modules/lib\n");
+        assert_eq!(n.repo, at("modules/lib"));
+        assert_eq!(n.worktree, "../../../ext/lib");
+        // Nested one level more, with an absolute path.
+        let inner = wt_dir.join("modules/lib/modules/inner");
+        fs::write(
+            top.join("ext/lib/inner/.git"),
+            format!("gitdir: {}\n", inner.display()),
+        )
+        .unwrap();
+        let n = l
+            .nested(&top.join("ext/lib/inner/.git"), &at("ext/lib/inner/.git"))
+            .unwrap();
+        assert_eq!(
+            n.content,
+            "gitdir: ../../../.git/modules/lib/modules/inner\n"
+        );
+        assert_eq!(n.worktree, "../../../../../ext/lib/inner");
+        // A repository elsewhere is left as it is.
+        fs::create_dir_all(tmp.join("other")).unwrap();
+        fs::write(top.join("ext/lib/.git"), "gitdir: ../../../other\n").unwrap();
+        assert_eq!(
+            l.nested(&top.join("ext/lib/.git"), &at("ext/lib/.git")),
+            None
+        );
+
+        let config = "[core]\n\tbare = false\n\tworktree = ../../../../../../wt/ext/lib\n";
+        let fixed = with_worktree(config, "../../../ext/lib", &tmp.join("t")).unwrap();
+        assert!(fixed.contains("worktree = ../../../ext/lib\n"), "{fixed}");
+        assert!(!fixed.contains("wt/ext"), "{fixed}");
     }
 
     #[test]
