@@ -144,7 +144,11 @@ impl Store {
             excluder.set_tracked(tracked.iter().map(|p| p.as_slice()));
         }
         let _lock = StoreLock::shared(self)?;
-        let linked = gitdir::linked_git(&src)?;
+        // (A `.git` the user leaves out names nothing.)
+        let linked = match excluder.excludes(b".git", b".git", false) {
+            true => None,
+            false => gitdir::linked_git(&src)?,
+        };
         let root_key = src.to_string_lossy().into_owned();
         let cache = self.with_reader(|c| statcache::load(c, &root_key))?;
 

@@ -69,7 +69,7 @@ pub fn linked_git(src: &Path) -> Result<Option<LinkedGit>> {
     let named = Path::new(named.trim());
     let unreadable = |what: &str, path: &Path, e: std::io::Error| {
         Error::Invalid(format!(
-            "{} names the {what} {}, which cannot be read ({e}); run `git worktree repair` in the checkout, or import it from the main worktree",
+            "{} names the {what} {}, which cannot be read ({e}); run `git worktree repair` in the checkout, or leave it out (`--exclude .git`)",
             dot.display(),
             path.display()
         ))

@@ -431,3 +431,31 @@ fn fifos_are_kept_and_sockets_left_out_with_a_warning() {
     );
     assert!(!out.join("sock").exists());
 }
+
+/// A `.git` file naming a git directory that is gone (a worktree moved or pruned) is
+/// refused with the fixes, and nothing is stored; left out, the tree imports.
+#[test]
+fn a_git_file_naming_a_missing_repository_is_refused_with_the_fix() {
+    let r = TestRoot::new();
+    let src = r.path("wt");
+    write_file(&src.join("a.txt"), "a\n");
+    write_file(
+        &src.join(".git"),
+        "gitdir: /nonexistent/repo/.git/worktrees/wt\n",
+    );
+    let before = r.snapshots().len();
+    let err = r
+        .json(["import", src.to_str().unwrap()])
+        .error(9, "invalid_input");
+    let msg = err["message"].as_str().unwrap();
+    assert!(
+        msg.contains("/nonexistent/repo/.git/worktrees/wt")
+            && msg.contains("git worktree repair")
+            && msg.contains("--exclude .git"),
+        "{err}"
+    );
+    assert_eq!(r.snapshots().len(), before, "nothing was stored");
+    let v = r.import(&src, &["--exclude", ".git"]);
+    let names = top_names(&r, v["snapshot"].as_str().unwrap(), "");
+    assert_eq!(names, vec!["a.txt".to_string()]);
+}
