@@ -234,6 +234,14 @@ fn linked_worktrees_get_a_repository_of_their_own() {
     assert_eq!(host(&wt), wt_before, "the host worktree is as it was");
     assert_eq!(git_state(&repo), repo_before, "and so is its repository");
 
+    // The main worktree's workspace does not hold the linked worktrees' state either: a
+    // branch checked out there can be checked out here.
+    let main_ws = rt.create_from_git(&repo, Dirty::Snapshot, &opts).unwrap();
+    assert!(!main_ws.path.join(".git/worktrees").exists());
+    git(&main_ws.path, &["stash", "-q"]);
+    git(&main_ws.path, &["checkout", "-q", "topic"]);
+    assert_eq!(git_state(&repo), repo_before);
+
     // Under `patch`: HEAD, the diff applied, the worktree's index; untracked files left.
     let ws = rt.create_from_git(&wt, Dirty::Patch, &opts).unwrap();
     let mut want = wt_before.0.clone();

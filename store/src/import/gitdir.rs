@@ -107,7 +107,8 @@ pub fn linked_git(src: &Path) -> Result<Option<LinkedGit>> {
 /// A part of an import: the tree, or one of the two directories that make its `.git`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Part {
-    /// The checkout; `linked`: its `.git` file is left out (the parts below replace it).
+    /// The checkout, without `.git/worktrees` (the linked worktrees' state); `linked`: its
+    /// `.git` file is left out too (the parts below replace it).
     Tree { linked: bool },
     /// The repository's common directory, walked first into `.git`.
     Common,
@@ -119,7 +120,12 @@ impl Part {
     /// Whether the entry at `inner` (components below the part's own root) is left out.
     pub fn leaves_out(self, inner: &[Vec<u8>]) -> bool {
         match self {
-            Part::Tree { linked } => linked && inner.len() == 1 && inner[0] == b".git",
+            // Other worktrees' state is not the tree's: a workspace has none of them.
+            Part::Tree { linked } => match inner {
+                [git] => linked && git == b".git",
+                [git, w] => git == b".git" && w == b"worktrees",
+                _ => false,
+            },
             Part::Common => worktree_state(inner),
             Part::GitDir => {
                 inner.len() == 1
@@ -450,6 +456,9 @@ mod tests {
         assert!(Part::Tree { linked: true }.leaves_out(&p(".git")));
         assert!(!Part::Tree { linked: false }.leaves_out(&p(".git")));
         assert!(!Part::Tree { linked: true }.leaves_out(&p("d/.git")));
+        assert!(Part::Tree { linked: false }.leaves_out(&p(".git/worktrees")));
+        assert!(!Part::Tree { linked: false }.leaves_out(&p(".git/objects")));
+        assert!(!Part::Tree { linked: false }.leaves_out(&p("d/.git/worktrees")));
     }
 
     #[test]
