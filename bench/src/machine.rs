@@ -22,6 +22,11 @@ pub struct Machine {
     pub cache_fs: String,
     /// Whether this process runs as root (needed for mounts and cold page cache).
     pub root: bool,
+    /// The CPU idle driver, and for `haltpoll` (a virtual machine's) how long an idle
+    /// vCPU polls before it halts: it sets the cost of every cross-CPU wakeup, so of
+    /// every FUSE round trip (`mountctl doctor` says more).
+    #[serde(default)]
+    pub cpuidle: String,
 }
 
 impl Machine {
@@ -37,8 +42,18 @@ impl Machine {
             cache_dir: cache_dir.display().to_string(),
             cache_fs: fs_of(cache_dir),
             root: nix::unistd::geteuid().is_root(),
+            cpuidle: cpuidle(),
         }
     }
+}
+
+fn cpuidle() -> String {
+    let driver = read_trim("/sys/devices/system/cpu/cpuidle/current_driver");
+    if driver != "haltpoll" {
+        return driver;
+    }
+    let ns = read_trim("/sys/module/haltpoll/parameters/guest_halt_poll_ns");
+    format!("haltpoll, guest_halt_poll_ns {ns}")
 }
 
 fn read_trim(p: &str) -> String {

@@ -31,6 +31,9 @@ pub fn markdown(r: &RunResult) -> String {
         m.work_dir,
         m.work_fs
     );
+    if !m.cpuidle.is_empty() {
+        let _ = writeln!(s, "- CPU idle: {}", m.cpuidle);
+    }
     let _ = writeln!(
         s,
         "- Page cache: {}",

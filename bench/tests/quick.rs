@@ -71,6 +71,7 @@ fn quick_run_end_to_end() {
             .starts_with("bench run --corpus synthetic --files 2000")
     );
     assert!(run["machine"]["cores"].as_u64().unwrap() >= 1);
+    assert!(run["machine"]["cpuidle"].is_string(), "{}", run["machine"]);
     assert!(run["corpus"]["stats"]["files"].as_u64().unwrap() > 1000);
 
     // Nothing dropped silently: every method is ok with all runs, or says why not.
