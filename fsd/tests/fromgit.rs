@@ -207,6 +207,15 @@ fn linked_worktrees_get_a_repository_of_their_own() {
         ],
     );
 
+    // And a checkout whose `.git` is a symlink to its repository.
+    let sym = tmp.path().join("sym");
+    git(
+        tmp.path(),
+        &["clone", "-q", repo.to_str().unwrap(), sym.to_str().unwrap()],
+    );
+    std::fs::rename(sym.join(".git"), tmp.path().join("sym.git")).unwrap();
+    std::os::unix::fs::symlink("../sym.git", sym.join(".git")).unwrap();
+
     let root = tmp.path().join("root");
     let _cleanup = Cleanup(root.clone());
     Store::init(&root, StoreConfig::default()).unwrap();
@@ -258,6 +267,7 @@ fn linked_worktrees_get_a_repository_of_their_own() {
     for (dir, branch, dirty) in [
         (&bwt, "main", Dirty::Refuse),
         (&sep, "main", Dirty::Refuse),
+        (&sym, "main", Dirty::Refuse),
         (&bwt, "main", Dirty::Patch),
     ] {
         let before = host(dir);

@@ -1,5 +1,6 @@
 //! A checkout whose `.git` is a file naming a repository outside it: a linked worktree
-//! (`git worktree add`) or a checkout made with `--separate-git-dir`.
+//! (`git worktree add`) or a checkout made with `--separate-git-dir`; or a symlink to
+//! one.
 //!
 //! Its snapshot must hold the repository itself, never the path out of it: a workspace's
 //! git would otherwise read and write the developer's repository (its index, its
@@ -53,20 +54,27 @@ impl LinkedGit {
     }
 }
 
-/// The repository `src/.git` names, when `src/.git` is a git file (`gitdir: PATH`) whose
-/// directory lies outside `src` (canonical). `None` for a `.git` directory, no `.git`,
-/// or a git directory inside the tree (imported as it is).
+/// The repository `src/.git` names, when `src/.git` is a git file (`gitdir: PATH`) or a
+/// symlink whose directory lies outside `src` (canonical). `None` for a `.git`
+/// directory, no `.git`, or a git directory inside the tree (imported as it is).
 pub fn linked_git(src: &Path) -> Result<Option<LinkedGit>> {
     let dot = src.join(".git");
-    match fs::symlink_metadata(&dot) {
-        Ok(m) if m.is_file() => {}
+    let named = match fs::symlink_metadata(&dot) {
+        Ok(m) if m.is_file() => {
+            let text = fs::read_to_string(&dot).map_err(Error::io("read", &dot))?;
+            let Some(named) = text.strip_prefix("gitdir:") else {
+                return Ok(None);
+            };
+            PathBuf::from(named.trim())
+        }
+        // A symlink to a repository elsewhere: git follows it, and so would a workspace.
+        Ok(m) if m.file_type().is_symlink() => match fs::metadata(&dot) {
+            Ok(t) if t.is_dir() => fs::read_link(&dot).map_err(Error::io("read link", &dot))?,
+            _ => return Ok(None),
+        },
         _ => return Ok(None),
-    }
-    let text = fs::read_to_string(&dot).map_err(Error::io("read", &dot))?;
-    let Some(named) = text.strip_prefix("gitdir:") else {
-        return Ok(None);
     };
-    let named = Path::new(named.trim());
+    let named = named.as_path();
     let unreadable = |what: &str, path: &Path, e: std::io::Error| {
         Error::Invalid(format!(
             "{} names the {what} {}, which cannot be read ({e}); run `git worktree repair` in the checkout, or leave it out (`--exclude .git`)",
@@ -541,7 +549,10 @@ mod tests {
         // Relative, and a separate git dir (no commondir).
         fs::write(src.join(".git"), "gitdir: ../repo.git\n").unwrap();
         let l = linked_git(&src).unwrap().unwrap();
-        assert_eq!((l.git_dir.clone(), l.common_dir), (common.clone(), common));
+        assert_eq!(
+            (l.git_dir.clone(), l.common_dir),
+            (common.clone(), common.clone())
+        );
 
         // Inside the tree: imported as it is.
         fs::create_dir_all(src.join("modules/x/objects")).unwrap();
@@ -558,6 +569,18 @@ mod tests {
 
         // Not a git file at all.
         fs::write(src.join(".git"), "something else\n").unwrap();
+        assert_eq!(linked_git(&src).unwrap(), None);
+
+        // A symlink to the repository, relative or not; to a file, nothing.
+        fs::remove_file(src.join(".git")).unwrap();
+        std::os::unix::fs::symlink("../repo.git", src.join(".git")).unwrap();
+        let l = linked_git(&src).unwrap().unwrap();
+        assert_eq!(
+            (l.git_dir.clone(), l.common_dir),
+            (common.clone(), common.clone())
+        );
+        fs::remove_file(src.join(".git")).unwrap();
+        std::os::unix::fs::symlink(common.join("HEAD"), src.join(".git")).unwrap();
         assert_eq!(linked_git(&src).unwrap(), None);
     }
 }
