@@ -85,7 +85,12 @@ pub struct Editor<'s> {
     touched_primary: bool,
     parents: Vec<SnapshotId>,
     git_fsmonitor: Option<String>,
+    /// Stat-cache rows recorded with the snapshot: a source root and its new stamps.
+    stat_cache: Option<(String, StatRows)>,
 }
+
+/// Stat-cache rows: a path under a source root, its stamp, its content.
+pub type StatRows = Vec<(Vec<u8>, crate::statcache::Stamp, crate::ContentId)>;
 
 impl std::fmt::Debug for Editor<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -131,6 +136,7 @@ impl Store {
             touched_primary: false,
             parents: vec![*base],
             git_fsmonitor: None,
+            stat_cache: None,
         })
     }
 }
@@ -268,6 +274,20 @@ impl<'s> Editor<'s> {
         xattrs: Xattrs,
         link: Option<u64>,
     ) -> Result<()> {
+        self.put_file_read(path, host_path, mode, xattrs, link)
+            .map(drop)
+    }
+
+    /// [`Editor::put_file`], returning the number under which [`Editor::read_contents`]
+    /// gives the content read.
+    pub fn put_file_read(
+        &mut self,
+        path: &[u8],
+        host_path: PathBuf,
+        mode: u32,
+        xattrs: Xattrs,
+        link: Option<u64>,
+    ) -> Result<usize> {
         let slot = self.slots.len();
         self.slots.push(None);
         self.files_read += 1;
@@ -281,7 +301,21 @@ impl<'s> Editor<'s> {
                 link,
                 xattrs,
             }),
-        )
+        )?;
+        Ok(slot)
+    }
+
+    /// The contents of every file put so far by [`Editor::put_file_read`], by its
+    /// number, once all are read.
+    pub fn read_contents(&mut self) -> Result<Vec<Option<FileContent>>> {
+        self.drain(true)?;
+        Ok(self.slots.clone())
+    }
+
+    /// Stat-cache rows for the files of source root `root`, recorded in the same
+    /// transaction as the snapshot (see [`crate::statcache`]).
+    pub fn record_stat_cache(&mut self, root: String, rows: StatRows) {
+        self.stat_cache = Some((root, rows));
     }
 
     /// Stores `bytes` as the file at `path`.
@@ -406,9 +440,13 @@ impl<'s> Editor<'s> {
         let objects_written = pending.rows.len() as u64;
         let new_bytes_stored = pending.stored_bytes();
         let new_bytes_raw = pending.rows.iter().map(|r| u64::from(r.raw_len)).sum();
+        let stat_cache = self.stat_cache.take();
         self.store.commit(pending, |tx| {
             if let Some((name, expect)) = ref_name {
                 refs::compare_and_swap(tx, name, expect, &id)?;
+            }
+            if let Some((root, rows)) = &stat_cache {
+                crate::statcache::apply(tx, root, rows, &[])?;
             }
             Ok(())
         })?;

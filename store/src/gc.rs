@@ -258,6 +258,11 @@ impl Store {
                 [],
             )
             .map_err(Error::db("prune stat cache"))?;
+            tx.execute(
+                "DELETE FROM gitblobs WHERE content NOT IN (SELECT id FROM objects)",
+                [],
+            )
+            .map_err(Error::db("prune git blob ids"))?;
             tx.commit().map_err(Error::db("commit gc"))?;
         }
 

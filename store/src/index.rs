@@ -106,6 +106,16 @@ CREATE TABLE IF NOT EXISTS blobcache (
 ) WITHOUT ROWID;
 ";
 
+/// Tables added to format 1 since its first stores: `open` makes them where missing
+/// (older programs leave them alone).
+const ADDED_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS gitblobs (
+    oid BLOB PRIMARY KEY,
+    content BLOB NOT NULL,
+    size INTEGER NOT NULL
+) WITHOUT ROWID;
+";
+
 /// How long [`enable_wal`] keeps retrying a journal-mode switch another connection blocks.
 pub const WAL_SWITCH_RETRY_MS: u64 = DB_BUSY_TIMEOUT_MS;
 /// The pause between two attempts of [`enable_wal`].
@@ -157,6 +167,8 @@ pub fn create(path: &Path) -> Result<Connection> {
     configure(&conn)?;
     conn.execute_batch(SCHEMA)
         .map_err(Error::db("create schema"))?;
+    conn.execute_batch(ADDED_SCHEMA)
+        .map_err(Error::db("create schema"))?;
     conn.execute(
         "INSERT OR REPLACE INTO meta (key, value) VALUES ('format_version', ?1)",
         params![FORMAT_VERSION.to_string()],
@@ -182,7 +194,11 @@ pub fn open(path: &Path) -> Result<Connection> {
         .optional()
         .map_err(Error::db("read format version"))?;
     match version {
-        Some(v) if v == FORMAT_VERSION.to_string() => Ok(conn),
+        Some(v) if v == FORMAT_VERSION.to_string() => {
+            conn.execute_batch(ADDED_SCHEMA)
+                .map_err(Error::db("add tables to the schema"))?;
+            Ok(conn)
+        }
         found => Err(Error::FormatVersion {
             path: path.to_path_buf(),
             found: found.unwrap_or_else(|| "none".into()),

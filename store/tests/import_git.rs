@@ -286,3 +286,112 @@ fn directory_import_spares_what_nested_repositories_track() {
     store.export_dir(&r.snapshot, &out).unwrap();
     assert!(out.join("build/tracked.txt").exists());
 }
+
+/// A commit's snapshot given the checkout's repository as `.git` (`create --from-git
+/// --dirty patch`): `.git` as the checkout has it, and a second time no file of it is
+/// read again (the checkout's stat cache, shared with a directory import of it).
+#[test]
+fn a_commit_with_its_repository_reads_an_unchanged_git_dir_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let repo = tmp.path().join("repo");
+    let (_, c2) = make_repo(home, &repo);
+    // Out of the stat cache's racy margin: files changed within it are read every time.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
+    let head = store
+        .import_git(&repo, &c2, &ImportOptions::new())
+        .unwrap()
+        .snapshot;
+    let git = cowspace_store::import::gitdir::repository_of(&repo)
+        .unwrap()
+        .unwrap();
+    let mut opts = ImportOptions::new();
+    opts.message = "with its repository".into();
+    let first = store.with_repository(&head, &repo, &git, &opts).unwrap();
+    assert!(first.files_read > 0, "{first:?}");
+    assert_eq!(first.parents, vec![head]);
+    let out = tmp.path().join("out");
+    store.export_dir(&first.snapshot, &out).unwrap();
+    for f in ["HEAD", "config", "index"] {
+        assert_eq!(
+            fs::read(out.join(".git").join(f)).unwrap(),
+            fs::read(repo.join(".git").join(f)).unwrap(),
+            "{f}"
+        );
+    }
+    assert_eq!(
+        sh(home, &format!("git -C {} rev-parse HEAD", q(&out))),
+        c2,
+        "a repository of its own"
+    );
+    let second = store.with_repository(&head, &repo, &git, &opts).unwrap();
+    assert_eq!(second.files_read, 0, "{second:?}");
+    assert_eq!(second.root, first.root, "the same tree");
+}
+
+/// Git blobs stored once are not read again: a second import of the commit, or of
+/// another commit sharing them, reads only what is new. gc forgets the ids of content it
+/// deletes, so an import after it reads them again.
+#[test]
+fn git_blobs_stored_once_are_not_read_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let repo = tmp.path().join("repo");
+    let (c1, c2) = make_repo(home, &repo);
+    let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
+    let opts = ImportOptions::new();
+    let first = store.import_git(&repo, &c2, &opts).unwrap();
+    assert!(first.files_read > 0);
+    // (Symlink targets are read from git every time; they live in the tree.)
+    let again = store.import_git(&repo, &c2, &opts).unwrap();
+    assert_eq!(again.files_read, again.symlinks, "{again:?}");
+    assert_eq!(again.root, first.root);
+    // The first commit: only the blobs the second one changed are read.
+    let older = store.import_git(&repo, &c1, &opts).unwrap();
+    assert!(older.files_read < first.files_read, "{older:?}");
+    // A new commit: only its changed blob is read.
+    fs::write(repo.join("src/main.rs"), "fn main() { changed(); }\n").unwrap();
+    sh(home, &format!("git -C {} commit -qam three", q(&repo)));
+    let c3 = sh(home, &format!("git -C {} rev-parse HEAD", q(&repo)));
+    let third = store.import_git(&repo, &c3, &opts).unwrap();
+    assert_eq!(third.files_read, third.symlinks + 1, "{third:?}");
+
+    // Nothing refers to any of them: gc deletes the content, and with it the ids.
+    let gc = cowspace_store::gc::GcOptions {
+        grace_secs: 0,
+        ..Default::default()
+    };
+    store.gc(gc).unwrap();
+    let after = store.import_git(&repo, &c2, &opts).unwrap();
+    assert_eq!(after.files_read, first.files_read, "{after:?}");
+    assert_eq!(after.root, first.root);
+    let out = tmp.path().join("out");
+    store.export_dir(&after.snapshot, &out).unwrap();
+    assert_eq!(
+        fs::read(out.join("big.bin")).unwrap(),
+        fs::read(repo.join("big.bin")).unwrap()
+    );
+}
+
+/// A store made before the table of git blob ids gets it when opened.
+#[test]
+fn a_store_without_git_blob_ids_gets_the_table_when_opened() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let repo = tmp.path().join("repo");
+    let (_, c2) = make_repo(home, &repo);
+    let root = tmp.path().join("root");
+    let index = {
+        let store = Store::init(&root, StoreConfig::default()).unwrap();
+        store.layout().index()
+    };
+    let conn = rusqlite::Connection::open(&index).unwrap();
+    conn.execute_batch("DROP TABLE gitblobs").unwrap();
+    drop(conn);
+    let store = Store::open(&root, StoreConfig::default()).unwrap();
+    let first = store.import_git(&repo, &c2, &ImportOptions::new()).unwrap();
+    let again = store.import_git(&repo, &c2, &ImportOptions::new()).unwrap();
+    assert_eq!(again.files_read, again.symlinks, "{again:?}");
+    assert_eq!(again.root, first.root);
+}

@@ -5,13 +5,17 @@
 //! the contents come from one long-running `git cat-file --batch`, fed object ids by a
 //! writer thread while this thread reads the answers (so neither pipe can fill up and
 //! stall the other side) and streams each blob into the ingest pipeline. No working
-//! tree or index is read or touched; bare repositories work.
+//! tree or index is read or touched; bare repositories work. A blob whose content the
+//! store holds from an earlier import (the `gitblobs` table: git blob id → content,
+//! pruned by gc with the content) is not asked for at all.
 //!
 //! Git has no empty directories and no hard links; a submodule (gitlink) is left out
 //! with a warning. Every tracked path is kept, even under a directory the default
 //! policy excludes (git tracks it); user `--exclude` patterns still apply.
 
 use std::collections::HashMap;
+
+use rusqlite::OptionalExtension;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -402,10 +406,15 @@ impl Store {
         }
 
         let _lock = StoreLock::shared(self)?;
+        // Blobs stored before, by their git id: not read again (the lock keeps gc, which
+        // forgets ids whose content it deletes, away until the commit).
+        let mut contents: HashMap<String, FileContent> = self.with_reader(|c| {
+            known_blobs(c, order.iter().map(|(o, _)| o).filter(|o| !uses[*o].link))
+        })?;
+        order.retain(|(o, _)| !contents.contains_key(o));
         // Dropped unfinished on any error below: the session's packs are removed.
         let mut ingest = Ingest::start(self)?;
         let total = planned.len() as u64;
-        let mut contents: HashMap<String, FileContent> = HashMap::new();
         let mut targets: HashMap<String, Vec<u8>> = HashMap::new();
         let mut bytes_done = 0u64;
         let mut cat = CatFile::start(&repo, order.iter().map(|(o, _)| o.clone()).collect())?;
@@ -456,6 +465,10 @@ impl Store {
             }
         }
         cat.finish()?;
+        let learned: Vec<(Vec<u8>, FileContent)> = order
+            .iter()
+            .filter_map(|(o, _)| Some((hex::decode(o).ok()?, *contents.get(o)?)))
+            .collect();
 
         let mut builder = Builder::new(0o755);
         for (comps, p) in planned {
@@ -503,8 +516,55 @@ impl Store {
             opts,
             git_fsmonitor: None,
         };
-        finish.run(self, ingest, |_| Ok(()))
+        finish.run(self, ingest, |tx| record_blobs(tx, &learned))
     }
+}
+
+/// What the store holds of the git blobs `oids` (hex), by id: their content.
+fn known_blobs<'a>(
+    conn: &rusqlite::Connection,
+    oids: impl Iterator<Item = &'a String>,
+) -> Result<HashMap<String, FileContent>> {
+    let mut stmt = conn
+        .prepare_cached("SELECT content, size FROM gitblobs WHERE oid = ?1")
+        .map_err(Error::db("read git blob ids"))?;
+    let mut out = HashMap::new();
+    for oid in oids {
+        let Ok(raw) = hex::decode(oid) else { continue };
+        let row = stmt
+            .query_row([&raw], |r| {
+                Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, i64>(1)?))
+            })
+            .optional()
+            .map_err(Error::db("read git blob ids"))?;
+        if let Some((content, size)) = row {
+            let id = crate::ContentId::from_slice(&content)?;
+            out.insert(
+                oid.clone(),
+                FileContent {
+                    id,
+                    size: size as u64,
+                },
+            );
+        }
+    }
+    Ok(out)
+}
+
+/// Records the content stored for git blobs (raw ids), in the import's transaction.
+fn record_blobs(conn: &rusqlite::Connection, rows: &[(Vec<u8>, FileContent)]) -> Result<()> {
+    crate::store::insert_many(
+        conn,
+        "INSERT OR REPLACE INTO gitblobs (oid, content, size)",
+        3,
+        rows,
+        |st, i, (oid, c)| {
+            st.raw_bind_parameter(i, &oid[..])?;
+            st.raw_bind_parameter(i + 1, &c.id.as_bytes()[..])?;
+            st.raw_bind_parameter(i + 2, c.size as i64)
+        },
+    )
+    .map_err(Error::db("record git blob ids"))
 }
 
 #[cfg(test)]

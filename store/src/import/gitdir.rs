@@ -212,15 +212,29 @@ impl crate::Store {
         repo: &LinkedGit,
         opts: &crate::ImportOptions,
     ) -> Result<crate::ImportReport> {
+        let started_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
         let snap = self.snapshot(base)?;
+        let top = fs::canonicalize(top).map_err(Error::io("resolve", top))?;
+        // The rows of the checkout's stat cache: a directory import of it keeps the
+        // same paths under `.git`, so either reads an unchanged file once.
+        // (Loaded once the edit holds the store lock: gc keeps what the rows name.)
         let mut ed = self.edit(base)?;
+        let root_key = top.to_string_lossy().into_owned();
+        let cache = self.with_reader(|c| crate::statcache::load(c, &root_key))?;
+        let mut known = Known {
+            cache,
+            started_ns,
+            read: Vec::new(),
+        };
         let meta = fs::metadata(&repo.common_dir).map_err(Error::io("stat", &repo.common_dir))?;
         let xattrs = crate::import::dir::read_xattrs(&repo.common_dir)?;
         ed.clear_dir(b".git", meta.mode(), xattrs)?;
         if repo.common_dir != repo.git_dir {
-            put_tree(&mut ed, &repo.common_dir, Part::Common)?;
+            put_tree(&mut ed, &repo.common_dir, Part::Common, &mut known)?;
         }
-        put_tree(&mut ed, &repo.git_dir, Part::GitDir)?;
+        put_tree(&mut ed, &repo.git_dir, Part::GitDir, &mut known)?;
         let mode_of = |p: &Path| fs::metadata(p).map_or(0o644, |m| m.mode());
         let mut config = fs::read_to_string(repo.config()).unwrap_or_default();
         let mut config_changed = false;
@@ -241,7 +255,6 @@ impl crate::Store {
             };
             let hook = opts.git_fsmonitor.as_deref();
             let entry_at = |comps: &[Vec<u8>]| entries.get(comps).cloned();
-            let top = fs::canonicalize(top).map_err(Error::io("resolve", top))?;
             let refreshed =
                 crate::import::dir::refreshed_index(&top, &git, true, served, hook, entry_at);
             if let Some(r) = refreshed {
@@ -257,6 +270,16 @@ impl crate::Store {
             ed.put_bytes(b".git/config", config.as_bytes(), mode_of(&repo.config()))?;
         }
         ed.set_git_fsmonitor(token);
+        let contents = ed.read_contents()?;
+        let rows = known
+            .read
+            .into_iter()
+            .filter_map(|(path, stamp, n)| {
+                let c = contents.get(n).copied().flatten()?;
+                (c.size == stamp.size).then_some((path, stamp, c.id))
+            })
+            .collect();
+        ed.record_stat_cache(root_key, rows);
         ed.commit(&opts.message, snap.source, None)
     }
 }
@@ -293,8 +316,19 @@ fn served_entries(
     Ok(())
 }
 
-/// Puts the directory `root` into the edit at `.git`, leaving out what `part` leaves out.
-fn put_tree(ed: &mut crate::Editor<'_>, root: &Path, part: Part) -> Result<()> {
+/// Files of a `.git` being put, and what the stat cache knew of them: the cache of the
+/// checkout's root (the same rows a directory import of it keeps), and the files read
+/// (path, stamp, content number) for the rows to record.
+struct Known {
+    cache: crate::statcache::Entries,
+    started_ns: i64,
+    read: Vec<(Vec<u8>, crate::statcache::Stamp, usize)>,
+}
+
+/// Puts the directory `root` into the edit at `.git`, leaving out what `part` leaves out;
+/// files whose stamp the stat cache holds are not read again.
+fn put_tree(ed: &mut crate::Editor<'_>, root: &Path, part: Part, known: &mut Known) -> Result<()> {
+    use crate::statcache::Stamp;
     use std::os::unix::ffi::OsStrExt;
     let mut stack: Vec<(std::path::PathBuf, Vec<Vec<u8>>)> = vec![(root.to_path_buf(), vec![])];
     while let Some((dir, inner)) = stack.pop() {
@@ -315,7 +349,22 @@ fn put_tree(ed: &mut crate::Editor<'_>, root: &Path, part: Part) -> Result<()> {
                 stack.push((abs, comps));
             } else if ft.is_file() {
                 let xattrs = crate::import::dir::read_xattrs(&abs)?;
-                ed.put_file(&path, abs, meta.mode(), xattrs, None)?;
+                let stamp = Stamp::of(&meta);
+                match known.cache.get(&path) {
+                    Some((s, id)) if *s == stamp => {
+                        let content = crate::FileContent {
+                            id: *id,
+                            size: s.size,
+                        };
+                        ed.put_stored_file(&path, content, meta.mode(), xattrs)?;
+                    }
+                    _ => {
+                        let n = ed.put_file_read(&path, abs, meta.mode(), xattrs, None)?;
+                        if !stamp.is_racy(known.started_ns) {
+                            known.read.push((path, stamp, n));
+                        }
+                    }
+                }
             } else if ft.is_symlink() {
                 let target = fs::read_link(&abs).map_err(Error::io("read link", &abs))?;
                 ed.put_symlink(&path, target.as_os_str().as_bytes().to_vec(), vec![])?;
