@@ -114,6 +114,10 @@ CREATE TABLE IF NOT EXISTS gitblobs (
     content BLOB NOT NULL,
     size INTEGER NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS gitlinks (
+    oid BLOB PRIMARY KEY,
+    target BLOB NOT NULL
+) WITHOUT ROWID;
 ";
 
 /// How long [`enable_wal`] keeps retrying a journal-mode switch another connection blocks.

@@ -7,7 +7,8 @@
 //! stall the other side) and streams each blob into the ingest pipeline. No working
 //! tree or index is read or touched; bare repositories work. A blob whose content the
 //! store holds from an earlier import (the `gitblobs` table: git blob id → content,
-//! pruned by gc with the content) is not asked for at all.
+//! pruned by gc with the content; `gitlinks`: git blob id → symlink target) is not
+//! asked for at all.
 //!
 //! Git has no empty directories and no hard links; a submodule (gitlink) is left out
 //! with a warning. Every tracked path is kept, even under a directory the default
@@ -408,14 +409,18 @@ impl Store {
         let _lock = StoreLock::shared(self)?;
         // Blobs stored before, by their git id: not read again (the lock keeps gc, which
         // forgets ids whose content it deletes, away until the commit).
-        let mut contents: HashMap<String, FileContent> = self.with_reader(|c| {
-            known_blobs(c, order.iter().map(|(o, _)| o).filter(|o| !uses[*o].link))
+        let (mut contents, mut targets) = self.with_reader(|c| {
+            let files = order.iter().map(|(o, _)| o).filter(|o| uses[*o].file);
+            let links = order.iter().map(|(o, _)| o).filter(|o| uses[*o].link);
+            Ok((known_blobs(c, files)?, known_links(c, links)?))
         })?;
-        order.retain(|(o, _)| !contents.contains_key(o));
+        order.retain(|(o, _)| {
+            let u = uses[o];
+            (u.file && !contents.contains_key(o)) || (u.link && !targets.contains_key(o))
+        });
         // Dropped unfinished on any error below: the session's packs are removed.
         let mut ingest = Ingest::start(self)?;
         let total = planned.len() as u64;
-        let mut targets: HashMap<String, Vec<u8>> = HashMap::new();
         let mut bytes_done = 0u64;
         let mut cat = CatFile::start(&repo, order.iter().map(|(o, _)| o.clone()).collect())?;
         for (i, (oid, listed)) in order.iter().enumerate() {
@@ -469,6 +474,10 @@ impl Store {
             .iter()
             .filter_map(|(o, _)| Some((hex::decode(o).ok()?, *contents.get(o)?)))
             .collect();
+        let learned_links: Vec<(Vec<u8>, Vec<u8>)> = order
+            .iter()
+            .filter_map(|(o, _)| Some((hex::decode(o).ok()?, targets.get(o)?.clone())))
+            .collect();
 
         let mut builder = Builder::new(0o755);
         for (comps, p) in planned {
@@ -516,7 +525,10 @@ impl Store {
             opts,
             git_fsmonitor: None,
         };
-        finish.run(self, ingest, |tx| record_blobs(tx, &learned))
+        finish.run(self, ingest, |tx| {
+            record_blobs(tx, &learned)?;
+            record_links(tx, &learned_links)
+        })
     }
 }
 
@@ -549,6 +561,43 @@ fn known_blobs<'a>(
         }
     }
     Ok(out)
+}
+
+/// The symlink targets known of the git blobs `oids` (hex), by id.
+fn known_links<'a>(
+    conn: &rusqlite::Connection,
+    oids: impl Iterator<Item = &'a String>,
+) -> Result<HashMap<String, Vec<u8>>> {
+    let mut stmt = conn
+        .prepare_cached("SELECT target FROM gitlinks WHERE oid = ?1")
+        .map_err(Error::db("read git symlink targets"))?;
+    let mut out = HashMap::new();
+    for oid in oids {
+        let Ok(raw) = hex::decode(oid) else { continue };
+        let row = stmt
+            .query_row([&raw], |r| r.get::<_, Vec<u8>>(0))
+            .optional()
+            .map_err(Error::db("read git symlink targets"))?;
+        if let Some(target) = row {
+            out.insert(oid.clone(), target);
+        }
+    }
+    Ok(out)
+}
+
+/// Records symlink targets of git blobs (raw ids), in the import's transaction.
+fn record_links(conn: &rusqlite::Connection, rows: &[(Vec<u8>, Vec<u8>)]) -> Result<()> {
+    crate::store::insert_many(
+        conn,
+        "INSERT OR REPLACE INTO gitlinks (oid, target)",
+        2,
+        rows,
+        |st, i, (oid, target)| {
+            st.raw_bind_parameter(i, &oid[..])?;
+            st.raw_bind_parameter(i + 1, &target[..])
+        },
+    )
+    .map_err(Error::db("record git symlink targets"))
 }
 
 /// Records the content stored for git blobs (raw ids), in the import's transaction.
