@@ -98,6 +98,15 @@ fn quick_run_end_to_end() {
         assert!(s["stored_bytes"]["median"].as_f64().unwrap() > 0.0);
         assert_eq!(s["cold_s"]["n"], 3);
     }
+    // From git, a commit imported again reads nothing from git.
+    let from_git = method(&import, "store-git");
+    if from_git["status"] == "ok" || std::env::var("CI").as_deref() == Ok("true") {
+        assert_eq!(from_git["status"], "ok", "{from_git}");
+        let s = &from_git["summary"];
+        assert!(s["cold_s"]["median"].as_f64().unwrap() > 0.0);
+        assert_eq!(s["unchanged_files_read"]["max"].as_f64(), Some(0.0), "{s}");
+        assert!(s["changed_files_read"]["median"].as_f64().unwrap() > 0.0);
+    }
     let store = method(&import, "store");
     match store["status"].as_str().unwrap() {
         "ok" => {

@@ -40,6 +40,7 @@ impl ImportSection {
 const STORE: &str = "store";
 const TAR_ZSTD: &str = "tar-zstd";
 const GIT: &str = "git-commit";
+const STORE_GIT: &str = "store-git";
 
 fn info(id: &'static str) -> MethodInfo {
     match id {
@@ -48,6 +49,12 @@ fn info(id: &'static str) -> MethodInfo {
             label: "cowspace store (mountctl import)".into(),
             role: Role::Cowspace,
             command: "mountctl --root ROOT --json init; mountctl --root ROOT --json import TREE --ref bench --no-default-excludes (×3: cold, unchanged, 100 changed)".into(),
+        },
+        STORE_GIT => MethodInfo {
+            id,
+            label: "cowspace store from git (mountctl import --git)".into(),
+            role: Role::Cowspace,
+            command: "git init/add -A -f/commit of TREE into a fresh repository (not timed); mountctl --root ROOT --json init; mountctl --root ROOT --json import REPO --git HEAD --ref bench (×3: cold, the same commit again, a commit of 100 changed files)".into(),
         },
         TAR_ZSTD => MethodInfo {
             id,
@@ -152,7 +159,7 @@ impl Section for ImportSection {
     }
 
     fn method_ids(&self) -> Vec<&'static str> {
-        vec![STORE, TAR_ZSTD, GIT]
+        vec![STORE, STORE_GIT, TAR_ZSTD, GIT]
     }
 
     fn prepare(&mut self, ctx: &Ctx, selected: &dyn Fn(&str) -> bool) -> Result<Vec<Prepared>> {
@@ -198,6 +205,11 @@ impl Section for ImportSection {
                     tree: tree.clone(),
                     files: self.files.clone(),
                 }),
+                STORE_GIT => Box::new(StoreGitImport {
+                    mountctl: ctx.mountctl.clone().expect("availability checked"),
+                    tree: tree.clone(),
+                    files: self.files.clone(),
+                }),
                 TAR_ZSTD => Box::new(TarZstd {
                     tree: tree.clone(),
                     files: self.files.clone(),
@@ -222,6 +234,11 @@ fn availability(id: &str, ctx: &Ctx) -> std::result::Result<(), String> {
     match id {
         STORE => {
             let m = ctx.mountctl.as_ref().map_err(Clone::clone)?;
+            probe_store(m, ctx.scratch)
+        }
+        STORE_GIT => {
+            let m = ctx.mountctl.as_ref().map_err(Clone::clone)?;
+            proc::which("git").ok_or_else(|| "git not found on PATH".to_string())?;
             probe_store(m, ctx.scratch)
         }
         TAR_ZSTD => {
@@ -383,6 +400,126 @@ impl Method for StoreImport {
         }
         // mountctl reports how many file contents an import read (its stat index
         // skips unchanged files); the baselines have no such count.
+        if let Some(n) = field_u64(&same, "files_read") {
+            s.push(("unchanged_files_read", n as f64));
+        }
+        if let Some(n) = field_u64(&changed, "files_read") {
+            s.push(("changed_files_read", n as f64));
+        }
+        Ok(s)
+    }
+}
+
+/// `mountctl import --git` of commits of the tree: what the store reads from git when
+/// it has stored a commit's blobs before.
+struct StoreGitImport {
+    mountctl: Mountctl,
+    tree: PathBuf,
+    files: Vec<PathBuf>,
+}
+
+impl StoreGitImport {
+    /// Commits the tree as it is into the repository `gd` (made when `init`). Not timed.
+    fn commit(&self, gd: &Path, msg: &str, init: bool) -> Result<()> {
+        let git = || {
+            let mut c = crate::corpus::git();
+            c.arg("--git-dir")
+                .arg(gd)
+                .arg("--work-tree")
+                .arg(&self.tree);
+            c
+        };
+        if init {
+            proc::run(git().args(["init", "-q"]))?;
+        }
+        proc::run(git().args(["add", "-A", "-f"]))?;
+        proc::run(git().args(["commit", "-q", "--allow-empty", "-m", msg]))?;
+        Ok(())
+    }
+
+    fn import(
+        &self,
+        root: &Path,
+        gd: &Path,
+        ctx: &Ctx,
+        msg: &str,
+    ) -> Result<(serde_json::Value, Timing)> {
+        ctx.before_step()?;
+        timed(|| {
+            self.mountctl.json(
+                root,
+                &[
+                    OsStr::new("import"),
+                    gd.as_os_str(),
+                    OsStr::new("--git"),
+                    OsStr::new("HEAD"),
+                    OsStr::new("--ref"),
+                    OsStr::new("bench"),
+                    OsStr::new("--message"),
+                    OsStr::new(msg),
+                ],
+            )
+        })
+    }
+}
+
+impl Method for StoreGitImport {
+    fn info(&self) -> MethodInfo {
+        info(STORE_GIT)
+    }
+
+    fn run_once(&mut self, ctx: &Ctx, round: usize) -> Result<Sample> {
+        let dir = DirGuard::create(ctx.scratch_path(&format!("store-git-r{round}")))?;
+        let gd = dir.path().join("repo.git");
+        let root = dir.path().join("root");
+        self.commit(&gd, "cold", true)?;
+        self.mountctl.json(&root, &[OsStr::new("init")])?;
+        ctx.prepare_cache(&gd)?;
+        let logical = walk::apparent_bytes(&self.tree)?;
+        let (cold, t_cold) = self.import(&root, &gd, ctx, "cold")?;
+        let stats = self.mountctl.json(&root, &[OsStr::new("stats")]).ok();
+        let stored = stats
+            .as_ref()
+            .and_then(|s| field_u64(s, "stored_bytes"))
+            .or_else(|| field_u64(&cold, "new_bytes_stored"))
+            .context("neither `mountctl stats` nor the import reported stored bytes")?;
+        let st = &ctx.corpus.meta.stats;
+        if let Some(f) = field_u64(&cold, "files") {
+            let links = field_u64(&cold, "symlinks").unwrap_or(st.symlinks);
+            anyhow::ensure!(
+                f == st.files && links == st.symlinks,
+                "mountctl imported {f} files and {links} symlinks from git, the tree has {} and {}",
+                st.files,
+                st.symlinks
+            );
+        }
+        let disk = walk::disk_added(&root)?;
+        let (same, t_same) = self.import(&root, &gd, ctx, "unchanged")?;
+        change_files(
+            &self.tree,
+            &self.files,
+            ctx.changed_files,
+            ctx.seed,
+            round,
+            5,
+        )?;
+        self.commit(&gd, "changed", false)?;
+        let (changed, t_changed) = self.import(&root, &gd, ctx, "changed")?;
+        dir.remove()?;
+        let mut s: Sample = vec![
+            ("cold_s", t_cold.wall_s()),
+            ("cold_mbps", mbps(logical, &t_cold)),
+            ("cold_cpu_s", t_cold.cpu_s()),
+            ("unchanged_s", t_same.wall_s()),
+            ("changed_s", t_changed.wall_s()),
+            ("stored_bytes", stored as f64),
+            ("stored_ratio", stored as f64 / logical.max(1) as f64),
+            ("disk_bytes", disk as f64),
+        ];
+        if let Some(a) = field_u64(&changed, "new_bytes_stored") {
+            s.push(("changed_added_bytes", a as f64));
+        }
+        // Blobs (and symlink targets) the import asked git for.
         if let Some(n) = field_u64(&same, "files_read") {
             s.push(("unchanged_files_read", n as f64));
         }
