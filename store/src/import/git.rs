@@ -1,7 +1,7 @@
 //! Import of a git revision, read with the `git` program alone.
 //!
 //! `git rev-parse --verify REV^{commit}` resolves the revision; `git ls-tree -r -z
-//! --full-tree -l COMMIT` lists every tracked path with its mode, object id and size;
+//! --full-tree COMMIT` lists every tracked path with its mode and object id;
 //! the contents come from one long-running `git cat-file --batch`, fed object ids by a
 //! writer thread while this thread reads the answers (so neither pipe can fill up and
 //! stall the other side) and streams each blob into the ingest pipeline. No working
@@ -94,7 +94,7 @@ fn run(repo: &Path, step: &'static str, args: &[&str]) -> Result<Vec<u8>> {
     Ok(out.stdout)
 }
 
-/// One line of `git ls-tree -r -z -l`.
+/// One line of `git ls-tree -r -z` (with `-l`, the blob's size too).
 #[derive(Debug)]
 struct TreeLine {
     mode: u32,
@@ -112,7 +112,7 @@ fn parse_ls_tree(out: &[u8]) -> std::result::Result<Vec<TreeLine>, String> {
         let (meta, path) = (&rec[..tab], &rec[tab + 1..]);
         let meta = std::str::from_utf8(meta).map_err(|_| bad())?;
         let mut f = meta.split_ascii_whitespace();
-        let (Some(mode), Some(kind), Some(oid), Some(size), None) =
+        let (Some(mode), Some(kind), Some(oid), size, None) =
             (f.next(), f.next(), f.next(), f.next(), f.next())
         else {
             return Err(bad());
@@ -122,8 +122,8 @@ fn parse_ls_tree(out: &[u8]) -> std::result::Result<Vec<TreeLine>, String> {
             return Err(bad());
         }
         let size = match size {
-            "-" => None,
-            s => Some(s.parse::<u64>().map_err(|_| bad())?),
+            None | Some("-") => None,
+            Some(s) => Some(s.parse::<u64>().map_err(|_| bad())?),
         };
         lines.push(TreeLine {
             mode,
@@ -334,7 +334,9 @@ impl Store {
         let listing = run(
             &repo,
             "list tree",
-            &["ls-tree", "-r", "-z", "--full-tree", "-l", &commit],
+            // (No `-l`: a size costs git a look at each blob, 1.2 s for the Linux tree's
+            // loose objects, and `cat-file` says it for those read.)
+            &["ls-tree", "-r", "-z", "--full-tree", &commit],
         )?;
         let lines = parse_ls_tree(&listing).map_err(|why| Error::Git {
             step: "list tree",
@@ -356,7 +358,7 @@ impl Store {
         let mut warnings = Vec::new();
         let mut planned: Vec<(Vec<Vec<u8>>, Planned)> = Vec::with_capacity(lines.len());
         let mut uses: HashMap<String, Uses> = HashMap::new();
-        let mut order: Vec<(String, u64)> = Vec::new();
+        let mut order: Vec<(String, Option<u64>)> = Vec::new();
         for l in lines {
             let comps = split_member(&l.path).map_err(|why| unsafe_entry(&l.path, why))?;
             if comps.is_empty() {
@@ -395,7 +397,7 @@ impl Store {
                 Planned::Symlink { oid } => (oid, true),
             };
             let u = uses.entry(oid.clone()).or_insert_with(|| {
-                order.push((oid.clone(), l.size.unwrap_or(0)));
+                order.push((oid.clone(), l.size));
                 Uses::default()
             });
             if is_link {
@@ -425,7 +427,9 @@ impl Store {
         let mut cat = CatFile::start(&repo, order.iter().map(|(o, _)| o.clone()).collect())?;
         for (i, (oid, listed)) in order.iter().enumerate() {
             let size = cat.next_blob(oid)?;
-            if size != *listed {
+            if let Some(listed) = listed
+                && size != *listed
+            {
                 return Err(cat.error(format!(
                     "blob {oid} has {size} bytes, ls-tree said {listed}"
                 )));
@@ -633,6 +637,10 @@ mod tests {
         assert_eq!(l[1].size, None);
         assert_eq!(l[2].kind, b"blob");
         assert!(parse_ls_tree(b"100644 blob xyz 1\tp\0").is_err());
+        // Without `-l`: no size.
+        let l =
+            parse_ls_tree(b"100644 blob 2222222222222222222222222222222222222222\tp\0").unwrap();
+        assert_eq!((l[0].size, l[0].path.as_slice()), (None, b"p".as_slice()));
         assert!(parse_ls_tree(b"100644 blob\tp\0").is_err());
     }
 }
