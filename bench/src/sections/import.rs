@@ -347,15 +347,7 @@ impl Method for StoreImport {
         let logical = walk::apparent_bytes(&self.tree)?;
 
         let (cold, t_cold) = self.import(&root, ctx, "cold")?;
-        let stats = self.mountctl.json(&root, &[OsStr::new("stats")]).ok();
-        let stored = stats
-            .as_ref()
-            .and_then(|s| field_u64(s, "stored_bytes"))
-            .or_else(|| field_u64(&cold, "new_bytes_stored"))
-            .context("neither `mountctl stats` nor the import reported stored bytes")?;
-        let reported_files = field_u64(&cold, "files");
-        let disk = walk::disk_added(&root)?;
-
+        let after = AfterCold::of(&self.mountctl, &root, &cold)?;
         let (same, t_same) = self.import(&root, ctx, "unchanged")?;
         change_files(
             &self.tree,
@@ -366,48 +358,90 @@ impl Method for StoreImport {
             1,
         )?;
         let (changed, t_changed) = self.import(&root, ctx, "changed")?;
-        let added = field_u64(&changed, "new_bytes_stored").map(|b| b as f64);
-        let st = &ctx.corpus.meta.stats;
-        if let Some(f) = reported_files {
-            let links = field_u64(&cold, "symlinks").unwrap_or(st.symlinks);
-            anyhow::ensure!(
-                f == st.files && links == st.symlinks,
-                "mountctl imported {f} files and {links} symlinks, the tree has {} and {}",
-                st.files,
-                st.symlinks
-            );
-        }
         dir.remove()?;
-        let mut s: Sample = vec![
-            ("cold_s", t_cold.wall_s()),
-            ("cold_mbps", mbps(logical, &t_cold)),
-            ("cold_cpu_s", t_cold.cpu_s()),
-            ("unchanged_s", t_same.wall_s()),
-            ("changed_s", t_changed.wall_s()),
-            ("stored_bytes", stored as f64),
-            ("stored_ratio", stored as f64 / logical.max(1) as f64),
-            ("disk_bytes", disk as f64),
-        ];
-        if let Some(a) = added {
-            s.push(("changed_added_bytes", a));
-        }
-        if let Some(d) = stats
-            .as_ref()
-            .and_then(|v| v.get("dedup_ratio"))
-            .and_then(|v| v.as_f64())
-        {
-            s.push(("dedup_ratio", d));
-        }
-        // mountctl reports how many file contents an import read (its stat index
-        // skips unchanged files); the baselines have no such count.
-        if let Some(n) = field_u64(&same, "files_read") {
-            s.push(("unchanged_files_read", n as f64));
-        }
-        if let Some(n) = field_u64(&changed, "files_read") {
-            s.push(("changed_files_read", n as f64));
-        }
-        Ok(s)
+        store_sample(
+            ctx,
+            logical,
+            &after,
+            [(&cold, &t_cold), (&same, &t_same), (&changed, &t_changed)],
+        )
     }
+}
+
+/// What a store holds right after a cold import.
+struct AfterCold {
+    /// `mountctl stats`, if it answered.
+    stats: Option<serde_json::Value>,
+    stored: u64,
+    disk: u64,
+}
+
+impl AfterCold {
+    fn of(m: &Mountctl, root: &Path, cold: &serde_json::Value) -> Result<AfterCold> {
+        let stats = m.json(root, &[OsStr::new("stats")]).ok();
+        let stored = stats
+            .as_ref()
+            .and_then(|s| field_u64(s, "stored_bytes"))
+            .or_else(|| field_u64(cold, "new_bytes_stored"))
+            .context("neither `mountctl stats` nor the import reported stored bytes")?;
+        let disk = walk::disk_added(root)?;
+        Ok(AfterCold {
+            stats,
+            stored,
+            disk,
+        })
+    }
+}
+
+/// A store method's sample from its three imports (cold, unchanged, changed: the
+/// reports and their timings), after checking the cold one took the whole tree.
+fn store_sample(
+    ctx: &Ctx,
+    logical: u64,
+    after: &AfterCold,
+    [(cold, t_cold), (same, t_same), (changed, t_changed)]: [(&serde_json::Value, &Timing); 3],
+) -> Result<Sample> {
+    let st = &ctx.corpus.meta.stats;
+    if let Some(f) = field_u64(cold, "files") {
+        let links = field_u64(cold, "symlinks").unwrap_or(st.symlinks);
+        anyhow::ensure!(
+            f == st.files && links == st.symlinks,
+            "mountctl imported {f} files and {links} symlinks, the tree has {} and {}",
+            st.files,
+            st.symlinks
+        );
+    }
+    let stored = after.stored;
+    let mut s: Sample = vec![
+        ("cold_s", t_cold.wall_s()),
+        ("cold_mbps", mbps(logical, t_cold)),
+        ("cold_cpu_s", t_cold.cpu_s()),
+        ("unchanged_s", t_same.wall_s()),
+        ("changed_s", t_changed.wall_s()),
+        ("stored_bytes", stored as f64),
+        ("stored_ratio", stored as f64 / logical.max(1) as f64),
+        ("disk_bytes", after.disk as f64),
+    ];
+    if let Some(a) = field_u64(changed, "new_bytes_stored") {
+        s.push(("changed_added_bytes", a as f64));
+    }
+    if let Some(d) = after
+        .stats
+        .as_ref()
+        .and_then(|v| v.get("dedup_ratio"))
+        .and_then(|v| v.as_f64())
+    {
+        s.push(("dedup_ratio", d));
+    }
+    // mountctl reports how many file contents (blobs, from git) an import read: it skips
+    // what it knows; the baselines have no such count.
+    if let Some(n) = field_u64(same, "files_read") {
+        s.push(("unchanged_files_read", n as f64));
+    }
+    if let Some(n) = field_u64(changed, "files_read") {
+        s.push(("changed_files_read", n as f64));
+    }
+    Ok(s)
 }
 
 /// `mountctl import --git` of commits of the tree: what the store reads from git when
@@ -477,23 +511,7 @@ impl Method for StoreGitImport {
         ctx.prepare_cache(&gd)?;
         let logical = walk::apparent_bytes(&self.tree)?;
         let (cold, t_cold) = self.import(&root, &gd, ctx, "cold")?;
-        let stats = self.mountctl.json(&root, &[OsStr::new("stats")]).ok();
-        let stored = stats
-            .as_ref()
-            .and_then(|s| field_u64(s, "stored_bytes"))
-            .or_else(|| field_u64(&cold, "new_bytes_stored"))
-            .context("neither `mountctl stats` nor the import reported stored bytes")?;
-        let st = &ctx.corpus.meta.stats;
-        if let Some(f) = field_u64(&cold, "files") {
-            let links = field_u64(&cold, "symlinks").unwrap_or(st.symlinks);
-            anyhow::ensure!(
-                f == st.files && links == st.symlinks,
-                "mountctl imported {f} files and {links} symlinks from git, the tree has {} and {}",
-                st.files,
-                st.symlinks
-            );
-        }
-        let disk = walk::disk_added(&root)?;
+        let after = AfterCold::of(&self.mountctl, &root, &cold)?;
         let (same, t_same) = self.import(&root, &gd, ctx, "unchanged")?;
         change_files(
             &self.tree,
@@ -506,27 +524,12 @@ impl Method for StoreGitImport {
         self.commit(&gd, "changed", false)?;
         let (changed, t_changed) = self.import(&root, &gd, ctx, "changed")?;
         dir.remove()?;
-        let mut s: Sample = vec![
-            ("cold_s", t_cold.wall_s()),
-            ("cold_mbps", mbps(logical, &t_cold)),
-            ("cold_cpu_s", t_cold.cpu_s()),
-            ("unchanged_s", t_same.wall_s()),
-            ("changed_s", t_changed.wall_s()),
-            ("stored_bytes", stored as f64),
-            ("stored_ratio", stored as f64 / logical.max(1) as f64),
-            ("disk_bytes", disk as f64),
-        ];
-        if let Some(a) = field_u64(&changed, "new_bytes_stored") {
-            s.push(("changed_added_bytes", a as f64));
-        }
-        // Blobs (and symlink targets) the import asked git for.
-        if let Some(n) = field_u64(&same, "files_read") {
-            s.push(("unchanged_files_read", n as f64));
-        }
-        if let Some(n) = field_u64(&changed, "files_read") {
-            s.push(("changed_files_read", n as f64));
-        }
-        Ok(s)
+        store_sample(
+            ctx,
+            logical,
+            &after,
+            [(&cold, &t_cold), (&same, &t_same), (&changed, &t_changed)],
+        )
     }
 }
 
