@@ -316,22 +316,24 @@ struct StoreImport {
 
 impl StoreImport {
     fn import(&self, root: &Path, ctx: &Ctx, msg: &str) -> Result<(serde_json::Value, Timing)> {
-        ctx.before_step()?;
-        timed(|| {
-            self.mountctl.json(
-                root,
-                &[
-                    OsStr::new("import"),
-                    self.tree.as_os_str(),
-                    OsStr::new("--ref"),
-                    OsStr::new("bench"),
-                    OsStr::new("--message"),
-                    OsStr::new(msg),
-                    OsStr::new("--no-default-excludes"),
-                ],
-            )
-        })
+        let args = [self.tree.as_os_str(), "--no-default-excludes".as_ref()];
+        timed_import(&self.mountctl, root, ctx, &args, msg)
     }
+}
+
+/// `mountctl import SOURCE... --ref bench --message MSG` into `root`, timed.
+fn timed_import(
+    m: &Mountctl,
+    root: &Path,
+    ctx: &Ctx,
+    source: &[&OsStr],
+    msg: &str,
+) -> Result<(serde_json::Value, Timing)> {
+    ctx.before_step()?;
+    let mut args: Vec<&OsStr> = vec!["import".as_ref()];
+    args.extend_from_slice(source);
+    args.extend(["--ref", "bench", "--message", msg].map(OsStr::new));
+    timed(|| m.json(root, &args))
 }
 
 impl Method for StoreImport {
@@ -453,24 +455,6 @@ struct StoreGitImport {
 }
 
 impl StoreGitImport {
-    /// Commits the tree as it is into the repository `gd` (made when `init`). Not timed.
-    fn commit(&self, gd: &Path, msg: &str, init: bool) -> Result<()> {
-        let git = || {
-            let mut c = crate::corpus::git();
-            c.arg("--git-dir")
-                .arg(gd)
-                .arg("--work-tree")
-                .arg(&self.tree);
-            c
-        };
-        if init {
-            proc::run(git().args(["init", "-q"]))?;
-        }
-        proc::run(git().args(["add", "-A", "-f"]))?;
-        proc::run(git().args(["commit", "-q", "--allow-empty", "-m", msg]))?;
-        Ok(())
-    }
-
     fn import(
         &self,
         root: &Path,
@@ -478,22 +462,8 @@ impl StoreGitImport {
         ctx: &Ctx,
         msg: &str,
     ) -> Result<(serde_json::Value, Timing)> {
-        ctx.before_step()?;
-        timed(|| {
-            self.mountctl.json(
-                root,
-                &[
-                    OsStr::new("import"),
-                    gd.as_os_str(),
-                    OsStr::new("--git"),
-                    OsStr::new("HEAD"),
-                    OsStr::new("--ref"),
-                    OsStr::new("bench"),
-                    OsStr::new("--message"),
-                    OsStr::new(msg),
-                ],
-            )
-        })
+        let args = [gd.as_os_str(), "--git".as_ref(), "HEAD".as_ref()];
+        timed_import(&self.mountctl, root, ctx, &args, msg)
     }
 }
 
@@ -506,7 +476,7 @@ impl Method for StoreGitImport {
         let dir = DirGuard::create(ctx.scratch_path(&format!("store-git-r{round}")))?;
         let gd = dir.path().join("repo.git");
         let root = dir.path().join("root");
-        self.commit(&gd, "cold", true)?;
+        commit_tree(&gd, &self.tree, "cold", true)?;
         self.mountctl.json(&root, &[OsStr::new("init")])?;
         ctx.prepare_cache(&gd)?;
         let logical = walk::apparent_bytes(&self.tree)?;
@@ -521,7 +491,7 @@ impl Method for StoreGitImport {
             round,
             5,
         )?;
-        self.commit(&gd, "changed", false)?;
+        commit_tree(&gd, &self.tree, "changed", false)?;
         let (changed, t_changed) = self.import(&root, &gd, ctx, "changed")?;
         dir.remove()?;
         store_sample(
@@ -602,31 +572,33 @@ struct GitCommit {
 
 impl GitCommit {
     fn git(&self, gd: &Path) -> Command {
-        let mut c = crate::corpus::git();
-        c.arg("--git-dir")
-            .arg(gd)
-            .arg("--work-tree")
-            .arg(&self.tree);
-        c
+        git_of(gd, &self.tree)
     }
 
     fn commit(&self, gd: &Path, ctx: &Ctx, msg: &str, init: bool) -> Result<Timing> {
         ctx.before_step()?;
-        let ((), t) = timed(|| {
-            if init {
-                proc::run(self.git(gd).args(["init", "-q"]))?;
-            }
-            // -f: every method must store the same files; a tree's own .gitignore
-            // (Debian's linux-source ignores `/*`) would otherwise hide most of it.
-            proc::run(self.git(gd).args(["add", "-A", "-f"]))?;
-            proc::run(
-                self.git(gd)
-                    .args(["commit", "-q", "--allow-empty", "-m", msg]),
-            )?;
-            Ok(())
-        })?;
+        let ((), t) = timed(|| commit_tree(gd, &self.tree, msg, init))?;
         Ok(t)
     }
+}
+
+/// `git` for the repository `gd` whose work tree is `tree`.
+fn git_of(gd: &Path, tree: &Path) -> Command {
+    let mut c = crate::corpus::git();
+    c.arg("--git-dir").arg(gd).arg("--work-tree").arg(tree);
+    c
+}
+
+/// Commits `tree` as it is into the repository `gd` (made first when `init`).
+fn commit_tree(gd: &Path, tree: &Path, msg: &str, init: bool) -> Result<()> {
+    if init {
+        proc::run(git_of(gd, tree).args(["init", "-q"]))?;
+    }
+    // -f: every method must store the same files; a tree's own .gitignore (Debian's
+    // linux-source ignores `/*`) would otherwise hide most of it.
+    proc::run(git_of(gd, tree).args(["add", "-A", "-f"]))?;
+    proc::run(git_of(gd, tree).args(["commit", "-q", "--allow-empty", "-m", msg]))?;
+    Ok(())
 }
 
 impl Method for GitCommit {
