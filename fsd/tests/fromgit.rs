@@ -358,3 +358,56 @@ fn a_linked_worktree_s_submodules_stay_in_the_workspace() {
         host_gitfile
     );
 }
+
+#[test]
+fn a_nested_checkout_s_repository_outside_the_tree_comes_along() {
+    if !can_run() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let outer = tmp.path().join("outer");
+    std::fs::create_dir_all(outer.join("vendor")).unwrap();
+    git(&outer, &["init", "-q", "-b", "main"]);
+    std::fs::write(outer.join("a.txt"), "a\n").unwrap();
+    std::fs::write(outer.join(".gitignore"), "vendor/\n").unwrap();
+    git(&outer, &["add", "-A"]);
+    git(&outer, &["commit", "-qm", "outer"]);
+    // A checkout inside whose repository lives elsewhere.
+    let lib = outer.join("vendor/lib");
+    let elsewhere = tmp.path().join("elsewhere.git");
+    git(
+        &outer,
+        &[
+            "init",
+            "-q",
+            "-b",
+            "main",
+            "--separate-git-dir",
+            elsewhere.to_str().unwrap(),
+            lib.to_str().unwrap(),
+        ],
+    );
+    std::fs::write(lib.join("l.txt"), "lib\n").unwrap();
+    git(&lib, &["add", "-A"]);
+    git(&lib, &["commit", "-qm", "lib"]);
+    std::fs::write(lib.join("l.txt"), "lib\nchanged\n").unwrap();
+
+    let root = tmp.path().join("root");
+    let _cleanup = Cleanup(root.clone());
+    Store::init(&root, StoreConfig::default()).unwrap();
+    let rt = Runtime::open(&root).unwrap();
+    let before = git_state(&lib);
+    let ws = rt
+        .create_from_git(&outer, Dirty::Refuse, &CreateOptions::default())
+        .unwrap();
+    let inner = ws.path.join("vendor/lib");
+    assert!(inner.join(".git").is_dir(), "a repository, not a pointer");
+    let git_dir = git_out(&inner, &["rev-parse", "--absolute-git-dir"]);
+    assert!(
+        git_dir.starts_with(&*ws.path.to_string_lossy()),
+        "{git_dir}"
+    );
+    assert_eq!(git_state(&inner), before);
+    git(&inner, &["commit", "-qam", "in the workspace"]);
+    assert_eq!(git_state(&lib), before, "the host's is as it was");
+}

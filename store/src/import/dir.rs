@@ -168,6 +168,8 @@ impl Store {
             bytes_done: 0,
             linked: linked.clone(),
             submodules: Vec::new(),
+            top: src.clone(),
+            nested: Vec::new(),
         };
         walk.builder.insert(
             &[],
@@ -188,6 +190,7 @@ impl Store {
             },
             Some(l) => walk.linked_git(l, &self.layout().tmp(), &mut cx)?,
         };
+        walk.graft_nested(&self.layout().tmp(), &mut cx)?;
         while let Some((slot, r)) = ingest.next_result(true) {
             walk.arrived(slot, r, opts)?;
         }
@@ -436,6 +439,10 @@ struct Walk {
     /// name the snapshot's `.git`), and the submodule repositories found so.
     linked: Option<LinkedGit>,
     submodules: Vec<gitdir::NestedGitFile>,
+    /// The source's top (canonical), and the nested checkouts found whose `.git` leads
+    /// out of it: where their `.git` was, and the repository it names.
+    top: PathBuf,
+    nested: Vec<(Vec<Vec<u8>>, LinkedGit)>,
 }
 
 impl Walk {
@@ -448,19 +455,7 @@ impl Walk {
         cx: &mut WalkCx<'_, '_>,
     ) -> Result<GitFiles> {
         let dot = [b".git".to_vec()];
-        let meta = fs::metadata(&l.common_dir).map_err(Error::io("stat", &l.common_dir))?;
-        let item = Item::Dir {
-            mode: meta.mode(),
-            xattrs: read_xattrs(&l.common_dir)?,
-        };
-        self.builder.insert(&dot, item)?;
-        if l.common_dir != l.git_dir {
-            self.walk(&l.common_dir, &dot, Part::Common, meta.dev(), cx)?;
-        }
-        let dev = fs::metadata(&l.git_dir)
-            .map_err(Error::io("stat", &l.git_dir))?
-            .dev();
-        self.walk(&l.git_dir, &dot, Part::GitDir, dev, cx)?;
+        self.graft(&dot, l, cx)?;
         // Submodules: their repositories' work trees, as the snapshot places them.
         for sub in std::mem::take(&mut self.submodules) {
             let mut comps = dot.to_vec();
@@ -497,6 +492,70 @@ impl Walk {
             index: l.index(),
             config,
         })
+    }
+
+    /// Puts the repository `l` names at `at` (a `.git`): its common directory, then its
+    /// own git directory (see [`gitdir`]).
+    fn graft(&mut self, at: &[Vec<u8>], l: &LinkedGit, cx: &mut WalkCx<'_, '_>) -> Result<()> {
+        let meta = fs::metadata(&l.common_dir).map_err(Error::io("stat", &l.common_dir))?;
+        let item = Item::Dir {
+            mode: meta.mode(),
+            xattrs: read_xattrs(&l.common_dir)?,
+        };
+        self.builder.insert(at, item)?;
+        if l.common_dir != l.git_dir {
+            self.walk(&l.common_dir, at, Part::Common, meta.dev(), cx)?;
+        }
+        let dev = fs::metadata(&l.git_dir)
+            .map_err(Error::io("stat", &l.git_dir))?
+            .dev();
+        self.walk(&l.git_dir, at, Part::GitDir, dev, cx)
+    }
+
+    /// Puts the repositories of nested checkouts whose `.git` leads out of the tree
+    /// where their `.git` was; a `core.worktree` in their config becomes `..`, the
+    /// checkout holding that `.git`.
+    fn graft_nested(&mut self, tmp: &Path, cx: &mut WalkCx<'_, '_>) -> Result<()> {
+        for (at, l) in std::mem::take(&mut self.nested) {
+            self.graft(&at, &l, cx)?;
+            let mut comps = at.clone();
+            comps.push(b"config".to_vec());
+            let Ok(text) = fs::read_to_string(l.config()) else {
+                continue;
+            };
+            if !text.contains("worktree") || self.builder.file_at(&comps).is_none() {
+                continue;
+            }
+            if let Some(fixed) = gitdir::with_worktree(&text, "..", tmp) {
+                let content = cx.2.store_reader(fixed.as_bytes(), fixed.len() as u64)?;
+                self.builder.set_content(&comps, Slot::Known(content));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the entry at `comps` (in `dir`) is the `.git` of a nested checkout whose
+    /// repository lies outside the tree: then it is noted, to be put there in its place
+    /// ([`Walk::graft_nested`]). One that names a repository gone is kept as it is, with
+    /// a warning.
+    fn nested_repository(&mut self, part: Part, dir: &Path, comps: &[Vec<u8>]) -> bool {
+        if !matches!(part, Part::Tree { .. })
+            || comps.len() < 2
+            || comps.last().is_none_or(|n| n != b".git")
+        {
+            return false;
+        }
+        match gitdir::linked_git_at(dir, &self.top) {
+            Ok(Some(l)) => {
+                self.nested.push((comps.to_vec(), l));
+                true
+            }
+            Ok(None) => false,
+            Err(e) => {
+                self.warnings.push(format!("{e}; kept as it is"));
+                false
+            }
+        }
     }
 
     /// Walks the directory `root` into the tree at `prefix`, leaving out what `part`
@@ -585,6 +644,9 @@ impl Walk {
                         self.submodules.push(sub);
                         continue;
                     }
+                    if self.nested_repository(part, &dir, &comps) {
+                        continue;
+                    }
                     let at = At {
                         dir: &dir,
                         fd: &mut dir_fd,
@@ -592,6 +654,9 @@ impl Walk {
                     };
                     self.file(&abs, at, comps, rel_path, &meta, cache, ingest, opts)?;
                 } else if ft.is_symlink() {
+                    if self.nested_repository(part, &dir, &comps) {
+                        continue;
+                    }
                     let target = fs::read_link(&abs).map_err(Error::io("read link", &abs))?;
                     let target = target.as_os_str().as_bytes().to_vec();
                     if target.is_empty() || target.len() > crate::tree::MAX_TARGET_BYTES {

@@ -9,8 +9,8 @@
 //!
 //! - the repository's common directory (objects, refs, config, hooks), without what
 //!   belongs to one worktree only: the main worktree's `HEAD` and other pseudo-refs,
-//!   index, `logs/HEAD`, per-worktree refs and operation state, and the other worktrees'
-//!   directories (`worktrees/`);
+//!   index, `logs/HEAD`, per-worktree refs, operation state and submodule repositories
+//!   (`modules/`), and the other worktrees' directories (`worktrees/`);
 //! - then the checkout's own git directory (its `HEAD`, index, per-worktree refs and
 //!   logs, `config.worktree`), without the files that make it a linked one (`commondir`,
 //!   `gitdir`, `locked`).
@@ -19,6 +19,10 @@
 //! (`modules/`); their `.git` files name them by paths that lead out of the tree, so each
 //! is rewritten to name the snapshot's copy ([`LinkedGit::nested`]), and that
 //! repository's `core.worktree` to the submodule's directory ([`with_worktree`]).
+//!
+//! Any checkout's import leaves out `.git/worktrees/` ([`Part::Tree`]), and a commit's
+//! snapshot gets a checkout's repository the same way for `create --from-git --dirty
+//! patch` (`Store::with_repository`).
 //!
 //! A workspace's `.git` is thus what `git clone` of the checkout would have made, with
 //! the checkout's state: git in the workspace sees the same branch, index and history,
@@ -58,6 +62,13 @@ impl LinkedGit {
 /// symlink whose directory lies outside `src` (canonical). `None` for a `.git`
 /// directory, no `.git`, or a git directory inside the tree (imported as it is).
 pub fn linked_git(src: &Path) -> Result<Option<LinkedGit>> {
+    linked_git_at(src, src)
+}
+
+/// [`linked_git`] of the checkout `dir` inside the tree `top` (canonical): `None` also
+/// when the repository lies inside `top`.
+pub fn linked_git_at(dir: &Path, top: &Path) -> Result<Option<LinkedGit>> {
+    let src = dir;
     let dot = src.join(".git");
     let named = match fs::symlink_metadata(&dot) {
         Ok(m) if m.is_file() => {
@@ -85,7 +96,7 @@ pub fn linked_git(src: &Path) -> Result<Option<LinkedGit>> {
     let git_dir = src.join(named);
     let git_dir =
         fs::canonicalize(&git_dir).map_err(|e| unreadable("git directory", &git_dir, e))?;
-    if git_dir.starts_with(src) {
+    if git_dir.starts_with(top) {
         return Ok(None);
     }
     let commondir = git_dir.join("commondir");
@@ -421,12 +432,10 @@ impl LinkedGit {
 /// `config` (a git config file's text) with `core.worktree` set to `value`, as git
 /// writes it; `None` when git cannot.
 pub fn with_worktree(config: &str, value: &str, tmp: &Path) -> Option<String> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     fs::create_dir_all(tmp).ok()?;
-    let path = tmp.join(format!(
-        "submodule-config.{}.{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = tmp.join(format!("submodule-config.{}.{n}", std::process::id()));
     fs::write(&path, config).ok()?;
     let ok = Command::new("git")
         .args(["config", "--file"])
