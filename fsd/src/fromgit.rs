@@ -6,10 +6,10 @@
 //! - `patch`: the clean HEAD commit is imported (no working tree is read) with the
 //!   checkout's repository as `.git` (its index included and made to agree with what
 //!   workspaces serve, so the workspace is a git work tree with the checkout's branch
-//!   and staged changes), and the uncommitted diff of
-//!   tracked files (`git diff --binary HEAD`) is applied in the new workspace; the patch is kept as an artifact in the workspace's private directory and
-//!   its BLAKE3 recorded. Untracked files are not part of a patch (they are listed in the
-//!   record's diagnostics).
+//!   and staged changes), and the uncommitted diff of tracked files (`git diff --binary
+//!   HEAD`) is applied in the new workspace; the patch is kept as an artifact in the
+//!   workspace's private directory and its BLAKE3 recorded. Untracked files are not part
+//!   of a patch (they are listed in the record's diagnostics).
 //! - `snapshot`: the working tree is imported as it is (with `.git`, untracked files, and
 //!   ignored files under the exclusion policy: heavy regenerable artifacts stay out).
 //!

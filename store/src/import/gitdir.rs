@@ -68,8 +68,7 @@ pub fn linked_git(src: &Path) -> Result<Option<LinkedGit>> {
 /// [`linked_git`] of the checkout `dir` inside the tree `top` (canonical): `None` also
 /// when the repository lies inside `top`.
 pub fn linked_git_at(dir: &Path, top: &Path) -> Result<Option<LinkedGit>> {
-    let src = dir;
-    let dot = src.join(".git");
+    let dot = dir.join(".git");
     let named = match fs::symlink_metadata(&dot) {
         Ok(m) if m.is_file() => {
             let text = fs::read_to_string(&dot).map_err(Error::io("read", &dot))?;
@@ -93,7 +92,7 @@ pub fn linked_git_at(dir: &Path, top: &Path) -> Result<Option<LinkedGit>> {
             path.display()
         ))
     };
-    let git_dir = src.join(named);
+    let git_dir = dir.join(named);
     let git_dir =
         fs::canonicalize(&git_dir).map_err(|e| unreadable("git directory", &git_dir, e))?;
     if git_dir.starts_with(top) {
