@@ -11,6 +11,7 @@
 //! gets that repository as its `.git` directory instead ([`crate::import::gitdir`]).
 
 use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -458,32 +459,16 @@ impl Walk {
         self.graft(&dot, l, cx)?;
         // Submodules: their repositories' work trees, as the snapshot places them.
         for sub in std::mem::take(&mut self.submodules) {
-            let mut comps = dot.to_vec();
-            comps.extend(sub.repo.iter().cloned());
-            let source = comps[1..]
+            let mut at = dot.to_vec();
+            at.extend(sub.repo.iter().cloned());
+            let repo = sub
+                .repo
                 .iter()
-                .fold(l.git_dir.clone(), |p, c| {
-                    p.join(std::ffi::OsStr::from_bytes(c))
-                })
-                .join("config");
-            comps.push(b"config".to_vec());
-            if self.builder.file_at(&comps).is_none() {
-                continue;
-            }
-            let Ok(text) = fs::read_to_string(&source) else {
-                continue;
-            };
-            if let Some(fixed) = gitdir::with_worktree(&text, &sub.worktree, tmp) {
-                let content = cx.2.store_reader(fixed.as_bytes(), fixed.len() as u64)?;
-                self.builder.set_content(&comps, Slot::Known(content));
-            }
+                .fold(l.git_dir.clone(), |p, c| p.join(OsStr::from_bytes(c)));
+            self.set_worktree(at, &repo.join("config"), &sub.worktree, false, tmp, cx)?;
         }
-        let mut config = fs::read_to_string(l.config()).unwrap_or_default();
-        if gitdir::is_bare(&l.config()) {
-            if !config.is_empty() && !config.ends_with('\n') {
-                config.push('\n');
-            }
-            config.push_str(gitdir::NOT_BARE);
+        let (config, changed) = l.snapshot_config();
+        if changed {
             let comps = [b".git".to_vec(), b"config".to_vec()];
             let content = cx.2.store_reader(config.as_bytes(), config.len() as u64)?;
             self.builder.set_content(&comps, Slot::Known(content));
@@ -518,18 +503,33 @@ impl Walk {
     fn graft_nested(&mut self, tmp: &Path, cx: &mut WalkCx<'_, '_>) -> Result<()> {
         for (at, l) in std::mem::take(&mut self.nested) {
             self.graft(&at, &l, cx)?;
-            let mut comps = at.clone();
-            comps.push(b"config".to_vec());
-            let Ok(text) = fs::read_to_string(l.config()) else {
-                continue;
-            };
-            if !text.contains("worktree") || self.builder.file_at(&comps).is_none() {
-                continue;
-            }
-            if let Some(fixed) = gitdir::with_worktree(&text, "..", tmp) {
-                let content = cx.2.store_reader(fixed.as_bytes(), fixed.len() as u64)?;
-                self.builder.set_content(&comps, Slot::Known(content));
-            }
+            self.set_worktree(at, &l.config(), "..", true, tmp, cx)?;
+        }
+        Ok(())
+    }
+
+    /// Gives the config of the repository at `at` in the tree (read from `source`)
+    /// `core.worktree = value`: always, or `only_if_set` when it has one. Nothing when
+    /// the tree holds no such config or the file cannot be read.
+    fn set_worktree(
+        &mut self,
+        mut at: Vec<Vec<u8>>,
+        source: &Path,
+        value: &str,
+        only_if_set: bool,
+        tmp: &Path,
+        cx: &mut WalkCx<'_, '_>,
+    ) -> Result<()> {
+        at.push(b"config".to_vec());
+        let Ok(text) = fs::read_to_string(source) else {
+            return Ok(());
+        };
+        if (only_if_set && !text.contains("worktree")) || self.builder.file_at(&at).is_none() {
+            return Ok(());
+        }
+        if let Some(fixed) = gitdir::with_worktree(&text, value, tmp) {
+            let content = cx.2.store_reader(fixed.as_bytes(), fixed.len() as u64)?;
+            self.builder.set_content(&at, Slot::Known(content));
         }
         Ok(())
     }

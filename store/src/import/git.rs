@@ -541,30 +541,17 @@ fn known_blobs<'a>(
     conn: &rusqlite::Connection,
     oids: impl Iterator<Item = &'a String>,
 ) -> Result<HashMap<String, FileContent>> {
-    let mut stmt = conn
-        .prepare_cached("SELECT content, size FROM gitblobs WHERE oid = ?1")
-        .map_err(Error::db("read git blob ids"))?;
-    let mut out = HashMap::new();
-    for oid in oids {
-        let Ok(raw) = hex::decode(oid) else { continue };
-        let row = stmt
-            .query_row([&raw], |r| {
-                Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, i64>(1)?))
-            })
-            .optional()
-            .map_err(Error::db("read git blob ids"))?;
-        if let Some((content, size)) = row {
+    let sql = "SELECT content, size FROM gitblobs WHERE oid = ?1";
+    let rows = known_by_oid(conn, sql, "read git blob ids", oids, |r| {
+        Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, i64>(1)?))
+    })?;
+    rows.into_iter()
+        .map(|(oid, (content, size))| {
             let id = crate::ContentId::from_slice(&content)?;
-            out.insert(
-                oid.clone(),
-                FileContent {
-                    id,
-                    size: size as u64,
-                },
-            );
-        }
-    }
-    Ok(out)
+            let size = size as u64;
+            Ok((oid, FileContent { id, size }))
+        })
+        .collect()
 }
 
 /// The symlink targets known of the git blobs `oids` (hex), by id.
@@ -572,18 +559,28 @@ fn known_links<'a>(
     conn: &rusqlite::Connection,
     oids: impl Iterator<Item = &'a String>,
 ) -> Result<HashMap<String, Vec<u8>>> {
-    let mut stmt = conn
-        .prepare_cached("SELECT target FROM gitlinks WHERE oid = ?1")
-        .map_err(Error::db("read git symlink targets"))?;
+    let sql = "SELECT target FROM gitlinks WHERE oid = ?1";
+    known_by_oid(conn, sql, "read git symlink targets", oids, |r| r.get(0))
+}
+
+/// The row `sql` (one `oid` parameter, raw) finds for each of `oids` (hex), by id.
+fn known_by_oid<'a, T>(
+    conn: &rusqlite::Connection,
+    sql: &str,
+    step: &'static str,
+    oids: impl Iterator<Item = &'a String>,
+    row: impl Fn(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> Result<HashMap<String, T>> {
+    let mut stmt = conn.prepare_cached(sql).map_err(Error::db(step))?;
     let mut out = HashMap::new();
     for oid in oids {
         let Ok(raw) = hex::decode(oid) else { continue };
-        let row = stmt
-            .query_row([&raw], |r| r.get::<_, Vec<u8>>(0))
+        let found = stmt
+            .query_row([&raw], &row)
             .optional()
-            .map_err(Error::db("read git symlink targets"))?;
-        if let Some(target) = row {
-            out.insert(oid.clone(), target);
+            .map_err(Error::db(step))?;
+        if let Some(v) = found {
+            out.insert(oid.clone(), v);
         }
     }
     Ok(out)

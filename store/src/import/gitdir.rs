@@ -47,6 +47,20 @@ pub struct LinkedGit {
 }
 
 impl LinkedGit {
+    /// The repository's config as the snapshot's `.git/config` holds it, and whether
+    /// that differs from the file: a bare repository's worktree gets [`NOT_BARE`].
+    pub fn snapshot_config(&self) -> (String, bool) {
+        let mut config = fs::read_to_string(self.config()).unwrap_or_default();
+        if !is_bare(&self.config()) {
+            return (config, false);
+        }
+        if !config.is_empty() && !config.ends_with('\n') {
+            config.push('\n');
+        }
+        config.push_str(NOT_BARE);
+        (config, true)
+    }
+
     /// The index file git uses for the checkout.
     pub fn index(&self) -> PathBuf {
         self.git_dir.join("index")
@@ -246,15 +260,7 @@ impl crate::Store {
         }
         put_tree(&mut ed, &repo.git_dir, Part::GitDir, &mut known)?;
         let mode_of = |p: &Path| fs::metadata(p).map_or(0o644, |m| m.mode());
-        let mut config = fs::read_to_string(repo.config()).unwrap_or_default();
-        let mut config_changed = false;
-        if is_bare(&repo.config()) {
-            if !config.is_empty() && !config.ends_with('\n') {
-                config.push('\n');
-            }
-            config.push_str(NOT_BARE);
-            config_changed = true;
-        }
+        let (mut config, mut config_changed) = repo.snapshot_config();
         let mut token = None;
         if let Some(served) = &opts.served_identity {
             let mut entries = std::collections::HashMap::new();
