@@ -46,6 +46,11 @@ struct Args {
     /// (each open a request, answered with a passthrough backing file).
     #[arg(long, env = "COWSPACE_FUSE_OPEN_MODE", default_value = "cached", value_parser = parse_open_mode)]
     fuse_open_mode: OpenMode,
+    /// Where fuse workspaces' request threads run: `follow` (on the CPUs of the
+    /// processes that use the workspace, when those are confined to fewer CPUs than the
+    /// daemon may use) or `any` (wherever the scheduler puts them).
+    #[arg(long, env = "COWSPACE_FUSE_CPUS", default_value = "follow", value_parser = parse_fuse_cpus)]
+    fuse_cpus: bool,
     /// FUSE request threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -76,6 +81,14 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         }
+    }
+}
+
+fn parse_fuse_cpus(s: &str) -> std::result::Result<bool, String> {
+    match s {
+        "follow" => Ok(true),
+        "any" => Ok(false),
+        _ => Err(format!("{s:?}: choose follow or any")),
     }
 }
 
@@ -151,8 +164,11 @@ fn run(args: Args) -> Result<()> {
     cowspace_fsd::mounts::start_deferred_teardowns();
     let host = cowspace_fsd::cow::install_host(
         Arc::clone(&store),
-        args.fuse_open_mode,
-        !args.no_passthrough,
+        cowspace_fsd::cow::Serving {
+            mode: args.fuse_open_mode,
+            passthrough: !args.no_passthrough,
+            follow_cpus: args.fuse_cpus,
+        },
     );
     // Each served workspace keeps a descriptor per modified inode the kernel holds.
     if let Ok((_, hard)) =

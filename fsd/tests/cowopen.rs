@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use common::{Env, can_run};
-use cowspace_fsd::cow::{CowMount, OpenMode};
+use cowspace_fsd::cow::{CowMount, OpenMode, Serving};
 
 /// Bigger than the lazy copy-up threshold (8 MiB), not a whole number of blocks.
 const BIG_BYTES: usize = 9 * 1024 * 1024 + 77;
@@ -63,8 +63,10 @@ fn mount(env: &Env, name: &str, mode: OpenMode) -> (CowMount, std::path::PathBuf
         snap,
         &private,
         &env.dir(&format!("{name}-ws")),
-        mode,
-        true,
+        Serving {
+            mode,
+            ..Serving::default()
+        },
     )
     .unwrap();
     (m, private.join("upper"))

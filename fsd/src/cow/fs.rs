@@ -26,6 +26,7 @@ use super::handles::{Backing, Handles, lock};
 use super::node::Node;
 use super::ops::{Cow, Make, errno};
 use super::setattr::SetAttr;
+use crate::placement::Placement;
 
 /// How long the kernel may trust entries (negative ones too) and attributes. Every
 /// change goes through this mount, and the kernel drops or refreshes what each change
@@ -70,6 +71,8 @@ pub struct CowFs {
     pub passthrough: Arc<AtomicBool>,
     /// `OPEN` requests received.
     opens: Arc<AtomicU64>,
+    /// Where the request threads run (`None`: wherever the scheduler puts them).
+    placement: Option<Placement>,
 }
 
 impl CowFs {
@@ -79,6 +82,7 @@ impl CowFs {
         want_passthrough: bool,
         passthrough: Arc<AtomicBool>,
         opens: Arc<AtomicU64>,
+        follow_cpus: bool,
     ) -> CowFs {
         CowFs {
             cow,
@@ -87,6 +91,15 @@ impl CowFs {
             want_passthrough,
             passthrough,
             opens,
+            placement: Placement::new(follow_cpus),
+        }
+    }
+
+    /// Every request but `forget` (sent by whichever process reclaims memory) first
+    /// places the serving thread on its requester's CPUs ([`crate::placement`]).
+    fn place(&self, req: &Request) {
+        if let Some(p) = &self.placement {
+            p.serve(req.pid());
         }
     }
 
@@ -174,7 +187,8 @@ impl Filesystem for CowFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.place(req);
         match self.cow.lookup(parent.0, name.as_bytes()) {
             Ok(Some(node)) => self.entry(&node, reply),
             // A negative entry (node 0): the kernel remembers the name is absent until
@@ -194,7 +208,8 @@ impl Filesystem for CowFs {
         }
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        self.place(req);
         match self.cow.table.get(ino.0).and_then(|n| self.cow.attr(&n)) {
             Ok(a) => reply.attr(&TTL, &a),
             Err(e) => reply.error(e),
@@ -203,7 +218,7 @@ impl Filesystem for CowFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -219,6 +234,7 @@ impl Filesystem for CowFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        self.place(req);
         let s = SetAttr {
             mode,
             uid,
@@ -234,7 +250,8 @@ impl Filesystem for CowFs {
         }
     }
 
-    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        self.place(req);
         let node = match self.cow.table.get(ino.0) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -262,6 +279,7 @@ impl Filesystem for CowFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        self.place(req);
         let made = Cow::special_kind(mode).and_then(|kind| {
             // A regular file: a `create` the kernel makes this way in the cached mode.
             let what = if kind == FileType::RegularFile {
@@ -290,6 +308,7 @@ impl Filesystem for CowFs {
         _umask: u32,
         reply: ReplyEntry,
     ) {
+        self.place(req);
         match self.cow.make(
             parent.0,
             name.as_bytes(),
@@ -302,14 +321,16 @@ impl Filesystem for CowFs {
         }
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.place(req);
         match self.cow.remove(parent.0, name.as_bytes(), false) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.place(req);
         match self.cow.remove(parent.0, name.as_bytes(), true) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
@@ -324,6 +345,7 @@ impl Filesystem for CowFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        self.place(req);
         match self.cow.make(
             parent.0,
             link_name.as_bytes(),
@@ -340,7 +362,7 @@ impl Filesystem for CowFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -348,6 +370,7 @@ impl Filesystem for CowFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        self.place(req);
         match self.cow.rename(
             parent.0,
             name.as_bytes(),
@@ -362,12 +385,13 @@ impl Filesystem for CowFs {
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        self.place(req);
         let made = self.cow.table.get(ino.0).and_then(|n| {
             if n.kind == FileType::Directory {
                 return Err(Errno::EPERM);
@@ -385,7 +409,8 @@ impl Filesystem for CowFs {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.place(req);
         self.opens.fetch_add(1, Ordering::Relaxed);
         if self.mode == OpenMode::Cached {
             // "Not implemented": the kernel opens every file of this mount without asking
@@ -405,6 +430,7 @@ impl Filesystem for CowFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        self.place(req);
         if self.mode == OpenMode::Cached {
             // The kernel then makes new files with `mknod` and opens them as any other.
             return reply.error(Errno::ENOSYS);
@@ -467,7 +493,7 @@ impl Filesystem for CowFs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -476,6 +502,7 @@ impl Filesystem for CowFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        self.place(req);
         with_read_buffer(size, |buf| {
             let n = if fh.0 == 0 {
                 self.read_by_inode(ino.0, offset, buf)
@@ -495,7 +522,7 @@ impl Filesystem for CowFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -505,6 +532,7 @@ impl Filesystem for CowFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        self.place(req);
         if fh.0 == 0 {
             return match self.write_by_inode(ino.0, offset, data) {
                 Ok(()) => reply.written(data.len() as u32),
@@ -527,12 +555,13 @@ impl Filesystem for CowFs {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         _fh: FileHandle,
         _lo: LockOwner,
         reply: ReplyEmpty,
     ) {
+        self.place(req);
         // Nothing is buffered here (writes are passed through or written at once) and
         // locks are the kernel's: "not implemented" stops a flush at every close.
         reply.error(Errno::ENOSYS);
@@ -540,7 +569,7 @@ impl Filesystem for CowFs {
 
     fn release(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
@@ -548,6 +577,7 @@ impl Filesystem for CowFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        self.place(req);
         let released = lock(&self.handles.files).remove(&fh.0);
         drop(released);
         let mut backing = lock(&self.handles.backing);
@@ -562,12 +592,13 @@ impl Filesystem for CowFs {
 
     fn fsync(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.place(req);
         if fh.0 == 0 {
             return match self.fsync_by_inode(ino.0, datasync) {
                 Ok(()) => reply.ok(),
@@ -590,7 +621,7 @@ impl Filesystem for CowFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -598,6 +629,7 @@ impl Filesystem for CowFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        self.place(req);
         if fh.0 == 0 {
             return match self.fallocate_by_inode(ino.0, offset, length, mode) {
                 Ok(()) => reply.ok(),
@@ -617,7 +649,8 @@ impl Filesystem for CowFs {
         }
     }
 
-    fn opendir(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn opendir(&self, req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        self.place(req);
         // "Not implemented": from then on the kernel opens directories of this mount
         // without asking and sends no release, keeps their listings
         // (`FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE` is its default then) and drops one when
@@ -629,12 +662,13 @@ impl Filesystem for CowFs {
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        self.place(req);
         let (node, listing) = match self.dir_listing(ino.0) {
             Ok(x) => x,
             Err(e) => return reply.error(e),
@@ -670,23 +704,25 @@ impl Filesystem for CowFs {
 
     fn readdirplus(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
         reply: ReplyDirectoryPlus,
     ) {
+        self.place(req);
         self.do_readdirplus(ino, offset, reply)
     }
 
     fn fsyncdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.place(req);
         let r = self
             .cow
             .table
@@ -700,7 +736,8 @@ impl Filesystem for CowFs {
         }
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        self.place(req);
         match nix::sys::statvfs::statvfs(&self.cow.layers.upper) {
             Ok(s) => reply.statfs(
                 s.blocks(),
@@ -716,17 +753,19 @@ impl Filesystem for CowFs {
         }
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        self.place(req);
         self.do_getxattr(ino, name, size, reply)
     }
 
-    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        self.place(req);
         self.do_listxattr(ino, size, reply)
     }
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -734,14 +773,17 @@ impl Filesystem for CowFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        self.place(req);
         self.do_setxattr(ino, name, value, flags, reply)
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.place(req);
         self.do_removexattr(ino, name, reply)
     }
 
-    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+    fn access(&self, req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        self.place(req);
         // Permission bits are checked by the kernel (default_permissions).
         reply.ok();
     }
@@ -750,7 +792,7 @@ impl Filesystem for CowFs {
     /// they open: Python asks `isatty` of each).
     fn ioctl(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         _fh: FileHandle,
         _flags: IoctlFlags,
@@ -759,6 +801,7 @@ impl Filesystem for CowFs {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
+        self.place(req);
         reply.error(Errno::ENOTTY);
     }
 }

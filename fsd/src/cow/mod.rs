@@ -69,6 +69,10 @@
 //!   to that same file, and refuses the daemon-served (direct I/O) open offered instead.
 //!   The `cached` mode has no such case.
 //!
+//! Each workspace's request threads follow the CPUs of the processes that use it, when
+//! those are confined to fewer CPUs than the daemon may use ([`crate::placement`]): every
+//! request but `forget` first places its serving thread.
+//!
 //! Copy-ups use a reflink where the filesystem can, else `copy_file_range`, lazily for
 //! large files. Directories are opened without a request: the first `opendir` is
 //! answered "not implemented", after which the kernel sends no open or release of a
@@ -172,6 +176,28 @@ impl OpenMode {
     }
 }
 
+/// How a daemon serves its fuse workspaces (from its command line).
+#[derive(Clone, Copy, Debug)]
+pub struct Serving {
+    pub mode: OpenMode,
+    /// Whether [`OpenMode::Passthrough`] may use FUSE passthrough (else the daemon
+    /// serves those opens' I/O).
+    pub passthrough: bool,
+    /// Whether each workspace's request threads follow the CPUs of the processes that
+    /// use it ([`crate::placement`]).
+    pub follow_cpus: bool,
+}
+
+impl Default for Serving {
+    fn default() -> Serving {
+        Serving {
+            mode: OpenMode::Cached,
+            passthrough: true,
+            follow_cpus: true,
+        }
+    }
+}
+
 /// A served workspace; unmounts on drop.
 pub struct CowMount {
     path: PathBuf,
@@ -192,16 +218,15 @@ impl std::fmt::Debug for CowMount {
 
 impl CowMount {
     /// Serves the workspace of `snapshot` with private state in `private_dir` at `path`
-    /// (an existing directory). `passthrough`: whether [`OpenMode::Passthrough`] may use
-    /// FUSE passthrough (else the daemon serves those opens' I/O).
+    /// (an existing directory), as `serving` says.
     pub fn mount(
         store: Arc<Store>,
         snapshot: SnapshotId,
         private_dir: &Path,
         path: &Path,
-        mode: OpenMode,
-        passthrough: bool,
+        serving: Serving,
     ) -> Result<CowMount> {
+        let mode = serving.mode;
         let owner = std::fs::metadata(store.root()).map_err(Error::io("stat", store.root()))?;
         let snap = store.snapshot(&snapshot)?;
         let layers = layers::Layers::new(
@@ -229,9 +254,10 @@ impl CowMount {
         let fs = fs::CowFs::new(
             Arc::clone(&cow),
             mode,
-            passthrough && mode == OpenMode::Passthrough,
+            serving.passthrough && mode == OpenMode::Passthrough,
             Arc::clone(&flag),
             Arc::clone(&opens),
+            serving.follow_cpus,
         );
         let mut config = Config::default();
         config.acl = SessionACL::All;
@@ -389,8 +415,7 @@ impl Drop for CowMount {
 /// FUSE sessions alive) has one; see [`install_host`].
 pub struct Host {
     store: Arc<Store>,
-    mode: OpenMode,
-    passthrough: bool,
+    serving: Serving,
     mounts: Mutex<HashMap<String, CowMount>>,
     /// One mount or unmount of a workspace at a time (by id); those of different
     /// workspaces run in parallel, outside the `mounts` lock.
@@ -400,12 +425,11 @@ pub struct Host {
 static HOST: OnceLock<Arc<Host>> = OnceLock::new();
 
 /// Makes this process the one serving fuse workspaces (the daemon calls it at start).
-pub fn install_host(store: Arc<Store>, mode: OpenMode, passthrough: bool) -> Arc<Host> {
+pub fn install_host(store: Arc<Store>, serving: Serving) -> Arc<Host> {
     Arc::clone(HOST.get_or_init(|| {
         Arc::new(Host {
             store,
-            mode,
-            passthrough,
+            serving,
             mounts: Mutex::new(HashMap::new()),
             gates: Mutex::new(HashMap::new()),
         })
@@ -489,10 +513,9 @@ impl Host {
             snapshot,
             &rec.private_dir,
             &rec.path,
-            self.mode,
-            self.passthrough,
+            self.serving,
         )?;
-        tracing::info!(workspace = %rec.id, path = %rec.path.display(), mode = self.mode.as_str(), passthrough = m.passthrough(), "fuse workspace served");
+        tracing::info!(workspace = %rec.id, path = %rec.path.display(), mode = self.serving.mode.as_str(), passthrough = m.passthrough(), "fuse workspace served");
         self.lock().insert(rec.id.clone(), m);
         Ok(())
     }

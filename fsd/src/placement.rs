@@ -1,0 +1,271 @@
+//! Where a workspace's FUSE request threads run: on the CPUs of the processes that use
+//! the workspace, when those are confined to fewer CPUs than the daemon may use.
+//!
+//! Every request is a round trip: the requesting thread waits while a request thread
+//! answers. Before Linux 7.3 the kernel wakes a waiting request thread without saying
+//! that the requester is about to sleep, so the scheduler puts the request thread on an
+//! idle CPU, and the answer wakes the requester on its own CPU again: two cross-CPU
+//! wakeups per request. On a VM whose host does not poll before it halts an idle vCPU,
+//! each one goes through the host. A worker confined to one CPU (`taskset`, a cpuset
+//! cgroup) whose workspace's request threads share that CPU has no cross-CPU wakeup at
+//! all: on this project's 2-vCPU test VM that took a first walk of the Linux tree from
+//! 1.13-1.33 s to 0.70 s and a full read from 6.8-7.5 s to 4.9-5.1 s
+//! (`docs/BENCHMARKS.md`, "CPU placement").
+//!
+//! So each workspace remembers its latest distinct requesters and the CPUs each may use
+//! ([`RECENT_REQUESTERS`]); its request threads may use the union of those sets (within
+//! the daemon's own), and nothing else. One unconfined requester among them (a shell on
+//! the host, git run by the runtime) gives the threads every CPU again: confining never
+//! takes a CPU from a workspace whose users may use it. Kernel threads (writeback of a
+//! mapped file) are not requesters here. A request thread applies a new set to itself
+//! when it next serves a request.
+//!
+//! The cost per request is two atomic loads; a requester not seen just before costs a
+//! `sched_getaffinity` and a read of its `/proc` stat line.
+
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+use nix::unistd::Pid;
+
+/// How many distinct requesters a workspace remembers.
+pub const RECENT_REQUESTERS: usize = 8;
+
+/// `PF_KTHREAD` in `/proc/PID/stat`'s flags: the process is a kernel thread.
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+thread_local! {
+    /// The placement (by address) and generation this thread last applied to itself.
+    static APPLIED: Cell<(usize, u64)> = const { Cell::new((0, 0)) };
+}
+
+/// One workspace's request-thread placement.
+pub struct Placement {
+    /// The daemon's own CPUs when the workspace was mounted: the widest set.
+    own: CpuSet,
+    /// The requester seen last, so a run of requests from one thread costs nothing.
+    last: AtomicU32,
+    recent: Mutex<Recent>,
+    /// Bumped when `recent.wanted` changes; generation 0 is "never placed".
+    generation: AtomicU64,
+}
+
+struct Recent {
+    /// Latest first.
+    requesters: VecDeque<(u32, CpuSet)>,
+    wanted: CpuSet,
+}
+
+impl Placement {
+    /// A placement that follows requesters (`follow`), or one that never moves the
+    /// threads (`None` from [`Placement::new`] then).
+    pub fn new(follow: bool) -> Option<Placement> {
+        if !follow {
+            return None;
+        }
+        let own = sched_getaffinity(Pid::from_raw(0)).ok()?;
+        Some(Placement {
+            own,
+            last: AtomicU32::new(0),
+            recent: Mutex::new(Recent {
+                requesters: VecDeque::with_capacity(RECENT_REQUESTERS + 1),
+                wanted: own,
+            }),
+            generation: AtomicU64::new(0),
+        })
+    }
+
+    /// Called by a request thread for each request from `pid` (the kernel's pid of the
+    /// requesting thread, 0 when it has none in the daemon's namespace).
+    pub fn serve(&self, pid: u32) {
+        if pid != 0 && self.last.swap(pid, Ordering::Relaxed) != pid {
+            self.learn(pid);
+        }
+        let generation = self.generation.load(Ordering::Acquire);
+        let key = (self as *const Placement as usize, generation);
+        if generation == 0 || APPLIED.get() == key {
+            return;
+        }
+        let wanted = self.lock().wanted;
+        if let Err(e) = sched_setaffinity(Pid::from_raw(0), &wanted) {
+            tracing::debug!(
+                "request thread placement on CPUs {}: {e}",
+                cpu_list(&wanted)
+            );
+        }
+        APPLIED.set(key);
+    }
+
+    /// The CPUs the request threads are to use now.
+    pub fn wanted(&self) -> CpuSet {
+        self.lock().wanted
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Recent> {
+        self.recent.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn learn(&self, pid: u32) {
+        if kernel_thread(pid) {
+            return;
+        }
+        let Ok(cpus) = sched_getaffinity(Pid::from_raw(pid as i32)) else {
+            return; // gone already
+        };
+        let mut r = self.lock();
+        r.requesters.retain(|(p, _)| *p != pid);
+        r.requesters.push_front((pid, cpus));
+        r.requesters.truncate(RECENT_REQUESTERS);
+        let wanted = confine(&self.own, r.requesters.iter().map(|(_, c)| c));
+        if wanted != r.wanted {
+            tracing::debug!("request threads move to CPUs {}", cpu_list(&wanted));
+            r.wanted = wanted;
+            self.generation.fetch_add(1, Ordering::Release);
+        }
+    }
+}
+
+/// The CPUs of `own` that any of `sets` may use; all of `own` when that is none.
+pub fn confine<'a>(own: &CpuSet, sets: impl Iterator<Item = &'a CpuSet>) -> CpuSet {
+    let mut out = CpuSet::new();
+    let mut any = false;
+    for set in sets {
+        for cpu in 0..CpuSet::count() {
+            if set.is_set(cpu).unwrap_or(false) && own.is_set(cpu).unwrap_or(false) {
+                let _ = out.set(cpu);
+                any = true;
+            }
+        }
+    }
+    if any { out } else { *own }
+}
+
+/// Whether `pid` is a kernel thread (its `/proc` stat flags say `PF_KTHREAD`).
+fn kernel_thread(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| stat_flags(&s))
+        .is_some_and(|f| f & PF_KTHREAD != 0)
+}
+
+/// The flags field of a `/proc/PID/stat` line (the 9th; the name before may hold
+/// spaces and parentheses, so fields are counted after its last `)`).
+fn stat_flags(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_ascii_whitespace().nth(6)?.parse().ok()
+}
+
+/// `0-3,6` for messages.
+pub fn cpu_list(set: &CpuSet) -> String {
+    let mut out = Vec::new();
+    let mut cpu = 0;
+    while cpu < CpuSet::count() {
+        if set.is_set(cpu).unwrap_or(false) {
+            let start = cpu;
+            while cpu + 1 < CpuSet::count() && set.is_set(cpu + 1).unwrap_or(false) {
+                cpu += 1;
+            }
+            out.push(if start == cpu {
+                start.to_string()
+            } else {
+                format!("{start}-{cpu}")
+            });
+        }
+        cpu += 1;
+    }
+    out.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(cpus: &[usize]) -> CpuSet {
+        let mut s = CpuSet::new();
+        for &c in cpus {
+            s.set(c).unwrap();
+        }
+        s
+    }
+
+    #[test]
+    fn confine_is_the_union_within_the_daemons_cpus() {
+        let own = set(&[0, 1, 2, 3]);
+        assert_eq!(confine(&own, [set(&[2])].iter()), set(&[2]));
+        assert_eq!(confine(&own, [set(&[2]), set(&[0])].iter()), set(&[0, 2]));
+        // An unconfined requester: every CPU of the daemon's.
+        assert_eq!(
+            confine(&own, [set(&[2]), set(&[0, 1, 2, 3, 4, 5])].iter()),
+            own
+        );
+        // Outside the daemon's own CPUs (a cpuset it is not in): nothing to confine to.
+        assert_eq!(confine(&own, [set(&[7])].iter()), own);
+        assert_eq!(confine(&own, [set(&[3, 7])].iter()), set(&[3]));
+        assert_eq!(confine(&own, std::iter::empty()), own);
+    }
+
+    #[test]
+    fn stat_flags_are_read_after_the_name() {
+        let line = "42 (a b) c) S 1 42 42 0 -1 2097216 100 0 0 0";
+        assert_eq!(stat_flags(line).map(|f| f & PF_KTHREAD != 0), Some(true));
+        assert_eq!(stat_flags("garbage"), None);
+        // This process is no kernel thread; pid 2 (kthreadd) is one where /proc shows it.
+        assert!(!kernel_thread(std::process::id()));
+        if std::fs::read_to_string("/proc/2/comm").is_ok_and(|c| c.trim() == "kthreadd") {
+            assert!(kernel_thread(2));
+        }
+    }
+
+    #[test]
+    fn cpu_lists_read_like_the_kernels() {
+        assert_eq!(cpu_list(&set(&[0, 1, 2, 3, 6])), "0-3,6");
+        assert_eq!(cpu_list(&set(&[1])), "1");
+        assert_eq!(cpu_list(&CpuSet::new()), "");
+    }
+
+    #[test]
+    fn a_thread_applies_a_confined_requesters_cpus_and_gives_them_back() {
+        let Some(p) = Placement::new(true) else {
+            return;
+        };
+        let own = p.own;
+        let first = (0..CpuSet::count())
+            .find(|&c| own.is_set(c).unwrap_or(false))
+            .unwrap();
+        if cpu_list(&own) == first.to_string() {
+            eprintln!("skipped: this process may use one CPU only");
+            return;
+        }
+        // A requester confined to one CPU: a child thread of ours, pinned.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let pinned = std::thread::spawn(move || {
+            sched_setaffinity(Pid::from_raw(0), &set(&[first])).unwrap();
+            tx.send(nix::unistd::gettid().as_raw() as u32).unwrap();
+            let _ = done_rx.recv();
+        });
+        let tid = rx.recv().unwrap();
+        let me = nix::unistd::gettid().as_raw() as u32;
+        let seen = std::thread::scope(|s| {
+            // One request thread serves the pinned requester, then this test's own thread,
+            // which is unconfined: it moves to the one CPU, then gets every CPU back.
+            s.spawn(|| {
+                let mut seen = Vec::new();
+                for pid in [tid, me] {
+                    p.serve(pid);
+                    seen.push((sched_getaffinity(Pid::from_raw(0)).unwrap(), p.wanted()));
+                }
+                seen
+            })
+            .join()
+            .unwrap()
+        });
+        assert_eq!(seen[0], (set(&[first]), set(&[first])));
+        assert_eq!(seen[1], (own, own));
+        drop(done_tx);
+        pinned.join().unwrap();
+    }
+}

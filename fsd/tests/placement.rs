@@ -1,0 +1,125 @@
+//! A fuse workspace's request threads follow the CPUs of the processes that use it: onto
+//! the one CPU a confined reader may use, and back to every CPU once an unconfined one
+//! asks. Mounted for real (the threads are this process's, so this file holds one test).
+//! Root with /dev/fuse; skipped otherwise, except under `CI=true`; skipped on a host
+//! where this process may use one CPU only.
+
+mod common;
+
+use std::fs;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Env, can_run};
+use cowspace_fsd::cow::{CowMount, Serving};
+
+/// The CPU lists of this process's request threads (`fuser-0`, `fuser-1`, ...).
+fn request_thread_cpus() -> Vec<String> {
+    let mut out = Vec::new();
+    for t in fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let comm = comm.trim();
+        if !comm.starts_with("fuser-") || comm == "fuser-bg" {
+            continue;
+        }
+        let status = fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        if let Some(l) = status.lines().find(|l| l.starts_with("Cpus_allowed_list:")) {
+            out.push(l["Cpus_allowed_list:".len()..].trim().to_string());
+        }
+    }
+    out
+}
+
+/// Asks the workspace about new names (each a `LOOKUP`), `stat` pinned with `taskset`
+/// when `cpu` is given, from this process otherwise, until every request thread shows
+/// `want`.
+fn until_threads_on(ws: &std::path::Path, cpu: Option<&str>, want: &str, n: &mut usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let cpus = request_thread_cpus();
+        if !cpus.is_empty() && cpus.iter().all(|c| c == want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "request threads on {cpus:?}, want all on {want}"
+        );
+        *n += 1;
+        let name = ws.join(format!("absent-{n}"));
+        match cpu {
+            Some(cpu) => {
+                let out = Command::new("taskset")
+                    .args(["-c", cpu, "stat"])
+                    .arg(&name)
+                    .output()
+                    .expect("run taskset (util-linux)");
+                assert!(!out.status.success(), "{} exists", name.display());
+            }
+            None => assert!(fs::symlink_metadata(&name).is_err()),
+        }
+    }
+}
+
+#[test]
+fn request_threads_follow_a_confined_reader_and_come_back() {
+    if !can_run() {
+        return;
+    }
+    let own = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
+    let cpus: Vec<usize> = (0..nix::sched::CpuSet::count())
+        .filter(|&c| own.is_set(c).unwrap_or(false))
+        .collect();
+    if cpus.len() < 2 {
+        eprintln!("skipped: this process may use one CPU only");
+        return;
+    }
+    let all = cowspace_fsd::placement::cpu_list(&own);
+    let env = Env::new("placement-");
+    let src = env.dir("src");
+    fs::write(src.join("a"), b"hello\n").unwrap();
+    let snap = env.import(&src);
+    let ws = env.dir("ws");
+    let m = CowMount::mount(
+        Arc::clone(&env.store),
+        snap,
+        &env.dir("private"),
+        &ws,
+        Serving::default(),
+    )
+    .unwrap();
+    let mut n = 0;
+    // Before any confined requester, the threads may use every CPU.
+    assert_eq!(fs::read(ws.join("a")).unwrap(), b"hello\n");
+    assert!(request_thread_cpus().iter().all(|c| *c == all));
+    let last = cpus[cpus.len() - 1].to_string();
+    until_threads_on(&ws, Some(&last), &last, &mut n);
+    // This process is not confined: once it asks, the threads get every CPU back.
+    until_threads_on(&ws, None, &all, &mut n);
+    drop(m);
+
+    // `any`: the threads stay where the scheduler puts them.
+    let ws = env.dir("ws-any");
+    let m = CowMount::mount(
+        Arc::clone(&env.store),
+        snap,
+        &env.dir("private-any"),
+        &ws,
+        Serving {
+            follow_cpus: false,
+            ..Serving::default()
+        },
+    )
+    .unwrap();
+    for i in 0..20 {
+        let st = Command::new("taskset")
+            .args(["-c", &last, "stat"])
+            .arg(ws.join(format!("absent-{i}")))
+            .output()
+            .unwrap();
+        assert!(!st.status.success());
+    }
+    let cpus = request_thread_cpus();
+    assert!(cpus.iter().all(|c| *c == all), "{cpus:?}");
+    drop(m);
+}
