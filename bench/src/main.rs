@@ -106,6 +106,12 @@ struct RunArgs {
     /// The mountctl binary (default: next to bench, else on PATH).
     #[arg(long)]
     mountctl: Option<PathBuf>,
+    /// Run each workload step of the materialize section (`git status`, the walks, the
+    /// reads, grep, the writes, the append, `mv`) confined to these CPUs (a list as
+    /// `taskset -c` takes it: `0`, `0-3,6`), as a worker its runtime confined. Creates,
+    /// commits and removes, and the daemon they start, are not confined.
+    #[arg(long, value_name = "LIST")]
+    worker_cpus: Option<String>,
 }
 
 const QUICK_FILES: u64 = 2_000;
@@ -212,6 +218,12 @@ fn run(a: RunArgs) -> Result<()> {
             }
         }
     }
+    let worker_cpus = a
+        .worker_cpus
+        .as_deref()
+        .map(proc::parse_cpu_list)
+        .transpose()
+        .map_err(|e| usage(format!("--worker-cpus: {e:#}")))?;
     let is_root = nix::unistd::geteuid().is_root();
     if a.cold && !is_root {
         return Err(usage("--cold drops the page cache and needs root".into()));
@@ -246,6 +258,7 @@ fn run(a: RunArgs) -> Result<()> {
         changed_files: a.changed_files,
         slow_runs,
         fast_loop,
+        worker_cpus: a.worker_cpus.clone(),
     };
     let reproduce = reproduce_line(&settings, &a);
 
@@ -282,6 +295,7 @@ fn run(a: RunArgs) -> Result<()> {
             fast_loop,
             concurrency: if a.quick { vec![1, 8] } else { vec![1, 8, 64] },
             runs,
+            worker_cpus,
         };
         let selected = |id: &str| {
             a.methods
@@ -362,6 +376,9 @@ fn reproduce_line(s: &Settings, a: &RunArgs) -> String {
     }
     if a.cold {
         line.push_str(" --cold");
+    }
+    if let Some(c) = &s.worker_cpus {
+        line.push_str(&format!(" --worker-cpus {c}"));
     }
     if let Some(w) = &a.work {
         line.push_str(&format!(" --work {}", w.display()));

@@ -57,6 +57,32 @@ pub fn timed<T>(f: impl FnOnce() -> Result<T>) -> Result<(T, Timing)> {
     Ok((out, Timing { wall, cpu }))
 }
 
+/// A CPU list as `taskset -c` takes it (`0`, `0-3,6`): CPUs this process may use.
+pub fn parse_cpu_list(s: &str) -> Result<nix::sched::CpuSet> {
+    use nix::sched::{CpuSet, sched_getaffinity};
+    let own = sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
+    let mut set = CpuSet::new();
+    for part in s.split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let parse = |x: &str| {
+            x.trim()
+                .parse::<usize>()
+                .with_context(|| format!("{part:?} is not a CPU number or range (like 0-3)"))
+        };
+        let (a, b) = (parse(a)?, parse(b)?);
+        if a > b {
+            bail!("{part:?}: a range goes from low to high");
+        }
+        for cpu in a..=b {
+            if !own.is_set(cpu).unwrap_or(false) {
+                bail!("CPU {cpu} is not one this process may use (see `taskset -p $$`)");
+            }
+            set.set(cpu)?;
+        }
+    }
+    Ok(set)
+}
+
 /// Renders a command for messages and the report.
 pub fn display(cmd: &Command) -> String {
     let mut s = cmd.get_program().to_string_lossy().into_owned();
@@ -181,4 +207,35 @@ pub fn which(prog: &str) -> Option<std::path::PathBuf> {
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p).is_ok_and(|m| m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_parse_as_taskset_takes_them() {
+        let own = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
+        let first = (0..nix::sched::CpuSet::count())
+            .find(|&c| own.is_set(c).unwrap())
+            .unwrap();
+        let set = parse_cpu_list(&first.to_string()).unwrap();
+        assert!(set.is_set(first).unwrap());
+        assert_eq!(
+            (0..nix::sched::CpuSet::count())
+                .filter(|&c| set.is_set(c).unwrap())
+                .count(),
+            1
+        );
+        let range = parse_cpu_list(&format!("{first}-{first}")).unwrap();
+        assert_eq!(range, set);
+        for bad in ["", "x", "3-1", "0-", "100000"] {
+            assert!(parse_cpu_list(bad).is_err(), "{bad:?}");
+        }
+        let err = parse_cpu_list("1023").unwrap_err().to_string();
+        assert!(
+            err.contains("not one this process may use") || own.is_set(1023).unwrap(),
+            "{err}"
+        );
+    }
 }

@@ -43,6 +43,12 @@ pub fn markdown(r: &RunResult) -> String {
             "warm (the tree is read right before each method's run)"
         }
     );
+    if let Some(c) = &r.settings.worker_cpus {
+        let _ = writeln!(
+            s,
+            "- Workload steps confined to CPUs {c} (`--worker-cpus`; creates, commits, removes and the daemon not)"
+        );
+    }
     let _ = writeln!(
         s,
         "- Runs: {} per method, methods alternating run by run (round r starts with method r mod n)",

@@ -52,6 +52,10 @@ pub struct Settings {
     /// Fast-loop repetitions (millisecond creates/removes; sandbox starts).
     #[serde(default)]
     pub fast_loop: usize,
+    /// `--worker-cpus`: the CPUs the materialize section's workload steps were confined
+    /// to (absent: not confined).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_cpus: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

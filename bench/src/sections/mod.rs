@@ -51,6 +51,8 @@ pub struct Ctx<'a> {
     pub concurrency: Vec<usize>,
     /// `--runs`.
     pub runs: usize,
+    /// `--worker-cpus`: where workload steps run ([`Ctx::as_worker`]).
+    pub worker_cpus: Option<nix::sched::CpuSet>,
 }
 
 impl Ctx<'_> {
@@ -72,6 +74,21 @@ impl Ctx<'_> {
             drop_caches()?;
         }
         Ok(())
+    }
+
+    /// Runs `f` (a workload step and whatever it starts) on `--worker-cpus`, then puts
+    /// this thread back where it was.
+    pub fn as_worker<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        use nix::sched::{sched_getaffinity, sched_setaffinity};
+        use nix::unistd::Pid;
+        let Some(cpus) = &self.worker_cpus else {
+            return f();
+        };
+        let before = sched_getaffinity(Pid::from_raw(0))?;
+        sched_setaffinity(Pid::from_raw(0), cpus)?;
+        let out = f();
+        sched_setaffinity(Pid::from_raw(0), &before)?;
+        out
     }
 
     /// Fast-loop repetitions per round: `fast_loop` spread over the runs.
