@@ -12,27 +12,37 @@
 //! 1.13-1.33 s to 0.70 s and a full read from 6.8-7.5 s to 4.9-5.1 s
 //! (`docs/BENCHMARKS.md`, "CPU placement").
 //!
-//! So each workspace remembers its latest distinct requesters and the CPUs each may use
-//! ([`RECENT_REQUESTERS`]); its request threads may use the union of those sets (within
-//! the daemon's own), and nothing else. One unconfined requester among them (a shell on
-//! the host, git run by the runtime) gives the threads every CPU again: confining never
-//! takes a CPU from a workspace whose users may use it. Kernel threads (writeback of a
-//! mapped file) are not requesters here. A request thread applies a new set to itself
-//! when it next serves a request.
+//! So each workspace remembers the requesters of the last [`RECENT_MS`] (at most
+//! [`RECENT_REQUESTERS`], latest first) and the CPUs each may use, asked again at most
+//! every [`RELEARN_MS`] per requester (a process may be moved to a cpuset after it
+//! started); its request threads may use the union of those sets (within the daemon's
+//! own), and nothing else. One unconfined requester among them (a shell on the host, git
+//! run by the runtime) gives the threads every CPU again, until it has asked nothing
+//! for [`RECENT_MS`]: confining never takes a CPU from a workspace whose users may use
+//! it. Kernel threads (writeback of a mapped file) are not requesters here. A request
+//! thread applies a new set to itself when it next serves a request.
 //!
-//! The cost per request is two atomic loads; a requester not seen just before costs a
+//! The cost per request is a clock read and a few atomic loads; a requester other than
+//! the last adds a lock, and one not asked about for [`RELEARN_MS`] a
 //! `sched_getaffinity` and a read of its `/proc` stat line.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Instant;
 
 use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
 use nix::unistd::Pid;
 
-/// How many distinct requesters a workspace remembers.
-pub const RECENT_REQUESTERS: usize = 8;
+/// How many distinct requesters a workspace remembers at most (the oldest go first).
+pub const RECENT_REQUESTERS: usize = 64;
+
+/// A requester that asked nothing for this long no longer counts.
+pub const RECENT_MS: u64 = 10_000;
+
+/// How often a requester's CPUs are asked again while it keeps asking.
+pub const RELEARN_MS: u64 = 100;
 
 /// `PF_KTHREAD` in `/proc/PID/stat`'s flags: the process is a kernel thread.
 const PF_KTHREAD: u64 = 0x0020_0000;
@@ -46,17 +56,48 @@ thread_local! {
 pub struct Placement {
     /// The daemon's own CPUs when the workspace was mounted: the widest set.
     own: CpuSet,
+    /// The same, as a list.
+    own_list: Vec<usize>,
     /// The requester seen last, so a run of requests from one thread costs nothing.
     last: AtomicU32,
+    /// When `last` was last asked about (ms since `epoch`).
+    learned: AtomicU64,
+    epoch: Instant,
     recent: Mutex<Recent>,
     /// Bumped when `recent.wanted` changes; generation 0 is "never placed".
     generation: AtomicU64,
 }
 
 struct Recent {
-    /// Latest first.
-    requesters: VecDeque<(u32, CpuSet)>,
+    requesters: Requesters,
     wanted: CpuSet,
+}
+
+/// A workspace's recent requesters, latest first: pid, its CPUs, when they were asked
+/// (ms).
+#[derive(Default)]
+struct Requesters(VecDeque<(u32, CpuSet, u64)>);
+
+impl Requesters {
+    /// Whether `pid`'s CPUs were asked about less than [`RELEARN_MS`] before `now`.
+    fn fresh(&self, pid: u32, now: u64) -> bool {
+        self.0
+            .iter()
+            .any(|&(p, _, at)| p == pid && now.saturating_sub(at) < RELEARN_MS)
+    }
+
+    /// Records `pid`'s CPUs as of `now` and forgets the requesters that asked nothing for
+    /// [`RECENT_MS`], and those beyond [`RECENT_REQUESTERS`].
+    fn learn(&mut self, pid: u32, cpus: CpuSet, now: u64) {
+        self.0
+            .retain(|&(p, _, at)| p != pid && now.saturating_sub(at) < RECENT_MS);
+        self.0.push_front((pid, cpus, now));
+        self.0.truncate(RECENT_REQUESTERS);
+    }
+
+    fn cpus(&self) -> impl Iterator<Item = &CpuSet> {
+        self.0.iter().map(|(_, c, _)| c)
+    }
 }
 
 impl Placement {
@@ -69,9 +110,12 @@ impl Placement {
         let own = sched_getaffinity(Pid::from_raw(0)).ok()?;
         Some(Placement {
             own,
+            own_list: cpus_of(&own),
             last: AtomicU32::new(0),
+            learned: AtomicU64::new(0),
+            epoch: Instant::now(),
             recent: Mutex::new(Recent {
-                requesters: VecDeque::with_capacity(RECENT_REQUESTERS + 1),
+                requesters: Requesters::default(),
                 wanted: own,
             }),
             generation: AtomicU64::new(0),
@@ -81,8 +125,13 @@ impl Placement {
     /// Called by a request thread for each request from `pid` (the kernel's pid of the
     /// requesting thread, 0 when it has none in the daemon's namespace).
     pub fn serve(&self, pid: u32) {
-        if pid != 0 && self.last.swap(pid, Ordering::Relaxed) != pid {
-            self.learn(pid);
+        if pid != 0 {
+            let now = self.epoch.elapsed().as_millis() as u64;
+            let other = self.last.swap(pid, Ordering::Relaxed) != pid;
+            if other || now.saturating_sub(self.learned.load(Ordering::Relaxed)) >= RELEARN_MS {
+                self.learned.store(now, Ordering::Relaxed);
+                self.learn(pid, now);
+            }
         }
         let generation = self.generation.load(Ordering::Acquire);
         let key = (self as *const Placement as usize, generation);
@@ -108,18 +157,16 @@ impl Placement {
         self.recent.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn learn(&self, pid: u32) {
-        if kernel_thread(pid) {
+    fn learn(&self, pid: u32, now: u64) {
+        if self.lock().requesters.fresh(pid, now) || kernel_thread(pid) {
             return;
         }
         let Ok(cpus) = sched_getaffinity(Pid::from_raw(pid as i32)) else {
             return; // gone already
         };
         let mut r = self.lock();
-        r.requesters.retain(|(p, _)| *p != pid);
-        r.requesters.push_front((pid, cpus));
-        r.requesters.truncate(RECENT_REQUESTERS);
-        let wanted = confine(&self.own, r.requesters.iter().map(|(_, c)| c));
+        r.requesters.learn(pid, cpus, now);
+        let wanted = confine(&self.own, &self.own_list, r.requesters.cpus());
         if wanted != r.wanted {
             tracing::debug!("request threads move to CPUs {}", cpu_list(&wanted));
             r.wanted = wanted;
@@ -128,19 +175,31 @@ impl Placement {
     }
 }
 
-/// The CPUs of `own` that any of `sets` may use; all of `own` when that is none.
-pub fn confine<'a>(own: &CpuSet, sets: impl Iterator<Item = &'a CpuSet>) -> CpuSet {
+/// The CPUs of `own` (listed in `own_list`) that any of `sets` may use; all of `own`
+/// when that is none.
+pub fn confine<'a>(
+    own: &CpuSet,
+    own_list: &[usize],
+    sets: impl Iterator<Item = &'a CpuSet>,
+) -> CpuSet {
     let mut out = CpuSet::new();
     let mut any = false;
     for set in sets {
-        for cpu in 0..CpuSet::count() {
-            if set.is_set(cpu).unwrap_or(false) && own.is_set(cpu).unwrap_or(false) {
+        for &cpu in own_list {
+            if set.is_set(cpu).unwrap_or(false) {
                 let _ = out.set(cpu);
                 any = true;
             }
         }
     }
     if any { out } else { *own }
+}
+
+/// The CPUs in `set`.
+pub fn cpus_of(set: &CpuSet) -> Vec<usize> {
+    (0..CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .collect()
 }
 
 /// Whether `pid` is a kernel thread (its `/proc` stat flags say `PF_KTHREAD`).
@@ -194,17 +253,41 @@ mod tests {
     #[test]
     fn confine_is_the_union_within_the_daemons_cpus() {
         let own = set(&[0, 1, 2, 3]);
-        assert_eq!(confine(&own, [set(&[2])].iter()), set(&[2]));
-        assert_eq!(confine(&own, [set(&[2]), set(&[0])].iter()), set(&[0, 2]));
+        let list = cpus_of(&own);
+        assert_eq!(list, [0, 1, 2, 3]);
+        let confine = |sets: &[CpuSet]| confine(&own, &list, sets.iter());
+        assert_eq!(confine(&[set(&[2])]), set(&[2]));
+        assert_eq!(confine(&[set(&[2]), set(&[0])]), set(&[0, 2]));
         // An unconfined requester: every CPU of the daemon's.
-        assert_eq!(
-            confine(&own, [set(&[2]), set(&[0, 1, 2, 3, 4, 5])].iter()),
-            own
-        );
+        assert_eq!(confine(&[set(&[2]), set(&[0, 1, 2, 3, 4, 5])]), own);
         // Outside the daemon's own CPUs (a cpuset it is not in): nothing to confine to.
-        assert_eq!(confine(&own, [set(&[7])].iter()), own);
-        assert_eq!(confine(&own, [set(&[3, 7])].iter()), set(&[3]));
-        assert_eq!(confine(&own, std::iter::empty()), own);
+        assert_eq!(confine(&[set(&[7])]), own);
+        assert_eq!(confine(&[set(&[3, 7])]), set(&[3]));
+        assert_eq!(confine(&[]), own);
+    }
+
+    #[test]
+    fn requesters_age_out_and_are_asked_again() {
+        let mut r = Requesters::default();
+        r.learn(10, set(&[0, 1]), 0);
+        r.learn(11, set(&[1]), 50);
+        assert!(r.fresh(10, 99));
+        assert!(!r.fresh(10, 100), "asked again after RELEARN_MS");
+        assert!(!r.fresh(12, 60), "never asked");
+        // 10 moved to a cpuset: its new CPUs replace the old ones.
+        r.learn(10, set(&[1]), 150);
+        assert_eq!(
+            r.cpus().cloned().collect::<Vec<_>>(),
+            [set(&[1]), set(&[1])]
+        );
+        // Quiet for RECENT_MS: forgotten at the next learn.
+        r.learn(12, set(&[0]), 150 + RECENT_MS);
+        assert_eq!(r.0.iter().map(|e| e.0).collect::<Vec<_>>(), [12]);
+        for pid in 100..100 + RECENT_REQUESTERS as u32 + 5 {
+            r.learn(pid, set(&[0]), 200 + RECENT_MS);
+        }
+        assert_eq!(r.0.len(), RECENT_REQUESTERS);
+        assert_eq!(r.0[0].0, 100 + RECENT_REQUESTERS as u32 + 4);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! A fuse workspace's request threads follow the CPUs of the processes that use it: onto
 //! the one CPU a confined reader may use, and back to every CPU once an unconfined one
-//! asks. Mounted for real (the threads are this process's, so this file holds one test).
+//! asks, for as long as that one counts as recent. Mounted for real (the threads are this process's, so this file holds one test).
 //! Root with /dev/fuse; skipped otherwise, except under `CI=true`; skipped on a host
 //! where this process may use one CPU only.
 
@@ -89,13 +89,25 @@ fn request_threads_follow_a_confined_reader_and_come_back() {
     )
     .unwrap();
     let mut n = 0;
-    // Before any confined requester, the threads may use every CPU.
-    assert_eq!(fs::read(ws.join("a")).unwrap(), b"hello\n");
+    // Before any request, the threads may use every CPU.
     assert!(request_thread_cpus().iter().all(|c| *c == all));
     let last = cpus[cpus.len() - 1].to_string();
     until_threads_on(&ws, Some(&last), &last, &mut n);
-    // This process is not confined: once it asks, the threads get every CPU back.
+    // This process is not confined: once it asks, the threads get every CPU back...
+    assert_eq!(fs::read(ws.join("a")).unwrap(), b"hello\n");
     until_threads_on(&ws, None, &all, &mut n);
+    // ...and keep them while it counts as a recent requester, whoever asks.
+    for _ in 0..10 {
+        until_threads_on(&ws, Some(&last), &all, &mut n);
+        n += 1;
+        let st = Command::new("taskset")
+            .args(["-c", &last, "stat"])
+            .arg(ws.join(format!("absent-{n}")))
+            .output()
+            .unwrap();
+        assert!(!st.status.success());
+    }
+    assert!(request_thread_cpus().iter().all(|c| *c == all));
     drop(m);
 
     // `any`: the threads stay where the scheduler puts them.
