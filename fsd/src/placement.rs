@@ -19,12 +19,19 @@
 //! own), and nothing else. One unconfined requester among them (a shell on the host, git
 //! run by the runtime) gives the threads every CPU again, until it has asked nothing
 //! for [`RECENT_MS`]: confining never takes a CPU from a workspace whose users may use
-//! it. Kernel threads (writeback of a mapped file) are not requesters here. A request
+//! it. (A kernel thread writing back a mapped file's pages counts as one.) A request
 //! thread applies a new set to itself when it next serves a request.
+//!
+//! A request thread asks the kernel nothing about a requester but `sched_getaffinity`,
+//! which takes only spinlocks. Reading the requester's `/proc` files can wait for a lock
+//! the requester's process holds while it waits for this very request, a deadlock: the
+//! first version read `/proc/PID/stat` (to leave kernel threads out), and the acceptance
+//! suite's build workload hung with both request threads in the kernel's `do_task_stat`
+//! (a multi-threaded test process, compilers running from the workspace).
 //!
 //! The cost per request is a clock read and a few atomic loads; a requester other than
 //! the last adds a lock, and one not asked about for [`RELEARN_MS`] a
-//! `sched_getaffinity` and a read of its `/proc` stat line.
+//! `sched_getaffinity`.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -43,9 +50,6 @@ pub const RECENT_MS: u64 = 10_000;
 
 /// How often a requester's CPUs are asked again while it keeps asking.
 pub const RELEARN_MS: u64 = 100;
-
-/// `PF_KTHREAD` in `/proc/PID/stat`'s flags: the process is a kernel thread.
-const PF_KTHREAD: u64 = 0x0020_0000;
 
 thread_local! {
     /// The placement (by address) and generation this thread last applied to itself.
@@ -158,7 +162,7 @@ impl Placement {
     }
 
     fn learn(&self, pid: u32, now: u64) {
-        if self.lock().requesters.fresh(pid, now) || kernel_thread(pid) {
+        if self.lock().requesters.fresh(pid, now) {
             return;
         }
         let Ok(cpus) = sched_getaffinity(Pid::from_raw(pid as i32)) else {
@@ -200,21 +204,6 @@ pub fn cpus_of(set: &CpuSet) -> Vec<usize> {
     (0..CpuSet::count())
         .filter(|&c| set.is_set(c).unwrap_or(false))
         .collect()
-}
-
-/// Whether `pid` is a kernel thread (its `/proc` stat flags say `PF_KTHREAD`).
-fn kernel_thread(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| stat_flags(&s))
-        .is_some_and(|f| f & PF_KTHREAD != 0)
-}
-
-/// The flags field of a `/proc/PID/stat` line (the 9th; the name before may hold
-/// spaces and parentheses, so fields are counted after its last `)`).
-fn stat_flags(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_ascii_whitespace().nth(6)?.parse().ok()
 }
 
 /// `0-3,6` for messages.
@@ -288,18 +277,6 @@ mod tests {
         }
         assert_eq!(r.0.len(), RECENT_REQUESTERS);
         assert_eq!(r.0[0].0, 100 + RECENT_REQUESTERS as u32 + 4);
-    }
-
-    #[test]
-    fn stat_flags_are_read_after_the_name() {
-        let line = "42 (a b) c) S 1 42 42 0 -1 2097216 100 0 0 0";
-        assert_eq!(stat_flags(line).map(|f| f & PF_KTHREAD != 0), Some(true));
-        assert_eq!(stat_flags("garbage"), None);
-        // This process is no kernel thread; pid 2 (kthreadd) is one where /proc shows it.
-        assert!(!kernel_thread(std::process::id()));
-        if std::fs::read_to_string("/proc/2/comm").is_ok_and(|c| c.trim() == "kthreadd") {
-            assert!(kernel_thread(2));
-        }
     }
 
     #[test]

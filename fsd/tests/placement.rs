@@ -1,6 +1,7 @@
 //! A fuse workspace's request threads follow the CPUs of the processes that use it: onto
 //! the one CPU a confined reader may use, and back to every CPU once an unconfined one
-//! asks, for as long as that one counts as recent. Mounted for real (the threads are this process's, so this file holds one test).
+//! asks, for as long as that one counts as recent; and programs run from the workspace,
+//! each a new requester from within its `execve`. Mounted for real (the threads are this process's, so this file holds one test).
 //! Root with /dev/fuse; skipped otherwise, except under `CI=true`; skipped on a host
 //! where this process may use one CPU only.
 
@@ -78,12 +79,47 @@ fn request_threads_follow_a_confined_reader_and_come_back() {
     let env = Env::new("placement-");
     let src = env.dir("src");
     fs::write(src.join("a"), b"hello\n").unwrap();
+    fs::copy("/bin/true", src.join("true")).unwrap();
     let snap = env.import(&src);
     let ws = env.dir("ws");
     let m = CowMount::mount(
         Arc::clone(&env.store),
         snap,
         &env.dir("private"),
+        &ws,
+        Serving::default(),
+    )
+    .unwrap();
+    // Programs of the workspace run, confined or not, each a new requester whose first
+    // requests come during its `execve`.
+    for i in 0..6 {
+        let mut cmd = if i % 2 == 0 {
+            Command::new(ws.join("true"))
+        } else {
+            let mut c = Command::new("taskset");
+            c.args(["-c", &cpus[0].to_string()]).arg(ws.join("true"));
+            c
+        };
+        let mut child = cmd.spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(st) = child.try_wait().unwrap() {
+                break st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "a program of the workspace hangs"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(status.success());
+    }
+    drop(m);
+    let ws = env.dir("ws-2");
+    let m = CowMount::mount(
+        Arc::clone(&env.store),
+        snap,
+        &env.dir("private-2"),
         &ws,
         Serving::default(),
     )
