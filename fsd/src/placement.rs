@@ -9,8 +9,8 @@
 //! each one goes through the host. A worker confined to one CPU (`taskset`, a cpuset
 //! cgroup) whose workspace's request threads share that CPU has no cross-CPU wakeup at
 //! all: on this project's 2-vCPU test VM that took a first walk of the Linux tree from
-//! 1.13-1.33 s to 0.70 s and a full read from 6.8-7.5 s to 4.9-5.1 s
-//! (`docs/BENCHMARKS.md`, "CPU placement").
+//! 2.37× kernel overlayfs to 1.09× and reading every file from 5.45× to 2.58×
+//! (`docs/BENCHMARKS.md`, "a worker confined to one CPU, served on that CPU").
 //!
 //! So each workspace remembers the requesters of the last [`RECENT_MS`] (at most
 //! [`RECENT_REQUESTERS`], latest first) and the CPUs each may use, asked again at most
