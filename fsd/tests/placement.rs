@@ -8,12 +8,14 @@
 mod common;
 
 use std::fs;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{Env, can_run};
 use cowspace_fsd::cow::{CowMount, Serving};
+use cowspace_store::SnapshotId;
 
 /// The CPU lists of this process's request threads (`fuser-0`, `fuser-1`, ...).
 fn request_thread_cpus() -> Vec<String> {
@@ -35,7 +37,7 @@ fn request_thread_cpus() -> Vec<String> {
 /// Asks the workspace about new names (each a `LOOKUP`), `stat` pinned with `taskset`
 /// when `cpu` is given, from this process otherwise, until every request thread shows
 /// `want`.
-fn until_threads_on(ws: &std::path::Path, cpu: Option<&str>, want: &str, n: &mut usize) {
+fn until_threads_on(ws: &Path, cpu: Option<&str>, want: &str, n: &mut usize) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let cpus = request_thread_cpus();
@@ -49,17 +51,38 @@ fn until_threads_on(ws: &std::path::Path, cpu: Option<&str>, want: &str, n: &mut
         *n += 1;
         let name = ws.join(format!("absent-{n}"));
         match cpu {
-            Some(cpu) => {
-                let out = Command::new("taskset")
-                    .args(["-c", cpu, "stat"])
-                    .arg(&name)
-                    .output()
-                    .expect("run taskset (util-linux)");
-                assert!(!out.status.success(), "{} exists", name.display());
-            }
+            Some(cpu) => taskset_stat_absent(cpu, &name),
             None => assert!(fs::symlink_metadata(&name).is_err()),
         }
     }
+}
+
+/// `stat` of `path` pinned to `cpu` (the name is absent: each is a `LOOKUP`).
+fn taskset_stat_absent(cpu: &str, path: &Path) {
+    let out = Command::new("taskset")
+        .args(["-c", cpu, "stat"])
+        .arg(path)
+        .output()
+        .expect("run taskset (util-linux)");
+    assert!(!out.status.success(), "{} exists", path.display());
+}
+
+/// Serves a workspace of `snap` at `env`'s `ws-NAME`.
+fn serve(env: &Env, snap: SnapshotId, name: &str, follow_cpus: bool) -> (CowMount, PathBuf) {
+    let ws = env.dir(&format!("ws-{name}"));
+    let serving = Serving {
+        follow_cpus,
+        ..Serving::default()
+    };
+    let m = CowMount::mount(
+        Arc::clone(&env.store),
+        snap,
+        &env.dir(&format!("private-{name}")),
+        &ws,
+        serving,
+    )
+    .unwrap();
+    (m, ws)
 }
 
 #[test]
@@ -81,15 +104,34 @@ fn request_threads_follow_a_confined_reader_and_come_back() {
     fs::write(src.join("a"), b"hello\n").unwrap();
     fs::copy("/bin/true", src.join("true")).unwrap();
     let snap = env.import(&src);
-    let ws = env.dir("ws");
-    let m = CowMount::mount(
-        Arc::clone(&env.store),
-        snap,
-        &env.dir("private"),
-        &ws,
-        Serving::default(),
-    )
-    .unwrap();
+    let (m, ws) = serve(&env, snap, "follow", true);
+    let mut n = 0;
+    // Before any request, the threads may use every CPU.
+    assert!(request_thread_cpus().iter().all(|c| *c == all));
+    let last = cpus[cpus.len() - 1].to_string();
+    until_threads_on(&ws, Some(&last), &last, &mut n);
+    // This process is not confined: once it asks, the threads get every CPU back...
+    assert_eq!(fs::read(ws.join("a")).unwrap(), b"hello\n");
+    until_threads_on(&ws, None, &all, &mut n);
+    // ...and keep them while it counts as a recent requester, whoever asks.
+    for _ in 0..10 {
+        until_threads_on(&ws, Some(&last), &all, &mut n);
+        n += 1;
+        taskset_stat_absent(&last, &ws.join(format!("absent-{n}")));
+    }
+    assert!(request_thread_cpus().iter().all(|c| *c == all));
+    drop(m);
+
+    // `any`: the threads stay where the scheduler puts them.
+    let (m, ws) = serve(&env, snap, "any", false);
+    for i in 0..20 {
+        taskset_stat_absent(&last, &ws.join(format!("absent-{i}")));
+    }
+    let threads = request_thread_cpus();
+    assert!(threads.iter().all(|c| *c == all), "{threads:?}");
+    drop(m);
+
+    let (m, ws) = serve(&env, snap, "exec", true);
     // Programs of the workspace run, confined or not, each a new requester whose first
     // requests come during its `execve`.
     for i in 0..6 {
@@ -97,7 +139,7 @@ fn request_threads_follow_a_confined_reader_and_come_back() {
             Command::new(ws.join("true"))
         } else {
             let mut c = Command::new("taskset");
-            c.args(["-c", &cpus[0].to_string()]).arg(ws.join("true"));
+            c.args(["-c", &last]).arg(ws.join("true"));
             c
         };
         let mut child = cmd.spawn().unwrap();
@@ -114,60 +156,5 @@ fn request_threads_follow_a_confined_reader_and_come_back() {
         };
         assert!(status.success());
     }
-    drop(m);
-    let ws = env.dir("ws-2");
-    let m = CowMount::mount(
-        Arc::clone(&env.store),
-        snap,
-        &env.dir("private-2"),
-        &ws,
-        Serving::default(),
-    )
-    .unwrap();
-    let mut n = 0;
-    // Before any request, the threads may use every CPU.
-    assert!(request_thread_cpus().iter().all(|c| *c == all));
-    let last = cpus[cpus.len() - 1].to_string();
-    until_threads_on(&ws, Some(&last), &last, &mut n);
-    // This process is not confined: once it asks, the threads get every CPU back...
-    assert_eq!(fs::read(ws.join("a")).unwrap(), b"hello\n");
-    until_threads_on(&ws, None, &all, &mut n);
-    // ...and keep them while it counts as a recent requester, whoever asks.
-    for _ in 0..10 {
-        until_threads_on(&ws, Some(&last), &all, &mut n);
-        n += 1;
-        let st = Command::new("taskset")
-            .args(["-c", &last, "stat"])
-            .arg(ws.join(format!("absent-{n}")))
-            .output()
-            .unwrap();
-        assert!(!st.status.success());
-    }
-    assert!(request_thread_cpus().iter().all(|c| *c == all));
-    drop(m);
-
-    // `any`: the threads stay where the scheduler puts them.
-    let ws = env.dir("ws-any");
-    let m = CowMount::mount(
-        Arc::clone(&env.store),
-        snap,
-        &env.dir("private-any"),
-        &ws,
-        Serving {
-            follow_cpus: false,
-            ..Serving::default()
-        },
-    )
-    .unwrap();
-    for i in 0..20 {
-        let st = Command::new("taskset")
-            .args(["-c", &last, "stat"])
-            .arg(ws.join(format!("absent-{i}")))
-            .output()
-            .unwrap();
-        assert!(!st.status.success());
-    }
-    let cpus = request_thread_cpus();
-    assert!(cpus.iter().all(|c| *c == all), "{cpus:?}");
     drop(m);
 }
