@@ -103,6 +103,9 @@ pub trait Materializer: Send + Sync {
     fn daemon_rss(&self) -> Option<(u64, u64)> {
         None
     }
+    /// Starts the peak of [`Materializer::daemon_rss`] afresh from what is resident now,
+    /// for a daemon that outlives the run (the peak then is this run's).
+    fn reset_peak_rss(&self) {}
 }
 
 pub struct MaterializeSection {
@@ -607,6 +610,7 @@ impl Method for UseCost {
         for b in self.m.backing() {
             ctx.prepare_cache(&b)?;
         }
+        self.m.reset_peak_rss();
         ctx.before_step()?;
         let before = self.m.disk_fs().map(|f| fs_used(&f)).transpose()?;
         let (ws, t_make) = timed(|| self.m.create(&dir.path().join("a")))?;
@@ -1393,6 +1397,15 @@ impl Materializer for Cowspace {
             proc_status_bytes(pid, "VmRSS")?,
             proc_status_bytes(pid, "VmHWM")?,
         ))
+    }
+
+    fn reset_peak_rss(&self) {
+        // `5`: the peak resident size set to the current one (Linux 4.0 and later).
+        if let Some(pid) = self.store.daemon_pid()
+            && let Err(e) = std::fs::write(format!("/proc/{pid}/clear_refs"), "5")
+        {
+            eprintln!("bench: resetting the daemon's peak RSS (pid {pid}): {e}");
+        }
     }
 
     fn remove(&self, ws: Workspace) -> Result<()> {
