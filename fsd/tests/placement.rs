@@ -91,9 +91,7 @@ fn request_threads_follow_a_confined_reader_and_come_back() {
         return;
     }
     let own = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
-    let cpus: Vec<usize> = (0..nix::sched::CpuSet::count())
-        .filter(|&c| own.is_set(c).unwrap_or(false))
-        .collect();
+    let cpus = cowspace_fsd::placement::cpus_of(&own);
     if cpus.len() < 2 {
         eprintln!("skipped: this process may use one CPU only");
         return;

@@ -630,46 +630,42 @@ impl Method for UseCost {
         let fast = self.m.speed() == Speed::Fast;
         if ws.has_git && !fast {
             ctx.before_step()?;
-            let (_, t) = ctx.as_worker(|| timed(|| git_status(&p)))?;
+            let (_, t) = ctx.worker_step(|| git_status(&p))?;
             s.push(("git_status_s", t.wall_s()));
         }
         for key in ["stat_walk_1_s", "stat_walk_2_s"] {
             ctx.before_step()?;
-            let (_, t) = ctx.as_worker(|| timed(|| walk::visit(&p, &mut |_, _| Ok(()))))?;
+            let (_, t) = ctx.worker_step(|| walk::visit(&p, &mut |_, _| Ok(())))?;
             s.push((key, t.wall_s()));
         }
         ctx.before_step()?;
-        let (_, t) = ctx.as_worker(|| timed(|| walk::read_all(&p)))?;
+        let (_, t) = ctx.worker_step(|| walk::read_all(&p))?;
         s.push(("full_read_s", t.wall_s()));
         ctx.before_step()?;
-        let (_, t) = ctx.as_worker(|| {
-            timed(|| {
-                let (code, out, err) = proc::run_status(
-                    Command::new("grep")
-                        .args(["-r", "-F", "-l", "--", GREP_NEEDLE])
-                        .arg(&p),
-                )?;
-                // 1 = no match, which is the expected outcome.
-                anyhow::ensure!(
-                    code == Some(1),
-                    "grep exited {code:?}: {}",
-                    proc::tail(&err, &out)
-                );
-                Ok(())
-            })
+        let (_, t) = ctx.worker_step(|| {
+            let (code, out, err) = proc::run_status(
+                Command::new("grep")
+                    .args(["-r", "-F", "-l", "--", GREP_NEEDLE])
+                    .arg(&p),
+            )?;
+            // 1 = no match, which is the expected outcome.
+            anyhow::ensure!(
+                code == Some(1),
+                "grep exited {code:?}: {}",
+                proc::tail(&err, &out)
+            );
+            Ok(())
         })?;
         s.push(("grep_s", t.wall_s()));
         ctx.before_step()?;
-        let (_, t) = ctx.as_worker(|| timed(|| write_workload(&p)))?;
+        let (_, t) = ctx.worker_step(|| write_workload(&p))?;
         s.push(("write_s", t.wall_s()));
         if let Some(l) = &self.largest {
             ctx.before_step()?;
-            let (_, t) = ctx.as_worker(|| {
-                timed(|| {
-                    let mut f = std::fs::OpenOptions::new().append(true).open(p.join(l))?;
-                    f.write_all(b"x")?;
-                    Ok(())
-                })
+            let (_, t) = ctx.worker_step(|| {
+                let mut f = std::fs::OpenOptions::new().append(true).open(p.join(l))?;
+                f.write_all(b"x")?;
+                Ok(())
             })?;
             s.push(("append_s", t.wall_s()));
         }
@@ -684,8 +680,8 @@ impl Method for UseCost {
             ctx.before_step()?;
             let mut to = dir.clone().into_os_string();
             to.push("-moved");
-            let (_, t) = ctx.as_worker(|| {
-                timed(|| proc::run(Command::new("mv").arg(p.join(dir)).arg(p.join(&to))).map(drop))
+            let (_, t) = ctx.worker_step(|| {
+                proc::run(Command::new("mv").arg(p.join(dir)).arg(p.join(&to))).map(drop)
             })?;
             s.push(("dir_rename_s", t.wall_s()));
         }
@@ -701,7 +697,7 @@ impl Method for UseCost {
             ctx.before_step()?;
             let ws = self.m.create(&dir.path().join("b"))?;
             if ws.has_git {
-                let (_, t) = ctx.as_worker(|| timed(|| git_status(&ws.path)))?;
+                let (_, t) = ctx.worker_step(|| git_status(&ws.path))?;
                 s.push(("git_status_s", t.wall_s()));
             }
             self.m.remove(ws)?;

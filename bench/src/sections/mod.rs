@@ -91,6 +91,14 @@ impl Ctx<'_> {
         out
     }
 
+    /// A timed workload step ([`crate::proc::timed`]) on `--worker-cpus`.
+    pub fn worker_step<T>(
+        &self,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<(T, crate::proc::Timing)> {
+        self.as_worker(|| crate::proc::timed(f))
+    }
+
     /// Fast-loop repetitions per round: `fast_loop` spread over the runs.
     pub fn fast_per_round(&self) -> usize {
         self.fast_loop.div_ceil(self.runs.max(1))
