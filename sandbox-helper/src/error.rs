@@ -15,8 +15,13 @@ pub enum Kind {
     InvalidInput,
     /// A control that was asked for cannot be enforced on this host.
     Unsupported,
-    /// Every uid range or port of the allowed range is taken.
+    /// Every uid range or port of the allowed range is taken, or the host uses the
+    /// workspace's mount.
     Busy,
+    /// No sandbox runs under that name.
+    NotFound,
+    /// A sandbox runs under that name already.
+    Exists,
     /// Any other failure (I/O, a kernel call that failed).
     Io,
 }
@@ -28,6 +33,8 @@ impl Kind {
             Kind::InvalidInput => 9,
             Kind::Unsupported => 7,
             Kind::Busy => 5,
+            Kind::NotFound => 3,
+            Kind::Exists => 4,
             Kind::Io => 1,
         }
     }
@@ -38,6 +45,8 @@ impl Kind {
             Kind::InvalidInput => "invalid_input",
             Kind::Unsupported => "unsupported",
             Kind::Busy => "busy",
+            Kind::NotFound => "not_found",
+            Kind::Exists => "exists",
             Kind::Io => "io",
         }
     }
@@ -140,6 +149,36 @@ pub enum Error {
     /// Waiting for the sandbox init.
     #[error("waiting for the sandbox: {0}")]
     Wait(io::Error),
+    /// The host's overlay of the workspace is in use on the host, so it cannot be
+    /// replaced by the mount it shares with a long-lived sandbox.
+    #[error(
+        "busy: {path} is in use on the host (a process has its working directory or a file \
+         open there), so it cannot be remounted for the sandbox"
+    )]
+    HostBusy {
+        /// The workspace path.
+        path: PathBuf,
+    },
+    /// No long-lived sandbox of that name runs.
+    #[error("not found: no sandbox {name:?} is running")]
+    NotRunning {
+        /// The sandbox's name.
+        name: String,
+    },
+    /// A long-lived sandbox of that name runs already.
+    #[error("exists: a sandbox {name:?} is running already")]
+    AlreadyRunning {
+        /// The sandbox's name.
+        name: String,
+    },
+    /// Talking to a long-lived sandbox's keeper.
+    #[error("talking to sandbox {name:?}: {source}")]
+    Keeper {
+        /// The sandbox's name.
+        name: String,
+        /// The cause.
+        source: io::Error,
+    },
 }
 
 impl Error {
@@ -148,7 +187,9 @@ impl Error {
         match self {
             Error::InvalidInput(_) => Kind::InvalidInput,
             Error::Unsupported { .. } => Kind::Unsupported,
-            Error::Busy(_) => Kind::Busy,
+            Error::Busy(_) | Error::HostBusy { .. } => Kind::Busy,
+            Error::NotRunning { .. } => Kind::NotFound,
+            Error::AlreadyRunning { .. } => Kind::Exists,
             Error::Exec { source, .. } if source.kind() == io::ErrorKind::NotFound => {
                 Kind::InvalidInput
             }
@@ -164,6 +205,14 @@ impl Error {
                  drop the control or fix the host (the helper never runs without it)",
             ),
             Error::Busy(_) => Some("wait for other sandboxes to end"),
+            Error::HostBusy { .. } => Some(
+                "leave the workspace on the host (cd elsewhere, close its files; `fuser -vm PATH` \
+                 lists the users), then start the sandbox again",
+            ),
+            Error::NotRunning { .. } => Some("start it with `mountctl sandbox start WS`"),
+            Error::AlreadyRunning { .. } => {
+                Some("use `mountctl exec WS -- CMD`, or `mountctl sandbox stop WS` first")
+            }
             Error::Exec { .. } => Some("the command must exist inside the sandbox's view"),
             _ => None,
         }

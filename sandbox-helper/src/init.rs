@@ -202,10 +202,12 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
 
     // A command that is not there is reported before the helper announces the sandbox
     // (and its ports) as ready.
-    if !command_exists(
-        &ctx.spec.command[0],
-        ctx.spec.env.get("PATH").map(String::as_str),
-    ) {
+    if !ctx.spec.keep
+        && !command_exists(
+            &ctx.spec.command[0],
+            ctx.spec.env.get("PATH").map(String::as_str),
+        )
+    {
         report(
             sock,
             'X',
@@ -224,6 +226,10 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
     // untouched by the bounding-set drop; only the command's exec loses them.)
     if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP) {
         fail(sock, "unshare the cgroup namespace", e);
+    }
+    if ctx.spec.keep {
+        let _ = send(sock.as_raw_fd(), b"R", MsgFlags::empty());
+        crate::serve::serve(sock, ctx.spec)
     }
 
     // The command must start with no blocked signal, and std does not reset the mask

@@ -52,18 +52,21 @@ pub mod alloc;
 pub mod cgroup;
 pub mod error;
 pub mod init;
+pub mod keeper;
 pub mod net;
 pub mod overlay;
 pub mod probe;
 pub mod rootfs;
 pub mod run;
 pub mod seccomp;
+pub mod serve;
+pub mod share;
 pub mod spec;
 mod sys;
 pub mod syscall;
 
 pub use error::{Error, Kind, Result};
-pub use run::{Options, Outcome, Published, Ready, run};
+pub use run::{Options, Outcome, Published, Ready, run, start};
 pub use spec::{Limits, Net, RoBind, Spec, SpecInput};
 
 /// Default state directory: `$COWSPACE_ROOT/run/sandbox`, else

@@ -23,6 +23,45 @@ struct Cli {
 enum Command {
     /// Run CMD in a sandbox with WORKSPACE_DIR at /workspace; exits with CMD's status.
     Run(Box<RunArgs>),
+    /// Start a long-lived sandbox with WORKSPACE_DIR at /workspace and keep it (this
+    /// process stays as its keeper, detached from the caller once it is ready).
+    Start(Box<RunArgs>),
+    /// Run CMD in the running sandbox NAME; exits with CMD's status.
+    Exec {
+        /// The sandbox's name.
+        #[arg(long)]
+        name: String,
+        /// Leases and per-run directories (default $COWSPACE_ROOT/run/sandbox).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Working directory inside (default /workspace).
+        #[arg(long)]
+        workdir: Option<String>,
+        /// Set KEY=VALUE in the command's environment.
+        #[arg(long, value_name = "K=V")]
+        env: Vec<String>,
+        /// The command and its arguments.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
+    /// Stop the running sandbox NAME (every process killed, its resources freed).
+    Stop {
+        /// The sandbox's name.
+        #[arg(long)]
+        name: String,
+        /// Leases and per-run directories (default $COWSPACE_ROOT/run/sandbox).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
+    /// Print the status of the running sandbox NAME as one JSON object.
+    Status {
+        /// The sandbox's name.
+        #[arg(long)]
+        name: String,
+        /// Leases and per-run directories (default $COWSPACE_ROOT/run/sandbox).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+    },
     /// Show which controls this host can enforce, and why not.
     Probe {
         /// Print one JSON object on stdout.
@@ -85,8 +124,8 @@ struct RunArgs {
     /// stdout, so CMD's stdout stays the caller's alone.
     #[arg(long, value_name = "FD", value_parser = clap::value_parser!(i32).range(3..))]
     ready_fd: Option<i32>,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
+    /// The command and its arguments (none for `start`).
+    #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
 }
 
@@ -94,6 +133,44 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Probe { json, cgroup_root } => probe_cmd(json, &cgroup_root),
+        Command::Exec {
+            name,
+            state_dir,
+            workdir,
+            env,
+            command,
+        } => finish(
+            exec_cmd(
+                &state_dir_or_default(state_dir),
+                &name,
+                workdir,
+                env,
+                command,
+            ),
+            false,
+        ),
+        Command::Stop { name, state_dir } => finish(
+            sandbox_helper::keeper::Client::connect(&state_dir_or_default(state_dir), &name)
+                .and_then(|c| c.stop())
+                .map(|v| {
+                    println!("{v}");
+                    0
+                }),
+            false,
+        ),
+        Command::Status { name, state_dir } => finish(
+            sandbox_helper::keeper::Client::connect(&state_dir_or_default(state_dir), &name)
+                .and_then(|c| c.status())
+                .map(|v| {
+                    println!("{v}");
+                    0
+                }),
+            false,
+        ),
+        Command::Start(args) => {
+            let json = args.json;
+            finish(start_cmd(*args), json)
+        }
         Command::Run(args) => {
             let json = args.json;
             match run_cmd(*args) {
@@ -120,6 +197,134 @@ fn probe_cmd(json: bool, cgroup_root: &std::path::Path) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+fn finish(r: Result<u8, Error>, json: bool) -> ExitCode {
+    match r {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            report_error(&e, json);
+            ExitCode::from(e.kind().exit_code())
+        }
+    }
+}
+
+fn state_dir_or_default(d: Option<PathBuf>) -> PathBuf {
+    d.unwrap_or_else(sandbox_helper::default_state_dir)
+}
+
+/// Runs CMD in a running sandbox with this process's stdin, stdout and stderr.
+fn exec_cmd(
+    state: &std::path::Path,
+    name: &str,
+    workdir: Option<String>,
+    env: Vec<String>,
+    command: Vec<String>,
+) -> Result<u8, Error> {
+    use std::os::fd::AsFd;
+    let mut pairs = Vec::new();
+    for e in env {
+        let (k, v) = e
+            .split_once('=')
+            .ok_or_else(|| Error::InvalidInput(format!("--env {e:?}: expected KEY=VALUE")))?;
+        pairs.push((k.to_string(), v.to_string()));
+    }
+    let client = sandbox_helper::keeper::Client::connect(state, name)?;
+    let req = sandbox_helper::serve::ExecRequest {
+        argv: command,
+        env: pairs,
+        workdir,
+        tty: None,
+    };
+    let (i, o, e) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
+    match client.exec(&req, Some([i.as_fd(), o.as_fd(), e.as_fd()]))? {
+        sandbox_helper::keeper::Started::Running { .. } => client.wait(),
+        sandbox_helper::keeper::Started::Refused { message, exit, .. } => {
+            eprintln!("sandbox-helper: {message}");
+            Ok(exit)
+        }
+    }
+}
+
+/// Starts a long-lived sandbox; prints (or writes to --ready-fd) its status once ready,
+/// then detaches from the caller's stdio and keeps it until it stops.
+fn start_cmd(args: RunArgs) -> Result<u8, Error> {
+    let state_dir = args
+        .state_dir
+        .clone()
+        .unwrap_or_else(sandbox_helper::default_state_dir);
+    let opts = Options {
+        state_dir: state_dir.clone(),
+        cgroup_root: args.cgroup_root.clone(),
+    };
+    let mut ready_out = match args.ready_fd {
+        Some(fd) => Some(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(format!("/proc/self/fd/{fd}"))
+                .map_err(|e| Error::InvalidInput(format!("--ready-fd {fd}: {e}")))?,
+        ),
+        None => None,
+    };
+    let name = args.name.clone();
+    let input = SpecInput {
+        name: args.name,
+        dir: args.dir,
+        net: args.net.as_deref().map(str::parse::<Net>).transpose()?,
+        memory: args.memory,
+        pids: args.pids,
+        cpus: args.cpus,
+        publish: args.publish,
+        env: args.env,
+        ro_bind: args.ro_bind,
+        secret: args.secret,
+        command: args.command,
+        suspend_host_mount: args.suspend_host_mount,
+        keep: true,
+    };
+    let spec = Spec::validate(input, &opts.state_dir)?;
+    let log = sandbox_helper::keeper::paths(&state_dir, &name)
+        .1
+        .with_extension("log");
+    let outcome = sandbox_helper::start(&spec, &opts, |ready, status| {
+        for p in &ready.published {
+            eprintln!("published {} -> 127.0.0.1:{}", p.internal, p.host);
+        }
+        match ready_out.take() {
+            Some(mut out) => {
+                use std::io::Write;
+                let _ = writeln!(out, "{status}");
+            }
+            None => println!("{status}"),
+        }
+        // From here on the keeper talks to nobody on the caller's stdio: a caller that
+        // reads our output to its end must not wait for the sandbox to stop.
+        detach_stdio(&log);
+    })?;
+    if outcome.oom_kills > 0 {
+        eprintln!(
+            "sandbox-helper: {}: the kernel OOM-killed {} process(es) at the memory limit",
+            spec.name, outcome.oom_kills
+        );
+    }
+    Ok(0)
+}
+
+/// Points stdin at /dev/null and stdout and stderr at the keeper's log file.
+fn detach_stdio(log: &std::path::Path) {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    if let Ok(null) = std::fs::File::open("/dev/null") {
+        let _ = nix::unistd::dup2_stdin(&null);
+    }
+    if let Ok(f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+    {
+        let _ = nix::unistd::dup2_stdout(&f);
+        let _ = nix::unistd::dup2_stderr(&f);
+    }
+}
+
 fn run_cmd(args: RunArgs) -> Result<u8, Error> {
     let opts = Options {
         state_dir: args
@@ -140,6 +345,7 @@ fn run_cmd(args: RunArgs) -> Result<u8, Error> {
         secret: args.secret,
         command: args.command,
         suspend_host_mount: args.suspend_host_mount,
+        keep: false,
     };
     // Opened through /proc (no unsafe here); the sandbox's init closes every inherited
     // descriptor from 3 up, so the pipe never reaches CMD.

@@ -410,6 +410,17 @@ pub fn plan(spec: &Spec, new_root: &Path, host: &dyn HostFs) -> Plan {
         mode: 0o755,
     });
     let after_pivot = match &spec.overlay {
+        // A long-lived sandbox's overlay is mounted once by the helper, on layers
+        // idmapped with this sandbox's user namespace (`crate::share`): the sandbox gets
+        // a clone of that mount, whose owners are already the sandbox's.
+        Some(_) if spec.keep => {
+            p.attach(
+                spec.workspace.clone(),
+                MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                workspace,
+            );
+            Vec::new()
+        }
         None => {
             p.attach(
                 spec.workspace.clone(),
@@ -670,6 +681,7 @@ mod tests {
             command: vec!["/bin/true".into()],
             overlay: None,
             suspend_host_mount: false,
+            keep: false,
         }
     }
 

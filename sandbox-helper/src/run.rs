@@ -69,6 +69,8 @@ pub enum HostMount {
     Suspended,
     /// In use on the host (`EBUSY`), so it stays mounted during the run.
     Busy,
+    /// Replaced by one mount shared by the host and the sandbox ([`crate::share`]).
+    Shared,
 }
 
 impl HostMount {
@@ -77,6 +79,7 @@ impl HostMount {
             HostMount::Kept => "kept",
             HostMount::Suspended => "suspended",
             HostMount::Busy => "busy",
+            HostMount::Shared => "shared",
         }
     }
 }
@@ -173,11 +176,27 @@ impl Drop for MaskGuard {
     }
 }
 
-/// Runs `spec` in a new sandbox and waits for it. `on_ready` is called once everything
-/// is set up, just before the command starts (it prints the published ports).
-///
-/// The process must be single-threaded when this is called (the sandbox init is a fork).
-pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result<Outcome> {
+/// A sandbox whose init is set up and in its cgroups, just before its command starts
+/// (or, for a long-lived one, before it serves execs). Dropping it kills init.
+struct Live {
+    pid: Pid,
+    guard: InitGuard,
+    group: Group,
+    ours: OwnedFd,
+    ready: Ready,
+    leases: Vec<alloc::PortLease>,
+    shared: Option<crate::share::SharedMount>,
+    // Freed last, in this order.
+    _mask: MaskGuard,
+    _work_dir: Option<OverlayWorkDir>,
+    _run_dir: RunDir,
+    _root_dir: RunDir,
+    _ids: alloc::IdLease,
+}
+
+/// Refuses, leases, prepares and clones: everything up to the point where the command
+/// would start. The process must be single-threaded (the sandbox init is a fork).
+fn prepare(spec: &Spec, opts: &Options) -> Result<Live> {
     // Refuse before any effect.
     probe::require_base()?;
     let placements = cgroup::require(&opts.cgroup_root, &spec.limits)?;
@@ -195,6 +214,7 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
     })?;
     cgroup::reap_stale(&placements);
     reap_stale_run_dirs(&state.join("run"));
+    reap_stale_run_dirs(Path::new(ROOTS_DIR));
     let ids = alloc::lease_ids(state, &spec.name)?;
     let leases = alloc::lease_ports(state, &spec.name, &spec.publish)?;
     let published: Vec<Published> = leases
@@ -209,12 +229,30 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
             .join("run")
             .join(format!("{}.{}", spec.name, std::process::id())),
     );
-    let new_root = run_dir.0.join("root");
+    std::fs::create_dir_all(&run_dir.0).map_err(|source| Error::StateDir {
+        path: run_dir.0.clone(),
+        source,
+    })?;
+    // The new root is mounted over by init as the sandbox's root, through a path the
+    // sandbox's uid must be able to search: a root-owned directory every user may
+    // traverse, not under the runtime root (which may lie under a 0700 directory).
+    let roots = Path::new(ROOTS_DIR);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
+        .create(roots)
+        .map_err(|source| Error::StateDir {
+            path: roots.to_path_buf(),
+            source,
+        })?;
+    let _ = std::fs::set_permissions(roots, std::os::unix::fs::PermissionsExt::from_mode(0o711));
+    let root_dir = RunDir(roots.join(format!("{}.{}", spec.name, std::process::id())));
+    let new_root = root_dir.0.join("root");
     std::fs::create_dir_all(&new_root).map_err(|source| Error::StateDir {
         path: new_root.clone(),
         source,
     })?;
-    let _work_dir = match &spec.overlay {
+    let work_dir = match &spec.overlay {
         Some(layers) => Some(OverlayWorkDir::create(layers)?),
         None => None,
     };
@@ -223,7 +261,7 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
         plan.detached.len() <= MAX_DETACHED_MOUNTS,
         "too many mounts planned"
     );
-    let mut group = Group::create(&placements, &spec.name, &spec.limits)?;
+    let group = Group::create(&placements, &spec.name, &spec.limits)?;
     let joins = group.self_joins()?;
     assert!(
         joins.len() <= MAX_CGROUP_JOINS,
@@ -238,13 +276,11 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
     )
     .map_err(|e| Error::Sync(e.into()))?;
     let mut old_mask = nix::sys::signal::SigSet::empty();
-    nix::sys::signal::pthread_sigmask(
-        SigmaskHow::SIG_BLOCK,
-        Some(&init::forwarded_signals()),
-        Some(&mut old_mask),
-    )
-    .map_err(|e| Error::Clone(e.into()))?;
-    let _mask = MaskGuard(old_mask);
+    let mut blocked = init::forwarded_signals();
+    blocked.add(Signal::SIGHUP);
+    nix::sys::signal::pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&blocked), Some(&mut old_mask))
+        .map_err(|e| Error::Clone(e.into()))?;
+    let mask = MaskGuard(old_mask);
 
     let pid = match sys::clone_fork(NAMESPACES.bits()).map_err(Error::Clone)? {
         sys::Forked::Child => init::main(init::Context {
@@ -256,13 +292,34 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
         sys::Forked::Parent(pid) => pid,
     };
     drop(theirs);
-    let mut guard = InitGuard(Some(pid));
+    let guard = InitGuard(Some(pid));
 
     let map = format!("0 {} {IDS_PER_SANDBOX}\n", ids.base());
     for file in ["uid_map", "gid_map"] {
         std::fs::write(format!("/proc/{pid}/{file}"), &map)
             .map_err(|source| Error::IdMap { file, source })?;
     }
+    // A long-lived sandbox of an overlay workspace: the helper mounts the workspace once
+    // on layers idmapped with init's user namespace, at the host path, and init gets a
+    // clone of that mount (`crate::share`).
+    let shared = match (&spec.overlay, spec.keep, &work_dir) {
+        (Some(layers), true, Some(work)) => {
+            let userns = File::open(format!("/proc/{pid}/ns/user")).map_err(Error::Sync)?;
+            let work_name = work
+                .0
+                .file_name()
+                .expect("the work directory has a name")
+                .to_os_string();
+            Some(crate::share::share(
+                layers,
+                &spec.workspace,
+                &work_name,
+                userns.as_fd(),
+                &root_dir.0.join("layers"),
+            )?)
+        }
+        _ => None,
+    };
     // Init joins its v1 groups itself (`Group::self_joins`, handed over with the mounts);
     // a move by pid (v2 here) takes the kernel's thread-group lock, whose first taking
     // waits for an RCU grace period: done while init builds its view. Init enters its
@@ -289,18 +346,48 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
     moved?;
     handover?;
 
-    let netns = File::open(format!("/proc/{pid}/ns/net")).map_err(Error::Sync)?;
     let ready = Ready {
-        published: published.clone(),
+        published,
         host_uid_base: ids.base(),
         init_pid: pid.as_raw(),
         cgroups: group.dirs().into_iter().map(Path::to_path_buf).collect(),
-        host_mount,
+        host_mount: if shared.is_some() {
+            HostMount::Shared
+        } else {
+            host_mount
+        },
     };
-    on_ready(&ready);
-    let mut proxy = Proxy::start(leases, &netns).map_err(Error::Sync)?;
-    send(ours.as_raw_fd(), b"run", MsgFlags::empty()).map_err(|e| Error::Sync(e.into()))?;
-    expect_reply(&ours, b'R', spec)?;
+    Ok(Live {
+        pid,
+        guard,
+        group,
+        ours,
+        ready,
+        leases,
+        shared,
+        _mask: mask,
+        _work_dir: work_dir,
+        _run_dir: run_dir,
+        _root_dir: root_dir,
+        _ids: ids,
+    })
+}
+
+/// Where the sandboxes' new roots are made (see [`prepare`]).
+pub const ROOTS_DIR: &str = "/run/cowspace-sandbox";
+
+/// Runs `spec` in a new sandbox and waits for it. `on_ready` is called once everything
+/// is set up, just before the command starts (it prints the published ports).
+///
+/// The process must be single-threaded when this is called (the sandbox init is a fork).
+pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result<Outcome> {
+    let mut live = prepare(spec, opts)?;
+    let pid = live.pid;
+    let netns = File::open(format!("/proc/{pid}/ns/net")).map_err(Error::Sync)?;
+    on_ready(&live.ready);
+    let mut proxy = Proxy::start(std::mem::take(&mut live.leases), &netns).map_err(Error::Sync)?;
+    send(live.ours.as_raw_fd(), b"run", MsgFlags::empty()).map_err(|e| Error::Sync(e.into()))?;
+    expect_reply(&live.ours, b'R', spec)?;
 
     let stop = Arc::new(AtomicBool::new(false));
     let forwarder = {
@@ -313,7 +400,7 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
             other => break other,
         }
     };
-    guard.0 = None;
+    live.guard.0 = None;
     stop.store(true, Ordering::SeqCst);
     // Wake the forwarder now rather than after its poll interval: it sees `stop` first.
     let _ = nix::sys::pthread::pthread_kill(forwarder.as_pthread_t(), Signal::SIGUSR2);
@@ -328,10 +415,89 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
             ))));
         }
     };
-    let oom_kills = group.oom_kills().unwrap_or(0);
-    group.destroy()?;
+    let oom_kills = live.group.oom_kills().unwrap_or(0);
+    live.group.destroy()?;
     let _ = std::io::stdout().flush();
     Ok(Outcome { code, oom_kills })
+}
+
+/// Starts a long-lived sandbox for `spec` (`spec.keep`) and serves it until it stops:
+/// `on_ready` is called once it is set up and its socket accepts execs (the caller
+/// announces it and detaches from its own caller). Returns after `stop` (or a signal,
+/// or init's death), once every process is gone and the cgroups, ports and mounts are
+/// freed.
+///
+/// The process must be single-threaded when this is called (the sandbox init is a fork).
+pub fn start(
+    spec: &Spec,
+    opts: &Options,
+    on_ready: impl FnOnce(&Ready, &serde_json::Value),
+) -> Result<Outcome> {
+    assert!(spec.keep, "start is for long-lived sandboxes");
+    let listener = crate::keeper::listen_on(&opts.state_dir, &spec.name)?;
+    let mut live = prepare(spec, opts)?;
+    let pid = live.pid;
+    let netns = File::open(format!("/proc/{pid}/ns/net")).map_err(Error::Sync)?;
+    let mut proxy = Proxy::start(std::mem::take(&mut live.leases), &netns).map_err(Error::Sync)?;
+    send(live.ours.as_raw_fd(), b"run", MsgFlags::empty()).map_err(|e| Error::Sync(e.into()))?;
+    expect_reply(&live.ours, b'R', spec)?;
+    let ports: serde_json::Map<String, serde_json::Value> = live
+        .ready
+        .published
+        .iter()
+        .map(|p| (p.internal.to_string(), p.host.into()))
+        .collect();
+    let started_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let status = serde_json::json!({
+        "name": spec.name,
+        "provider": "namespaces",
+        "isolation": "verified",
+        "keeper_pid": std::process::id(),
+        "init_pid": pid.as_raw(),
+        "host_uid_base": live.ready.host_uid_base,
+        "ports": ports,
+        "net": spec.net.as_str(),
+        "limits": crate::cgroup::read_back(&live.ready.cgroups),
+        "cgroups": live.ready.cgroups,
+        "started_at": started_at,
+        "host_mount": live.ready.host_mount.as_str(),
+        "workspace": spec.workspace,
+    });
+    let init_sock = live.ours.try_clone().map_err(Error::Sync)?;
+    let stopped = crate::keeper::serve(
+        &listener,
+        init_sock,
+        pid,
+        status.clone(),
+        live.ready.cgroups.clone(),
+    );
+    on_ready(&live.ready, &status);
+    loop {
+        match waitpid(pid, None) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            _ => break,
+        }
+    }
+    live.guard.0 = None;
+    proxy.stop();
+    let oom_kills = live.group.oom_kills().unwrap_or(0);
+    let destroyed = live.group.destroy();
+    if let Some(mut m) = live.shared.take()
+        && let Ok(false) = m.release()
+    {
+        eprintln!(
+            "sandbox-helper: {}: {} was in use on the host and was detached lazily",
+            spec.name,
+            spec.workspace.display()
+        );
+    }
+    drop(listener);
+    stopped.reply(oom_kills);
+    destroyed?;
+    Ok(Outcome { code: 0, oom_kills })
 }
 
 /// Makes the detached mounts of `plan` (the workspace idmapped with init's user

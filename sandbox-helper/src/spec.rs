@@ -50,6 +50,16 @@ pub enum Net {
     Loopback,
 }
 
+impl Net {
+    /// The name `--net` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Net::None => "none",
+            Net::Loopback => "loopback",
+        }
+    }
+}
+
 impl std::str::FromStr for Net {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -128,6 +138,11 @@ pub struct Spec {
     /// again afterwards). Only for an overlay whose upper layer is a workspace of the
     /// runtime root that owns the state directory.
     pub suspend_host_mount: bool,
+    /// A long-lived sandbox (`sandbox-helper start`): no command; init waits for execs
+    /// and the helper keeps serving them until stopped. An overlay workspace is then
+    /// mounted once by the helper on idmapped layers, for the host and the sandbox
+    /// alike ([`crate::share`]).
+    pub keep: bool,
 }
 
 /// Unvalidated input, as parsed from the command line.
@@ -157,6 +172,8 @@ pub struct SpecInput {
     pub command: Vec<String>,
     /// `--suspend-host-mount`.
     pub suspend_host_mount: bool,
+    /// `start` rather than `run`: a long-lived sandbox without a command.
+    pub keep: bool,
 }
 
 impl Spec {
@@ -164,8 +181,20 @@ impl Spec {
     /// become visible inside the sandbox.
     pub fn validate(input: SpecInput, state_dir: &Path) -> Result<Spec> {
         validate_name(&input.name)?;
-        if input.command.is_empty() {
+        if input.command.is_empty() && !input.keep {
             return Err(Error::InvalidInput("no command given after `--`".into()));
+        }
+        if input.keep && !input.command.is_empty() {
+            return Err(Error::InvalidInput(
+                "a long-lived sandbox takes no command: run commands with `exec`".into(),
+            ));
+        }
+        if input.keep && input.suspend_host_mount {
+            return Err(Error::InvalidInput(
+                "--suspend-host-mount is for one-shot runs: a long-lived sandbox shares the \
+                 host's mount"
+                    .into(),
+            ));
         }
         for list in [
             input.env.len(),
@@ -192,7 +221,7 @@ impl Spec {
                 refuse_overlap(layer, state_dir, "--dir (a layer of its overlay)")?;
             }
         }
-        if input.suspend_host_mount {
+        if input.suspend_host_mount || (input.keep && overlay.is_some()) {
             check_suspendable(&workspace, overlay.as_ref(), state_dir)?;
         }
 
@@ -349,6 +378,7 @@ impl Spec {
             command: input.command,
             overlay,
             suspend_host_mount: input.suspend_host_mount,
+            keep: input.keep,
         })
     }
 }

@@ -271,6 +271,72 @@ pub fn adopt_received_fd(fd: RawFd) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
+/// Prepares `cmd` (spawned by the sandbox init for an exec) to start like the sandbox's
+/// first command: every signal unblocked (init keeps them blocked for its signalfd), a
+/// new session, and, when `controlling_tty`, its stdin (a pseudo-terminal slave) as the
+/// session's controlling terminal.
+pub fn exec_pre_exec(cmd: &mut std::process::Command, controlling_tty: bool) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // async-signal-safe functions (sigprocmask, setsid, ioctl) on its own state.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            if libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if controlling_tty && libc::ioctl(0, libc::TIOCSCTTY, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Safe wrapper for `ioctl(fd, TIOCSWINSZ)`: sets a terminal's window size.
+pub fn set_window_size(fd: BorrowedFd<'_>, rows: u16, cols: u16) -> io::Result<()> {
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one `struct winsize` from the pointer, which points at `ws`.
+    let ret = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TIOCSWINSZ,
+            &ws as *const libc::winsize,
+        )
+    };
+    check(ret as libc::c_long).map(drop)
+}
+
+/// Safe wrapper for `ioctl(fd, TIOCGWINSZ)`: a terminal's window size (rows, columns).
+pub fn window_size(fd: BorrowedFd<'_>) -> io::Result<(u16, u16)> {
+    // SAFETY: an all-zero `winsize` is a valid value.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ writes one `struct winsize` to the pointer, which points at `ws`.
+    let ret = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            libc::TIOCGWINSZ,
+            &mut ws as *mut libc::winsize,
+        )
+    };
+    check(ret as libc::c_long)?;
+    Ok((ws.ws_row, ws.ws_col))
+}
+
+/// Safe wrapper for `umount2(path, MNT_DETACH)` of a mount the helper made itself.
+pub fn detach_mount(path: &Path) -> io::Result<()> {
+    nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH).map_err(io::Error::from)
+}
+
 /// `ioctl(fd, TIOCSTI, &byte)`: pushes `byte` into a terminal's input (tests only: the
 /// sandbox's seccomp filter must refuse it).
 #[cfg(test)]

@@ -178,6 +178,43 @@ pub fn require(root: &Path, limits: &Limits) -> Result<Vec<Placement>> {
         .collect()
 }
 
+/// The limits of a sandbox's groups as the kernel reports them now: `memory_bytes`,
+/// `pids` and `cpu_quota_us`/`cpu_period_us` when set (`null` when unlimited).
+pub fn read_back(dirs: &[PathBuf]) -> serde_json::Value {
+    let get = |name: &str| {
+        dirs.iter()
+            .find_map(|d| fs::read_to_string(d.join(name)).ok())
+            .map(|s| s.trim().to_string())
+    };
+    let num = |s: Option<String>| s.and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
+    let memory = num(get("memory.limit_in_bytes")).or_else(|| num(get("memory.max")));
+    // v1 reports "unlimited" as a huge page-aligned number.
+    let memory = memory.filter(|m| *m < (1u64 << 62));
+    let pids = num(get("pids.max"));
+    let (quota, period) = match get("cpu.max") {
+        Some(v2) => {
+            let mut it = v2.split_whitespace();
+            (
+                it.next().and_then(|q| q.parse::<u64>().ok()),
+                it.next().and_then(|p| p.parse::<u64>().ok()),
+            )
+        }
+        None => (
+            get("cpu.cfs_quota_us")
+                .and_then(|q| q.parse::<i64>().ok())
+                .filter(|q| *q > 0)
+                .map(|q| q as u64),
+            num(get("cpu.cfs_period_us")),
+        ),
+    };
+    serde_json::json!({
+        "memory_bytes": memory,
+        "pids": pids,
+        "cpu_quota_us": quota,
+        "cpu_period_us": quota.and(period),
+    })
+}
+
 fn write(path: &Path, value: &str, step: &'static str) -> Result<()> {
     fs::write(path, value).map_err(|source| Error::Cgroup {
         step,

@@ -1,0 +1,700 @@
+//! The keeper of a long-lived sandbox: the helper process that set the sandbox up stays
+//! with it, serving execs, status and stop on a Unix socket, until the sandbox stops.
+//!
+//! The keeper is the parent of the sandbox's init, which has a parent-death signal: if
+//! the keeper dies (even by `SIGKILL`), init dies, and with it every process of the
+//! sandbox's pid namespace. Its leases (uid range, ports, name) are `flock`s that end
+//! with it. A sandbox therefore never outlives its keeper.
+//!
+//! The socket is `STATE/keep/NAME.sock` (mode 0600, in a 0700 directory: only root
+//! reaches it), `SOCK_SEQPACKET`, one JSON message per packet:
+//! - client → keeper, first message: `{"op":"exec","request":{...}}` with the client's
+//!   stdin, stdout and stderr (`SCM_RIGHTS`; none when `request.tty` is set), or
+//!   `{"op":"status"}`, or `{"op":"stop"}`.
+//! - exec: keeper → client `{"started":PID}` (with the pseudo-terminal's master when
+//!   `tty`), then `{"exit":STATUS}` when the command ends; or
+//!   `{"error":{"kind":..,"message":..},"exit":STATUS}` when it did not start (127: the
+//!   command does not exist). client → keeper, meanwhile: `{"signal":N}` forwards
+//!   signal N to the command; closing the connection before the exit kills it.
+//! - status: one object (see [`Status`]). stop: `{"stopped":true,"oom_kills":N}` once
+//!   every process is gone and the sandbox's cgroups, ports and mounts are freed.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::fcntl::{Flock, FlockArg};
+use nix::sys::signal::{Signal, kill};
+use nix::sys::socket::{
+    AddressFamily, Backlog, SockFlag, SockType, UnixAddr, accept4, bind, connect, listen, socket,
+};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+
+use crate::error::{Error, Result};
+use crate::serve::{self, ExecRequest, le_i32, recv_msg, send_msg, tag, unframe};
+
+/// Most clients connected to one keeper at once.
+pub const MAX_CLIENTS: usize = 512;
+/// Longest client message (an exec request), in bytes.
+pub const MAX_CLIENT_MESSAGE_BYTES: usize = serve::MAX_EXEC_REQUEST_BYTES;
+
+/// The keeper's files of sandbox `name` under the state directory: (lock, socket).
+pub fn paths(state: &Path, name: &str) -> (PathBuf, PathBuf) {
+    let dir = state.join("keep");
+    (
+        dir.join(format!("{name}.lock")),
+        dir.join(format!("{name}.sock")),
+    )
+}
+
+/// The name lock and the listening socket of a keeper, taken before anything else.
+#[derive(Debug)]
+pub struct Listener {
+    _lock: Flock<File>,
+    sock: OwnedFd,
+    path: PathBuf,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Takes the name `name` (refused with [`Error::AlreadyRunning`] while another keeper
+/// holds it) and listens on its socket.
+pub fn listen_on(state: &Path, name: &str) -> Result<Listener> {
+    let (lock_path, sock_path) = paths(state, name);
+    let dir = lock_path.parent().expect("keep directory");
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|source| Error::StateDir {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+    let state_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::StateDir { path, source }
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(state_err(&lock_path))?;
+    let lock =
+        Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|_| Error::AlreadyRunning {
+            name: name.to_string(),
+        })?;
+    // The name is ours: a socket file left by a keeper that was killed is stale.
+    let _ = std::fs::remove_file(&sock_path);
+    let sock = socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(|e| state_err(&sock_path)(e.into()))?;
+    let addr = UnixAddr::new(&sock_path).map_err(|e| state_err(&sock_path)(e.into()))?;
+    bind(sock.as_raw_fd(), &addr).map_err(|e| state_err(&sock_path)(e.into()))?;
+    std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o600))
+        .map_err(state_err(&sock_path))?;
+    listen(&sock, Backlog::new(128).expect("backlog"))
+        .map_err(|e| state_err(&sock_path)(e.into()))?;
+    Ok(Listener {
+        _lock: lock,
+        sock,
+        path: sock_path,
+    })
+}
+
+/// What init told the keeper about one exec.
+#[derive(Debug)]
+enum InitMsg {
+    Started(i32, Option<OwnedFd>),
+    Failed(i32, u8),
+    Done(i32),
+    Gone,
+}
+
+/// What every connection thread shares.
+struct Shared {
+    name: String,
+    init: OwnedFd,
+    init_pid: Pid,
+    write: Mutex<()>,
+    pending: Mutex<HashMap<u64, Sender<InitMsg>>>,
+    next_id: AtomicU64,
+    clients: AtomicUsize,
+    stop_waiters: Mutex<Vec<OwnedFd>>,
+    status: Value,
+    cgroups: Vec<PathBuf>,
+}
+
+impl Shared {
+    fn to_init(&self, msg: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
+        let _w = self.write.lock().unwrap_or_else(|e| e.into_inner());
+        send_msg(self.init.as_raw_fd(), msg, fds)
+    }
+}
+
+/// A long-lived sandbox's status, as `{"op":"status"}` answers it.
+pub type Status = Value;
+
+/// Serves the sandbox until its init ends (stopped, or killed from outside). `status`
+/// is the static part of the status answer (name, ports, limits, ...). Returns once
+/// init has ended; the caller then frees the sandbox and calls [`Stopped::reply`].
+pub(crate) fn serve(
+    listener: &Listener,
+    init: OwnedFd,
+    init_pid: Pid,
+    status: Value,
+    cgroups: Vec<PathBuf>,
+) -> Stopped {
+    let shared = Arc::new(Shared {
+        name: status["name"].as_str().unwrap_or_default().to_string(),
+        init,
+        init_pid,
+        write: Mutex::new(()),
+        pending: Mutex::new(HashMap::new()),
+        next_id: AtomicU64::new(1),
+        clients: AtomicUsize::new(0),
+        stop_waiters: Mutex::new(Vec::new()),
+        status,
+        cgroups,
+    });
+    {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("init-reader".into())
+            .spawn(move || read_init(&shared))
+            .expect("spawn the init reader");
+    }
+    {
+        let shared = shared.clone();
+        let lsock = listener.sock.try_clone().expect("clone the listener");
+        std::thread::Builder::new()
+            .name("accept".into())
+            .spawn(move || accept_loop(&lsock, &shared))
+            .expect("spawn the accept thread");
+    }
+    {
+        let pid = init_pid;
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || stop_on_signal(pid))
+            .expect("spawn the signal thread");
+    }
+    Stopped { shared }
+}
+
+/// The sandbox's init has ended (or is to be waited for): who asked for the stop.
+pub(crate) struct Stopped {
+    shared: Arc<Shared>,
+}
+
+impl Stopped {
+    /// Answers every `stop` request once the sandbox is freed.
+    pub(crate) fn reply(&self, oom_kills: u64) {
+        let waiters = std::mem::take(
+            &mut *self
+                .shared
+                .stop_waiters
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()),
+        );
+        let msg = json!({"stopped": true, "oom_kills": oom_kills}).to_string();
+        for w in waiters {
+            let _ = send_msg(w.as_raw_fd(), msg.as_bytes(), &[]);
+        }
+    }
+}
+
+/// SIGTERM, SIGINT or SIGHUP to the keeper stops the sandbox.
+fn stop_on_signal(init: Pid) {
+    let mut set = nix::sys::signal::SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        set.add(s);
+    }
+    loop {
+        if let Ok(Some(_)) = crate::sys::sigtimedwait(&set, Duration::from_secs(3600)) {
+            let _ = kill(init, Signal::SIGKILL);
+            return;
+        }
+    }
+}
+
+fn read_init(shared: &Shared) {
+    loop {
+        let (msg, mut fds) = match recv_msg(shared.init.as_raw_fd(), 1) {
+            Ok((m, _)) if m.is_empty() => break,
+            Ok(x) => x,
+            Err(_) => break,
+        };
+        let Some((t, id, rest)) = unframe(&msg) else {
+            continue;
+        };
+        let m = match t {
+            tag::STARTED => InitMsg::Started(le_i32(rest).unwrap_or(0), fds.pop()),
+            tag::FAILED => InitMsg::Failed(
+                le_i32(rest).unwrap_or(libc::EIO),
+                rest.get(4).copied().unwrap_or(2),
+            ),
+            tag::DONE => InitMsg::Done(le_i32(rest).unwrap_or(1)),
+            _ => continue,
+        };
+        let done = matches!(m, InitMsg::Failed(..) | InitMsg::Done(_));
+        let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tx) = pending.get(&id) {
+            let _ = tx.send(m);
+        }
+        if done {
+            pending.remove(&id);
+        }
+    }
+    // Init is gone: every exec waiting learns it.
+    let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+    for (_, tx) in pending.drain() {
+        let _ = tx.send(InitMsg::Gone);
+    }
+}
+
+fn accept_loop(lsock: &OwnedFd, shared: &Arc<Shared>) {
+    loop {
+        let conn = match accept4(lsock.as_raw_fd(), SockFlag::SOCK_CLOEXEC) {
+            Ok(fd) => crate::sys::adopt_received_fd(fd),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        if shared.clients.fetch_add(1, Ordering::SeqCst) >= MAX_CLIENTS {
+            shared.clients.fetch_sub(1, Ordering::SeqCst);
+            let _ = reply(
+                &conn,
+                &error_json(
+                    "busy",
+                    &format!("more than {MAX_CLIENTS} clients at once"),
+                    1,
+                ),
+            );
+            continue;
+        }
+        let shared = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("client".into())
+            .spawn(move || {
+                serve_client(&conn, &shared);
+                shared.clients.fetch_sub(1, Ordering::SeqCst);
+            });
+        if spawned.is_err() {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+fn reply(conn: &OwnedFd, v: &Value) -> std::io::Result<()> {
+    send_msg(conn.as_raw_fd(), v.to_string().as_bytes(), &[])
+}
+
+fn error_json(kind: &str, message: &str, exit: u8) -> Value {
+    json!({"error": {"kind": kind, "message": message}, "exit": exit})
+}
+
+fn serve_client(conn: &OwnedFd, shared: &Arc<Shared>) {
+    let Ok((msg, fds)) = recv_msg(conn.as_raw_fd(), 3) else {
+        return;
+    };
+    let Ok(req) = serde_json::from_slice::<Value>(&msg) else {
+        let _ = reply(conn, &error_json("invalid_input", "not a JSON request", 9));
+        return;
+    };
+    match req["op"].as_str() {
+        Some("status") => {
+            let _ = reply(conn, &status(shared));
+        }
+        Some("stop") => {
+            if let Ok(c) = conn.try_clone() {
+                shared
+                    .stop_waiters
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(c);
+            }
+            let _ = kill(shared.init_pid, Signal::SIGKILL);
+        }
+        Some("exec") => exec(conn, shared, &req["request"], fds),
+        _ => {
+            let _ = reply(conn, &error_json("invalid_input", "unknown op", 9));
+        }
+    }
+}
+
+/// Refuses descriptors a sandboxed process must never hold: a directory (or an `O_PATH`
+/// descriptor) of the host would let it walk the host's tree through
+/// `/proc/self/fd/N` or `openat` (runc CVE-2024-21626).
+fn check_stdio(fds: &[OwnedFd]) -> std::result::Result<(), String> {
+    for (i, fd) in fds.iter().enumerate() {
+        let st = nix::sys::stat::fstat(fd).map_err(|e| format!("descriptor {i}: {e}"))?;
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            return Err(format!("descriptor {i} is a directory"));
+        }
+        let fl = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL)
+            .map_err(|e| format!("descriptor {i}: {e}"))?;
+        if fl & libc::O_PATH != 0 {
+            return Err(format!("descriptor {i} is an O_PATH descriptor"));
+        }
+    }
+    Ok(())
+}
+
+fn exec(conn: &OwnedFd, shared: &Arc<Shared>, request: &Value, fds: Vec<OwnedFd>) {
+    let req: ExecRequest = match serde_json::from_value(request.clone()) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = reply(
+                conn,
+                &error_json("invalid_input", &format!("bad exec request: {e}"), 9),
+            );
+            return;
+        }
+    };
+    if req.argv.is_empty() {
+        let _ = reply(conn, &error_json("invalid_input", "no command given", 9));
+        return;
+    }
+    let want = if req.tty.is_some() { 0 } else { 3 };
+    if fds.len() != want {
+        let _ = reply(
+            conn,
+            &error_json(
+                "invalid_input",
+                &format!("expected {want} descriptors, got {}", fds.len()),
+                9,
+            ),
+        );
+        return;
+    }
+    if let Err(e) = check_stdio(&fds) {
+        let _ = reply(conn, &error_json("invalid_input", &e, 9));
+        return;
+    }
+    let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
+    let (tx, rx) = channel();
+    shared
+        .pending
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(id, tx);
+    let body = serde_json::to_vec(&req).expect("serialize a request");
+    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    if let Err(e) = shared.to_init(&serve::frame(tag::EXEC, id, &body), &raw) {
+        shared
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        let _ = reply(
+            conn,
+            &error_json("io", &format!("the sandbox is stopping: {e}"), 1),
+        );
+        return;
+    }
+    drop(fds);
+    let cmd = req.argv[0].clone();
+    match rx.recv() {
+        Ok(InitMsg::Started(pid, master)) => {
+            let msg = json!({"started": pid}).to_string();
+            let master_raw: Vec<RawFd> = master.iter().map(|m| m.as_raw_fd()).collect();
+            if send_msg(conn.as_raw_fd(), msg.as_bytes(), &master_raw).is_err() {
+                let _ = shared.to_init(&serve::frame(tag::SIGNAL, id, &9i32.to_le_bytes()), &[]);
+            }
+            drop(master);
+        }
+        Ok(InitMsg::Failed(errno, what)) => {
+            let err = std::io::Error::from_raw_os_error(errno);
+            let v = match what {
+                1 => error_json(
+                    "invalid_input",
+                    &format!(
+                        "working directory {} does not exist inside the sandbox",
+                        req.workdir.as_deref().unwrap_or("/workspace")
+                    ),
+                    9,
+                ),
+                0 if errno == libc::ENOENT => error_json(
+                    "not_found",
+                    &format!("{cmd}: command not found in the sandbox"),
+                    127,
+                ),
+                0 if errno == libc::EACCES => {
+                    error_json("invalid_input", &format!("{cmd}: permission denied"), 126)
+                }
+                0 => error_json("io", &format!("{cmd}: {err}"), 126),
+                _ => error_json("invalid_input", &format!("bad exec request: {err}"), 9),
+            };
+            let _ = reply(conn, &v);
+            return;
+        }
+        Ok(InitMsg::Gone) | Err(_) => {
+            let _ = reply(conn, &error_json("io", "the sandbox stopped", 137));
+            return;
+        }
+        Ok(InitMsg::Done(code)) => {
+            let _ = reply(conn, &json!({"exit": code}));
+            return;
+        }
+    }
+    // Running: forward the client's signals; its hang-up kills the command.
+    let forwarder = {
+        let shared = shared.clone();
+        let conn = conn.try_clone();
+        std::thread::Builder::new()
+            .name("client-signals".into())
+            .spawn(move || {
+                let Ok(conn) = conn else { return };
+                loop {
+                    let sig = match recv_msg(conn.as_raw_fd(), 0) {
+                        Ok((m, _)) if m.is_empty() => 9,
+                        Ok((m, _)) => match serde_json::from_slice::<Value>(&m) {
+                            Ok(v) if v["signal"].is_i64() => {
+                                v["signal"].as_i64().unwrap_or(0) as i32
+                            }
+                            _ => continue,
+                        },
+                        Err(_) => 9,
+                    };
+                    let _ = shared.to_init(&serve::frame(tag::SIGNAL, id, &sig.to_le_bytes()), &[]);
+                    if sig == 9 {
+                        return;
+                    }
+                }
+            })
+    };
+    let code = match rx.recv() {
+        Ok(InitMsg::Done(code)) => code,
+        _ => 137,
+    };
+    let _ = reply(conn, &json!({"exit": code}));
+    // The forwarder ends when the client closes its end (a late kill finds no process:
+    // init forgets an exec's pid once it is reaped).
+    drop(forwarder);
+}
+
+fn read_trim(p: &Path) -> Option<String> {
+    std::fs::read_to_string(p)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// The live part of the status: processes, memory, OOM kills, execs running.
+fn status(shared: &Shared) -> Value {
+    let mut v = shared.status.clone();
+    let procs = count_processes(shared.init_pid);
+    let mut memory = None;
+    let mut oom = None;
+    for d in &shared.cgroups {
+        if let Some(m) = read_trim(&d.join("memory.usage_in_bytes"))
+            .or_else(|| read_trim(&d.join("memory.current")))
+        {
+            memory = m.parse::<u64>().ok();
+        }
+        if let Some(o) =
+            read_trim(&d.join("memory.oom_control")).or_else(|| read_trim(&d.join("memory.events")))
+        {
+            oom = o
+                .lines()
+                .find_map(|l| l.strip_prefix("oom_kill "))
+                .and_then(|n| n.trim().parse::<u64>().ok());
+        }
+    }
+    v["state"] = json!("running");
+    v["processes"] = json!(procs);
+    v["memory_bytes"] = json!(memory);
+    v["oom_kills"] = json!(oom.unwrap_or(0));
+    v["execs_running"] = json!(
+        shared
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    );
+    v["name"] = json!(shared.name);
+    v
+}
+
+/// Processes in the sandbox's pid namespace (init included).
+fn count_processes(init: Pid) -> usize {
+    let Ok(ns) = std::fs::read_link(format!("/proc/{init}/ns/pid")) else {
+        return 0;
+    };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter(|e| std::fs::read_link(e.path().join("ns/pid")).is_ok_and(|n| n == ns))
+        .count()
+}
+
+/// A connection to a running sandbox's keeper (the client side).
+#[derive(Debug)]
+pub struct Client {
+    conn: OwnedFd,
+    name: String,
+}
+
+/// What an exec's start brought.
+#[derive(Debug)]
+pub enum Started {
+    /// Running, with this host... inside pid, and the terminal's master for `tty`.
+    Running {
+        /// The command's pid in the host's pid namespace is not told; this is init's
+        /// numbering inside the sandbox.
+        pid: i32,
+        /// The pseudo-terminal's master, when asked for.
+        master: Option<OwnedFd>,
+    },
+    /// Not started: the error and the exit status to report.
+    Refused {
+        /// The error kind (`not_found`, `invalid_input`, ...).
+        kind: String,
+        /// What went wrong.
+        message: String,
+        /// The exit status a shell would give.
+        exit: u8,
+    },
+}
+
+impl Client {
+    /// Connects to the keeper of sandbox `name`; [`Error::NotRunning`] when none runs.
+    pub fn connect(state: &Path, name: &str) -> Result<Client> {
+        let (_, path) = paths(state, name);
+        let not_running = || Error::NotRunning {
+            name: name.to_string(),
+        };
+        let sock = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(|e| Error::Keeper {
+            name: name.into(),
+            source: e.into(),
+        })?;
+        let addr = UnixAddr::new(&path).map_err(|_| not_running())?;
+        match connect(sock.as_raw_fd(), &addr) {
+            Ok(()) => Ok(Client {
+                conn: sock,
+                name: name.to_string(),
+            }),
+            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ECONNREFUSED) => Err(not_running()),
+            Err(e) => Err(Error::Keeper {
+                name: name.into(),
+                source: e.into(),
+            }),
+        }
+    }
+
+    fn err(&self) -> impl Fn(std::io::Error) -> Error + '_ {
+        move |source| Error::Keeper {
+            name: self.name.clone(),
+            source,
+        }
+    }
+
+    fn recv_json(&self) -> Result<(Value, Vec<OwnedFd>)> {
+        let (m, fds) = recv_msg(self.conn.as_raw_fd(), 1).map_err(self.err())?;
+        if m.is_empty() {
+            return Err(Error::Keeper {
+                name: self.name.clone(),
+                source: std::io::Error::other("the sandbox stopped"),
+            });
+        }
+        let v = serde_json::from_slice(&m).map_err(|e| self.err()(e.into()))?;
+        Ok((v, fds))
+    }
+
+    /// The sandbox's status.
+    pub fn status(self) -> Result<Status> {
+        send_msg(self.conn.as_raw_fd(), br#"{"op":"status"}"#, &[]).map_err(self.err())?;
+        Ok(self.recv_json()?.0)
+    }
+
+    /// Stops the sandbox: every process killed, its cgroups, ports and mounts freed.
+    /// Returns once that is done.
+    pub fn stop(self) -> Result<Value> {
+        send_msg(self.conn.as_raw_fd(), br#"{"op":"stop"}"#, &[]).map_err(self.err())?;
+        match self.recv_json() {
+            Ok((v, _)) => Ok(v),
+            // The keeper exits right after answering; an end without the answer still
+            // means it is gone.
+            Err(_) => Ok(json!({"stopped": true})),
+        }
+    }
+
+    /// Starts `req` with `stdio` as its stdin, stdout and stderr (`None` with `req.tty`).
+    pub fn exec(&self, req: &ExecRequest, stdio: Option<[BorrowedFd<'_>; 3]>) -> Result<Started> {
+        let msg = json!({"op": "exec", "request": req}).to_string();
+        if msg.len() > MAX_CLIENT_MESSAGE_BYTES {
+            return Err(Error::InvalidInput(format!(
+                "the command and its environment exceed {MAX_CLIENT_MESSAGE_BYTES} bytes"
+            )));
+        }
+        let raw: Vec<RawFd> = stdio.iter().flatten().map(|f| f.as_raw_fd()).collect();
+        send_msg(self.conn.as_raw_fd(), msg.as_bytes(), &raw).map_err(self.err())?;
+        let (v, mut fds) = self.recv_json()?;
+        if let Some(pid) = v["started"].as_i64() {
+            return Ok(Started::Running {
+                pid: pid as i32,
+                master: fds.pop(),
+            });
+        }
+        Ok(Started::Refused {
+            kind: v["error"]["kind"].as_str().unwrap_or("io").to_string(),
+            message: v["error"]["message"]
+                .as_str()
+                .unwrap_or("exec failed")
+                .to_string(),
+            exit: v["exit"].as_u64().unwrap_or(1).min(255) as u8,
+        })
+    }
+
+    /// Forwards signal `sig` to the running command.
+    pub fn signal(&self, sig: i32) -> Result<()> {
+        send_msg(
+            self.conn.as_raw_fd(),
+            json!({"signal": sig}).to_string().as_bytes(),
+            &[],
+        )
+        .map_err(self.err())
+    }
+
+    /// Waits for the command to end: its exit status (128 + signal when killed).
+    pub fn wait(&self) -> Result<u8> {
+        let (v, _) = self.recv_json()?;
+        Ok(v["exit"].as_u64().unwrap_or(1).min(255) as u8)
+    }
+
+    /// The connection, for polling beside other descriptors.
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.conn.as_fd()
+    }
+}
