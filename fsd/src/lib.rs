@@ -19,6 +19,7 @@ pub mod mounts;
 pub mod placement;
 pub mod registry;
 pub mod runtime;
+pub mod sandbox;
 #[allow(unsafe_code)]
 mod sys;
 pub mod upper;

@@ -79,6 +79,11 @@ pub struct Record {
     /// `mountctl` counts only while it is still a `sandbox-helper` of this workspace.
     #[serde(default)]
     pub sandbox_pid: Option<i32>,
+    /// The long-lived sandbox of this workspace while it runs (`sandbox start`): its
+    /// status at start (provider, isolation, limits, ports, init pid, uid base,
+    /// `host_mount`). `None` for a one-shot `run` and when no sandbox runs.
+    #[serde(default)]
+    pub sandbox: Option<serde_json::Value>,
     /// The process that made the workspace, or, once it is `cleanup_pending`, the one
     /// removing it. While the status is `creating` or `cleanup_pending`, sweep (and a
     /// daemon starting) leave the workspace to it as long as it lives

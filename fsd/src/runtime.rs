@@ -78,6 +78,9 @@ pub struct SweepReport {
     pub removing: Vec<String>,
     /// Mounts and directories under the runtime root that no live record owns, removed.
     pub leftovers_removed: Vec<String>,
+    /// Workspaces whose sandbox had died (its keeper killed): their host mount is
+    /// their own again and their record clear.
+    pub sandboxes_cleared: Vec<String>,
 }
 
 /// An open runtime root.
@@ -151,7 +154,7 @@ impl Runtime {
         &self.store
     }
 
-    fn reg(&self) -> MutexGuard<'_, Registry> {
+    pub(crate) fn reg(&self) -> MutexGuard<'_, Registry> {
         self.registry.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -245,6 +248,7 @@ impl Runtime {
             commits: vec![],
             create_ms: 0.0,
             sandbox_pid: None,
+            sandbox: None,
             // Sweeps and a daemon starting meanwhile leave the workspace to this process.
             creator: Creator::current(),
         };
@@ -315,6 +319,34 @@ impl Runtime {
         self.reg().modify(&id, |r| {
             r.policies["checkout"] = evidence;
             Ok(r.clone())
+        })
+    }
+
+    /// The runtime root.
+    pub fn root(&self) -> &Path {
+        self.store.root()
+    }
+
+    /// One workspace's record by id or name, as the registry has it.
+    pub fn get(&self, ws: &str) -> Result<Record> {
+        self.reg().get(ws)
+    }
+
+    /// Records the long-lived sandbox of `ws`: its keeper's pid, its status at start
+    /// and its published ports.
+    pub(crate) fn record_sandbox(
+        &self,
+        ws: &str,
+        keeper: i32,
+        status: serde_json::Value,
+        ports: serde_json::Value,
+    ) -> Result<()> {
+        let id = self.reg().get(ws)?.id;
+        self.reg().modify(&id, |r| {
+            r.sandbox_pid = Some(keeper);
+            r.sandbox = Some(status);
+            r.ports = ports;
+            Ok(())
         })
     }
 
@@ -506,6 +538,7 @@ impl Runtime {
         self.reg().modify(&id, |r| {
             if r.sandbox_pid == Some(helper_pid) {
                 r.sandbox_pid = None;
+                r.sandbox = None;
                 r.ports = serde_json::json!({});
             }
             Ok(())
@@ -517,6 +550,16 @@ impl Runtime {
     /// counts as a user: `force` kills it (its init, then the helper if it lingers).
     pub fn remove(&self, ws: &str, force: bool) -> Result<Record> {
         let mut rec = self.reg().get(ws)?;
+        // A long-lived sandbox belongs to the workspace: removing it stops the sandbox
+        // first (a one-shot `run` in progress is a user: busy unless `force`).
+        if rec.sandbox.is_some() && !matches!(rec.status, Status::Removed) {
+            if live_sandbox(&rec).is_some() {
+                self.sandbox_stop(&rec.id)?;
+            } else {
+                self.forget_sandbox(&rec)?;
+            }
+            rec = self.reg().get(&rec.id)?;
+        }
         if matches!(rec.status, Status::Removed) {
             return Err(Error::NoWorkspace(format!("{ws} (it was removed already)")));
         }
@@ -711,6 +754,10 @@ impl Runtime {
         let mounts = crate::mounts::mounts()?;
         let mounted = |p: &Path| mounts.iter().any(|m| m.target == p);
         for rec in records {
+            if rec.sandbox.is_some() && live_sandbox(&rec).is_none() {
+                self.forget_sandbox(&rec)?;
+                report.sandboxes_cleared.push(rec.id.clone());
+            }
             match rec.status {
                 Status::Creating if live_creator(&rec).is_some() => {
                     report.creating.push(rec.id.clone());
@@ -841,9 +888,12 @@ pub fn live_sandbox(rec: &Record) -> Option<i32> {
     let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let has = |want: &[u8]| cmdline.split(|b| *b == 0).any(|arg| arg == want);
     let ours = match comm.trim_end() {
-        "sandbox-helper" => has(rec.path.as_os_str().as_encoded_bytes()),
+        "sandbox-helper" => {
+            let path = rec.path.as_os_str().as_encoded_bytes();
+            has(path) || has(&[b"--dir=".as_slice(), path].concat())
+        }
         "mountctl" => {
-            has(b"run")
+            (has(b"run") || has(b"start"))
                 && (has(rec.id.as_bytes())
                     || rec.name.as_deref().is_some_and(|n| has(n.as_bytes())))
         }

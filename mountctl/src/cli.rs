@@ -109,6 +109,12 @@ pub enum Command {
     /// Run a command in the workspace's sandbox (the workspace at /workspace); exits with
     /// its status.
     Run(RunArgs),
+    /// Long-lived sandboxes: start one for a workspace, stop it, show them.
+    #[command(subcommand)]
+    Sandbox(SandboxCommand),
+    /// Run a command in the workspace's running sandbox (the workspace at /workspace, the
+    /// default working directory); exits with its status (127: no such command).
+    Exec(ExecArgs),
     /// git's fsmonitor hook (run by git in a workspace, not by hand): prints the paths
     /// changed since TOKEN (docs/git.md).
     #[command(name = "git-fsmonitor")]
@@ -273,4 +279,78 @@ pub struct GcArgs {
     /// Bound of the blob cache in bytes; least recently used blobs beyond it are evicted.
     #[arg(long, value_name = "BYTES", default_value_t = cowspace_store::blobcache::DEFAULT_BLOB_CACHE_MAX_BYTES)]
     pub blob_cache_max: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SandboxCommand {
+    /// Start a sandbox for the workspace; returns once it is ready. It runs until
+    /// `sandbox stop` (or `remove`); its processes outlive the commands that start them.
+    Start(StartArgs),
+    /// Stop the workspace's sandbox: every process in it is killed, its cgroups, ports
+    /// and uid range are freed.
+    Stop {
+        /// The workspace (id or name).
+        workspace: String,
+    },
+    /// The workspace's sandbox: state, provider, isolation, limits, ports, processes,
+    /// memory used, OOM kills.
+    Status {
+        /// The workspace (id or name).
+        workspace: String,
+    },
+    /// Every running sandbox.
+    List,
+}
+
+#[derive(Debug, Args)]
+pub struct StartArgs {
+    /// The workspace (id or name); it must be active.
+    pub workspace: String,
+    /// Network: none (default) or loopback (default when ports are published).
+    #[arg(long, value_parser = ["none", "loopback"])]
+    pub net: Option<String>,
+    /// Memory limit in bytes (k, m, g suffixes accepted; at least 4m).
+    #[arg(long, value_name = "BYTES")]
+    pub memory: Option<String>,
+    /// Most processes and threads at once.
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u64>,
+    /// CPU bandwidth in CPUs, e.g. 1.5.
+    #[arg(long, value_name = "F")]
+    pub cpus: Option<f64>,
+    /// Give the internal PORT a unique host port on 127.0.0.1 (repeatable; fixed for the
+    /// sandbox's life).
+    #[arg(long, value_name = "PORT")]
+    pub publish: Vec<u16>,
+    /// Set KEY=VALUE in every command's environment (repeatable; not secret).
+    #[arg(long, value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Bind host SRC read-only at DST inside (repeatable).
+    #[arg(long, value_name = "SRC:DST")]
+    pub ro_bind: Vec<String>,
+    /// Give every command the host file HOSTFILE as /run/secrets/NAME (repeatable).
+    #[arg(long, value_name = "NAME=HOSTFILE")]
+    pub secret: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The workspace (id or name) whose sandbox runs the command.
+    pub workspace: String,
+    /// Pass this process's stdin to the command (without it, the command reads
+    /// /dev/null).
+    #[arg(short, long)]
+    pub interactive: bool,
+    /// Give the command a pseudo-terminal (window size and Ctrl-C reach it).
+    #[arg(short, long)]
+    pub tty: bool,
+    /// Set KEY=VALUE in the command's environment (repeatable).
+    #[arg(long, value_name = "K=V")]
+    pub env: Vec<String>,
+    /// The working directory inside (default /workspace; relative to it when relative).
+    #[arg(long, value_name = "DIR")]
+    pub workdir: Option<String>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
 }

@@ -119,6 +119,22 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
     if let Err(e) = sys::close_fds_except(sock.as_raw_fd()) {
         fail(sock, "close inherited descriptors", e);
     }
+    // A long-lived sandbox outlives its caller: nothing of the caller's stdio stays
+    // open in it (a caller reading the helper's output to its end would wait for ever).
+    if ctx.spec.keep {
+        let null = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null");
+        match null {
+            Ok(null) => {
+                let _ = nix::unistd::dup2_stdin(&null);
+                let _ = nix::unistd::dup2_stdout(&null);
+                let _ = nix::unistd::dup2_stderr(&null);
+            }
+            Err(e) => fail(sock, "open /dev/null", e),
+        }
+    }
     if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         fail(sock, "set the parent-death signal", e);
     }

@@ -698,3 +698,13 @@ impl Client {
         self.conn.as_fd()
     }
 }
+
+/// A terminal's window size (rows, columns), for `exec -t`.
+pub fn terminal_size(fd: BorrowedFd<'_>) -> std::io::Result<(u16, u16)> {
+    crate::sys::window_size(fd)
+}
+
+/// Sets a pseudo-terminal's window size (the master of `exec -t`, on `SIGWINCH`).
+pub fn set_terminal_size(fd: BorrowedFd<'_>, rows: u16, cols: u16) -> std::io::Result<()> {
+    crate::sys::set_window_size(fd, rows, cols)
+}

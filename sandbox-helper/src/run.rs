@@ -315,6 +315,7 @@ fn prepare(spec: &Spec, opts: &Options) -> Result<Live> {
                 &spec.workspace,
                 &work_name,
                 userns.as_fd(),
+                ids.base(),
                 &root_dir.0.join("layers"),
             )?)
         }

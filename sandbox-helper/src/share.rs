@@ -98,6 +98,31 @@ fn idmapped_clone(path: &Path, attrs: u64, userns: BorrowedFd<'_>) -> Result<Own
     Ok(fd)
 }
 
+/// Mounts the overlay at `workspace` from a thread whose filesystem ids are the
+/// sandbox's root (`uid_base`), with every capability still effective: overlayfs does
+/// its own work in the upper layer (work directory, copy-up, whiteouts) with its
+/// mounter's credentials, and on an idmapped upper layer the host's uid 0 has no
+/// mapping (`EOVERFLOW`), while the sandbox's root maps to disk uid 0.
+fn mount_as(uid_base: u32, workspace: &Path, options: &str) -> std::io::Result<()> {
+    let workspace = workspace.to_path_buf();
+    let options = options.to_string();
+    std::thread::spawn(move || -> std::io::Result<()> {
+        nix::unistd::setfsgid(nix::unistd::Gid::from_raw(uid_base));
+        nix::unistd::setfsuid(nix::unistd::Uid::from_raw(uid_base));
+        sys::raise_effective_caps()?;
+        nix::mount::mount(
+            Some("cowspace"),
+            &workspace,
+            Some("overlay"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(options.as_str()),
+        )
+        .map_err(std::io::Error::from)
+    })
+    .join()
+    .unwrap_or_else(|_| Err(std::io::Error::other("the mount thread panicked")))
+}
+
 /// Replaces the host's overlay at `workspace` by one of the same `layers`, idmapped with
 /// the user namespace `userns`, using `work` (a directory beside the upper layer) as its
 /// work directory. `scratch` is an empty directory path of the helper's to attach the
@@ -108,6 +133,7 @@ pub fn share(
     workspace: &Path,
     work_name: &std::ffi::OsStr,
     userns: BorrowedFd<'_>,
+    uid_base: u32,
     scratch: &Path,
 ) -> Result<SharedMount> {
     let ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
@@ -170,19 +196,12 @@ pub fn share(
             ))));
         }
     }
-    nix::mount::mount(
-        Some("cowspace"),
-        workspace,
-        Some("overlay"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(options.as_str()),
-    )
-    .map_err(|e| Error::Setup {
+    mount_as(uid_base, workspace, &options).map_err(|e| Error::Setup {
         step: format!(
             "mount the shared overlay of {} on idmapped layers",
             workspace.display()
         ),
-        source: e.into(),
+        source: e,
     })?;
     drop(s);
     Ok(SharedMount {

@@ -332,6 +332,40 @@ pub fn window_size(fd: BorrowedFd<'_>) -> io::Result<(u16, u16)> {
     Ok((ws.ws_row, ws.ws_col))
 }
 
+/// Raises every permitted capability into the calling thread's effective set
+/// (`capget` + `capset`): after `setfsuid` away from 0 the kernel clears the
+/// filesystem capabilities from the effective set, which a mount made with that fsuid
+/// must keep (overlayfs records its mounter's credentials for every later operation).
+pub fn raise_effective_caps() -> io::Result<()> {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let mut hdr = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: `hdr` and `data` are the version-3 header and its two data words, valid
+    // for the kernel to read and write.
+    check(unsafe { libc::syscall(libc::SYS_capget, &mut hdr as *mut Header, data.as_mut_ptr()) })?;
+    for d in &mut data {
+        d.effective = d.permitted;
+    }
+    // SAFETY: as above; the kernel only reads them.
+    check(unsafe { libc::syscall(libc::SYS_capset, &mut hdr as *mut Header, data.as_ptr()) })
+        .map(drop)
+}
+
 /// Safe wrapper for `umount2(path, MNT_DETACH)` of a mount the helper made itself.
 pub fn detach_mount(path: &Path) -> io::Result<()> {
     nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH).map_err(io::Error::from)

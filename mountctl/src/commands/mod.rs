@@ -2,6 +2,7 @@
 
 mod daemon;
 mod diff;
+mod exec;
 mod export;
 mod fsck;
 mod gc;
@@ -9,6 +10,7 @@ mod import;
 mod init;
 mod refs;
 mod run;
+mod sandbox;
 mod show;
 mod snapshots;
 mod stats;
@@ -55,6 +57,8 @@ pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
         Command::Doctor => workspace::doctor(ctx),
         Command::Daemon(c) => daemon::run(ctx, c),
         Command::Run(args) => run::run(ctx, args),
+        Command::Sandbox(c) => sandbox::run(ctx, c),
+        Command::Exec(args) => exec::run(ctx, args),
         Command::GitFsmonitor { version, token } => git_fsmonitor(ctx, version, &token),
     }
 }

@@ -1,0 +1,379 @@
+//! Long-lived sandboxes of workspaces: start, exec, status, list, stop.
+//!
+//! The privileged work (namespaces, cgroups, the shared overlay mount, the exec'd
+//! processes) is `sandbox-helper`'s: `sandbox_start` runs `sandbox-helper start`, which
+//! stays as the sandbox's keeper, and records it in the workspace's registry record
+//! before returning. `exec`, `status` and `stop` talk to the keeper's socket
+//! ([`sandbox_helper::keeper`]). A keeper that died (even by `SIGKILL`) took its sandbox
+//! with it; [`Runtime::sweep`] then mounts the host's view of the workspace again and
+//! clears the record.
+
+use std::io::{BufRead, BufReader, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::{Value, json};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::registry::Record;
+use crate::runtime::{Runtime, live_sandbox};
+
+/// Environment variable naming the `sandbox-helper` binary.
+pub const HELPER_ENV: &str = "COWSPACE_SANDBOX_HELPER";
+/// Longest ready line read from the helper.
+const MAX_READY_LINE_BYTES: u64 = 64 * 1024;
+/// Longest refusal read from the helper's stderr.
+const MAX_HELPER_STDERR_BYTES: u64 = 64 * 1024;
+
+/// What a sandbox is started with (the `sandbox start` flags).
+#[derive(Debug, Clone, Default)]
+pub struct SandboxOptions {
+    /// `none` or `loopback`.
+    pub net: Option<String>,
+    /// Memory limit (bytes, or with `k`/`m`/`g`).
+    pub memory: Option<String>,
+    /// Most processes at once.
+    pub pids: Option<u64>,
+    /// CPU bandwidth in CPUs.
+    pub cpus: Option<f64>,
+    /// Internal ports to publish.
+    pub publish: Vec<u16>,
+    /// `K=V` added to every command's environment.
+    pub env: Vec<String>,
+    /// `SRC:DST` read-only binds.
+    pub ro_bind: Vec<String>,
+    /// `NAME=HOSTFILE` secrets.
+    pub secret: Vec<String>,
+}
+
+/// The `sandbox-helper` binary: `$COWSPACE_SANDBOX_HELPER`, else the one next to the
+/// running program.
+pub fn helper_path() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(HELPER_ENV) {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().map_err(Error::io("find the running program", "."))?;
+    let helper = exe.with_file_name("sandbox-helper");
+    if !helper.is_file() {
+        return Err(Error::Unsupported {
+            name: "sandbox".into(),
+            why: format!(
+                "no sandbox-helper next to {} (build it with `cargo build --bins`, install it \
+                 there, or set {HELPER_ENV})",
+                exe.display()
+            ),
+        });
+    }
+    Ok(helper)
+}
+
+/// The sandbox's name (its hostname): the workspace's name, else its id.
+pub fn sandbox_name(rec: &Record) -> String {
+    rec.name.clone().unwrap_or_else(|| rec.id.clone())
+}
+
+fn kind_of(k: sandbox_helper::Kind) -> ErrorKind {
+    match k {
+        sandbox_helper::Kind::InvalidInput => ErrorKind::InvalidInput,
+        sandbox_helper::Kind::Unsupported => ErrorKind::Unsupported,
+        sandbox_helper::Kind::Busy => ErrorKind::Busy,
+        sandbox_helper::Kind::NotFound => ErrorKind::NotFound,
+        sandbox_helper::Kind::Exists => ErrorKind::Exists,
+        sandbox_helper::Kind::Io => ErrorKind::Io,
+    }
+}
+
+/// A helper library error as this crate's.
+pub fn from_helper(e: sandbox_helper::Error) -> Error {
+    Error::Answered {
+        kind: kind_of(e.kind()),
+        message: e.to_string(),
+        hint: e.hint().map(str::to_string),
+    }
+}
+
+fn kind_of_exit(code: i32) -> ErrorKind {
+    match code {
+        2 | 9 => ErrorKind::InvalidInput,
+        3 => ErrorKind::NotFound,
+        4 => ErrorKind::Exists,
+        5 => ErrorKind::Busy,
+        7 => ErrorKind::Unsupported,
+        _ => ErrorKind::Io,
+    }
+}
+
+fn not_running(rec: &Record) -> Error {
+    Error::Answered {
+        kind: ErrorKind::NotFound,
+        message: format!("no sandbox runs for workspace {}", rec.id),
+        hint: Some(format!(
+            "start one with `mountctl sandbox start {}`",
+            sandbox_name(rec)
+        )),
+    }
+}
+
+impl Runtime {
+    /// The helper's state directory of this runtime root.
+    pub fn sandbox_state_dir(&self) -> PathBuf {
+        self.root().join("run").join("sandbox")
+    }
+
+    /// Starts a long-lived sandbox for workspace `ws` and returns its status once it is
+    /// ready (`exists` when one runs already). The workspace stays mounted at its path.
+    pub fn sandbox_start(&self, ws: &str, o: &SandboxOptions) -> Result<Value> {
+        let helper = helper_path()?;
+        let me = std::process::id() as i32;
+        let rec = self.claim_sandbox(ws, me).map_err(|e| match e {
+            Error::Busy { id, .. } => Error::Answered {
+                kind: ErrorKind::Exists,
+                message: format!("a sandbox runs for workspace {id} already"),
+                hint: Some(
+                    "use `mountctl exec WS -- CMD`, or `mountctl sandbox stop WS` first".into(),
+                ),
+            },
+            other => other,
+        })?;
+        let result = self.spawn_keeper(&helper, &rec, o, me);
+        if result.is_err() {
+            let _ = self.release_sandbox(&rec.id, me);
+            // The helper may have taken the host's overlay away before it failed.
+            let _ = self.resume_host_mount(&rec.id);
+        }
+        result
+    }
+
+    fn spawn_keeper(
+        &self,
+        helper: &Path,
+        rec: &Record,
+        o: &SandboxOptions,
+        me: i32,
+    ) -> Result<Value> {
+        let (ready_read, ready_write) =
+            std::io::pipe().map_err(Error::io("create the ready pipe", helper))?;
+        nix::fcntl::fcntl(
+            &ready_write,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        )
+        .map_err(|e| Error::io("pass the ready pipe on", helper)(e.into()))?;
+        let mut cmd = Command::new(helper);
+        // Every value as `--flag=VALUE`: a value that starts with `-` is never read as an
+        // option by the privileged helper.
+        cmd.arg("start")
+            .arg(flag("--dir", rec.path.as_os_str()))
+            .arg(format!("--name={}", sandbox_name(rec)))
+            .arg(flag("--state-dir", self.sandbox_state_dir().as_os_str()))
+            .arg(format!("--ready-fd={}", ready_write.as_raw_fd()));
+        if let Some(net) = &o.net {
+            cmd.arg(format!("--net={net}"));
+        }
+        if let Some(m) = &o.memory {
+            cmd.arg(format!("--memory={m}"));
+        }
+        if let Some(p) = o.pids {
+            cmd.arg(format!("--pids={p}"));
+        }
+        if let Some(c) = o.cpus {
+            cmd.arg(format!("--cpus={c}"));
+        }
+        for p in &o.publish {
+            cmd.arg(format!("--publish={p}"));
+        }
+        if matches!(rec.materializer.as_str(), "overlay" | "fuse")
+            && let Some((env, binds)) =
+                crate::gitfsmonitor::sandbox_setup(self, rec, "/.cowspace/upper", "/workspace")
+        {
+            for e in env {
+                cmd.arg(format!("--env={e}"));
+            }
+            for b in binds {
+                cmd.arg(format!("--ro-bind={b}"));
+            }
+        }
+        for e in &o.env {
+            cmd.arg(format!("--env={e}"));
+        }
+        for b in &o.ro_bind {
+            cmd.arg(format!("--ro-bind={b}"));
+        }
+        for s in &o.secret {
+            cmd.arg(format!("--secret={s}"));
+        }
+        cmd.arg("--");
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            // Its own process group: a Ctrl-C or hang-up of the caller's terminal does
+            // not reach the sandbox, which lives until it is stopped.
+            .process_group(0);
+        let mut child = cmd
+            .spawn()
+            .map_err(Error::io("start sandbox-helper", helper))?;
+        drop(ready_write);
+        drop(cmd);
+        let keeper = child.id() as i32;
+        self.move_sandbox(&rec.id, me, keeper)?;
+        let stderr = child.stderr.take().expect("piped stderr");
+        let err_reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stderr.take(MAX_HELPER_STDERR_BYTES).read_to_string(&mut s);
+            s
+        });
+        let mut line = String::new();
+        let _ = BufReader::new(ready_read)
+            .take(MAX_READY_LINE_BYTES)
+            .read_line(&mut line);
+        let messages = err_reader.join().unwrap_or_default();
+        let Ok(status) = serde_json::from_str::<Value>(&line) else {
+            let code = child.wait().ok().and_then(|s| s.code()).unwrap_or(1);
+            let mut message = String::new();
+            let mut hint = None;
+            for l in messages.lines() {
+                if let Some(h) = l.strip_prefix("hint: ") {
+                    hint = Some(h.to_string());
+                } else if message.is_empty() {
+                    message = l.strip_prefix("sandbox-helper: ").unwrap_or(l).to_string();
+                }
+            }
+            if message.is_empty() {
+                message = format!("the sandbox did not start (sandbox-helper exit status {code})");
+            }
+            return Err(Error::Answered {
+                kind: kind_of_exit(code),
+                message,
+                hint,
+            });
+        };
+        // Not waited for: the keeper lives on; its exit is seen by whoever stops it.
+        drop(child);
+        let ports = status["ports"].clone();
+        self.record_sandbox(&rec.id, keeper, status.clone(), ports)?;
+        let mut out = status;
+        out["workspace"] = json!(rec.id);
+        out["path"] = json!(rec.path);
+        out["messages"] = json!(messages.lines().collect::<Vec<_>>());
+        Ok(out)
+    }
+
+    fn live_record(&self, ws: &str) -> Result<Record> {
+        let rec = self.get(ws)?;
+        match (&rec.sandbox, live_sandbox(&rec)) {
+            (Some(_), Some(_)) => Ok(rec),
+            _ => Err(not_running(&rec)),
+        }
+    }
+
+    /// A connection to the keeper of `ws`'s sandbox, for an exec (`not_found` when no
+    /// sandbox runs: a command is never run on the host instead).
+    pub fn sandbox_client(&self, ws: &str) -> Result<sandbox_helper::keeper::Client> {
+        let rec = self.live_record(ws)?;
+        sandbox_helper::keeper::Client::connect(&self.sandbox_state_dir(), &sandbox_name(&rec))
+            .map_err(|e| match e {
+                sandbox_helper::Error::NotRunning { .. } => not_running(&rec),
+                other => from_helper(other),
+            })
+    }
+
+    /// The status of `ws`'s sandbox: what it was started with and, live, its processes,
+    /// memory, OOM kills and running execs.
+    pub fn sandbox_status(&self, ws: &str) -> Result<Value> {
+        let rec = self.live_record(ws)?;
+        let mut v = self
+            .sandbox_client(&rec.id)?
+            .status()
+            .map_err(from_helper)?;
+        v["workspace"] = json!(rec.id);
+        v["path"] = json!(rec.path);
+        if let Some(t) = v["started_at"].as_i64() {
+            v["uptime_s"] = json!((crate::registry::now() - t).max(0));
+        }
+        Ok(v)
+    }
+
+    /// Every running sandbox of this root.
+    pub fn sandbox_list(&self) -> Result<Vec<Value>> {
+        let mut out = Vec::new();
+        for rec in self.list(false)? {
+            if rec.sandbox.is_some()
+                && live_sandbox(&rec).is_some()
+                && let Ok(v) = self.sandbox_status(&rec.id)
+            {
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stops `ws`'s sandbox: every process in it killed, its cgroups, ports, uid range
+    /// and mounts freed, the host's own mount of the workspace back in place.
+    pub fn sandbox_stop(&self, ws: &str) -> Result<Value> {
+        let rec = self.live_record(ws)?;
+        let keeper = rec.sandbox_pid.unwrap_or(0);
+        let answer = match sandbox_helper::keeper::Client::connect(
+            &self.sandbox_state_dir(),
+            &sandbox_name(&rec),
+        ) {
+            Ok(c) => c.stop().map_err(from_helper)?,
+            Err(_) => {
+                // A keeper that does not answer is ended; its init dies with it.
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(keeper),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                json!({"stopped": true})
+            }
+        };
+        wait_gone(keeper);
+        self.forget_sandbox(&rec)?;
+        let mut out = answer;
+        out["workspace"] = json!(rec.id);
+        Ok(out)
+    }
+
+    /// After a sandbox ended (stopped, or its keeper died): the host's mount of the
+    /// workspace is its own again, and the record says no sandbox runs.
+    pub(crate) fn forget_sandbox(&self, rec: &Record) -> Result<()> {
+        let shared = rec
+            .sandbox
+            .as_ref()
+            .is_some_and(|s| s["host_mount"] == "shared");
+        if shared && crate::mounts::is_mounted(&rec.path)? {
+            // A keeper killed before it could unmount left the shared overlay.
+            let _ = crate::mounts::unmount_lazy(&rec.path);
+        }
+        if let Some(pid) = rec.sandbox_pid {
+            self.release_sandbox(&rec.id, pid)?;
+        }
+        self.resume_host_mount(&rec.id)
+    }
+}
+
+fn flag(name: &str, value: &std::ffi::OsStr) -> std::ffi::OsString {
+    let mut s = std::ffi::OsString::from(format!("{name}="));
+    s.push(value);
+    s
+}
+
+/// How long `stop` waits for a keeper to exit after it answered.
+const KEEPER_EXIT_WAIT_MS: u64 = 5_000;
+
+fn wait_gone(pid: i32) {
+    if pid <= 0 {
+        return;
+    }
+    let deadline =
+        std::time::Instant::now() + std::time::Duration::from_millis(KEEPER_EXIT_WAIT_MS);
+    while std::time::Instant::now() < deadline {
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| !s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+            .unwrap_or(false);
+        if !alive {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
