@@ -152,6 +152,10 @@ impl Error {
             Error::Exec { source, .. } if source.kind() == io::ErrorKind::NotFound => {
                 Kind::InvalidInput
             }
+            // A path of the view that became a symlink after validation.
+            Error::DetachedMount { source, .. } if source.raw_os_error() == Some(libc::ELOOP) => {
+                Kind::InvalidInput
+            }
             _ => Kind::Io,
         }
     }
@@ -165,6 +169,13 @@ impl Error {
             ),
             Error::Busy(_) => Some("wait for other sandboxes to end"),
             Error::Exec { .. } => Some("the command must exist inside the sandbox's view"),
+            Error::DetachedMount { source, .. } if source.raw_os_error() == Some(libc::ELOOP) => {
+                Some(
+                    "a component of that path is a symlink (made after it was checked): \
+                     the sandbox's mounts are opened without following symlinks; give a \
+                     path without symlinks",
+                )
+            }
             _ => None,
         }
     }

@@ -792,3 +792,86 @@ fn sandbox_secrets_are_read_only_files_never_arguments_or_environment() {
     );
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "s3cr3t-value");
 }
+
+/// A directory a runtime shares into sandboxes from some workspace (a build output,
+/// another worker's results): its contents are the worker's, links included.
+fn planted_links(s: &Scratch) -> std::path::PathBuf {
+    let shared = s.dir.path().join("other-ws");
+    std::fs::create_dir_all(shared.join("out")).unwrap();
+    std::fs::write(shared.join("out/result.txt"), "built\n").unwrap();
+    std::os::unix::fs::symlink("/etc", shared.join("share")).unwrap();
+    std::os::unix::fs::symlink("/etc", shared.join("mid")).unwrap();
+    std::os::unix::fs::symlink("../../../../../../../../../../etc", shared.join("up")).unwrap();
+    shared
+}
+
+#[test]
+fn sandbox_bind_sources_never_follow_a_symlink_a_worker_planted() {
+    require_root!();
+    let s = Scratch::new();
+    let shared = planted_links(&s);
+    let show = "cat /deps/x/passwd /deps/x 2>&1 | head -3; touch /workspace/ran";
+    // (source, the component that is the link): the last component, a middle one, a
+    // relative chain climbing to the host root.
+    let cases = [
+        (shared.join("share"), shared.join("share")),
+        (shared.join("mid/passwd"), shared.join("mid")),
+        (shared.join("up"), shared.join("up")),
+        (shared.join("up/passwd"), shared.join("up")),
+    ];
+    for (source, link) in cases {
+        let bind = format!("{}:/deps/x", source.display());
+        let out = run(s.command("link-box", &["--ro-bind", &bind], &["/bin/sh", "-c", show]));
+        let (code, stdout, stderr) = parts(&out);
+        assert_eq!(code, Some(9), "{bind}: {stdout} {stderr}");
+        assert!(
+            !stdout.contains("root:"),
+            "{bind}: host file shown: {stdout}"
+        );
+        assert!(
+            stderr.contains(&format!("{} is a symlink", link.display())),
+            "{bind}: the link is not named: {stderr}"
+        );
+        assert!(
+            stderr.contains("without following symlinks"),
+            "{bind}: {stderr}"
+        );
+        assert!(!s.ws().join("ran").exists(), "{bind}: the command ran");
+    }
+
+    // A relative source is taken against the caller's working directory, as given:
+    // through a link it is refused the same way, with `..` it is refused outright.
+    for (rel, why) in [("share", "is a symlink"), ("out/../share", "`..`")] {
+        let bind = format!("{rel}:/deps/x");
+        let mut cmd = s.command("rel-box", &["--ro-bind", &bind], &["/bin/sh", "-c", show]);
+        cmd.current_dir(&shared);
+        let out = run(cmd);
+        let (code, stdout, stderr) = parts(&out);
+        assert_eq!(code, Some(9), "{bind}: {stdout} {stderr}");
+        assert!(
+            !stdout.contains("root:"),
+            "{bind}: host file shown: {stdout}"
+        );
+        assert!(stderr.contains(why), "{bind}: {stderr}");
+    }
+
+    // A legitimate bind in the same directory still works, absolute or relative.
+    let mut cmd = s.command(
+        "bind-ok",
+        &[
+            "--ro-bind",
+            &format!("{}:/deps/abs", shared.join("out").display()),
+            "--ro-bind",
+            "./out/result.txt:/deps/rel.txt",
+        ],
+        &["/bin/sh", "-c", "cat /deps/abs/result.txt /deps/rel.txt"],
+    );
+    cmd.current_dir(&shared);
+    let out = run(cmd);
+    let (code, stdout, stderr) = parts(&out);
+    assert_eq!(
+        (code, stdout.as_str()),
+        (Some(0), "built\nbuilt\n"),
+        "{stderr}"
+    );
+}
