@@ -81,6 +81,10 @@ struct RunArgs {
     /// the runtime root that owns --state-dir. The caller mounts it again afterwards.
     #[arg(long)]
     suspend_host_mount: bool,
+    /// Keep CAP_NET_RAW (raw and packet sockets) for CMD; dropped by default (ping
+    /// works without it, through ICMP datagram sockets).
+    #[arg(long)]
+    cap_net_raw: bool,
     /// Write the JSON ready line to this inherited file descriptor (a pipe) instead of
     /// stdout, so CMD's stdout stays the caller's alone.
     #[arg(long, value_name = "FD", value_parser = clap::value_parser!(i32).range(3..))]
@@ -140,6 +144,7 @@ fn run_cmd(args: RunArgs) -> Result<u8, Error> {
         secret: args.secret,
         command: args.command,
         suspend_host_mount: args.suspend_host_mount,
+        cap_net_raw: args.cap_net_raw,
     };
     // Opened through /proc (no unsafe here); the sandbox's init closes every inherited
     // descriptor from 3 up, so the pipe never reaches CMD.

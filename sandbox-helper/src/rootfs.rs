@@ -669,6 +669,7 @@ mod tests {
                 source: "/srv/cache".into(),
                 target: "/deps/cache".into(),
             }],
+            cap_net_raw: false,
             command: vec!["/bin/true".into()],
             overlay: None,
             suspend_host_mount: false,

@@ -23,6 +23,9 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 pub const MAX_SECRET_BYTES: u64 = 1 << 20;
 /// Where secrets appear inside the sandbox (a private read-only tmpfs).
 pub const SECRETS_DIR: &str = "/run/secrets";
+/// `CAP_NET_RAW`: raw and packet sockets. Not in the sandbox's bounding set unless
+/// asked for (`--cap-net-raw`); ping works without it, through ICMP datagram sockets.
+pub const CAP_NET_RAW: u32 = 13;
 /// Paths inside the sandbox a `--ro-bind` may not be placed at or under.
 const RESERVED_TARGETS: [&str; 13] = [
     "/run",
@@ -119,6 +122,8 @@ pub struct Spec {
     pub ro_binds: Vec<RoBind>,
     /// Secrets, as files in `/run/secrets`.
     pub secrets: Vec<Secret>,
+    /// Keep [`CAP_NET_RAW`] in the bounding set (`--cap-net-raw`).
+    pub cap_net_raw: bool,
     /// The command and its arguments.
     pub command: Vec<String>,
     /// When the workspace is an overlay mount: its layers, which the sandbox mounts as
@@ -158,6 +163,8 @@ pub struct SpecInput {
     pub command: Vec<String>,
     /// `--suspend-host-mount`.
     pub suspend_host_mount: bool,
+    /// `--cap-net-raw`.
+    pub cap_net_raw: bool,
 }
 
 impl Spec {
@@ -345,10 +352,22 @@ impl Spec {
             env,
             ro_binds,
             secrets,
+            cap_net_raw: input.cap_net_raw,
             command: input.command,
             overlay,
             suspend_host_mount: input.suspend_host_mount,
         })
+    }
+}
+
+impl Spec {
+    /// Capabilities kept in the bounding set beyond [`crate::init::KEPT_CAPS`], as asked.
+    pub fn extra_caps(&self) -> &'static [u32] {
+        if self.cap_net_raw {
+            &[CAP_NET_RAW]
+        } else {
+            &[]
+        }
     }
 }
 
@@ -735,6 +754,25 @@ mod tests {
         assert_eq!(spec.publish, vec![3000]);
         i.net = Some(Net::None);
         assert!(Spec::validate(i, &state).is_err());
+    }
+
+    #[test]
+    fn net_raw_is_dropped_unless_asked_for() {
+        assert!(!crate::init::KEPT_CAPS.contains(&CAP_NET_RAW));
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let mut i = input(tmp.path());
+        i.dir = tmp.path().join("ws");
+        std::fs::create_dir(&i.dir).unwrap();
+        assert!(
+            Spec::validate(i.clone(), &state)
+                .unwrap()
+                .extra_caps()
+                .is_empty()
+        );
+        i.cap_net_raw = true;
+        let spec = Spec::validate(i, &state).unwrap();
+        assert_eq!(spec.extra_caps(), [CAP_NET_RAW]);
     }
 
     #[test]

@@ -222,6 +222,17 @@ pub fn loopback_up() -> io::Result<()> {
     Ok(())
 }
 
+/// Lets every group of the calling process's user namespace open ICMP datagram
+/// ("ping") sockets in its network namespace (`net.ipv4.ping_group_range`, which also
+/// covers ICMPv6), so ping needs no `CAP_NET_RAW`. The range is in the writer's user
+/// namespace and must be mapped there: `0 .. ids - 1`, the sandbox's whole gid map.
+pub fn allow_ping_sockets(ids: u32) -> io::Result<()> {
+    std::fs::write(
+        "/proc/sys/net/ipv4/ping_group_range",
+        format!("0 {}\n", ids - 1),
+    )
+}
+
 /// Closes every file descriptor from 3 up except `keep`.
 ///
 /// Meant for a freshly cloned child that will not return to code owning those

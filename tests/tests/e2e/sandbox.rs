@@ -875,3 +875,84 @@ fn sandbox_bind_sources_never_follow_a_symlink_a_worker_planted() {
         "{stderr}"
     );
 }
+
+const SOCKETS: &str = "import socket, errno\n\
+    def try_socket(name, *args):\n\
+    \x20   try:\n\
+    \x20       socket.socket(*args).close(); print(name, 'ok')\n\
+    \x20   except OSError as e:\n\
+    \x20       print(name, errno.errorcode.get(e.errno, e.errno))\n\
+    try_socket('packet', socket.AF_PACKET, socket.SOCK_RAW, 0)\n\
+    try_socket('raw-icmp', socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)\n\
+    try_socket('raw-tcp', socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)\n\
+    try_socket('raw-icmp6', socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)\n\
+    try_socket('dgram-icmp', socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)\n\
+    # An echo request over the ICMP datagram socket (the kernel sets id and checksum).\n\
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)\n\
+    s.settimeout(10)\n\
+    s.sendto(b'\\x08\\x00\\x00\\x00\\x00\\x00\\x00\\x01cowspace', ('127.0.0.1', 0))\n\
+    reply = s.recv(64)\n\
+    print('echo reply', reply[0] == 0 and reply.endswith(b'cowspace'))\n";
+
+#[test]
+fn sandbox_raw_and_packet_sockets_are_refused_but_ping_sockets_work() {
+    require_root!();
+    let s = Scratch::new();
+    let out = run(s.command(
+        "raw-box",
+        &["--net", "loopback"],
+        &[
+            "/bin/sh",
+            "-c",
+            "\"$0\" -c \"$1\" && grep CapBnd /proc/self/status",
+            PY,
+            SOCKETS,
+        ],
+    ));
+    let (code, stdout, stderr) = parts(&out);
+    assert_eq!(code, Some(0), "{stdout} {stderr}");
+    for refused in ["packet", "raw-icmp", "raw-tcp", "raw-icmp6"] {
+        assert!(
+            stdout.contains(&format!("{refused} EPERM\n")),
+            "{refused}: {stdout} {stderr}"
+        );
+    }
+    assert!(stdout.contains("dgram-icmp ok\n"), "{stdout} {stderr}");
+    assert!(stdout.contains("echo reply True\n"), "{stdout} {stderr}");
+    let bounding = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .map(|hex| u64::from_str_radix(hex.trim(), 16).unwrap())
+        .unwrap();
+    assert_eq!(
+        bounding & (1 << 13),
+        0,
+        "CAP_NET_RAW in the bounding set: {bounding:x}"
+    );
+    // ping itself, when the host has it (through /usr).
+    if std::path::Path::new("/usr/bin/ping").exists() || std::path::Path::new("/bin/ping").exists()
+    {
+        let out = run(s.command(
+            "ping-box",
+            &["--net", "loopback"],
+            &["ping", "-c", "1", "-W", "10", "127.0.0.1"],
+        ));
+        let (code, stdout, stderr) = parts(&out);
+        assert_eq!(code, Some(0), "{stdout} {stderr}");
+    }
+
+    // Asked for explicitly, CAP_NET_RAW stays.
+    let out = run(s.command(
+        "raw-optin",
+        &["--net", "loopback", "--cap-net-raw"],
+        &[PY, "-c", SOCKETS],
+    ));
+    let (code, stdout, stderr) = parts(&out);
+    assert_eq!(code, Some(0), "{stdout} {stderr}");
+    for allowed in ["packet", "raw-icmp", "raw-tcp", "dgram-icmp"] {
+        assert!(
+            stdout.contains(&format!("{allowed} ok\n")),
+            "{allowed}: {stdout} {stderr}"
+        );
+    }
+}
