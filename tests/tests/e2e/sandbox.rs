@@ -956,3 +956,140 @@ fn sandbox_raw_and_packet_sockets_are_refused_but_ping_sockets_work() {
         );
     }
 }
+
+/// `sh -c` that opens host descriptors without close-on-exec, then execs the helper with
+/// them: 7 the host root, 8 this test's scratch directory, 9 a file given as
+/// `--ready-fd 9` (CVE-2024-21626: a host directory descriptor leaked into the container
+/// reached the host through `/proc/self/fd/N`).
+fn with_inherited_host_fds(s: &Scratch, name: &str, cmd: &[&str]) -> std::process::Command {
+    let inner = s.command(name, &["--ready-fd", "9"], cmd);
+    let mut c = std::process::Command::new("/bin/sh");
+    c.arg("-c")
+        .arg("exec 7</ 8<\"$1\" 9>\"$2\"; shift 2; exec \"$@\"")
+        .arg("sh")
+        .arg(s.dir.path())
+        .arg(s.dir.path().join("ready.json"))
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    c
+}
+
+#[test]
+fn sandbox_no_descriptor_of_the_helper_or_its_caller_reaches_the_command() {
+    require_root!();
+    let s = Scratch::new();
+    std::fs::write(s.dir.path().join("host-only.txt"), "host").unwrap();
+    // Every descriptor the command holds, what it is, and whether `..` from the working
+    // directory leaves the sandbox's root.
+    let script = "import os, stat\n\
+        names = os.listdir('/proc/self/fd')\n\
+        for n in sorted(names, key=int):\n\
+        \x20   try:\n\
+        \x20       st = os.stat('/proc/self/fd/' + n)\n\
+        \x20       print('fd', n, 'dir' if stat.S_ISDIR(st.st_mode) else 'other', os.readlink('/proc/self/fd/' + n))\n\
+        \x20   except OSError as e:\n\
+        \x20       print('fd', n, 'gone', e.strerror)\n\
+        print('cwd', os.readlink('/proc/self/cwd'), 'root', os.readlink('/proc/self/root'))\n\
+        os.chdir('../../../../../../..')\n\
+        print('up', sorted(os.listdir('.')) == sorted(os.listdir('/')), os.path.exists('host-only.txt'))\n";
+    let out = run(with_inherited_host_fds(
+        &s,
+        "fd-box",
+        &["/usr/bin/python3", "-c", script],
+    ));
+    let (code, stdout, stderr) = parts(&out);
+    assert_eq!(code, Some(0), "{stdout} {stderr}");
+    let fds: Vec<Vec<&str>> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("fd "))
+        .map(|l| l.splitn(3, ' ').collect())
+        .collect();
+    let open: Vec<&str> = fds
+        .iter()
+        .filter(|f| f[1] != "gone")
+        .map(|f| f[0])
+        .collect();
+    assert_eq!(open, ["0", "1", "2"], "descriptors beyond stdio: {stdout}");
+    // The listing's own descriptor, closed by the time it is looked at.
+    assert!(
+        fds.iter().filter(|f| f[1] == "gone").count() <= 1,
+        "{stdout}"
+    );
+    assert!(
+        !fds.iter().any(|f| f[1] == "dir"),
+        "a directory descriptor: {stdout}"
+    );
+    assert!(
+        stdout.contains("cwd /workspace root /\n"),
+        "working directory or root outside the view: {stdout}"
+    );
+    assert!(
+        stdout.contains("up True False\n"),
+        "`..` left the root: {stdout}"
+    );
+    // The ready line went to fd 9, which the command never held.
+    let ready = std::fs::read_to_string(s.dir.path().join("ready.json")).unwrap();
+    assert!(ready.contains("\"name\":\"fd-box\""), "{ready}");
+}
+
+#[test]
+fn sandbox_proc_1_exe_root_and_cwd_do_not_reach_the_host() {
+    require_root!();
+    let s = Scratch::new();
+    let helper = support::helper();
+    let before = std::fs::read(helper).unwrap();
+    // Pid 1 inside is the sandbox init: a clone of the helper, so its exe is the host's
+    // helper binary (CVE-2019-5736 overwrote the host's runtime through /proc/PID/exe).
+    let script = "import os\n\
+        for l in ['exe', 'root', 'cwd']:\n\
+        \x20   try: print(l, os.readlink('/proc/1/' + l))\n\
+        \x20   except OSError as e: print(l, e.strerror)\n\
+        for d in ['fd', 'map_files', 'root/']:\n\
+        \x20   try: os.listdir('/proc/1/' + d); print(d, 'listed')\n\
+        \x20   except OSError as e: print(d, e.strerror)\n\
+        for name, flags in [('rd', os.O_RDONLY), ('wr', os.O_WRONLY), ('rw', os.O_RDWR), ('path', os.O_PATH)]:\n\
+        \x20   try: os.close(os.open('/proc/1/exe', flags)); print('exe', name, 'opened')\n\
+        \x20   except OSError as e: print('exe', name, e.strerror)\n\
+        try: os.close(os.open('/proc/self/exe', os.O_WRONLY)); print('self-exe wr opened')\n\
+        except OSError as e: print('self-exe wr', e.strerror)\n";
+    let out = run(s.command("proc1-box", &[], &[PY, "-c", script]));
+    let (code, stdout, stderr) = parts(&out);
+    assert_eq!(code, Some(0), "{stdout} {stderr}");
+    let denied = "Permission denied";
+    for case in [
+        "exe",
+        "root",
+        "cwd",
+        "fd",
+        "map_files",
+        "root/",
+        "exe rd",
+        "exe wr",
+        "exe rw",
+        "exe path",
+    ] {
+        assert!(
+            stdout.contains(&format!("{case} {denied}\n")),
+            "{case}: {stdout} {stderr}"
+        );
+    }
+    // The command's own binary is a host file too (through the read-only /usr).
+    assert!(
+        [
+            "Permission denied",
+            "Read-only file system",
+            "Text file busy"
+        ]
+        .iter()
+        .any(|e| stdout.contains(&format!("self-exe wr {e}\n"))),
+        "{stdout}"
+    );
+    assert_eq!(
+        std::fs::read(helper).unwrap(),
+        before,
+        "the helper binary changed"
+    );
+}
