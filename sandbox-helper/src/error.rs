@@ -183,3 +183,29 @@ impl Error {
 
 /// Result with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mount_source_that_became_a_symlink_is_invalid_input_with_a_hint() {
+        let swapped = Error::DetachedMount {
+            path: "/srv/shared/out".into(),
+            source: io::Error::from_raw_os_error(libc::ELOOP),
+        };
+        assert_eq!(swapped.kind().exit_code(), 9);
+        assert!(
+            swapped
+                .hint()
+                .unwrap()
+                .contains("without following symlinks")
+        );
+        let other = Error::DetachedMount {
+            path: "/srv/shared/out".into(),
+            source: io::Error::from_raw_os_error(libc::EIO),
+        };
+        assert_eq!(other.kind(), Kind::Io);
+        assert!(other.hint().is_none());
+    }
+}
