@@ -5,7 +5,7 @@
 //! when not root, fails under `CI=true`. Helpers are in `sandbox_support.rs`.
 //!
 //! Needs on the host: `/usr/bin/python3` (seen inside through `/usr`), procps `ps`,
-//! util-linux `script`, `mount`, `unshare`, and cgroup v1 `memory`, `pids`, `cpu` under
+//! util-linux `script`, `mount`, `unshare` (`ping` is tried when present), and cgroup v1 `memory`, `pids`, `cpu` under
 //! `/sys/fs/cgroup` (one case reads the limits there).
 //!
 //! Run: `cargo test -p cowspace-tests --test e2e sandbox` (as root).
@@ -939,6 +939,7 @@ fn sandbox_raw_and_packet_sockets_are_refused_but_ping_sockets_work() {
         ));
         let (code, stdout, stderr) = parts(&out);
         assert_eq!(code, Some(0), "{stdout} {stderr}");
+        assert!(stdout.contains(" 1 received"), "{stdout} {stderr}");
     }
 
     // Asked for explicitly, CAP_NET_RAW stays.
