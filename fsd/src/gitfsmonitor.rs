@@ -234,7 +234,11 @@ pub fn sandbox_setup(
     if tokens.iter().any(|t| t.contains(char::is_whitespace)) {
         return None;
     }
+    // The helper opens bind sources without following any symlink; the runtime root's
+    // own path may hold one (a root given through a link), the upper layer itself is
+    // the runtime's directory, not the worker's: resolved here.
     let upper = rec.private_dir.join("upper");
+    let upper = std::fs::canonicalize(&upper).unwrap_or(upper);
     let upper = upper.to_str().filter(|u| !u.contains(':'))?;
     let mut binds = vec![format!("{upper}:{upper_inside}")];
     let exe = std::env::current_exe().ok()?;

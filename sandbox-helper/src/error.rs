@@ -193,6 +193,10 @@ impl Error {
             Error::Exec { source, .. } if source.kind() == io::ErrorKind::NotFound => {
                 Kind::InvalidInput
             }
+            // A path of the view that became a symlink after validation.
+            Error::DetachedMount { source, .. } if source.raw_os_error() == Some(libc::ELOOP) => {
+                Kind::InvalidInput
+            }
             _ => Kind::Io,
         }
     }
@@ -214,6 +218,13 @@ impl Error {
                 Some("use `mountctl exec WS -- CMD`, or `mountctl sandbox stop WS` first")
             }
             Error::Exec { .. } => Some("the command must exist inside the sandbox's view"),
+            Error::DetachedMount { source, .. } if source.raw_os_error() == Some(libc::ELOOP) => {
+                Some(
+                    "a component of that path is a symlink (made after it was checked): \
+                     the sandbox's mounts are opened without following symlinks; give a \
+                     path without symlinks",
+                )
+            }
             _ => None,
         }
     }
@@ -221,3 +232,29 @@ impl Error {
 
 /// Result with this crate's [`Error`].
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mount_source_that_became_a_symlink_is_invalid_input_with_a_hint() {
+        let swapped = Error::DetachedMount {
+            path: "/srv/shared/out".into(),
+            source: io::Error::from_raw_os_error(libc::ELOOP),
+        };
+        assert_eq!(swapped.kind().exit_code(), 9);
+        assert!(
+            swapped
+                .hint()
+                .unwrap()
+                .contains("without following symlinks")
+        );
+        let other = Error::DetachedMount {
+            path: "/srv/shared/out".into(),
+            source: io::Error::from_raw_os_error(libc::EIO),
+        };
+        assert_eq!(other.kind(), Kind::Io);
+        assert!(other.hint().is_none());
+    }
+}

@@ -30,9 +30,10 @@ use crate::syscall::LinuxSyscall;
 /// `RLIMIT_NOFILE` inside the sandbox (soft, hard), lowered to the helper's hard limit.
 pub const NOFILE_LIMIT: (u64, u64) = (4_096, 65_536);
 /// Capabilities kept in the bounding set (the usual container set without SETFCAP: a
-/// file capability written in the idmapped workspace would hold on the host); all
-/// others dropped.
-pub const KEPT_CAPS: [u32; 13] = [
+/// file capability written in the idmapped workspace would hold on the host; and
+/// without NET_RAW: packet and raw sockets are kernel attack surface, ping uses ICMP
+/// datagram sockets; `--cap-net-raw` keeps it); all others dropped.
+pub const KEPT_CAPS: [u32; 12] = [
     0,  // CHOWN
     1,  // DAC_OVERRIDE
     3,  // FOWNER
@@ -42,7 +43,6 @@ pub const KEPT_CAPS: [u32; 13] = [
     7,  // SETUID
     8,  // SETPCAP
     10, // NET_BIND_SERVICE
-    13, // NET_RAW
     18, // SYS_CHROOT
     27, // MKNOD
     29, // AUDIT_WRITE
@@ -194,6 +194,9 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
     {
         fail(sock, "bring the loopback up", e);
     }
+    if let Err(e) = sys::allow_ping_sockets(crate::alloc::IDS_PER_SANDBOX) {
+        fail(sock, "set net.ipv4.ping_group_range", e);
+    }
     if let Err(e) = setrlimit(Resource::RLIMIT_CORE, 0, 0) {
         fail(sock, "setrlimit RLIMIT_CORE", e);
     }
@@ -206,7 +209,7 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
     ) {
         fail(sock, "setrlimit RLIMIT_NOFILE", e);
     }
-    if let Err(e) = drop_capabilities() {
+    if let Err(e) = drop_capabilities(ctx.spec.extra_caps()) {
         fail(sock, "drop capabilities from the bounding set", e);
     }
     if let Err(e) = nix::sys::prctl::set_no_new_privs() {
@@ -291,10 +294,10 @@ fn command_exists(program: &str, path: Option<&str>) -> bool {
         .any(|dir| std::path::Path::new(dir).join(program).is_file())
 }
 
-fn drop_capabilities() -> std::io::Result<()> {
+fn drop_capabilities(extra: &[u32]) -> std::io::Result<()> {
     let last = sys::cap_last_cap()?;
     for cap in 0..=last {
-        if !KEPT_CAPS.contains(&cap) {
+        if !KEPT_CAPS.contains(&cap) && !extra.contains(&cap) {
             sys::capbset_drop(cap)?;
         }
     }

@@ -120,6 +120,10 @@ struct RunArgs {
     /// the runtime root that owns --state-dir. The caller mounts it again afterwards.
     #[arg(long)]
     suspend_host_mount: bool,
+    /// Keep CAP_NET_RAW (raw and packet sockets) for CMD; dropped by default (ping
+    /// works without it, through ICMP datagram sockets).
+    #[arg(long)]
+    cap_net_raw: bool,
     /// Write the JSON ready line to this inherited file descriptor (a pipe) instead of
     /// stdout, so CMD's stdout stays the caller's alone.
     #[arg(long, value_name = "FD", value_parser = clap::value_parser!(i32).range(3..))]
@@ -279,6 +283,7 @@ fn start_cmd(args: RunArgs) -> Result<u8, Error> {
         command: args.command,
         suspend_host_mount: args.suspend_host_mount,
         keep: true,
+        cap_net_raw: args.cap_net_raw,
     };
     let spec = Spec::validate(input, &opts.state_dir)?;
     let log = sandbox_helper::keeper::paths(&state_dir, &name)
@@ -346,6 +351,7 @@ fn run_cmd(args: RunArgs) -> Result<u8, Error> {
         command: args.command,
         suspend_host_mount: args.suspend_host_mount,
         keep: false,
+        cap_net_raw: args.cap_net_raw,
     };
     // Opened through /proc (no unsafe here); the sandbox's init closes every inherited
     // descriptor from 3 up, so the pipe never reaches CMD.

@@ -447,7 +447,9 @@ pub fn plan(spec: &Spec, new_root: &Path, host: &dyn HostFs) -> Plan {
                 mode: 0o755,
             });
         }
-        let kind = if bind.source.is_dir() {
+        // Without following a final symlink: one swapped in after validation fails the
+        // no-symlink open of the mount instead of deciding the mount point's kind.
+        let kind = if std::fs::symlink_metadata(&bind.source).is_ok_and(|m| m.is_dir()) {
             HostKind::Dir
         } else {
             HostKind::File
@@ -678,10 +680,11 @@ mod tests {
                 source: "/srv/cache".into(),
                 target: "/deps/cache".into(),
             }],
+            cap_net_raw: false,
+            keep: false,
             command: vec!["/bin/true".into()],
             overlay: None,
             suspend_host_mount: false,
-            keep: false,
         }
     }
 

@@ -23,6 +23,9 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 pub const MAX_SECRET_BYTES: u64 = 1 << 20;
 /// Where secrets appear inside the sandbox (a private read-only tmpfs).
 pub const SECRETS_DIR: &str = "/run/secrets";
+/// `CAP_NET_RAW`: raw and packet sockets. Not in the sandbox's bounding set unless
+/// asked for (`--cap-net-raw`); ping works without it, through ICMP datagram sockets.
+pub const CAP_NET_RAW: u32 = 13;
 /// Paths inside the sandbox a `--ro-bind` may not be placed at or under.
 const RESERVED_TARGETS: [&str; 13] = [
     "/run",
@@ -87,7 +90,8 @@ pub struct Limits {
 /// A read-only bind of a host path into the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoBind {
-    /// Host path, canonical.
+    /// Host path: absolute, without `.` or `..`, and no component of it a symlink (it
+    /// is the path as given, never resolved; see [`bind_source`]).
     pub source: PathBuf,
     /// Absolute path inside the sandbox, normalized.
     pub target: PathBuf,
@@ -128,6 +132,8 @@ pub struct Spec {
     pub ro_binds: Vec<RoBind>,
     /// Secrets, as files in `/run/secrets`.
     pub secrets: Vec<Secret>,
+    /// Keep [`CAP_NET_RAW`] in the bounding set (`--cap-net-raw`).
+    pub cap_net_raw: bool,
     /// The command and its arguments.
     pub command: Vec<String>,
     /// When the workspace is an overlay mount: its layers, which the sandbox mounts as
@@ -174,6 +180,8 @@ pub struct SpecInput {
     pub suspend_host_mount: bool,
     /// `start` rather than `run`: a long-lived sandbox without a command.
     pub keep: bool,
+    /// `--cap-net-raw`.
+    pub cap_net_raw: bool,
 }
 
 impl Spec {
@@ -308,9 +316,7 @@ impl Spec {
             let (src, dst) = entry.split_once(':').ok_or_else(|| {
                 Error::InvalidInput(format!("--ro-bind {entry:?}: expected SRC:DST"))
             })?;
-            let source = std::fs::canonicalize(src).map_err(|e| {
-                Error::InvalidInput(format!("--ro-bind {entry:?}: source {src:?}: {e}"))
-            })?;
+            let source = bind_source(entry, src)?;
             if source == Path::new("/") {
                 return Err(Error::InvalidInput(
                     "--ro-bind of the host root refused".into(),
@@ -375,11 +381,23 @@ impl Spec {
             env,
             ro_binds,
             secrets,
+            cap_net_raw: input.cap_net_raw,
             command: input.command,
             overlay,
             suspend_host_mount: input.suspend_host_mount,
             keep: input.keep,
         })
+    }
+}
+
+impl Spec {
+    /// Capabilities kept in the bounding set beyond [`crate::init::KEPT_CAPS`], as asked.
+    pub fn extra_caps(&self) -> &'static [u32] {
+        if self.cap_net_raw {
+            &[CAP_NET_RAW]
+        } else {
+            &[]
+        }
     }
 }
 
@@ -424,6 +442,87 @@ fn canonical_dir(path: &Path, flag: &str) -> Result<PathBuf> {
         )));
     }
     Ok(canon)
+}
+
+/// The host path of a `--ro-bind` source, taken as given and never through a symlink.
+///
+/// A runtime may bind a path that lies in some workspace (a shared build output, another
+/// worker's results), whose contents, links included, a worker made. Resolving links on
+/// the host (`canonicalize`) would let a planted `share -> /etc` or `up ->
+/// ../../../etc` hand the host's files to the sandbox that gets the bind. So: a relative
+/// source is joined to the helper's working directory lexically; `.` components are
+/// dropped; `..` is refused (it would mean something else after a symlinked directory
+/// than it seems to); every component, the last one included, must not be a symlink
+/// (the one that is is named); and the path must open with `openat2(RESOLVE_NO_SYMLINKS)`,
+/// which the detached mount is later cloned through again.
+fn bind_source(entry: &str, src: &str) -> Result<PathBuf> {
+    let given = Path::new(src);
+    if src.is_empty() {
+        return Err(Error::InvalidInput(format!(
+            "--ro-bind {entry:?}: empty source"
+        )));
+    }
+    if given.components().any(|c| c == Component::ParentDir) {
+        return Err(Error::InvalidInput(format!(
+            "--ro-bind {entry:?}: the source {src:?} contains `..`: bind sources are \
+             taken as given, never resolved; write the path without `..`"
+        )));
+    }
+    let absolute = if given.is_absolute() {
+        given.to_path_buf()
+    } else {
+        // The kernel's path of the working directory has no symlinks in it; it is
+        // walked below like the rest anyway.
+        std::env::current_dir()
+            .map_err(|e| {
+                Error::InvalidInput(format!(
+                    "--ro-bind {entry:?}: relative source and no working directory: {e}"
+                ))
+            })?
+            .join(given)
+    };
+    let mut path = PathBuf::from("/");
+    let mut walked = PathBuf::from("/");
+    for part in absolute.components() {
+        let Component::Normal(part) = part else {
+            continue;
+        };
+        walked.push(part);
+        let meta = std::fs::symlink_metadata(&walked).map_err(|e| {
+            Error::InvalidInput(format!(
+                "--ro-bind {entry:?}: source {}: {e}",
+                walked.display()
+            ))
+        })?;
+        if meta.file_type().is_symlink() {
+            return Err(symlink_refused(entry, &walked));
+        }
+        path.push(part);
+    }
+    crate::sys::open_path_no_symlinks(&path).map_err(|e| {
+        if e.raw_os_error() == Some(libc::ELOOP) {
+            symlink_refused(entry, &path)
+        } else {
+            Error::InvalidInput(format!(
+                "--ro-bind {entry:?}: source {}: {e}",
+                path.display()
+            ))
+        }
+    })?;
+    Ok(path)
+}
+
+fn symlink_refused(entry: &str, link: &Path) -> Error {
+    let to = std::fs::read_link(link)
+        .map(|t| format!(" (to {})", t.display()))
+        .unwrap_or_default();
+    Error::InvalidInput(format!(
+        "--ro-bind {entry:?}: {} is a symlink{to}: bind sources are opened without \
+         following symlinks, so a link planted in a shared directory cannot hand other \
+         host files to the sandbox; bind the directory or file itself, by a path without \
+         symlinks, if that is what is meant",
+        link.display()
+    ))
 }
 
 /// Refuses a host path that is, contains, or is inside the state directory.
@@ -597,6 +696,56 @@ mod tests {
     }
 
     #[test]
+    fn bind_sources_are_taken_as_given_and_never_through_a_symlink() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(tmp.path()).unwrap();
+        let shared = base.join("shared");
+        std::fs::create_dir_all(shared.join("out/sub")).unwrap();
+        std::os::unix::fs::symlink("/etc", shared.join("share")).unwrap();
+        std::os::unix::fs::symlink("../../../../../../../etc", shared.join("up")).unwrap();
+        std::os::unix::fs::symlink("out", shared.join("alias")).unwrap();
+        let refused = |src: &Path| {
+            let entry = format!("{}:/deps", src.display());
+            bind_source(&entry, &src.to_string_lossy())
+                .unwrap_err()
+                .to_string()
+        };
+        // Last component, middle component, a relative chain up to the host root, and a
+        // link that stays inside the shared directory: all named, none followed.
+        for (src, link) in [
+            (shared.join("share"), shared.join("share")),
+            (shared.join("share/ssl"), shared.join("share")),
+            (shared.join("up"), shared.join("up")),
+            (shared.join("up/passwd"), shared.join("up")),
+            (shared.join("alias/sub"), shared.join("alias")),
+        ] {
+            let e = refused(&src);
+            assert!(
+                e.contains(&format!("{} is a symlink", link.display())),
+                "{src:?}: {e}"
+            );
+            assert!(e.contains("without following symlinks"), "{e}");
+        }
+        assert!(refused(&shared.join("share")).contains("(to /etc)"));
+        let e = refused(&shared.join("out/../share"));
+        assert!(e.contains("`..`"), "{e}");
+        assert!(refused(&shared.join("missing")).contains("No such file"));
+        // A plain path is kept as given (`.` and doubled slashes dropped).
+        let src = format!("{}//out/./sub", shared.display());
+        assert_eq!(bind_source("x", &src).unwrap(), shared.join("out/sub"));
+        // Relative sources are joined to the working directory, lexically.
+        let cwd = std::env::current_dir().unwrap();
+        let rel = bind_source("x", "src").unwrap();
+        assert_eq!(rel, cwd.join("src"));
+        assert!(
+            bind_source("x", "../x")
+                .unwrap_err()
+                .to_string()
+                .contains("`..`")
+        );
+    }
+
+    #[test]
     fn secrets_are_read_checked_and_not_shown_by_debug() {
         let tmp = tempfile::tempdir().unwrap();
         let state = tmp.path().join("state");
@@ -635,6 +784,25 @@ mod tests {
         assert_eq!(spec.publish, vec![3000]);
         i.net = Some(Net::None);
         assert!(Spec::validate(i, &state).is_err());
+    }
+
+    #[test]
+    fn net_raw_is_dropped_unless_asked_for() {
+        assert!(!crate::init::KEPT_CAPS.contains(&CAP_NET_RAW));
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let mut i = input(tmp.path());
+        i.dir = tmp.path().join("ws");
+        std::fs::create_dir(&i.dir).unwrap();
+        assert!(
+            Spec::validate(i.clone(), &state)
+                .unwrap()
+                .extra_caps()
+                .is_empty()
+        );
+        i.cap_net_raw = true;
+        let spec = Spec::validate(i, &state).unwrap();
+        assert_eq!(spec.extra_caps(), [CAP_NET_RAW]);
     }
 
     #[test]

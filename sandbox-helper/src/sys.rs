@@ -102,11 +102,7 @@ pub fn clone_fork(flags: libc::c_int) -> io::Result<Forked> {
 /// path, and a component swapped for a symlink after it was validated makes this fail
 /// (`ELOOP`) instead of cloning whatever the symlink points at.
 pub fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
-    use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
-    let how = OpenHow::new()
-        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
-        .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS);
-    let opened = nix::fcntl::openat2(nix::fcntl::AT_FDCWD, path, how)?;
+    let opened = open_path_no_symlinks(path)?;
     // SAFETY: `opened` is a valid descriptor for the duration of the call and the path
     // is a static empty C string.
     let ret = unsafe {
@@ -120,6 +116,18 @@ pub fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
     let fd = check(ret)? as RawFd;
     // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Opens `path` as an `O_PATH` descriptor with `openat2(RESOLVE_NO_SYMLINKS)`: fails
+/// with `ELOOP` when any component of the path as given (the last one included) is a
+/// symlink or a `/proc` magic link, instead of following it.
+pub fn open_path_no_symlinks(path: &Path) -> io::Result<OwnedFd> {
+    use nix::fcntl::{OFlag, OpenHow, ResolveFlag};
+    // Not O_NOFOLLOW: with O_PATH it would open a final symlink itself rather than fail.
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_NO_SYMLINKS);
+    Ok(nix::fcntl::openat2(nix::fcntl::AT_FDCWD, path, how)?)
 }
 
 /// Safe wrapper for `mount_setattr(fd, "", AT_EMPTY_PATH, {attr_set, userns_fd})` on a
@@ -212,6 +220,17 @@ pub fn loopback_up() -> io::Result<()> {
     // SAFETY: `req` is a valid `ifreq` with the new flags.
     check(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } as libc::c_long)?;
     Ok(())
+}
+
+/// Lets every group of the calling process's user namespace open ICMP datagram
+/// ("ping") sockets in its network namespace (`net.ipv4.ping_group_range`, which also
+/// covers ICMPv6), so ping needs no `CAP_NET_RAW`. The range is in the writer's user
+/// namespace and must be mapped there: `0 .. ids - 1`, the sandbox's whole gid map.
+pub fn allow_ping_sockets(ids: u32) -> io::Result<()> {
+    std::fs::write(
+        "/proc/sys/net/ipv4/ping_group_range",
+        format!("0 {}\n", ids - 1),
+    )
 }
 
 /// Closes every file descriptor from 3 up except `keep`.
@@ -391,5 +410,8 @@ mod tests {
         std::os::unix::fs::symlink(tmp.path().join("real"), tmp.path().join("link")).unwrap();
         let err = open_tree_clone(&tmp.path().join("link/sub")).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
+        let err = open_path_no_symlinks(&tmp.path().join("link")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
+        assert!(open_path_no_symlinks(&tmp.path().join("real/sub")).is_ok());
     }
 }

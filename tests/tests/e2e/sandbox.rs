@@ -5,7 +5,7 @@
 //! when not root, fails under `CI=true`. Helpers are in `sandbox_support.rs`.
 //!
 //! Needs on the host: `/usr/bin/python3` (seen inside through `/usr`), procps `ps`,
-//! util-linux `script`, `mount`, `unshare`, and cgroup v1 `memory`, `pids`, `cpu` under
+//! util-linux `script`, `mount`, `unshare` (`ping` is tried when present), and cgroup v1 `memory`, `pids`, `cpu` under
 //! `/sys/fs/cgroup` (one case reads the limits there).
 //!
 //! Run: `cargo test -p cowspace-tests --test e2e sandbox` (as root).
@@ -791,4 +791,306 @@ fn sandbox_secrets_are_read_only_files_never_arguments_or_environment() {
         "{stderr}"
     );
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "s3cr3t-value");
+}
+
+/// A directory a runtime shares into sandboxes from some workspace (a build output,
+/// another worker's results): its contents are the worker's, links included.
+fn planted_links(s: &Scratch) -> std::path::PathBuf {
+    let shared = s.dir.path().join("other-ws");
+    std::fs::create_dir_all(shared.join("out")).unwrap();
+    std::fs::write(shared.join("out/result.txt"), "built\n").unwrap();
+    std::os::unix::fs::symlink("/etc", shared.join("share")).unwrap();
+    std::os::unix::fs::symlink("/etc", shared.join("mid")).unwrap();
+    std::os::unix::fs::symlink("../../../../../../../../../../etc", shared.join("up")).unwrap();
+    shared
+}
+
+#[test]
+fn sandbox_bind_sources_never_follow_a_symlink_a_worker_planted() {
+    require_root!();
+    let s = Scratch::new();
+    let shared = planted_links(&s);
+    let show = "cat /deps/x/passwd /deps/x 2>&1 | head -3; touch /workspace/ran";
+    // (source, the component that is the link): the last component, a middle one, a
+    // relative chain climbing to the host root.
+    let cases = [
+        (shared.join("share"), shared.join("share")),
+        (shared.join("mid/passwd"), shared.join("mid")),
+        (shared.join("up"), shared.join("up")),
+        (shared.join("up/passwd"), shared.join("up")),
+    ];
+    for (source, link) in cases {
+        let bind = format!("{}:/deps/x", source.display());
+        let out = run(s.command("link-box", &["--ro-bind", &bind], &["/bin/sh", "-c", show]));
+        let (code, stdout, stderr) = parts(&out);
+        assert_eq!(code, Some(9), "{bind}: {stdout} {stderr}");
+        assert!(
+            !stdout.contains("root:"),
+            "{bind}: host file shown: {stdout}"
+        );
+        assert!(
+            stderr.contains(&format!("{} is a symlink", link.display())),
+            "{bind}: the link is not named: {stderr}"
+        );
+        assert!(
+            stderr.contains("without following symlinks"),
+            "{bind}: {stderr}"
+        );
+        assert!(!s.ws().join("ran").exists(), "{bind}: the command ran");
+    }
+
+    // A relative source is taken against the caller's working directory, as given:
+    // through a link it is refused the same way, with `..` it is refused outright.
+    for (rel, why) in [("share", "is a symlink"), ("out/../share", "`..`")] {
+        let bind = format!("{rel}:/deps/x");
+        let mut cmd = s.command("rel-box", &["--ro-bind", &bind], &["/bin/sh", "-c", show]);
+        cmd.current_dir(&shared);
+        let out = run(cmd);
+        let (code, stdout, stderr) = parts(&out);
+        assert_eq!(code, Some(9), "{bind}: {stdout} {stderr}");
+        assert!(
+            !stdout.contains("root:"),
+            "{bind}: host file shown: {stdout}"
+        );
+        assert!(stderr.contains(why), "{bind}: {stderr}");
+    }
+
+    // A legitimate bind in the same directory still works, absolute or relative.
+    let mut cmd = s.command(
+        "bind-ok",
+        &[
+            "--ro-bind",
+            &format!("{}:/deps/abs", shared.join("out").display()),
+            "--ro-bind",
+            "./out/result.txt:/deps/rel.txt",
+        ],
+        &["/bin/sh", "-c", "cat /deps/abs/result.txt /deps/rel.txt"],
+    );
+    cmd.current_dir(&shared);
+    let out = run(cmd);
+    let (code, stdout, stderr) = parts(&out);
+    assert_eq!(
+        (code, stdout.as_str()),
+        (Some(0), "built\nbuilt\n"),
+        "{stderr}"
+    );
+}
+
+const SOCKETS: &str = "import socket, errno\n\
+    def try_socket(name, *args):\n\
+    \x20   try:\n\
+    \x20       socket.socket(*args).close(); print(name, 'ok')\n\
+    \x20   except OSError as e:\n\
+    \x20       print(name, errno.errorcode.get(e.errno, e.errno))\n\
+    try_socket('packet', socket.AF_PACKET, socket.SOCK_RAW, 0)\n\
+    try_socket('raw-icmp', socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)\n\
+    try_socket('raw-tcp', socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP)\n\
+    try_socket('raw-icmp6', socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)\n\
+    try_socket('dgram-icmp', socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)\n\
+    # An echo request over the ICMP datagram socket (the kernel sets id and checksum).\n\
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP)\n\
+    s.settimeout(10)\n\
+    s.sendto(b'\\x08\\x00\\x00\\x00\\x00\\x00\\x00\\x01cowspace', ('127.0.0.1', 0))\n\
+    reply = s.recv(64)\n\
+    print('echo reply', reply[0] == 0 and reply.endswith(b'cowspace'))\n";
+
+#[test]
+fn sandbox_raw_and_packet_sockets_are_refused_but_ping_sockets_work() {
+    require_root!();
+    let s = Scratch::new();
+    let out = run(s.command(
+        "raw-box",
+        &["--net", "loopback"],
+        &[
+            "/bin/sh",
+            "-c",
+            "\"$0\" -c \"$1\" && grep CapBnd /proc/self/status",
+            PY,
+            SOCKETS,
+        ],
+    ));
+    let (code, stdout, stderr) = parts(&out);
+    assert_eq!(code, Some(0), "{stdout} {stderr}");
+    for refused in ["packet", "raw-icmp", "raw-tcp", "raw-icmp6"] {
+        assert!(
+            stdout.contains(&format!("{refused} EPERM\n")),
+            "{refused}: {stdout} {stderr}"
+        );
+    }
+    assert!(stdout.contains("dgram-icmp ok\n"), "{stdout} {stderr}");
+    assert!(stdout.contains("echo reply True\n"), "{stdout} {stderr}");
+    let bounding = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .map(|hex| u64::from_str_radix(hex.trim(), 16).unwrap())
+        .unwrap();
+    assert_eq!(
+        bounding & (1 << 13),
+        0,
+        "CAP_NET_RAW in the bounding set: {bounding:x}"
+    );
+    // ping itself, when the host has it (through /usr).
+    if std::path::Path::new("/usr/bin/ping").exists() || std::path::Path::new("/bin/ping").exists()
+    {
+        let out = run(s.command(
+            "ping-box",
+            &["--net", "loopback"],
+            &["ping", "-c", "1", "-W", "10", "127.0.0.1"],
+        ));
+        let (code, stdout, stderr) = parts(&out);
+        assert_eq!(code, Some(0), "{stdout} {stderr}");
+        assert!(stdout.contains(" 1 received"), "{stdout} {stderr}");
+    }
+
+    // Asked for explicitly, CAP_NET_RAW stays.
+    let out = run(s.command(
+        "raw-optin",
+        &["--net", "loopback", "--cap-net-raw"],
+        &[PY, "-c", SOCKETS],
+    ));
+    let (code, stdout, stderr) = parts(&out);
+    assert_eq!(code, Some(0), "{stdout} {stderr}");
+    for allowed in ["packet", "raw-icmp", "raw-tcp", "dgram-icmp"] {
+        assert!(
+            stdout.contains(&format!("{allowed} ok\n")),
+            "{allowed}: {stdout} {stderr}"
+        );
+    }
+}
+
+/// `sh -c` that opens host descriptors without close-on-exec, then execs the helper with
+/// them: 7 the host root, 8 this test's scratch directory, 9 a file given as
+/// `--ready-fd 9` (CVE-2024-21626: a host directory descriptor leaked into the container
+/// reached the host through `/proc/self/fd/N`).
+fn with_inherited_host_fds(s: &Scratch, name: &str, cmd: &[&str]) -> std::process::Command {
+    let inner = s.command(name, &["--ready-fd", "9"], cmd);
+    let mut c = std::process::Command::new("/bin/sh");
+    c.arg("-c")
+        .arg("exec 7</ 8<\"$1\" 9>\"$2\"; shift 2; exec \"$@\"")
+        .arg("sh")
+        .arg(s.dir.path())
+        .arg(s.dir.path().join("ready.json"))
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    c
+}
+
+#[test]
+fn sandbox_no_descriptor_of_the_helper_or_its_caller_reaches_the_command() {
+    require_root!();
+    let s = Scratch::new();
+    std::fs::write(s.dir.path().join("host-only.txt"), "host").unwrap();
+    // Every descriptor the command holds, what it is, and whether `..` from the working
+    // directory leaves the sandbox's root.
+    let script = "import os, stat\n\
+        names = os.listdir('/proc/self/fd')\n\
+        for n in sorted(names, key=int):\n\
+        \x20   try:\n\
+        \x20       st = os.stat('/proc/self/fd/' + n)\n\
+        \x20       print('fd', n, 'dir' if stat.S_ISDIR(st.st_mode) else 'other', os.readlink('/proc/self/fd/' + n))\n\
+        \x20   except OSError as e:\n\
+        \x20       print('fd', n, 'gone', e.strerror)\n\
+        print('cwd', os.readlink('/proc/self/cwd'), 'root', os.readlink('/proc/self/root'))\n\
+        os.chdir('../../../../../../..')\n\
+        print('up', sorted(os.listdir('.')) == sorted(os.listdir('/')), os.path.exists('host-only.txt'))\n";
+    let out = run(with_inherited_host_fds(
+        &s,
+        "fd-box",
+        &["/usr/bin/python3", "-c", script],
+    ));
+    let (code, stdout, stderr) = parts(&out);
+    assert_eq!(code, Some(0), "{stdout} {stderr}");
+    let fds: Vec<Vec<&str>> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("fd "))
+        .map(|l| l.splitn(3, ' ').collect())
+        .collect();
+    let open: Vec<&str> = fds
+        .iter()
+        .filter(|f| f[1] != "gone")
+        .map(|f| f[0])
+        .collect();
+    assert_eq!(open, ["0", "1", "2"], "descriptors beyond stdio: {stdout}");
+    // The listing's own descriptor, closed by the time it is looked at.
+    assert!(
+        fds.iter().filter(|f| f[1] == "gone").count() <= 1,
+        "{stdout}"
+    );
+    assert!(
+        !fds.iter().any(|f| f[1] == "dir"),
+        "a directory descriptor: {stdout}"
+    );
+    assert!(
+        stdout.contains("cwd /workspace root /\n"),
+        "working directory or root outside the view: {stdout}"
+    );
+    assert!(
+        stdout.contains("up True False\n"),
+        "`..` left the root: {stdout}"
+    );
+    // The ready line went to fd 9, which the command never held.
+    let ready = std::fs::read_to_string(s.dir.path().join("ready.json")).unwrap();
+    assert!(ready.contains("\"name\":\"fd-box\""), "{ready}");
+}
+
+#[test]
+fn sandbox_proc_1_exe_root_and_cwd_do_not_reach_the_host() {
+    require_root!();
+    let s = Scratch::new();
+    let helper = support::helper();
+    let before = std::fs::read(helper).unwrap();
+    // Pid 1 inside is the sandbox init: a clone of the helper, so its exe is the host's
+    // helper binary (CVE-2019-5736 overwrote the host's runtime through /proc/PID/exe).
+    let script = "import os\n\
+        for l in ['exe', 'root', 'cwd']:\n\
+        \x20   try: print(l, os.readlink('/proc/1/' + l))\n\
+        \x20   except OSError as e: print(l, e.strerror)\n\
+        for d in ['fd', 'map_files', 'root/']:\n\
+        \x20   try: os.listdir('/proc/1/' + d); print(d, 'listed')\n\
+        \x20   except OSError as e: print(d, e.strerror)\n\
+        for name, flags in [('rd', os.O_RDONLY), ('wr', os.O_WRONLY), ('rw', os.O_RDWR), ('path', os.O_PATH)]:\n\
+        \x20   try: os.close(os.open('/proc/1/exe', flags)); print('exe', name, 'opened')\n\
+        \x20   except OSError as e: print('exe', name, e.strerror)\n\
+        try: os.close(os.open('/proc/self/exe', os.O_WRONLY)); print('self-exe wr opened')\n\
+        except OSError as e: print('self-exe wr', e.strerror)\n";
+    let out = run(s.command("proc1-box", &[], &[PY, "-c", script]));
+    let (code, stdout, stderr) = parts(&out);
+    assert_eq!(code, Some(0), "{stdout} {stderr}");
+    let denied = "Permission denied";
+    for case in [
+        "exe",
+        "root",
+        "cwd",
+        "fd",
+        "map_files",
+        "root/",
+        "exe rd",
+        "exe wr",
+        "exe rw",
+        "exe path",
+    ] {
+        assert!(
+            stdout.contains(&format!("{case} {denied}\n")),
+            "{case}: {stdout} {stderr}"
+        );
+    }
+    // The command's own binary is a host file too (through the read-only /usr).
+    assert!(
+        [
+            "Permission denied",
+            "Read-only file system",
+            "Text file busy"
+        ]
+        .iter()
+        .any(|e| stdout.contains(&format!("self-exe wr {e}\n"))),
+        "{stdout}"
+    );
+    assert_eq!(
+        std::fs::read(helper).unwrap(),
+        before,
+        "the helper binary changed"
+    );
 }
