@@ -468,9 +468,18 @@ impl Runtime {
         }
         self.reg().modify(&rec.id, |r| {
             if let Some(pid) = live_sandbox(r) {
-                return Err(Error::Busy {
-                    id: r.id.clone(),
-                    pids: vec![pid],
+                return Err(Error::Answered {
+                    kind: crate::error::ErrorKind::Exists,
+                    message: format!(
+                        "a sandbox runs in workspace {} already (sandbox-helper pid {pid})",
+                        r.id
+                    ),
+                    hint: Some(
+                        "one sandbox per workspace: `mountctl exec WS -- CMD` runs more commands \
+                         in a sandbox started with `mountctl sandbox start WS`; or wait for the \
+                         run to end"
+                            .into(),
+                    ),
                 });
             }
             r.sandbox_pid = Some(pid);

@@ -120,6 +120,14 @@ struct RunArgs {
     /// the runtime root that owns --state-dir. The caller mounts it again afterwards.
     #[arg(long)]
     suspend_host_mount: bool,
+    /// --dir is the host's overlay of a cowspace workspace: replace it, for the run, by
+    /// one overlay of its layers idmapped to the sandbox, which the host and the sandbox
+    /// share (the host path shows the same files during the run; its owners are shifted
+    /// by the sandbox's uid base meanwhile). Unmounted when the run ends; the caller
+    /// mounts the host's own again. Only for a workspace of the runtime root that owns
+    /// --state-dir.
+    #[arg(long)]
+    share_host_mount: bool,
     /// Keep CAP_NET_RAW (raw and packet sockets) for CMD; dropped by default (ping
     /// works without it, through ICMP datagram sockets).
     #[arg(long)]
@@ -283,6 +291,7 @@ fn start_cmd(args: RunArgs) -> Result<u8, Error> {
         command: args.command,
         suspend_host_mount: args.suspend_host_mount,
         keep: true,
+        share_host_mount: false,
         cap_net_raw: args.cap_net_raw,
     };
     let spec = Spec::validate(input, &opts.state_dir)?;
@@ -351,6 +360,7 @@ fn run_cmd(args: RunArgs) -> Result<u8, Error> {
         command: args.command,
         suspend_host_mount: args.suspend_host_mount,
         keep: false,
+        share_host_mount: args.share_host_mount,
         cap_net_raw: args.cap_net_raw,
     };
     // Opened through /proc (no unsafe here); the sandbox's init closes every inherited

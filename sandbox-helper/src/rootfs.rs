@@ -413,7 +413,7 @@ pub fn plan(spec: &Spec, new_root: &Path, host: &dyn HostFs) -> Plan {
         // A long-lived sandbox's overlay is mounted once by the helper, on layers
         // idmapped with this sandbox's user namespace (`crate::share`): the sandbox gets
         // a clone of that mount, whose owners are already the sandbox's.
-        Some(_) if spec.keep => {
+        Some(_) if spec.share_host_mount => {
             p.attach(
                 spec.workspace.clone(),
                 MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
@@ -682,6 +682,7 @@ mod tests {
             }],
             cap_net_raw: false,
             keep: false,
+            share_host_mount: false,
             command: vec!["/bin/true".into()],
             overlay: None,
             suspend_host_mount: false,

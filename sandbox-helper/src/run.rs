@@ -302,7 +302,7 @@ fn prepare(spec: &Spec, opts: &Options) -> Result<Live> {
     // A long-lived sandbox of an overlay workspace: the helper mounts the workspace once
     // on layers idmapped with init's user namespace, at the host path, and init gets a
     // clone of that mount (`crate::share`).
-    let shared = match (&spec.overlay, spec.keep, &work_dir) {
+    let shared = match (&spec.overlay, spec.share_host_mount, &work_dir) {
         (Some(layers), true, Some(work)) => {
             let userns = File::open(format!("/proc/{pid}/ns/user")).map_err(Error::Sync)?;
             let work_name = work
@@ -418,6 +418,9 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
     };
     let oom_kills = live.group.oom_kills().unwrap_or(0);
     live.group.destroy()?;
+    if let Some(mut m) = live.shared.take() {
+        let _ = m.release();
+    }
     let _ = std::io::stdout().flush();
     Ok(Outcome { code, oom_kills })
 }

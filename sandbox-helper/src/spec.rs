@@ -149,6 +149,10 @@ pub struct Spec {
     /// mounted once by the helper on idmapped layers, for the host and the sandbox
     /// alike ([`crate::share`]).
     pub keep: bool,
+    /// The sandbox's overlay is the one mount shared with the host ([`crate::share`]):
+    /// always for a long-lived sandbox of an overlay workspace, and for a run with
+    /// `--share-host-mount`.
+    pub share_host_mount: bool,
 }
 
 /// Unvalidated input, as parsed from the command line.
@@ -180,6 +184,8 @@ pub struct SpecInput {
     pub suspend_host_mount: bool,
     /// `start` rather than `run`: a long-lived sandbox without a command.
     pub keep: bool,
+    /// `--share-host-mount` (implied by `keep` for an overlay workspace).
+    pub share_host_mount: bool,
     /// `--cap-net-raw`.
     pub cap_net_raw: bool,
 }
@@ -229,7 +235,19 @@ impl Spec {
                 refuse_overlap(layer, state_dir, "--dir (a layer of its overlay)")?;
             }
         }
-        if input.suspend_host_mount || (input.keep && overlay.is_some()) {
+        if input.suspend_host_mount && input.share_host_mount {
+            return Err(Error::InvalidInput(
+                "--suspend-host-mount and --share-host-mount exclude each other".into(),
+            ));
+        }
+        let share_host_mount = overlay.is_some() && (input.keep || input.share_host_mount);
+        if input.share_host_mount && overlay.is_none() {
+            return Err(Error::InvalidInput(format!(
+                "--share-host-mount: {} is not an overlay mount",
+                workspace.display()
+            )));
+        }
+        if input.suspend_host_mount || share_host_mount {
             check_suspendable(&workspace, overlay.as_ref(), state_dir)?;
         }
 
@@ -386,6 +404,7 @@ impl Spec {
             overlay,
             suspend_host_mount: input.suspend_host_mount,
             keep: input.keep,
+            share_host_mount,
         })
     }
 }

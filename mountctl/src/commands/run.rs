@@ -60,7 +60,6 @@ impl Drop for Claim<'_> {
 
 pub fn run(ctx: &Ctx, a: RunArgs) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
-    check_traversable(&ctx.root)?;
     let helper = helper_path()?;
     // Signals are caught from here on (so this process outlives Ctrl-C and clears the
     // registry); the helper gets default dispositions back at exec.
@@ -83,36 +82,39 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> anyhow::Result<ExitCode> {
     )
     .context("pass the ready pipe on")?;
     let mut cmd = Command::new(&helper);
+    // Every value as `--flag=VALUE`: a value starting with `-` is never read as an
+    // option by the privileged helper.
+    let mut dir = std::ffi::OsString::from("--dir=");
+    dir.push(&rec.path);
+    let mut state = std::ffi::OsString::from("--state-dir=");
+    state.push(ctx.root.join("run").join("sandbox"));
     cmd.arg("run")
-        .arg("--dir")
-        .arg(&rec.path)
-        .arg("--name")
-        .arg(sandbox_name(&rec))
-        .arg("--state-dir")
-        .arg(ctx.root.join("run").join("sandbox"))
-        .arg("--ready-fd")
-        .arg(ready_write.as_raw_fd().to_string());
-    // The sandbox mounts its own overlay of the workspace's layers; the helper takes the
-    // host's away for the run (so one upper layer is never under two live overlays) in
-    // the same window as the rest of its setup, and this process mounts it again after.
+        .arg(dir)
+        .arg(format!("--name={}", sandbox_name(&rec)))
+        .arg(state)
+        .arg(format!("--ready-fd={}", ready_write.as_raw_fd()));
+    // The helper replaces the host's overlay, for the run, by one overlay of the same
+    // layers idmapped to the sandbox, which the host path and the sandbox share (one
+    // upper layer is never under two live overlays); this process mounts the host's own
+    // again after the run.
     let host_overlay = rec.materializer == "overlay";
     if host_overlay {
-        cmd.arg("--suspend-host-mount");
+        cmd.arg("--share-host-mount");
     }
     if let Some(net) = &a.net {
-        cmd.arg("--net").arg(net);
+        cmd.arg(format!("--net={net}"));
     }
     if let Some(m) = &a.memory {
-        cmd.arg("--memory").arg(m);
+        cmd.arg(format!("--memory={m}"));
     }
     if let Some(p) = a.pids {
-        cmd.arg("--pids").arg(p.to_string());
+        cmd.arg(format!("--pids={p}"));
     }
     if let Some(c) = a.cpus {
-        cmd.arg("--cpus").arg(c.to_string());
+        cmd.arg(format!("--cpus={c}"));
     }
     for p in &a.publish {
-        cmd.arg("--publish").arg(p.to_string());
+        cmd.arg(format!("--publish={p}"));
     }
     // git's fsmonitor hook (docs/git.md), which the helper turns off since the sandbox
     // hides the private state: for an overlay or fuse workspace, the upper layer is shown
@@ -123,17 +125,17 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> anyhow::Result<ExitCode> {
             cowspace_fsd::gitfsmonitor::sandbox_setup(&rt, &rec, "/.cowspace/upper", "/workspace")
     {
         for e in env {
-            cmd.arg("--env").arg(e);
+            cmd.arg(format!("--env={e}"));
         }
         for b in binds {
-            cmd.arg("--ro-bind").arg(b);
+            cmd.arg(format!("--ro-bind={b}"));
         }
     }
     for e in &a.env {
-        cmd.arg("--env").arg(e);
+        cmd.arg(format!("--env={e}"));
     }
     for b in &a.ro_bind {
-        cmd.arg("--ro-bind").arg(b);
+        cmd.arg(format!("--ro-bind={b}"));
     }
     if ctx.json {
         cmd.arg("--json");
@@ -201,32 +203,6 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> anyhow::Result<ExitCode> {
         (None, None) => 1,
     };
     Ok(ExitCode::from(code))
-}
-
-/// The sandbox's unprivileged uid must reach the runtime root's `run/sandbox` and the
-/// workspace: a directory on the way that others may not search (e.g. a root made under a
-/// `mktemp -d` directory, mode 0700) would fail the setup half-way with EACCES. Refused
-/// first, naming the directory and the fix.
-fn check_traversable(root: &std::path::Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
-    for dir in root.ancestors() {
-        if let Ok(m) = std::fs::metadata(dir)
-            && m.permissions().mode() & 0o001 == 0
-        {
-            return Err(anyhow::Error::new(cowspace_store::Error::Unsupported(
-                format!(
-                    "{} may not be searched by other users (mode {:o}), so the sandbox's \
-                 unprivileged uid cannot reach the runtime root; `chmod o+x {}` or use a \
-                 runtime root elsewhere",
-                    dir.display(),
-                    m.permissions().mode() & 0o7777,
-                    dir.display()
-                ),
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// The sandbox's name (its hostname): the workspace's name, else its id.

@@ -239,11 +239,10 @@ fn run_writes_into_a_fuse_workspace_whose_host_mount_stays() {
 }
 
 #[test]
-fn the_hosts_overlay_is_taken_away_for_the_run_and_mounted_again_after() {
+fn the_host_path_shows_the_runs_files_through_one_shared_mount() {
     require_root!();
     let (r, snap) = setup();
     let ws: Ws = r.create(&snap, &["--name", "w1", "--lower", "view"]);
-    let upper = r.root().join("workspaces").join(&ws.id).join("upper");
     let mounted = || r.mounts().contains(&ws.path);
     assert!(mounted());
     let mut bg = Bg::spawn(run_cmd(
@@ -253,33 +252,63 @@ fn the_hosts_overlay_is_taken_away_for_the_run_and_mounted_again_after() {
             "--",
             "sh",
             "-c",
-            "echo x > /workspace/during; sleep 2",
+            "echo x > /workspace/during; while [ ! -e /workspace/go ]; do sleep 0.05; done",
         ],
     ));
-    // Written through the sandbox's own overlay of the same upper layer.
+    // Seen on the host path while the run lasts: one overlay serves both sides.
     let deadline = Instant::now() + Duration::from_secs(15);
-    while !upper.join("during").exists() && Instant::now() < deadline {
+    while !ws.path.join("during").exists() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(upper.join("during").exists(), "the run did not start");
-    assert!(
-        !mounted(),
-        "the host's overlay stays mounted during the run"
+    assert_eq!(
+        std::fs::read_to_string(ws.path.join("during")).unwrap_or_default(),
+        "x\n",
+        "the host path does not show what the run wrote"
     );
-    assert_eq!(bg.wait(15), Some(0));
+    assert!(mounted(), "the host path is not mounted during the run");
+    let shared = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains(&format!(" {} ", ws.path.display())))
+        .count();
+    assert_eq!(shared, 1, "one mount at the host path");
+    // A host write to an existing file is seen inside (the command waits for it).
+    std::fs::write(ws.path.join("a.txt"), "from the host\n").unwrap();
+    let (code, out, err) = output(run_cmd(&r, &["w1", "--", "true"]));
+    assert_eq!(code, 4, "a second run while one runs: exists\n{out}{err}");
+    assert_eq!(
+        std::process::Command::new("touch")
+            .arg(ws.path.join("go"))
+            .status()
+            .unwrap()
+            .code(),
+        Some(1),
+        "creating a name from the host during a run is refused (EOVERFLOW)"
+    );
+    std::fs::write(ws.path.join("during"), "x\n").unwrap();
+    // Ended from inside instead: the run's own command makes the name.
+    let (code, _, err) = output(run_cmd(&r, &["w1", "--", "true"]));
+    assert_eq!(code, 4, "{err}");
+    bg.signal("-TERM");
+    assert!(bg.wait(15).is_some());
     assert!(mounted(), "the host's overlay was not mounted again");
     assert_eq!(
-        std::fs::read_to_string(ws.path.join("during")).unwrap(),
-        "x\n"
+        std::fs::read_to_string(ws.path.join("a.txt")).unwrap(),
+        "from the host\n"
     );
+    std::fs::write(ws.path.join("after"), "host can create again\n").unwrap();
 
-    // In use on the host: it stays mounted, and the run says so.
+    // In use on the host: the run is refused before anything runs, naming the path.
     let held = std::fs::File::open(ws.path.join("a.txt")).unwrap();
-    let (code, _, err) = output(run_cmd(&r, &["w1", "--", "true"]));
-    assert_eq!(code, 0, "{err}");
-    assert!(err.contains("is in use on the host"), "{err}");
+    let (code, _, err) = output(run_cmd(
+        &r,
+        &["w1", "--", "sh", "-c", "echo ran > /workspace/ran"],
+    ));
+    assert_eq!(code, 5, "{err}");
+    assert!(err.contains("in use on the host"), "{err}");
     assert!(mounted());
     drop(held);
+    assert!(!ws.path.join("ran").exists(), "the refused run ran");
     r.remove("w1");
     r.assert_clean();
 }
