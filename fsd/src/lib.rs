@@ -23,5 +23,6 @@ pub mod runtime;
 mod sys;
 pub mod upper;
 pub mod view;
+mod wspath;
 
 pub use sys::fix_mmap_threshold;

@@ -211,6 +211,7 @@ impl Runtime {
                         )));
                     }
                 }
+                crate::wspath::check_custom_path(&p, self.store.root(), &self.reg().list(false)?)?;
                 p
             }
             None => private_dir.join("mnt"),
