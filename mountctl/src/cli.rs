@@ -89,6 +89,11 @@ pub enum Command {
         expect: Option<String>,
         #[arg(long, short, default_value = "")]
         message: String,
+        /// Make a snapshot even when nothing changed since the workspace's previous
+        /// capture (or its base); without it such a commit prints "nothing to commit"
+        /// and gives that snapshot.
+        #[arg(long)]
+        allow_empty: bool,
     },
     /// Unmount a workspace and delete its private state.
     Remove {
