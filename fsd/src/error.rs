@@ -32,7 +32,7 @@ pub enum Error {
     NameTaken(String),
     #[error("{0} exists already")]
     PathExists(PathBuf),
-    #[error("workspace {id} is in use by {pids:?}")]
+    #[error("workspace {id} is {}", busy_by(pids))]
     Busy { id: String, pids: Vec<i32> },
     #[error("the daemon still serves workspaces: {}", .users.join(", "))]
     DaemonInUse { users: Vec<String> },
@@ -55,6 +55,20 @@ pub enum Error {
         message: String,
         hint: Option<String>,
     },
+}
+
+/// Who keeps a workspace busy, in words: the processes, or that none was found.
+fn busy_by(pids: &[i32]) -> String {
+    if pids.is_empty() {
+        return "busy, and no process using it was found".to_string();
+    }
+    let list: Vec<String> = pids.iter().map(i32::to_string).collect();
+    let what = if pids.len() == 1 {
+        "process"
+    } else {
+        "processes"
+    };
+    format!("in use by {what} {}", list.join(", "))
 }
 
 impl Error {
@@ -88,6 +102,11 @@ impl Error {
             Error::NoWorkspace(_) => "`mountctl list` shows the workspaces of this root".into(),
             Error::NameTaken(_) => "pick another --name, or remove the existing workspace".into(),
             Error::PathExists(_) => "give a --path that does not exist yet".into(),
+            Error::Busy { pids, .. } if pids.is_empty() => {
+                "a mount inside it, or a process in another mount namespace, may hold it; \
+                 --force detaches it (it goes once unused)"
+                    .into()
+            }
             Error::Busy { .. } => "stop those processes, or pass --force to end them".into(),
             Error::DaemonInUse { .. } => "remove them first (`mountctl remove WS`), or pass \
                 --force: their mounts then fail until `mountctl recover WS`"
@@ -131,3 +150,28 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_names_the_processes_or_says_none_was_found() {
+        let busy = |pids: Vec<i32>| Error::Busy {
+            id: "ws-1".into(),
+            pids,
+        };
+        assert_eq!(
+            busy(vec![12, 34]).to_string(),
+            "workspace ws-1 is in use by processes 12, 34"
+        );
+        assert_eq!(
+            busy(vec![7]).to_string(),
+            "workspace ws-1 is in use by process 7"
+        );
+        let none = busy(vec![]);
+        assert!(!none.to_string().contains("[]"), "{none}");
+        assert!(none.to_string().contains("no process"), "{none}");
+        assert!(none.hint().unwrap().contains("--force"));
+    }
+}

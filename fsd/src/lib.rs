@@ -24,5 +24,6 @@ pub mod sandbox;
 mod sys;
 pub mod upper;
 pub mod view;
+mod wspath;
 
 pub use sys::fix_mmap_threshold;

@@ -327,6 +327,33 @@ pub fn unmount_lazy(target: &Path) -> Result<()> {
     }
 }
 
+/// `PF_EXITING` in `/proc/PID/stat`'s flags (field 9): the task is in `exit(2)`,
+/// letting go of its files, mappings and working directory.
+const PF_EXITING: u64 = 0x4;
+
+/// Whether process `pid` is on its way out: gone, a zombie, or exiting (what it still
+/// holds it lets go of without anyone's help).
+pub fn is_exiting(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat_says_exiting(&stat),
+        Err(_) => true,
+    }
+}
+
+/// [`is_exiting`] of a `/proc/PID/stat` line. The command name (field 2) may hold spaces
+/// and parentheses, so fields are counted after its last `)`; an unreadable line is not
+/// exiting (the process is then counted as a user).
+fn stat_says_exiting(stat: &str) -> bool {
+    let Some((_, rest)) = stat.rsplit_once(") ") else {
+        return false;
+    };
+    let mut fields = rest.split_ascii_whitespace();
+    // `rest` starts at field 3 (state); the flags are field 9.
+    let state = fields.next().and_then(|s| s.chars().next());
+    let flags: Option<u64> = fields.nth(5).and_then(|f| f.parse().ok());
+    matches!(state, Some('Z' | 'X' | 'x')) || flags.is_some_and(|f| f & PF_EXITING != 0)
+}
+
 /// Processes whose cwd, root, open files or mappings are under `dir`.
 pub fn users_of(dir: &Path) -> Vec<i32> {
     let mut pids = Vec::new();
@@ -369,6 +396,20 @@ pub fn users_of(dir: &Path) -> Vec<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exiting_tasks_are_told_from_live_ones() {
+        // Field 9 is the flags; 0x4 is PF_EXITING.
+        let live = "123 (sh) S 1 123 123 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 555 0 0";
+        let exiting = "123 (sh) D 1 123 123 0 -1 4194564 100 0 0 0 1 2 0 0 20 0 1 0 555 0 0";
+        let zombie = "123 (a) b) (c) Z 1 123 123 0 -1 4194560 1 0 0 0 1 2 0 0 20 0 1 0 5 0 0";
+        assert!(!stat_says_exiting(live));
+        assert!(stat_says_exiting(exiting));
+        assert!(stat_says_exiting(zombie));
+        assert!(!stat_says_exiting("garbage"));
+        assert!(!is_exiting(std::process::id() as i32));
+        assert!(is_exiting(i32::MAX), "no such process");
+    }
 
     #[test]
     fn is_mounted_answers_for_the_path_itself() {

@@ -63,6 +63,10 @@ pub struct CommitOptions {
     /// if the ref exists, else the ref must not exist).
     pub expect: Option<String>,
     pub message: String,
+    /// Make a snapshot even when nothing changed since the previous capture (or the
+    /// base). Without it such a commit makes none and answers with that snapshot
+    /// (`unchanged: true`).
+    pub allow_empty: bool,
 }
 
 /// What a sweep did.
@@ -214,6 +218,7 @@ impl Runtime {
                         )));
                     }
                 }
+                crate::wspath::check_custom_path(&p, self.store.root(), &self.reg().list(false)?)?;
                 p
             }
             None => private_dir.join("mnt"),
@@ -416,6 +421,9 @@ impl Runtime {
         let mat = materializer::materializer(kind);
         let mut ed = self.store.edit(&base)?;
         ed.set_parents(vec![previous]);
+        if !o.allow_empty {
+            ed.unless_same_as(previous);
+        }
         mat.capture(&mut ed, &rec)?;
         // git's index, carried on with a token the capture's workspaces vouch for
         // (docs/git.md); read from a file of the private directory, gone after.
@@ -439,6 +447,9 @@ impl Runtime {
         );
         let _ = fs::remove_file(&index_copy);
         let report = report?;
+        if report.unchanged {
+            return Ok(report);
+        }
         rec.commits.push(report.snapshot.to_hex());
         rec.updated_at = now();
         self.reg().update(&rec)?;

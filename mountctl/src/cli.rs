@@ -89,6 +89,11 @@ pub enum Command {
         expect: Option<String>,
         #[arg(long, short, default_value = "")]
         message: String,
+        /// Make a snapshot even when nothing changed since the workspace's previous
+        /// capture (or its base); without it such a commit prints "nothing to commit"
+        /// and gives that snapshot.
+        #[arg(long)]
+        allow_empty: bool,
     },
     /// Unmount a workspace and delete its private state.
     Remove {
@@ -144,7 +149,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "F")]
     pub cpus: Option<f64>,
     /// Give the internal PORT a unique host port on 127.0.0.1 (repeatable).
-    #[arg(long, value_name = "PORT")]
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
     pub publish: Vec<u16>,
     /// Set KEY=VALUE in the command's environment (repeatable; not secret).
     #[arg(long, value_name = "K=V")]

@@ -61,10 +61,28 @@ fn classify(e: &anyhow::Error) -> (ErrorKind, Option<String>) {
     (ErrorKind::Io, None)
 }
 
+/// The error and its causes, joined by ": " as `{e:#}` does, leaving out a cause whose
+/// text the message holds already (an error that prints its source itself, as the
+/// libraries' `Io` variants do, would otherwise show it twice).
+fn message_of(e: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if message.contains(&text) {
+            continue;
+        }
+        if !message.is_empty() {
+            message.push_str(": ");
+        }
+        message.push_str(&text);
+    }
+    message
+}
+
 /// Prints an error (JSON on stdout with --json, text on stderr) and gives its exit code.
 pub fn report_error(ctx: &Ctx, e: &anyhow::Error) -> ExitCode {
     let (kind, hint) = classify(e);
-    let message = format!("{e:#}");
+    let message = message_of(e);
     print_error(kind.as_str(), &message, hint.as_deref(), ctx.json, None);
     ExitCode::from(kind.exit_code())
 }
@@ -133,5 +151,25 @@ pub fn bytes(n: u64) -> String {
         format!("{n} B")
     } else {
         format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_the_message_holds_already_is_not_repeated() {
+        let io = std::io::Error::from_raw_os_error(17);
+        let e: anyhow::Error = cowspace_store::Error::Io {
+            step: "create directory",
+            path: "/x".into(),
+            source: io,
+        }
+        .into();
+        let m = message_of(&e);
+        assert_eq!(m.matches("os error 17").count(), 1, "{m}");
+        let e = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(message_of(&e), "outer: inner");
     }
 }

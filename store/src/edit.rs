@@ -87,6 +87,8 @@ pub struct Editor<'s> {
     git_fsmonitor: Option<String>,
     /// Stat-cache rows recorded with the snapshot: a source root and its new stamps.
     stat_cache: Option<(String, StatRows)>,
+    /// [`Editor::unless_same_as`].
+    unless_same: Option<SnapshotId>,
 }
 
 /// Stat-cache rows: a path under a source root, its stamp, its content.
@@ -137,6 +139,7 @@ impl Store {
             parents: vec![*base],
             git_fsmonitor: None,
             stat_cache: None,
+            unless_same: None,
         })
     }
 }
@@ -151,6 +154,13 @@ impl<'s> Editor<'s> {
     /// Records these parents instead of the base (e.g. a workspace's previous capture).
     pub fn set_parents(&mut self, parents: Vec<SnapshotId>) {
         self.parents = parents;
+    }
+
+    /// Makes [`Editor::commit`] write no snapshot when the tree it would record is
+    /// `snap`'s (the same root tree and root mode): it then answers with `snap` itself,
+    /// [`ImportReport::unchanged`] set, and moves the ref, if asked, to `snap`.
+    pub fn unless_same_as(&mut self, snap: SnapshotId) {
+        self.unless_same = Some(snap);
     }
 
     /// The store the new snapshot is written to.
@@ -421,6 +431,12 @@ impl<'s> Editor<'s> {
         if let Some((name, _)) = ref_name {
             refs::check_ref_name(name)?;
         }
+        if let Some(same) = self.unless_same.take() {
+            let before = self.store.snapshot(&same)?;
+            if before.root == root && before.root_mode == root_mode {
+                return self.keep(same, before, ref_name);
+            }
+        }
         let snap = Snapshot {
             version: SNAPSHOT_VERSION,
             root,
@@ -466,6 +482,50 @@ impl<'s> Editor<'s> {
             parents: snap.parents,
             elapsed_ms: self.started.elapsed().as_secs_f64() * 1e3,
             warnings: vec![],
+            unchanged: false,
+        })
+    }
+
+    /// The end of a [`Editor::commit`] that found nothing changed since `id`
+    /// ([`Editor::unless_same_as`]): what was written meanwhile (trees the store has
+    /// already) and the ref move to `id` are committed; no snapshot is.
+    fn keep(
+        mut self,
+        id: SnapshotId,
+        snap: Snapshot,
+        ref_name: Option<(&str, Expect)>,
+    ) -> Result<ImportReport> {
+        let pending = self.ingest.finish()?;
+        let objects_written = pending.rows.len() as u64;
+        let new_bytes_stored = pending.stored_bytes();
+        let new_bytes_raw = pending.rows.iter().map(|r| u64::from(r.raw_len)).sum();
+        let stat_cache = self.stat_cache.take();
+        self.store.commit(pending, |tx| {
+            if let Some((name, expect)) = ref_name {
+                refs::compare_and_swap(tx, name, expect, &id)?;
+            }
+            if let Some((root, rows)) = &stat_cache {
+                crate::statcache::apply(tx, root, rows, &[])?;
+            }
+            Ok(())
+        })?;
+        Ok(ImportReport {
+            snapshot: id,
+            root: snap.root,
+            files: snap.counts.files,
+            dirs: snap.counts.dirs,
+            symlinks: snap.counts.symlinks,
+            bytes: snap.counts.bytes,
+            excluded: 0,
+            files_read: self.files_read,
+            objects_written,
+            new_bytes_stored,
+            new_bytes_raw,
+            ref_name: ref_name.map(|(n, _)| n.to_string()),
+            parents: snap.parents,
+            elapsed_ms: self.started.elapsed().as_secs_f64() * 1e3,
+            warnings: vec![],
+            unchanged: true,
         })
     }
 }

@@ -173,12 +173,20 @@ impl Error {
     /// What the user can do about it, when there is something.
     pub fn hint(&self) -> Option<String> {
         Some(match self {
+            // `init` cannot make a root where something else is.
+            Error::RootMissing(p) if p.exists() && !p.is_dir() => format!(
+                "{} is not a directory: pick another --root (or move that file away)",
+                p.display()
+            ),
             Error::RootMissing(p) => {
                 format!("run `mountctl --root {} init` first", p.display())
             }
             Error::RootExists(_) => "use the existing root, or pick another --root".into(),
             Error::RootInsideSource { .. } => {
                 "put the runtime root outside the tree (--root DIR or COWSPACE_ROOT)".into()
+            }
+            Error::RefConflict { actual, .. } if actual == crate::refs::NO_REF => {
+                "the ref does not exist: leave out --expect to create it".into()
             }
             Error::RefConflict { actual, .. } => {
                 format!("re-read the ref; pass --expect {actual} if overwriting it is intended")

@@ -57,6 +57,9 @@ pub(crate) fn get(conn: &Connection, name: &str) -> Result<Option<SnapshotId>> {
     v.map(|b| SnapshotId::from_slice(&b)).transpose()
 }
 
+/// What a conflict says a ref that does not exist is at.
+pub(crate) const NO_REF: &str = "nothing (no such ref)";
+
 /// Moves `name` to `new` if it holds what `expect` says; call inside a transaction.
 pub(crate) fn compare_and_swap(
     conn: &Connection,
@@ -73,9 +76,7 @@ pub(crate) fn compare_and_swap(
         _ => false,
     };
     if !ok {
-        let actual = current
-            .map(|c| c.to_hex())
-            .unwrap_or_else(|| "nothing (no such ref)".into());
+        let actual = current.map(|c| c.to_hex()).unwrap_or_else(|| NO_REF.into());
         return Err(match expect {
             Expect::Absent => Error::RefExists {
                 name: name.into(),

@@ -196,6 +196,15 @@ pub(crate) fn unmount_path_keeping_superblock(
     unmount_path_with(rec, force, mounts::unmount_keeping_superblock)
 }
 
+/// How long a removal waits, at most, for a busy workspace whose users are all on their
+/// way out (exiting, zombies) or cannot be found (a reference the kernel lets go of
+/// shortly: a FUSE release still in flight) before it says busy. A live process using
+/// it makes the removal busy at once.
+pub(crate) const BUSY_SETTLE_MS: u64 = 2_000;
+
+/// How often the unmount is tried again meanwhile.
+const BUSY_POLL_MS: u64 = 5;
+
 fn unmount_path_with(
     rec: &Record,
     force: bool,
@@ -208,14 +217,18 @@ fn unmount_path_with(
         // Not a mount point; or one this process may not unmount (also EINVAL), which
         // the mount table tells apart.
         Err(nix::Error::EINVAL | nix::Error::ENOENT) if !mounts::is_mounted(&rec.path)? => Ok(None),
+        Err(nix::Error::EBUSY) if !force => settle(
+            &rec.id,
+            &rec.path,
+            &unmount,
+            &Holders {
+                of: &mounts::users_of,
+                exiting: &mounts::is_exiting,
+                settle_ms: BUSY_SETTLE_MS,
+            },
+        ),
         Err(nix::Error::EBUSY) => {
             let pids = mounts::users_of(&rec.path);
-            if !force {
-                return Err(Error::Busy {
-                    id: rec.id.clone(),
-                    pids,
-                });
-            }
             for pid in &pids {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(*pid),
@@ -246,6 +259,62 @@ fn unmount_path_with(
     }
 }
 
+/// Who holds a busy mount: the seam [`settle`]'s tests replace.
+struct Holders<'a> {
+    /// The processes using a path ([`mounts::users_of`]).
+    of: &'a dyn Fn(&Path) -> Vec<i32>,
+    /// Whether a process is on its way out ([`mounts::is_exiting`]).
+    exiting: &'a dyn Fn(i32) -> bool,
+    /// [`BUSY_SETTLE_MS`].
+    settle_ms: u64,
+}
+
+/// After an unmount of `path` failed with EBUSY (and no `--force`): `Busy`, naming them,
+/// when live processes use it (seen at two looks in a row, so that a child between
+/// `fork` and `exec` that inherited a descriptor does not count); else the unmount is
+/// tried again until the processes that were exiting are gone, for at most
+/// `settle_ms`. Processes finishing their `exit` (a workload's commands that just
+/// ended) hold their working directory and files a moment after their parent saw them
+/// end.
+fn settle(
+    id: &str,
+    path: &Path,
+    unmount: &dyn Fn(&Path) -> std::result::Result<Option<OwnedFd>, nix::Error>,
+    h: &Holders<'_>,
+) -> Result<Option<OwnedFd>> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(h.settle_ms);
+    let mut live_before: Option<Vec<i32>> = None;
+    loop {
+        let users = (h.of)(path);
+        let live: Vec<i32> = users.iter().copied().filter(|p| !(h.exiting)(*p)).collect();
+        let held = live_before
+            .as_ref()
+            .is_some_and(|before| live.iter().any(|p| before.contains(p)));
+        if held || std::time::Instant::now() >= deadline {
+            let pids = if live.is_empty() { users } else { live };
+            return Err(Error::Busy {
+                id: id.to_string(),
+                pids,
+            });
+        }
+        live_before = Some(live);
+        std::thread::sleep(std::time::Duration::from_millis(BUSY_POLL_MS));
+        match unmount(path) {
+            Ok(clone) => return Ok(clone),
+            Err(nix::Error::EBUSY) => {}
+            Err(nix::Error::EINVAL | nix::Error::ENOENT) if !mounts::is_mounted(path)? => {
+                return Ok(None);
+            }
+            Err(source) => {
+                return Err(Error::Unmount {
+                    target: path.to_path_buf(),
+                    source,
+                });
+            }
+        }
+    }
+}
+
 /// The fastest materializer that works here (the order is the preference).
 pub fn pick_auto(store: &Store) -> Result<MaterializerKind> {
     let mut why = Vec::new();
@@ -264,4 +333,89 @@ pub fn pick_auto(store: &Store) -> Result<MaterializerKind> {
         name: "auto".into(),
         why: why.join("; "),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    type Unmount = std::result::Result<Option<OwnedFd>, nix::Error>;
+
+    /// An unmount that is busy `busy_for` times, then succeeds; and how often it ran.
+    fn busy_then_free(busy_for: usize) -> (std::rc::Rc<Cell<usize>>, impl Fn(&Path) -> Unmount) {
+        let tries = std::rc::Rc::new(Cell::new(0));
+        let t = tries.clone();
+        (tries, move |_: &Path| {
+            t.set(t.get() + 1);
+            if t.get() <= busy_for {
+                Err(nix::Error::EBUSY)
+            } else {
+                Ok(None)
+            }
+        })
+    }
+
+    #[test]
+    fn a_removal_waits_for_users_that_are_exiting() {
+        // The first unmount (by the caller) and two more are busy while pid 42 exits.
+        let (tries, unmount) = busy_then_free(3);
+        let h = Holders {
+            of: &|_| if tries.get() < 3 { vec![42] } else { vec![] },
+            exiting: &|pid| pid == 42,
+            settle_ms: 60_000,
+        };
+        assert!(unmount(Path::new("/ws")).is_err());
+        settle("ws-1", Path::new("/ws"), &unmount, &h).expect("unmounted once 42 is gone");
+        assert_eq!(tries.get(), 4);
+    }
+
+    #[test]
+    fn a_live_user_makes_it_busy_at_once_and_is_named() {
+        let (_, unmount) = busy_then_free(usize::MAX);
+        let h = Holders {
+            of: &|_| vec![7, 42],
+            exiting: &|pid| pid == 42,
+            settle_ms: 60_000,
+        };
+        match settle("ws-1", Path::new("/ws"), &unmount, &h) {
+            Err(Error::Busy { id, pids }) => {
+                assert_eq!(id, "ws-1");
+                assert_eq!(pids, vec![7], "the live user, not the exiting one");
+            }
+            other => panic!("not busy: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_user_seen_once_does_not_count() {
+        // A child between fork and exec holds an inherited descriptor for a moment.
+        let looks = Cell::new(0);
+        let (_, unmount) = busy_then_free(2);
+        let h = Holders {
+            of: &|_| {
+                looks.set(looks.get() + 1);
+                if looks.get() == 1 { vec![9] } else { vec![] }
+            },
+            exiting: &|_| false,
+            settle_ms: 60_000,
+        };
+        assert!(unmount(Path::new("/ws")).is_err());
+        settle("ws-1", Path::new("/ws"), &unmount, &h).expect("unmounted");
+    }
+
+    #[test]
+    fn a_mount_busy_with_no_user_found_is_busy_after_the_bound() {
+        let (_, unmount) = busy_then_free(usize::MAX);
+        let h = Holders {
+            of: &|_| vec![],
+            exiting: &|_| false,
+            settle_ms: 0,
+        };
+        assert!(matches!(
+            settle("ws-1", Path::new("/ws"), &unmount, &h),
+            Err(Error::Busy { pids, .. }) if pids.is_empty()
+        ));
+    }
 }

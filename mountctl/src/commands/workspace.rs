@@ -100,6 +100,7 @@ pub fn commit(
     ref_name: Option<String>,
     expect: Option<String>,
     message: String,
+    allow_empty: bool,
 ) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
     let r = rt.commit(
@@ -108,9 +109,17 @@ pub fn commit(
             ref_name,
             expect,
             message,
+            allow_empty,
         },
     )?;
-    if !ctx.quiet && !ctx.json {
+    if r.unchanged {
+        if !ctx.quiet && !ctx.json {
+            eprintln!(
+                "nothing to commit: {ws} is as {} left it (--allow-empty makes a snapshot anyway)",
+                r.snapshot.short()
+            );
+        }
+    } else if !ctx.quiet && !ctx.json {
         eprintln!(
             "captured {} files ({}) read, {} new stored, in {:.1} ms",
             r.files_read,

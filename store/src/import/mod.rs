@@ -112,6 +112,10 @@ pub struct ImportReport {
     pub elapsed_ms: f64,
     /// Things left out with a reason (sockets, submodules).
     pub warnings: Vec<String>,
+    /// A commit that found nothing changed ([`crate::Editor::unless_same_as`]): no
+    /// snapshot was made and `snapshot` is the one it would have repeated.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unchanged: bool,
 }
 
 /// The shared tail of every import: trees, snapshot object, one commit.
@@ -186,6 +190,7 @@ impl Finish<'_> {
             parents: snap.parents,
             elapsed_ms: self.started.elapsed().as_secs_f64() * 1e3,
             warnings: self.warnings,
+            unchanged: false,
         })
     }
 }

@@ -248,11 +248,36 @@ fn read_error(archive: &Path, e: io::Error) -> Error {
         | io::ErrorKind::InvalidData
         | io::ErrorKind::InvalidInput
         | io::ErrorKind::UnexpectedEof => Error::Invalid(format!(
-            "{} is not a readable tar archive (damaged or truncated?): {e}",
-            archive.display()
+            "{} is not a readable tar archive (damaged or truncated?): {}",
+            archive.display(),
+            printable(&e.to_string())
         )),
         _ => Error::io("read archive", archive)(e),
     }
+}
+
+/// The most of a tar reader's message shown, in characters: it may quote a whole header.
+const MAX_TAR_MESSAGE_CHARS: usize = 160;
+
+/// `text` fit for a terminal: the tar reader quotes the header bytes it could not parse,
+/// which in a file that is no archive are binary (control characters, invalid UTF-8).
+/// Each run of those becomes one `?`, and the text is cut at [`MAX_TAR_MESSAGE_CHARS`].
+fn printable(text: &str) -> String {
+    let mut out = String::new();
+    let mut shown = 0;
+    for c in text.chars() {
+        let bad = c.is_control() || c == char::REPLACEMENT_CHARACTER;
+        if bad && out.ends_with('?') {
+            continue;
+        }
+        if shown == MAX_TAR_MESSAGE_CHARS {
+            out.push('…');
+            break;
+        }
+        out.push(if bad { '?' } else { c });
+        shown += 1;
+    }
+    out
 }
 
 /// The state of one tar import while entries are applied.
@@ -652,6 +677,17 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn binary_in_a_tar_readers_message_is_not_echoed() {
+        let m = printable("bad field: \u{fffd}\u{1b}[2J\u{fffd}\u{7} for x");
+        assert_eq!(m, "bad field: ?[2J? for x");
+        assert!(printable(&"a".repeat(1000)).chars().count() <= MAX_TAR_MESSAGE_CHARS + 1);
+        assert_eq!(
+            printable("failed to read entire block"),
+            "failed to read entire block"
+        );
+    }
 
     fn c(s: &str) -> Vec<Vec<u8>> {
         split_member(s.as_bytes()).unwrap()

@@ -17,6 +17,7 @@
 
 mod acceptance;
 mod bad_input;
+mod commit;
 mod concurrency;
 mod copyup;
 mod crash;

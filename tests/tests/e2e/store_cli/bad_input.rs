@@ -316,3 +316,54 @@ fn usage_errors_exit_2_with_a_json_error() {
     }
     r.json(["gc", "--grace", "soon"]).error(2, "usage");
 }
+
+#[test]
+fn error_texts_say_each_cause_once_in_words_a_terminal_shows() {
+    // A --root that is a regular file: the OS error once, and no advice to `init`.
+    let f = TestRoot::uninitialised();
+    write_file(f.root(), "not a directory\n");
+    let err = f.json(["init"]).error(1, "io");
+    let m = err["message"].as_str().unwrap();
+    assert_eq!(m.matches("os error 17").count(), 1, "{err}");
+    let err = f.json(["snapshots"]).error(3, "not_found");
+    let hint = err["hint"].as_str().unwrap_or("");
+    assert!(
+        hint.contains("not a directory") && !hint.contains("init"),
+        "{err}"
+    );
+
+    let (r, id) = root_with_a_snapshot();
+    // A "tar" of binary bytes: the reader's message quotes them, the terminal must not.
+    let junk = r.path("binary.tar");
+    let bytes: Vec<u8> = (0..2048u32).map(|i| (i * 37 % 256) as u8 | 0x80).collect();
+    std::fs::write(&junk, &bytes).unwrap();
+    let out = r.run(["import", junk.to_str().unwrap()]).code(9);
+    assert!(
+        !out.stderr
+            .chars()
+            .any(|c| (c.is_control() && c != '\n') || c == '\u{fffd}'),
+        "raw bytes echoed: {:?}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("binary.tar"), "{out:?}");
+
+    // --expect of a ref that does not exist: no advice to pass `--expect nothing`.
+    let err = r
+        .json(["ref", "set", "team/new", &id, "--expect", &id])
+        .error(6, "conflict");
+    let hint = err["hint"].as_str().unwrap_or("");
+    assert!(!hint.contains("--expect nothing"), "{err}");
+    assert!(hint.contains("leave out --expect"), "{err}");
+    r.json(["ref", "set", "team/new", &id]).ok();
+
+    // Port 0 and a port above 65535 are refused alike, with the range that is allowed.
+    for port in ["0", "70000"] {
+        let out = r
+            .run(["run", "ws", "--publish", port, "--", "true"])
+            .code(2);
+        assert!(
+            out.stderr.contains("1..=65535"),
+            "--publish {port}: {out:?}"
+        );
+    }
+}

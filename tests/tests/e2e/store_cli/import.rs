@@ -22,21 +22,18 @@ fn top_names(r: &TestRoot, spec: &str, path: &str) -> Vec<String> {
 }
 
 #[test]
-fn init_twice_is_refused_and_keeps_the_root() {
+fn init_twice_is_a_no_op_that_says_so_and_keeps_the_root() {
     let r = TestRoot::new();
     let src = r.path("src");
     write_file(&src.join("f"), "content\n");
     let snap = r.import(&src, &["--ref", "main"])["snapshot"].clone();
 
-    let err = r.json(["init"]).error(4, "exists");
-    assert!(
-        err["message"].as_str().unwrap().contains("already"),
-        "{err}"
-    );
-    // Text mode: same code, message on stderr, nothing on stdout.
-    let out = r.run(["init"]).code(4);
-    assert!(out.stdout.is_empty(), "{out:?}");
-    assert!(out.stderr.contains("already"), "{out:?}");
+    let v = r.json(["init"]).ok().json();
+    assert_eq!(v["created"], false, "{v}");
+    assert_eq!(v["root"], r.root().display().to_string(), "{v}");
+    // Text mode: exit 0 and says there was nothing to do.
+    let out = r.run(["init"]).ok();
+    assert!(out.stdout.contains("already"), "{out:?}");
     // What was stored is still there.
     assert_eq!(r.refs()["main"], snap.as_str().unwrap());
     r.json(["fsck"]).ok();

@@ -133,6 +133,50 @@ fn create_refuses_unknown_snapshots_taken_names_existing_paths_and_bad_materiali
 }
 
 #[test]
+fn create_refuses_a_path_inside_another_workspace_or_inside_the_runtime_root() {
+    require_root!();
+    let (r, base) = setup();
+    let outer_at = r.t.path("outer");
+    let outer = r.create(
+        &base,
+        &["--name", "outer", "--path", outer_at.to_str().unwrap()],
+    );
+    let default_ws = r.create(&base, &[]);
+    let inside_outer = outer.path.join("src/inner");
+    let inside_default = default_ws.path.join("inner");
+    for (at, names) in [
+        (&inside_outer, vec![outer.id.as_str(), "outer"]),
+        (&inside_default, vec![]),
+    ] {
+        let e = refused(
+            &r,
+            &["create", &base, "--path", at.to_str().unwrap()],
+            9,
+            "invalid_input",
+        );
+        for n in names {
+            assert!(msg(&e).contains(n), "names the workspace: {e}");
+        }
+        assert!(!at.exists(), "nothing made at {}", at.display());
+    }
+    let in_root = r.root().join("mine");
+    let e = refused(
+        &r,
+        &["create", &base, "--path", in_root.to_str().unwrap()],
+        9,
+        "invalid_input",
+    );
+    assert!(
+        msg(&e).contains("runtime root") && msg(&e).contains(&r.root().display().to_string()),
+        "names the root: {e}"
+    );
+    assert!(!in_root.exists());
+    r.remove(&outer.id);
+    r.remove(&default_ws.id);
+    r.assert_clean();
+}
+
+#[test]
 fn remove_twice_and_ids_from_another_root_are_not_found() {
     require_root!();
     let (r, base) = setup();
