@@ -117,6 +117,55 @@ class Client:
         """Unmounts and deletes the workspace; gives its final record."""
         return self.request("remove", workspace=workspace, force=force)
 
+    def sandbox_start(self, workspace, net=None, memory=None, pids=None, cpus=None,
+                      publish=None, env=None, ro_bind=None, secret=None):
+        """Starts a long-lived sandbox for the workspace; gives its status once ready
+        (``ports``: internal -> host port on 127.0.0.1)."""
+        return self.request("sandbox_start", workspace=workspace, net=net,
+                            memory=memory, pids=pids, cpus=cpus, publish=publish,
+                            env=env, ro_bind=ro_bind, secret=secret)
+
+    def sandbox_status(self, workspace):
+        """The running sandbox's status (processes, memory, OOM kills, ports, ...)."""
+        return self.request("sandbox_status", workspace=workspace)
+
+    def sandbox_stop(self, workspace):
+        """Stops the sandbox: every process killed, its cgroups and ports freed."""
+        return self.request("sandbox_stop", workspace=workspace)
+
+    def exec(self, workspace, argv, env=None, workdir=None, stdin=None, stdout=None,
+             stderr=None):
+        """Runs ``argv`` in the workspace's running sandbox and gives its exit status
+        (127: no such command). ``stdin``/``stdout``/``stderr`` are file objects or
+        descriptors (default: /dev/null, this process's stdout and stderr); they are
+        passed to the command itself (``SCM_RIGHTS``), so output goes straight there."""
+        where = self.request("exec", workspace=workspace)
+        def fd(f, default):
+            if f is None:
+                return default
+            return f if isinstance(f, int) else f.fileno()
+        null = os.open(os.devnull, os.O_RDONLY)
+        try:
+            fds = [fd(stdin, null), fd(stdout, 1), fd(stderr, 2)]
+            req = {"op": "exec", "request": {
+                "argv": list(argv),
+                "env": [[k, v] for k, v in (env or {}).items()],
+                "workdir": workdir,
+            }}
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as k:
+                k.connect(where["socket"])
+                socket.send_fds(k, [json.dumps(req).encode()], fds)
+                first = json.loads(k.recv(1 << 16))
+                if "started" not in first:
+                    err = first.get("error", {})
+                    if first.get("exit") in (126, 127):
+                        return first["exit"]
+                    raise CowspaceError(err.get("kind", "io"), err.get("message", "exec failed"))
+                done = json.loads(k.recv(1 << 16))
+                return done["exit"]
+        finally:
+            os.close(null)
+
 
 def demo(root, snapshot):
     out = {}
@@ -132,6 +181,19 @@ def demo(root, snapshot):
             out["commit"] = c.commit(ws["id"], message="written by the python demo")
             out["snapshot"] = out["commit"]["snapshot"]
             out["listed"] = [w["id"] for w in c.list()]
+            if os.geteuid() == 0:
+                # A long-lived sandbox: two commands, the second sees the first's file.
+                c.sandbox_start(ws["id"])
+                try:
+                    r, w = os.pipe()
+                    out["exec_write"] = c.exec(ws["id"], ["sh", "-c", "echo from-exec > made-inside"])
+                    out["exec_read"] = c.exec(ws["id"], ["cat", "made-inside"], stdout=w)
+                    os.close(w)
+                    out["exec_stdout"] = os.read(r, 4096).decode()
+                    os.close(r)
+                    out["exec_missing"] = c.exec(ws["id"], ["no-such-command"])
+                finally:
+                    out["sandbox_stop"] = c.sandbox_stop(ws["id"])
         finally:
             out["removed"] = c.remove(ws["id"])
         try:

@@ -92,6 +92,53 @@ impl Server {
                     json!(rt.remove(&ws, req["args"]["force"].as_bool().unwrap_or(false))?)
                 }
                 "sweep" => json!(rt.sweep()?),
+                "sandbox_start" => {
+                    let ws = ws_arg(req)?;
+                    let a = &req["args"];
+                    let strings = |k: &str| -> Vec<String> {
+                        a[k].as_array()
+                            .map(|v| {
+                                v.iter()
+                                    .filter_map(|s| s.as_str().map(str::to_string))
+                                    .collect()
+                            })
+                            .unwrap_or_default()
+                    };
+                    let o = crate::sandbox::SandboxOptions {
+                        net: a["net"].as_str().map(str::to_string),
+                        memory: a["memory"]
+                            .as_str()
+                            .map(str::to_string)
+                            .or_else(|| a["memory"].as_u64().map(|m| m.to_string())),
+                        pids: a["pids"].as_u64(),
+                        cpus: a["cpus"].as_f64(),
+                        publish: a["publish"]
+                            .as_array()
+                            .map(|v| {
+                                v.iter()
+                                    .filter_map(|p| p.as_u64())
+                                    .map(|p| p as u16)
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
+                        env: strings("env"),
+                        ro_bind: strings("ro_bind"),
+                        secret: strings("secret"),
+                    };
+                    rt.sandbox_start(&ws, &o)?
+                }
+                "sandbox_stop" => rt.sandbox_stop(&ws_arg(req)?)?,
+                "sandbox_status" => rt.sandbox_status(&ws_arg(req)?)?,
+                "sandbox_list" => json!({"sandboxes": rt.sandbox_list()?}),
+                // The command itself goes to the sandbox's keeper, with the caller's
+                // descriptors (`SCM_RIGHTS`): this answers where (docs/sandbox.md).
+                "exec" => {
+                    let ws = ws_arg(req)?;
+                    let rec = rt.sandbox_status(&ws)?;
+                    let name = rec["name"].as_str().unwrap_or_default().to_string();
+                    let (_, sock) = sandbox_helper::keeper::paths(&rt.sandbox_state_dir(), &name);
+                    json!({"workspace": rec["workspace"], "socket": sock})
+                }
                 "recover" => json!(rt.recover(&ws_arg(req)?)?),
                 "mount_workspace" => {
                     let rec = rt.status(&ws_arg(req)?)?;

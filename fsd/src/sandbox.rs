@@ -248,8 +248,11 @@ impl Runtime {
                 hint,
             });
         };
-        // Not waited for: the keeper lives on; its exit is seen by whoever stops it.
-        drop(child);
+        // The keeper lives on; whoever stops it sees it go. A long-lived caller (the
+        // daemon) reaps it then, so no zombie is left.
+        std::thread::spawn(move || {
+            let _ = child.wait();
+        });
         let ports = status["ports"].clone();
         self.record_sandbox(&rec.id, keeper, status.clone(), ports)?;
         let mut out = status;

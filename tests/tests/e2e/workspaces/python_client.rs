@@ -65,6 +65,12 @@ fn python_client_demo_creates_diffs_commits_and_removes() {
         v["listed"].as_array().unwrap().iter().any(|w| w == id),
         "{v}"
     );
+    // The demo runs as root here: a long-lived sandbox, two execs, a missing command.
+    assert_eq!(v["exec_write"], 0, "{v}");
+    assert_eq!(v["exec_read"], 0, "{v}");
+    assert_eq!(v["exec_stdout"], "from-exec\n", "{v}");
+    assert_eq!(v["exec_missing"], 127, "{v}");
+    assert_eq!(v["sandbox_stop"]["stopped"], true, "{v}");
     assert_eq!(v["removed"]["status"], "removed", "{v}");
     assert_eq!(v["error"]["kind"], "not_found", "{v}");
     assert!(
