@@ -30,7 +30,12 @@ fn main() -> ExitCode {
     // git's fsmonitor hook runs at every git command in a workspace, and git shows its
     // stderr: errors only (a hook that cannot answer says "everything" instead).
     let hook = matches!(cli.command, cli::Command::GitFsmonitor { .. });
-    init_logging(cli.verbose, cli.quiet || hook);
+    // `exec` logs nothing of its own (the command's output is what counts), and its
+    // start is on every agent's command path: no log filter to build unless asked for.
+    let exec = matches!(cli.command, cli::Command::Exec(_));
+    if !exec || cli.verbose > 0 || std::env::var_os("RUST_LOG").is_some() {
+        init_logging(cli.verbose, cli.quiet || hook);
+    }
     let ctx = Ctx {
         root: cli
             .root
@@ -54,10 +59,22 @@ fn init_logging(verbose: u8, quiet: bool) {
         (false, 2) => "debug",
         _ => "trace",
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    // An `EnvFilter` costs most of a millisecond to build: only when `RUST_LOG` asks
+    // for per-target filtering; a plain level otherwise.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
+    } else {
+        let level: tracing_subscriber::filter::LevelFilter = default
+            .parse()
+            .unwrap_or(tracing_subscriber::filter::LevelFilter::WARN);
+        let _ = tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
 }

@@ -1,6 +1,9 @@
-//! Sandbox start: time from starting `mountctl run WS -- /bin/true` to its exit,
-//! beside `bwrap --unshare-all --unshare-user … /bin/true` and `unshare -Urmnpf
-//! /bin/true`, alternating one start at a time (`--fast-loop` starts per method).
+//! Sandboxes: `mountctl run WS -- /bin/true` (start, one command, stop), `mountctl
+//! sandbox start WS` to ready (then stopped, untimed), and `mountctl exec WS --
+//! /bin/true` into a running sandbox, beside `bwrap --unshare-all --unshare-user …
+//! /bin/true`, `unshare -Urmnpf /bin/true` and `nsenter -t INIT -a /bin/true` into the
+//! same running sandbox (the floor for an exec), alternating one at a time
+//! (`--fast-loop` per method).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -14,7 +17,14 @@ use crate::mountctl::StoreGuard;
 use crate::proc::{self, timed};
 use crate::results::{Better, MetricDef, Role};
 
-const IDS: &[&str] = &["mountctl-run", "bwrap", "unshare"];
+const IDS: &[&str] = &[
+    "mountctl-run",
+    "mountctl-start",
+    "mountctl-exec",
+    "nsenter",
+    "bwrap",
+    "unshare",
+];
 
 pub struct SandboxSection {
     /// The store holding the workspace `mountctl run` uses; removed on drop.
@@ -78,6 +88,8 @@ struct Start {
     role: Role,
     shown: String,
     cmd: Vec<std::ffi::OsString>,
+    /// Run after each timed start, untimed (`sandbox stop` after `sandbox start`).
+    after: Option<Box<Start>>,
 }
 
 impl Start {
@@ -116,6 +128,9 @@ impl Method for Start {
     fn run_once(&mut self, ctx: &Ctx, _round: usize) -> Result<Sample> {
         ctx.before_step()?;
         let (_, t) = timed(|| self.once())?;
+        if let Some(stop) = &self.after {
+            stop.once()?;
+        }
         Ok(vec![("start_s", t.wall_s())])
     }
 }
@@ -126,7 +141,7 @@ impl Section for SandboxSection {
     }
 
     fn title(&self) -> String {
-        "Sandbox start: /bin/true in a workspace's sandbox".into()
+        "Sandboxes: /bin/true in a workspace's sandbox (run, start, exec)".into()
     }
 
     fn description(&self) -> String {
@@ -139,7 +154,12 @@ impl Section for SandboxSection {
     fn metrics(&self) -> Vec<MetricDef> {
         vec![MetricDef {
             show_p99: true,
-            ..metric("start_s", "start to exit of /bin/true", "s", Better::Lower)
+            ..metric(
+                "start_s",
+                "spawn to exit of /bin/true (sandbox start: to ready)",
+                "s",
+                Better::Lower,
+            )
         }]
     }
 
@@ -228,10 +248,18 @@ impl Section for SandboxSection {
                             role: Role::Cowspace,
                             shown: "mountctl --root ROOT run WS -- /bin/true".into(),
                             cmd,
+                            after: None,
                         }
                     }
                     (Err(why), _) | (_, Err(why)) => {
                         out.push(skip(id, why.clone()));
+                        continue;
+                    }
+                },
+                "mountctl-start" | "mountctl-exec" | "nsenter" => match self.long_lived(ctx, id) {
+                    Ok(start) => start,
+                    Err(why) => {
+                        out.push(skip(id, why));
                         continue;
                     }
                 },
@@ -251,6 +279,7 @@ impl Section for SandboxSection {
                         role: Role::Baseline,
                         shown: "bwrap --unshare-all --unshare-user --die-with-parent --new-session --ro-bind /usr /usr --symlink usr/bin /bin --symlink usr/sbin /sbin --symlink usr/lib /lib --symlink usr/lib64 /lib64 --proc /proc --dev /dev --tmpfs /tmp --bind WS /workspace /bin/true".into(),
                         cmd,
+                        after: None,
                     }
                 }
                 _ => {
@@ -264,11 +293,15 @@ impl Section for SandboxSection {
                         role: Role::Baseline,
                         shown: "unshare -Urmnpf /bin/true".into(),
                         cmd: vec![u.into_os_string(), "-Urmnpf".into(), "/bin/true".into()],
+                        after: None,
                     }
                 }
             };
             // One untimed start: a method that cannot run here is skipped with why.
-            match start.once() {
+            match start
+                .once()
+                .and_then(|()| start.after.as_ref().map_or(Ok(()), |a| a.once()))
+            {
                 Ok(()) => out.push(Prepared::Ready(Box::new(start))),
                 Err(e) => out.push(skip(id, format!("{e:#}"))),
             }
@@ -277,9 +310,126 @@ impl Section for SandboxSection {
     }
 }
 
+impl SandboxSection {
+    /// A workspace of the section's store for the long-lived methods (made once each).
+    fn workspace(&mut self, ctx: &Ctx, name: &str) -> std::result::Result<PathBuf, String> {
+        let mc = ctx.mountctl.clone()?;
+        let store = match &self.store {
+            Some(s) => s.clone(),
+            None => {
+                let g =
+                    StoreGuard::import(&mc, ctx.scratch_path("sandbox-store"), &ctx.corpus.tree)
+                        .map(Arc::new)
+                        .map_err(|e| format!("importing the corpus failed: {e:#}"))?;
+                self.store = Some(g.clone());
+                g
+            }
+        };
+        let path = ctx.scratch_path(&format!("sandbox-{name}"));
+        if !path.exists() {
+            mc.json(
+                &store.root,
+                &[
+                    "create".as_ref(),
+                    "bench".as_ref(),
+                    "--name".as_ref(),
+                    name.as_ref(),
+                    "--path".as_ref(),
+                    path.as_os_str(),
+                ],
+            )
+            .map_err(|e| format!("{e:#}"))?;
+        }
+        Ok(store.root.clone())
+    }
+
+    fn long_lived(&mut self, ctx: &Ctx, id: &'static str) -> std::result::Result<Start, String> {
+        let mc = ctx.mountctl.clone()?;
+        let base = |root: &std::path::Path, args: &[&str]| -> Vec<std::ffi::OsString> {
+            let mut v: Vec<std::ffi::OsString> =
+                vec![mc.path.clone().into(), "--root".into(), root.into()];
+            v.extend(args.iter().map(Into::into));
+            v
+        };
+        if id == "mountctl-start" {
+            let root = self.workspace(ctx, "cycle")?;
+            return Ok(Start {
+                id,
+                label: "mountctl sandbox start WS (to ready)",
+                role: Role::Cowspace,
+                shown: "mountctl --root ROOT sandbox start WS (then `sandbox stop WS`, untimed)"
+                    .into(),
+                cmd: base(&root, &["-q", "sandbox", "start", "cycle"]),
+                after: Some(Box::new(Start {
+                    id,
+                    label: "",
+                    role: Role::Cowspace,
+                    shown: "mountctl sandbox stop WS".into(),
+                    cmd: base(&root, &["-q", "sandbox", "stop", "cycle"]),
+                    after: None,
+                })),
+            });
+        }
+        // exec and nsenter share one running sandbox.
+        let root = self.workspace(ctx, "live")?;
+        let status = mc.json(
+            &root,
+            &["sandbox".as_ref(), "status".as_ref(), "live".as_ref()],
+        );
+        let init = match status {
+            Ok(v) => v["init_pid"].as_i64(),
+            Err(_) => mc
+                .json(
+                    &root,
+                    &["sandbox".as_ref(), "start".as_ref(), "live".as_ref()],
+                )
+                .map_err(|e| format!("starting the sandbox failed: {e:#}"))?["init_pid"]
+                .as_i64(),
+        }
+        .ok_or("the sandbox's status has no init_pid")?;
+        if !self.notes.iter().any(|n| n.contains("running sandbox")) {
+            self.notes.push(
+                "`mountctl exec` and `nsenter` go into one running sandbox (`mountctl sandbox \
+                 start live`, default limits); `nsenter -a` enters its namespaces as root with \
+                 none of the sandbox's other controls (the floor for an exec)."
+                    .into(),
+            );
+        }
+        Ok(if id == "mountctl-exec" {
+            Start {
+                id,
+                label: "mountctl exec WS -- /bin/true",
+                role: Role::Cowspace,
+                shown: "mountctl --root ROOT exec WS -- /bin/true".into(),
+                cmd: base(&root, &["exec", "live", "--", "/bin/true"]),
+                after: None,
+            }
+        } else {
+            let n = proc::which("nsenter").ok_or("nsenter not found on PATH (util-linux)")?;
+            Start {
+                id,
+                label: "nsenter -t INIT -a /bin/true",
+                role: Role::Baseline,
+                shown: "nsenter -t INIT_PID -a /bin/true (into the running sandbox)".into(),
+                cmd: vec![
+                    n.into_os_string(),
+                    "-t".into(),
+                    init.to_string().into(),
+                    "-a".into(),
+                    "/bin/true".into(),
+                ],
+                after: None,
+            }
+        })
+    }
+}
+
 fn skip(id: &'static str, why: String) -> Prepared {
     let (label, role) = match id {
         "mountctl-run" => ("mountctl run WS -- /bin/true", Role::Cowspace),
+        "mountctl-start" => ("mountctl sandbox start WS (to ready)", Role::Cowspace),
+        "mountctl-exec" => ("mountctl exec WS -- /bin/true", Role::Cowspace),
+        "nsenter" => ("nsenter -t INIT -a /bin/true", Role::Baseline),
         "bwrap" => ("bwrap --unshare-all", Role::Baseline),
         _ => ("unshare -Urmnpf", Role::Baseline),
     };
