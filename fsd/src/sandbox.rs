@@ -266,6 +266,21 @@ impl Runtime {
         let rec = self.get(ws)?;
         match (&rec.sandbox, live_sandbox(&rec)) {
             (Some(_), Some(_)) => Ok(rec),
+            // A keeper whose `sandbox start` was killed before it recorded the status:
+            // the keeper answers for itself, and is adopted.
+            (None, Some(pid)) => {
+                let state = self.sandbox_state_dir();
+                match sandbox_helper::keeper::Client::connect(&state, &sandbox_name(&rec))
+                    .and_then(|c| c.status())
+                {
+                    Ok(status) if status["keeper_pid"].as_i64() == Some(i64::from(pid)) => {
+                        let ports = status["ports"].clone();
+                        self.record_sandbox(&rec.id, pid, status, ports)?;
+                        self.get(&rec.id)
+                    }
+                    _ => Err(not_running(&rec)),
+                }
+            }
             _ => Err(not_running(&rec)),
         }
     }
@@ -301,8 +316,7 @@ impl Runtime {
     pub fn sandbox_list(&self) -> Result<Vec<Value>> {
         let mut out = Vec::new();
         for rec in self.list(false)? {
-            if rec.sandbox.is_some()
-                && live_sandbox(&rec).is_some()
+            if live_sandbox(&rec).is_some()
                 && let Ok(v) = self.sandbox_status(&rec.id)
             {
                 out.push(v);
