@@ -168,41 +168,7 @@ impl Runtime {
             .arg(format!("--name={}", sandbox_name(rec)))
             .arg(flag("--state-dir", self.sandbox_state_dir().as_os_str()))
             .arg(format!("--ready-fd={}", ready_write.as_raw_fd()));
-        if let Some(net) = &o.net {
-            cmd.arg(format!("--net={net}"));
-        }
-        if let Some(m) = &o.memory {
-            cmd.arg(format!("--memory={m}"));
-        }
-        if let Some(p) = o.pids {
-            cmd.arg(format!("--pids={p}"));
-        }
-        if let Some(c) = o.cpus {
-            cmd.arg(format!("--cpus={c}"));
-        }
-        for p in &o.publish {
-            cmd.arg(format!("--publish={p}"));
-        }
-        if matches!(rec.materializer.as_str(), "overlay" | "fuse")
-            && let Some((env, binds)) =
-                crate::gitfsmonitor::sandbox_setup(self, rec, "/.cowspace/upper", "/workspace")
-        {
-            for e in env {
-                cmd.arg(format!("--env={e}"));
-            }
-            for b in binds {
-                cmd.arg(format!("--ro-bind={b}"));
-            }
-        }
-        for e in &o.env {
-            cmd.arg(format!("--env={e}"));
-        }
-        for b in &o.ro_bind {
-            cmd.arg(format!("--ro-bind={b}"));
-        }
-        for s in &o.secret {
-            cmd.arg(format!("--secret={s}"));
-        }
+        cmd.args(self.helper_flags(rec, o));
         cmd.arg("--");
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -260,6 +226,147 @@ impl Runtime {
         out["path"] = json!(rec.path);
         out["messages"] = json!(messages.lines().collect::<Vec<_>>());
         Ok(out)
+    }
+
+    /// The sandbox flags of `o` for the helper, as `--flag=VALUE`, with the git
+    /// fsmonitor hook's set-up for an overlay or fuse workspace first (the caller's
+    /// `--env` may override it).
+    fn helper_flags(&self, rec: &Record, o: &SandboxOptions) -> Vec<String> {
+        let mut a = Vec::new();
+        if let Some(net) = &o.net {
+            a.push(format!("--net={net}"));
+        }
+        if let Some(m) = &o.memory {
+            a.push(format!("--memory={m}"));
+        }
+        if let Some(p) = o.pids {
+            a.push(format!("--pids={p}"));
+        }
+        if let Some(c) = o.cpus {
+            a.push(format!("--cpus={c}"));
+        }
+        for p in &o.publish {
+            a.push(format!("--publish={p}"));
+        }
+        if matches!(rec.materializer.as_str(), "overlay" | "fuse")
+            && let Some((env, binds)) =
+                crate::gitfsmonitor::sandbox_setup(self, rec, "/.cowspace/upper", "/workspace")
+        {
+            a.extend(env.into_iter().map(|e| format!("--env={e}")));
+            a.extend(binds.into_iter().map(|b| format!("--ro-bind={b}")));
+        }
+        a.extend(o.env.iter().map(|e| format!("--env={e}")));
+        a.extend(o.ro_bind.iter().map(|b| format!("--ro-bind={b}")));
+        a.extend(o.secret.iter().map(|s| format!("--secret={s}")));
+        a
+    }
+
+    /// Runs `command` in a one-shot sandbox of `ws` (start, the command, stop) with this
+    /// process's stdin, stdout and stderr, and gives its exit status (128 + N when it
+    /// was killed by signal N). The helper's refusals (7 unsupported, 9 invalid, 5 busy
+    /// or no free uid range or port) come back as its exit status, its message on
+    /// stderr. SIGINT, SIGTERM, SIGHUP and SIGQUIT to this process are forwarded to the
+    /// command meanwhile. `json`: the helper reports refusals as JSON on stdout.
+    pub fn sandbox_run(
+        &self,
+        ws: &str,
+        o: &SandboxOptions,
+        command: &[String],
+        json: bool,
+    ) -> Result<u8> {
+        use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+        use std::os::unix::process::ExitStatusExt;
+        let helper = helper_path()?;
+        // Signals are caught from here on (so this process outlives Ctrl-C and clears
+        // the registry); the helper gets default dispositions back at exec.
+        let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT])
+            .map_err(Error::io("install signal handlers", helper.clone()))?;
+        let me = std::process::id() as i32;
+        let rec = self.claim_sandbox(ws, me)?;
+        let mut claim = Claim {
+            rt: self,
+            id: rec.id.clone(),
+            pid: me,
+        };
+        let (ready_read, ready_write) =
+            std::io::pipe().map_err(Error::io("create the ready pipe", helper.clone()))?;
+        // The helper inherits the write end (exec keeps it without FD_CLOEXEC); it
+        // writes its ready line there, never onto the command's stdout.
+        nix::fcntl::fcntl(
+            &ready_write,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        )
+        .map_err(|e| Error::io("pass the ready pipe on", helper.clone())(e.into()))?;
+        let mut cmd = Command::new(&helper);
+        cmd.arg("run")
+            .arg(flag("--dir", rec.path.as_os_str()))
+            .arg(format!("--name={}", sandbox_name(&rec)))
+            .arg(flag("--state-dir", self.sandbox_state_dir().as_os_str()))
+            .arg(format!("--ready-fd={}", ready_write.as_raw_fd()));
+        // One overlay of the workspace's layers idmapped to the sandbox, which the host
+        // path and the sandbox share for the run; the host's own is mounted again after.
+        let host_overlay = rec.materializer == "overlay";
+        if host_overlay {
+            cmd.arg("--share-host-mount");
+        }
+        cmd.args(self.helper_flags(&rec, o));
+        if json {
+            cmd.arg("--json");
+        }
+        cmd.arg("--").args(command);
+        // Its own process group: a Ctrl-C at the terminal reaches only this process,
+        // which forwards it once (the command runs in a session of its own inside and
+        // never reads the terminal as its controlling one).
+        cmd.process_group(0);
+        let mut child = cmd
+            .spawn()
+            .map_err(Error::io("start sandbox-helper", helper.clone()))?;
+        drop(ready_write);
+        drop(cmd);
+        let helper_pid = child.id() as i32;
+        self.move_sandbox(&rec.id, me, helper_pid)?;
+        claim.pid = helper_pid;
+        let handle = signals.handle();
+        let forwarder = std::thread::spawn(move || {
+            for sig in signals.forever() {
+                if let Ok(sig) = nix::sys::signal::Signal::try_from(sig) {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(helper_pid), sig);
+                }
+            }
+        });
+        // One line once the sandbox is set up, or EOF when the helper refused.
+        let mut line = String::new();
+        let _ = BufReader::new(ready_read)
+            .take(MAX_READY_LINE_BYTES)
+            .read_line(&mut line);
+        let ready: Value = serde_json::from_str(&line).unwrap_or_default();
+        if let Some(ports) = ready.get("ports")
+            && ports.as_object().is_some_and(|p| !p.is_empty())
+        {
+            self.set_ports(&rec.id, ports.clone())?;
+        }
+        let status = loop {
+            match child.wait() {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                other => {
+                    break other.map_err(Error::io("wait for sandbox-helper", helper.clone()))?;
+                }
+            }
+        };
+        handle.close();
+        // Not joined: waking the forwarder from its signal wait took ~9 ms, and it has
+        // nothing left to do once the helper is gone.
+        drop(forwarder);
+        // Also after a helper that failed without a ready line: it may have unmounted it.
+        if host_overlay {
+            self.resume_host_mount(&rec.id)?;
+        }
+        drop(claim);
+        Ok(match (status.code(), status.signal()) {
+            (Some(c), _) => c as u8,
+            (None, Some(sig)) => 128u8.saturating_add(sig as u8),
+            (None, None) => 1,
+        })
     }
 
     fn live_record(&self, ws: &str) -> Result<Record> {
@@ -366,6 +473,22 @@ impl Runtime {
             self.release_sandbox(&rec.id, pid)?;
         }
         self.resume_host_mount(&rec.id)
+    }
+}
+
+/// Forgets the workspace's one-shot sandbox (and its ports) when the run ends, however
+/// it ends.
+struct Claim<'a> {
+    rt: &'a Runtime,
+    id: String,
+    pid: i32,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.rt.release_sandbox(&self.id, self.pid) {
+            eprintln!("mountctl: clearing the sandbox record of {}: {e}", self.id);
+        }
     }
 }
 
