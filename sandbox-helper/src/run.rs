@@ -476,12 +476,7 @@ pub fn start(
         live.ready.cgroups.clone(),
     );
     on_ready(&live.ready, &status);
-    loop {
-        match waitpid(pid, None) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            _ => break,
-        }
-    }
+    while let Err(nix::errno::Errno::EINTR) = waitpid(pid, None) {}
     live.guard.0 = None;
     proxy.stop();
     let oom_kills = live.group.oom_kills().unwrap_or(0);
