@@ -32,6 +32,7 @@ fn record(root: &Path, id: &str, creator: Option<Creator>) -> Record {
         commits: vec![],
         create_ms: 0.0,
         sandbox_pid: None,
+        sandbox: None,
         creator,
     }
 }
