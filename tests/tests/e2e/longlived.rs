@@ -935,14 +935,12 @@ fn keeper_killed(create: &[&str]) {
 }
 
 #[test]
-#[ignore = "sweep leaves the dead keeper's cgroups, run and work dirs (freed only by the next sandbox start)"]
 fn longlived_keeper_kill9_during_exec_overlay_view() {
     require_root!();
     keeper_killed(MATERIALIZERS[0]);
 }
 
 #[test]
-#[ignore = "sweep leaves the dead keeper's cgroups, run and work dirs (freed only by the next sandbox start)"]
 fn longlived_keeper_kill9_during_exec_fuse() {
     require_root!();
     keeper_killed(MATERIALIZERS[2]);
