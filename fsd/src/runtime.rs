@@ -776,6 +776,7 @@ impl Runtime {
         for rec in records {
             if rec.sandbox.is_some() && live_sandbox(&rec).is_none() {
                 self.forget_sandbox(&rec)?;
+                self.reap_dead_sandboxes(&rec.path);
                 report.sandboxes_cleared.push(rec.id.clone());
             }
             match rec.status {

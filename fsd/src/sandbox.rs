@@ -492,6 +492,25 @@ impl Drop for Claim<'_> {
     }
 }
 
+impl Runtime {
+    /// Has the helper free what killed keepers left (their cgroups, per-run and overlay
+    /// work directories; the keeper frees them itself when it is stopped). Best effort:
+    /// a helper that cannot be run or fails leaves them to the next sandbox start.
+    pub(crate) fn reap_dead_sandboxes(&self, workspace: &Path) {
+        let Ok(helper) = helper_path() else {
+            return;
+        };
+        let _ = Command::new(helper)
+            .arg("reap")
+            .arg(flag("--state-dir", self.sandbox_state_dir().as_os_str()))
+            .arg(flag("--dir", workspace.as_os_str()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
 fn flag(name: &str, value: &std::ffi::OsStr) -> std::ffi::OsString {
     let mut s = std::ffi::OsString::from(format!("{name}="));
     s.push(value);

@@ -53,6 +53,19 @@ enum Command {
         #[arg(long)]
         state_dir: Option<PathBuf>,
     },
+    /// Free what sandboxes whose helper was killed left behind (cgroups, per-run
+    /// directories, and with --dir the workspace's overlay work directories).
+    Reap {
+        /// Leases and per-run directories (default $COWSPACE_ROOT/run/sandbox).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Cgroup root (default /sys/fs/cgroup).
+        #[arg(long, default_value = "/sys/fs/cgroup")]
+        cgroup_root: PathBuf,
+        /// A workspace directory whose stale overlay work directories to remove.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Print the status of the running sandbox NAME as one JSON object.
     Status {
         /// The sandbox's name.
@@ -168,6 +181,19 @@ fn main() -> ExitCode {
                     println!("{v}");
                     0
                 }),
+            false,
+        ),
+        Command::Reap {
+            state_dir,
+            cgroup_root,
+            dir,
+        } => finish(
+            sandbox_helper::run::reap_stale(
+                &state_dir_or_default(state_dir),
+                &cgroup_root,
+                dir.as_deref(),
+            )
+            .map(|()| 0),
             false,
         ),
         Command::Status { name, state_dir } => finish(

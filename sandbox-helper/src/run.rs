@@ -558,6 +558,27 @@ fn hand_over(
     expect_reply(ours, b'S', spec)
 }
 
+/// Frees what sandboxes whose helper died (`SIGKILL`) left behind: their cgroups in
+/// every hierarchy under `cgroup_root`, their per-run directories in `state_dir`, and,
+/// with `workspace`, their overlay work directories beside that workspace's upper layer
+/// (found from the overlay mounted at it). A helper that starts does the same; this is
+/// for `sweep`, which must not wait for the next sandbox to start.
+pub fn reap_stale(state_dir: &Path, cgroup_root: &Path, workspace: Option<&Path>) -> Result<()> {
+    let placements: Vec<cgroup::Placement> = cgroup::Controller::ALL
+        .iter()
+        .filter_map(|c| cgroup::locate(cgroup_root, *c).ok())
+        .collect();
+    cgroup::reap_stale(&placements);
+    reap_stale_run_dirs(&state_dir.join("run"));
+    reap_stale_run_dirs(Path::new(ROOTS_DIR));
+    if let Some(dir) = workspace
+        && let Some(layers) = crate::overlay::detect(dir, "")?
+    {
+        crate::overlay::reap_stale_work_dirs(&layers.upper_parent);
+    }
+    Ok(())
+}
+
 /// Removes per-run directories of helpers that died without cleaning up.
 fn reap_stale_run_dirs(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {

@@ -1,6 +1,7 @@
 //! All end-to-end tests in one binary, one module per area.
 
 mod crash;
+mod longlived;
 mod run;
 mod sandbox;
 mod store_cli;
