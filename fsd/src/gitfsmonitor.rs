@@ -356,6 +356,15 @@ fn paths_of(
                     out.push(path.clone());
                 }
             }
+            // A directory renamed from the base: everything under it is new at its path.
+            UpperChange::Redirect { path, .. } => {
+                if !under_git_dir(path) {
+                    out.push(path.clone());
+                    let mut cone = path.clone();
+                    cone.push(b'/');
+                    out.push(cone);
+                }
+            }
             UpperChange::Dir { path, opaque, .. } => {
                 if under_git_dir(path) {
                     continue;

@@ -83,7 +83,13 @@ pub fn is_mounted(path: &Path) -> Result<bool> {
 }
 
 /// Mounts an overlay of `lower` with `upper` and `work` at `target`.
-pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> Result<()> {
+pub fn mount_overlay(
+    lower: &Path,
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+    redirects: bool,
+) -> Result<()> {
     for p in [lower, upper, work] {
         let s = p.as_os_str().to_string_lossy();
         if s.contains(',') || s.contains(':') || s.contains('\\') {
@@ -93,14 +99,21 @@ pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> 
             )));
         }
     }
-    // redirect_dir=nofollow: renaming a directory of the base returns EXDEV (tools fall
-    // back to copying), so the upper layer stays a plain description of the changes;
-    // index=off, metacopy=off likewise keep copy-ups whole files. userxattr: opaque
-    // directories are marked `user.overlay.opaque`, which the overlay the sandbox mounts
-    // over the same upper inside its user namespace can read and write too
-    // (`trusted.*` needs CAP_SYS_ADMIN in the initial namespace; docs/sandbox.md).
+    // `redirects` (workspaces made by this version): `trusted.overlay.*` xattrs and
+    // `redirect_dir=on`, so renaming a directory of the base is one rename (a redirect
+    // record in the upper layer, which diff, commit and the fsmonitor hook follow,
+    // `crate::upper`); only possible because every overlay of the workspace, the shared
+    // one of a sandbox included, is mounted in the initial user namespace.
+    // Otherwise (workspaces of earlier versions): `userxattr,redirect_dir=nofollow`,
+    // where renaming a base directory returns EXDEV and tools copy it. index=off,
+    // metacopy=off keep copy-ups whole files either way.
+    let policy = if redirects {
+        "redirect_dir=on,index=off,metacopy=off"
+    } else {
+        "userxattr,redirect_dir=nofollow,index=off,metacopy=off"
+    };
     let opts = format!(
-        "lowerdir={},upperdir={},workdir={},userxattr,redirect_dir=nofollow,index=off,metacopy=off",
+        "lowerdir={},upperdir={},workdir={},{policy}",
         lower.display(),
         upper.display(),
         work.display()

@@ -84,6 +84,11 @@ pub struct Record {
     /// `host_mount`). `None` for a one-shot `run` and when no sandbox runs.
     #[serde(default)]
     pub sandbox: Option<serde_json::Value>,
+    /// An overlay workspace whose overlay keeps its metadata in `trusted.overlay.*` with
+    /// `redirect_dir=on` (renamed directories as redirect records; made by this
+    /// version); `false` for records of earlier versions (`userxattr`, no redirects).
+    #[serde(default)]
+    pub overlay_redirects: bool,
     /// The process that made the workspace, or, once it is `cleanup_pending`, the one
     /// removing it. While the status is `creating` or `cleanup_pending`, sweep (and a
     /// daemon starting) leave the workspace to it as long as it lives

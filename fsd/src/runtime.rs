@@ -254,6 +254,7 @@ impl Runtime {
             create_ms: 0.0,
             sandbox_pid: None,
             sandbox: None,
+            overlay_redirects: true,
             // Sweeps and a daemon starting meanwhile leave the workspace to this process.
             creator: Creator::current(),
         };

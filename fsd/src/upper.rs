@@ -4,8 +4,12 @@
 //! Overlay's upper layer holds every created or modified file as a whole file (copy-up;
 //! `metacopy=off`), every deleted path as a whiteout (a character device 0:0), and every
 //! directory that replaced a base directory as an "opaque" directory
-//! (`user.overlay.opaque=y` with `userxattr`; `trusted.overlay.opaque` from older mounts);
-//! `redirect_dir=nofollow` means no renamed-directory records.
+//! (`user.overlay.opaque=y` with `userxattr`; `trusted.overlay.opaque` otherwise). A
+//! directory renamed from the base, in a workspace whose overlay has `redirect_dir=on`,
+//! is a directory carrying `trusted.overlay.redirect` (the base path it came from,
+//! absolute with a leading `/`, else relative to its parent's base path), with a
+//! whiteout where it was: its base entries are the origin's, merged with what the upper
+//! layer holds under it ([`UpperChange::Redirect`]).
 
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -45,6 +49,12 @@ pub enum UpperChange {
         path: Vec<u8>,
         target: Vec<u8>,
     },
+    /// The directory just reported at `path` was renamed from the base's `origin`: its
+    /// base entries are the origin's (follows its `Dir`).
+    Redirect {
+        path: Vec<u8>,
+        origin: Vec<u8>,
+    },
     Special {
         path: Vec<u8>,
         kind: Kind,
@@ -57,7 +67,9 @@ pub enum UpperChange {
 /// (`user.overlay.*`, which overlay mounts with `userxattr` keep there).
 fn user_xattrs(host: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
     let mut x = read_xattrs(host)?;
-    x.retain(|(name, _)| !name.starts_with(b"user.overlay."));
+    x.retain(|(name, _)| {
+        !name.starts_with(b"user.overlay.") && !name.starts_with(b"trusted.overlay.")
+    });
     Ok(x)
 }
 
@@ -78,11 +90,25 @@ fn join(prefix: &[u8], name: &[u8]) -> Vec<u8> {
 /// Walks `upper` and returns its changes.
 pub fn changes(upper: &Path) -> Result<Vec<UpperChange>> {
     let mut out = Vec::new();
-    walk(upper, &[], &mut out)?;
+    walk(upper, &[], Some(&[]), &mut out)?;
     Ok(out)
 }
 
-fn walk(dir: &Path, prefix: &[u8], out: &mut Vec<UpperChange>) -> Result<()> {
+/// The base path a redirected directory came from: `value` absolute (`/a/b`) from the
+/// base's root, else a name in its parent's base directory `lower_parent`.
+fn redirect_origin(value: &[u8], lower_parent: Option<&[u8]>) -> Option<Vec<u8>> {
+    if let Some(abs) = value.strip_prefix(b"/") {
+        return (!abs.is_empty()).then(|| abs.to_vec());
+    }
+    if value.is_empty() || value.contains(&b'/') {
+        return None;
+    }
+    Some(join(lower_parent?, value))
+}
+
+/// `walk`s `dir` (at `prefix`), whose base directory is `lower` (`None`: nothing of the
+/// base shows through, under an opaque directory).
+fn walk(dir: &Path, prefix: &[u8], lower: Option<&[u8]>, out: &mut Vec<UpperChange>) -> Result<()> {
     let mut names: Vec<_> = fs::read_dir(dir)
         .map_err(Error::io("read directory", dir))?
         .map(|e| e.map(|e| e.file_name()))
@@ -97,13 +123,35 @@ fn walk(dir: &Path, prefix: &[u8], out: &mut Vec<UpperChange>) -> Result<()> {
         if ft.is_char_device() && meta.rdev() == 0 {
             out.push(UpperChange::Whiteout { path });
         } else if ft.is_dir() {
+            let opaque = is_opaque(&host);
+            let redirect = match xattr::get(&host, "trusted.overlay.redirect") {
+                Ok(Some(v)) => Some(redirect_origin(&v, lower).ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "{}: an overlay redirect {:?} this version cannot follow",
+                        host.display(),
+                        String::from_utf8_lossy(&v)
+                    ))
+                })?),
+                _ => None,
+            };
             out.push(UpperChange::Dir {
                 path: path.clone(),
                 mode: meta.mode() & 0o7777,
                 xattrs: user_xattrs(&host)?,
-                opaque: is_opaque(&host),
+                opaque,
             });
-            walk(&host, &path, out)?;
+            let below = match (&redirect, opaque) {
+                (Some(origin), _) => Some(origin.clone()),
+                (None, true) => None,
+                (None, false) => lower.map(|l| join(l, name.as_bytes())),
+            };
+            if let Some(origin) = redirect {
+                out.push(UpperChange::Redirect {
+                    path: path.clone(),
+                    origin,
+                });
+            }
+            walk(&host, &path, below.as_deref(), out)?;
         } else if ft.is_file() {
             out.push(UpperChange::File {
                 path,
@@ -276,11 +324,41 @@ pub fn diff_changes(
             | UpperChange::Dir { path, .. }
             | UpperChange::File { path, .. }
             | UpperChange::Symlink { path, .. }
+            | UpperChange::Redirect { path, .. }
             | UpperChange::Special { path, .. } => path.clone(),
+        })
+        .collect();
+    // Upper directories whose base is not the one at their path (opaque: none;
+    // redirected: their origin), and whiteouts: a redirected directory's listing of
+    // its origin does not descend into them.
+    let own_base: std::collections::HashSet<Vec<u8>> = changes
+        .iter()
+        .filter_map(|c| match c {
+            UpperChange::Dir {
+                path, opaque: true, ..
+            }
+            | UpperChange::Redirect { path, .. }
+            | UpperChange::Whiteout { path } => Some(path.clone()),
+            _ => None,
         })
         .collect();
     for c in &changes {
         match c {
+            UpperChange::Redirect { path, origin } => {
+                // The origin's entries appear at `path`: each one the upper layer does
+                // not report itself is new there (the origin's own deletion is its
+                // whiteout's).
+                let origin_tree = base_trees.entry(origin)?.and_then(|e| e.subtree());
+                redirected_entries(
+                    store,
+                    origin_tree,
+                    path,
+                    &upper_paths,
+                    &own_base,
+                    &mut base_trees,
+                    &mut out,
+                )?;
+            }
             UpperChange::Whiteout { path } => {
                 if let Some(old) = base_trees.entry(path)? {
                     out.push((
@@ -398,6 +476,49 @@ pub fn diff_changes(
     Ok(out)
 }
 
+/// The entries of the base tree `tree` (a redirected directory's origin) at `prefix`,
+/// as added, but those the upper layer reports itself (`upper_paths`), and nothing
+/// under an upper directory with a base of its own or a whiteout (`own_base`).
+#[allow(clippy::too_many_arguments)]
+fn redirected_entries(
+    store: &Store,
+    tree: Option<TreeId>,
+    prefix: &[u8],
+    upper_paths: &std::collections::HashSet<Vec<u8>>,
+    own_base: &std::collections::HashSet<Vec<u8>>,
+    base_trees: &mut BaseTrees<'_>,
+    out: &mut Vec<(DiffEntry, Option<PathBuf>)>,
+) -> Result<()> {
+    let Some(tree) = tree else { return Ok(()) };
+    for e in store.tree(&tree)?.entries.iter() {
+        let p = join(prefix, &e.name);
+        if own_base.contains(&p) {
+            continue;
+        }
+        if !upper_paths.contains(&p) {
+            let old = base_trees.entry(&p)?;
+            let change = if old.is_some() {
+                Change::Modified
+            } else {
+                Change::Added
+            };
+            out.push((diff_entry(&p, change, old, Some(e.clone())), None));
+        }
+        if e.kind == Kind::Dir {
+            redirected_entries(
+                store,
+                e.subtree(),
+                &p,
+                upper_paths,
+                own_base,
+                base_trees,
+                out,
+            )?;
+        }
+    }
+    Ok(())
+}
+
 type ListBase<'a> = dyn FnMut(
         &Store,
         Option<TreeId>,
@@ -484,6 +605,7 @@ pub fn capture_changes(
     for c in changes {
         match c {
             UpperChange::Whiteout { path } => ed.delete(&path)?,
+            UpperChange::Redirect { path, origin } => ed.rebase_dir(&path, &origin)?,
             UpperChange::Dir {
                 path,
                 mode,

@@ -33,6 +33,7 @@ fn record(root: &Path, id: &str, creator: Option<Creator>) -> Record {
         create_ms: 0.0,
         sandbox_pid: None,
         sandbox: None,
+        overlay_redirects: false,
         creator,
     }
 }

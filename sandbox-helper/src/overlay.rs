@@ -41,6 +41,10 @@ pub struct Layers {
     pub upper_name: OsString,
     /// This run's work directory's name in `upper_parent` (`.sandbox-work.NAME.PID`).
     pub work_name: OsString,
+    /// The overlay keeps its metadata in `trusted.overlay.*` (no `userxattr`) and may
+    /// hold renamed-directory redirects (`redirect_dir=on`): only an overlay mounted in
+    /// the initial user namespace (the shared mount, `crate::share`) can take its layers.
+    pub trusted: bool,
 }
 
 impl Layers {
@@ -121,6 +125,7 @@ pub fn detect_in(mountinfo: &str, dir: &Path) -> Result<Option<Layers>> {
 
 fn parse(opts: &str, dir: &Path) -> Result<Layers> {
     let (mut lower, mut upper, mut work, mut userxattr) = (None, None, None, false);
+    let mut redirects = false;
     for opt in opts.split(',') {
         let (key, value) = opt.split_once('=').unwrap_or((opt, ""));
         match (key, value) {
@@ -128,7 +133,8 @@ fn parse(opts: &str, dir: &Path) -> Result<Layers> {
             ("upperdir", v) => upper = Some(PathBuf::from(unescape(v))),
             ("workdir", v) => work = Some(PathBuf::from(unescape(v))),
             ("userxattr", _) => userxattr = true,
-            ("index" | "metacopy" | "nfs_export", "on") | ("redirect_dir", "on" | "follow") => {
+            ("redirect_dir", "on" | "follow") => redirects = true,
+            ("index" | "metacopy" | "nfs_export", "on") => {
                 return Err(unsupported(format!(
                     "the overlay at {} uses {opt}, which an overlay inside a user namespace cannot",
                     dir.display()
@@ -146,9 +152,9 @@ fn parse(opts: &str, dir: &Path) -> Result<Layers> {
         ))
     })?;
     let work = work.ok_or_else(|| unsupported(format!("the overlay at {show} has no workdir")))?;
-    if !userxattr {
+    if userxattr && redirects {
         return Err(unsupported(format!(
-            "the overlay at {show} keeps its metadata in trusted.overlay.* xattrs, which an overlay inside the sandbox's user namespace cannot read; mount it with `userxattr` (cowspace workspaces created by this version are)"
+            "the overlay at {show} has redirects with userxattr, which overlayfs refuses"
         )));
     }
     if lower.contains("::") || lower.contains("\\:") {
@@ -182,14 +188,37 @@ fn parse(opts: &str, dir: &Path) -> Result<Layers> {
         upper_parent: upper_parent.to_path_buf(),
         upper_name: upper_name.to_os_string(),
         work_name: OsString::new(),
+        trusted: !userxattr,
     })
 }
 
-/// The overlay mount options inside the sandbox (paths are inside init's view).
-pub fn mount_options(lowers: &[PathBuf], upper: &Path, work: &Path) -> String {
+/// Refuses layers that an overlay mounted inside the sandbox's user namespace (the
+/// one-shot `--suspend-host-mount` design) cannot take: `trusted.overlay.*` xattrs need
+/// `CAP_SYS_ADMIN` in the initial namespace, and redirects need those.
+pub fn require_userns_mountable(layers: &Layers, dir: &Path) -> Result<()> {
+    if layers.trusted {
+        return Err(unsupported(format!(
+            "the overlay at {} keeps its metadata in trusted.overlay.* xattrs (and may hold \
+             directory redirects), which an overlay inside the sandbox's user namespace \
+             cannot read; use --share-host-mount (what `mountctl run` passes)",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// The overlay mount options for the sandbox's overlay of the layers: the host's
+/// xattr namespace and redirect policy (`trusted`: `trusted.overlay.*` and
+/// `redirect_dir=on`; else `userxattr,redirect_dir=nofollow`).
+pub fn mount_options(lowers: &[PathBuf], upper: &Path, work: &Path, trusted: bool) -> String {
     let lowers: Vec<String> = lowers.iter().map(|l| l.display().to_string()).collect();
+    let policy = if trusted {
+        "redirect_dir=on,index=off,metacopy=off"
+    } else {
+        "userxattr,redirect_dir=nofollow,index=off,metacopy=off"
+    };
     format!(
-        "lowerdir={},upperdir={},workdir={},userxattr,redirect_dir=nofollow,index=off,metacopy=off",
+        "lowerdir={},upperdir={},workdir={},{policy}",
         lowers.join(":"),
         upper.display(),
         work.display()
@@ -232,10 +261,20 @@ mod tests {
     }
 
     #[test]
-    fn refuses_trusted_xattrs_and_index() {
-        let trusted = COWSPACE.replace(",userxattr", "");
-        let e = detect_in(&trusted, Path::new("/r/ws/ws-1/mnt")).unwrap_err();
-        assert!(e.to_string().contains("userxattr"), "{e}");
+    fn trusted_xattrs_are_only_for_the_shared_mount_and_index_is_refused() {
+        let trusted = COWSPACE
+            .replace(",userxattr", "")
+            .replace("redirect_dir=nofollow", "redirect_dir=on");
+        let dir = Path::new("/r/ws/ws-1/mnt");
+        let l = detect_in(&trusted, dir).unwrap().unwrap();
+        assert!(l.trusted);
+        let e = require_userns_mountable(&l, dir).unwrap_err();
+        assert!(e.to_string().contains("trusted.overlay"), "{e}");
+        let plain = detect_in(COWSPACE, dir).unwrap().unwrap();
+        assert!(!plain.trusted);
+        require_userns_mountable(&plain, dir).unwrap();
+        let both = COWSPACE.replace("redirect_dir=nofollow", "redirect_dir=on");
+        assert!(detect_in(&both, dir).is_err());
         let index = COWSPACE.replace("uuid=on", "index=on");
         assert!(detect_in(&index, Path::new("/r/ws/ws-1/mnt")).is_err());
         let dataonly = COWSPACE.replace("lowerdir=/r/cache/checkouts/ab", "lowerdir=/a::/b");

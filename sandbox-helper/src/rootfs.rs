@@ -525,6 +525,7 @@ fn plan_overlay(p: &mut Planner<'_>, layers: &crate::overlay::Layers) -> Vec<Ste
         &attached,
         &rw.join(&layers.upper_name),
         &rw.join(&layers.work_name),
+        false,
     );
     attached.push(rw);
     let mut after_pivot = vec![Step::Overlay {
@@ -834,6 +835,7 @@ mod tests {
             upper_parent: "/r/ws/ws-1".into(),
             upper_name: "upper".into(),
             work_name: ".sandbox-work.w1.7".into(),
+            trusted: false,
         });
         let plan = plan(&spec, Path::new("/r/run/w1/root"), &debian_host());
         assert!(!plan.detached.iter().any(|d| d.host == spec.workspace));

@@ -180,6 +180,7 @@ pub fn share(
         &lower_paths,
         &rw.join(&layers.upper_name),
         &rw.join(work_name),
+        layers.trusted,
     );
     // The host's overlay goes first: one upper layer is never under two live overlays.
     match nix::mount::umount2(workspace, MntFlags::empty()) {

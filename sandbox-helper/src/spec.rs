@@ -247,6 +247,11 @@ impl Spec {
                 workspace.display()
             )));
         }
+        if let Some(layers) = &overlay
+            && !share_host_mount
+        {
+            crate::overlay::require_userns_mountable(layers, &workspace)?;
+        }
         if input.suspend_host_mount || share_host_mount {
             check_suspendable(&workspace, overlay.as_ref(), state_dir)?;
         }

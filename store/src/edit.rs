@@ -253,6 +253,34 @@ impl<'s> Editor<'s> {
         Ok(())
     }
 
+    /// Makes the directory at `path` (already put) take its base entries from the
+    /// base's directory `origin` instead of its own (an overlay directory renamed from
+    /// `origin`, a redirect): `origin`'s subtree is kept by id, later changes under
+    /// `path` apply on top of it. The origin's own removal is the caller's (`delete`).
+    pub fn rebase_dir(&mut self, path: &[u8], origin: &[u8]) -> Result<()> {
+        let tree = match self.base_entry(origin)? {
+            Some(e) if e.kind == Kind::Dir => e.subtree(),
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "{:?} was renamed from {:?}, which is no directory of the base",
+                    String::from_utf8_lossy(path),
+                    String::from_utf8_lossy(origin)
+                )));
+            }
+        };
+        let comps = split_path(path)?;
+        if comps.is_empty() {
+            return Err(Error::Invalid("the root cannot be renamed".into()));
+        }
+        if self.base.counts.hardlinks > 0 {
+            self.touched_primary = true;
+        }
+        self.changed += 1;
+        let dir = self.dir_mut(&comps)?;
+        dir.base = tree;
+        Ok(())
+    }
+
     /// Makes `path` an empty directory: nothing of the base under it survives (an overlay
     /// "opaque" directory); later `put_*` calls fill it.
     pub fn clear_dir(&mut self, path: &[u8], mode: u32, xattrs: Xattrs) -> Result<()> {

@@ -48,7 +48,7 @@ pub fn trial_mount(store: &Store) -> std::result::Result<(), String> {
             for d in &dirs {
                 fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
             }
-            let r = mounts::mount_overlay(&dirs[0], &dirs[1], &dirs[2], &dirs[3]);
+            let r = mounts::mount_overlay(&dirs[0], &dirs[1], &dirs[2], &dirs[3], true);
             let out = match r {
                 Ok(()) => {
                     let _ = mounts::unmount(&dirs[3]);
@@ -95,7 +95,13 @@ impl Materializer for Overlay {
             fs::create_dir_all(&d).map_err(Error::io("create directory", &d))?;
         }
         fs::create_dir_all(&rec.path).map_err(Error::io("create directory", &rec.path))?;
-        mounts::mount_overlay(&rec.lower, &Self::upper(rec), &Self::work(rec), &rec.path)
+        mounts::mount_overlay(
+            &rec.lower,
+            &Self::upper(rec),
+            &Self::work(rec),
+            &rec.path,
+            rec.overlay_redirects,
+        )
     }
 
     fn unmount_for_removal(&self, rec: &Record, force: bool) -> Result<()> {

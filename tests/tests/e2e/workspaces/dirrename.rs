@@ -353,3 +353,85 @@ fn a_large_directory_copied_for_a_rename_lets_lookups_and_writes_go_on() {
         big_content(3)
     );
 }
+
+/// The regular files anywhere under `dir` (what a copy would have put in an upper layer).
+fn regular_files(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                stack.push(p);
+            } else if m.is_file() {
+                out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn overlay_renames_a_snapshot_directory_with_one_redirect_and_commits_the_moved_tree() {
+    require_root!();
+    for lower in ["view", "checkout"] {
+        let r = WsRoot::new();
+        let src = r.t.path("src");
+        base(&src);
+        let snap = r.import(&src, &["--no-default-excludes"]);
+        let ws = r.create(&snap, &["--lower", lower]);
+        let upper = r.root().join("workspaces").join(&ws.id).join("upper");
+        // The same operations on a plain export of the snapshot: what the commit must
+        // hold.
+        let plain = r.t.path("plain");
+        r.t.run(["export", &snap, plain.to_str().unwrap()]).ok();
+        let ops = "mv pkg/sub moved && mkdir -p far/away && mv pkg far/away/pkg2 \
+                   && echo changed >> moved/keep.txt && rm far/away/pkg2/gone.txt \
+                   && echo new > moved/deeper/new.txt && mv moved/deeper deeper-top";
+        sh(&ws.path, ops);
+        sh(&plain, ops);
+        // One rename each: no file of the snapshot was copied into the upper layer
+        // but the one modified and the one made.
+        assert_eq!(
+            regular_files(&upper),
+            vec![
+                "deeper-top/new.txt".to_string(),
+                "moved/keep.txt".to_string()
+            ],
+            "{lower}: the renames copied files"
+        );
+        cowspace_tests::assert_same_tree(&plain, &ws.path);
+        // diff names every path the moves made or removed.
+        let diff = r.t.run(["diff", &ws.id]).ok().stdout;
+        for line in [
+            "A moved/a-link.txt",
+            "A moved/to-a",
+            "A far/away/pkg2/a.txt",
+            "A deeper-top/f.txt",
+            "A deeper-top/new.txt",
+            "D pkg/sub/deeper/f.txt",
+            "D pkg/gone.txt",
+        ] {
+            assert!(
+                diff.lines().any(|l| l == line),
+                "{lower}: diff lacks {line:?}:\n{diff}"
+            );
+        }
+        assert!(
+            !diff.lines().any(|l| l.contains("far/away/pkg2/gone.txt")),
+            "{lower}: {diff}"
+        );
+        let (new_snap, _, _) = r.commit(&ws.id, &[]);
+        let out = r.t.path("export");
+        r.t.run(["export", &new_snap, out.to_str().unwrap()]).ok();
+        cowspace_tests::assert_same_tree(&plain, &out);
+        // git sees the moves (its fsmonitor hook names the renamed directories).
+        let status = sh(&ws.path, &format!("{GIT} status --porcelain"));
+        assert!(status.contains("moved/"), "{lower}: {status}");
+        assert!(status.contains("deeper-top/"), "{lower}: {status}");
+        r.remove(&ws.id);
+        r.assert_clean();
+    }
+}
