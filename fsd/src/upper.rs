@@ -77,7 +77,15 @@ fn join(prefix: &[u8], name: &[u8]) -> Vec<u8> {
 
 /// Walks `upper` and returns its changes.
 pub fn changes(upper: &Path) -> Result<Vec<UpperChange>> {
-    let mut out = Vec::new();
+    // The root's own mode first (the upper directory is the workspace's root; a change
+    // is kept only where it differs from the snapshot's `root_mode`).
+    let meta = fs::symlink_metadata(upper).map_err(Error::io("stat", upper))?;
+    let mut out = vec![UpperChange::Dir {
+        path: Vec::new(),
+        mode: meta.mode() & 0o7777,
+        xattrs: Vec::new(),
+        opaque: false,
+    }];
     walk(upper, &[], &mut out)?;
     Ok(out)
 }
@@ -281,6 +289,12 @@ pub fn diff_changes(
         .collect();
     for c in &changes {
         match c {
+            UpperChange::Dir { path, mode, .. } if path.is_empty() => {
+                out.extend(
+                    cowspace_store::diff::root_mode_change(snap.root_mode, *mode)
+                        .map(|d| (d, None)),
+                );
+            }
             UpperChange::Whiteout { path } => {
                 if let Some(old) = base_trees.entry(path)? {
                     out.push((
@@ -483,6 +497,13 @@ pub fn capture_changes(
 ) -> Result<()> {
     for c in changes {
         match c {
+            UpperChange::Dir { path, mode, .. } if path.is_empty() => {
+                // The root's mode is the snapshot's `root_mode` (no xattrs are recorded
+                // for the root: the format has no place for them).
+                if mode & 0o7777 != ed.base().root_mode & 0o7777 {
+                    ed.put_dir(&path, mode, Vec::new())?;
+                }
+            }
             UpperChange::Whiteout { path } => ed.delete(&path)?,
             UpperChange::Dir {
                 path,

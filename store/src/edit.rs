@@ -416,7 +416,9 @@ impl<'s> Editor<'s> {
                 store: self.store,
                 written: &written,
             };
-            root = relink(&trees, &mut self.ingest, &root, &mut counts)?;
+            let mut put = std::collections::HashSet::new();
+            collect_put_files(&root_edit, &[], &mut put);
+            root = relink(&trees, &mut self.ingest, &root, &put, &mut counts)?;
         }
         if let Some((name, _)) = ref_name {
             refs::check_ref_name(name)?;
@@ -477,6 +479,20 @@ fn join(prefix: &[u8], name: &[u8]) -> Vec<u8> {
     }
     p.extend_from_slice(name);
     p
+}
+
+/// The paths of every file this edit puts (new objects, whatever they held before).
+fn collect_put_files(d: &DirEdit, prefix: &[u8], out: &mut std::collections::HashSet<Vec<u8>>) {
+    for (name, c) in &d.children {
+        let p = join(prefix, name);
+        match c {
+            Child::Leaf(Leaf::File { .. }) => {
+                out.insert(p);
+            }
+            Child::Dir(sub) => collect_put_files(sub, &p, out),
+            _ => {}
+        }
+    }
 }
 
 fn collect_primaries(d: &DirEdit, prefix: &[u8], out: &mut HashMap<u64, Vec<u8>>) {
@@ -662,12 +678,15 @@ fn sorted(x: &Xattrs) -> Xattrs {
 }
 
 /// Re-forms hard-link groups after an edit that may have removed or changed a primary:
-/// a `hardlink` entry whose primary is no longer a file with the same content becomes a
+/// a `hardlink` entry kept from the base whose primary is no longer a file with the same
+/// content, or was put by this edit (a new object at that name, though it may hold the
+/// same bytes: a copy-up, a chmod of one name where links do not survive it), becomes a
 /// file itself, and later names of its group point at it. Walks the whole tree.
 fn relink(
     store: &Trees<'_>,
     ingest: &mut Ingest<'_>,
     root: &TreeId,
+    put: &std::collections::HashSet<Vec<u8>>,
     counts: &mut Counts,
 ) -> Result<TreeId> {
     // Pass 1: every regular file's (path -> content, mode), and every hardlink.
@@ -678,7 +697,15 @@ fn relink(
         return Ok(*root);
     }
     let mut renamed: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
-    rewrite(store, ingest, root, &[], &files, &mut renamed, counts)
+    let mut w = Rewrite {
+        store,
+        ingest,
+        files: &files,
+        put,
+        renamed: &mut renamed,
+        counts,
+    };
+    w.rewrite(root, &[])
 }
 
 fn scan(
@@ -702,55 +729,63 @@ fn scan(
     Ok(())
 }
 
-fn rewrite(
-    store: &Trees<'_>,
-    ingest: &mut Ingest<'_>,
-    id: &TreeId,
-    prefix: &[u8],
-    files: &HashMap<Vec<u8>, [u8; 32]>,
-    renamed: &mut HashMap<Vec<u8>, Vec<u8>>,
-    counts: &mut Counts,
-) -> Result<TreeId> {
-    let mut tree = store.tree(id)?;
-    let mut changed = false;
-    for e in &mut tree.entries {
-        let p = join(prefix, &e.name);
-        match e.kind {
-            Kind::Dir => {
-                let sub = e.subtree().expect("dir");
-                let new = rewrite(store, ingest, &sub, &p, files, renamed, counts)?;
-                if new != sub {
-                    e.hash = *new.as_bytes();
+struct Rewrite<'a, 'b, 'i> {
+    store: &'a Trees<'a>,
+    ingest: &'a mut Ingest<'i>,
+    files: &'a HashMap<Vec<u8>, [u8; 32]>,
+    put: &'a std::collections::HashSet<Vec<u8>>,
+    renamed: &'b mut HashMap<Vec<u8>, Vec<u8>>,
+    counts: &'a mut Counts,
+}
+
+impl Rewrite<'_, '_, '_> {
+    fn rewrite(&mut self, id: &TreeId, prefix: &[u8]) -> Result<TreeId> {
+        let store = self.store;
+        let mut tree = store.tree(id)?;
+        let mut changed = false;
+        for e in &mut tree.entries {
+            let p = join(prefix, &e.name);
+            match e.kind {
+                Kind::Dir => {
+                    let sub = e.subtree().expect("dir");
+                    let new = self.rewrite(&sub, &p)?;
+                    if new != sub {
+                        e.hash = *new.as_bytes();
+                        changed = true;
+                    }
+                }
+                Kind::Hardlink => {
+                    // Put by this edit: a member of one of its own groups. Kept from the
+                    // base: linked still if its primary is the same file, not a new one.
+                    let intact = self.put.contains(&p)
+                        || (self.files.get(&e.data).is_some_and(|h| *h == e.hash)
+                            && !self.put.contains(&e.data));
+                    if intact {
+                        continue;
+                    }
+                    match self.renamed.get(&e.data) {
+                        Some(new_primary) => {
+                            e.data = new_primary.clone();
+                        }
+                        None => {
+                            self.renamed.insert(e.data.clone(), p.clone());
+                            e.kind = Kind::File;
+                            e.data.clear();
+                            self.counts.hardlinks = self.counts.hardlinks.saturating_sub(1);
+                            self.counts.files += 1;
+                            self.counts.bytes += e.size;
+                        }
+                    }
                     changed = true;
                 }
+                _ => {}
             }
-            Kind::Hardlink => {
-                let intact = files.get(&e.data).is_some_and(|h| *h == e.hash);
-                if intact {
-                    continue;
-                }
-                match renamed.get(&e.data) {
-                    Some(new_primary) => {
-                        e.data = new_primary.clone();
-                    }
-                    None => {
-                        renamed.insert(e.data.clone(), p.clone());
-                        e.kind = Kind::File;
-                        e.data.clear();
-                        counts.hardlinks = counts.hardlinks.saturating_sub(1);
-                        counts.files += 1;
-                        counts.bytes += e.size;
-                    }
-                }
-                changed = true;
-            }
-            _ => {}
         }
+        if !changed {
+            return Ok(*id);
+        }
+        let (new, bytes) = tree.encode_with_id();
+        self.ingest.put(ObjectKind::Tree, *new.as_bytes(), &bytes)?;
+        Ok(new)
     }
-    if !changed {
-        return Ok(*id);
-    }
-    let (new, bytes) = tree.encode_with_id();
-    ingest.put(ObjectKind::Tree, *new.as_bytes(), &bytes)?;
-    Ok(new)
 }
