@@ -190,3 +190,34 @@ fn link_counts_are_those_of_the_snapshot() {
         r.remove(&ws.id);
     }
 }
+
+#[test]
+fn workspace_diff_json_names_non_utf8_paths_and_the_root() {
+    use std::os::unix::ffi::OsStrExt;
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base(&src);
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    for (name, args, _) in TARGETS {
+        let ws = r.create(&snap, args);
+        write_file(
+            &ws.path.join(std::ffi::OsStr::from_bytes(b"raw\xff")),
+            "x\n",
+        );
+        fs::set_permissions(&ws.path, fs::Permissions::from_mode(0o700)).unwrap();
+        let v = r.t.json(["diff", ws.id.as_str()]).ok().json();
+        let all = v["changes"].as_array().unwrap();
+        let c = all
+            .iter()
+            .find(|c| c["path"] == "raw\u{fffd}")
+            .unwrap_or_else(|| panic!("{name}: {v}"));
+        assert_eq!(c["path_hex"], "726177ff", "{name}: {v}");
+        assert!(
+            all.iter()
+                .any(|c| c["path"] == "." && c["change"] == "modified"),
+            "{name}: the root's mode: {v}"
+        );
+        r.remove(&ws.id);
+    }
+}
