@@ -272,17 +272,11 @@ impl Layers {
         let tmp = self.tmp();
         fs::create_dir(&tmp)?;
         self.finish_copy(&tmp, entry, rel, ino)?;
-        match nix::fcntl::renameat2(
-            AT_FDCWD,
-            &tmp,
-            AT_FDCWD,
-            &target,
-            RenameFlags::RENAME_NOREPLACE,
-        ) {
+        match place_keeping_parent_times(&tmp, &target) {
             Ok(()) => Ok(target),
             Err(e) => {
                 let _ = fs::remove_dir(&tmp);
-                Err(e.into())
+                Err(e)
             }
         }
     }
@@ -354,16 +348,7 @@ impl Layers {
             }
             self.finish_copy(&tmp, entry, rel, ino)
         })();
-        let placed = made.and_then(|()| {
-            nix::fcntl::renameat2(
-                AT_FDCWD,
-                &tmp,
-                AT_FDCWD,
-                &target,
-                RenameFlags::RENAME_NOREPLACE,
-            )
-            .map_err(io::Error::from)
-        });
+        let placed = made.and_then(|()| place_keeping_parent_times(&tmp, &target));
         if let Err(e) = placed {
             let _ = fs::remove_file(&tmp);
             return Err(e);
@@ -386,6 +371,27 @@ impl Layers {
         }
         set_times(tmp, lower_time_secs(rel, entry))
     }
+}
+
+/// Renames the finished copy `tmp` to `target` (which must not exist) and gives the
+/// directory it lands in back its atime and mtime: a copy-up changes no name the
+/// workspace shows, so the directory's times (set explicitly, or the snapshot's) stay.
+fn place_keeping_parent_times(tmp: &Path, target: &Path) -> io::Result<()> {
+    let parent = target
+        .parent()
+        .ok_or(io::Error::from_raw_os_error(libc::EINVAL))?;
+    let m = fs::metadata(parent)?;
+    nix::fcntl::renameat2(
+        AT_FDCWD,
+        tmp,
+        AT_FDCWD,
+        target,
+        RenameFlags::RENAME_NOREPLACE,
+    )?;
+    let at = TimeSpec::new(m.atime(), m.atime_nsec());
+    let mt = TimeSpec::new(m.mtime(), m.mtime_nsec());
+    nix::sys::stat::utimensat(AT_FDCWD, parent, &at, &mt, UtimensatFlags::FollowSymlink)
+        .map_err(io::Error::from)
 }
 
 /// Sets atime and mtime of `path` (not following a symlink) to `secs`.

@@ -221,3 +221,45 @@ fn workspace_diff_json_names_non_utf8_paths_and_the_root() {
         r.remove(&ws.id);
     }
 }
+
+#[test]
+fn a_directorys_set_mtime_survives_a_copy_up_beneath_it() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base(&src);
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    let set = |p: &Path, secs: i64| {
+        let st = std::process::Command::new("touch")
+            .arg("-d")
+            .arg(format!("@{secs}"))
+            .arg(p)
+            .status()
+            .unwrap();
+        assert!(st.success(), "touch {p:?}");
+    };
+    for (name, args, _) in TARGETS {
+        let ws = r.create(&snap, args);
+        let d = &ws.path;
+        set(&d.join("E"), 1_000_000_000);
+        // Copies E/sub up (into E) on the overlay materializers; E's names do not change.
+        fs::create_dir(d.join("E/sub/new")).unwrap();
+        write_file(&d.join("E/sub/f"), "changed\n");
+        assert_eq!(
+            fs::metadata(d.join("E")).unwrap().mtime(),
+            1_000_000_000,
+            "{name}: E's mtime"
+        );
+        // What the workspace shows once the kernel asks again (after a restart, or once
+        // it forgot the inode): the private upper layer's (overlay and fuse).
+        let upper = r.root().join("workspaces").join(&ws.id).join("upper/E");
+        if upper.exists() {
+            assert_eq!(
+                fs::metadata(&upper).unwrap().mtime(),
+                1_000_000_000,
+                "{name}: E's mtime in the upper layer"
+            );
+        }
+        r.remove(&ws.id);
+    }
+}
