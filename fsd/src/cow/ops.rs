@@ -46,7 +46,7 @@ type Placed = (Arc<OwnedFd>, Vec<u8>);
 /// number.
 type LinkLater = (Arc<OwnedFd>, Option<u64>, Vec<u8>, Vec<u8>, Entry, u64);
 
-/// Every name of each hard-linked file of the snapshot (sorted), by its primary's path;
+/// Every name of each hard-linked file of the snapshot (sorted), by each of its names;
 /// files with one name are not listed.
 type Groups = HashMap<Vec<u8>, Vec<Vec<u8>>>;
 
@@ -287,9 +287,16 @@ impl Cow {
                     }
                 }
             }
-            for names in groups.values_mut() {
+            // Every name finds its group (a node made from the primary's entry may have
+            // been reached by another name since).
+            let mut all = Groups::new();
+            for (_, mut names) in groups {
                 names.sort();
+                for n in &names {
+                    all.insert(n.clone(), names.clone());
+                }
             }
+            groups = all;
         }
         Ok(Arc::clone(self.groups.get_or_init(|| Arc::new(groups))))
     }
@@ -974,13 +981,14 @@ impl Cow {
             (false, true) => return Err(Errno::EISDIR),
             _ => {}
         }
-        if !is_dir {
-            self.copy_up_linked_name(&dir, &dir_path, name, &found)?;
-        }
-        let found = if is_dir {
-            found
+        let (dir, found) = if is_dir {
+            (dir, found)
         } else {
-            self.resolve(&dir, name)?
+            // The directory may have been copied up with the name: asked again.
+            self.copy_up_linked_name(&dir, &dir_path, name, &found)?;
+            let dir = self.table.get(parent)?;
+            let found = self.resolve(&dir, name)?;
+            (dir, found)
         };
         let ino = self.ino_of(&dir_path, name, &found);
         let lower_has = self.lower_child(&dir, name)?.is_some();
