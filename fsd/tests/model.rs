@@ -357,8 +357,10 @@ fn random_operations_match_a_plain_directory() {
     };
     let mut runner = TestRunner::new(config);
     let counter = std::sync::atomic::AtomicU32::new(0);
+    let op_count = std::sync::atomic::AtomicU64::new(0);
     let result = runner.run(&proptest::collection::vec(op(), 1..40), |ops| {
         let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        op_count.fetch_add(ops.len() as u64, std::sync::atomic::Ordering::SeqCst);
         let model = tmp.path().join(format!("model-{n}"));
         copy_tree(&base, &model).unwrap();
         // The same operations in a workspace of every materializer that works on a plain
@@ -481,6 +483,9 @@ fn random_operations_match_a_plain_directory() {
         panic!("seed {seed}: {e}");
     }
     let ran = counter.load(std::sync::atomic::Ordering::SeqCst);
-    eprintln!("{ran} operation sequences (seed {seed}) matched the model on every materializer");
+    let ops = op_count.load(std::sync::atomic::Ordering::SeqCst);
+    eprintln!(
+        "{ran} operation sequences, {ops} operations (seed {seed}) matched the model on {kinds:?}"
+    );
     assert!(ran >= cases, "only {ran} of {cases} cases ran");
 }
