@@ -427,7 +427,9 @@ fn random_operations_match_a_plain_directory() {
                         kind
                     );
                 }
-                let shown = listing(&ws.path, false);
+                // (overlayfs gives a file linked after its copy-up two inode numbers,
+                // though it is one file: link groups are compared for fuse and copy.)
+                let shown = live(&ws.path, kind);
                 let snap = rt
                     .commit(&ws.id, &CommitOptions::default())
                     .map_err(|e| TestCaseError::fail(format!("{kind}: {e}")))?;
@@ -438,7 +440,7 @@ fn random_operations_match_a_plain_directory() {
                 store
                     .export_dir(&snap.snapshot, &out)
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                let exported = listing(&out, false);
+                let exported = live(&out, kind);
                 let _ = fs::remove_dir_all(&out);
                 prop_assert_eq!(exported, shown, "{}: the commit vs the workspace", kind);
                 roots.push((kind.clone(), snap.root, snap.snapshot));
