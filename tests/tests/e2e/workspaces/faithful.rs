@@ -135,6 +135,10 @@ fn renaming_a_link_name_over_another_file_keeps_the_link() {
         fs::rename(d.join("E/a2"), d.join("c")).unwrap();
         append(&d.join("c"), "x\n");
     });
+    check("mv-onto-link-then-write", true, |d| {
+        fs::rename(d.join("c"), d.join("E/a2")).unwrap();
+        append(&d.join("a"), "x\n");
+    });
     check("unlink-one-then-write", true, |d| {
         fs::remove_file(d.join("a")).unwrap();
         append(&d.join("E/a2"), "x\n");
