@@ -83,7 +83,7 @@ pub fn changes(upper: &Path) -> Result<Vec<UpperChange>> {
     let mut out = vec![UpperChange::Dir {
         path: Vec::new(),
         mode: meta.mode() & 0o7777,
-        xattrs: Vec::new(),
+        xattrs: user_xattrs(upper)?,
         opaque: false,
     }];
     walk(upper, &[], &mut out)?;
@@ -289,10 +289,15 @@ pub fn diff_changes(
         .collect();
     for c in &changes {
         match c {
-            UpperChange::Dir { path, mode, .. } if path.is_empty() => {
+            UpperChange::Dir {
+                path, mode, xattrs, ..
+            } if path.is_empty() => {
                 out.extend(
-                    cowspace_store::diff::root_mode_change(snap.root_mode, *mode)
-                        .map(|d| (d, None)),
+                    cowspace_store::diff::root_change(
+                        (snap.root_mode, &snap.root_xattrs),
+                        (*mode, xattrs),
+                    )
+                    .map(|d| (d, None)),
                 );
             }
             UpperChange::Whiteout { path } => {
@@ -497,11 +502,18 @@ pub fn capture_changes(
 ) -> Result<()> {
     for c in changes {
         match c {
-            UpperChange::Dir { path, mode, .. } if path.is_empty() => {
-                // The root's mode is the snapshot's `root_mode` (no xattrs are recorded
-                // for the root: the format has no place for them).
-                if mode & 0o7777 != ed.base().root_mode & 0o7777 {
-                    ed.put_dir(&path, mode, Vec::new())?;
+            UpperChange::Dir {
+                path, mode, xattrs, ..
+            } if path.is_empty() => {
+                // The root's mode and xattrs are the snapshot's `root_mode`, `root_xattrs`.
+                let base = ed.base();
+                if cowspace_store::diff::root_change(
+                    (base.root_mode, &base.root_xattrs),
+                    (mode, &xattrs),
+                )
+                .is_some()
+                {
+                    ed.put_dir(&path, mode, xattrs)?;
                 }
             }
             UpperChange::Whiteout { path } => ed.delete(&path)?,

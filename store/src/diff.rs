@@ -68,21 +68,26 @@ fn as_hex<S: serde::Serializer>(b: &[u8], s: S) -> std::result::Result<S::Ok, S:
     s.serialize_str(&hex)
 }
 
-/// The change of the root directory's own mode (`path` `.`, `raw_path` empty), if
-/// `old` and `new` differ: the root has no tree entry, its mode is the snapshot's
-/// `root_mode`.
-pub fn root_mode_change(old: u32, new: u32) -> Option<DiffEntry> {
-    if old & 0o7777 == new & 0o7777 {
+/// The root directory's recorded mode and xattrs.
+pub type RootMeta<'a> = (u32, &'a [(Vec<u8>, Vec<u8>)]);
+
+/// The change of the root directory's own mode or xattrs (`path` `.`, `raw_path`
+/// empty), if `old` and `new` differ: the root has no tree entry, its mode and xattrs
+/// are the snapshot's `root_mode` and `root_xattrs`.
+pub fn root_change(old: RootMeta<'_>, new: RootMeta<'_>) -> Option<DiffEntry> {
+    let mut nx = new.1.to_vec();
+    nx.sort();
+    if old.0 & 0o7777 == new.0 & 0o7777 && old.1 == nx.as_slice() {
         return None;
     }
-    let dir = |mode: u32| Entry {
+    let dir = |(mode, xattrs): RootMeta<'_>| Entry {
         name: Vec::new(),
         kind: Kind::Dir,
         mode: mode & 0o7777,
         size: 0,
         hash: [0; 32],
         data: Vec::new(),
-        xattrs: Vec::new(),
+        xattrs: xattrs.to_vec(),
     };
     Some(DiffEntry {
         path: ".".into(),
@@ -125,9 +130,12 @@ impl Store {
     pub fn diff_snapshots(&self, a: &SnapshotId, b: &SnapshotId) -> Result<Vec<DiffEntry>> {
         let (sa, sb) = (self.snapshot(a)?, self.snapshot(b)?);
         let (ra, rb) = (sa.root, sb.root);
-        let mut out: Vec<DiffEntry> = root_mode_change(sa.root_mode, sb.root_mode)
-            .into_iter()
-            .collect();
+        let mut out: Vec<DiffEntry> = root_change(
+            (sa.root_mode, &sa.root_xattrs),
+            (sb.root_mode, &sb.root_xattrs),
+        )
+        .into_iter()
+        .collect();
         self.diff_trees(Some(&ra), Some(&rb), &[], &mut out)?;
         Ok(out)
     }

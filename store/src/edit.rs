@@ -411,6 +411,11 @@ impl<'s> Editor<'s> {
         };
         let mut root = w.write_dir(&root_edit, &[], &mut self.ingest)?;
         let root_mode = root_edit.mode.unwrap_or(self.base.root_mode);
+        let root_xattrs = root_edit
+            .xattrs
+            .as_ref()
+            .map(sorted)
+            .unwrap_or_else(|| self.base.root_xattrs.clone());
         if self.touched_primary {
             let trees = Trees {
                 store: self.store,
@@ -434,6 +439,7 @@ impl<'s> Editor<'s> {
             policy: self.base.policy.clone(),
             counts,
             git_fsmonitor: self.git_fsmonitor.take(),
+            root_xattrs,
         };
         let (id, bytes) = snap.encode_with_id();
         self.ingest

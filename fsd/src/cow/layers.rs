@@ -199,12 +199,15 @@ impl Layers {
 
     /// Makes the upper root (with the snapshot root's mode and the view's times the first
     /// time) and empties the work directory (made again at its first use).
-    pub fn prepare(&self, root_mode: u32) -> io::Result<()> {
+    pub fn prepare(&self, root_mode: u32, root_xattrs: &[(Vec<u8>, Vec<u8>)]) -> io::Result<()> {
         if !self.upper.exists() {
             let tmp = self.upper.with_extension("new");
             let _ = fs::remove_dir(&tmp);
             fs::create_dir_all(&tmp)?;
             fs::set_permissions(&tmp, fs::Permissions::from_mode(root_mode & 0o7777))?;
+            for (name, value) in root_xattrs {
+                xattr::set(&tmp, std::ffi::OsStr::from_bytes(name), value)?;
+            }
             std::os::unix::fs::chown(&tmp, Some(self.uid), Some(self.gid))?;
             set_times(&tmp, VIEW_TIME_SECS)?;
             fs::rename(&tmp, &self.upper)?;

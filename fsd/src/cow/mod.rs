@@ -241,7 +241,7 @@ impl CowMount {
             owner.gid(),
         );
         layers
-            .prepare(snap.root_mode)
+            .prepare(snap.root_mode, &snap.root_xattrs)
             .map_err(Error::io("prepare", private_dir))?;
         let root = ops::root_node(&layers, snap.root).map_err(Error::io("open", &layers.upper))?;
         let cow = Arc::new(ops::Cow::new(layers, root));

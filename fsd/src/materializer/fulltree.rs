@@ -250,6 +250,7 @@ pub fn build(
             b.stamps.insert(p, Stamp::of(&m));
         }
     }
+    cowspace_store::export::set_xattrs(dest, &snap.root_xattrs)?;
     fs::set_permissions(dest, fs::Permissions::from_mode(snap.root_mode & 0o7777))
         .map_err(Error::io("chmod", dest))?;
     let m = fs::symlink_metadata(dest).map_err(Error::io("stat", dest))?;

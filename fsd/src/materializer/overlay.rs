@@ -105,6 +105,9 @@ impl Materializer for Overlay {
                 .mode();
             fs::set_permissions(&upper, fs::Permissions::from_mode(mode & 0o7777))
                 .map_err(Error::io("chmod", &upper))?;
+            // And its xattrs (the view serves the root's; a checkout's root has them).
+            let xattrs = cowspace_store::import::dir::read_xattrs(&rec.lower)?;
+            cowspace_store::export::set_xattrs(&upper, &xattrs)?;
         }
         fs::create_dir_all(&rec.path).map_err(Error::io("create directory", &rec.path))?;
         mounts::mount_overlay(&rec.lower, &Self::upper(rec), &Self::work(rec), &rec.path)

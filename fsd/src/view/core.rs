@@ -211,7 +211,7 @@ impl ViewCore {
                 mode,
                 size: 0,
                 nlink,
-                xattrs: Vec::new(),
+                xattrs: snap.root_xattrs.clone(),
                 time_offset: 0,
             })
             .map_err(|_| Errno::EIO)

@@ -267,3 +267,35 @@ fn a_directorys_set_mtime_survives_a_copy_up_beneath_it() {
         r.remove(&ws.id);
     }
 }
+
+#[test]
+fn the_roots_xattrs_are_shown_and_committed() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base(&src);
+    xattr::set(&src, "user.base", b"1").unwrap();
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    for (name, args, _) in TARGETS {
+        let ws = r.create(&snap, args);
+        let d = &ws.path;
+        assert_eq!(
+            xattr::get(d, "user.base").unwrap().as_deref(),
+            Some(&b"1"[..]),
+            "{name}: the snapshot root's xattr in the workspace"
+        );
+        xattr::set(d, "user.new", b"2").unwrap();
+        let (snap2, _, _) = r.commit(&ws.id, &[]);
+        let out = r.t.path(&format!("export-xattr-{name}"));
+        r.t.run(["export", snap2.as_str(), out.to_str().unwrap()])
+            .ok();
+        for (k, v) in [("user.base", &b"1"[..]), ("user.new", &b"2"[..])] {
+            assert_eq!(
+                xattr::get(&out, k).unwrap().as_deref(),
+                Some(v),
+                "{name}: {k} of the committed root"
+            );
+        }
+        r.remove(&ws.id);
+    }
+}
