@@ -81,6 +81,7 @@ pub fn ensure_checkout(store: &Store, snapshot: &SnapshotId) -> Result<PathBuf> 
     let built = (|| {
         fs::create_dir(&tmp).map_err(Error::io("create directory", &tmp))?;
         build(store, &snap.root, &tmp, &tmp, &mut HashSet::new())?;
+        cowspace_store::export::set_xattrs(&tmp, &snap.root_xattrs)?;
         fs::set_permissions(&tmp, fs::Permissions::from_mode(snap.root_mode))
             .map_err(Error::io("chmod", &tmp))
     })();

@@ -138,6 +138,34 @@ pub fn fsd_program() -> PathBuf {
 
 /// Whether a daemon process holds the root's lock (it may be starting or stopping
 /// without answering on the socket).
+/// Detaches (lazily) the snapshot views under `root/run` that no daemon serves: after a
+/// daemon was killed they stay mounted, and every access to them fails with "Transport
+/// endpoint is not connected". Holds the daemon's lock meanwhile, so no daemon starts
+/// (and mounts fresh views) between the check and the unmount; does nothing while one
+/// runs. Gives the paths detached.
+pub fn detach_dead_views(root: &Path) -> Vec<PathBuf> {
+    let run = root.join("run");
+    let Ok(lock) = std::fs::OpenOptions::new()
+        .write(true)
+        .open(run.join("fsd.lock"))
+    else {
+        return Vec::new();
+    };
+    if lock.try_lock().is_err() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for dir in [crate::view::VIEW_DIR, crate::view::PLAIN_VIEW_DIR].map(|d| run.join(d)) {
+        if crate::mounts::is_mounted(&dir).unwrap_or(false)
+            && crate::mounts::unmount_lazy(&dir).is_ok()
+        {
+            out.push(dir);
+        }
+    }
+    drop(lock);
+    out
+}
+
 pub fn lock_held(root: &Path) -> bool {
     let path = root.join("run/fsd.lock");
     match std::fs::File::open(&path) {

@@ -864,6 +864,10 @@ impl Runtime {
                 report.leftovers_removed.push(p.display().to_string());
             }
         }
+        // The snapshot views of a daemon that is gone (killed).
+        for v in crate::daemon::detach_dead_views(&self.store.layout().root) {
+            report.leftovers_removed.push(v.display().to_string());
+        }
         Ok(report)
     }
 

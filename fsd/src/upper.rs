@@ -89,7 +89,15 @@ fn join(prefix: &[u8], name: &[u8]) -> Vec<u8> {
 
 /// Walks `upper` and returns its changes.
 pub fn changes(upper: &Path) -> Result<Vec<UpperChange>> {
-    let mut out = Vec::new();
+    // The root's own mode first (the upper directory is the workspace's root; a change
+    // is kept only where it differs from the snapshot's `root_mode`).
+    let meta = fs::symlink_metadata(upper).map_err(Error::io("stat", upper))?;
+    let mut out = vec![UpperChange::Dir {
+        path: Vec::new(),
+        mode: meta.mode() & 0o7777,
+        xattrs: user_xattrs(upper)?,
+        opaque: false,
+    }];
     walk(upper, &[], Some(&[]), &mut out)?;
     Ok(out)
 }
@@ -359,6 +367,17 @@ pub fn diff_changes(
                     &mut out,
                 )?;
             }
+            UpperChange::Dir {
+                path, mode, xattrs, ..
+            } if path.is_empty() => {
+                out.extend(
+                    cowspace_store::diff::root_change(
+                        (snap.root_mode, &snap.root_xattrs),
+                        (*mode, xattrs),
+                    )
+                    .map(|d| (d, None)),
+                );
+            }
             UpperChange::Whiteout { path } => {
                 if let Some(old) = base_trees.entry(path)? {
                     out.push((
@@ -604,6 +623,20 @@ pub fn capture_changes(
 ) -> Result<()> {
     for c in changes {
         match c {
+            UpperChange::Dir {
+                path, mode, xattrs, ..
+            } if path.is_empty() => {
+                // The root's mode and xattrs are the snapshot's `root_mode`, `root_xattrs`.
+                let base = ed.base();
+                if cowspace_store::diff::root_change(
+                    (base.root_mode, &base.root_xattrs),
+                    (mode, &xattrs),
+                )
+                .is_some()
+                {
+                    ed.put_dir(&path, mode, xattrs)?;
+                }
+            }
             UpperChange::Whiteout { path } => ed.delete(&path)?,
             UpperChange::Redirect { path, origin } => ed.rebase_dir(&path, &origin)?,
             UpperChange::Dir {

@@ -55,7 +55,7 @@ impl Overlay {
             env.dir(&format!("{name}-work")),
             env.dir(&format!("{name}-mnt")),
         );
-        cowspace_fsd::mounts::mount_overlay(lower, &upper, &work, &target).unwrap();
+        cowspace_fsd::mounts::mount_overlay(lower, &upper, &work, &target, true).unwrap();
         Overlay { target, upper }
     }
 }

@@ -45,12 +45,59 @@ pub struct DiffEntry {
     pub old_kind: Option<Kind>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub new_kind: Option<Kind>,
-    #[serde(skip)]
+    /// The path's bytes; in JSON (as `path_hex`, lowercase hex) only when they are not
+    /// UTF-8, so `path` (which then has U+FFFD in their place) cannot name the file.
+    #[serde(
+        rename = "path_hex",
+        skip_serializing_if = "is_utf8",
+        serialize_with = "as_hex"
+    )]
     pub raw_path: Vec<u8>,
     #[serde(skip)]
     pub old: Option<Entry>,
     #[serde(skip)]
     pub new: Option<Entry>,
+}
+
+fn is_utf8(b: &[u8]) -> bool {
+    std::str::from_utf8(b).is_ok()
+}
+
+fn as_hex<S: serde::Serializer>(b: &[u8], s: S) -> std::result::Result<S::Ok, S::Error> {
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    s.serialize_str(&hex)
+}
+
+/// The root directory's recorded mode and xattrs.
+pub type RootMeta<'a> = (u32, &'a [(Vec<u8>, Vec<u8>)]);
+
+/// The change of the root directory's own mode or xattrs (`path` `.`, `raw_path`
+/// empty), if `old` and `new` differ: the root has no tree entry, its mode and xattrs
+/// are the snapshot's `root_mode` and `root_xattrs`.
+pub fn root_change(old: RootMeta<'_>, new: RootMeta<'_>) -> Option<DiffEntry> {
+    let mut nx = new.1.to_vec();
+    nx.sort();
+    if old.0 & 0o7777 == new.0 & 0o7777 && old.1 == nx.as_slice() {
+        return None;
+    }
+    let dir = |(mode, xattrs): RootMeta<'_>| Entry {
+        name: Vec::new(),
+        kind: Kind::Dir,
+        mode: mode & 0o7777,
+        size: 0,
+        hash: [0; 32],
+        data: Vec::new(),
+        xattrs: xattrs.to_vec(),
+    };
+    Some(DiffEntry {
+        path: ".".into(),
+        change: Change::Modified,
+        old_kind: Some(Kind::Dir),
+        new_kind: Some(Kind::Dir),
+        raw_path: Vec::new(),
+        old: Some(dir(old)),
+        new: Some(dir(new)),
+    })
 }
 
 fn family(k: Kind) -> Kind {
@@ -81,8 +128,14 @@ fn entry(path: Vec<u8>, change: Change, old: Option<&Entry>, new: Option<&Entry>
 impl Store {
     /// The changes from snapshot `a` to snapshot `b`, in path order.
     pub fn diff_snapshots(&self, a: &SnapshotId, b: &SnapshotId) -> Result<Vec<DiffEntry>> {
-        let (ra, rb) = (self.snapshot(a)?.root, self.snapshot(b)?.root);
-        let mut out = Vec::new();
+        let (sa, sb) = (self.snapshot(a)?, self.snapshot(b)?);
+        let (ra, rb) = (sa.root, sb.root);
+        let mut out: Vec<DiffEntry> = root_change(
+            (sa.root_mode, &sa.root_xattrs),
+            (sb.root_mode, &sb.root_xattrs),
+        )
+        .into_iter()
+        .collect();
         self.diff_trees(Some(&ra), Some(&rb), &[], &mut out)?;
         Ok(out)
     }

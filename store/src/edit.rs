@@ -89,6 +89,9 @@ pub struct Editor<'s> {
     stat_cache: Option<(String, StatRows)>,
     /// [`Editor::unless_same_as`].
     unless_same: Option<SnapshotId>,
+    /// Directories rebased on another base directory ([`Editor::rebase_dir`]):
+    /// (origin, new path), for hard links whose primary moved with them.
+    moved: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Stat-cache rows: a path under a source root, its stamp, its content.
@@ -136,6 +139,7 @@ impl Store {
             started: Instant::now(),
             changed: 0,
             touched_primary: false,
+            moved: Vec::new(),
             parents: vec![*base],
             git_fsmonitor: None,
             stat_cache: None,
@@ -278,6 +282,7 @@ impl<'s> Editor<'s> {
         self.changed += 1;
         let dir = self.dir_mut(&comps)?;
         dir.base = tree;
+        self.moved.push((origin.to_vec(), path.to_vec()));
         Ok(())
     }
 
@@ -449,12 +454,30 @@ impl<'s> Editor<'s> {
         };
         let mut root = w.write_dir(&root_edit, &[], &mut self.ingest)?;
         let root_mode = root_edit.mode.unwrap_or(self.base.root_mode);
+        let root_xattrs = root_edit
+            .xattrs
+            .as_ref()
+            .map(sorted)
+            .unwrap_or_else(|| self.base.root_xattrs.clone());
         if self.touched_primary {
             let trees = Trees {
                 store: self.store,
                 written: &written,
             };
-            root = relink(&trees, &mut self.ingest, &root, &mut counts)?;
+            let mut put = std::collections::HashSet::new();
+            collect_put_files(&root_edit, &[], &mut put);
+            root = if self.moved.is_empty() {
+                relink(&trees, &mut self.ingest, &root, &put, &mut counts)?
+            } else {
+                regroup(
+                    &trees,
+                    &mut self.ingest,
+                    &root,
+                    &put,
+                    &self.moved,
+                    &mut counts,
+                )?
+            };
         }
         if let Some((name, _)) = ref_name {
             refs::check_ref_name(name)?;
@@ -476,6 +499,7 @@ impl<'s> Editor<'s> {
             policy: self.base.policy.clone(),
             counts,
             git_fsmonitor: self.git_fsmonitor.take(),
+            root_xattrs,
         };
         let (id, bytes) = snap.encode_with_id();
         self.ingest
@@ -565,6 +589,20 @@ fn join(prefix: &[u8], name: &[u8]) -> Vec<u8> {
     }
     p.extend_from_slice(name);
     p
+}
+
+/// The paths of every file this edit puts (new objects, whatever they held before).
+fn collect_put_files(d: &DirEdit, prefix: &[u8], out: &mut std::collections::HashSet<Vec<u8>>) {
+    for (name, c) in &d.children {
+        let p = join(prefix, name);
+        match c {
+            Child::Leaf(Leaf::File { .. }) => {
+                out.insert(p);
+            }
+            Child::Dir(sub) => collect_put_files(sub, &p, out),
+            _ => {}
+        }
+    }
 }
 
 fn collect_primaries(d: &DirEdit, prefix: &[u8], out: &mut HashMap<u64, Vec<u8>>) {
@@ -750,12 +788,15 @@ fn sorted(x: &Xattrs) -> Xattrs {
 }
 
 /// Re-forms hard-link groups after an edit that may have removed or changed a primary:
-/// a `hardlink` entry whose primary is no longer a file with the same content becomes a
+/// a `hardlink` entry kept from the base whose primary is no longer a file with the same
+/// content, or was put by this edit (a new object at that name, though it may hold the
+/// same bytes: a copy-up, a chmod of one name where links do not survive it), becomes a
 /// file itself, and later names of its group point at it. Walks the whole tree.
 fn relink(
     store: &Trees<'_>,
     ingest: &mut Ingest<'_>,
     root: &TreeId,
+    put: &std::collections::HashSet<Vec<u8>>,
     counts: &mut Counts,
 ) -> Result<TreeId> {
     // Pass 1: every regular file's (path -> content, mode), and every hardlink.
@@ -766,7 +807,172 @@ fn relink(
         return Ok(*root);
     }
     let mut renamed: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
-    rewrite(store, ingest, root, &[], &files, &mut renamed, counts)
+    let mut w = Rewrite {
+        store,
+        ingest,
+        files: &files,
+        put,
+        renamed: &mut renamed,
+        counts,
+    };
+    w.rewrite(root, &[])
+}
+
+/// `path` with the longest `moved` origin it lies in (or is) replaced by that origin's
+/// new path: where a name of the base is after directories were moved.
+fn moved_path(path: &[u8], moved: &[(Vec<u8>, Vec<u8>)]) -> Option<Vec<u8>> {
+    let under = |p: &[u8], dir: &[u8]| {
+        p == dir || (p.len() > dir.len() && p.starts_with(dir) && p[dir.len()] == b'/')
+    };
+    let (origin, new) = moved
+        .iter()
+        .filter(|(o, _)| under(path, o))
+        .max_by_key(|(o, _)| o.len())?;
+    let mut out = new.clone();
+    out.extend_from_slice(&path[origin.len()..]);
+    Some(out)
+}
+
+/// Depth-first name order of two root-relative paths (the order in which a group's
+/// primary comes first).
+fn dfs_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    a.split(|&c| c == b'/').cmp(b.split(|&c| c == b'/'))
+}
+
+/// Re-forms every hard-link group after an edit that moved directories of the base
+/// (`moved`): a `hardlink` entry whose primary moved follows it (same content, not put
+/// by this edit), and each group's primary becomes again its first member in
+/// depth-first name order (moves can reorder a group). Names whose primary is gone form
+/// groups among themselves, as in [`relink`]. Walks the whole tree.
+fn regroup(
+    store: &Trees<'_>,
+    ingest: &mut Ingest<'_>,
+    root: &TreeId,
+    put: &std::collections::HashSet<Vec<u8>>,
+    moved: &[(Vec<u8>, Vec<u8>)],
+    counts: &mut Counts,
+) -> Result<TreeId> {
+    let mut files: HashMap<Vec<u8>, [u8; 32]> = HashMap::new();
+    let mut links: Vec<(Vec<u8>, Vec<u8>, [u8; 32])> = Vec::new();
+    scan_links(store, root, &[], &mut files, &mut links)?;
+    if links.is_empty() {
+        return Ok(*root);
+    }
+    // Group key: the primary file's current path, or (gone) the old primary path.
+    let mut groups: BTreeMap<(bool, Vec<u8>), Vec<Vec<u8>>> = BTreeMap::new();
+    for (path, data, hash) in &links {
+        let live = |p: &Vec<u8>| files.get(p) == Some(hash) && !put.contains(p);
+        let primary = if put.contains(path) {
+            // A member of a group this edit made: its primary is a file it put.
+            files.contains_key(data).then(|| data.clone())
+        } else if live(data) {
+            Some(data.clone())
+        } else {
+            moved_path(data, moved).filter(live)
+        };
+        let key = match primary {
+            Some(p) => (true, p),
+            None => (false, data.clone()),
+        };
+        groups.entry(key).or_default().push(path.clone());
+    }
+    let mut desired: HashMap<Vec<u8>, Option<Vec<u8>>> = HashMap::new();
+    for ((live, key), mut members) in groups {
+        if live {
+            members.push(key);
+        }
+        members.sort_by(|a, b| dfs_cmp(a, b));
+        let first = members[0].clone();
+        for m in members {
+            let want = (m != first).then(|| first.clone());
+            desired.insert(m, want);
+        }
+    }
+    let mut w = Regroup {
+        store,
+        ingest,
+        desired: &desired,
+        counts,
+    };
+    w.rewrite(root, &[])
+}
+
+fn scan_links(
+    store: &Trees<'_>,
+    id: &TreeId,
+    prefix: &[u8],
+    files: &mut HashMap<Vec<u8>, [u8; 32]>,
+    links: &mut Vec<(Vec<u8>, Vec<u8>, [u8; 32])>,
+) -> Result<()> {
+    for e in store.tree(id)?.entries {
+        let p = join(prefix, &e.name);
+        match e.kind {
+            Kind::Dir => scan_links(store, &e.subtree().expect("dir"), &p, files, links)?,
+            Kind::File => {
+                files.insert(p, e.hash);
+            }
+            Kind::Hardlink => links.push((p, e.data.clone(), e.hash)),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+struct Regroup<'a, 'i> {
+    store: &'a Trees<'a>,
+    ingest: &'a mut Ingest<'i>,
+    /// Path -> `None` (a file: its group's primary) or `Some(primary)` (a link to it).
+    desired: &'a HashMap<Vec<u8>, Option<Vec<u8>>>,
+    counts: &'a mut Counts,
+}
+
+impl Regroup<'_, '_> {
+    fn rewrite(&mut self, id: &TreeId, prefix: &[u8]) -> Result<TreeId> {
+        let mut tree = self.store.tree(id)?;
+        let mut changed = false;
+        for e in &mut tree.entries {
+            let p = join(prefix, &e.name);
+            if e.kind == Kind::Dir {
+                let sub = e.subtree().expect("dir");
+                let new = self.rewrite(&sub, &p)?;
+                if new != sub {
+                    e.hash = *new.as_bytes();
+                    changed = true;
+                }
+                continue;
+            }
+            let Some(want) = self.desired.get(&p) else {
+                continue;
+            };
+            match (e.kind, want) {
+                (Kind::File, Some(primary)) => {
+                    e.kind = Kind::Hardlink;
+                    e.data = primary.clone();
+                    self.counts.files = self.counts.files.saturating_sub(1);
+                    self.counts.bytes = self.counts.bytes.saturating_sub(e.size);
+                    self.counts.hardlinks += 1;
+                }
+                (Kind::Hardlink, None) => {
+                    e.kind = Kind::File;
+                    e.data.clear();
+                    self.counts.hardlinks = self.counts.hardlinks.saturating_sub(1);
+                    self.counts.files += 1;
+                    self.counts.bytes += e.size;
+                }
+                (Kind::Hardlink, Some(primary)) if e.data != *primary => {
+                    e.data = primary.clone();
+                }
+                _ => continue,
+            }
+            changed = true;
+        }
+        if !changed {
+            return Ok(*id);
+        }
+        let (new, bytes) = tree.encode_with_id();
+        self.ingest.put(ObjectKind::Tree, *new.as_bytes(), &bytes)?;
+        Ok(new)
+    }
 }
 
 fn scan(
@@ -790,55 +996,63 @@ fn scan(
     Ok(())
 }
 
-fn rewrite(
-    store: &Trees<'_>,
-    ingest: &mut Ingest<'_>,
-    id: &TreeId,
-    prefix: &[u8],
-    files: &HashMap<Vec<u8>, [u8; 32]>,
-    renamed: &mut HashMap<Vec<u8>, Vec<u8>>,
-    counts: &mut Counts,
-) -> Result<TreeId> {
-    let mut tree = store.tree(id)?;
-    let mut changed = false;
-    for e in &mut tree.entries {
-        let p = join(prefix, &e.name);
-        match e.kind {
-            Kind::Dir => {
-                let sub = e.subtree().expect("dir");
-                let new = rewrite(store, ingest, &sub, &p, files, renamed, counts)?;
-                if new != sub {
-                    e.hash = *new.as_bytes();
+struct Rewrite<'a, 'b, 'i> {
+    store: &'a Trees<'a>,
+    ingest: &'a mut Ingest<'i>,
+    files: &'a HashMap<Vec<u8>, [u8; 32]>,
+    put: &'a std::collections::HashSet<Vec<u8>>,
+    renamed: &'b mut HashMap<Vec<u8>, Vec<u8>>,
+    counts: &'a mut Counts,
+}
+
+impl Rewrite<'_, '_, '_> {
+    fn rewrite(&mut self, id: &TreeId, prefix: &[u8]) -> Result<TreeId> {
+        let store = self.store;
+        let mut tree = store.tree(id)?;
+        let mut changed = false;
+        for e in &mut tree.entries {
+            let p = join(prefix, &e.name);
+            match e.kind {
+                Kind::Dir => {
+                    let sub = e.subtree().expect("dir");
+                    let new = self.rewrite(&sub, &p)?;
+                    if new != sub {
+                        e.hash = *new.as_bytes();
+                        changed = true;
+                    }
+                }
+                Kind::Hardlink => {
+                    // Put by this edit: a member of one of its own groups. Kept from the
+                    // base: linked still if its primary is the same file, not a new one.
+                    let intact = self.put.contains(&p)
+                        || (self.files.get(&e.data).is_some_and(|h| *h == e.hash)
+                            && !self.put.contains(&e.data));
+                    if intact {
+                        continue;
+                    }
+                    match self.renamed.get(&e.data) {
+                        Some(new_primary) => {
+                            e.data = new_primary.clone();
+                        }
+                        None => {
+                            self.renamed.insert(e.data.clone(), p.clone());
+                            e.kind = Kind::File;
+                            e.data.clear();
+                            self.counts.hardlinks = self.counts.hardlinks.saturating_sub(1);
+                            self.counts.files += 1;
+                            self.counts.bytes += e.size;
+                        }
+                    }
                     changed = true;
                 }
+                _ => {}
             }
-            Kind::Hardlink => {
-                let intact = files.get(&e.data).is_some_and(|h| *h == e.hash);
-                if intact {
-                    continue;
-                }
-                match renamed.get(&e.data) {
-                    Some(new_primary) => {
-                        e.data = new_primary.clone();
-                    }
-                    None => {
-                        renamed.insert(e.data.clone(), p.clone());
-                        e.kind = Kind::File;
-                        e.data.clear();
-                        counts.hardlinks = counts.hardlinks.saturating_sub(1);
-                        counts.files += 1;
-                        counts.bytes += e.size;
-                    }
-                }
-                changed = true;
-            }
-            _ => {}
         }
+        if !changed {
+            return Ok(*id);
+        }
+        let (new, bytes) = tree.encode_with_id();
+        self.ingest.put(ObjectKind::Tree, *new.as_bytes(), &bytes)?;
+        Ok(new)
     }
-    if !changed {
-        return Ok(*id);
-    }
-    let (new, bytes) = tree.encode_with_id();
-    ingest.put(ObjectKind::Tree, *new.as_bytes(), &bytes)?;
-    Ok(new)
 }

@@ -71,6 +71,7 @@ impl Store {
         let result = (|| {
             fs::create_dir(&tmp).map_err(Error::io("create directory", &tmp))?;
             self.export_tree(&snap.root, &tmp, &tmp)?;
+            set_xattrs(&tmp, &snap.root_xattrs)?;
             fs::set_permissions(&tmp, fs::Permissions::from_mode(snap.root_mode))
                 .map_err(Error::io("chmod", &tmp))?;
             if fs::symlink_metadata(dest).is_ok() {

@@ -76,6 +76,11 @@ pub struct Snapshot {
     /// including captures, whose index may describe an earlier tree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git_fsmonitor: Option<String>,
+    /// The root directory's recorded xattrs (as a tree entry's: `user.*`,
+    /// `security.capability`), sorted by name; absent when there are none, so snapshots
+    /// without them keep their encoding and id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub root_xattrs: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Snapshot {
@@ -128,6 +133,7 @@ mod tests {
             policy: Policy::default(),
             counts: Counts::default(),
             git_fsmonitor: None,
+            root_xattrs: vec![],
         };
         let (id, bytes) = s.encode_with_id();
         assert_eq!(Snapshot::decode(&id, &bytes).unwrap(), s);

@@ -130,3 +130,60 @@ fn edits_match_an_import_of_the_edited_tree() {
     assert_eq!(err.kind(), cowspace_store::ErrorKind::Conflict);
     assert_eq!(store.snapshot_ids().unwrap().len(), before);
 }
+
+/// Directories moved by `rebase_dir` (an overlay's renamed directories) keep the hard
+/// links inside and across them, and each group's primary is again its first name in
+/// depth-first order: the edit equals an import of the moved tree.
+#[test]
+fn rebased_directories_keep_their_hard_links_and_primaries_come_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    for d in ["a/sub", "b"] {
+        fs::create_dir_all(src.join(d)).unwrap();
+    }
+    fs::write(src.join("a/first"), "linked\n").unwrap();
+    fs::hard_link(src.join("a/first"), src.join("a/sub/second")).unwrap();
+    fs::hard_link(src.join("a/first"), src.join("b/third")).unwrap();
+    fs::write(src.join("a/sub/plain"), "plain\n").unwrap();
+    let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
+    let base = store.import_dir(&src, &ImportOptions::new()).unwrap();
+
+    // mv a z/moved (the primary now sorts after b/third); mv z/moved/sub c.
+    fs::create_dir(src.join("z")).unwrap();
+    fs::rename(src.join("a"), src.join("z/moved")).unwrap();
+    fs::rename(src.join("z/moved/sub"), src.join("c")).unwrap();
+    let mut ed = store.edit(&base.snapshot).unwrap();
+    ed.delete(b"a").unwrap();
+    ed.put_dir(b"z", 0o755, vec![]).unwrap();
+    ed.put_dir(b"z/moved", 0o755, vec![]).unwrap();
+    ed.rebase_dir(b"z/moved", b"a").unwrap();
+    ed.delete(b"z/moved/sub").unwrap();
+    ed.put_dir(b"c", 0o755, vec![]).unwrap();
+    ed.rebase_dir(b"c", b"a/sub").unwrap();
+    assert!(
+        ed.rebase_dir(b"nope", b"a/first").is_err(),
+        "not a directory"
+    );
+    let edited = ed
+        .commit(
+            "moves",
+            Source::Workspace {
+                id: "ws-test".into(),
+            },
+            None,
+        )
+        .unwrap();
+    let mut plain = ImportOptions::new();
+    plain.default_excludes = false;
+    let reimport = store.import_dir(&src, &plain).unwrap();
+    assert_eq!(
+        edited.root, reimport.root,
+        "the edit equals an import of the moved tree"
+    );
+    let out = tmp.path().join("export");
+    store.export_dir(&edited.snapshot, &out).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    let ino = |p: &str| fs::metadata(out.join(p)).unwrap().ino();
+    assert_eq!(ino("b/third"), ino("z/moved/first"));
+    assert_eq!(ino("b/third"), ino("c/second"));
+}

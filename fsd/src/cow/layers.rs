@@ -199,12 +199,15 @@ impl Layers {
 
     /// Makes the upper root (with the snapshot root's mode and the view's times the first
     /// time) and empties the work directory (made again at its first use).
-    pub fn prepare(&self, root_mode: u32) -> io::Result<()> {
+    pub fn prepare(&self, root_mode: u32, root_xattrs: &[(Vec<u8>, Vec<u8>)]) -> io::Result<()> {
         if !self.upper.exists() {
             let tmp = self.upper.with_extension("new");
             let _ = fs::remove_dir(&tmp);
             fs::create_dir_all(&tmp)?;
             fs::set_permissions(&tmp, fs::Permissions::from_mode(root_mode & 0o7777))?;
+            for (name, value) in root_xattrs {
+                xattr::set(&tmp, std::ffi::OsStr::from_bytes(name), value)?;
+            }
             std::os::unix::fs::chown(&tmp, Some(self.uid), Some(self.gid))?;
             set_times(&tmp, VIEW_TIME_SECS)?;
             fs::rename(&tmp, &self.upper)?;
@@ -272,17 +275,11 @@ impl Layers {
         let tmp = self.tmp();
         fs::create_dir(&tmp)?;
         self.finish_copy(&tmp, entry, rel, ino)?;
-        match nix::fcntl::renameat2(
-            AT_FDCWD,
-            &tmp,
-            AT_FDCWD,
-            &target,
-            RenameFlags::RENAME_NOREPLACE,
-        ) {
+        match place_keeping_parent_times(&tmp, &target) {
             Ok(()) => Ok(target),
             Err(e) => {
                 let _ = fs::remove_dir(&tmp);
-                Err(e.into())
+                Err(e)
             }
         }
     }
@@ -354,16 +351,7 @@ impl Layers {
             }
             self.finish_copy(&tmp, entry, rel, ino)
         })();
-        let placed = made.and_then(|()| {
-            nix::fcntl::renameat2(
-                AT_FDCWD,
-                &tmp,
-                AT_FDCWD,
-                &target,
-                RenameFlags::RENAME_NOREPLACE,
-            )
-            .map_err(io::Error::from)
-        });
+        let placed = made.and_then(|()| place_keeping_parent_times(&tmp, &target));
         if let Err(e) = placed {
             let _ = fs::remove_file(&tmp);
             return Err(e);
@@ -386,6 +374,27 @@ impl Layers {
         }
         set_times(tmp, lower_time_secs(rel, entry))
     }
+}
+
+/// Renames the finished copy `tmp` to `target` (which must not exist) and gives the
+/// directory it lands in back its atime and mtime: a copy-up changes no name the
+/// workspace shows, so the directory's times (set explicitly, or the snapshot's) stay.
+fn place_keeping_parent_times(tmp: &Path, target: &Path) -> io::Result<()> {
+    let parent = target
+        .parent()
+        .ok_or(io::Error::from_raw_os_error(libc::EINVAL))?;
+    let m = fs::metadata(parent)?;
+    nix::fcntl::renameat2(
+        AT_FDCWD,
+        tmp,
+        AT_FDCWD,
+        target,
+        RenameFlags::RENAME_NOREPLACE,
+    )?;
+    let at = TimeSpec::new(m.atime(), m.atime_nsec());
+    let mt = TimeSpec::new(m.mtime(), m.mtime_nsec());
+    nix::sys::stat::utimensat(AT_FDCWD, parent, &at, &mt, UtimensatFlags::FollowSymlink)
+        .map_err(io::Error::from)
 }
 
 /// Sets atime and mtime of `path` (not following a symlink) to `secs`.

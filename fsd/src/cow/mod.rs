@@ -27,6 +27,10 @@
 //! [`layers::INO_XATTR`] (`trusted.*`: not recorded by commits); an object made in the
 //! workspace is numbered from its upper inode ([`layers::UPPER_INO_BASE`] + `st_ino`).
 //! `st_ino` is thus stable for an object's lifetime, across renames and daemon restarts.
+//! The names of a file that has several in the snapshot are one node (one number); its
+//! copy-up is linked at every name of the group in the upper layer, and a name of it is
+//! copied up with the group before it is deleted or replaced, so the upper layer keeps
+//! the group (commits, restarts) and an unmodified one reports the group's link count.
 //!
 //! # Inode lifetime
 //!
@@ -237,7 +241,7 @@ impl CowMount {
             owner.gid(),
         );
         layers
-            .prepare(snap.root_mode)
+            .prepare(snap.root_mode, &snap.root_xattrs)
             .map_err(Error::io("prepare", private_dir))?;
         let root = ops::root_node(&layers, snap.root).map_err(Error::io("open", &layers.upper))?;
         let cow = Arc::new(ops::Cow::new(layers, root));

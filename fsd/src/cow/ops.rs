@@ -46,6 +46,10 @@ type Placed = (Arc<OwnedFd>, Vec<u8>);
 /// number.
 type LinkLater = (Arc<OwnedFd>, Option<u64>, Vec<u8>, Vec<u8>, Entry, u64);
 
+/// Every name of each hard-linked file of the snapshot (sorted), by each of its names;
+/// files with one name are not listed.
+type Groups = HashMap<Vec<u8>, Vec<Vec<u8>>>;
+
 /// What a name in a directory is.
 pub enum Found {
     Upper { path: PathBuf, meta: fs::Metadata },
@@ -147,6 +151,9 @@ pub struct Cow {
     names_changed: AtomicU64,
     /// Listings lately read, with the count they were taken at (newest first).
     listings: Mutex<VecDeque<(u64, u64, Arc<Listing>)>>,
+    /// The snapshot's hard-link groups, found at the first need (a walk of the snapshot,
+    /// only when it has hard links at all).
+    groups: std::sync::OnceLock<Arc<Groups>>,
 }
 
 pub fn errno(e: io::Error) -> Errno {
@@ -251,7 +258,211 @@ impl Cow {
             lazy: Arc::new(Lazy::new()),
             names_changed: AtomicU64::new(0),
             listings: Mutex::new(VecDeque::new()),
+            groups: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The snapshot's hard-link groups ([`Groups`]).
+    fn groups(&self) -> Result<Arc<Groups>, Errno> {
+        if let Some(g) = self.groups.get() {
+            return Ok(Arc::clone(g));
+        }
+        let store = &self.layers.store;
+        let snap = store
+            .snapshot(&self.layers.snapshot)
+            .map_err(|e| crate::view::errno_of("read snapshot", &e))?;
+        let mut groups = Groups::new();
+        if snap.counts.hardlinks > 0 {
+            let mut stack = vec![(snap.root, Vec::new())];
+            while let Some((id, path)) = stack.pop() {
+                for e in &self.tree(&id)?.entries {
+                    let p = join(&path, &e.name);
+                    match e.kind {
+                        Kind::Dir => stack.push((TreeId::from_bytes(e.hash), p)),
+                        Kind::Hardlink => groups
+                            .entry(e.data.clone())
+                            .or_insert_with(|| vec![e.data.clone()])
+                            .push(p),
+                        _ => {}
+                    }
+                }
+            }
+            // Every name finds its group (a node made from the primary's entry may have
+            // been reached by another name since).
+            let mut all = Groups::new();
+            for (_, mut names) in groups {
+                names.sort();
+                for n in &names {
+                    all.insert(n.clone(), names.clone());
+                }
+            }
+            groups = all;
+        }
+        Ok(Arc::clone(self.groups.get_or_init(|| Arc::new(groups))))
+    }
+
+    /// Every name in the snapshot of the file at `rel` (a `file` or `hardlink` entry of
+    /// kind `kind`, whose data is `data`), when it has more than one.
+    fn link_names(&self, rel: &[u8], kind: Kind, data: &[u8]) -> Result<Vec<Vec<u8>>, Errno> {
+        let primary = match kind {
+            Kind::File => rel,
+            Kind::Hardlink => data,
+            _ => return Ok(Vec::new()),
+        };
+        Ok(self.groups()?.get(primary).cloned().unwrap_or_default())
+    }
+
+    /// The number of names a snapshot file (entry of `kind` with `data`) has, for a node
+    /// that has no upper object yet. Every change to a name of a linked file copies the
+    /// whole group up first, so the snapshot's count is the true one.
+    fn lower_nlink(&self, node: &Node, lower: &Lower) -> Result<u32, Errno> {
+        let names = match lower.kind {
+            Kind::Hardlink => self.link_names(&[], lower.kind, lower.data())?,
+            Kind::File if self.groups()?.is_empty() => return Ok(1),
+            Kind::File => {
+                let rel = self.table.path_of(node)?;
+                self.link_names(&rel, lower.kind, &[])?
+            }
+            _ => return Ok(1),
+        };
+        Ok(names.len().max(1) as u32)
+    }
+
+    /// Places a hard link of the just copied-up file `src` at every other name its
+    /// snapshot entry (at `rel`) has, copying up their directories (which keep their
+    /// times), so the names stay one file in the upper layer as in the snapshot: the
+    /// upper layer is the only truth (commits, restarts). Names deleted or replaced in
+    /// the upper layer, or under an opaque directory, are left alone. Called under the
+    /// copy-up lock.
+    fn link_group(&self, rel: &[u8], entry: &Entry, src: &Path) -> Result<(), Errno> {
+        for other in self.link_names(rel, entry.kind, &entry.data)? {
+            if other != rel {
+                self.place_link(&other, src)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One name of [`Cow::link_group`].
+    fn place_link(&self, rel: &[u8], src: &Path) -> Result<(), Errno> {
+        let comps: Vec<&[u8]> = rel.split(|&b| b == b'/').collect();
+        let Some((name, dirs)) = comps.split_last() else {
+            return Ok(());
+        };
+        let root = self.table.get(ROOT_INO)?;
+        let mut fd = root.upper.clone().ok_or(Errno::EIO)?;
+        let Some(mut tree) = root
+            .lower_tree
+            .as_deref()
+            .map(|t| self.tree(t))
+            .transpose()?
+        else {
+            return Ok(());
+        };
+        let mut held = Some(ROOT_INO);
+        let mut path = Vec::new();
+        for c in dirs {
+            let child = join(&path, c);
+            let Some(e) = tree
+                .entries
+                .binary_search_by(|e| e.name.as_slice().cmp(c))
+                .ok()
+                .map(|i| tree.entries[i].clone())
+                .filter(|e| e.kind == Kind::Dir)
+            else {
+                return Ok(());
+            };
+            let target = at(fd.as_ref(), c);
+            let ino = match fs::symlink_metadata(&target) {
+                Ok(m) if m.is_dir() && !is_opaque(&target) => upper_ino(&target, &m),
+                Ok(_) => return Ok(()),
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                    let ino = lower_ino(&self.layers.snapshot, &child, &e);
+                    let placed = self
+                        .layers
+                        .copy_up_dir(target.clone(), &child, &e, ino)
+                        .map_err(errno)?;
+                    self.note_copied(held, c, ino, &placed)?;
+                    ino
+                }
+                Err(err) => return Err(errno(err)),
+            };
+            held = held.and_then(|d| {
+                self.table
+                    .find(ino)
+                    .filter(|n| n.parent == d && *n.name == **c)
+                    .map(|n| n.ino)
+            });
+            fd = Arc::new(open_path(&target).map_err(errno)?);
+            tree = self.tree(&e.subtree().ok_or(Errno::EIO)?)?;
+            path = child;
+        }
+        let target = at(fd.as_ref(), name);
+        match fs::symlink_metadata(&target) {
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+            _ => return Ok(()),
+        }
+        if tree
+            .entries
+            .binary_search_by(|e| e.name.as_slice().cmp(name))
+            .is_err()
+        {
+            return Ok(());
+        }
+        // The directory keeps the time it is served with.
+        let dir = fd_path(fd.as_ref());
+        let dmeta = fs::metadata(&dir).map_err(errno)?;
+        fs::hard_link(src, &target).map_err(errno)?;
+        let times = [
+            nix::sys::time::TimeSpec::new(dmeta.atime(), dmeta.atime_nsec()),
+            nix::sys::time::TimeSpec::new(dmeta.mtime(), dmeta.mtime_nsec()),
+        ];
+        nix::sys::stat::utimensat(
+            AT_FDCWD,
+            &dir,
+            &times[0],
+            &times[1],
+            nix::sys::stat::UtimensatFlags::FollowSymlink,
+        )
+        .map_err(nix_errno)?;
+        Ok(())
+    }
+
+    /// Before a name of a hard-linked snapshot file is deleted or replaced: the file is
+    /// copied up with all its names ([`Cow::link_group`]), so the other names stay (and
+    /// count) as one file. `found` is what `name` in `dir` is.
+    fn copy_up_linked_name(
+        &self,
+        dir: &Node,
+        dir_path: &[u8],
+        name: &[u8],
+        found: &Found,
+    ) -> Result<(), Errno> {
+        let Found::Lower(e) = found else {
+            return Ok(());
+        };
+        let rel = join(dir_path, name);
+        if self.link_names(&rel, e.kind, &e.data)?.len() < 2 {
+            return Ok(());
+        }
+        let ino = lower_ino(&self.layers.snapshot, &rel, e);
+        let _g = lock(&self.copy);
+        let up = self.copy_up_locked(dir.ino, false)?;
+        let dfd = up.upper.ok_or(Errno::EIO)?;
+        let target = at(dfd.as_ref(), name);
+        if fs::symlink_metadata(&target).is_ok() {
+            return Ok(());
+        }
+        let path = self
+            .copy_up_leaf(target, &rel, e, ino, false)
+            .map_err(errno)?;
+        let fd = Arc::new(open_path(&path).map_err(errno)?);
+        self.table.update(ino, |n| {
+            if n.upper.is_none() {
+                n.upper = Some(fd);
+            }
+        });
+        Ok(())
     }
 
     fn names_change(&self) -> NamesChange<'_> {
@@ -453,7 +664,13 @@ impl Cow {
             } else {
                 (e.mode & 0o7777) as u16
             },
-            nlink: if dir { 2 } else { 1 },
+            nlink: if dir {
+                // 2 + subdirectories, as a directory of a disk filesystem counts.
+                let t = self.tree(&TreeId::from_bytes(e.hash))?;
+                2 + t.entries.iter().filter(|c| c.kind == Kind::Dir).count() as u32
+            } else {
+                self.lower_nlink(node, e)?
+            },
             uid: self.layers.uid,
             gid: self.layers.gid,
             rdev: e.rdev().unwrap_or(0) as u32,
@@ -585,6 +802,8 @@ impl Cow {
         if let Some(p) = pending {
             self.lazy.add(Arc::new(p))?;
         }
+        self.link_group(rel, entry, &path)
+            .map_err(|e| io::Error::from_raw_os_error(e.code()))?;
         Ok(path)
     }
 
@@ -762,6 +981,15 @@ impl Cow {
             (false, true) => return Err(Errno::EISDIR),
             _ => {}
         }
+        let (dir, found) = if is_dir {
+            (dir, found)
+        } else {
+            // The directory may have been copied up with the name: asked again.
+            self.copy_up_linked_name(&dir, &dir_path, name, &found)?;
+            let dir = self.table.get(parent)?;
+            let found = self.resolve(&dir, name)?;
+            (dir, found)
+        };
         let ino = self.ino_of(&dir_path, name, &found);
         let lower_has = self.lower_child(&dir, name)?.is_some();
         let upper = match &found {
@@ -857,7 +1085,7 @@ impl Cow {
                     (true, false) => return Err(Errno::ENOTDIR),
                     (false, true) => return Err(Errno::EISDIR),
                     (true, true) => self.empty_dir(&ndir, &ndir_path, newname, dst)?,
-                    _ => {}
+                    (false, false) => self.copy_up_linked_name(&ndir, &ndir_path, newname, &dst)?,
                 }
             }
             Found::Whiteout if src_is_dir => {

@@ -250,6 +250,7 @@ pub fn build(
             b.stamps.insert(p, Stamp::of(&m));
         }
     }
+    cowspace_store::export::set_xattrs(dest, &snap.root_xattrs)?;
     fs::set_permissions(dest, fs::Permissions::from_mode(snap.root_mode & 0o7777))
         .map_err(Error::io("chmod", dest))?;
     let m = fs::symlink_metadata(dest).map_err(Error::io("stat", dest))?;
@@ -477,7 +478,78 @@ pub fn changes(
     };
     let meta = fs::symlink_metadata(tree).map_err(Error::io("stat", tree))?;
     w.dir(tree, &[], &meta)?;
-    Ok(w.out)
+    let mut out = w.out;
+    if snap.counts.hardlinks > 0 {
+        link_partners(store, &snap.root, tree, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// A changed file with more names than the changes hold is still linked to names of the
+/// snapshot that did not change (a directory holding one name was renamed, one name was
+/// renamed over another file): those names join the changes, so the commit keeps them
+/// one file, as the tree shows them.
+fn link_partners(
+    store: &Store,
+    root: &TreeId,
+    tree: &Path,
+    out: &mut Vec<UpperChange>,
+) -> Result<()> {
+    let mut seen: HashMap<u64, (u64, u64)> = HashMap::new();
+    let mut paths = std::collections::HashSet::new();
+    for c in out.iter() {
+        if let UpperChange::File {
+            path, ino, nlink, ..
+        } = c
+        {
+            paths.insert(path.clone());
+            if *nlink > 1 {
+                seen.entry(*ino).or_insert((*nlink, 0)).1 += 1;
+            }
+        }
+    }
+    seen.retain(|_, (nlink, found)| *found < *nlink);
+    if seen.is_empty() {
+        return Ok(());
+    }
+    // Every name of a link group of the snapshot.
+    let mut names = Vec::new();
+    let mut stack = vec![(*root, Vec::new())];
+    while let Some((id, prefix)) = stack.pop() {
+        for e in store.tree(&id)?.entries {
+            let p = join(&prefix, &e.name);
+            match e.kind {
+                Kind::Dir => stack.push((e.subtree().expect("dir"), p)),
+                Kind::Hardlink => {
+                    names.push(e.data.clone());
+                    names.push(p);
+                }
+                _ => {}
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    for name in names {
+        if paths.contains(&name) {
+            continue;
+        }
+        let host = tree.join(OsStr::from_bytes(&name));
+        let Ok(m) = fs::symlink_metadata(&host) else {
+            continue;
+        };
+        if m.is_file() && seen.contains_key(&m.ino()) {
+            out.push(UpperChange::File {
+                path: name,
+                xattrs: read_xattrs(&host)?,
+                host,
+                mode: m.mode() & 0o7777,
+                ino: m.ino(),
+                nlink: m.nlink(),
+            });
+        }
+    }
+    Ok(())
 }
 
 struct Walk<'s, 't> {
@@ -489,8 +561,9 @@ struct Walk<'s, 't> {
 impl Walk<'_, '_> {
     fn dir(&mut self, host: &Path, path: &[u8], meta: &fs::Metadata) -> Result<()> {
         let same = self.stamps.unchanged(path, meta);
-        // The root's own mode lives in the snapshot, not in a tree entry.
-        if !same && !path.is_empty() {
+        // The root's own mode lives in the snapshot, not in a tree entry: its change is
+        // kept where it differs from `root_mode` (`upper::capture_changes`).
+        if !same {
             self.out.push(UpperChange::Dir {
                 path: path.to_vec(),
                 mode: meta.mode() & 0o7777,

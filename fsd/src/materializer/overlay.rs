@@ -3,6 +3,7 @@
 //! `mkdir` + one mount, whatever the size of the snapshot.
 
 use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -91,8 +92,22 @@ impl Materializer for Overlay {
     }
 
     fn mount(&self, rec: &Record) -> Result<()> {
-        for d in [Self::upper(rec), Self::work(rec)] {
+        let upper = Self::upper(rec);
+        let first = !upper.exists();
+        for d in [upper.clone(), Self::work(rec)] {
             fs::create_dir_all(&d).map_err(Error::io("create directory", &d))?;
+        }
+        if first {
+            // Overlay's root is the upper directory: it starts with the snapshot root's
+            // mode (which the lower shows), as every other materializer's root does.
+            let mode = fs::metadata(&rec.lower)
+                .map_err(Error::io("stat", &rec.lower))?
+                .mode();
+            fs::set_permissions(&upper, fs::Permissions::from_mode(mode & 0o7777))
+                .map_err(Error::io("chmod", &upper))?;
+            // And its xattrs (the view serves the root's; a checkout's root has them).
+            let xattrs = cowspace_store::import::dir::read_xattrs(&rec.lower)?;
+            cowspace_store::export::set_xattrs(&upper, &xattrs)?;
         }
         fs::create_dir_all(&rec.path).map_err(Error::io("create directory", &rec.path))?;
         mounts::mount_overlay(

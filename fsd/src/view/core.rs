@@ -197,6 +197,7 @@ impl ViewCore {
             .map_err(|e| errno_of("lookup snapshot", &e))?;
         let mode = snap.root_mode & 0o7777;
         let key = InodeKey::of_snapshot_root(&id, &snap.root, mode);
+        let nlink = self.dir_links(&snap.root)?;
         self.table
             .acquire(&key, |ino, digest| Node {
                 ino,
@@ -209,11 +210,29 @@ impl ViewCore {
                 },
                 mode,
                 size: 0,
-                nlink: 1,
-                xattrs: Vec::new(),
+                nlink,
+                xattrs: snap.root_xattrs.clone(),
                 time_offset: 0,
             })
             .map_err(|_| Errno::EIO)
+    }
+
+    /// The link count of the snapshot directory whose tree is `id`: 2 + its
+    /// subdirectories, as on a disk filesystem (`find` without `-noleaf` relies on it).
+    fn dir_links(&self, id: &TreeId) -> Result<u32, Errno> {
+        let cached = self.trees.lock().unwrap_or_else(|p| p.into_inner()).get(id);
+        let t = match cached {
+            Some(t) => t,
+            None => {
+                let t = Arc::new(self.store.tree(id).map_err(|e| errno_of("read tree", &e))?);
+                self.trees
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(*id, Arc::clone(&t));
+                t
+            }
+        };
+        Ok(2 + t.entries.iter().filter(|e| e.kind == Kind::Dir).count() as u32)
     }
 
     /// The decoded tree of a snapshot directory.
@@ -263,9 +282,17 @@ impl ViewCore {
     /// Takes one lookup on the node of `entry` in `dir`.
     pub fn acquire_child(&self, dir: &Node, entry: &Entry) -> Result<Arc<Node>, Errno> {
         let (snapshot, path, nlink, key) = self.child_key(dir, entry)?;
+        let dir_links = match entry.subtree() {
+            Some(id) if entry.kind == Kind::Dir => Some(self.dir_links(&id)?),
+            _ => None,
+        };
         self.table
             .acquire(&key, |ino, digest| {
-                Node::of_entry(ino, digest, &snapshot, &path, dir.ino, entry, nlink)
+                let mut n = Node::of_entry(ino, digest, &snapshot, &path, dir.ino, entry, nlink);
+                if let Some(l) = dir_links {
+                    n.nlink = l;
+                }
+                n
             })
             .map_err(|_| {
                 tracing::error!(ino = key.ino(0), "no free inode number after rehashing");
@@ -307,10 +334,10 @@ impl ViewCore {
             crtime: t,
             kind,
             perm: (node.mode & 0o7777) as u16,
-            nlink: if kind == FileType::Directory {
-                2
-            } else {
-                node.nlink
+            nlink: match node.kind {
+                // The mount root: the snapshots are not counted.
+                NodeKind::Root => 2,
+                _ => node.nlink,
             },
             uid: self.uid,
             gid: self.gid,

@@ -59,7 +59,11 @@ pub fn has_xattrs(store: &Store, snapshot: &SnapshotId) -> cowspace_store::Resul
 }
 
 fn walk(store: &Store, snapshot: &SnapshotId) -> cowspace_store::Result<bool> {
-    let root = store.snapshot(snapshot)?.root;
+    let snap = store.snapshot(snapshot)?;
+    if !snap.root_xattrs.is_empty() {
+        return Ok(true);
+    }
+    let root = snap.root;
     let mut seen = HashSet::from([root]);
     let mut stack = vec![root];
     while let Some(id) = stack.pop() {

@@ -17,13 +17,18 @@ pub fn run(ctx: &Ctx, c: DaemonCommand) -> anyhow::Result<ExitCode> {
         }
         DaemonCommand::Stop { force } => {
             let stopped = daemon::stop(&ctx.root, force)?;
-            ctx.emit(json!({"stopped": stopped}), || {
-                if stopped {
-                    "the daemon stopped".into()
-                } else {
-                    "the daemon was not running".into()
-                }
-            });
+            // A daemon killed earlier left its views mounted (dead): no one else will.
+            let detached = daemon::detach_dead_views(&ctx.root);
+            ctx.emit(
+                json!({"stopped": stopped, "views_detached": detached}),
+                || {
+                    if stopped {
+                        "the daemon stopped".into()
+                    } else {
+                        "the daemon was not running".into()
+                    }
+                },
+            );
         }
         DaemonCommand::Status => {
             let up = daemon::ping(&ctx.root);

@@ -67,6 +67,7 @@ enum Node {
 pub struct Builder {
     root: Node,
     root_mode: u32,
+    root_xattrs: Vec<(Vec<u8>, Vec<u8>)>,
     /// Whether any file is in a link group (else there are no primaries to find).
     has_links: bool,
 }
@@ -80,8 +81,20 @@ impl Builder {
                 children: BTreeMap::new(),
             },
             root_mode,
+            root_xattrs: Vec::new(),
             has_links: false,
         }
+    }
+
+    /// The root directory's xattrs (kept in the snapshot, not in a tree).
+    pub fn set_root_xattrs(&mut self, mut xattrs: Vec<(Vec<u8>, Vec<u8>)>) {
+        xattrs.sort();
+        self.root_xattrs = xattrs;
+    }
+
+    /// The root directory's xattrs.
+    pub fn root_xattrs(&self) -> &[(Vec<u8>, Vec<u8>)] {
+        &self.root_xattrs
     }
 
     pub fn set_root_mode(&mut self, mode: u32) {
@@ -93,9 +106,10 @@ impl Builder {
     /// non-directory drops what was under it (later tar entries win).
     pub fn insert(&mut self, path: &[Vec<u8>], item: Item) -> Result<()> {
         let Some((last, parents)) = path.split_last() else {
-            // The root itself: only its mode is kept.
-            if let Item::Dir { mode, .. } = item {
+            // The root itself: its mode and xattrs are the snapshot's.
+            if let Item::Dir { mode, xattrs } = item {
                 self.set_root_mode(mode);
+                self.set_root_xattrs(xattrs);
             }
             return Ok(());
         };

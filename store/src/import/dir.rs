@@ -176,7 +176,8 @@ impl Store {
             &[],
             Item::Dir {
                 mode: meta.mode(),
-                xattrs: vec![],
+                // Kept in the snapshot (`root_xattrs`).
+                xattrs: read_xattrs(&src)?,
             },
         )?;
         let tree = Part::Tree {

@@ -157,6 +157,7 @@ impl Finish<'_> {
             policy: self.policy,
             counts,
             git_fsmonitor: self.git_fsmonitor,
+            root_xattrs: self.builder.root_xattrs().to_vec(),
         };
         let (id, bytes) = snap.encode_with_id();
         ingest.put_owned(ObjectKind::Snapshot, *id.as_bytes(), bytes)?;

@@ -22,6 +22,7 @@ mod concurrency;
 mod copyup;
 mod crash;
 mod dirrename;
+mod faithful;
 mod gitfsmonitor;
 mod listings;
 mod properties;

@@ -118,3 +118,35 @@ fn diff_lists_added_modified_deleted_and_type_changed_paths() {
     let out = r.run(["diff", "b", "b", "--patch"]).ok();
     assert!(out.stdout.trim().is_empty(), "{out:?}");
 }
+
+#[test]
+fn diff_json_names_a_non_utf8_path_by_its_bytes() {
+    use std::os::unix::ffi::OsStrExt;
+    let r = TestRoot::new();
+    let src = r.path("src");
+    write_file(&src.join("plain"), "x\n");
+    r.import(&src, &["--ref", "a"]);
+    let raw = src.join(std::ffi::OsStr::from_bytes(b"raw\xff"));
+    write_file(&raw, "new\n");
+    fs::set_permissions(&src, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    r.import(&src, &["--ref", "b"]);
+    let v = r.json(["diff", "a", "b"]).ok().json();
+    let all = v["changes"].as_array().unwrap();
+    let c = all
+        .iter()
+        .find(|c| c["path"] == "raw\u{fffd}")
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(c["path_hex"], "726177ff", "{v}");
+    assert!(
+        all.iter()
+            .filter(|c| c["path"] != "raw\u{fffd}")
+            .all(|c| c.get("path_hex").is_none()),
+        "path_hex only for names that are not UTF-8: {v}"
+    );
+    // The root's own mode, as `.`.
+    let root = all
+        .iter()
+        .find(|c| c["path"] == ".")
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(root["change"], "modified", "{v}");
+}

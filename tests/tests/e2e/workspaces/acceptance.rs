@@ -1,4 +1,4 @@
-//! The twelve-workload acceptance suite, on every materializer.
+//! The thirteen-workload acceptance suite, on every materializer.
 //!
 //! Each workload is a function that changes a directory and a verifier that checks,
 //! independently, what the result must hold (names, kinds, sizes, modes, contents, link
@@ -662,4 +662,42 @@ fn verifier_helpers_see_hard_links_and_modes() {
             ..
         }
     ));
+}
+
+// ---------------------------------------------------------------------------------------
+// 13. A hard link of the base reached through several names: a write through one name,
+// a new name in another directory, the directory holding the base names renamed.
+
+fn base_links_apply(d: &Path) {
+    fs::OpenOptions::new()
+        .append(true)
+        .open(d.join("linked/second"))
+        .unwrap()
+        .write_all(b"more\n")
+        .unwrap();
+    fs::create_dir_all(d.join("outside")).unwrap();
+    fs::hard_link(d.join("linked/first"), d.join("outside/third")).unwrap();
+    sh(d, "mv linked moved");
+}
+
+fn base_links_verify(d: &Path) -> Vec<String> {
+    let mut c = Check::default();
+    for n in ["moved/first", "moved/second", "outside/third"] {
+        c.text(d, n, "hard linked in the base\nmore\n");
+    }
+    c.absent(d, "linked");
+    c.linked(d, &["moved/first", "moved/second", "outside/third"]);
+    c.done()
+}
+
+#[test]
+fn workload_base_hard_links_through_several_names() {
+    require_root!();
+    run(&Workload {
+        name: "base-links",
+        base: Base::Standard,
+        apply: base_links_apply,
+        verify: base_links_verify,
+        unstable: &[],
+    });
 }

@@ -177,3 +177,42 @@ fn racing_mounts_and_unmounts_of_one_fuse_workspace_never_stack_or_lose_its_moun
     r.t.json(["daemon", "stop"]).ok();
     r.assert_clean();
 }
+
+/// After `kill -9` of the daemon its two snapshot views stay mounted, dead ("Transport
+/// endpoint is not connected"); `sweep` (and `daemon stop`) detach them when no daemon
+/// serves the root, and leave a live daemon's alone.
+#[test]
+fn sweep_and_daemon_stop_detach_the_views_of_a_killed_daemon() {
+    require_root!();
+    let views = |r: &WsRoot| -> Vec<std::path::PathBuf> {
+        r.mounts()
+            .into_iter()
+            .filter(|m| m.starts_with(r.root().join("run")))
+            .collect()
+    };
+    for how in ["sweep", "daemon-stop"] {
+        let r = WsRoot::new();
+        let src = r.t.path("src");
+        base_tree(&src);
+        let snap = r.import(&src, &["--no-default-excludes"]);
+        let ws = r.create(&snap, &["--materializer", "fuse"]);
+        assert_eq!(views(&r).len(), 2, "the daemon's views: {:?}", r.mounts());
+        // A live daemon's views are not touched.
+        r.t.json(["sweep"]).ok();
+        assert_eq!(views(&r).len(), 2, "{how}: sweep with a live daemon");
+        for pid in r.fsd_pids() {
+            super::support::kill9(pid);
+        }
+        while !r.fsd_pids().is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(views(&r).len(), 2, "{how}: dead views left by the kill");
+        r.t.json(["remove", ws.id.as_str(), "--force"]).ok();
+        if how == "sweep" {
+            r.t.json(["sweep"]).ok();
+        } else {
+            r.t.json(["daemon", "stop", "--force"]).ok();
+        }
+        assert_eq!(views(&r), Vec::<std::path::PathBuf>::new(), "{how}");
+    }
+}

@@ -123,7 +123,18 @@ pub(crate) struct KnownGap {
 
 /// Combinations skipped with their reason printed, also under `CI=true` (a known gap is
 /// cowspace's, not the host's). Each names the gap so it can be closed and removed here.
-pub(crate) const KNOWN_GAPS: &[KnownGap] = &[];
+pub(crate) const KNOWN_GAPS: &[KnownGap] = &[
+    KnownGap {
+        workload: "base-links",
+        target: "overlay/checkout",
+        why: "kernel overlayfs (index=off) splits a snapshot hard link at copy-up (CONFORMANCE.md)",
+    },
+    KnownGap {
+        workload: "base-links",
+        target: "overlay/view",
+        why: "kernel overlayfs (index=off) splits a snapshot hard link at copy-up (CONFORMANCE.md)",
+    },
+];
 
 /// The targets to run: all of them, or those named in `COWSPACE_ACCEPTANCE_TARGETS`
 /// (comma-separated, for a local run; CI sets nothing).

@@ -1,0 +1,301 @@
+//! A commit holds exactly what the workspace showed: hard links of the snapshot reached
+//! through several names, directories holding one name of a link renamed, one name
+//! renamed over another file, and the workspace root's own mode. Each case runs on a
+//! plain directory (what POSIX gives) and in a workspace of each materializer this host
+//! runs without loop filesystems (`fuse`, `copy`, `overlay` over both lowers); the
+//! workspace must show the plain directory's tree (link groups included) except where
+//! `docs/CONFORMANCE.md` lists a kernel limit, and the export of its commit must show
+//! exactly what the workspace showed, always.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use cowspace_tests::{Node, assert_same_listing, scan_tree, write_file};
+
+use super::support::{WsRoot, require_root};
+
+/// The materializers checked, as `create` arguments, and whether the kernel keeps
+/// snapshot hard links across a copy-up there (overlay with `index=off` does not).
+const TARGETS: &[(&str, &[&str], bool)] = &[
+    ("fuse", &["--materializer", "fuse"], true),
+    ("copy", &["--materializer", "copy"], true),
+    (
+        "overlay-view",
+        &["--materializer", "overlay", "--lower", "view"],
+        false,
+    ),
+    (
+        "overlay-checkout",
+        &["--materializer", "overlay", "--lower", "checkout"],
+        false,
+    ),
+];
+
+/// A file with two names (`a`, `E/a2`), another file, a nested directory.
+fn base(src: &Path) {
+    write_file(&src.join("a"), "one\n");
+    fs::create_dir_all(src.join("E/sub")).unwrap();
+    fs::hard_link(src.join("a"), src.join("E/a2")).unwrap();
+    write_file(&src.join("c"), "other\n");
+    write_file(&src.join("E/sub/f"), "f\n");
+}
+
+/// `scan_tree` without what the export cannot hold the same (nothing yet) and with the
+/// root's mode.
+fn listing(dir: &Path) -> BTreeMap<String, Node> {
+    scan_tree(dir)
+}
+
+/// Runs `op` on a plain copy of [`base`] and in a workspace of every target; checks the
+/// workspace against the plain directory (where `kept_by_kernel` says the materializer
+/// can) and the commit's export against the workspace. `links` says whether the case
+/// depends on hard links surviving a copy-up.
+fn check(case: &str, links: bool, op: impl Fn(&Path)) {
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base(&src);
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    let plain = r.t.path("plain");
+    base(&plain);
+    op(&plain);
+    let want = listing(&plain);
+    for (name, args, keeps_links) in TARGETS {
+        let ws = r.create(&snap, args);
+        op(&ws.path);
+        let shown = listing(&ws.path);
+        if *keeps_links || !links {
+            assert_same_listing(&want, &shown, &format!("{case}: {name} workspace vs plain"));
+        }
+        let (snap2, _, _) = r.commit(&ws.id, &[]);
+        let out = r.t.path(&format!("export-{case}-{name}"));
+        r.t.run(["export", snap2.as_str(), out.to_str().unwrap()])
+            .ok();
+        assert_same_listing(
+            &shown,
+            &listing(&out),
+            &format!("{case}: {name} export vs workspace"),
+        );
+        r.remove(&ws.id);
+    }
+}
+
+fn append(p: &Path, s: &str) {
+    use std::io::Write;
+    fs::OpenOptions::new()
+        .append(true)
+        .open(p)
+        .unwrap()
+        .write_all(s.as_bytes())
+        .unwrap();
+}
+
+#[test]
+fn a_write_through_one_name_of_a_snapshot_hard_link_is_committed_under_all() {
+    require_root!();
+    check("append-link", true, |d| append(&d.join("E/a2"), "more\n"));
+    check("append-primary", true, |d| append(&d.join("a"), "more\n"));
+    check("chmod-primary", true, |d| {
+        fs::set_permissions(d.join("a"), fs::Permissions::from_mode(0o600)).unwrap()
+    });
+}
+
+#[test]
+fn renaming_a_directory_holding_a_link_name_keeps_the_link() {
+    require_root!();
+    // On overlay `rename(2)` of a snapshot directory is EXDEV: the `mv` fallback copies,
+    // which splits the link in the workspace itself (CONFORMANCE.md).
+    check("mv-dir", true, |d| {
+        let st = std::process::Command::new("mv")
+            .arg(d.join("E"))
+            .arg(d.join("F"))
+            .status()
+            .unwrap();
+        assert!(st.success());
+    });
+    check("mv-dir-then-write", true, |d| {
+        let st = std::process::Command::new("mv")
+            .arg(d.join("E"))
+            .arg(d.join("F"))
+            .status()
+            .unwrap();
+        assert!(st.success());
+        append(&d.join("a"), "after\n");
+    });
+}
+
+#[test]
+fn renaming_a_link_name_over_another_file_keeps_the_link() {
+    require_root!();
+    check("mv-over", true, |d| {
+        fs::rename(d.join("E/a2"), d.join("c")).unwrap()
+    });
+    check("mv-over-then-write", true, |d| {
+        fs::rename(d.join("E/a2"), d.join("c")).unwrap();
+        append(&d.join("c"), "x\n");
+    });
+    check("mv-onto-link-then-write", true, |d| {
+        fs::rename(d.join("c"), d.join("E/a2")).unwrap();
+        append(&d.join("a"), "x\n");
+    });
+    check("unlink-one-then-write", true, |d| {
+        fs::remove_file(d.join("a")).unwrap();
+        append(&d.join("E/a2"), "x\n");
+    });
+    check("rename-two-names", true, |d| {
+        // POSIX: two names of one file, nothing happens. (Overlay: CONFORMANCE.md.)
+        let _ = fs::rename(d.join("a"), d.join("E/a2"));
+    });
+}
+
+#[test]
+fn the_workspace_roots_mode_is_committed() {
+    require_root!();
+    check("chmod-root", false, |d| {
+        fs::set_permissions(d, fs::Permissions::from_mode(0o700)).unwrap()
+    });
+}
+
+#[test]
+fn link_counts_are_those_of_the_snapshot() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base(&src);
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    for (name, args, _) in TARGETS {
+        let ws = r.create(&snap, args);
+        let d = &ws.path;
+        let a = fs::symlink_metadata(d.join("a")).unwrap();
+        let a2 = fs::symlink_metadata(d.join("E/a2")).unwrap();
+        if !name.ends_with("checkout") {
+            // A checkout's files also count their blob-cache link (CONFORMANCE.md).
+            assert_eq!((a.nlink(), a2.nlink()), (2, 2), "{name}: a, E/a2");
+            assert_eq!(
+                fs::symlink_metadata(d.join("c")).unwrap().nlink(),
+                1,
+                "{name}: c"
+            );
+        }
+        assert_eq!(a.ino(), a2.ino(), "{name}: one file");
+        // E has one subdirectory; E/sub none (the root merges the upper layer on overlay
+        // and fuse, which report 1, "not counted", as overlayfs does).
+        assert_eq!(
+            fs::symlink_metadata(d.join("E")).unwrap().nlink(),
+            3,
+            "{name}: E"
+        );
+        assert_eq!(
+            fs::symlink_metadata(d.join("E/sub")).unwrap().nlink(),
+            2,
+            "{name}: E/sub"
+        );
+        r.remove(&ws.id);
+    }
+}
+
+#[test]
+fn workspace_diff_json_names_non_utf8_paths_and_the_root() {
+    use std::os::unix::ffi::OsStrExt;
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base(&src);
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    for (name, args, _) in TARGETS {
+        let ws = r.create(&snap, args);
+        write_file(
+            &ws.path.join(std::ffi::OsStr::from_bytes(b"raw\xff")),
+            "x\n",
+        );
+        fs::set_permissions(&ws.path, fs::Permissions::from_mode(0o700)).unwrap();
+        let v = r.t.json(["diff", ws.id.as_str()]).ok().json();
+        let all = v["changes"].as_array().unwrap();
+        let c = all
+            .iter()
+            .find(|c| c["path"] == "raw\u{fffd}")
+            .unwrap_or_else(|| panic!("{name}: {v}"));
+        assert_eq!(c["path_hex"], "726177ff", "{name}: {v}");
+        assert!(
+            all.iter()
+                .any(|c| c["path"] == "." && c["change"] == "modified"),
+            "{name}: the root's mode: {v}"
+        );
+        r.remove(&ws.id);
+    }
+}
+
+#[test]
+fn a_directorys_set_mtime_survives_a_copy_up_beneath_it() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base(&src);
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    let set = |p: &Path, secs: i64| {
+        let st = std::process::Command::new("touch")
+            .arg("-d")
+            .arg(format!("@{secs}"))
+            .arg(p)
+            .status()
+            .unwrap();
+        assert!(st.success(), "touch {p:?}");
+    };
+    for (name, args, _) in TARGETS {
+        let ws = r.create(&snap, args);
+        let d = &ws.path;
+        set(&d.join("E"), 1_000_000_000);
+        // Copies E/sub up (into E) on the overlay materializers; E's names do not change.
+        fs::create_dir(d.join("E/sub/new")).unwrap();
+        write_file(&d.join("E/sub/f"), "changed\n");
+        assert_eq!(
+            fs::metadata(d.join("E")).unwrap().mtime(),
+            1_000_000_000,
+            "{name}: E's mtime"
+        );
+        // What the workspace shows once the kernel asks again (after a restart, or once
+        // it forgot the inode): the private upper layer's (overlay and fuse).
+        let upper = r.root().join("workspaces").join(&ws.id).join("upper/E");
+        if upper.exists() {
+            assert_eq!(
+                fs::metadata(&upper).unwrap().mtime(),
+                1_000_000_000,
+                "{name}: E's mtime in the upper layer"
+            );
+        }
+        r.remove(&ws.id);
+    }
+}
+
+#[test]
+fn the_roots_xattrs_are_shown_and_committed() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base(&src);
+    xattr::set(&src, "user.base", b"1").unwrap();
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    for (name, args, _) in TARGETS {
+        let ws = r.create(&snap, args);
+        let d = &ws.path;
+        assert_eq!(
+            xattr::get(d, "user.base").unwrap().as_deref(),
+            Some(&b"1"[..]),
+            "{name}: the snapshot root's xattr in the workspace"
+        );
+        xattr::set(d, "user.new", b"2").unwrap();
+        let (snap2, _, _) = r.commit(&ws.id, &[]);
+        let out = r.t.path(&format!("export-xattr-{name}"));
+        r.t.run(["export", snap2.as_str(), out.to_str().unwrap()])
+            .ok();
+        for (k, v) in [("user.base", &b"1"[..]), ("user.new", &b"2"[..])] {
+            assert_eq!(
+                xattr::get(&out, k).unwrap().as_deref(),
+                Some(v),
+                "{name}: {k} of the committed root"
+            );
+        }
+        r.remove(&ws.id);
+    }
+}
