@@ -484,7 +484,10 @@ impl<'s> Editor<'s> {
         }
         if let Some(same) = self.unless_same.take() {
             let before = self.store.snapshot(&same)?;
-            if before.root == root && before.root_mode == root_mode {
+            if before.root == root
+                && before.root_mode == root_mode
+                && before.root_xattrs == root_xattrs
+            {
                 return self.keep(same, before, ref_name);
             }
         }
@@ -628,6 +631,27 @@ struct Writer<'a, 's> {
 }
 
 impl Writer<'_, '_> {
+    /// Adds what the entries of a base tree contribute to the counts (a directory
+    /// rebased on another base directory brings them: [`Editor::rebase_dir`]).
+    fn count_entries(&mut self, tree: &TreeId) -> Result<()> {
+        for e in self.store.tree(tree)?.entries {
+            match e.kind {
+                Kind::Dir => {
+                    self.counts.dirs += 1;
+                    self.count_entries(&e.subtree().expect("dir"))?;
+                }
+                Kind::File => {
+                    self.counts.files += 1;
+                    self.counts.bytes += e.size;
+                }
+                Kind::Hardlink => self.counts.hardlinks += 1,
+                Kind::Symlink => self.counts.symlinks += 1,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Subtracts what a base entry contributed to the counts.
     fn uncount(&mut self, e: &Entry) -> Result<()> {
         match e.kind {
@@ -673,7 +697,11 @@ impl Writer<'_, '_> {
                 Child::Delete => continue,
                 Child::Dir(sub) => {
                     // Entries of a kept base subtree are counted already; only the
-                    // changed ones are re-counted by the recursion.
+                    // changed ones are re-counted by the recursion. A subtree taken from
+                    // elsewhere in the base (a rebased directory) is counted here.
+                    if !was_dir_kept && let Some(b) = &sub.base {
+                        self.count_entries(b)?;
+                    }
                     let id = self.write_dir(sub, &child_path, ingest)?;
                     self.counts.dirs += 1;
                     Entry {

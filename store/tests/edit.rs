@@ -180,6 +180,15 @@ fn rebased_directories_keep_their_hard_links_and_primaries_come_first() {
         edited.root, reimport.root,
         "the edit equals an import of the moved tree"
     );
+    let (got, want) = (
+        store.snapshot(&edited.snapshot).unwrap().counts,
+        store.snapshot(&reimport.snapshot).unwrap().counts,
+    );
+    assert_eq!(
+        (got.files, got.dirs, got.bytes, got.hardlinks),
+        (want.files, want.dirs, want.bytes, want.hardlinks),
+        "counts of the moved tree"
+    );
     let out = tmp.path().join("export");
     store.export_dir(&edited.snapshot, &out).unwrap();
     use std::os::unix::fs::MetadataExt;

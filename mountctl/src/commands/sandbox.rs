@@ -115,6 +115,9 @@ fn start(ctx: &Ctx, rt: &cowspace_fsd::runtime::Runtime, a: StartArgs) -> anyhow
         o.insert("state".into(), json!("running"));
     }
     ctx.emit(out, || {
+        if ctx.quiet {
+            return String::new();
+        }
         format!(
             "sandbox {} of {} is running (init pid {}); `mountctl exec {} -- CMD` runs commands in it",
             v["name"].as_str().unwrap_or(""),

@@ -1286,3 +1286,64 @@ fn longlived_exec_escape_cases() {
     r.remove("esc");
     r.assert_clean();
 }
+
+/// `exec -t` under a pseudo-terminal of 30 rows and 100 columns (made by Python's `pty`):
+/// the command's stdin is a terminal of the sandbox's own, of that size, and a Ctrl-C
+/// typed at the outer terminal reaches it (exit 130).
+const TTY_DRIVER: &str = r#"
+import os, pty, sys, fcntl, termios, struct, time, select
+mountctl, root, ws = sys.argv[1], sys.argv[2], sys.argv[3]
+pid, fd = pty.fork()
+if pid == 0:
+    fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    os.execv(mountctl, [mountctl, "--root", root, "exec", "-t", ws, "--",
+                        "sh", "-c", "tty; stty size; echo ready; sleep 60; echo not-interrupted"])
+out, sent, deadline = b"", False, time.time() + 60
+while time.time() < deadline:
+    r, _, _ = select.select([fd], [], [], 0.2)
+    if r:
+        try:
+            d = os.read(fd, 4096)
+        except OSError:
+            break
+        if not d:
+            break
+        out += d
+    if b"ready" in out and not sent:
+        os.write(fd, b"\x03")
+        sent = True
+_, status = os.waitpid(pid, 0)
+print(out.decode(errors="replace"))
+print("exit", os.waitstatus_to_exitcode(status))
+"#;
+
+#[test]
+fn longlived_exec_tty_gives_a_sandbox_terminal_with_the_size_and_ctrl_c() {
+    require_root!();
+    let (r, snap) = setup();
+    let ws = r.create(&snap, &["--name", "tty"]);
+    start(&r, "tty", &[]);
+    let o = Command::new(PY)
+        .args(["-c", TTY_DRIVER])
+        .arg(cowspace_tests::mountctl_bin())
+        .arg(r.root())
+        .arg("tty")
+        .output()
+        .expect("run python3");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("/dev/pts/"), "no terminal inside: {out}");
+    assert!(
+        out.contains("30 100"),
+        "the window size did not pass: {out}"
+    );
+    assert!(
+        !out.contains("not-interrupted"),
+        "Ctrl-C did not reach it: {out}"
+    );
+    assert!(out.contains("exit 130"), "{out}");
+    // Without -t no terminal is passed, even from one: stdin is /dev/null.
+    let plain = exec(&r, "tty", &["sh", "-c", "tty || true"]).ok().stdout;
+    assert!(plain.contains("not a tty"), "{plain}");
+    stop(&r, "tty");
+    r.remove(&ws.id);
+}
