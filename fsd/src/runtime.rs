@@ -125,19 +125,18 @@ fn lower_alive(lower: &Path) -> bool {
     nix::sys::statfs::statfs(lower).is_ok()
 }
 
+/// One rule for workspace names, the sandbox's (a name is its sandbox's hostname and
+/// part of its cgroup's name): 1 to 63 of `[A-Za-z0-9_.-]`, starting with a letter or
+/// digit (so never read as an option), and not `ws-…` (ids look like that).
 fn check_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-        && !name.starts_with('.')
-        && !name.starts_with("ws-");
+    let ok = sandbox_helper::spec::validate_name(name).is_ok() && !name.starts_with("ws-");
     if ok {
         Ok(())
     } else {
         Err(Error::Invalid(format!(
-            "workspace name {name:?}: use 1-64 letters, digits, '.', '_' or '-', not starting with '.' or 'ws-'"
+            "workspace name {name:?}: use 1 to {} letters, digits, '.', '_' or '-', starting \
+             with a letter or digit and not with 'ws-'",
+            sandbox_helper::spec::MAX_NAME_BYTES
         )))
     }
 }

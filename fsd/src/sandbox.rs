@@ -69,9 +69,13 @@ pub fn helper_path() -> Result<PathBuf> {
     Ok(helper)
 }
 
-/// The sandbox's name (its hostname): the workspace's name, else its id.
+/// The sandbox's name (its hostname): the workspace's name, else (no name, or one made
+/// by an earlier version under a looser rule) its id.
 pub fn sandbox_name(rec: &Record) -> String {
-    rec.name.clone().unwrap_or_else(|| rec.id.clone())
+    rec.name
+        .clone()
+        .filter(|n| sandbox_helper::spec::validate_name(n).is_ok())
+        .unwrap_or_else(|| rec.id.clone())
 }
 
 fn kind_of(k: sandbox_helper::Kind) -> ErrorKind {

@@ -295,3 +295,35 @@ fn commit_with_a_wrong_expect_is_a_conflict_and_leaves_the_ref() {
     r.remove(&ws.id);
     r.assert_clean();
 }
+
+/// One rule for names: a name `create` accepts is one a sandbox can use, by name; a
+/// name that could read as an option, or too long for a hostname, is refused before
+/// anything is made.
+#[test]
+fn names_create_accepts_are_names_a_sandbox_takes() {
+    require_root!();
+    let (r, base) = setup();
+    let long = "n".repeat(64);
+    for bad in [
+        "-y",
+        "--json",
+        "_x",
+        ".hidden",
+        "ws-1234",
+        long.as_str(),
+        "a b",
+        "é",
+    ] {
+        let e = refused(
+            &r,
+            &["create", &base, &format!("--name={bad}")],
+            9,
+            "invalid_input",
+        );
+        assert!(msg(&e).contains("letters, digits"), "{bad}: {e}");
+    }
+    let ok = "a".repeat(63);
+    r.create(&base, &["--name", &ok]);
+    let out = r.t.run(["run", &ok, "--", "hostname"]).ok();
+    assert_eq!(out.stdout.trim(), ok, "the sandbox runs by that name");
+}
