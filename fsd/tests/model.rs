@@ -71,6 +71,16 @@ enum Op {
     ChmodRoot {
         mode: u16,
     },
+    /// `ftruncate` one byte longer, then that byte written through a shared mapping.
+    GrowMmap {
+        path: usize,
+        byte: u8,
+    },
+    /// Reads a file whole (the bytes are compared too): what the kernel cached must
+    /// follow every change made before, through any name.
+    Read {
+        path: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -87,7 +97,32 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (p.clone(), prop::sample::select(vec![0o644u16, 0o755, 0o600, 0o700, 0o444])).prop_map(|(path, mode)| Op::Chmod { path, mode }),
         2 => prop::sample::select(vec![None, Some(2usize), Some(5), Some(7)]).prop_map(|d| Op::List { path: d.unwrap_or(usize::MAX) }),
         1 => prop::sample::select(vec![0o755u16, 0o700, 0o750]).prop_map(|mode| Op::ChmodRoot { mode }),
+        1 => (p.clone(), any::<u8>()).prop_map(|(path, byte)| Op::GrowMmap { path, byte }),
+        2 => p.clone().prop_map(|path| Op::Read { path }),
     ]
+}
+
+/// [`Op::GrowMmap`] (python3's `mmap`: no `unsafe` here); the errno it failed with.
+fn grow_mmap(path: &Path, byte: u8) -> Option<i32> {
+    let script = format!(
+        "import mmap,os,sys\n\
+         try:\n fd=os.open(sys.argv[1],os.O_RDWR)\n\
+         except OSError as e:\n print(e.errno); sys.exit(0)\n\
+         n=os.fstat(fd).st_size\nos.ftruncate(fd,n+1)\n\
+         m=mmap.mmap(fd,n+1)\nm[n]={byte}\nm.flush()\nm.close()\nos.close(fd)\n"
+    );
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(path)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
 }
 
 /// Whether `op` names a snapshot hard link (`d1/a`, `bd/g`) or a directory holding one.
@@ -96,11 +131,16 @@ fn touches_base_link(op: &Op) -> bool {
     match *op {
         Op::Write { path, .. }
         | Op::Truncate { path, .. }
+        | Op::GrowMmap { path, .. }
         | Op::Unlink { path }
         | Op::Rmdir { path }
         | Op::Chmod { path, .. } => linked(path),
         Op::Rename { from, to } | Op::Link { from, to } => linked(from) || linked(to),
-        Op::Mkdir { .. } | Op::Symlink { .. } | Op::List { .. } | Op::ChmodRoot { .. } => false,
+        Op::Mkdir { .. }
+        | Op::Symlink { .. }
+        | Op::List { .. }
+        | Op::ChmodRoot { .. }
+        | Op::Read { .. } => false,
     }
 }
 
@@ -161,6 +201,8 @@ fn apply(root: &Path, op: &Op) -> Option<i32> {
     let at = |i: usize| root.join(NAMES[i]);
     match op {
         Op::List { path } => names(root, *path).err(),
+        Op::Read { path } => errno(fs::read(at(*path))),
+        Op::GrowMmap { path, byte } => grow_mmap(&at(*path), *byte),
         Op::ChmodRoot { mode } => errno(fs::set_permissions(
             root,
             fs::Permissions::from_mode(u32::from(*mode)),
@@ -398,6 +440,16 @@ fn random_operations_match_a_plain_directory() {
                         prop_assert_eq!(
                             names(&ws.path, *path),
                             names(&model, *path),
+                            "{} op {} {:?}",
+                            kind,
+                            i,
+                            op
+                        );
+                    }
+                    if let Op::Read { path } = op {
+                        prop_assert_eq!(
+                            fs::read(ws.path.join(NAMES[*path])).ok(),
+                            fs::read(model.join(NAMES[*path])).ok(),
                             "{} op {} {:?}",
                             kind,
                             i,

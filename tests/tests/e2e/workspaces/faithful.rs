@@ -42,8 +42,8 @@ fn base(src: &Path) {
     write_file(&src.join("E/sub/f"), "f\n");
 }
 
-/// `scan_tree` without what the export cannot hold the same (nothing yet) and with the
-/// root's mode.
+/// Every path with kind, mode, content and hard-link group; the root (`""`) with its
+/// mode.
 fn listing(dir: &Path) -> BTreeMap<String, Node> {
     scan_tree(dir)
 }
