@@ -120,6 +120,17 @@ pub enum Command {
     /// Run a command in the workspace's running sandbox (the workspace at /workspace, the
     /// default working directory); exits with its status (127: no such command).
     Exec(ExecArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish or powershell).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (mountctl.1, mountctl-SUBCOMMAND.1, ...) into DIR.
+    #[command(name = "man-pages")]
+    ManPages {
+        /// Where to write them (e.g. /usr/local/share/man/man1).
+        dir: PathBuf,
+    },
     /// git's fsmonitor hook (run by git in a workspace, not by hand): prints the paths
     /// changed since TOKEN (docs/git.md).
     #[command(name = "git-fsmonitor")]

@@ -4,6 +4,7 @@
 
 mod cli;
 mod commands;
+mod docs;
 mod output;
 
 use std::io::IsTerminal;

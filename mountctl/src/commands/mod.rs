@@ -61,6 +61,15 @@ pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
         Command::Sandbox(c) => sandbox::run(ctx, c),
         Command::Exec(args) => exec::run(ctx, args),
         Command::GitFsmonitor { version, token } => git_fsmonitor(ctx, version, &token),
+        Command::Completions { shell } => {
+            let mut cmd = <crate::cli::Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cmd, "mountctl", &mut std::io::stdout());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::ManPages { dir } => crate::docs::write_man_pages(&dir).map(|n| {
+            ctx.note(&format!("wrote {n} man pages to {}", dir.display()));
+            ExitCode::SUCCESS
+        }),
     }
 }
 
