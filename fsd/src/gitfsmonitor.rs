@@ -181,6 +181,10 @@ pub const SANDBOX_UPPER_ENV: &str = "COWSPACE_GIT_FSMONITOR_UPPER";
 pub const SANDBOX_TOKENS_ENV: &str = "COWSPACE_GIT_FSMONITOR_TOKENS";
 /// ... and the work tree they describe.
 pub const SANDBOX_WORKTREE_ENV: &str = "COWSPACE_GIT_FSMONITOR_WORKTREE";
+/// Set (`1`) when the upper layer keeps overlay's metadata in `trusted.overlay.*`
+/// (workspaces with redirects), which the sandbox cannot read: the hook then names every
+/// directory of the upper layer as a whole (it may be opaque or renamed).
+pub const SANDBOX_TRUSTED_ENV: &str = "COWSPACE_GIT_FSMONITOR_TRUSTED_XATTRS";
 
 /// The answer inside a sandbox, where the registry and the store are out of sight and
 /// `mountctl run` said (in the environment) where the overlay workspace's upper layer
@@ -205,8 +209,22 @@ pub fn answer_in_sandbox(cwd: &Path, token: &str) -> Option<Answer> {
     // In overlay's upper format a directory made where the base had a file or symlink
     // is always opaque (overlayfs marks it; so does the fuse workspace, `cow/ops.rs`), so
     // no other directory needs naming.
-    let listed = crate::upper::changes(Path::new(&upper))
-        .and_then(|changes| paths_of(&changes, |_| Ok(false)));
+    // Inside, `trusted.overlay.*` (opaque directories, redirects of renamed ones) cannot
+    // be read: every directory of the upper layer is then named as a whole, as if it hid
+    // or replaced the base's.
+    let unreadable = std::env::var_os(SANDBOX_TRUSTED_ENV).is_some();
+    let listed = crate::upper::changes(Path::new(&upper)).and_then(|mut changes| {
+        if unreadable {
+            for c in &mut changes {
+                if let UpperChange::Dir { path, opaque, .. } = c
+                    && !path.is_empty()
+                {
+                    *opaque = true;
+                }
+            }
+        }
+        paths_of(&changes, |_| Ok(false))
+    });
     Some(match listed {
         Ok(paths) => Answer {
             token: token.to_string(),
@@ -262,6 +280,10 @@ pub fn sandbox_setup(
         format!("{SANDBOX_TOKENS_ENV}={}", tokens.join(" ")),
         format!("{SANDBOX_WORKTREE_ENV}={worktree}"),
     ];
+    let mut env = env;
+    if rec.materializer == "overlay" && rec.overlay_redirects {
+        env.push(format!("{SANDBOX_TRUSTED_ENV}=1"));
+    }
     Some((env, binds))
 }
 

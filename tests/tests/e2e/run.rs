@@ -494,5 +494,19 @@ fn git_in_the_sandbox_of(r: &WsRoot, snap: &str, materializer: &str) {
         format!("{looked_at}\n{changed}--\n{changed}"),
         "{materializer}: stderr: {err}"
     );
+    // A snapshot directory replaced (an opaque directory) and one renamed (a redirect),
+    // whose trusted xattrs the sandbox cannot read: the hook still names what git must
+    // look at (the tracked name the opaque directory hides included).
+    let script = "cd /workspace && git add -A >/dev/null && git -c user.name=t -c user.email=t@example.invalid commit -qm two && \
+         rm -rf d && mkdir d && echo y > d/other && mv d moved && mkdir d && \
+         echo z > d/again && \
+         git status --porcelain --untracked-files=all && echo -- && \
+         git -c core.fsmonitor=false status --porcelain --untracked-files=all";
+    let (code, out, err) = output(run_cmd(r, &[&ws.id, "--", "sh", "-c", script]));
+    assert_eq!(code, 0, "{materializer}: stderr: {err}");
+    let (with, without) = out.split_once("--\n").expect("two statuses");
+    assert_eq!(with, without, "{materializer}: the hook hid a change");
+    assert!(with.contains("moved/"), "{materializer}: {with}");
+    assert!(with.contains(" D d/y"), "{materializer}: {with}");
     r.remove(&ws.id);
 }
