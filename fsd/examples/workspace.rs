@@ -2,7 +2,8 @@
 //! import a directory, create a workspace, write in it, diff, commit, remove.
 //!
 //! ```sh
-//! sudo cargo run -p cowspace-fsd --example workspace -- /tmp/cowspace-root ./some/dir
+//! cargo build -p cowspace-fsd --bins --examples   # the daemon, fsd, lands beside it
+//! sudo target/debug/examples/workspace /tmp/cowspace-root ./some/dir
 //! ```
 //! Needs root (the workspace is an overlay mount). Removes the workspace at the end; the
 //! runtime root and its snapshots stay.
@@ -12,7 +13,23 @@ use std::path::PathBuf;
 use cowspace_fsd::runtime::{CommitOptions, CreateOptions, Runtime};
 use cowspace_store::{ImportOptions, Store, StoreConfig};
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("workspace: {e}");
+            if let Some(hint) = e
+                .downcast_ref::<cowspace_fsd::error::Error>()
+                .and_then(|e| e.hint())
+            {
+                eprintln!("hint: {hint}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let (Some(root), Some(source)) = (args.next(), args.next()) else {
         eprintln!("usage: workspace ROOT SOURCE_DIR");

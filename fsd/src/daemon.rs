@@ -217,7 +217,21 @@ pub fn ensure_running(root: &Path) -> Result<()> {
             .stderr(Stdio::from(logf))
             .process_group(0)
             .spawn()
-            .map_err(Error::io("start", &prog))
+            .map_err(|e| {
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    Error::Daemon(format!(
+                        "no fsd program was found: $COWSPACE_FSD is not set, there is none \
+                             next to {} (or in its parent directory), and none on PATH; build \
+                             it with `cargo build -p cowspace-fsd --bins` (it lands next to \
+                             the other binaries) or set COWSPACE_FSD to its path",
+                        std::env::current_exe()
+                            .map(|p| p.display().to_string())
+                            .unwrap_or_else(|_| "this program".into())
+                    ))
+                } else {
+                    Error::io("start", &prog)(e)
+                }
+            })
     };
     let mut child = Some(spawn()?);
     let deadline = Instant::now() + Duration::from_millis(DAEMON_START_TIMEOUT_MS);

@@ -84,3 +84,41 @@ fn python_client_demo_creates_diffs_commits_and_removes() {
     assert_eq!(r.t.json(["list"]).ok().json(), serde_json::json!([]));
     r.assert_clean();
 }
+
+/// The Rust example of docs/api.md, as the docs run it: the example binary beside `fsd`.
+#[test]
+fn the_rust_example_runs_as_documented() {
+    require_root!();
+    // `cargo test` builds the examples beside the binaries (target/<profile>/examples).
+    let exe = std::env::current_exe().unwrap();
+    let mut dir = exe.parent().unwrap();
+    if dir.ends_with("deps") {
+        dir = dir.parent().unwrap();
+    }
+    let example = dir.join("examples/workspace");
+    if !example.is_file() {
+        let ok = Command::new(env!("CARGO"))
+            .args(["build", "-p", "cowspace-fsd", "--bins", "--examples"])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "cargo build -p cowspace-fsd --bins --examples failed");
+    }
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base_tree(&src);
+    let root = r.t.path("example-root");
+    let out = Command::new(&example)
+        .arg(&root)
+        .arg(&src)
+        .output()
+        .expect("run the example");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.contains("removed ws-"), "{stdout}");
+    let _ = Command::new(cowspace_tests::mountctl_bin())
+        .arg("--root")
+        .arg(&root)
+        .args(["daemon", "stop", "--force"])
+        .output();
+}
