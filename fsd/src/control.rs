@@ -112,6 +112,7 @@ impl Server {
                             .or_else(|| a["memory"].as_u64().map(|m| m.to_string())),
                         pids: a["pids"].as_u64(),
                         cpus: a["cpus"].as_f64(),
+                        cpuset_cpus: a["cpuset_cpus"].as_str().map(str::to_string),
                         publish: a["publish"]
                             .as_array()
                             .map(|v| {

@@ -38,6 +38,8 @@ pub struct SandboxOptions {
     pub pids: Option<u64>,
     /// CPU bandwidth in CPUs.
     pub cpus: Option<f64>,
+    /// The CPUs its processes may run on (a list such as `0-1,3`).
+    pub cpuset_cpus: Option<String>,
     /// Internal ports to publish.
     pub publish: Vec<u16>,
     /// `K=V` added to every command's environment.
@@ -248,6 +250,9 @@ impl Runtime {
         }
         if let Some(c) = o.cpus {
             a.push(format!("--cpus={c}"));
+        }
+        if let Some(c) = &o.cpuset_cpus {
+            a.push(format!("--cpuset-cpus={c}"));
         }
         for p in &o.publish {
             a.push(format!("--publish={p}"));

@@ -147,10 +147,20 @@ pub enum Command {
 pub struct RunArgs {
     /// The workspace (id or name); it must be active.
     pub workspace: String,
+    #[command(flatten)]
+    pub sandbox: SandboxFlags,
+    /// The command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// What a sandbox is started with (`sandbox start` and `run`).
+#[derive(Debug, Args)]
+pub struct SandboxFlags {
     /// Network: none (default) or loopback (default when ports are published).
     #[arg(long, value_parser = ["none", "loopback"])]
     pub net: Option<String>,
-    /// Memory limit in bytes (k, m, g suffixes accepted).
+    /// Memory limit in bytes (k, m, g suffixes accepted; at least 4m).
     #[arg(long, value_name = "BYTES")]
     pub memory: Option<String>,
     /// Most processes and threads at once.
@@ -159,18 +169,39 @@ pub struct RunArgs {
     /// CPU bandwidth in CPUs, e.g. 1.5.
     #[arg(long, value_name = "F")]
     pub cpus: Option<f64>,
-    /// Give the internal PORT a unique host port on 127.0.0.1 (repeatable).
+    /// The CPUs the sandbox's processes may run on, e.g. 0-1,3 (a cgroup cpuset: a
+    /// process inside cannot widen it).
+    #[arg(long, value_name = "LIST")]
+    pub cpuset_cpus: Option<String>,
+    /// Give the internal PORT a unique host port on 127.0.0.1 (repeatable; fixed for a
+    /// long-lived sandbox's life).
     #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
     pub publish: Vec<u16>,
-    /// Set KEY=VALUE in the command's environment (repeatable; not secret).
+    /// Set KEY=VALUE in every command's environment (repeatable; not secret).
     #[arg(long, value_name = "K=V")]
     pub env: Vec<String>,
     /// Bind host SRC read-only at DST inside (repeatable).
     #[arg(long, value_name = "SRC:DST")]
     pub ro_bind: Vec<String>,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
-    pub command: Vec<String>,
+    /// Give the commands the host file HOSTFILE as /run/secrets/NAME (repeatable).
+    #[arg(long, value_name = "NAME=HOSTFILE")]
+    pub secret: Vec<String>,
+}
+
+impl From<SandboxFlags> for cowspace_fsd::sandbox::SandboxOptions {
+    fn from(f: SandboxFlags) -> Self {
+        Self {
+            net: f.net,
+            memory: f.memory,
+            pids: f.pids,
+            cpus: f.cpus,
+            cpuset_cpus: f.cpuset_cpus,
+            publish: f.publish,
+            env: f.env,
+            ro_bind: f.ro_bind,
+            secret: f.secret,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -322,31 +353,8 @@ pub enum SandboxCommand {
 pub struct StartArgs {
     /// The workspace (id or name); it must be active.
     pub workspace: String,
-    /// Network: none (default) or loopback (default when ports are published).
-    #[arg(long, value_parser = ["none", "loopback"])]
-    pub net: Option<String>,
-    /// Memory limit in bytes (k, m, g suffixes accepted; at least 4m).
-    #[arg(long, value_name = "BYTES")]
-    pub memory: Option<String>,
-    /// Most processes and threads at once.
-    #[arg(long, value_name = "N")]
-    pub pids: Option<u64>,
-    /// CPU bandwidth in CPUs, e.g. 1.5.
-    #[arg(long, value_name = "F")]
-    pub cpus: Option<f64>,
-    /// Give the internal PORT a unique host port on 127.0.0.1 (repeatable; fixed for the
-    /// sandbox's life).
-    #[arg(long, value_name = "PORT")]
-    pub publish: Vec<u16>,
-    /// Set KEY=VALUE in every command's environment (repeatable; not secret).
-    #[arg(long, value_name = "K=V")]
-    pub env: Vec<String>,
-    /// Bind host SRC read-only at DST inside (repeatable).
-    #[arg(long, value_name = "SRC:DST")]
-    pub ro_bind: Vec<String>,
-    /// Give every command the host file HOSTFILE as /run/secrets/NAME (repeatable).
-    #[arg(long, value_name = "NAME=HOSTFILE")]
-    pub secret: Vec<String>,
+    #[command(flatten)]
+    pub sandbox: SandboxFlags,
 }
 
 #[derive(Debug, Args)]

@@ -112,6 +112,9 @@ struct RunArgs {
     /// CPU bandwidth in CPUs, e.g. 1.5.
     #[arg(long, value_name = "F")]
     cpus: Option<f64>,
+    /// The CPUs the sandbox's processes may run on, e.g. 0-1,3 (cgroup cpuset).
+    #[arg(long, value_name = "LIST")]
+    cpuset_cpus: Option<String>,
     /// Publish the internal PORT on a unique 127.0.0.1 host port.
     #[arg(long, value_name = "PORT")]
     publish: Vec<u16>,
@@ -303,23 +306,7 @@ fn start_cmd(args: RunArgs) -> Result<u8, Error> {
         None => None,
     };
     let name = args.name.clone();
-    let input = SpecInput {
-        name: args.name,
-        dir: args.dir,
-        net: args.net.as_deref().map(str::parse::<Net>).transpose()?,
-        memory: args.memory,
-        pids: args.pids,
-        cpus: args.cpus,
-        publish: args.publish,
-        env: args.env,
-        ro_bind: args.ro_bind,
-        secret: args.secret,
-        command: args.command,
-        suspend_host_mount: args.suspend_host_mount,
-        keep: true,
-        share_host_mount: false,
-        cap_net_raw: args.cap_net_raw,
-    };
+    let input = spec_input(args, true)?;
     let spec = Spec::validate(input, &opts.state_dir)?;
     let log = sandbox_helper::keeper::paths(&state_dir, &name)
         .1
@@ -365,33 +352,42 @@ fn detach_stdio(log: &std::path::Path) {
     }
 }
 
-fn run_cmd(args: RunArgs) -> Result<u8, Error> {
-    let opts = Options {
-        state_dir: args
-            .state_dir
-            .unwrap_or_else(sandbox_helper::default_state_dir),
-        cgroup_root: args.cgroup_root,
-    };
-    let input = SpecInput {
+/// The helper's input from `run`'s or `start`'s flags (`keep`: a long-lived sandbox).
+fn spec_input(args: RunArgs, keep: bool) -> Result<SpecInput, Error> {
+    Ok(SpecInput {
         name: args.name,
         dir: args.dir,
         net: args.net.as_deref().map(str::parse::<Net>).transpose()?,
         memory: args.memory,
         pids: args.pids,
         cpus: args.cpus,
+        cpuset_cpus: args.cpuset_cpus,
         publish: args.publish,
         env: args.env,
         ro_bind: args.ro_bind,
         secret: args.secret,
         command: args.command,
         suspend_host_mount: args.suspend_host_mount,
-        keep: false,
-        share_host_mount: args.share_host_mount,
+        keep,
+        share_host_mount: args.share_host_mount && !keep,
         cap_net_raw: args.cap_net_raw,
+    })
+}
+
+fn run_cmd(args: RunArgs) -> Result<u8, Error> {
+    let opts = Options {
+        state_dir: args
+            .state_dir
+            .clone()
+            .unwrap_or_else(sandbox_helper::default_state_dir),
+        cgroup_root: args.cgroup_root.clone(),
     };
+    let ready_fd = args.ready_fd;
+    let json = args.json;
+    let input = spec_input(args, false)?;
     // Opened through /proc (no unsafe here); the sandbox's init closes every inherited
     // descriptor from 3 up, so the pipe never reaches CMD.
-    let mut ready_out = match args.ready_fd {
+    let mut ready_out = match ready_fd {
         Some(fd) => Some(
             std::fs::OpenOptions::new()
                 .write(true)
@@ -401,7 +397,6 @@ fn run_cmd(args: RunArgs) -> Result<u8, Error> {
         None => None,
     };
     let spec = Spec::validate(input, &opts.state_dir)?;
-    let json = args.json;
     let outcome = sandbox_helper::run(&spec, &opts, |ready| {
         for p in &ready.published {
             eprintln!("published {} -> 127.0.0.1:{}", p.internal, p.host);

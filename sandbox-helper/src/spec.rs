@@ -77,7 +77,7 @@ impl std::str::FromStr for Net {
 }
 
 /// Resource limits, each enforced by its cgroup controller.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Limits {
     /// Memory limit in bytes (`memory` controller).
     pub memory_bytes: Option<u64>,
@@ -85,6 +85,8 @@ pub struct Limits {
     pub pids: Option<u64>,
     /// CPU bandwidth in CPUs, e.g. 1.5 (`cpu` controller).
     pub cpus: Option<f64>,
+    /// The CPUs its processes may run on, in the kernel's list format (`cpuset`).
+    pub cpuset: Option<String>,
 }
 
 /// A read-only bind of a host path into the sandbox.
@@ -170,6 +172,8 @@ pub struct SpecInput {
     pub pids: Option<u64>,
     /// `--cpus`.
     pub cpus: Option<f64>,
+    /// `--cpuset-cpus` (a CPU list such as `0-1,3`).
+    pub cpuset_cpus: Option<String>,
     /// `--publish`.
     pub publish: Vec<u16>,
     /// `--env K=V`.
@@ -275,10 +279,27 @@ impl Spec {
             return Err(Error::InvalidInput("--publish 0: not a port".into()));
         }
 
+        let cpuset = match &input.cpuset_cpus {
+            None => None,
+            Some(text) => {
+                let cpus = crate::cgroup::cpuset::parse_list(text)
+                    .map_err(|e| Error::InvalidInput(format!("--cpuset-cpus {text:?}: {e}")))?;
+                let online = crate::cgroup::cpuset::online()?;
+                if let Some(missing) = cpus.iter().find(|c| !online.contains(c)) {
+                    return Err(Error::InvalidInput(format!(
+                        "--cpuset-cpus {text:?}: this host has no CPU {missing} online (its \
+                         CPUs: {})",
+                        crate::cgroup::cpuset::format_list(&online)
+                    )));
+                }
+                Some(crate::cgroup::cpuset::format_list(&cpus))
+            }
+        };
         let limits = Limits {
             memory_bytes: input.memory.as_deref().map(parse_bytes).transpose()?,
             pids: input.pids,
             cpus: input.cpus,
+            cpuset,
         };
         if let Some(m) = limits.memory_bytes
             && m < MIN_MEMORY_BYTES

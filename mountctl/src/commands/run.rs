@@ -13,16 +13,7 @@ use crate::output::Ctx;
 
 pub fn run(ctx: &Ctx, a: RunArgs) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
-    let opts = SandboxOptions {
-        net: a.net,
-        memory: a.memory,
-        pids: a.pids,
-        cpus: a.cpus,
-        publish: a.publish,
-        env: a.env,
-        ro_bind: a.ro_bind,
-        secret: Vec::new(),
-    };
+    let opts: SandboxOptions = a.sandbox.into();
     let code = rt.sandbox_run(&a.workspace, &opts, &a.command, ctx.json)?;
     Ok(ExitCode::from(code))
 }

@@ -92,16 +92,7 @@ fn describe(v: &Value) -> String {
 }
 
 fn start(ctx: &Ctx, rt: &cowspace_fsd::runtime::Runtime, a: StartArgs) -> anyhow::Result<ExitCode> {
-    let opts = SandboxOptions {
-        net: a.net,
-        memory: a.memory,
-        pids: a.pids,
-        cpus: a.cpus,
-        publish: a.publish,
-        env: a.env,
-        ro_bind: a.ro_bind,
-        secret: a.secret,
-    };
+    let opts: SandboxOptions = a.sandbox.into();
     let v = rt.sandbox_start(&a.workspace, &opts)?;
     // The helper's notes (published ports) go to stderr, as `run` prints them.
     if let Some(m) = v["messages"].as_array() {

@@ -12,6 +12,7 @@
 //! still in it and removes its directories.
 
 mod cpu;
+pub mod cpuset;
 mod memory;
 mod pids;
 
@@ -46,11 +47,18 @@ pub enum Controller {
     Pids,
     /// CPU bandwidth.
     Cpu,
+    /// The CPUs the sandbox may run on.
+    Cpuset,
 }
 
 impl Controller {
     /// All controllers, in probe order.
-    pub const ALL: [Controller; 3] = [Controller::Memory, Controller::Pids, Controller::Cpu];
+    pub const ALL: [Controller; 4] = [
+        Controller::Memory,
+        Controller::Pids,
+        Controller::Cpu,
+        Controller::Cpuset,
+    ];
 
     /// The kernel's name of the controller.
     pub fn name(self) -> &'static str {
@@ -58,6 +66,7 @@ impl Controller {
             Controller::Memory => "memory",
             Controller::Pids => "pids",
             Controller::Cpu => "cpu",
+            Controller::Cpuset => "cpuset",
         }
     }
 
@@ -67,6 +76,7 @@ impl Controller {
             Controller::Memory => "memory limit (cgroup memory controller)",
             Controller::Pids => "process limit and accounting (cgroup pids controller)",
             Controller::Cpu => "cpu limit (cgroup cpu controller)",
+            Controller::Cpuset => "cpu set (cgroup cpuset controller)",
         }
     }
 
@@ -77,6 +87,7 @@ impl Controller {
             Controller::Memory => "memory.limit_in_bytes",
             Controller::Pids => "cgroup.procs",
             Controller::Cpu => "cpu.cfs_quota_us",
+            Controller::Cpuset => "cpuset.cpus",
         }
     }
 }
@@ -162,6 +173,9 @@ pub fn needed(limits: &Limits) -> Vec<Controller> {
     if limits.cpus.is_some() {
         out.push(Controller::Cpu);
     }
+    if limits.cpuset.is_some() {
+        out.push(Controller::Cpuset);
+    }
     out
 }
 
@@ -212,6 +226,7 @@ pub fn read_back(dirs: &[PathBuf]) -> serde_json::Value {
         "pids": pids,
         "cpu_quota_us": quota,
         "cpu_period_us": quota.and(period),
+        "cpuset_cpus": get("cpuset.cpus").filter(|c| !c.is_empty()),
     })
 }
 
@@ -271,6 +286,9 @@ impl Group {
             if p.version == Version::V2 {
                 enable_v2(&parent, p.controller)?;
             }
+            if p.controller == Controller::Cpuset && p.version == Version::V1 {
+                cpuset::inherit(&parent, &p.hierarchy)?;
+            }
             let dir = parent.join(&leaf);
             // On v2 every controller shares the one group directory.
             if !group.dirs.iter().any(|(_, d)| *d == dir) {
@@ -285,6 +303,9 @@ impl Group {
                 Controller::Memory => memory::apply(&dir, p.version, limits.memory_bytes)?,
                 Controller::Pids => pids::apply(&dir, p.version, limits.pids)?,
                 Controller::Cpu => cpu::apply(&dir, p.version, limits.cpus)?,
+                Controller::Cpuset => {
+                    cpuset::apply(&dir, p.version, &parent, limits.cpuset.as_deref())?
+                }
             }
         }
         Ok(group)
@@ -499,7 +520,7 @@ mod tests {
     fn v2_group_writes_its_limits_and_enables_controllers() {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path();
-        fs::write(root.join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        fs::write(root.join("cgroup.controllers"), "cpu cpuset memory pids\n").unwrap();
         fs::write(root.join("cgroup.subtree_control"), "").unwrap();
         fs::create_dir(root.join(PARENT_DIR)).unwrap();
         fs::write(root.join(PARENT_DIR).join("cgroup.subtree_control"), "").unwrap();
@@ -507,6 +528,7 @@ mod tests {
             memory_bytes: Some(64 << 20),
             pids: Some(50),
             cpus: Some(1.5),
+            cpuset: Some("0".into()),
         };
         let placements = require(root, &limits).unwrap();
         assert!(placements.iter().all(|p| p.version == Version::V2));
@@ -518,6 +540,7 @@ mod tests {
         assert_eq!(read("memory.max"), (64u64 << 20).to_string());
         assert_eq!(read("pids.max"), "50");
         assert_eq!(read("cpu.max"), "150000 100000");
+        assert_eq!(read("cpuset.cpus"), "0");
         // A plain file keeps only the last "+controller" written to it.
         let enabled =
             fs::read_to_string(root.join(PARENT_DIR).join("cgroup.subtree_control")).unwrap();

@@ -1015,10 +1015,16 @@ fn longlived_bad_input() {
     r.t.json(["sandbox", "stop", "bad"]).error(3, "not_found");
 
     // Refused limits: nothing starts, the workspace is as it was.
-    for args in [["--memory", "1"], ["--publish", "0"]] {
+    // (`--publish 0` is a usage error, 2, as for `run`: the grammar takes 1..=65535;
+    // CPU 999 is not on this host.)
+    for (args, code, kind) in [
+        (["--memory", "1"], 9, "invalid_input"),
+        (["--publish", "0"], 2, "usage"),
+        (["--cpuset-cpus", "999"], 9, "invalid_input"),
+    ] {
         let mut all = vec!["sandbox", "start", "bad"];
         all.extend_from_slice(&args);
-        r.t.json(&all).error(9, "invalid_input");
+        r.t.json(&all).error(code, kind);
         exec(&r, "bad", &["true"]).code(3);
         assert_eq!(mount_list(&r), mounts_before, "mounts after {args:?}");
         assert_eq!(owners(&ws.path), BTreeSet::from([(0, 0)]));
@@ -1345,5 +1351,32 @@ fn longlived_exec_tty_gives_a_sandbox_terminal_with_the_size_and_ctrl_c() {
     let plain = exec(&r, "tty", &["sh", "-c", "tty || true"]).ok().stdout;
     assert!(plain.contains("not a tty"), "{plain}");
     stop(&r, "tty");
+    r.remove(&ws.id);
+}
+
+/// `--cpuset-cpus 0`: every exec'd process may run on CPU 0 only, and cannot widen it
+/// (`taskset` inside fails to leave the set); the limit is read back in the status.
+#[test]
+fn longlived_cpuset_confines_every_exec_and_cannot_be_widened() {
+    require_root!();
+    let (r, snap) = setup();
+    let ws = r.create(&snap, &["--name", "cpus"]);
+    let s = start(&r, "cpus", &["--cpuset-cpus", "0"]);
+    assert_eq!(s.v["limits"]["cpuset_cpus"], "0", "{}", s.v);
+    let allowed = exec_sh(&r, "cpus", "grep Cpus_allowed_list /proc/self/status");
+    assert!(allowed.trim().ends_with("\t0"), "{allowed}");
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    if online.trim() != "0" {
+        let widened = exec_sh(
+            &r,
+            "cpus",
+            "python3 -c 'import os; os.sched_setaffinity(0, range(os.cpu_count())); print(sorted(os.sched_getaffinity(0)))' 2>&1 || true",
+        );
+        assert!(
+            widened.contains("[0]") || widened.contains("Invalid argument"),
+            "the set was widened: {widened}"
+        );
+    }
+    stop(&r, "cpus");
     r.remove(&ws.id);
 }
