@@ -282,6 +282,12 @@ fn prepare(spec: &Spec, opts: &Options) -> Result<Live> {
         .map_err(|e| Error::Clone(e.into()))?;
     let mask = MaskGuard(old_mask);
 
+    // The host's overlay goes before the clone: a mount namespace cloned while it is
+    // mounted would keep a copy of it (a second live overlay over the upper layer) until
+    // init detaches its old root.
+    if spec.share_host_mount {
+        crate::share::unmount_host(&spec.workspace)?;
+    }
     let pid = match sys::clone_fork(NAMESPACES.bits()).map_err(Error::Clone)? {
         sys::Forked::Child => init::main(init::Context {
             spec,

@@ -123,11 +123,28 @@ fn mount_as(uid_base: u32, workspace: &Path, options: &str) -> std::io::Result<(
     .unwrap_or_else(|_| Err(std::io::Error::other("the mount thread panicked")))
 }
 
-/// Replaces the host's overlay at `workspace` by one of the same `layers`, idmapped with
+/// Unmounts the host's overlay at `workspace`, for [`share`] to mount the shared one
+/// there. Called before the sandbox's mount namespace is cloned, so that no copy of the
+/// old overlay lives on in it: one upper layer is never under two live overlays. Refused
+/// with [`Error::HostBusy`] when a process on the host has its working directory or a
+/// file open there.
+pub fn unmount_host(workspace: &Path) -> Result<()> {
+    match nix::mount::umount2(workspace, MntFlags::empty()) {
+        Ok(()) | Err(nix::errno::Errno::EINVAL) => Ok(()),
+        Err(nix::errno::Errno::EBUSY) => Err(Error::HostBusy {
+            path: workspace.to_path_buf(),
+        }),
+        Err(e) => Err(Error::Sync(std::io::Error::other(format!(
+            "unmount the host's overlay of {}: {e}",
+            workspace.display()
+        )))),
+    }
+}
+
+/// Mounts at `workspace` (left empty by [`unmount_host`]) an overlay of `layers`, idmapped with
 /// the user namespace `userns`, using `work` (a directory beside the upper layer) as its
 /// work directory. `scratch` is an empty directory path of the helper's to attach the
-/// layers under while the overlay is mounted. Refused with [`Error::Busy`] when the
-/// host's overlay is in use (a process on the host has its cwd or a file open there).
+/// layers under while the overlay is mounted.
 pub fn share(
     layers: &Layers,
     workspace: &Path,
@@ -182,21 +199,6 @@ pub fn share(
         &rw.join(work_name),
         layers.trusted,
     );
-    // The host's overlay goes first: one upper layer is never under two live overlays.
-    match nix::mount::umount2(workspace, MntFlags::empty()) {
-        Ok(()) | Err(nix::errno::Errno::EINVAL) => {}
-        Err(nix::errno::Errno::EBUSY) => {
-            return Err(Error::HostBusy {
-                path: workspace.to_path_buf(),
-            });
-        }
-        Err(e) => {
-            return Err(Error::Sync(std::io::Error::other(format!(
-                "unmount the host's overlay of {}: {e}",
-                workspace.display()
-            ))));
-        }
-    }
     mount_as(uid_base, workspace, &options).map_err(|e| Error::Setup {
         step: format!(
             "mount the shared overlay of {} on idmapped layers",
