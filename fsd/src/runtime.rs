@@ -337,17 +337,16 @@ impl Runtime {
         self.reg().get(ws)
     }
 
-    /// Records the long-lived sandbox of `ws`: its keeper's pid, its status at start
-    /// and its published ports.
+    /// Records the long-lived sandbox of the workspace `id` (its id, not a name): its
+    /// keeper's pid, its status at start and its published ports.
     pub(crate) fn record_sandbox(
         &self,
-        ws: &str,
+        id: &str,
         keeper: i32,
         status: serde_json::Value,
         ports: serde_json::Value,
     ) -> Result<()> {
-        let id = self.reg().get(ws)?.id;
-        self.reg().modify(&id, |r| {
+        self.reg().modify(id, |r| {
             r.sandbox_pid = Some(keeper);
             r.sandbox = Some(status);
             r.ports = ports;
@@ -474,7 +473,7 @@ impl Runtime {
             return Err(Error::WrongState {
                 id: rec.id,
                 status,
-                op: "run (`mountctl recover WS` mounts it again)",
+                op: "a sandbox (`mountctl recover WS` mounts it again)",
             });
         }
         self.reg().modify(&rec.id, |r| {
