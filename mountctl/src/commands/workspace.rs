@@ -153,12 +153,13 @@ pub fn sweep(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let r = rt.sweep()?;
     ctx.emit(json!(r), || {
         format!(
-            "{} stopped, {} interrupted operations finished, {} still being created, {} still being removed, {} leftovers removed",
+            "{} stopped, {} interrupted operations finished, {} still being created, {} still being removed, {} leftovers removed, {} dead sandboxes cleared",
             r.stopped.len(),
             r.finished.len(),
             r.creating.len(),
             r.removing.len(),
-            r.leftovers_removed.len()
+            r.leftovers_removed.len(),
+            r.sandboxes_cleared.len()
         )
     });
     Ok(ExitCode::SUCCESS)
