@@ -33,13 +33,16 @@ const TARGETS: &[(&str, &[&str], bool)] = &[
     ),
 ];
 
-/// A file with two names (`a`, `E/a2`), another file, a nested directory.
+/// A file with two names (`a`, `E/a2`), another file, a nested directory, another
+/// directory.
 fn base(src: &Path) {
     write_file(&src.join("a"), "one\n");
     fs::create_dir_all(src.join("E/sub")).unwrap();
     fs::hard_link(src.join("a"), src.join("E/a2")).unwrap();
     write_file(&src.join("c"), "other\n");
     write_file(&src.join("E/sub/f"), "f\n");
+    fs::create_dir_all(src.join("G")).unwrap();
+    write_file(&src.join("G/g"), "g\n");
 }
 
 /// Every path with kind, mode, content and hard-link group; the root (`""`) with its
@@ -298,4 +301,90 @@ fn the_roots_xattrs_are_shown_and_committed() {
         }
         r.remove(&ws.id);
     }
+}
+
+/// `renameat2(from, to, flags)`; the errno it failed with.
+fn rename2(from: &Path, to: &Path, flags: libc::c_uint) -> Option<i32> {
+    use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+    renameat2(
+        AT_FDCWD,
+        from,
+        AT_FDCWD,
+        to,
+        RenameFlags::from_bits_retain(flags),
+    )
+    .err()
+    .map(|e| e as i32)
+}
+
+fn exchange(d: &Path, a: &str, b: &str) {
+    assert_eq!(
+        rename2(&d.join(a), &d.join(b), libc::RENAME_EXCHANGE),
+        None,
+        "exchange {a} {b} in {d:?}"
+    );
+}
+
+#[test]
+fn rename_exchange_swaps_two_names_and_is_committed_so() {
+    require_root!();
+    check("xchg-files", false, |d| exchange(d, "c", "E/sub/f"));
+    check("xchg-link-name", true, |d| exchange(d, "a", "c"));
+    check("xchg-link-name-then-write", true, |d| {
+        exchange(d, "c", "E/a2");
+        append(&d.join("a"), "x\n");
+        append(&d.join("E/a2"), "y\n");
+    });
+    check("xchg-file-dir", false, |d| exchange(d, "c", "E/sub"));
+    check("xchg-file-dir-then-write", false, |d| {
+        exchange(d, "E/sub", "c");
+        write_file(&d.join("c/new"), "new\n");
+        append(&d.join("c/f"), "more\n");
+    });
+    check("xchg-snapshot-dirs", true, |d| exchange(d, "E", "G"));
+    check("xchg-snapshot-dirs-then-write", true, |d| {
+        exchange(d, "G", "E");
+        append(&d.join("G/a2"), "x\n");
+        fs::remove_file(d.join("E/g")).unwrap();
+        write_file(&d.join("G/sub/f"), "changed\n");
+    });
+    check("xchg-new-dir", false, |d| {
+        fs::create_dir(d.join("N")).unwrap();
+        write_file(&d.join("N/x"), "x\n");
+        exchange(d, "N", "G");
+    });
+    check("xchg-twice", false, |d| {
+        exchange(d, "E/sub", "G");
+        exchange(d, "G", "E/sub");
+        exchange(d, "G/g", "E/sub/f");
+    });
+    check("xchg-two-names-of-one-file", true, |d| {
+        exchange(d, "a", "E/a2")
+    });
+}
+
+#[test]
+fn rename_noreplace_refuses_an_existing_name_only() {
+    require_root!();
+    check("noreplace", false, |d| {
+        let nr = libc::RENAME_NOREPLACE;
+        assert_eq!(
+            rename2(&d.join("c"), &d.join("E/sub/f"), nr),
+            Some(libc::EEXIST)
+        );
+        assert_eq!(
+            rename2(&d.join("G"), &d.join("E/sub"), nr),
+            Some(libc::EEXIST)
+        );
+        assert_eq!(rename2(&d.join("c"), &d.join("E/sub/c"), nr), None);
+        assert_eq!(rename2(&d.join("G"), &d.join("H"), nr), None);
+        assert_eq!(
+            rename2(&d.join("a"), &d.join("b"), nr | libc::RENAME_EXCHANGE),
+            Some(libc::EINVAL)
+        );
+        assert_eq!(
+            rename2(&d.join("a"), &d.join("nothere"), libc::RENAME_EXCHANGE),
+            Some(libc::ENOENT)
+        );
+    });
 }
