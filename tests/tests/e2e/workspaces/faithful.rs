@@ -388,3 +388,75 @@ fn rename_noreplace_refuses_an_existing_name_only() {
         );
     });
 }
+
+/// `ftruncate(path, size + 1)`, then `bytes` written at the end through a shared mapping
+/// and `msync` (python3's `mmap`: no `unsafe` here).
+fn grow_and_mmap_write(path: &Path, bytes: &[u8]) {
+    let script = "import mmap,os,sys\n\
+         fd=os.open(sys.argv[1],os.O_RDWR)\n\
+         n=os.fstat(fd).st_size\nb=bytes.fromhex(sys.argv[2])\n\
+         os.ftruncate(fd,n+1)\n\
+         m=mmap.mmap(fd,n+1)\nm[n+1-len(b):n+1]=b\nm.flush()\nm.close()\nos.close(fd)\n";
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(path)
+        .arg(hex)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_mmap_write_through_one_link_name_is_read_through_the_renamed_other() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base(&src);
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    // "one\n" grown by a byte, its last two bytes written through the mapping.
+    let want = b"one!?".to_vec();
+    // The renamed name lands over another file or on a new name; it is read again
+    // after the rename or not.
+    for (to, reread) in [("c", false), ("c", true), ("x", false), ("x", true)] {
+        for (name, args, keeps_links) in TARGETS {
+            let case = format!("{name} mv a {to} (read again: {reread})");
+            let ws = r.create(&snap, args);
+            let d = &ws.path;
+            // Both names read first: the kernel caches their pages and sizes.
+            assert_eq!(fs::read(d.join("a")).unwrap(), b"one\n", "{case}");
+            assert_eq!(fs::read(d.join("E/a2")).unwrap(), b"one\n", "{case}");
+            fs::rename(d.join("a"), d.join(to)).unwrap();
+            if reread {
+                assert_eq!(fs::read(d.join(to)).unwrap(), b"one\n", "{case}");
+            }
+            grow_and_mmap_write(&d.join("E/a2"), b"!?");
+            assert_eq!(fs::read(d.join("E/a2")).unwrap(), want, "{case}: E/a2");
+            if *keeps_links {
+                let m = fs::symlink_metadata(d.join(to)).unwrap();
+                assert_eq!(m.len(), want.len() as u64, "{case}: {to}'s size");
+                assert_eq!(fs::read(d.join(to)).unwrap(), want, "{case}: {to}");
+            }
+            let shown = listing(d);
+            let (snap2, _, _) = r.commit(&ws.id, &[]);
+            let out = r.t.path(&format!("export-mmap-{name}-{to}-{reread}"));
+            r.t.run(["export", snap2.as_str(), out.to_str().unwrap()])
+                .ok();
+            assert_same_listing(&shown, &listing(&out), &format!("{case}: export"));
+            if *keeps_links {
+                assert_eq!(fs::read(out.join(to)).unwrap(), want, "{case}: exported");
+                assert_eq!(
+                    fs::read(out.join("E/a2")).unwrap(),
+                    want,
+                    "{case}: exported E/a2"
+                );
+            }
+            r.remove(&ws.id);
+        }
+    }
+}
