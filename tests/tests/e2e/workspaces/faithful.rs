@@ -460,3 +460,120 @@ fn a_mmap_write_through_one_link_name_is_read_through_the_renamed_other() {
         }
     }
 }
+
+/// Runs a python3 `script` with `args`; what it printed (trimmed).
+fn python(script: &str, args: &[&Path]) -> String {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn kernel_limits_are_refused_and_what_was_done_is_committed() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base(&src);
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    // An unnamed file made with O_TMPFILE, written, then given a name (linkat through
+    // /proc). The errno where it is refused.
+    let tmpfile = "import os,sys\n\
+        try:\n fd=os.open(sys.argv[1],os.O_TMPFILE|os.O_WRONLY,0o600)\n\
+        except OSError as e:\n print(e.errno); sys.exit(0)\n\
+        os.write(fd,b'tmp\\n')\n\
+        import ctypes\nl=ctypes.CDLL(None,use_errno=True)\n\
+        p=('/proc/self/fd/%d'%fd).encode()\nt=os.path.join(sys.argv[1],'t').encode()\n\
+        assert l.linkat(-100,p,-100,t,0x400)==0, ctypes.get_errno()\n\
+        os.close(fd)\nprint('ok')\n";
+    // copy_file_range from the snapshot file `c` and from a file made in the workspace
+    // (`n`) into new files; the errno it failed with, each, and then what `cp` does on
+    // failure (read and write).
+    let cfr = "import os,sys\n\
+        d=sys.argv[1]\nopen(os.path.join(d,'n'),'w').write('new\\n')\nres=[]\n\
+        for s,t in (('c','c2'),('n','n2')):\n\
+        \x20a=os.open(os.path.join(d,s),os.O_RDONLY)\n\
+        \x20b=os.open(os.path.join(d,t),os.O_WRONLY|os.O_CREAT,0o644)\n\
+        \x20try:\n  os.copy_file_range(a,b,100); res.append('ok')\n\
+        \x20except OSError as e:\n  res.append(str(e.errno)); os.write(b,os.read(a,100))\n\
+        \x20os.close(a); os.close(b)\n\
+        print(' '.join(res))\n";
+    for (name, args, _) in TARGETS {
+        let ws = r.create(&snap, args);
+        let d = &ws.path;
+        let got = python(tmpfile, &[d]);
+        let want = if *name == "fuse" {
+            libc::EOPNOTSUPP.to_string()
+        } else {
+            "ok".to_string()
+        };
+        assert_eq!(got, want, "{name}: O_TMPFILE");
+        if got == "ok" {
+            assert_eq!(fs::read(d.join("t")).unwrap(), b"tmp\n", "{name}: t");
+        }
+        let got = python(cfr, &[d]);
+        // overlayfs hands copy_file_range to the real files: from a snapshot file not
+        // copied up (a file of the FUSE view) into the upper layer (ext4) that is two
+        // filesystems, and the kernel says EXDEV; between two upper files it copies.
+        let want = if *name == "overlay-view" {
+            format!("{} ok", libc::EXDEV)
+        } else {
+            "ok ok".to_string()
+        };
+        assert_eq!(got, want, "{name}: copy_file_range from c, from n");
+        assert_eq!(fs::read(d.join("c2")).unwrap(), b"other\n", "{name}: c2");
+        assert_eq!(fs::read(d.join("n2")).unwrap(), b"new\n", "{name}: n2");
+        let shown = listing(d);
+        let (snap2, _, _) = r.commit(&ws.id, &[]);
+        let out = r.t.path(&format!("export-limits-{name}"));
+        r.t.run(["export", snap2.as_str(), out.to_str().unwrap()])
+            .ok();
+        assert_same_listing(&shown, &listing(&out), &format!("{name}: export"));
+        r.remove(&ws.id);
+    }
+}
+
+/// The checkout lower's documented gap (docs/CONFORMANCE.md): its files are hard links
+/// into the blob cache, shared by every snapshot, so they carry no snapshot xattrs. An
+/// unmodified file is committed as the snapshot has it (xattrs kept); a file copied up
+/// takes the checkout file's (none), which is what the workspace showed.
+#[test]
+fn a_checkout_lower_hides_snapshot_xattrs_as_documented() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base(&src);
+    xattr::set(src.join("c"), "user.k", b"1").unwrap();
+    xattr::set(src.join("G/g"), "user.k", b"2").unwrap();
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    let ws = r.create(&snap, &["--materializer", "overlay", "--lower", "checkout"]);
+    let d = &ws.path;
+    let shown = |p: &Path| xattr::get(p, "user.k").unwrap();
+    assert_eq!(shown(&d.join("c")), None);
+    assert_eq!(shown(&d.join("G/g")), None);
+    append(&d.join("c"), "more\n");
+    assert_eq!(shown(&d.join("c")), None);
+    let (snap2, _, _) = r.commit(&ws.id, &[]);
+    let out = r.t.path("export-checkout-xattrs");
+    r.t.run(["export", snap2.as_str(), out.to_str().unwrap()])
+        .ok();
+    assert_eq!(
+        shown(&out.join("c")),
+        None,
+        "copied up: what the workspace showed"
+    );
+    assert_eq!(
+        shown(&out.join("G/g")),
+        Some(b"2".to_vec()),
+        "unmodified: the snapshot's"
+    );
+    r.remove(&ws.id);
+}
