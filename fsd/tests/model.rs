@@ -41,6 +41,11 @@ enum Op {
         from: usize,
         to: usize,
     },
+    /// `renameat2(RENAME_EXCHANGE)`: the two names swap.
+    Exchange {
+        from: usize,
+        to: usize,
+    },
     Link {
         from: usize,
         to: usize,
@@ -89,6 +94,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (p.clone(), any::<u16>(), 0..3000u16, any::<u8>()).prop_map(|(path, offset, len, byte)| Op::Write { path, offset: offset % 5000, len, byte }),
         1 => (p.clone(), 0..6000u16).prop_map(|(path, len)| Op::Truncate { path, len }),
         2 => (p.clone(), p.clone()).prop_map(|(from, to)| Op::Rename { from, to }),
+        1 => (p.clone(), p.clone()).prop_map(|(from, to)| Op::Exchange { from, to }),
         1 => (p.clone(), p.clone()).prop_map(|(from, to)| Op::Link { from, to }),
         2 => p.clone().prop_map(|path| Op::Unlink { path }),
         2 => p.clone().prop_map(|path| Op::Mkdir { path }),
@@ -135,7 +141,9 @@ fn touches_base_link(op: &Op) -> bool {
         | Op::Unlink { path }
         | Op::Rmdir { path }
         | Op::Chmod { path, .. } => linked(path),
-        Op::Rename { from, to } | Op::Link { from, to } => linked(from) || linked(to),
+        Op::Rename { from, to } | Op::Exchange { from, to } | Op::Link { from, to } => {
+            linked(from) || linked(to)
+        }
         Op::Mkdir { .. }
         | Op::Symlink { .. }
         | Op::List { .. }
@@ -252,6 +260,18 @@ fn apply(root: &Path, op: &Op) -> Option<i32> {
             }
             r => errno(r),
         },
+        Op::Exchange { from, to } => {
+            use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+            renameat2(
+                AT_FDCWD,
+                &at(*from),
+                AT_FDCWD,
+                &at(*to),
+                RenameFlags::RENAME_EXCHANGE,
+            )
+            .err()
+            .map(|e| e as i32)
+        }
         Op::Link { from, to } => errno(fs::hard_link(at(*from), at(*to))),
         Op::Unlink { path } => errno(fs::remove_file(at(*path))),
         Op::Mkdir { path } => errno(fs::create_dir(at(*path))),

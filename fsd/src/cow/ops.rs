@@ -1029,8 +1029,8 @@ impl Cow {
     /// beneath is first copied up with all of it ([`Cow::fill_from_snapshot`], under the
     /// namespace's read lock: [`Cow::fill_for_rename`]), then renamed under the write lock
     /// as a directory made in the workspace is (overlayfs without redirects refuses with
-    /// `EXDEV`, and `git mv` then fails); `RENAME_EXCHANGE` and `RENAME_WHITEOUT` are
-    /// refused with `EINVAL`.
+    /// `EXDEV`, and `git mv` then fails); `RENAME_EXCHANGE` swaps the two names
+    /// ([`Cow::exchange`]); `RENAME_WHITEOUT` is refused with `EINVAL`.
     pub fn rename(
         &self,
         parent: u64,
@@ -1039,6 +1039,9 @@ impl Cow {
         newname: &[u8],
         flags: RenameFlags,
     ) -> Result<(), Errno> {
+        if flags.bits() == libc::RENAME_EXCHANGE {
+            return self.exchange(parent, name, newparent, newname);
+        }
         let noreplace = flags.bits() & libc::RENAME_NOREPLACE != 0;
         if flags.bits() & !libc::RENAME_NOREPLACE != 0 {
             return Err(Errno::EINVAL);
@@ -1153,6 +1156,123 @@ impl Cow {
                     n.deleted = true;
                 }
             });
+        }
+        Ok(())
+    }
+
+    /// `renameat2(RENAME_EXCHANGE)`: `parent/name` and `newparent/newname` (both must
+    /// exist) swap places. Each side is first made independent of where it is in the
+    /// snapshot: a snapshot entry is copied up (a file with all its names:
+    /// [`Cow::link_group`]), a directory with snapshot content beneath is copied up with
+    /// all of it ([`Cow::fill_from_snapshot`]). The two upper objects are then exchanged
+    /// on the host, and a directory that lands where the snapshot has an entry is made
+    /// opaque, so the upper layer reads (in the workspace, in diff and commit) as exactly
+    /// the swapped pair. No whiteout is needed: both names stay. All under the
+    /// namespace's write lock (exchanges are rare; a rename fills beforehand instead).
+    fn exchange(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+    ) -> Result<(), Errno> {
+        if newname.len() > 255 {
+            return Err(Errno::from_i32(libc::ENAMETOOLONG));
+        }
+        let _w = self.ns.write().unwrap_or_else(|p| p.into_inner());
+        let _changes = self.names_change();
+        // Each side: its number, whether it is a directory, its snapshot entry (when not
+        // copied up yet) and the snapshot directory merged beneath it.
+        let side = |dir_ino: u64, name: &[u8]| -> Result<_, Errno> {
+            let dir = self.table.get(dir_ino)?;
+            let dir_path = self.table.path_of(&dir)?;
+            let found = self.resolve(&dir, name)?;
+            let ino = self.ino_of(&dir_path, name, &found).ok_or(Errno::ENOENT)?;
+            let lower = match &found {
+                Found::Lower(e) => Some(e.clone()),
+                _ => None,
+            };
+            let node = self
+                .node_of(&dir, &dir_path, name, found)?
+                .ok_or(Errno::ENOENT)?;
+            let is_dir = node.kind == FileType::Directory;
+            let tree = node.lower_tree.clone().filter(|_| is_dir);
+            Ok((ino, is_dir, lower, tree, join(&dir_path, name)))
+        };
+        let (a_ino, a_dir, a_lower, a_tree, a_rel) = side(parent, name)?;
+        let (b_ino, b_dir, b_lower, b_tree, b_rel) = side(newparent, newname)?;
+        if a_ino == b_ino {
+            // The same file (two names of it, or one name twice): nothing changes.
+            return Ok(());
+        }
+        let (dir_up, ndir_up) = {
+            let _g = lock(&self.copy);
+            let dir = self.copy_up_locked(parent, false)?;
+            let ndir = self.copy_up_locked(newparent, false)?;
+            let dir_up = dir.upper.ok_or(Errno::EIO)?;
+            let ndir_up = ndir.upper.ok_or(Errno::EIO)?;
+            for (up, nm, lower, ino, is_dir, rel) in [
+                (&dir_up, name, &a_lower, a_ino, a_dir, &a_rel),
+                (&ndir_up, newname, &b_lower, b_ino, b_dir, &b_rel),
+            ] {
+                let Some(entry) = lower else {
+                    continue;
+                };
+                let target = at(up.as_ref(), nm);
+                if fs::symlink_metadata(&target).is_ok_and(|m| !is_whiteout(&m)) {
+                    // Placed meanwhile as a name of a linked file copied up just now.
+                } else if is_dir {
+                    self.layers
+                        .copy_up_dir(target.clone(), rel, entry, ino)
+                        .map_err(errno)?;
+                } else {
+                    self.copy_up_leaf(target.clone(), rel, entry, ino, false)
+                        .map_err(errno)?;
+                }
+                let fd = Arc::new(open_path(&target).map_err(errno)?);
+                self.table.update(ino, |n| {
+                    if n.upper.is_none() {
+                        n.upper = Some(fd);
+                    }
+                });
+            }
+            (dir_up, ndir_up)
+        };
+        for (up, nm, tree, ino, rel) in [
+            (&dir_up, name, &a_tree, a_ino, &a_rel),
+            (&ndir_up, newname, &b_tree, b_ino, &b_rel),
+        ] {
+            if let Some(tree) = tree {
+                let fd = open_path(&at(up.as_ref(), nm)).map_err(errno)?;
+                let held = self.table.find(ino).map(|n| n.ino);
+                self.fill_from_snapshot(Arc::new(fd), held, rel, tree)?;
+            }
+        }
+        let from = at(dir_up.as_ref(), name);
+        let to = at(ndir_up.as_ref(), newname);
+        nix::fcntl::renameat2(AT_FDCWD, &from, AT_FDCWD, &to, HostRename::RENAME_EXCHANGE)
+            .map_err(nix_errno)?;
+        let dir = self.table.get(parent)?;
+        let ndir = self.table.get(newparent)?;
+        if a_dir && self.lower_child(&ndir, newname)?.is_some() {
+            xattr::set(&to, OPAQUE_XATTR, b"y").map_err(errno)?;
+        }
+        if b_dir && self.lower_child(&dir, name)?.is_some() {
+            xattr::set(&from, OPAQUE_XATTR, b"y").map_err(errno)?;
+        }
+        self.table.update(a_ino, |n| {
+            n.parent = newparent;
+            n.name = newname.into();
+        });
+        self.table.update(b_ino, |n| {
+            n.parent = parent;
+            n.name = name.into();
+        });
+        for (tree, ino) in [(&a_tree, a_ino), (&b_tree, b_ino)] {
+            if tree.is_some() {
+                self.table.update(ino, |n| n.lower_tree = None);
+                self.refresh_beneath(ino)?;
+            }
         }
         Ok(())
     }

@@ -33,13 +33,16 @@ const TARGETS: &[(&str, &[&str], bool)] = &[
     ),
 ];
 
-/// A file with two names (`a`, `E/a2`), another file, a nested directory.
+/// A file with two names (`a`, `E/a2`), another file, a nested directory, another
+/// directory.
 fn base(src: &Path) {
     write_file(&src.join("a"), "one\n");
     fs::create_dir_all(src.join("E/sub")).unwrap();
     fs::hard_link(src.join("a"), src.join("E/a2")).unwrap();
     write_file(&src.join("c"), "other\n");
     write_file(&src.join("E/sub/f"), "f\n");
+    fs::create_dir_all(src.join("G")).unwrap();
+    write_file(&src.join("G/g"), "g\n");
 }
 
 /// Every path with kind, mode, content and hard-link group; the root (`""`) with its
@@ -298,4 +301,279 @@ fn the_roots_xattrs_are_shown_and_committed() {
         }
         r.remove(&ws.id);
     }
+}
+
+/// `renameat2(from, to, flags)`; the errno it failed with.
+fn rename2(from: &Path, to: &Path, flags: libc::c_uint) -> Option<i32> {
+    use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
+    renameat2(
+        AT_FDCWD,
+        from,
+        AT_FDCWD,
+        to,
+        RenameFlags::from_bits_retain(flags),
+    )
+    .err()
+    .map(|e| e as i32)
+}
+
+fn exchange(d: &Path, a: &str, b: &str) {
+    assert_eq!(
+        rename2(&d.join(a), &d.join(b), libc::RENAME_EXCHANGE),
+        None,
+        "exchange {a} {b} in {d:?}"
+    );
+}
+
+#[test]
+fn rename_exchange_swaps_two_names_and_is_committed_so() {
+    require_root!();
+    check("xchg-files", false, |d| exchange(d, "c", "E/sub/f"));
+    check("xchg-link-name", true, |d| exchange(d, "a", "c"));
+    check("xchg-link-name-then-write", true, |d| {
+        exchange(d, "c", "E/a2");
+        append(&d.join("a"), "x\n");
+        append(&d.join("E/a2"), "y\n");
+    });
+    check("xchg-file-dir", false, |d| exchange(d, "c", "E/sub"));
+    check("xchg-file-dir-then-write", false, |d| {
+        exchange(d, "E/sub", "c");
+        write_file(&d.join("c/new"), "new\n");
+        append(&d.join("c/f"), "more\n");
+    });
+    check("xchg-snapshot-dirs", true, |d| exchange(d, "E", "G"));
+    check("xchg-snapshot-dirs-then-write", true, |d| {
+        exchange(d, "G", "E");
+        append(&d.join("G/a2"), "x\n");
+        fs::remove_file(d.join("E/g")).unwrap();
+        write_file(&d.join("G/sub/f"), "changed\n");
+    });
+    check("xchg-new-dir", false, |d| {
+        fs::create_dir(d.join("N")).unwrap();
+        write_file(&d.join("N/x"), "x\n");
+        exchange(d, "N", "G");
+    });
+    check("xchg-twice", false, |d| {
+        exchange(d, "E/sub", "G");
+        exchange(d, "G", "E/sub");
+        exchange(d, "G/g", "E/sub/f");
+    });
+    check("xchg-two-names-of-one-file", true, |d| {
+        exchange(d, "a", "E/a2")
+    });
+}
+
+#[test]
+fn rename_noreplace_refuses_an_existing_name_only() {
+    require_root!();
+    check("noreplace", false, |d| {
+        let nr = libc::RENAME_NOREPLACE;
+        assert_eq!(
+            rename2(&d.join("c"), &d.join("E/sub/f"), nr),
+            Some(libc::EEXIST)
+        );
+        assert_eq!(
+            rename2(&d.join("G"), &d.join("E/sub"), nr),
+            Some(libc::EEXIST)
+        );
+        assert_eq!(rename2(&d.join("c"), &d.join("E/sub/c"), nr), None);
+        assert_eq!(rename2(&d.join("G"), &d.join("H"), nr), None);
+        assert_eq!(
+            rename2(&d.join("a"), &d.join("b"), nr | libc::RENAME_EXCHANGE),
+            Some(libc::EINVAL)
+        );
+        assert_eq!(
+            rename2(&d.join("a"), &d.join("nothere"), libc::RENAME_EXCHANGE),
+            Some(libc::ENOENT)
+        );
+    });
+}
+
+/// `ftruncate(path, size + 1)`, then `bytes` written at the end through a shared mapping
+/// and `msync` (python3's `mmap`: no `unsafe` here).
+fn grow_and_mmap_write(path: &Path, bytes: &[u8]) {
+    let script = "import mmap,os,sys\n\
+         fd=os.open(sys.argv[1],os.O_RDWR)\n\
+         n=os.fstat(fd).st_size\nb=bytes.fromhex(sys.argv[2])\n\
+         os.ftruncate(fd,n+1)\n\
+         m=mmap.mmap(fd,n+1)\nm[n+1-len(b):n+1]=b\nm.flush()\nm.close()\nos.close(fd)\n";
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(path)
+        .arg(hex)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_mmap_write_through_one_link_name_is_read_through_the_renamed_other() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base(&src);
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    // "one\n" grown by a byte, its last two bytes written through the mapping.
+    let want = b"one!?".to_vec();
+    // The renamed name lands over another file or on a new name; it is read again
+    // after the rename or not.
+    for (to, reread) in [("c", false), ("c", true), ("x", false), ("x", true)] {
+        for (name, args, keeps_links) in TARGETS {
+            let case = format!("{name} mv a {to} (read again: {reread})");
+            let ws = r.create(&snap, args);
+            let d = &ws.path;
+            // Both names read first: the kernel caches their pages and sizes.
+            assert_eq!(fs::read(d.join("a")).unwrap(), b"one\n", "{case}");
+            assert_eq!(fs::read(d.join("E/a2")).unwrap(), b"one\n", "{case}");
+            fs::rename(d.join("a"), d.join(to)).unwrap();
+            if reread {
+                assert_eq!(fs::read(d.join(to)).unwrap(), b"one\n", "{case}");
+            }
+            grow_and_mmap_write(&d.join("E/a2"), b"!?");
+            assert_eq!(fs::read(d.join("E/a2")).unwrap(), want, "{case}: E/a2");
+            if *keeps_links {
+                let m = fs::symlink_metadata(d.join(to)).unwrap();
+                assert_eq!(m.len(), want.len() as u64, "{case}: {to}'s size");
+                assert_eq!(fs::read(d.join(to)).unwrap(), want, "{case}: {to}");
+            }
+            let shown = listing(d);
+            let (snap2, _, _) = r.commit(&ws.id, &[]);
+            let out = r.t.path(&format!("export-mmap-{name}-{to}-{reread}"));
+            r.t.run(["export", snap2.as_str(), out.to_str().unwrap()])
+                .ok();
+            assert_same_listing(&shown, &listing(&out), &format!("{case}: export"));
+            if *keeps_links {
+                assert_eq!(fs::read(out.join(to)).unwrap(), want, "{case}: exported");
+                assert_eq!(
+                    fs::read(out.join("E/a2")).unwrap(),
+                    want,
+                    "{case}: exported E/a2"
+                );
+            }
+            r.remove(&ws.id);
+        }
+    }
+}
+
+/// Runs a python3 `script` with `args`; what it printed (trimmed).
+fn python(script: &str, args: &[&Path]) -> String {
+    let out = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn kernel_limits_are_refused_and_what_was_done_is_committed() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base(&src);
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    // An unnamed file made with O_TMPFILE, written, then given a name (linkat through
+    // /proc). The errno where it is refused.
+    let tmpfile = "import os,sys\n\
+        try:\n fd=os.open(sys.argv[1],os.O_TMPFILE|os.O_WRONLY,0o600)\n\
+        except OSError as e:\n print(e.errno); sys.exit(0)\n\
+        os.write(fd,b'tmp\\n')\n\
+        import ctypes\nl=ctypes.CDLL(None,use_errno=True)\n\
+        p=('/proc/self/fd/%d'%fd).encode()\nt=os.path.join(sys.argv[1],'t').encode()\n\
+        assert l.linkat(-100,p,-100,t,0x400)==0, ctypes.get_errno()\n\
+        os.close(fd)\nprint('ok')\n";
+    // copy_file_range from the snapshot file `c` and from a file made in the workspace
+    // (`n`) into new files; the errno it failed with, each, and then what `cp` does on
+    // failure (read and write).
+    let cfr = "import os,sys\n\
+        d=sys.argv[1]\nopen(os.path.join(d,'n'),'w').write('new\\n')\nres=[]\n\
+        for s,t in (('c','c2'),('n','n2')):\n\
+        \x20a=os.open(os.path.join(d,s),os.O_RDONLY)\n\
+        \x20b=os.open(os.path.join(d,t),os.O_WRONLY|os.O_CREAT,0o644)\n\
+        \x20try:\n  os.copy_file_range(a,b,100); res.append('ok')\n\
+        \x20except OSError as e:\n  res.append(str(e.errno)); os.write(b,os.read(a,100))\n\
+        \x20os.close(a); os.close(b)\n\
+        print(' '.join(res))\n";
+    for (name, args, _) in TARGETS {
+        let ws = r.create(&snap, args);
+        let d = &ws.path;
+        let got = python(tmpfile, &[d]);
+        let want = if *name == "fuse" {
+            libc::EOPNOTSUPP.to_string()
+        } else {
+            "ok".to_string()
+        };
+        assert_eq!(got, want, "{name}: O_TMPFILE");
+        if got == "ok" {
+            assert_eq!(fs::read(d.join("t")).unwrap(), b"tmp\n", "{name}: t");
+        }
+        let got = python(cfr, &[d]);
+        // overlayfs hands copy_file_range to the real files: from a snapshot file not
+        // copied up (a file of the FUSE view) into the upper layer (ext4) that is two
+        // filesystems, and the kernel says EXDEV; between two upper files it copies.
+        let want = if *name == "overlay-view" {
+            format!("{} ok", libc::EXDEV)
+        } else {
+            "ok ok".to_string()
+        };
+        assert_eq!(got, want, "{name}: copy_file_range from c, from n");
+        assert_eq!(fs::read(d.join("c2")).unwrap(), b"other\n", "{name}: c2");
+        assert_eq!(fs::read(d.join("n2")).unwrap(), b"new\n", "{name}: n2");
+        let shown = listing(d);
+        let (snap2, _, _) = r.commit(&ws.id, &[]);
+        let out = r.t.path(&format!("export-limits-{name}"));
+        r.t.run(["export", snap2.as_str(), out.to_str().unwrap()])
+            .ok();
+        assert_same_listing(&shown, &listing(&out), &format!("{name}: export"));
+        r.remove(&ws.id);
+    }
+}
+
+/// The checkout lower's documented gap (docs/CONFORMANCE.md): its files are hard links
+/// into the blob cache, shared by every snapshot, so they carry no snapshot xattrs. An
+/// unmodified file is committed as the snapshot has it (xattrs kept); a file copied up
+/// takes the checkout file's (none), which is what the workspace showed.
+#[test]
+fn a_checkout_lower_hides_snapshot_xattrs_as_documented() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base(&src);
+    xattr::set(src.join("c"), "user.k", b"1").unwrap();
+    xattr::set(src.join("G/g"), "user.k", b"2").unwrap();
+    let snap = r.import(&src, &["--no-default-excludes"]);
+    let ws = r.create(&snap, &["--materializer", "overlay", "--lower", "checkout"]);
+    let d = &ws.path;
+    let shown = |p: &Path| xattr::get(p, "user.k").unwrap();
+    assert_eq!(shown(&d.join("c")), None);
+    assert_eq!(shown(&d.join("G/g")), None);
+    append(&d.join("c"), "more\n");
+    assert_eq!(shown(&d.join("c")), None);
+    let (snap2, _, _) = r.commit(&ws.id, &[]);
+    let out = r.t.path("export-checkout-xattrs");
+    r.t.run(["export", snap2.as_str(), out.to_str().unwrap()])
+        .ok();
+    assert_eq!(
+        shown(&out.join("c")),
+        None,
+        "copied up: what the workspace showed"
+    );
+    assert_eq!(
+        shown(&out.join("G/g")),
+        Some(b"2".to_vec()),
+        "unmodified: the snapshot's"
+    );
+    r.remove(&ws.id);
 }
