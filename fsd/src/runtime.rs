@@ -774,9 +774,16 @@ impl Runtime {
         let mounted = |p: &Path| mounts.iter().any(|m| m.target == p);
         for rec in records {
             if rec.sandbox.is_some() && live_sandbox(&rec).is_none() {
-                self.forget_sandbox(&rec)?;
+                // Its host mount is the workspace's own again afterwards: the mount table
+                // read above predates that, so this record's checks end here.
                 self.reap_dead_sandboxes(&rec.path);
-                report.sandboxes_cleared.push(rec.id.clone());
+                match self.forget_sandbox(&rec) {
+                    Ok(()) => report.sandboxes_cleared.push(rec.id.clone()),
+                    Err(e) => {
+                        tracing::warn!(workspace = %rec.id, "clearing its dead sandbox: {e}")
+                    }
+                }
+                continue;
             }
             match rec.status {
                 Status::Creating if live_creator(&rec).is_some() => {

@@ -1380,3 +1380,36 @@ fn longlived_cpuset_confines_every_exec_and_cannot_be_widened() {
     stop(&r, "cpus");
     r.remove(&ws.id);
 }
+
+/// `kill -9` of the sandbox's init: the keeper frees the sandbox and exits; `exec` then
+/// finds none (3); `sweep` clears the record and leaves the workspace active with its own
+/// mount and owners, and a new sandbox starts and sees the data.
+#[test]
+fn longlived_init_kill9_is_cleaned_by_its_keeper_and_sweep() {
+    require_root!();
+    let (r, snap) = setup();
+    let ws = r.create(&snap, &["--name", "initk"]);
+    let s = start(&r, "initk", &[]);
+    exec_sh(&r, "initk", "echo kept > kept.txt");
+    let _ = Command::new("kill")
+        .args(["-9", &s.init.to_string()])
+        .status();
+    wait_for("the keeper to end", || !alive(s.keeper));
+    exec(&r, "initk", &["true"]).code(3);
+    let v = r.t.json(["sweep"]).ok().json();
+    assert!(
+        v["sandboxes_cleared"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|w| w == ws.id.as_str())),
+        "{v}"
+    );
+    assert_eq!(r.status("initk")["status"], "active");
+    assert_eq!(owners(&ws.path), BTreeSet::from([(0, 0)]));
+    for d in &s.cgroups {
+        assert!(!d.exists(), "cgroup {} left", d.display());
+    }
+    start(&r, "initk", &[]);
+    assert_eq!(exec_sh(&r, "initk", "cat kept.txt"), "kept\n");
+    stop(&r, "initk");
+    r.remove(&ws.id);
+}
