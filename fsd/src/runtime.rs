@@ -776,13 +776,15 @@ impl Runtime {
             if rec.sandbox.is_some() && live_sandbox(&rec).is_none() {
                 // Its host mount is the workspace's own again afterwards: the mount table
                 // read above predates that, so this record's checks end here.
-                self.reap_dead_sandboxes(&rec.path);
+                // Reaped after the host's own overlay is back: the helper finds the
+                // upper layer (and the dead sandbox's work directory beside it) from it.
                 match self.forget_sandbox(&rec) {
                     Ok(()) => report.sandboxes_cleared.push(rec.id.clone()),
                     Err(e) => {
                         tracing::warn!(workspace = %rec.id, "clearing its dead sandbox: {e}")
                     }
                 }
+                self.reap_dead_sandboxes(&rec.path);
                 continue;
             }
             match rec.status {
