@@ -87,7 +87,24 @@ pub(crate) fn le_i32(b: &[u8]) -> Option<i32> {
 /// Receives one message of at most [`MAX_EXEC_REQUEST_BYTES`] + 64 bytes and up to
 /// `max_fds` descriptors. An empty message is the peer's end.
 pub(crate) fn recv_msg(sock: RawFd, max_fds: usize) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
-    let mut buf = vec![0u8; MAX_EXEC_REQUEST_BYTES + 64];
+    // The packet's length first (`MSG_PEEK | MSG_TRUNC` gives it whole, consuming
+    // nothing, descriptors included), so each message gets a buffer of its own size: no
+    // request-sized allocation for the small answers and signals that make most traffic.
+    let len = loop {
+        match nix::sys::socket::recv(sock, &mut [], MsgFlags::MSG_PEEK | MsgFlags::MSG_TRUNC) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            other => break other?,
+        }
+    };
+    if len == 0 {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    if len > MAX_EXEC_REQUEST_BYTES + 64 {
+        // Consumed and refused (its descriptors are closed with it).
+        let _ = nix::sys::socket::recv(sock, &mut [], MsgFlags::empty());
+        return Err(std::io::Error::other("message too long"));
+    }
+    let mut buf = vec![0u8; len];
     let mut cmsg = nix::cmsg_space!([RawFd; 4]);
     let mut iov = [IoSliceMut::new(&mut buf)];
     let msg = loop {
