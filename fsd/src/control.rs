@@ -94,39 +94,7 @@ impl Server {
                 "sweep" => json!(rt.sweep()?),
                 "sandbox_start" => {
                     let ws = ws_arg(req)?;
-                    let a = &req["args"];
-                    let strings = |k: &str| -> Vec<String> {
-                        a[k].as_array()
-                            .map(|v| {
-                                v.iter()
-                                    .filter_map(|s| s.as_str().map(str::to_string))
-                                    .collect()
-                            })
-                            .unwrap_or_default()
-                    };
-                    let o = crate::sandbox::SandboxOptions {
-                        net: a["net"].as_str().map(str::to_string),
-                        memory: a["memory"]
-                            .as_str()
-                            .map(str::to_string)
-                            .or_else(|| a["memory"].as_u64().map(|m| m.to_string())),
-                        pids: a["pids"].as_u64(),
-                        cpus: a["cpus"].as_f64(),
-                        cpuset_cpus: a["cpuset_cpus"].as_str().map(str::to_string),
-                        publish: a["publish"]
-                            .as_array()
-                            .map(|v| {
-                                v.iter()
-                                    .filter_map(|p| p.as_u64())
-                                    .map(|p| p as u16)
-                                    .collect()
-                            })
-                            .unwrap_or_default(),
-                        env: strings("env"),
-                        ro_bind: strings("ro_bind"),
-                        secret: strings("secret"),
-                    };
-                    rt.sandbox_start(&ws, &o)?
+                    rt.sandbox_start(&ws, &args::<crate::sandbox::SandboxOptions>(req)?)?
                 }
                 "sandbox_stop" => rt.sandbox_stop(&ws_arg(req)?)?,
                 "sandbox_status" => rt.sandbox_status(&ws_arg(req)?)?,

@@ -27,12 +27,15 @@ const MAX_READY_LINE_BYTES: u64 = 64 * 1024;
 /// Longest refusal read from the helper's stderr.
 const MAX_HELPER_STDERR_BYTES: u64 = 64 * 1024;
 
-/// What a sandbox is started with (the `sandbox start` flags).
-#[derive(Debug, Clone, Default)]
+/// What a sandbox is started with (the `sandbox start` flags; the control socket's
+/// `sandbox_start` args).
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default)]
 pub struct SandboxOptions {
     /// `none` or `loopback`.
     pub net: Option<String>,
-    /// Memory limit (bytes, or with `k`/`m`/`g`).
+    /// Memory limit (bytes, or with `k`/`m`/`g`; a JSON number is bytes).
+    #[serde(deserialize_with = "bytes_text")]
     pub memory: Option<String>,
     /// Most processes at once.
     pub pids: Option<u64>,
@@ -48,6 +51,23 @@ pub struct SandboxOptions {
     pub ro_bind: Vec<String>,
     /// `NAME=HOSTFILE` secrets.
     pub secret: Vec<String>,
+}
+
+/// A size given as text (`"512m"`) or as a number of bytes.
+fn bytes_text<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<String>, D::Error> {
+    use serde::Deserialize;
+    Ok(match Option::<Value>::deserialize(d)? {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s),
+        Some(Value::Number(n)) => Some(n.to_string()),
+        Some(other) => {
+            return Err(serde::de::Error::custom(format!(
+                "memory: expected bytes or a size such as \"512m\", got {other}"
+            )));
+        }
+    })
 }
 
 /// The `sandbox-helper` binary: `$COWSPACE_SANDBOX_HELPER`, else the one next to the
@@ -404,10 +424,14 @@ impl Runtime {
     /// A connection to the keeper of `ws`'s sandbox, for an exec (`not_found` when no
     /// sandbox runs: a command is never run on the host instead).
     pub fn sandbox_client(&self, ws: &str) -> Result<sandbox_helper::keeper::Client> {
-        let rec = self.live_record(ws)?;
-        sandbox_helper::keeper::Client::connect(&self.sandbox_state_dir(), &sandbox_name(&rec))
+        self.client_of(&self.live_record(ws)?)
+    }
+
+    /// A connection to the keeper of `rec`'s running sandbox.
+    fn client_of(&self, rec: &Record) -> Result<sandbox_helper::keeper::Client> {
+        sandbox_helper::keeper::Client::connect(&self.sandbox_state_dir(), &sandbox_name(rec))
             .map_err(|e| match e {
-                sandbox_helper::Error::NotRunning { .. } => not_running(&rec),
+                sandbox_helper::Error::NotRunning { .. } => not_running(rec),
                 other => from_helper(other),
             })
     }
@@ -416,10 +440,7 @@ impl Runtime {
     /// memory, OOM kills and running execs.
     pub fn sandbox_status(&self, ws: &str) -> Result<Value> {
         let rec = self.live_record(ws)?;
-        let mut v = self
-            .sandbox_client(&rec.id)?
-            .status()
-            .map_err(from_helper)?;
+        let mut v = self.client_of(&rec)?.status().map_err(from_helper)?;
         v["workspace"] = json!(rec.id);
         v["path"] = json!(rec.path);
         if let Some(t) = v["started_at"].as_i64() {
@@ -446,10 +467,7 @@ impl Runtime {
     pub fn sandbox_stop(&self, ws: &str) -> Result<Value> {
         let rec = self.live_record(ws)?;
         let keeper = rec.sandbox_pid.unwrap_or(0);
-        let answer = match sandbox_helper::keeper::Client::connect(
-            &self.sandbox_state_dir(),
-            &sandbox_name(&rec),
-        ) {
+        let answer = match self.client_of(&rec) {
             Ok(c) => c.stop().map_err(from_helper)?,
             Err(_) => {
                 // A keeper that does not answer is ended; its init dies with it.
