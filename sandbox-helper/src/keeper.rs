@@ -563,10 +563,10 @@ pub struct Client {
 /// What an exec's start brought.
 #[derive(Debug)]
 pub enum Started {
-    /// Running, with this host... inside pid, and the terminal's master for `tty`.
+    /// Running, with the terminal's master for `tty`.
     Running {
-        /// The command's pid in the host's pid namespace is not told; this is init's
-        /// numbering inside the sandbox.
+        /// The command's pid inside the sandbox (its pid namespace's numbering; the host
+        /// pid is not told).
         pid: i32,
         /// The pseudo-terminal's master, when asked for.
         master: Option<OwnedFd>,

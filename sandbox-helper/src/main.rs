@@ -177,15 +177,9 @@ fn main() -> ExitCode {
             ),
             false,
         ),
-        Command::Stop { name, state_dir } => finish(
-            sandbox_helper::keeper::Client::connect(&state_dir_or_default(state_dir), &name)
-                .and_then(|c| c.stop())
-                .map(|v| {
-                    println!("{v}");
-                    0
-                }),
-            false,
-        ),
+        Command::Stop { name, state_dir } => {
+            finish(keeper_call(state_dir, &name, |c| c.stop()), false)
+        }
         Command::Reap {
             state_dir,
             cgroup_root,
@@ -199,15 +193,9 @@ fn main() -> ExitCode {
             .map(|()| 0),
             false,
         ),
-        Command::Status { name, state_dir } => finish(
-            sandbox_helper::keeper::Client::connect(&state_dir_or_default(state_dir), &name)
-                .and_then(|c| c.status())
-                .map(|v| {
-                    println!("{v}");
-                    0
-                }),
-            false,
-        ),
+        Command::Status { name, state_dir } => {
+            finish(keeper_call(state_dir, &name, |c| c.status()), false)
+        }
         Command::Start(args) => {
             let json = args.json;
             finish(start_cmd(*args), json)
@@ -246,6 +234,17 @@ fn finish(r: Result<u8, Error>, json: bool) -> ExitCode {
             ExitCode::from(e.kind().exit_code())
         }
     }
+}
+
+/// Asks the keeper of sandbox `name` one thing and prints its JSON answer.
+fn keeper_call(
+    state_dir: Option<PathBuf>,
+    name: &str,
+    ask: impl FnOnce(sandbox_helper::keeper::Client) -> Result<serde_json::Value, Error>,
+) -> Result<u8, Error> {
+    let client = sandbox_helper::keeper::Client::connect(&state_dir_or_default(state_dir), name)?;
+    println!("{}", ask(client)?);
+    Ok(0)
 }
 
 fn state_dir_or_default(d: Option<PathBuf>) -> PathBuf {
