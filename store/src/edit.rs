@@ -507,20 +507,7 @@ impl<'s> Editor<'s> {
         let (id, bytes) = snap.encode_with_id();
         self.ingest
             .put(ObjectKind::Snapshot, *id.as_bytes(), &bytes)?;
-        let pending = self.ingest.finish()?;
-        let objects_written = pending.rows.len() as u64;
-        let new_bytes_stored = pending.stored_bytes();
-        let new_bytes_raw = pending.rows.iter().map(|r| u64::from(r.raw_len)).sum();
-        let stat_cache = self.stat_cache.take();
-        self.store.commit(pending, |tx| {
-            if let Some((name, expect)) = ref_name {
-                refs::compare_and_swap(tx, name, expect, &id)?;
-            }
-            if let Some((root, rows)) = &stat_cache {
-                crate::statcache::apply(tx, root, rows, &[])?;
-            }
-            Ok(())
-        })?;
+        let w = self.write_pending(&id, ref_name)?;
         Ok(ImportReport {
             snapshot: id,
             root,
@@ -529,27 +516,25 @@ impl<'s> Editor<'s> {
             symlinks: counts.symlinks,
             bytes: counts.bytes,
             excluded: 0,
-            files_read: self.files_read,
-            objects_written,
-            new_bytes_stored,
-            new_bytes_raw,
+            files_read: w.files_read,
+            objects_written: w.objects_written,
+            new_bytes_stored: w.new_bytes_stored,
+            new_bytes_raw: w.new_bytes_raw,
             ref_name: ref_name.map(|(n, _)| n.to_string()),
             parents: snap.parents,
-            elapsed_ms: self.started.elapsed().as_secs_f64() * 1e3,
+            elapsed_ms: w.elapsed_ms,
             warnings: vec![],
             unchanged: false,
         })
     }
 
-    /// The end of a [`Editor::commit`] that found nothing changed since `id`
-    /// ([`Editor::unless_same_as`]): what was written meanwhile (trees the store has
-    /// already) and the ref move to `id` are committed; no snapshot is.
-    fn keep(
+    /// Commits what was ingested, with the ref move to `id` and the stat-cache rows, in
+    /// one transaction: (objects written, bytes stored, raw bytes).
+    fn write_pending(
         mut self,
-        id: SnapshotId,
-        snap: Snapshot,
+        id: &SnapshotId,
         ref_name: Option<(&str, Expect)>,
-    ) -> Result<ImportReport> {
+    ) -> Result<Written> {
         let pending = self.ingest.finish()?;
         let objects_written = pending.rows.len() as u64;
         let new_bytes_stored = pending.stored_bytes();
@@ -557,13 +542,32 @@ impl<'s> Editor<'s> {
         let stat_cache = self.stat_cache.take();
         self.store.commit(pending, |tx| {
             if let Some((name, expect)) = ref_name {
-                refs::compare_and_swap(tx, name, expect, &id)?;
+                refs::compare_and_swap(tx, name, expect, id)?;
             }
             if let Some((root, rows)) = &stat_cache {
                 crate::statcache::apply(tx, root, rows, &[])?;
             }
             Ok(())
         })?;
+        Ok(Written {
+            objects_written,
+            new_bytes_stored,
+            new_bytes_raw,
+            files_read: self.files_read,
+            elapsed_ms: self.started.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+
+    /// The end of a [`Editor::commit`] that found nothing changed since `id`
+    /// ([`Editor::unless_same_as`]): what was written meanwhile (trees the store has
+    /// already) and the ref move to `id` are committed; no snapshot is.
+    fn keep(
+        self,
+        id: SnapshotId,
+        snap: Snapshot,
+        ref_name: Option<(&str, Expect)>,
+    ) -> Result<ImportReport> {
+        let w = self.write_pending(&id, ref_name)?;
         Ok(ImportReport {
             snapshot: id,
             root: snap.root,
@@ -572,17 +576,26 @@ impl<'s> Editor<'s> {
             symlinks: snap.counts.symlinks,
             bytes: snap.counts.bytes,
             excluded: 0,
-            files_read: self.files_read,
-            objects_written,
-            new_bytes_stored,
-            new_bytes_raw,
+            files_read: w.files_read,
+            objects_written: w.objects_written,
+            new_bytes_stored: w.new_bytes_stored,
+            new_bytes_raw: w.new_bytes_raw,
             ref_name: ref_name.map(|(n, _)| n.to_string()),
             parents: snap.parents,
-            elapsed_ms: self.started.elapsed().as_secs_f64() * 1e3,
+            elapsed_ms: w.elapsed_ms,
             warnings: vec![],
             unchanged: true,
         })
     }
+}
+
+/// What [`Editor::write_pending`] wrote.
+struct Written {
+    objects_written: u64,
+    new_bytes_stored: u64,
+    new_bytes_raw: u64,
+    files_read: u64,
+    elapsed_ms: f64,
 }
 
 fn join(prefix: &[u8], name: &[u8]) -> Vec<u8> {
@@ -827,11 +840,11 @@ fn relink(
     put: &std::collections::HashSet<Vec<u8>>,
     counts: &mut Counts,
 ) -> Result<TreeId> {
-    // Pass 1: every regular file's (path -> content, mode), and every hardlink.
+    // Pass 1: every regular file's (path -> content), and every hardlink.
     let mut files: HashMap<Vec<u8>, [u8; 32]> = HashMap::new();
-    let mut any = false;
-    scan(store, root, &[], &mut files, &mut any)?;
-    if !any {
+    let mut links = Vec::new();
+    scan_links(store, root, &[], &mut files, &mut links)?;
+    if links.is_empty() {
         return Ok(*root);
     }
     let mut renamed: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
@@ -1001,27 +1014,6 @@ impl Regroup<'_, '_> {
         self.ingest.put(ObjectKind::Tree, *new.as_bytes(), &bytes)?;
         Ok(new)
     }
-}
-
-fn scan(
-    store: &Trees<'_>,
-    id: &TreeId,
-    prefix: &[u8],
-    files: &mut HashMap<Vec<u8>, [u8; 32]>,
-    any: &mut bool,
-) -> Result<()> {
-    for e in store.tree(id)?.entries {
-        let p = join(prefix, &e.name);
-        match e.kind {
-            Kind::Dir => scan(store, &e.subtree().expect("dir"), &p, files, any)?,
-            Kind::File => {
-                files.insert(p, e.hash);
-            }
-            Kind::Hardlink => *any = true,
-            _ => {}
-        }
-    }
-    Ok(())
 }
 
 struct Rewrite<'a, 'b, 'i> {
