@@ -273,14 +273,13 @@ pub fn sandbox_setup(
     if !SHOWN.iter().any(|d| exe.starts_with(d)) {
         binds.push(format!("{exe}:{exe}"));
     }
-    let env = vec![
+    let mut env = vec![
         // The helper turns git's fsmonitor off by default (GIT_CONFIG_*): on again.
         "GIT_CONFIG_COUNT=0".to_string(),
         format!("{SANDBOX_UPPER_ENV}={upper_inside}"),
         format!("{SANDBOX_TOKENS_ENV}={}", tokens.join(" ")),
         format!("{SANDBOX_WORKTREE_ENV}={worktree}"),
     ];
-    let mut env = env;
     if rec.materializer == "overlay" && rec.overlay_redirects {
         env.push(format!("{SANDBOX_TRUSTED_ENV}=1"));
     }

@@ -272,7 +272,8 @@ fn the_host_path_shows_the_runs_files_through_one_shared_mount() {
         .filter(|l| l.contains(&format!(" {} ", ws.path.display())))
         .count();
     assert_eq!(shared, 1, "one mount at the host path");
-    // A host write to an existing file is seen inside (the command waits for it).
+    // A host write to an existing file works during the run (read back after it; the
+    // inside view of host writes is `longlived::longlived_host_view_*`'s).
     std::fs::write(ws.path.join("a.txt"), "from the host\n").unwrap();
     let (code, out, err) = output(run_cmd(&r, &["w1", "--", "true"]));
     assert_eq!(code, 4, "a second run while one runs: exists\n{out}{err}");
