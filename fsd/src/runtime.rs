@@ -181,16 +181,20 @@ impl Runtime {
             });
         }
         let lower_kind = match o.lower.as_deref().unwrap_or("auto") {
-            // The view keeps file identity stable (fast first `git status`) and reads
-            // lazily; it needs FUSE. Without it, the checkout works everywhere.
-            "auto" if Path::new("/dev/fuse").exists() && nix::unistd::geteuid().is_root() => {
-                "view".to_string()
+            "auto" => auto_lower(&self.store, kind).0.to_string(),
+            crate::native::LOWER_KIND if kind == MaterializerKind::Overlay => {
+                if let Err(why) = crate::native::probe(&self.store) {
+                    return Err(Error::Unsupported {
+                        name: "overlay --lower native".into(),
+                        why: format!("{why}; use --lower view or --lower checkout"),
+                    });
+                }
+                crate::native::LOWER_KIND.to_string()
             }
-            "auto" => "checkout".to_string(),
-            l @ ("view" | "checkout") => l.to_string(),
+            l @ ("view" | "checkout" | crate::native::LOWER_KIND) => l.to_string(),
             other => {
                 return Err(Error::Invalid(format!(
-                    "lower {other:?}: choose auto, view or checkout"
+                    "lower {other:?}: choose auto, native, view or checkout"
                 )));
             }
         };
@@ -226,6 +230,10 @@ impl Runtime {
         let (lower_kind, lower) = match mat.lower(&self.store, &snapshot, o.lower.as_deref())? {
             Some((k, p)) => (k.to_string(), p),
             None if lower_kind == "view" => (lower_kind, self.view_path(&snapshot)),
+            None if lower_kind == crate::native::LOWER_KIND => {
+                let meta = crate::native::meta_path(&self.store, &snapshot);
+                (lower_kind, meta)
+            }
             None => (lower_kind, checkout::checkout_path(&self.store, &snapshot)),
         };
         let t = now();
@@ -274,6 +282,8 @@ impl Runtime {
                         rec.lower.display()
                     )));
                 }
+            } else if lower_kind == crate::native::LOWER_KIND {
+                crate::native::ensure(&self.store, &snapshot)?;
             } else if lower_kind != materializer::fuse::LOWER_KIND {
                 checkout::ensure_checkout(&self.store, &snapshot)?;
             }
@@ -757,6 +767,33 @@ impl Runtime {
         Ok((removed, variants))
     }
 
+    /// Removes the native lowers (images and their mounts, `cache/native`) no live
+    /// workspace uses. Returns how many. Like [`Runtime::prune_checkouts`], the records
+    /// are listed under the checkouts' lock held exclusively.
+    pub fn prune_native(&self) -> Result<u64> {
+        let _exclusive = checkout::lock(&self.store, true)?;
+        let used: std::collections::HashSet<String> = self
+            .reg()
+            .list(false)?
+            .into_iter()
+            .filter(|r| r.lower_kind == crate::native::LOWER_KIND)
+            .map(|r| r.snapshot)
+            .collect();
+        crate::native::prune(&self.store, &used)
+    }
+
+    /// Evicts least recently used blob-cache entries down to `max_bytes`, never one a
+    /// native lower redirects to (a checkout's hard links keep theirs on their own).
+    /// Under the checkouts' lock held exclusively, so no image is being built meanwhile.
+    pub fn evict_blobs(&self, max_bytes: u64) -> Result<cowspace_store::blobcache::EvictReport> {
+        let _exclusive = checkout::lock(&self.store, true)?;
+        let held = crate::native::held_blobs(&self.store)?;
+        Ok(self
+            .store
+            .blob_cache()
+            .evict(max_bytes, &|id| held.contains(id))?)
+    }
+
     /// Reconciles the registry with the mount table and the disk. A workspace still
     /// `creating` is finished off (as `failed`) only when its creator is gone
     /// ([`live_creator`]); a live creator is left to finish it.
@@ -898,6 +935,8 @@ impl Runtime {
         let snapshot: SnapshotId = rec.snapshot.parse()?;
         if rec.lower_kind == "view" {
             crate::daemon::ensure_running(self.store.root())?;
+        } else if rec.lower_kind == crate::native::LOWER_KIND {
+            crate::native::ensure(&self.store, &snapshot)?;
         } else if rec.lower_kind != materializer::fuse::LOWER_KIND {
             checkout::ensure_checkout(&self.store, &snapshot)?;
         }
@@ -909,6 +948,40 @@ impl Runtime {
         self.reg().set_status(&mut rec, Status::Active)?;
         Ok(rec)
     }
+}
+
+/// The lower `--lower auto` gives a workspace of materializer `kind`, and why: the
+/// native lower reads file bytes straight from the blob cache with no daemon in the path
+/// (it needs EROFS and data-only overlay layers, Linux 6.16+, and root); else the view
+/// keeps file identity stable and reads lazily (it needs FUSE); else the checkout.
+pub fn auto_lower(store: &Store, kind: MaterializerKind) -> (&'static str, String) {
+    let native = if kind == MaterializerKind::Overlay {
+        crate::native::probe(store)
+    } else {
+        Err(format!(
+            "the {} materializer makes its own tree",
+            kind.as_str()
+        ))
+    };
+    let native_why = match native {
+        Ok(()) => {
+            return (
+                crate::native::LOWER_KIND,
+                "this host mounts EROFS images with data-only overlay layers".into(),
+            );
+        }
+        Err(why) => why,
+    };
+    if Path::new("/dev/fuse").exists() && nix::unistd::geteuid().is_root() {
+        return (
+            "view",
+            format!("native lower unavailable ({native_why}); FUSE is usable"),
+        );
+    }
+    (
+        "checkout",
+        format!("native lower unavailable ({native_why}); no usable FUSE for the view"),
+    )
 }
 
 /// The recorded sandbox of `rec` if it still runs: the pid exists and is either a

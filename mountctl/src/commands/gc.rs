@@ -10,13 +10,18 @@ use crate::output::{Ctx, bytes};
 
 pub fn run(ctx: &Ctx, args: GcArgs) -> anyhow::Result<ExitCode> {
     let store = ctx.open()?;
+    let rt = ctx.runtime()?;
     // Checkouts nobody uses go first, so eviction sees their blobs as unlinked.
-    let (checkouts, variants, subvolumes) = if args.dry_run {
-        (0, 0, 0)
+    let (checkouts, variants, subvolumes, native) = if args.dry_run {
+        (0, 0, 0, 0)
     } else {
-        let rt = ctx.runtime()?;
         let (checkouts, variants) = rt.prune_checkouts()?;
-        (checkouts, variants, rt.prune_subvolumes()?)
+        (
+            checkouts,
+            variants,
+            rt.prune_subvolumes()?,
+            rt.prune_native()?,
+        )
     };
     let report = store.gc(GcOptions {
         dry_run: args.dry_run,
@@ -26,17 +31,18 @@ pub fn run(ctx: &Ctx, args: GcArgs) -> anyhow::Result<ExitCode> {
     let evicted = if args.dry_run {
         Default::default()
     } else {
-        store.blob_cache().evict(args.blob_cache_max, &|_| false)?
+        rt.evict_blobs(args.blob_cache_max)?
     };
     let mut value = json!(report);
     value["checkouts_removed"] = json!(checkouts);
     value["blob_variants_removed"] = json!(variants);
     value["subvolumes_removed"] = json!(subvolumes);
+    value["native_lowers_removed"] = json!(native);
     value["blob_cache"] = json!(evicted);
     ctx.emit(value, || {
         format!(
             "{}{} snapshots, {} objects ({}), {} packs removed; {} packs rewritten; {} orphan packs removed\n\
-             {checkouts} unused checkouts, {subvolumes} btrfs base subvolumes and {variants} blob variants removed; blob cache: {} evicted ({}), {} kept as in use, {} now",
+             {checkouts} unused checkouts, {native} native lowers, {subvolumes} btrfs base subvolumes and {variants} blob variants removed; blob cache: {} evicted ({}), {} kept as in use, {} now",
             if report.dry_run { "would remove: " } else { "" },
             report.snapshots_removed.len(),
             report.objects_removed,
