@@ -179,18 +179,19 @@ fn trial(store: &Store) -> std::result::Result<(), String> {
     result
 }
 
-/// Makes sure the image of `snapshot` is built and mounted; returns its mount path.
-/// Holds the checkouts' lock shared meanwhile; the caller has recorded its workspace
-/// first, so a prune after this keeps the image.
-pub fn ensure(store: &Store, snapshot: &SnapshotId) -> Result<PathBuf> {
-    let _shared = crate::checkout::lock(store, false)?;
+/// Makes sure the image of `snapshot` is built and mounted at [`meta_path`]. Returns
+/// the checkouts' lock held shared: hold it until the workspace's overlay is mounted (a
+/// removal unmounts an image no live workspace uses under the lock held exclusively).
+/// The caller has recorded its workspace first, so a prune after this keeps the image.
+pub fn ensure(store: &Store, snapshot: &SnapshotId) -> Result<fs::File> {
+    let shared = crate::checkout::lock(store, false)?;
     let meta = meta_path(store, snapshot);
     let top = meta.parent().expect("meta has a parent").to_path_buf();
     if !top.join(IMAGE).is_file() {
         build(store, snapshot, &top)?;
     }
     ensure_mounted(&meta)?;
-    Ok(meta)
+    Ok(shared)
 }
 
 /// Mounts the image beside `meta` at `meta` unless it is mounted there already (after a

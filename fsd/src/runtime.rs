@@ -283,7 +283,9 @@ impl Runtime {
                     )));
                 }
             } else if lower_kind == crate::native::LOWER_KIND {
-                crate::native::ensure(&self.store, &snapshot)?;
+                // Held until the overlay holds the image (see `release_native`).
+                let _shared = crate::native::ensure(&self.store, &snapshot)?;
+                return mat.mount(&rec);
             } else if lower_kind != materializer::fuse::LOWER_KIND {
                 checkout::ensure_checkout(&self.store, &snapshot)?;
             }
@@ -298,6 +300,7 @@ impl Runtime {
             let _ = self.store.unpin(&id);
             rec.diagnostics.push(format!("create failed: {e}"));
             let _ = self.reg().set_status(&mut rec, Status::Failed);
+            let _ = self.release_native(&rec);
             return Err(e);
         }
         rec.create_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -673,7 +676,25 @@ impl Runtime {
             });
         }
         self.store.unpin(&rec.id)?;
-        self.reg().set_status(rec, Status::Removed)
+        self.reg().set_status(rec, Status::Removed)?;
+        self.release_native(rec)
+    }
+
+    /// After the workspace `rec` went: the mount of its native lower's image goes too
+    /// once no live workspace uses it (the image stays for the next create, until `gc`).
+    /// Under the checkouts' lock held exclusively: a create holds it shared from before
+    /// its image is found mounted until its overlay holds the image.
+    fn release_native(&self, rec: &Record) -> Result<()> {
+        if rec.lower_kind != crate::native::LOWER_KIND {
+            return Ok(());
+        }
+        let _exclusive = checkout::lock(&self.store, true)?;
+        if self.reg().live_using(&rec.snapshot, crate::native::LOWER_KIND)? == 0
+            && crate::mounts::is_mounted(&rec.lower)?
+        {
+            crate::mounts::unmount_lazy(&rec.lower)?;
+        }
+        Ok(())
     }
 
     /// Called by a daemon that just mounted a new snapshot view: overlays still mounted on
@@ -935,11 +956,15 @@ impl Runtime {
         let snapshot: SnapshotId = rec.snapshot.parse()?;
         if rec.lower_kind == "view" {
             crate::daemon::ensure_running(self.store.root())?;
-        } else if rec.lower_kind == crate::native::LOWER_KIND {
-            crate::native::ensure(&self.store, &snapshot)?;
-        } else if rec.lower_kind != materializer::fuse::LOWER_KIND {
-            checkout::ensure_checkout(&self.store, &snapshot)?;
         }
+        let _shared = if rec.lower_kind == crate::native::LOWER_KIND {
+            Some(crate::native::ensure(&self.store, &snapshot)?)
+        } else {
+            if rec.lower_kind != "view" && rec.lower_kind != materializer::fuse::LOWER_KIND {
+                checkout::ensure_checkout(&self.store, &snapshot)?;
+            }
+            None
+        };
         // Overlay needs an empty work directory after an unclean stop.
         let work = rec.private_dir.join("work");
         checkout::remove_tree(&work);
