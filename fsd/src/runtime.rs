@@ -42,9 +42,10 @@ pub struct CreateOptions {
     pub name: Option<String>,
     /// `auto` (default), `overlay`, `fuse`, `btrfs`, `reflink` or `copy`.
     pub materializer: Option<String>,
-    /// For overlay: `view` (the daemon's lazy snapshot view; stable file identity, so
-    /// the first `git status` reads nothing), `checkout` (a shared directory of hard
-    /// links; no daemon needed) or `auto` (default: `view` where FUSE is usable).
+    /// For overlay: `native` (a metadata image of the snapshot over the blob cache as a
+    /// data-only layer: file bytes read by the kernel from the blobs, no daemon needed),
+    /// `view` (the daemon's lazy snapshot view), `checkout` (a shared directory of hard
+    /// links) or `auto` (default: [`auto_lower`]).
     pub lower: Option<String>,
     /// Where the workspace appears (must not exist). Default: under the runtime root.
     pub path: Option<PathBuf>,
@@ -689,7 +690,10 @@ impl Runtime {
             return Ok(());
         }
         let _exclusive = checkout::lock(&self.store, true)?;
-        if self.reg().live_using(&rec.snapshot, crate::native::LOWER_KIND)? == 0
+        if self
+            .reg()
+            .live_using(&rec.snapshot, crate::native::LOWER_KIND)?
+            == 0
             && crate::mounts::is_mounted(&rec.lower)?
         {
             crate::mounts::unmount_lazy(&rec.lower)?;

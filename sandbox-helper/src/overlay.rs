@@ -173,7 +173,10 @@ fn parse(opts: &str, dir: &Path) -> Result<Layers> {
         .map(|l| PathBuf::from(unescape(l)))
         .collect();
     let data: Vec<PathBuf> = parts.map(|l| PathBuf::from(unescape(l))).collect();
-    if data.iter().any(|d| d.as_os_str().is_empty() || d.to_string_lossy().contains(':')) {
+    if data
+        .iter()
+        .any(|d| d.as_os_str().is_empty() || d.to_string_lossy().contains(':'))
+    {
         return Err(unsupported(format!(
             "the overlay at {show} has a lowerdir the helper cannot read ({lower:?})"
         )));
