@@ -32,7 +32,7 @@
 //! Identity: inode numbers are the image's (stable for a snapshot: the image is
 //! deterministic); times are the view's ([`crate::view::served_time_secs`]), so the stat data the import gave `.git/index` matches here too.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsStr;
 use std::fs;
 use std::io::Write;
@@ -40,7 +40,6 @@ use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use composefs::erofs::format::FormatVersion;
 use composefs::erofs::writer::{ValidatedFileSystem, mkfs_erofs_versioned};
@@ -294,7 +293,7 @@ fn build(store: &Store, snapshot: &SnapshotId, top: &Path) -> Result<()> {
             store,
             leaves: Vec::new(),
             primaries: HashMap::new(),
-            blobs: BTreeSet::new(),
+            blobs: BTreeMap::new(),
         };
         let mut root = Directory::new(stat(
             libc::S_IFDIR | snap.root_mode,
@@ -302,9 +301,17 @@ fn build(store: &Store, snapshot: &SnapshotId, top: &Path) -> Result<()> {
             b"",
         ));
         b.fill(&mut root, &snap.root, b"")?;
-        ensure_blobs(store, &b.blobs)?;
+        let items: Vec<(ContentId, u64)> = b
+            .blobs
+            .iter()
+            .map(|(id, size)| (ContentId::from_bytes(*id), *size))
+            .collect();
+        let threads = std::thread::available_parallelism()
+            .map_or(2, |n| n.get())
+            .min(8);
+        store.blob_cache().ensure_all(&items, threads)?;
         let mut list = Vec::with_capacity(b.blobs.len() * 32);
-        for id in &b.blobs {
+        for id in b.blobs.keys() {
             list.extend_from_slice(id);
         }
         let list_path = tmp.join(BLOBS);
@@ -336,45 +343,13 @@ fn build(store: &Store, snapshot: &SnapshotId, top: &Path) -> Result<()> {
     }
 }
 
-/// Writes every blob of `ids` missing from the blob cache, on every core.
-fn ensure_blobs(store: &Store, ids: &BTreeSet<[u8; 32]>) -> Result<()> {
-    let ids: Vec<ContentId> = ids.iter().map(|b| ContentId::from_bytes(*b)).collect();
-    let next = AtomicUsize::new(0);
-    let threads = std::thread::available_parallelism()
-        .map_or(2, |n| n.get())
-        .min(8);
-    std::thread::scope(|s| {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| -> Result<()> {
-                    let cache = store.blob_cache();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(id) = ids.get(i) else {
-                            return Ok(());
-                        };
-                        cache.ensure(id)?;
-                    }
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| {
-                w.join()
-                    .unwrap_or_else(|_| Err(Error::Invalid("a blob writer panicked".into())))
-            })
-            .collect::<Result<Vec<()>>>()
-            .map(drop)
-    })
-}
-
 struct Builder<'a> {
     store: &'a Store,
     leaves: Vec<Leaf<RegularFile<BlobRef>>>,
     /// Leaf of each regular file (by path), for hard links naming it.
     primaries: HashMap<Vec<u8>, LeafId>,
-    blobs: BTreeSet<[u8; 32]>,
+    /// Content id → size of every blob the image redirects to.
+    blobs: BTreeMap<[u8; 32], u64>,
 }
 
 impl Builder<'_> {
@@ -459,7 +434,7 @@ impl Builder<'_> {
     fn file(&mut self, e: &Entry, path: &[u8]) -> LeafId {
         let content = match e.content() {
             Some(id) if e.size > 0 => {
-                self.blobs.insert(*id.as_bytes());
+                self.blobs.insert(*id.as_bytes(), e.size);
                 RegularFile::ExternalNoVerity(BlobRef(*id.as_bytes()), e.size)
             }
             _ => RegularFile::Inline(Box::from(&[][..])),
