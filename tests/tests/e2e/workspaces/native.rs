@@ -185,3 +185,35 @@ fn a_blob_deleted_by_hand_fails_reads_never_gives_other_bytes() {
     r.remove(&again.id);
     r.assert_clean();
 }
+
+#[test]
+fn recover_mounts_the_image_again_after_a_reboot() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base_tree(&src);
+    let base = r.import(&src, &["--ref", "base"]);
+    let ws = r.create(&base, &["--lower", "native"]);
+    std::fs::write(ws.path.join("written.txt"), "before\n").unwrap();
+    // What a reboot leaves: neither the workspace's overlay nor the image is mounted.
+    let meta = std::path::PathBuf::from(r.status(&ws.id)["lower"].as_str().unwrap());
+    for m in [&ws.path, &meta] {
+        let st = std::process::Command::new("umount")
+            .arg(m)
+            .status()
+            .unwrap();
+        assert!(st.success(), "umount {}", m.display());
+    }
+    r.t.run(["sweep"]).ok();
+    r.t.run(["recover", &ws.id]).ok();
+    assert_eq!(
+        std::fs::read_to_string(ws.path.join("written.txt")).unwrap(),
+        "before\n"
+    );
+    assert_eq!(
+        std::fs::read(ws.path.join("README.md")).unwrap(),
+        std::fs::read(src.join("README.md")).unwrap()
+    );
+    r.remove(&ws.id);
+    r.assert_clean();
+}
