@@ -106,9 +106,43 @@ pub fn data_layer(meta: &Path) -> Result<PathBuf> {
 /// Whether this host can make native workspaces; otherwise what it lacks. Tried once per
 /// process for real: a small image mounted, an overlay with a data-only layer over it,
 /// a file read through the redirect (`mountctl doctor` says which lower and why).
+/// The answer is kept for the boot in `<root>/cache/native/.probe` (the boot id, then
+/// `ok` or `no: WHY`), so a create costs no trial mount: with many workspaces mounted,
+/// unmounting the trial alone takes tens of milliseconds.
 pub fn probe(store: &Store) -> std::result::Result<(), String> {
     static PROBED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
-    PROBED.get_or_init(|| trial(store)).clone()
+    PROBED
+        .get_or_init(|| {
+            let boot = fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .unwrap_or_default()
+                .trim()
+                .to_string();
+            let record = dir(store).join(".probe");
+            if let Ok(text) = fs::read_to_string(&record)
+                && let Some((id, answer)) = text.trim_end().split_once(' ')
+                && !boot.is_empty()
+                && id == boot
+            {
+                return match answer.strip_prefix("no: ") {
+                    Some(why) => Err(why.to_string()),
+                    None if answer == "ok" => Ok(()),
+                    None => trial(store),
+                };
+            }
+            let answer = trial(store);
+            if !boot.is_empty() && nix::unistd::geteuid().is_root() {
+                let text = match &answer {
+                    Ok(()) => format!("{boot} ok\n"),
+                    Err(why) => format!("{boot} no: {}\n", why.replace('\n', " ")),
+                };
+                let tmp = dir(store).join(format!(".probe.{}", std::process::id()));
+                if fs::create_dir_all(dir(store)).is_ok() && fs::write(&tmp, text).is_ok() {
+                    let _ = fs::rename(&tmp, &record);
+                }
+            }
+            answer
+        })
+        .clone()
 }
 
 fn trial(store: &Store) -> std::result::Result<(), String> {
@@ -476,7 +510,7 @@ pub fn prune(store: &Store, used: &HashSet<String>) -> Result<u64> {
     };
     for e in rd.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        if used.contains(&name) {
+        if used.contains(&name) || name.starts_with(".probe") {
             continue;
         }
         let meta = e.path().join(META);
