@@ -525,3 +525,28 @@ pub fn prune(store: &Store, used: &HashSet<String>) -> Result<u64> {
     }
     Ok(removed)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redirect_is_the_blob_cache_path_of_the_content() {
+        let mut id = [0u8; 32];
+        id[0] = 0xab;
+        id[31] = 0x01;
+        let hex = hex::encode(id);
+        assert_eq!(BlobRef(id).to_object_pathname(), format!("ab/{hex}"));
+        // The same relative path as the blob cache's (`<blobs>/ab/<64 hex>`).
+        let root = Path::new("/r");
+        let cache = root.join("cache/blobs");
+        assert_eq!(
+            cache.join(BlobRef(id).to_object_pathname()),
+            cache.join(&hex[..2]).join(&hex)
+        );
+        assert_eq!(
+            data_layer(Path::new("/r/cache/native/00ff/meta")).unwrap(),
+            cache
+        );
+    }
+}
