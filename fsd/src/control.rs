@@ -55,6 +55,37 @@ fn ws_arg(v: &Value) -> Result<String> {
         .ok_or_else(|| Error::Invalid("args.workspace (an id or name) is required".into()))
 }
 
+/// Starts building the native lower of `snap` on a thread, unless one already does
+/// (`false` then) or it is built.
+fn prepare_in_background(rt: &Arc<Runtime>, snap: cowspace_store::SnapshotId) -> bool {
+    static BUSY: std::sync::Mutex<Vec<cowspace_store::SnapshotId>> =
+        std::sync::Mutex::new(Vec::new());
+    if crate::native::is_built(rt.store(), &snap) {
+        return false;
+    }
+    {
+        let mut busy = BUSY.lock().unwrap_or_else(|p| p.into_inner());
+        if busy.contains(&snap) {
+            return false;
+        }
+        busy.push(snap);
+    }
+    let rt = Arc::clone(rt);
+    std::thread::spawn(move || {
+        let started = std::time::Instant::now();
+        match rt.prepare_native(&snap) {
+            Ok(()) => {
+                tracing::info!(snapshot = %snap.to_hex(), ms = started.elapsed().as_millis() as u64, "native lower built")
+            }
+            Err(e) => tracing::warn!(snapshot = %snap.to_hex(), "building the native lower: {e}"),
+        }
+        BUSY.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|s| *s != snap);
+    });
+    true
+}
+
 impl Server {
     /// Handles one request.
     pub fn handle(&self, req: &Value) -> Value {
@@ -92,6 +123,15 @@ impl Server {
                     json!(rt.remove(&ws, req["args"]["force"].as_bool().unwrap_or(false))?)
                 }
                 "sweep" => json!(rt.sweep()?),
+                // Answered at once; the image is built on a thread of its own.
+                "prepare_native" => {
+                    let snap: cowspace_store::SnapshotId = rt.store().resolve(
+                        req["args"]["snapshot"]
+                            .as_str()
+                            .ok_or_else(|| Error::Invalid("args.snapshot is required".into()))?,
+                    )?;
+                    json!({"snapshot": snap.to_hex(), "preparing": prepare_in_background(rt, snap)})
+                }
                 "sandbox_start" => {
                     let ws = ws_arg(req)?;
                     rt.sandbox_start(&ws, &args::<crate::sandbox::SandboxOptions>(req)?)?

@@ -227,6 +227,44 @@ pub fn ensure(store: &Store, snapshot: &SnapshotId) -> Result<fs::File> {
     Ok(shared)
 }
 
+/// Whether the image of `snapshot` is built (a create then only mounts it).
+pub fn is_built(store: &Store, snapshot: &SnapshotId) -> bool {
+    dir(store).join(snapshot.to_hex()).join(IMAGE).is_file()
+}
+
+/// Most files (and bytes) of a snapshot whose image `--lower auto` builds during the
+/// create itself (about a second here: writing the missing blobs is most of it). A
+/// larger snapshot without an image gets the view lower while the daemon builds the
+/// image in the background ([`prepare`]); later creates find it built.
+/// `COWSPACE_NATIVE_EAGER_FILES` overrides the file count.
+pub const EAGER_FILES: u64 = 10_000;
+/// See [`EAGER_FILES`].
+pub const EAGER_BYTES: u64 = 512 << 20;
+
+/// Whether `--lower auto` should build the image of a snapshot of `files` files and
+/// `bytes` bytes during the create.
+pub fn eager(files: u64, bytes: u64) -> bool {
+    let max_files = std::env::var("COWSPACE_NATIVE_EAGER_FILES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(EAGER_FILES);
+    files <= max_files && bytes <= EAGER_BYTES
+}
+
+/// Builds the image of `snapshot` (and writes its missing blobs) without mounting it,
+/// under the checkouts' lock held shared: what the daemon runs in the background.
+pub fn prepare(store: &Store, snapshot: &SnapshotId) -> Result<()> {
+    let _shared = crate::checkout::lock(store, false)?;
+    let top = meta_path(store, snapshot)
+        .parent()
+        .expect("meta has a parent")
+        .to_path_buf();
+    if top.join(IMAGE).is_file() {
+        return Ok(());
+    }
+    build(store, snapshot, &top)
+}
+
 /// Mounts the image beside `meta` at `meta` unless it is mounted there already (after a
 /// reboot, after a prune). Serialized per snapshot by a lock file, so two creates never
 /// stack two mounts.

@@ -181,8 +181,17 @@ impl Runtime {
                 why,
             });
         }
+        let mut prepare_later = false;
         let lower_kind = match o.lower.as_deref().unwrap_or("auto") {
-            "auto" => auto_lower(&self.store, kind).0.to_string(),
+            "auto" => {
+                let (lower, _) = auto_lower(&self.store, kind);
+                if lower == crate::native::LOWER_KIND && self.native_later(&snapshot)? {
+                    prepare_later = true;
+                    "view".to_string()
+                } else {
+                    lower.to_string()
+                }
+            }
             crate::native::LOWER_KIND if kind == MaterializerKind::Overlay => {
                 if let Err(why) = crate::native::probe(&self.store) {
                     return Err(Error::Unsupported {
@@ -306,7 +315,39 @@ impl Runtime {
         }
         rec.create_ms = started.elapsed().as_secs_f64() * 1e3;
         self.reg().set_status(&mut rec, Status::Active)?;
+        if prepare_later {
+            // The daemon (which serves this workspace's view) builds the native lower
+            // for the next creates; a daemon that cannot only costs them the view.
+            let req =
+                serde_json::json!({"op": "prepare_native", "args": {"snapshot": rec.snapshot}});
+            if let Err(e) = crate::daemon::request(self.store.root(), &req) {
+                tracing::warn!(snapshot = %rec.snapshot, "asking the daemon to build the native lower: {e}");
+            }
+        }
         Ok(rec)
+    }
+
+    /// Whether a `--lower auto` create of `snapshot` takes the view now and leaves the
+    /// native lower to the daemon: its image is not built, the snapshot is too large to
+    /// build it during the create ([`crate::native::eager`]) and the view is usable.
+    fn native_later(&self, snapshot: &SnapshotId) -> Result<bool> {
+        if crate::native::is_built(&self.store, snapshot)
+            || !Path::new("/dev/fuse").exists()
+            || !nix::unistd::geteuid().is_root()
+        {
+            return Ok(false);
+        }
+        let c = self.store.snapshot(snapshot)?.counts;
+        Ok(!crate::native::eager(c.files, c.bytes))
+    }
+
+    /// Builds the native lower of `snapshot` (image and blobs) now, unless it is built.
+    pub fn prepare_native(&self, snapshot: &SnapshotId) -> Result<()> {
+        crate::native::probe(&self.store).map_err(|why| Error::Unsupported {
+            name: "overlay --lower native".into(),
+            why,
+        })?;
+        crate::native::prepare(&self.store, snapshot)
     }
 
     /// The directory of `snapshot` in the daemon's views: the plain view

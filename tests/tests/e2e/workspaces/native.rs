@@ -217,3 +217,55 @@ fn recover_mounts_the_image_again_after_a_reboot() {
     r.remove(&ws.id);
     r.assert_clean();
 }
+
+#[test]
+fn a_large_snapshot_without_an_image_gets_the_view_while_the_daemon_builds_it() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base_tree(&src);
+    let base = r.import(&src, &["--ref", "base"]);
+    // Every snapshot counts as large here: auto must not build the image in the create.
+    let root = r.root().to_str().unwrap().to_owned();
+    let eager = std::ffi::OsStr::new("0");
+    let auto = || {
+        let out = cowspace_tests::run_program(
+            &cowspace_tests::mountctl_bin(),
+            ["--root", &root, "--json", "create", &base],
+            &[("COWSPACE_NATIVE_EAGER_FILES", eager)],
+        )
+        .ok();
+        let v = out.json();
+        let id = v["id"]
+            .as_str()
+            .or(v["workspace"].as_str())
+            .unwrap()
+            .to_owned();
+        r.track(&id);
+        id
+    };
+    let first = auto();
+    assert_eq!(r.status(&first)["lower_kind"], "view");
+    // The daemon that serves the view builds the image; later creates find it.
+    let image = r
+        .root()
+        .join("cache/native")
+        .join(&base)
+        .join("image.erofs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !image.is_file() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(image.is_file(), "the daemon built {}", image.display());
+    let second = auto();
+    let st = r.status(&second);
+    assert_eq!(st["lower_kind"], "native", "{st}");
+    let path = std::path::PathBuf::from(st["path"].as_str().unwrap());
+    assert_eq!(
+        std::fs::read(path.join("README.md")).unwrap(),
+        std::fs::read(src.join("README.md")).unwrap()
+    );
+    r.remove(&second);
+    r.remove(&first);
+    r.assert_clean();
+}
