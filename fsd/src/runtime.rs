@@ -953,14 +953,20 @@ impl Runtime {
         let on_disk: Vec<PathBuf> = fs::read_dir(&ws_dir)
             .map(|rd| rd.flatten().map(|e| e.path()).collect())
             .unwrap_or_default();
-        let live: Vec<PathBuf> = self
+        let live: std::collections::HashSet<PathBuf> = self
             .reg()
             .list(false)?
             .into_iter()
             .map(|r| r.private_dir)
             .collect();
+        // A mount under workspaces/ belongs to the private directory `workspaces/<id>` it
+        // is in (one set lookup per mount: sweeps with a thousand workspaces alive).
+        let owner = |t: &Path| -> Option<PathBuf> {
+            let rest = t.strip_prefix(&ws_dir).ok()?;
+            rest.components().next().map(|c| ws_dir.join(c.as_os_str()))
+        };
         for m in &mounts {
-            if m.target.starts_with(&ws_dir) && !live.iter().any(|d| m.target.starts_with(d)) {
+            if owner(&m.target).is_some_and(|d| !live.contains(&d)) {
                 let _ = crate::mounts::unmount_lazy(&m.target);
                 report
                     .leftovers_removed
