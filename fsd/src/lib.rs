@@ -18,6 +18,7 @@ pub mod materializer;
 pub mod mounts;
 pub mod placement;
 pub mod registry;
+mod retention;
 pub mod runtime;
 pub mod sandbox;
 #[allow(unsafe_code)]

@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 
-use rusqlite::params;
 use serde::Serialize;
 
 use crate::codec::Manifest;
@@ -249,26 +248,11 @@ impl Store {
                     .push(problem("snapshot", sid, format!("named by ref {name}")));
             }
         }
-        let pins: Vec<(Vec<u8>, String)> = self.with_reader(|c| {
-            let mut stmt = c
-                .prepare("SELECT snapshot, holder FROM pins")
-                .map_err(Error::db("list pins"))?;
-            let rows = stmt
-                .query_map(params![], |r| Ok((r.get(0)?, r.get(1)?)))
-                .map_err(Error::db("list pins"))?
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(Error::db("list pins"))?;
-            Ok(rows)
-        })?;
-        for (sid, holder) in pins {
-            if let Ok(id) = <[u8; 32]>::try_from(sid.as_slice())
-                && !has(&id, &[ObjectKind::Snapshot])
-            {
-                report.missing.push(problem(
-                    "snapshot",
-                    hex::encode(id),
-                    format!("pinned by {holder}"),
-                ));
+        for (sid, holder) in self.pins()? {
+            if !has(sid.as_bytes(), &[ObjectKind::Snapshot]) {
+                report
+                    .missing
+                    .push(problem("snapshot", sid, format!("pinned by {holder}")));
             }
         }
         Ok(report)

@@ -48,11 +48,48 @@ impl Default for GcOptions {
     }
 }
 
+/// A snapshot a workspace holds though no pin names it (recorded by a version that
+/// pinned only a workspace's base): gc keeps it and what it needs, as it keeps pins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub snapshot: SnapshotId,
+    /// Who holds it (a workspace id).
+    pub holder: String,
+}
+
+/// A snapshot gc removes (or would remove), and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotGone {
+    pub snapshot: SnapshotId,
+    pub created_at: i64,
+    pub source: crate::snapshot::Source,
+    pub message: String,
+    pub why: String,
+}
+
+/// A pack gc removes or rewrites (or would), and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct PackGone {
+    pub pack: String,
+    /// `remove` (no live object), `rewrite` (its live objects copied to a new pack) or
+    /// `remove_orphan` (no committed transaction names it).
+    pub action: &'static str,
+    /// Bytes of the pack file (committed bytes for a committed pack).
+    pub size: u64,
+    /// Stored bytes of its objects that stay live (moved when it is rewritten).
+    pub live_bytes: u64,
+    pub why: String,
+}
+
 /// What gc removed (or would remove, in a dry run).
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct GcReport {
     pub dry_run: bool,
     pub snapshots_removed: Vec<SnapshotId>,
+    /// Each removed snapshot with what it was and why it goes.
+    pub snapshots: Vec<SnapshotGone>,
+    /// Each removed or rewritten pack with why.
+    pub packs: Vec<PackGone>,
     pub objects_removed: u64,
     pub bytes_freed: u64,
     pub packs_removed: u64,
@@ -73,6 +110,25 @@ impl Store {
             "INSERT OR IGNORE INTO pins (snapshot, holder, created_at) VALUES (?1, ?2, ?3)",
             params![&snapshot.as_bytes()[..], holder, now_secs()],
         )
+    }
+
+    /// Every pin: (snapshot, holder).
+    pub fn pins(&self) -> Result<Vec<(SnapshotId, String)>> {
+        self.with_reader(|c| {
+            let mut stmt = c
+                .prepare("SELECT snapshot, holder FROM pins ORDER BY holder, created_at")
+                .map_err(Error::db("list pins"))?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?))
+                })
+                .map_err(Error::db("list pins"))?
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(Error::db("list pins"))?;
+            rows.into_iter()
+                .map(|(s, h)| Ok((SnapshotId::from_slice(&s)?, h)))
+                .collect()
+        })
     }
 
     /// Removes every pin of `holder` (same durability as [`Store::pin`]).
@@ -101,6 +157,11 @@ impl Store {
 
     /// Collects garbage.
     pub fn gc(&self, opts: GcOptions) -> Result<GcReport> {
+        self.gc_holding(opts, &[])
+    }
+
+    /// Collects garbage, keeping `held` (and what it needs) as if pinned.
+    pub fn gc_holding(&self, opts: GcOptions, held: &[Held]) -> Result<GcReport> {
         let _lock = StoreLock::exclusive(self, opts.wait)?;
         let mut report = GcReport {
             dry_run: opts.dry_run,
@@ -113,6 +174,7 @@ impl Store {
             all.iter().map(|(id, s)| (*id, s)).collect();
         let mut roots: Vec<SnapshotId> = self.refs()?.into_iter().map(|(_, s)| s).collect();
         roots.extend(self.pinned()?);
+        roots.extend(held.iter().map(|h| h.snapshot));
         let cutoff = now_secs() - opts.grace_secs;
         roots.extend(
             all.iter()
@@ -136,11 +198,20 @@ impl Store {
             live.insert(*id.as_bytes());
             self.mark_tree(&s.root, &mut live, &mut seen_trees)?;
         }
-        report.snapshots_removed = all
-            .iter()
-            .map(|(id, _)| *id)
-            .filter(|id| !live_snaps.contains(id))
-            .collect();
+        for (id, s) in all.iter().filter(|(id, _)| !live_snaps.contains(id)) {
+            report.snapshots_removed.push(*id);
+            report.snapshots.push(SnapshotGone {
+                snapshot: *id,
+                created_at: s.created_at,
+                source: s.source.clone(),
+                message: s.message.clone(),
+                why: format!(
+                    "no ref, pin or workspace leads to it, and it was made {} ago (grace {})",
+                    age(now_secs() - s.created_at),
+                    age(opts.grace_secs)
+                ),
+            });
+        }
 
         // 3. What each pack holds.
         let rows: Vec<([u8; 32], String, u64)> = self.with_reader(|c| {
@@ -181,10 +252,28 @@ impl Store {
         let mut rewrite: Vec<PackId> = Vec::new();
         for (pack, size) in &packs {
             let lb = live_bytes.get(pack.as_str()).copied().unwrap_or(0);
+            let gone = |action, why: String| PackGone {
+                pack: pack.to_string(),
+                action,
+                size: *size,
+                live_bytes: lb,
+                why,
+            };
             if lb == 0 {
                 drop_packs.push(pack.clone());
+                report
+                    .packs
+                    .push(gone("remove", "none of its objects stays live".into()));
             } else if (lb as f64) < (*size as f64) * REPACK_LIVE_FRACTION {
                 rewrite.push(pack.clone());
+                report.packs.push(gone(
+                    "rewrite",
+                    format!(
+                        "{}% of its bytes stay live (under {}%)",
+                        lb * 100 / (*size).max(1),
+                        (REPACK_LIVE_FRACTION * 100.0) as u32
+                    ),
+                ));
             }
         }
         report.packs_removed = drop_packs.len() as u64;
@@ -198,6 +287,15 @@ impl Store {
             .filter(|p| !committed.contains(p))
             .collect();
         report.orphan_packs_removed = orphans.len() as u64;
+        for p in &orphans {
+            report.packs.push(PackGone {
+                pack: p.to_string(),
+                action: "remove_orphan",
+                size: self.backend.len(p).unwrap_or(0),
+                live_bytes: 0,
+                why: "no committed transaction names it (left by an interrupted write)".into(),
+            });
+        }
         if opts.dry_run {
             return Ok(report);
         }
@@ -283,6 +381,7 @@ impl Store {
         Ok(report)
     }
 
+    /// The pins' snapshots.
     fn pinned(&self) -> Result<Vec<SnapshotId>> {
         self.with_reader(|c| {
             let mut stmt = c
@@ -330,5 +429,30 @@ impl Store {
             }
         }
         Ok(())
+    }
+}
+
+/// Pins `snapshot` for `holder` inside a transaction (a commit's own).
+pub(crate) fn pin_in(
+    tx: &rusqlite::Transaction<'_>,
+    snapshot: &SnapshotId,
+    holder: &str,
+) -> Result<()> {
+    tx.execute(
+        "INSERT OR IGNORE INTO pins (snapshot, holder, created_at) VALUES (?1, ?2, ?3)",
+        params![&snapshot.as_bytes()[..], holder, now_secs()],
+    )
+    .map_err(Error::db("pin snapshot"))?;
+    Ok(())
+}
+
+/// A duration in seconds for people: `45 s`, `12 min`, `3 h`, `2 d`.
+pub fn age(secs: i64) -> String {
+    let s = secs.max(0);
+    match s {
+        0..120 => format!("{s} s"),
+        120..7_200 => format!("{} min", s / 60),
+        7_200..172_800 => format!("{} h", s / 3_600),
+        _ => format!("{} d", s / 86_400),
     }
 }

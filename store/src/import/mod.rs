@@ -116,6 +116,10 @@ pub struct ImportReport {
     /// snapshot was made and `snapshot` is the one it would have repeated.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub unchanged: bool,
+    /// The holder (a workspace) the snapshot was pinned for in the same transaction
+    /// ([`crate::Editor::pin_for`]): gc keeps it while that pin lasts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned_by: Option<String>,
 }
 
 /// The shared tail of every import: trees, snapshot object, one commit.
@@ -192,6 +196,7 @@ impl Finish<'_> {
             elapsed_ms: self.started.elapsed().as_secs_f64() * 1e3,
             warnings: self.warnings,
             unchanged: false,
+            pinned_by: None,
         })
     }
 }
