@@ -35,6 +35,11 @@ pub struct FsckReport {
     pub missing: Vec<Problem>,
     /// Pack files that no committed transaction names (left by a crash; gc removes them).
     pub orphan_packs: Vec<String>,
+    /// Where each corrupt or missing object is needed (snapshots, refs, paths) and how
+    /// it comes back.
+    pub damage: Vec<crate::repair::Damage>,
+    /// Objects quarantined by a repair and not yet rewritten by an import.
+    pub suspects: Vec<String>,
 }
 
 impl FsckReport {
@@ -188,12 +193,17 @@ impl Store {
                 if bad.contains(&chunk.to_hex()) {
                     ok = false;
                 } else if !has(chunk.as_bytes(), &[ObjectKind::Chunk]) {
-                    report.missing.push(problem(
-                        "chunk",
-                        chunk,
-                        format!("named by manifest {cid}"),
+                    // Either the chunk's row is gone or the manifest's bytes are wrong
+                    // (a flipped byte in a chunk id decodes fine): the manifest cannot
+                    // give its content, and a re-import rewrites both once it is
+                    // quarantined.
+                    report.corrupt.push(problem(
+                        "manifest",
+                        cid,
+                        format!("names chunk {chunk}, which is not stored"),
                     ));
                     ok = false;
+                    break;
                 }
             }
             if ok && let Err(e) = self.write_content(cid, &mut std::io::sink()) {
@@ -254,6 +264,11 @@ impl Store {
                     .missing
                     .push(problem("snapshot", sid, format!("pinned by {holder}")));
             }
+        }
+        report.suspects = self.suspects()?.iter().map(hex::encode).collect();
+        report.suspects.sort();
+        if !report.is_clean() {
+            report.damage = self.locate_damage(&report)?;
         }
         Ok(report)
     }

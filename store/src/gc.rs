@@ -361,6 +361,11 @@ impl Store {
                 [],
             )
             .map_err(Error::db("prune git blob ids"))?;
+            tx.execute(
+                "DELETE FROM suspects WHERE id NOT IN (SELECT id FROM objects)",
+                [],
+            )
+            .map_err(Error::db("prune suspects"))?;
             tx.commit().map_err(Error::db("commit gc"))?;
         }
 

@@ -330,6 +330,7 @@ impl Store {
                 },
             )
             .map_err(Error::db("record objects"))?;
+            crate::repair::replace_suspects(&tx, &pending.rows)?;
         }
         let out = extra(&tx)?;
         tx.commit().map_err(Error::db("commit"))?;

@@ -39,7 +39,7 @@ pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
             Some(b) => diff::run(ctx, &a, &b, patch),
             None => workspace::diff(ctx, &a, patch),
         },
-        Command::Fsck => fsck::run(ctx),
+        Command::Fsck(args) => fsck::run(ctx, args),
         Command::Gc(args) => gc::run(ctx, args),
         Command::Stats => stats::run(ctx),
         Command::Create(args) => workspace::create(ctx, args),
