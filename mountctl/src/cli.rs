@@ -66,6 +66,8 @@ pub enum Command {
     Fsck(FsckArgs),
     /// Remove what no ref, snapshot chain or pin needs.
     Gc(GcArgs),
+    /// Rewrite small and mostly-dead packs into a few full ones (gc does this too).
+    Repack(RepackArgs),
     /// Logical and stored bytes, dedup and compression ratios.
     Stats,
     /// Create a workspace: a writable copy-on-write view of a snapshot.
@@ -322,6 +324,16 @@ pub struct FsckArgs {
     pub repair: bool,
     /// With --repair: wait for running imports instead of failing as busy.
     #[arg(long, requires = "repair")]
+    pub wait: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RepackArgs {
+    /// Say which packs would be rewritten, rewrite nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Wait for running imports instead of failing as busy.
+    #[arg(long)]
     pub wait: bool,
 }
 

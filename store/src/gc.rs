@@ -17,16 +17,15 @@ use crate::id::{ContentId, SnapshotId, TreeId};
 use crate::index::{self, ObjectKind};
 use crate::lock::StoreLock;
 use crate::pack::PackId;
+use crate::repack;
 use crate::snapshot::now_secs;
 use crate::store::{Store, committed_packs};
 use crate::tree::Kind;
-use crate::writer::{NewObject, PackWriter};
 
 /// Unreferenced snapshots younger than this survive gc (a runtime may be about to pin
 /// or name a snapshot it just imported).
 pub const DEFAULT_GC_GRACE_SECS: i64 = 3600;
-/// A pack whose live bytes fall under this fraction is rewritten.
-pub const REPACK_LIVE_FRACTION: f64 = 0.5;
+pub use crate::repack::REPACK_LIVE_FRACTION;
 
 /// How to collect.
 #[derive(Debug, Clone, Copy)]
@@ -214,30 +213,9 @@ impl Store {
         }
 
         // 3. What each pack holds.
-        let rows: Vec<([u8; 32], String, u64)> = self.with_reader(|c| {
-            let mut stmt = c
-                .prepare("SELECT id, pack, stored_len FROM objects")
-                .map_err(Error::db("list objects"))?;
-            let rows = stmt
-                .query_map([], |r| {
-                    Ok((
-                        r.get::<_, Vec<u8>>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, i64>(2)?,
-                    ))
-                })
-                .map_err(Error::db("list objects"))?
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(Error::db("list objects"))?;
-            Ok(rows
-                .into_iter()
-                .filter_map(|(id, p, n)| {
-                    Some((<[u8; 32]>::try_from(id.as_slice()).ok()?, p, n as u64))
-                })
-                .collect())
-        })?;
+        let rows = self.pack_rows()?;
         let packs = self.with_reader(committed_packs)?;
-        let mut live_bytes: HashMap<String, u64> = HashMap::new();
+        let mut live_bytes: HashMap<PackId, u64> = HashMap::new();
         let mut dead: Vec<[u8; 32]> = Vec::new();
         for (id, pack, n) in &rows {
             if live.contains(id) {
@@ -248,36 +226,16 @@ impl Store {
             }
         }
         report.objects_removed = dead.len() as u64;
-        let mut drop_packs: Vec<PackId> = Vec::new();
-        let mut rewrite: Vec<PackId> = Vec::new();
-        for (pack, size) in &packs {
-            let lb = live_bytes.get(pack.as_str()).copied().unwrap_or(0);
-            let gone = |action, why: String| PackGone {
-                pack: pack.to_string(),
-                action,
-                size: *size,
-                live_bytes: lb,
-                why,
-            };
-            if lb == 0 {
-                drop_packs.push(pack.clone());
-                report
-                    .packs
-                    .push(gone("remove", "none of its objects stays live".into()));
-            } else if (lb as f64) < (*size as f64) * REPACK_LIVE_FRACTION {
-                rewrite.push(pack.clone());
-                report.packs.push(gone(
-                    "rewrite",
-                    format!(
-                        "{}% of its bytes stay live (under {}%)",
-                        lb * 100 / (*size).max(1),
-                        (REPACK_LIVE_FRACTION * 100.0) as u32
-                    ),
-                ));
-            }
-        }
+        let (drop_plan, rewrite_plan) = repack::plan(&packs, &live_bytes);
+        let parse = |v: &[PackGone]| -> Vec<PackId> {
+            v.iter().filter_map(|g| PackId::parse(&g.pack)).collect()
+        };
+        let drop_packs = parse(&drop_plan);
+        let rewrite = parse(&rewrite_plan);
         report.packs_removed = drop_packs.len() as u64;
         report.packs_rewritten = rewrite.len() as u64;
+        report.packs.extend(drop_plan);
+        report.packs.extend(rewrite_plan);
         let committed: HashSet<&PackId> = packs.iter().map(|(p, _)| p).collect();
         let orphans: Vec<PackId> = self
             .backend
@@ -300,29 +258,19 @@ impl Store {
             return Ok(report);
         }
 
-        // 4. Copy the live objects of mostly-dead packs into a new pack (synced).
-        let rewrite_set: HashSet<&str> = rewrite.iter().map(|p| p.as_str()).collect();
-        let mut writer = PackWriter::new(self.backend.clone());
-        for (id, pack, _) in &rows {
-            if !rewrite_set.contains(pack.as_str()) || !live.contains(id) {
-                continue;
-            }
-            let loc = self
-                .locate(id)?
-                .ok_or_else(|| Error::not_found("object", hex::encode(id)))?;
-            let mut stored = vec![0u8; loc.stored_len as usize];
-            self.backend
-                .read_at(&loc.pack, loc.offset, &mut stored)
-                .map_err(Error::io("read pack", self.backend.location(&loc.pack)))?;
-            writer.add(NewObject {
-                id: *id,
-                kind: loc.kind,
-                codec: loc.codec,
-                raw_len: loc.raw_len,
-                stored,
-            })?;
-        }
-        let moved = writer.finish()?;
+        // 4. Copy the live objects of the packs to rewrite into new packs (verified,
+        // synced); a pack holding an object that does not verify is kept.
+        let rewrite_set: HashSet<&PackId> = rewrite.iter().collect();
+        let copied = self.copy_objects(
+            rows.iter()
+                .filter(|(id, pack, _)| rewrite_set.contains(pack) && live.contains(id))
+                .map(|(id, _, _)| *id),
+        )?;
+        let forget: Vec<PackId> = drop_packs
+            .iter()
+            .chain(rewrite.iter().filter(|p| !copied.damaged.contains(*p)))
+            .cloned()
+            .collect();
 
         // 5. One transaction: forget the dead, move the copied, drop emptied packs.
         {
@@ -332,21 +280,8 @@ impl Store {
                 tx.execute("DELETE FROM objects WHERE id = ?1", params![&id[..]])
                     .map_err(Error::db("delete object"))?;
             }
-            for (p, size) in &moved.packs {
-                tx.execute(
-                    "INSERT INTO packs (id, size, created_at) VALUES (?1, ?2, ?3)",
-                    params![p.as_str(), *size as i64, now_secs()],
-                )
-                .map_err(Error::db("record pack"))?;
-            }
-            for r in &moved.rows {
-                tx.execute(
-                    "UPDATE objects SET pack = ?2, offset = ?3 WHERE id = ?1",
-                    params![&r.id[..], r.pack.as_str(), r.offset as i64],
-                )
-                .map_err(Error::db("move object"))?;
-            }
-            for p in drop_packs.iter().chain(rewrite.iter()) {
+            repack::record_moves(&tx, &copied.pending)?;
+            for p in &forget {
                 tx.execute("DELETE FROM packs WHERE id = ?1", params![p.as_str()])
                     .map_err(Error::db("forget pack"))?;
             }
@@ -370,18 +305,8 @@ impl Store {
         }
 
         // 6. Only now delete files.
-        for p in drop_packs
-            .iter()
-            .chain(rewrite.iter())
-            .chain(orphans.iter())
-        {
-            self.backend
-                .remove(p)
-                .map_err(Error::io("remove pack", self.backend.location(p)))?;
-        }
-        self.backend
-            .sync_dir()
-            .map_err(Error::io("sync pack directory", self.layout.packs()))?;
+        let files: Vec<PackId> = forget.into_iter().chain(orphans).collect();
+        self.remove_pack_files(&files)?;
         report.blobs_removed = self.blob_cache().remove_unstored()?;
         Ok(report)
     }

@@ -39,6 +39,7 @@ pub mod layout;
 pub mod lock;
 pub mod pack;
 pub mod refs;
+pub mod repack;
 pub mod repair;
 pub mod snapshot;
 pub mod statcache;

@@ -106,7 +106,12 @@ fn import_killed_after(r: &TestRoot, tree: &Path, delay: Duration) -> Option<Str
 
 /// Exports `snap` and compares it with `expected`; removes the export.
 fn assert_exports_as(r: &TestRoot, snap: &str, expected: &BTreeMap<String, Node>) {
-    let out = r.path("export");
+    assert_exports_to(r, snap, expected, "export");
+}
+
+/// [`assert_exports_as`] through `<scratch>/NAME`.
+fn assert_exports_to(r: &TestRoot, snap: &str, expected: &BTreeMap<String, Node>, name: &str) {
+    let out = r.path(name);
     r.run(["export", snap, out.to_str().unwrap()]).ok();
     assert_same_listing(expected, &scan_tree(&out), &format!("snapshot {snap}"));
     std::fs::remove_dir_all(&out).unwrap();
@@ -296,6 +301,114 @@ fn gc_killed_at_any_point_leaves_a_consistent_store() {
         listed,
         kept.iter().map(|(s, _)| s.clone()).collect::<BTreeSet<_>>()
     );
+    for (snap, listing) in &kept {
+        assert_exports_as(&r, snap, listing);
+    }
+}
+
+/// Tiny imports per round of the repack crash test (each makes a pack of its own).
+const TINY_PER_ROUND: u32 = 24;
+
+/// `TINY_PER_ROUND` imports of a small tree changing one file each time, on ref
+/// `repack/main`: each snapshot with its listing.
+fn tiny_round(r: &TestRoot, round: u32) -> Vec<(String, BTreeMap<String, Node>)> {
+    let src = r.path("tiny");
+    write_file(&src.join("same.txt"), "in every snapshot\n");
+    (0..TINY_PER_ROUND)
+        .map(|i| {
+            write_file(&src.join("n.txt"), format!("round {round} import {i}\n"));
+            let v = r.import(&src, &["--ref", "repack/main"]);
+            (v["snapshot"].as_str().unwrap().to_owned(), scan_tree(&src))
+        })
+        .collect()
+}
+
+/// `mountctl --json ARGS...` as a child with no output kept.
+fn spawn_quiet(r: &TestRoot, args: &[&str]) -> std::process::Child {
+    Command::new(mountctl_bin())
+        .arg("--root")
+        .arg(r.root())
+        .arg("--json")
+        .args(args)
+        .env_remove("COWSPACE_ROOT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start mountctl")
+}
+
+#[test]
+fn repack_killed_at_any_point_beside_an_import_and_a_reader_leaves_a_consistent_store() {
+    const REPACK_KILL_POINTS: u32 = 8;
+    // How long a repack of one round's packs takes here.
+    let probe = TestRoot::new();
+    tiny_round(&probe, 0);
+    let t = Instant::now();
+    let v = probe.json(["repack"]).ok().json();
+    let full = t.elapsed();
+    assert_eq!(v["packs_after"], 1, "{v}");
+    drop(probe);
+
+    let r = TestRoot::new();
+    let big = r.path("big");
+    for i in 0..300 {
+        write_nth(&big, i, 0);
+    }
+    let mut kept: Vec<(String, BTreeMap<String, Node>)> = Vec::new();
+    for round in 0..REPACK_KILL_POINTS {
+        kept.extend(tiny_round(&r, round));
+        write_nth(&big, round as usize, u64::from(round) + 1);
+        let big_listing = scan_tree(&big);
+        let delay =
+            full.mul_f64(KILL_SPREAD * f64::from(round) / f64::from(REPACK_KILL_POINTS - 1));
+        let (oldest, oldest_listing) = kept[0].clone();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let when = format!("repack kill {round} after {delay:?} (full repack {full:?})");
+        std::thread::scope(|s| {
+            // A reader exporting the oldest snapshot over and over: never refused.
+            let reader = s.spawn(|| {
+                let mut n = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) || n == 0 {
+                    assert_exports_to(&r, &oldest, &oldest_listing, "export-reader");
+                    n += 1;
+                }
+                n
+            });
+            // An import beside it: waits for the repack's lock or runs before it.
+            let import = spawn_quiet(&r, &["import", big.to_str().unwrap(), "--ref", "big"]);
+            let mut repack = spawn_quiet(&r, &["repack", "--wait"]);
+            std::thread::sleep(delay);
+            let _ = repack.kill();
+            let status = repack.wait().expect("wait for repack");
+            let out = import.wait_with_output().expect("wait for import");
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            let reads = reader.join().expect("reader");
+            assert!(
+                out.status.success(),
+                "{when}: the import beside the repack failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            eprintln!("crash: {when}: {status:?}, {reads} exports read meanwhile");
+        });
+        fsck_clean(&r, &when);
+        let listed = r.snapshot_ids();
+        for (snap, _) in &kept {
+            assert!(listed.contains(snap), "{when}: {snap} lost");
+        }
+        let (newest, listing) = kept.last().unwrap();
+        assert_eq!(&r.refs()["repack/main"], newest, "{when}");
+        assert_exports_as(&r, newest, listing);
+        assert_exports_as(&r, &r.refs()["big"], &big_listing);
+    }
+    // A repack that runs to the end leaves few packs; gc then leaves no orphan; every
+    // snapshot exports as it was imported.
+    let before = r.pack_files().len();
+    let v = r.json(["repack"]).ok().json();
+    let after = v["packs_after"].as_u64().unwrap() as usize;
+    assert!(after < before, "{before} packs before, {v}");
+    r.json(["gc", "--grace", "3600"]).ok();
+    assert!(fsck_clean(&r, "the last repack and gc").is_empty());
     for (snap, listing) in &kept {
         assert_exports_as(&r, snap, listing);
     }
