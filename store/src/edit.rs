@@ -536,6 +536,7 @@ impl<'s> Editor<'s> {
             warnings: vec![],
             unchanged: false,
             pinned_by: w.pinned_by,
+            resumed: Default::default(),
         })
     }
 
@@ -603,6 +604,7 @@ impl<'s> Editor<'s> {
             warnings: vec![],
             unchanged: true,
             pinned_by: w.pinned_by,
+            resumed: Default::default(),
         })
     }
 }

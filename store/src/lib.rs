@@ -21,6 +21,7 @@
 //! See `docs/store-format.md` for the on-disk format and its invariants.
 #![deny(unsafe_code)]
 
+pub mod adopt;
 pub mod blobcache;
 pub mod browse;
 pub mod codec;

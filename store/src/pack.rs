@@ -87,11 +87,31 @@ impl Codec {
     }
 }
 
-/// A pack being written.
+/// A pack being written. Its writer holds it (see [`PackBackend::claim_orphan`]) from
+/// its creation until the sink and the [`PackHold`] it turns into are dropped.
 pub trait PackSink: Send {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()>;
     /// Makes everything written durable.
     fn sync(&mut self) -> io::Result<()>;
+    /// Ends the writing, keeping the hold (the writer keeps it until its commit ended).
+    fn into_hold(self: Box<Self>) -> Box<dyn PackHold> {
+        Box::new(NoHold)
+    }
+}
+
+/// The hold of a pack: while it lives, no other session adopts the pack.
+pub trait PackHold: Send {
+    /// Makes the pack's bytes durable (an adopter's, before the index names them).
+    fn sync(&self) -> io::Result<()>;
+}
+
+/// The hold of a backend that has none.
+struct NoHold;
+
+impl PackHold for NoHold {
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Where packs live. The store does all pack I/O through this seam, so tests can inject
@@ -107,6 +127,12 @@ pub trait PackBackend: Send + Sync {
     fn sync_dir(&self) -> io::Result<()>;
     /// A human-readable location, for messages.
     fn location(&self, pack: &PackId) -> String;
+    /// Takes the hold of a pack no writer holds any more (its writer ended without
+    /// committing it: killed), so its complete records can be adopted; `None` while a
+    /// writer holds it, or where the backend cannot tell (then nothing is adopted).
+    fn claim_orphan(&self, _pack: &PackId) -> io::Result<Option<Box<dyn PackHold>>> {
+        Ok(None)
+    }
 }
 
 /// Packs as files in one local directory, read with positioned reads.
@@ -180,14 +206,39 @@ impl PackSink for LocalSink {
         self.file.flush()?;
         self.file.get_ref().sync_all()
     }
+    fn into_hold(self: Box<Self>) -> Box<dyn PackHold> {
+        match self.file.into_inner() {
+            Ok(f) => Box::new(FileHold(f)),
+            // Unflushed bytes: the pack is not sealed, so nothing commits it; the lock
+            // goes with the file.
+            Err(e) => Box::new(FileHold(e.into_parts().1.into_parts().0)),
+        }
+    }
+}
+
+/// A pack file held by an exclusive `flock` on one of its descriptors.
+struct FileHold(File);
+
+impl PackHold for FileHold {
+    fn sync(&self) -> io::Result<()> {
+        self.0.sync_all()
+    }
 }
 
 impl PackBackend for LocalPacks {
     fn create(&self, pack: &PackId) -> io::Result<Box<dyn PackSink>> {
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(self.path(pack))?;
+        // Made under a name `list` does not show, locked, then renamed: a pack file
+        // appears only held by its writer, so no adopter takes one being written.
+        let new = self.dir.join(format!("{}.pack.new", pack.0));
+        let file = OpenOptions::new().write(true).create_new(true).open(&new)?;
+        file.try_lock().map_err(|e| match e {
+            fs::TryLockError::Error(e) => e,
+            fs::TryLockError::WouldBlock => io::Error::other("a new pack is locked"),
+        })?;
+        if let Err(e) = fs::rename(&new, self.path(pack)) {
+            let _ = fs::remove_file(&new);
+            return Err(e);
+        }
         Ok(Box::new(LocalSink {
             file: io::BufWriter::with_capacity(1 << 20, file),
             written: 0,
@@ -235,6 +286,19 @@ impl PackBackend for LocalPacks {
 
     fn location(&self, pack: &PackId) -> String {
         self.path(pack).display().to_string()
+    }
+
+    fn claim_orphan(&self, pack: &PackId) -> io::Result<Option<Box<dyn PackHold>>> {
+        let file = match File::open(self.path(pack)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        match file.try_lock() {
+            Ok(()) => Ok(Some(Box::new(FileHold(file)))),
+            Err(fs::TryLockError::WouldBlock) => Ok(None),
+            Err(fs::TryLockError::Error(e)) => Err(e),
+        }
     }
 }
 

@@ -120,6 +120,10 @@ pub struct ImportReport {
     /// ([`crate::Editor::pin_for`]): gc keeps it while that pin lasts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pinned_by: Option<String>,
+    /// Chunks an interrupted import had stored that this one took over (not
+    /// compressed again; see [`crate::adopt`]). Absent when none.
+    #[serde(skip_serializing_if = "crate::adopt::Adopted::is_none")]
+    pub resumed: crate::adopt::Adopted,
 }
 
 /// The shared tail of every import: trees, snapshot object, one commit.
@@ -135,6 +139,8 @@ pub(crate) struct Finish<'a> {
     pub opts: &'a ImportOptions,
     /// The fsmonitor token given to the tree's `.git/index`, if any.
     pub git_fsmonitor: Option<String>,
+    /// What this import took over from interrupted ones.
+    pub resumed: crate::adopt::Adopted,
 }
 
 impl Finish<'_> {
@@ -197,6 +203,7 @@ impl Finish<'_> {
             warnings: self.warnings,
             unchanged: false,
             pinned_by: None,
+            resumed: self.resumed,
         })
     }
 }

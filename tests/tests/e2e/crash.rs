@@ -413,3 +413,143 @@ fn repack_killed_at_any_point_beside_an_import_and_a_reader_leaves_a_consistent_
         assert_exports_as(&r, snap, listing);
     }
 }
+
+/// The chunk ids of the complete chunk records of a pack file (a killed writer's last
+/// record may be cut short).
+fn pack_chunks(pack: &Path) -> BTreeSet<String> {
+    /// kind, codec, pad, stored_len, raw_len, id (docs/store-format.md).
+    const HEADER: usize = 44;
+    let bytes = std::fs::read(pack).unwrap();
+    let mut out = BTreeSet::new();
+    let mut at = 8;
+    while at + HEADER <= bytes.len() {
+        let h = &bytes[at..at + HEADER];
+        let stored = u32::from_le_bytes(h[4..8].try_into().unwrap()) as usize;
+        if at + HEADER + stored > bytes.len() {
+            break;
+        }
+        if h[0] == 1 {
+            out.insert(h[12..44].iter().map(|b| format!("{b:02x}")).collect());
+        }
+        at += HEADER + stored;
+    }
+    out
+}
+
+/// How long an import of `tree` into a new root takes with the tree in the page cache
+/// (the second of two).
+fn warm_import_time(tree: &Path) -> Duration {
+    let mut took = Duration::ZERO;
+    for _ in 0..2 {
+        let probe = TestRoot::new();
+        let t = Instant::now();
+        probe.import(tree, &[]);
+        took = t.elapsed();
+    }
+    took
+}
+
+/// The pack files of a root, by path.
+fn pack_paths(r: &TestRoot) -> BTreeSet<std::path::PathBuf> {
+    r.pack_files()
+        .into_iter()
+        .map(|p| r.root().join("store/packs").join(p))
+        .collect()
+}
+
+#[test]
+fn an_import_killed_at_any_point_then_run_again_stores_no_chunk_twice() {
+    const RESUME_KILL_POINTS: u32 = 6;
+    let tree_root = TestRoot::new();
+    let tree = tree_root.path("tree");
+    make_tree(&tree);
+    let listing = scan_tree(&tree);
+    let full = warm_import_time(&tree);
+
+    let mut resumed_rounds = 0;
+    for round in 0..RESUME_KILL_POINTS {
+        let r = TestRoot::new();
+        // Spread over the import itself: most rounds are cut short.
+        let delay = full.mul_f64(f64::from(round + 1) / f64::from(RESUME_KILL_POINTS + 1));
+        let printed = import_killed_after(&r, &tree, delay);
+        let when = format!("import killed after {delay:?} (full import {full:?})");
+        fsck_clean(&r, &when);
+        let left = pack_paths(&r);
+        let left_chunks: BTreeSet<String> = left.iter().flat_map(|p| pack_chunks(p)).collect();
+
+        let v = r.import(&tree, &["--ref", REF]);
+        let again = v["snapshot"].as_str().unwrap().to_owned();
+        if printed.is_none() && !left_chunks.is_empty() {
+            resumed_rounds += 1;
+            assert!(
+                v["resumed"]["chunks"].as_u64().unwrap_or(0) > 0,
+                "{when}: the import again took over nothing: {v}"
+            );
+        }
+        // The packs the second import wrote hold no chunk the killed one had stored.
+        for p in pack_paths(&r).difference(&left) {
+            let twice: Vec<_> = pack_chunks(p).intersection(&left_chunks).cloned().collect();
+            assert!(twice.is_empty(), "{when}: stored twice: {twice:?}");
+        }
+        fsck_clean(&r, &when);
+        assert_exports_as(&r, &again, &listing);
+        // gc leaves no orphan and loses nothing the snapshot needs.
+        r.json(["gc", "--grace", "0"]).ok();
+        assert!(fsck_clean(&r, &format!("gc after {when}")).is_empty());
+        assert_exports_as(&r, &again, &listing);
+        eprintln!(
+            "crash: {when}: {} chunks left, {} taken over",
+            left_chunks.len(),
+            v["resumed"]["chunks"]
+        );
+    }
+    assert!(
+        resumed_rounds > 0,
+        "no round interrupted an import that had stored chunks"
+    );
+}
+
+#[test]
+fn an_interrupted_import_says_what_it_leaves() {
+    let r = TestRoot::new();
+    let tree = r.path("tree");
+    make_tree(&tree);
+    let full = warm_import_time(&tree);
+    // A signal before the handler is installed ends the process silently; one after the
+    // import ended finds nothing to interrupt: try points until one lands during it.
+    for fraction in [0.5, 0.3, 0.7, 0.2, 0.85] {
+        let child = Command::new(mountctl_bin())
+            .arg("--root")
+            .arg(r.root())
+            .arg("import")
+            .arg(&tree)
+            .args(["--ref", REF])
+            .env_remove("COWSPACE_ROOT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start mountctl import");
+        std::thread::sleep(full.mul_f64(fraction));
+        let _ = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.code() != Some(130) {
+            continue;
+        }
+        assert!(
+            stderr.contains("import interrupted") && stderr.contains("no snapshot was made"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("the next import"), "{stderr}");
+        assert!(
+            r.snapshot_ids().is_empty(),
+            "no snapshot after an interrupt"
+        );
+        fsck_clean(&r, "an interrupted import");
+        return;
+    }
+    panic!("no interrupt landed during an import");
+}
