@@ -94,6 +94,8 @@ pub struct GcReport {
     pub packs_removed: u64,
     pub packs_rewritten: u64,
     pub orphan_packs_removed: u64,
+    /// Files of packs whose writer was killed while it created them (`<id>.pack.new`).
+    pub unnamed_packs_removed: u64,
     pub blobs_removed: u64,
 }
 
@@ -307,6 +309,10 @@ impl Store {
         // 6. Only now delete files.
         let files: Vec<PackId> = forget.into_iter().chain(orphans).collect();
         self.remove_pack_files(&files)?;
+        report.unnamed_packs_removed = self
+            .backend
+            .remove_unnamed()
+            .map_err(Error::io("remove unnamed packs", self.layout.packs()))?;
         report.blobs_removed = self.blob_cache().remove_unstored()?;
         Ok(report)
     }

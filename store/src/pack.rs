@@ -133,6 +133,11 @@ pub trait PackBackend: Send + Sync {
     fn claim_orphan(&self, _pack: &PackId) -> io::Result<Option<Box<dyn PackHold>>> {
         Ok(None)
     }
+    /// Removes what writers killed while creating a pack left (before it had a name
+    /// [`PackBackend::list`] shows); called by gc, with no writer running. How many.
+    fn remove_unnamed(&self) -> io::Result<u64> {
+        Ok(0)
+    }
 }
 
 /// Packs as files in one local directory, read with positioned reads.
@@ -286,6 +291,27 @@ impl PackBackend for LocalPacks {
 
     fn location(&self, pack: &PackId) -> String {
         self.path(pack).display().to_string()
+    }
+
+    fn remove_unnamed(&self) -> io::Result<u64> {
+        let mut n = 0;
+        for e in fs::read_dir(&self.dir)? {
+            let e = e?;
+            let name = e.file_name();
+            let is_new = name
+                .to_string_lossy()
+                .strip_suffix(".pack.new")
+                .is_some_and(|stem| PackId::parse(stem).is_some());
+            // A live writer holds its new file until it is renamed.
+            if is_new
+                && let Ok(f) = File::open(e.path())
+                && f.try_lock().is_ok()
+            {
+                fs::remove_file(e.path())?;
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     fn claim_orphan(&self, pack: &PackId) -> io::Result<Option<Box<dyn PackHold>>> {

@@ -179,3 +179,22 @@ fn a_reader_whose_object_moved_after_its_lookup_reads_it_where_it_is_now() {
     assert_eq!(packs(&root), 1, "the repack ran");
     exports_intact(&reader, &snaps, tmp.path(), "after");
 }
+
+#[test]
+fn gc_removes_a_pack_file_its_writer_left_unnamed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let store = Store::init(&root, StoreConfig::default()).unwrap();
+    // What a writer killed between creating its new pack and naming it leaves.
+    let unnamed = root.join("store/packs/0123456789abcdef.pack.new");
+    fs::write(&unnamed, b"").unwrap();
+    let r = store.gc(GcOptions::default()).unwrap();
+    assert_eq!(r.unnamed_packs_removed, 1, "{r:?}");
+    assert!(!unnamed.exists());
+    // One a live writer holds (locked) stays.
+    let held = fs::File::create(&unnamed).unwrap();
+    held.lock().unwrap();
+    let r = store.gc(GcOptions::default()).unwrap();
+    assert_eq!(r.unnamed_packs_removed, 0, "{r:?}");
+    assert!(unnamed.exists());
+}
