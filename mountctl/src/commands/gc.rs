@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use cowspace_store::gc::{GcOptions, GcReport, age};
+use cowspace_store::gc::{GcOptions, GcReport};
 use serde_json::json;
 
 use crate::cli::GcArgs;
@@ -72,18 +72,16 @@ pub fn run(ctx: &Ctx, args: GcArgs) -> anyhow::Result<ExitCode> {
 
 /// One line per snapshot and pack a dry run would remove, with why.
 fn listing(report: &GcReport) -> String {
-    let now = cowspace_store::snapshot::now_secs();
     let mut out = String::new();
     for s in &report.snapshots {
-        let what = if s.message.is_empty() {
-            serde_json::to_string(&s.source).unwrap_or_default()
-        } else {
-            format!("{:?}", s.message)
+        let message = match s.message.is_empty() {
+            true => String::new(),
+            false => format!(", {:?}", s.message),
         };
         out.push_str(&format!(
-            "snapshot {} ({what}, made {} ago): {}\n",
+            "snapshot {} ({}{message}): {}\n",
             s.snapshot.short(),
-            age(now - s.created_at),
+            s.source,
             s.why
         ));
     }

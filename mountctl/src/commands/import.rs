@@ -108,11 +108,12 @@ pub fn run(ctx: &Ctx, args: ImportArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Exit status of an import stopped by SIGINT or SIGTERM (128 + SIGINT, as shells say).
-const INTERRUPTED_EXIT: i32 = 130;
+/// An import stopped by signal N exits with this plus N, as shells report it.
+const SIGNALLED_EXIT_BASE: i32 = 128;
 
 /// On SIGINT or SIGTERM: says what the import leaves (the packs it wrote so far, which
-/// no snapshot names) and exits. The store stays as it was before the import.
+/// no snapshot names) and exits with 128 + the signal. The store stays as it was
+/// before the import.
 fn on_interrupt(ctx: &Ctx) -> anyhow::Result<signal_hook::iterator::Handle> {
     use anyhow::Context;
     use signal_hook::consts::{SIGINT, SIGTERM};
@@ -121,9 +122,9 @@ fn on_interrupt(ctx: &Ctx) -> anyhow::Result<signal_hook::iterator::Handle> {
     let handle = signals.handle();
     let (root, json) = (ctx.root.clone(), ctx.json);
     std::thread::spawn(move || {
-        if signals.forever().next().is_none() {
+        let Some(signal) = signals.forever().next() else {
             return;
-        }
+        };
         let left = cowspace_store::Store::open(&root, Default::default())
             .and_then(|s| s.unrecorded_packs())
             .unwrap_or_default();
@@ -146,7 +147,7 @@ fn on_interrupt(ctx: &Ctx) -> anyhow::Result<signal_hook::iterator::Handle> {
                 })
             );
         }
-        std::process::exit(INTERRUPTED_EXIT);
+        std::process::exit(SIGNALLED_EXIT_BASE + signal);
     });
     Ok(handle)
 }
