@@ -232,18 +232,22 @@ impl PackHold for FileHold {
 
 impl PackBackend for LocalPacks {
     fn create(&self, pack: &PackId) -> io::Result<Box<dyn PackSink>> {
-        // Made under a name `list` does not show, locked, then renamed: a pack file
-        // appears only held by its writer, so no adopter takes one being written.
+        // Made under a name `list` does not show, locked, then given its name: a pack
+        // file appears only held by its writer, so no adopter takes one being written.
+        // The name is a new link (never a rename, which would replace a pack of the
+        // same name), then the first name goes.
         let new = self.dir.join(format!("{}.pack.new", pack.0));
         let file = OpenOptions::new().write(true).create_new(true).open(&new)?;
-        file.try_lock().map_err(|e| match e {
-            fs::TryLockError::Error(e) => e,
-            fs::TryLockError::WouldBlock => io::Error::other("a new pack is locked"),
-        })?;
-        if let Err(e) = fs::rename(&new, self.path(pack)) {
-            let _ = fs::remove_file(&new);
-            return Err(e);
-        }
+        let named = file
+            .try_lock()
+            .map_err(|e| match e {
+                fs::TryLockError::Error(e) => e,
+                fs::TryLockError::WouldBlock => io::Error::other("a new pack is locked"),
+            })
+            .and_then(|()| fs::hard_link(&new, self.path(pack)));
+        let unlinked = fs::remove_file(&new);
+        named?;
+        unlinked?;
         Ok(Box::new(LocalSink {
             file: io::BufWriter::with_capacity(1 << 20, file),
             written: 0,
