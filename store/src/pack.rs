@@ -169,6 +169,13 @@ impl LocalPacks {
         if open.len() >= MAX_OPEN_PACKS {
             open.clear();
         }
+        // A pack opened for the first time may be where a gc or repack of another
+        // process moved objects: the packs it deleted are let go, so their space is
+        // freed (an open descriptor keeps a deleted file's blocks).
+        open.retain(|_, f| {
+            use std::os::unix::fs::MetadataExt;
+            f.metadata().is_ok_and(|m| m.nlink() > 0)
+        });
         let f = std::sync::Arc::new(File::open(self.path(pack))?);
         open.insert(pack.clone(), f.clone());
         Ok(f)

@@ -198,3 +198,37 @@ fn gc_removes_a_pack_file_its_writer_left_unnamed() {
     assert_eq!(r.unnamed_packs_removed, 0, "{r:?}");
     assert!(unnamed.exists());
 }
+
+/// Pack files of `root` this process holds open that are deleted.
+fn deleted_packs_held(root: &Path) -> Vec<String> {
+    let packs = root.join("store/packs").display().to_string();
+    fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+        .map(|t| t.display().to_string())
+        .filter(|t| t.starts_with(&packs) && t.ends_with("(deleted)"))
+        .collect()
+}
+
+#[test]
+fn a_reader_lets_go_of_the_packs_a_repack_elsewhere_deleted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let store = Store::init(&root, StoreConfig::default()).unwrap();
+    let snaps = tiny_imports(&store, tmp.path());
+    drop(store);
+    let reader = Store::open(&root, StoreConfig::default()).unwrap();
+    // Every pack read once: the reader holds them all open.
+    exports_intact(&reader, &snaps, tmp.path(), "before");
+    Store::open(&root, StoreConfig::default())
+        .unwrap()
+        .repack(RepackOptions::default())
+        .unwrap();
+    assert!(
+        !deleted_packs_held(&root).is_empty(),
+        "the reader holds the old packs"
+    );
+    // Its next read opens the new pack and lets the deleted ones go.
+    exports_intact(&reader, &snaps[..1], tmp.path(), "after");
+    assert_eq!(deleted_packs_held(&root), Vec::<String>::new());
+}
