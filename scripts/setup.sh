@@ -4,7 +4,7 @@
 set -euo pipefail
 
 pkgs=(git tar zstd gzip xz-utils fuse3 fuse-overlayfs btrfs-progs xfsprogs bubblewrap
-      iproute2 iputils-ping kmod procps psmisc util-linux python3 gcc make pkg-config)
+      iproute2 iputils-ping kmod procps psmisc util-linux python3 gcc make pkg-config libssl-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

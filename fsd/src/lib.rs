@@ -16,6 +16,7 @@ pub mod fromgit;
 pub mod gitfsmonitor;
 pub mod materializer;
 pub mod mounts;
+pub mod native;
 pub mod placement;
 pub mod registry;
 mod retention;

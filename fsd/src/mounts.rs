@@ -90,7 +90,22 @@ pub fn mount_overlay(
     target: &Path,
     redirects: bool,
 ) -> Result<()> {
-    for p in [lower, upper, work] {
+    mount_overlay_with_data(lower, None, upper, work, target, redirects)
+}
+
+/// [`mount_overlay`] with a data-only lower layer `data` below `lower` (`lowerdir=L::D`,
+/// Linux 6.16+ without metacopy): `lower`'s regular files that carry an overlay
+/// redirect xattr read their bytes from the file of `data` it names (the native lower,
+/// [`crate::native`]).
+pub fn mount_overlay_with_data(
+    lower: &Path,
+    data: Option<&Path>,
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+    redirects: bool,
+) -> Result<()> {
+    for p in [lower, upper, work].into_iter().chain(data) {
         let s = p.as_os_str().to_string_lossy();
         if s.contains(',') || s.contains(':') || s.contains('\\') {
             return Err(Error::Invalid(format!(
@@ -112,9 +127,12 @@ pub fn mount_overlay(
     } else {
         "userxattr,redirect_dir=nofollow,index=off,metacopy=off"
     };
+    let lowers = match data {
+        Some(d) => format!("{}::{}", lower.display(), d.display()),
+        None => lower.display().to_string(),
+    };
     let opts = format!(
-        "lowerdir={},upperdir={},workdir={},{policy}",
-        lower.display(),
+        "lowerdir={lowers},upperdir={},workdir={},{policy}",
         upper.display(),
         work.display()
     );

@@ -397,6 +397,21 @@ impl Registry {
         Ok(out)
     }
 
+    /// How many live workspaces (neither removed nor failed) are of `snapshot` on the
+    /// lower kind `lower_kind`.
+    pub fn live_using(&self, snapshot: &str, lower_kind: &str) -> Result<u64> {
+        self.conn
+            .query_row(
+                "SELECT COUNT(*) FROM workspaces WHERE status NOT IN ('removed', 'failed')
+                 AND json_extract(record, '$.snapshot') = ?1
+                 AND json_extract(record, '$.lower_kind') = ?2",
+                rusqlite::params![snapshot, lower_kind],
+                |row| row.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+            .map_err(Error::reg("count workspaces of a snapshot"))
+    }
+
     /// Paths of the runtime root's workspaces directory, for sweeps.
     pub fn known_private_dirs(&self) -> Result<Vec<PathBuf>> {
         Ok(self

@@ -42,9 +42,10 @@ pub struct CreateOptions {
     pub name: Option<String>,
     /// `auto` (default), `overlay`, `fuse`, `btrfs`, `reflink` or `copy`.
     pub materializer: Option<String>,
-    /// For overlay: `view` (the daemon's lazy snapshot view; stable file identity, so
-    /// the first `git status` reads nothing), `checkout` (a shared directory of hard
-    /// links; no daemon needed) or `auto` (default: `view` where FUSE is usable).
+    /// For overlay: `native` (a metadata image of the snapshot over the blob cache as a
+    /// data-only layer: file bytes read by the kernel from the blobs, no daemon needed),
+    /// `view` (the daemon's lazy snapshot view), `checkout` (a shared directory of hard
+    /// links) or `auto` (default: [`auto_lower`]).
     pub lower: Option<String>,
     /// Where the workspace appears (must not exist). Default: under the runtime root.
     pub path: Option<PathBuf>,
@@ -181,16 +182,20 @@ impl Runtime {
             });
         }
         let lower_kind = match o.lower.as_deref().unwrap_or("auto") {
-            // The view keeps file identity stable (fast first `git status`) and reads
-            // lazily; it needs FUSE. Without it, the checkout works everywhere.
-            "auto" if Path::new("/dev/fuse").exists() && nix::unistd::geteuid().is_root() => {
-                "view".to_string()
+            "auto" => auto_lower(&self.store, kind).0.to_string(),
+            crate::native::LOWER_KIND if kind == MaterializerKind::Overlay => {
+                if let Err(why) = crate::native::probe(&self.store) {
+                    return Err(Error::Unsupported {
+                        name: "overlay --lower native".into(),
+                        why: format!("{why}; use --lower view or --lower checkout"),
+                    });
+                }
+                crate::native::LOWER_KIND.to_string()
             }
-            "auto" => "checkout".to_string(),
-            l @ ("view" | "checkout") => l.to_string(),
+            l @ ("view" | "checkout" | crate::native::LOWER_KIND) => l.to_string(),
             other => {
                 return Err(Error::Invalid(format!(
-                    "lower {other:?}: choose auto, view or checkout"
+                    "lower {other:?}: choose auto, native, view or checkout"
                 )));
             }
         };
@@ -226,6 +231,10 @@ impl Runtime {
         let (lower_kind, lower) = match mat.lower(&self.store, &snapshot, o.lower.as_deref())? {
             Some((k, p)) => (k.to_string(), p),
             None if lower_kind == "view" => (lower_kind, self.view_path(&snapshot)),
+            None if lower_kind == crate::native::LOWER_KIND => {
+                let meta = crate::native::meta_path(&self.store, &snapshot);
+                (lower_kind, meta)
+            }
             None => (lower_kind, checkout::checkout_path(&self.store, &snapshot)),
         };
         let t = now();
@@ -274,6 +283,10 @@ impl Runtime {
                         rec.lower.display()
                     )));
                 }
+            } else if lower_kind == crate::native::LOWER_KIND {
+                // Held until the overlay holds the image (see `release_native`).
+                let _shared = crate::native::ensure(&self.store, &snapshot)?;
+                return mat.mount(&rec);
             } else if lower_kind != materializer::fuse::LOWER_KIND {
                 checkout::ensure_checkout(&self.store, &snapshot)?;
             }
@@ -288,6 +301,7 @@ impl Runtime {
             let _ = self.store.unpin(&id);
             rec.diagnostics.push(format!("create failed: {e}"));
             let _ = self.reg().set_status(&mut rec, Status::Failed);
+            let _ = self.release_native(&rec);
             return Err(e);
         }
         rec.create_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -665,7 +679,28 @@ impl Runtime {
             });
         }
         self.store.unpin(&rec.id)?;
-        self.reg().set_status(rec, Status::Removed)
+        self.reg().set_status(rec, Status::Removed)?;
+        self.release_native(rec)
+    }
+
+    /// After the workspace `rec` went: the mount of its native lower's image goes too
+    /// once no live workspace uses it (the image stays for the next create, until `gc`).
+    /// Under the checkouts' lock held exclusively: a create holds it shared from before
+    /// its image is found mounted until its overlay holds the image.
+    fn release_native(&self, rec: &Record) -> Result<()> {
+        if rec.lower_kind != crate::native::LOWER_KIND {
+            return Ok(());
+        }
+        let _exclusive = checkout::lock(&self.store, true)?;
+        if self
+            .reg()
+            .live_using(&rec.snapshot, crate::native::LOWER_KIND)?
+            == 0
+            && crate::mounts::is_mounted(&rec.lower)?
+        {
+            crate::mounts::unmount_lazy(&rec.lower)?;
+        }
+        Ok(())
     }
 
     /// Called by a daemon that just mounted a new snapshot view: overlays still mounted on
@@ -757,6 +792,33 @@ impl Runtime {
         }
         let variants = self.store.blob_cache().remove_unlinked_variants()?;
         Ok((removed, variants))
+    }
+
+    /// Removes the native lowers (images and their mounts, `cache/native`) no live
+    /// workspace uses. Returns how many. Like [`Runtime::prune_checkouts`], the records
+    /// are listed under the checkouts' lock held exclusively.
+    pub fn prune_native(&self) -> Result<u64> {
+        let _exclusive = checkout::lock(&self.store, true)?;
+        let used: std::collections::HashSet<String> = self
+            .reg()
+            .list(false)?
+            .into_iter()
+            .filter(|r| r.lower_kind == crate::native::LOWER_KIND)
+            .map(|r| r.snapshot)
+            .collect();
+        crate::native::prune(&self.store, &used)
+    }
+
+    /// Evicts least recently used blob-cache entries down to `max_bytes`, never one a
+    /// native lower redirects to (a checkout's hard links keep theirs on their own).
+    /// Under the checkouts' lock held exclusively, so no image is being built meanwhile.
+    pub fn evict_blobs(&self, max_bytes: u64) -> Result<cowspace_store::blobcache::EvictReport> {
+        let _exclusive = checkout::lock(&self.store, true)?;
+        let held = crate::native::held_blobs(&self.store)?;
+        Ok(self
+            .store
+            .blob_cache()
+            .evict(max_bytes, &|id| held.contains(id))?)
     }
 
     /// Reconciles the registry with the mount table and the disk. A workspace still
@@ -900,9 +962,15 @@ impl Runtime {
         let snapshot: SnapshotId = rec.snapshot.parse()?;
         if rec.lower_kind == "view" {
             crate::daemon::ensure_running(self.store.root())?;
-        } else if rec.lower_kind != materializer::fuse::LOWER_KIND {
-            checkout::ensure_checkout(&self.store, &snapshot)?;
         }
+        let _shared = if rec.lower_kind == crate::native::LOWER_KIND {
+            Some(crate::native::ensure(&self.store, &snapshot)?)
+        } else {
+            if rec.lower_kind != "view" && rec.lower_kind != materializer::fuse::LOWER_KIND {
+                checkout::ensure_checkout(&self.store, &snapshot)?;
+            }
+            None
+        };
         // Overlay needs an empty work directory after an unclean stop.
         let work = rec.private_dir.join("work");
         checkout::remove_tree(&work);
@@ -911,6 +979,40 @@ impl Runtime {
         self.reg().set_status(&mut rec, Status::Active)?;
         Ok(rec)
     }
+}
+
+/// The lower `--lower auto` gives a workspace of materializer `kind`, and why: the
+/// native lower reads file bytes straight from the blob cache with no daemon in the path
+/// (it needs EROFS and data-only overlay layers, Linux 6.16+, and root); else the view
+/// keeps file identity stable and reads lazily (it needs FUSE); else the checkout.
+pub fn auto_lower(store: &Store, kind: MaterializerKind) -> (&'static str, String) {
+    let native = if kind == MaterializerKind::Overlay {
+        crate::native::probe(store)
+    } else {
+        Err(format!(
+            "the {} materializer makes its own tree",
+            kind.as_str()
+        ))
+    };
+    let native_why = match native {
+        Ok(()) => {
+            return (
+                crate::native::LOWER_KIND,
+                "this host mounts EROFS images with data-only overlay layers".into(),
+            );
+        }
+        Err(why) => why,
+    };
+    if Path::new("/dev/fuse").exists() && nix::unistd::geteuid().is_root() {
+        return (
+            "view",
+            format!("native lower unavailable ({native_why}); FUSE is usable"),
+        );
+    }
+    (
+        "checkout",
+        format!("native lower unavailable ({native_why}); no usable FUSE for the view"),
+    )
 }
 
 /// The recorded sandbox of `rec` if it still runs: the pid exists and is either a

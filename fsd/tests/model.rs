@@ -5,7 +5,7 @@
 //!
 //! Seeded: `COWSPACE_MODEL_SEED` (default fixed, so CI is reproducible) and
 //! `COWSPACE_MODEL_CASES` (default 24) for longer runs on demand; `COWSPACE_MODEL_KINDS`
-//! (comma-separated `materializer/lower`, default all four) to run some materializers.
+//! (comma-separated `materializer/lower`, default all five) to run some materializers.
 
 mod common;
 
@@ -393,6 +393,7 @@ fn random_operations_match_a_plain_directory() {
     let all = [
         ("overlay", "view"),
         ("overlay", "checkout"),
+        ("overlay", "native"),
         ("copy", "auto"),
         ("fuse", "auto"),
     ];

@@ -246,9 +246,11 @@ pub struct CreateArgs {
         value_name = "auto|overlay|fuse|btrfs|reflink|copy"
     )]
     pub materializer: String,
-    /// The overlay's lower layer: the daemon's snapshot view (stable file identity), a
-    /// shared checkout (no daemon), or auto (the view where FUSE is usable).
-    #[arg(long, default_value = "auto", value_name = "auto|view|checkout")]
+    /// The overlay's lower layer: native (a metadata image over the blob cache: file
+    /// bytes read by the kernel from the blobs, no daemon), the daemon's snapshot view
+    /// (lazy reads), a shared checkout, or auto (native where the host mounts it, else
+    /// the view where FUSE is usable, else the checkout; `mountctl doctor` says which).
+    #[arg(long, default_value = "auto", value_name = "auto|native|view|checkout")]
     pub lower: String,
     /// Where the workspace appears (must not exist).
     #[arg(long, value_name = "DIR")]

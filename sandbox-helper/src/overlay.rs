@@ -35,6 +35,9 @@ pub const WORK_PREFIX: &str = ".sandbox-work.";
 pub struct Layers {
     /// Lower layers, top first.
     pub lowers: Vec<PathBuf>,
+    /// Data-only lower layers below them (`lowerdir=L::D`: only the files redirected to
+    /// from a lower layer's metadata are read there; cowspace's native lower).
+    pub data: Vec<PathBuf>,
     /// The directory holding the upper layer (cloned read-write, idmapped).
     pub upper_parent: PathBuf,
     /// The upper layer's name in `upper_parent`.
@@ -157,22 +160,34 @@ fn parse(opts: &str, dir: &Path) -> Result<Layers> {
             "the overlay at {show} has redirects with userxattr, which overlayfs refuses"
         )));
     }
-    if lower.contains("::") || lower.contains("\\:") {
+    if lower.contains("\\:") {
         return Err(unsupported(format!(
-            "the overlay at {show} has data-only or escaped lower layers"
+            "the overlay at {show} has escaped lower layer paths"
         )));
     }
-    let lowers: Vec<PathBuf> = lower
+    let mut parts = lower.split("::");
+    let lowers: Vec<PathBuf> = parts
+        .next()
+        .unwrap_or_default()
         .split(':')
         .map(|l| PathBuf::from(unescape(l)))
         .collect();
-    if lowers.is_empty() || lowers.len() > MAX_LOWER_LAYERS {
+    let data: Vec<PathBuf> = parts.map(|l| PathBuf::from(unescape(l))).collect();
+    if data
+        .iter()
+        .any(|d| d.as_os_str().is_empty() || d.to_string_lossy().contains(':'))
+    {
+        return Err(unsupported(format!(
+            "the overlay at {show} has a lowerdir the helper cannot read ({lower:?})"
+        )));
+    }
+    if lowers.is_empty() || lowers.len() + data.len() > MAX_LOWER_LAYERS {
         return Err(unsupported(format!(
             "the overlay at {show} has {} lower layers (1 to {MAX_LOWER_LAYERS} supported)",
             lowers.len()
         )));
     }
-    for p in lowers.iter().chain([&upper, &work]) {
+    for p in lowers.iter().chain(&data).chain([&upper, &work]) {
         let s = p.to_string_lossy();
         if !p.is_absolute() || s.contains([',', ':', '\\']) {
             return Err(unsupported(format!(
@@ -185,6 +200,7 @@ fn parse(opts: &str, dir: &Path) -> Result<Layers> {
     };
     Ok(Layers {
         lowers,
+        data,
         upper_parent: upper_parent.to_path_buf(),
         upper_name: upper_name.to_os_string(),
         work_name: OsString::new(),
@@ -196,7 +212,7 @@ fn parse(opts: &str, dir: &Path) -> Result<Layers> {
 /// one-shot `--suspend-host-mount` design) cannot take: `trusted.overlay.*` xattrs need
 /// `CAP_SYS_ADMIN` in the initial namespace, and redirects need those.
 pub fn require_userns_mountable(layers: &Layers, dir: &Path) -> Result<()> {
-    if layers.trusted {
+    if layers.trusted || !layers.data.is_empty() {
         return Err(unsupported(format!(
             "the overlay at {} keeps its metadata in trusted.overlay.* xattrs (and may hold \
              directory redirects), which an overlay inside the sandbox's user namespace \
@@ -210,8 +226,20 @@ pub fn require_userns_mountable(layers: &Layers, dir: &Path) -> Result<()> {
 /// The overlay mount options for the sandbox's overlay of the layers: the host's
 /// xattr namespace and redirect policy (`trusted`: `trusted.overlay.*` and
 /// `redirect_dir=on`; else `userxattr,redirect_dir=nofollow`).
-pub fn mount_options(lowers: &[PathBuf], upper: &Path, work: &Path, trusted: bool) -> String {
-    let lowers: Vec<String> = lowers.iter().map(|l| l.display().to_string()).collect();
+pub fn mount_options(
+    lowers: &[PathBuf],
+    data: &[PathBuf],
+    upper: &Path,
+    work: &Path,
+    trusted: bool,
+) -> String {
+    let lowers: Vec<String> = lowers
+        .iter()
+        .map(|l| l.display().to_string())
+        .collect::<Vec<_>>()
+        .into_iter()
+        .chain(data.iter().map(|d| format!(":{}", d.display())))
+        .collect();
     let policy = if trusted {
         "redirect_dir=on,index=off,metacopy=off"
     } else {
@@ -277,8 +305,15 @@ mod tests {
         assert!(detect_in(&both, dir).is_err());
         let index = COWSPACE.replace("uuid=on", "index=on");
         assert!(detect_in(&index, Path::new("/r/ws/ws-1/mnt")).is_err());
-        let dataonly = COWSPACE.replace("lowerdir=/r/cache/checkouts/ab", "lowerdir=/a::/b");
-        assert!(detect_in(&dataonly, Path::new("/r/ws/ws-1/mnt")).is_err());
+        // Data-only layers (the native lower) are read for the shared mount, never for
+        // an overlay inside the user namespace.
+        let dataonly = trusted.replace("lowerdir=/r/cache/checkouts/ab", "lowerdir=/a::/b");
+        let l = detect_in(&dataonly, dir).unwrap().unwrap();
+        assert_eq!(l.lowers, vec![PathBuf::from("/a")]);
+        assert_eq!(l.data, vec![PathBuf::from("/b")]);
+        assert!(require_userns_mountable(&l, dir).is_err());
+        let opts = mount_options(&l.lowers, &l.data, Path::new("/u"), Path::new("/w"), true);
+        assert!(opts.starts_with("lowerdir=/a::/b,upperdir=/u,"), "{opts}");
     }
 
     #[test]

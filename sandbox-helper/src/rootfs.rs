@@ -523,6 +523,7 @@ fn plan_overlay(p: &mut Planner<'_>, layers: &crate::overlay::Layers) -> Vec<Ste
     let rw = hidden.join("rw");
     let options = crate::overlay::mount_options(
         &attached,
+        &[],
         &rw.join(&layers.upper_name),
         &rw.join(&layers.work_name),
         false,
@@ -832,6 +833,7 @@ mod tests {
         let mut spec = spec();
         spec.overlay = Some(crate::overlay::Layers {
             lowers: vec!["/r/cache/checkouts/ab".into()],
+            data: vec![],
             upper_parent: "/r/ws/ws-1".into(),
             upper_name: "upper".into(),
             work_name: ".sandbox-work.w1.7".into(),

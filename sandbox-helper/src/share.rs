@@ -154,8 +154,8 @@ pub fn share(
     scratch: &Path,
 ) -> Result<SharedMount> {
     let ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
-    let mut clones = Vec::with_capacity(layers.lowers.len() + 1);
-    for lower in &layers.lowers {
+    let mut clones = Vec::with_capacity(layers.lowers.len() + layers.data.len() + 1);
+    for lower in layers.lowers.iter().chain(&layers.data) {
         clones.push(idmapped_clone(lower, ro, userns)?);
     }
     clones.push(idmapped_clone(
@@ -172,6 +172,7 @@ pub fn share(
         attached: Vec::new(),
     };
     let mut lower_paths = Vec::new();
+    let mut data_paths = Vec::new();
     let n = clones.len();
     for (i, fd) in clones.iter().enumerate() {
         let at = if i + 1 == n {
@@ -188,13 +189,16 @@ pub fn share(
             source,
         })?;
         s.attached.push(at.clone());
-        if i + 1 < n {
+        if i < layers.lowers.len() {
             lower_paths.push(at);
+        } else if i + 1 < n {
+            data_paths.push(at);
         }
     }
     let rw = scratch.join("rw");
     let options = crate::overlay::mount_options(
         &lower_paths,
+        &data_paths,
         &rw.join(&layers.upper_name),
         &rw.join(work_name),
         layers.trusted,

@@ -75,6 +75,68 @@ impl BlobCache<'_> {
             self.touch(id, expected)?;
             return Ok(path);
         }
+        self.write_blob(id, &path)?;
+        self.touch(id, expected)?;
+        Ok(path)
+    }
+
+    /// [`BlobCache::ensure`] for many contents at once, given with their sizes: a blob of
+    /// the right size is taken as present (blobs appear by rename, whole); the missing
+    /// ones are written on `threads` threads; the use of all is recorded in one
+    /// transaction. For the preparation of a whole snapshot's blobs.
+    pub fn ensure_all(&self, items: &[(ContentId, u64)], threads: usize) -> Result<()> {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            let workers: Vec<_> = (0..threads.max(1))
+                .map(|_| {
+                    s.spawn(|| -> Result<()> {
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            let Some((id, size)) = items.get(i) else {
+                                return Ok(());
+                            };
+                            let path = self.path(id);
+                            if fs::metadata(&path).map(|m| m.len()).ok() != Some(*size) {
+                                self.write_blob(id, &path)?;
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for w in workers {
+                w.join()
+                    .unwrap_or_else(|_| Err(Error::Invalid("a blob writer panicked".into())))?;
+            }
+            Ok(())
+        })?;
+        let mut db = self.store.db();
+        db.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(Error::db("relax sync"))?;
+        let recorded = (|| {
+            let tx = db.transaction().map_err(Error::db("record blobs"))?;
+            {
+                let mut stmt = tx
+                    .prepare(
+                        "INSERT INTO blobcache (id, size, last_used) VALUES (?1, ?2, ?3)
+                         ON CONFLICT(id) DO UPDATE SET last_used = excluded.last_used",
+                    )
+                    .map_err(Error::db("record blobs"))?;
+                let now = now_secs();
+                for (id, size) in items {
+                    stmt.execute(params![&id.as_bytes()[..], *size as i64, now])
+                        .map_err(Error::db("record blobs"))?;
+                }
+            }
+            tx.commit().map_err(Error::db("record blobs"))
+        })();
+        db.pragma_update(None, "synchronous", "FULL")
+            .map_err(Error::db("restore sync"))?;
+        recorded
+    }
+
+    /// Writes the blob of `id` at `path` from the store (verified), by temporary file
+    /// and rename.
+    fn write_blob(&self, id: &ContentId, path: &std::path::Path) -> Result<()> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let parent = path.parent().expect("blob paths have a parent");
         fs::create_dir_all(parent).map_err(Error::io("create directory", parent))?;
@@ -95,14 +157,12 @@ impl BlobCache<'_> {
             drop(w);
             f.set_permissions(fs::Permissions::from_mode(0o444))
                 .map_err(Error::io("chmod blob", &tmp))?;
-            fs::rename(&tmp, &path).map_err(Error::io("rename blob into place", &path))
+            fs::rename(&tmp, path).map_err(Error::io("rename blob into place", path))
         })();
         if result.is_err() {
             let _ = fs::remove_file(&tmp);
         }
-        result?;
-        self.touch(id, expected)?;
-        Ok(path)
+        result
     }
 
     /// Records use of a blob (for eviction order). Written without waiting for a disk

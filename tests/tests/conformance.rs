@@ -3,7 +3,7 @@
 //! `tests/conformance-baseline.json`. See `docs/CONFORMANCE.md`.
 //!
 //! Targets: `reference-tmpdir` (a plain directory), `reference-overlay` (kernel overlayfs
-//! over plain directories), `overlay-view` and `overlay-checkout` (cowspace overlay
+//! over plain directories), `overlay-native`, `overlay-view` and `overlay-checkout` (cowspace overlay
 //! workspaces), and on loop filesystems made and removed here: `reference-btrfs`,
 //! `btrfs`, `reference-xfs`, `reflink`, `copy` (the last two on xfs with reflink=1).
 //! All of them run by default (about a minute); `COWSPACE_CONFORMANCE_ONLY=a,b` narrows
@@ -596,7 +596,7 @@ fn plain_targets(ctx: &mut Ctx) {
 }
 
 fn overlay_targets(ctx: &mut Ctx, src: &Path) {
-    let names = ["overlay-view", "overlay-checkout"];
+    let names = ["overlay-native", "overlay-view", "overlay-checkout"];
     if !ctx.wanted_any(&names) {
         return;
     }
@@ -610,7 +610,11 @@ fn overlay_targets(ctx: &mut Ctx, src: &Path) {
     let result = (|| -> Result<(), String> {
         let mut root = Root::init(ctx.scratch.join("root"), &ctx.scratch)?;
         root.import(src)?;
-        for (name, lower) in [("overlay-view", "view"), ("overlay-checkout", "checkout")] {
+        for (name, lower) in [
+            ("overlay-native", "native"),
+            ("overlay-view", "view"),
+            ("overlay-checkout", "checkout"),
+        ] {
             if ctx.wanted(name) {
                 let ws = root.create(&[
                     "--materializer",

@@ -134,6 +134,8 @@ impl MaterializeSection {
 }
 
 const IDS: &[&str] = &[
+    "cowspace-overlay-native",
+    "cowspace-overlay-native-socket",
     "cowspace-overlay-view",
     "cowspace-overlay-socket",
     "cowspace-overlay-checkout",
@@ -153,6 +155,11 @@ const IDS: &[&str] = &[
 
 fn label(id: &str) -> (&'static str, Role) {
     match id {
+        "cowspace-overlay-native" => ("cowspace overlay (native lower)", Role::Cowspace),
+        "cowspace-overlay-native-socket" => (
+            "cowspace overlay (native lower), through the control socket",
+            Role::Cowspace,
+        ),
         "cowspace-overlay-view" => ("cowspace overlay (view lower)", Role::Cowspace),
         "cowspace-overlay-socket" => (
             "cowspace overlay (view lower), through the control socket",
@@ -354,7 +361,9 @@ impl Section for MaterializeSection {
                 }
             };
             let m: Box<dyn Materializer> = match id {
-                "cowspace-overlay-view"
+                "cowspace-overlay-native"
+                | "cowspace-overlay-native-socket"
+                | "cowspace-overlay-view"
                 | "cowspace-overlay-socket"
                 | "cowspace-overlay-checkout"
                 | "cowspace-fuse"
@@ -382,6 +391,9 @@ impl Section for MaterializeSection {
                         }
                     };
                     let args: &'static [&'static str] = match id {
+                        "cowspace-overlay-native" | "cowspace-overlay-native-socket" => {
+                            &["--materializer", "overlay", "--lower", "native"]
+                        }
                         "cowspace-overlay-view" | "cowspace-overlay-socket" => {
                             &["--materializer", "overlay", "--lower", "view"]
                         }

@@ -92,6 +92,13 @@ impl Materializer for Overlay {
     }
 
     fn mount(&self, rec: &Record) -> Result<()> {
+        // The native lower's image is mounted once per snapshot (again after a reboot).
+        let data = if rec.lower_kind == crate::native::LOWER_KIND {
+            crate::native::ensure_mounted(&rec.lower)?;
+            Some(crate::native::data_layer(&rec.lower)?)
+        } else {
+            None
+        };
         let upper = Self::upper(rec);
         let first = !upper.exists();
         for d in [upper.clone(), Self::work(rec)] {
@@ -110,8 +117,9 @@ impl Materializer for Overlay {
             cowspace_store::export::set_xattrs(&upper, &xattrs)?;
         }
         fs::create_dir_all(&rec.path).map_err(Error::io("create directory", &rec.path))?;
-        mounts::mount_overlay(
+        mounts::mount_overlay_with_data(
             &rec.lower,
+            data.as_deref(),
             &Self::upper(rec),
             &Self::work(rec),
             &rec.path,

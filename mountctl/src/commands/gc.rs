@@ -12,12 +12,17 @@ pub fn run(ctx: &Ctx, args: GcArgs) -> anyhow::Result<ExitCode> {
     let store = ctx.open()?;
     let rt = ctx.runtime()?;
     // Checkouts nobody uses go first, so eviction sees their blobs as unlinked.
-    let (checkouts, variants, subvolumes, released) = if args.dry_run {
-        (0, 0, 0, 0)
+    let (checkouts, variants, subvolumes, native, released) = if args.dry_run {
+        (0, 0, 0, 0, 0)
     } else {
         let (checkouts, variants) = rt.prune_checkouts()?;
-        let subvolumes = rt.prune_subvolumes()?;
-        (checkouts, variants, subvolumes, rt.release_ended_pins()?)
+        (
+            checkouts,
+            variants,
+            rt.prune_subvolumes()?,
+            rt.prune_native()?,
+            rt.release_ended_pins()?,
+        )
     };
     // What live workspaces were made from or committed stays, pinned or not.
     let held = rt.held_snapshots()?;
@@ -32,12 +37,13 @@ pub fn run(ctx: &Ctx, args: GcArgs) -> anyhow::Result<ExitCode> {
     let evicted = if args.dry_run {
         Default::default()
     } else {
-        store.blob_cache().evict(args.blob_cache_max, &|_| false)?
+        rt.evict_blobs(args.blob_cache_max)?
     };
     let mut value = json!(report);
     value["checkouts_removed"] = json!(checkouts);
     value["blob_variants_removed"] = json!(variants);
     value["subvolumes_removed"] = json!(subvolumes);
+    value["native_lowers_removed"] = json!(native);
     value["ended_workspace_pins_released"] = json!(released);
     value["blob_cache"] = json!(evicted);
     ctx.emit(value, || {
@@ -58,7 +64,7 @@ pub fn run(ctx: &Ctx, args: GcArgs) -> anyhow::Result<ExitCode> {
         ));
         if !report.dry_run {
             text.push_str(&format!(
-                "\n{checkouts} unused checkouts, {subvolumes} btrfs base subvolumes and {variants} blob variants removed; blob cache: {} evicted ({}), {} kept as in use, {} now",
+                "\n{checkouts} unused checkouts, {native} native lowers, {subvolumes} btrfs base subvolumes and {variants} blob variants removed; blob cache: {} evicted ({}), {} kept as in use, {} now",
                 evicted.removed,
                 bytes(evicted.bytes_freed),
                 evicted.held_skipped,

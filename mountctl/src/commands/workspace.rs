@@ -210,6 +210,10 @@ pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         rows.push(json!({"materializer": kind.as_str(), "available": r.is_ok(), "why": r.err()}));
     }
     let auto = materializer::pick_auto(&store).map(|k| k.as_str()).ok();
+    // Which lower an overlay workspace gets, and why not the native one.
+    let native = cowspace_fsd::native::probe(&store);
+    let (lower, lower_why) = cowspace_fsd::runtime::auto_lower(&store, MaterializerKind::Overlay);
+    let lowers = json!({"auto": lower, "why": lower_why, "native": {"available": native.is_ok(), "why": native.err()}});
     // What imports of git checkouts will name as git's fsmonitor hook (docs/git.md).
     let hook = match cowspace_fsd::gitfsmonitor::git_reads_the_extension() {
         Ok(()) => match cowspace_fsd::gitfsmonitor::hook_command() {
@@ -226,7 +230,7 @@ pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .map(|(cause, fix)| json!({"materializer": "fuse", "cause": cause, "fix": fix}))
         .collect();
     ctx.emit(
-        json!({"materializers": rows, "auto": auto, "git_fsmonitor": hook, "hints": hints}),
+        json!({"materializers": rows, "auto": auto, "lower": lowers, "git_fsmonitor": hook, "hints": hints}),
         || {
             let mut s = String::new();
             for r in &rows {
@@ -244,6 +248,7 @@ pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
                 "auto picks: {}\n",
                 auto.unwrap_or("nothing (see above)")
             ));
+            s.push_str(&format!("overlay lower (auto): {lower}: {lower_why}\n"));
             s.push_str(&match hook["command"].as_str() {
                 Some(cmd) => format!(
                     "git in workspaces of imported checkouts asks the workspace what changed: {cmd}"

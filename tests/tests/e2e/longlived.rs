@@ -47,10 +47,11 @@ const PY: &str = "/usr/bin/python3";
 const WAIT: Duration = Duration::from_secs(120);
 
 /// The three materializers a long-lived sandbox works on, as `create` arguments.
-const MATERIALIZERS: [&[&str]; 3] = [
+const MATERIALIZERS: [&[&str]; 4] = [
     &["--lower", "view"],
     &["--lower", "checkout"],
     &["--materializer", "fuse"],
+    &["--lower", "native"],
 ];
 
 /// A runtime root with one snapshot (`t/main`: `a.txt`, `d/x`), and the source tree.
@@ -393,6 +394,12 @@ fn lifecycle(create: &[&str]) {
 
     r.remove("w1");
     r.assert_clean();
+}
+
+#[test]
+fn longlived_lifecycle_overlay_native() {
+    require_root!();
+    lifecycle(MATERIALIZERS[3]);
 }
 
 #[test]
@@ -801,6 +808,12 @@ fn host_view(create: &[&str]) {
 }
 
 #[test]
+fn longlived_host_view_overlay_native() {
+    require_root!();
+    host_view(MATERIALIZERS[3]);
+}
+
+#[test]
 fn longlived_host_view_overlay_view() {
     require_root!();
     host_view(MATERIALIZERS[0]);
@@ -932,6 +945,12 @@ fn keeper_killed(create: &[&str]) {
     assert_eq!(mount_list(&r), mounts_before);
     r.remove("k9");
     r.assert_clean();
+}
+
+#[test]
+fn longlived_keeper_kill9_during_exec_overlay_native() {
+    require_root!();
+    keeper_killed(MATERIALIZERS[3]);
 }
 
 #[test]

@@ -25,6 +25,7 @@ mod dirrename;
 mod faithful;
 mod gitfsmonitor;
 mod listings;
+mod native;
 mod properties;
 mod python_client;
 mod races;
