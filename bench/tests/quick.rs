@@ -126,6 +126,20 @@ fn quick_run_end_to_end() {
             eprintln!("NOTE: store import not measured: {why}");
         }
     }
+    // Twenty tiny imports, twenty packs; one after the repack.
+    let repack = method(&import, "store-repack");
+    if repack["status"] == "ok" {
+        let s = &repack["summary"];
+        assert_eq!(
+            s["repack_packs_before"]["median"].as_f64(),
+            Some(20.0),
+            "{s}"
+        );
+        assert_eq!(s["repack_packs_after"]["max"].as_f64(), Some(1.0), "{s}");
+        assert!(s["repack_s"]["median"].as_f64().unwrap() > 0.0);
+    } else {
+        assert_eq!(repack["status"], store["status"], "{repack}");
+    }
     let mat = methods(&run, "materialize");
     assert_eq!(method(&mat, "cp-a")["status"], "ok");
     // Where mountctl makes overlay or fuse workspaces, the control socket makes them too.

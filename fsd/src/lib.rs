@@ -19,6 +19,7 @@ pub mod mounts;
 pub mod native;
 pub mod placement;
 pub mod registry;
+mod retention;
 pub mod runtime;
 pub mod sandbox;
 #[allow(unsafe_code)]

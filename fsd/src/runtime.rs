@@ -475,6 +475,8 @@ impl Runtime {
         let mat = materializer::materializer(kind);
         let mut ed = self.store.edit(&base)?;
         ed.set_parents(vec![previous]);
+        // Pinned with the commit: gc keeps it while the workspace lives.
+        ed.pin_for(&rec.id);
         if !o.allow_empty {
             ed.unless_same_as(previous);
         }

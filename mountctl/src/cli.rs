@@ -61,10 +61,13 @@ pub enum Command {
         #[arg(long)]
         patch: bool,
     },
-    /// Verify every object and reference.
-    Fsck,
+    /// Verify every object and reference; say which snapshots, refs and paths need what
+    /// is damaged.
+    Fsck(FsckArgs),
     /// Remove what no ref, snapshot chain or pin needs.
     Gc(GcArgs),
+    /// Rewrite small and mostly-dead packs into a few full ones (gc does this too).
+    Repack(RepackArgs),
     /// Logical and stored bytes, dedup and compression ratios.
     Stats,
     /// Create a workspace: a writable copy-on-write view of a snapshot.
@@ -312,6 +315,28 @@ pub enum RefCommand {
         #[arg(long, value_name = "SNAP")]
         expect: String,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct FsckArgs {
+    /// Quarantine corrupt objects so that the next import of a source that still has
+    /// their bytes rewrites them (their stat-cache rows are dropped, so the files are
+    /// read again). Rewrites and deletes no object.
+    #[arg(long)]
+    pub repair: bool,
+    /// With --repair: wait for running imports instead of failing as busy.
+    #[arg(long, requires = "repair")]
+    pub wait: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct RepackArgs {
+    /// Say which packs would be rewritten, rewrite nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Wait for running imports instead of failing as busy.
+    #[arg(long)]
+    pub wait: bool,
 }
 
 #[derive(Debug, Args)]

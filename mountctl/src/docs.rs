@@ -46,7 +46,9 @@ pages: `mountctl man-pages DIR`; shell completions: `mountctl completions bash|z
 | 8 | `corrupt` | a chunk's content does not match its hash |\n\
 | 9 | `invalid_input` | bad path, unsafe tar entry, malformed id or name |\n\n\
 `exec` and `run` exit with the command's status instead (128 + N when it was killed by \
-signal N, 127 when it does not exist, 126 when it cannot be executed). With `--json`, a \
+signal N, 127 when it does not exist, 126 when it cannot be executed). An `import` stopped \
+by SIGINT or SIGTERM exits 128 + N after saying what it leaves (`--json`: error kind \
+`interrupted`). With `--json`, a \
 failure prints `{\"error\": {\"kind\": ..., \"message\": ..., \"hint\": ...}}` on stdout.\n";
 
 /// The Markdown reference.

@@ -92,6 +92,8 @@ pub struct Editor<'s> {
     /// Directories rebased on another base directory ([`Editor::rebase_dir`]):
     /// (origin, new path), for hard links whose primary moved with them.
     moved: Vec<(Vec<u8>, Vec<u8>)>,
+    /// [`Editor::pin_for`].
+    pin_holder: Option<String>,
 }
 
 /// Stat-cache rows: a path under a source root, its stamp, its content.
@@ -144,11 +146,19 @@ impl Store {
             git_fsmonitor: None,
             stat_cache: None,
             unless_same: None,
+            pin_holder: None,
         })
     }
 }
 
 impl<'s> Editor<'s> {
+    /// Pins the snapshot [`Editor::commit`] makes (or keeps) for `holder` (a workspace),
+    /// in the commit's own transaction: from the moment its id is reported, gc keeps it
+    /// until `holder`'s pins are dropped ([`Store::unpin`]).
+    pub fn pin_for(&mut self, holder: &str) {
+        self.pin_holder = Some(holder.to_string());
+    }
+
     /// The fsmonitor token the new snapshot's `.git/index` carries, vouched for by the
     /// caller (see [`Snapshot::git_fsmonitor`]).
     pub fn set_git_fsmonitor(&mut self, token: Option<String>) {
@@ -525,6 +535,8 @@ impl<'s> Editor<'s> {
             elapsed_ms: w.elapsed_ms,
             warnings: vec![],
             unchanged: false,
+            pinned_by: w.pinned_by,
+            resumed: Default::default(),
         })
     }
 
@@ -535,14 +547,19 @@ impl<'s> Editor<'s> {
         id: &SnapshotId,
         ref_name: Option<(&str, Expect)>,
     ) -> Result<Written> {
+        let pinned_by = self.pin_holder.clone();
         let pending = self.ingest.finish()?;
         let objects_written = pending.rows.len() as u64;
         let new_bytes_stored = pending.stored_bytes();
         let new_bytes_raw = pending.rows.iter().map(|r| u64::from(r.raw_len)).sum();
         let stat_cache = self.stat_cache.take();
+        let pin_holder = self.pin_holder.take();
         self.store.commit(pending, |tx| {
             if let Some((name, expect)) = ref_name {
                 refs::compare_and_swap(tx, name, expect, id)?;
+            }
+            if let Some(holder) = &pin_holder {
+                crate::gc::pin_in(tx, id, holder)?;
             }
             if let Some((root, rows)) = &stat_cache {
                 crate::statcache::apply(tx, root, rows, &[])?;
@@ -550,6 +567,7 @@ impl<'s> Editor<'s> {
             Ok(())
         })?;
         Ok(Written {
+            pinned_by,
             objects_written,
             new_bytes_stored,
             new_bytes_raw,
@@ -585,12 +603,15 @@ impl<'s> Editor<'s> {
             elapsed_ms: w.elapsed_ms,
             warnings: vec![],
             unchanged: true,
+            pinned_by: w.pinned_by,
+            resumed: Default::default(),
         })
     }
 }
 
 /// What [`Editor::write_pending`] wrote.
 struct Written {
+    pinned_by: Option<String>,
     objects_written: u64,
     new_bytes_stored: u64,
     new_bytes_raw: u64,

@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 
-use rusqlite::params;
 use serde::Serialize;
 
 use crate::codec::Manifest;
@@ -36,6 +35,11 @@ pub struct FsckReport {
     pub missing: Vec<Problem>,
     /// Pack files that no committed transaction names (left by a crash; gc removes them).
     pub orphan_packs: Vec<String>,
+    /// Where each corrupt or missing object is needed (snapshots, refs, paths) and how
+    /// it comes back.
+    pub damage: Vec<crate::repair::Damage>,
+    /// Objects quarantined by a repair and not yet rewritten by an import.
+    pub suspects: Vec<String>,
 }
 
 impl FsckReport {
@@ -189,12 +193,17 @@ impl Store {
                 if bad.contains(&chunk.to_hex()) {
                     ok = false;
                 } else if !has(chunk.as_bytes(), &[ObjectKind::Chunk]) {
-                    report.missing.push(problem(
-                        "chunk",
-                        chunk,
-                        format!("named by manifest {cid}"),
+                    // Either the chunk's row is gone or the manifest's bytes are wrong
+                    // (a flipped byte in a chunk id decodes fine): the manifest cannot
+                    // give its content, and a re-import rewrites both once it is
+                    // quarantined.
+                    report.corrupt.push(problem(
+                        "manifest",
+                        cid,
+                        format!("names chunk {chunk}, which is not stored"),
                     ));
                     ok = false;
+                    break;
                 }
             }
             if ok && let Err(e) = self.write_content(cid, &mut std::io::sink()) {
@@ -249,27 +258,17 @@ impl Store {
                     .push(problem("snapshot", sid, format!("named by ref {name}")));
             }
         }
-        let pins: Vec<(Vec<u8>, String)> = self.with_reader(|c| {
-            let mut stmt = c
-                .prepare("SELECT snapshot, holder FROM pins")
-                .map_err(Error::db("list pins"))?;
-            let rows = stmt
-                .query_map(params![], |r| Ok((r.get(0)?, r.get(1)?)))
-                .map_err(Error::db("list pins"))?
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(Error::db("list pins"))?;
-            Ok(rows)
-        })?;
-        for (sid, holder) in pins {
-            if let Ok(id) = <[u8; 32]>::try_from(sid.as_slice())
-                && !has(&id, &[ObjectKind::Snapshot])
-            {
-                report.missing.push(problem(
-                    "snapshot",
-                    hex::encode(id),
-                    format!("pinned by {holder}"),
-                ));
+        for (sid, holder) in self.pins()? {
+            if !has(sid.as_bytes(), &[ObjectKind::Snapshot]) {
+                report
+                    .missing
+                    .push(problem("snapshot", sid, format!("pinned by {holder}")));
             }
+        }
+        report.suspects = self.suspects()?.iter().map(hex::encode).collect();
+        report.suspects.sort();
+        if !report.is_clean() {
+            report.damage = self.locate_damage(&report)?;
         }
         Ok(report)
     }

@@ -17,16 +17,15 @@ use crate::id::{ContentId, SnapshotId, TreeId};
 use crate::index::{self, ObjectKind};
 use crate::lock::StoreLock;
 use crate::pack::PackId;
+use crate::repack;
 use crate::snapshot::now_secs;
 use crate::store::{Store, committed_packs};
 use crate::tree::Kind;
-use crate::writer::{NewObject, PackWriter};
 
 /// Unreferenced snapshots younger than this survive gc (a runtime may be about to pin
 /// or name a snapshot it just imported).
 pub const DEFAULT_GC_GRACE_SECS: i64 = 3600;
-/// A pack whose live bytes fall under this fraction is rewritten.
-pub const REPACK_LIVE_FRACTION: f64 = 0.5;
+pub use crate::repack::REPACK_LIVE_FRACTION;
 
 /// How to collect.
 #[derive(Debug, Clone, Copy)]
@@ -48,16 +47,55 @@ impl Default for GcOptions {
     }
 }
 
+/// A snapshot a workspace holds though no pin names it (recorded by a version that
+/// pinned only a workspace's base): gc keeps it and what it needs, as it keeps pins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub snapshot: SnapshotId,
+    /// Who holds it (a workspace id).
+    pub holder: String,
+}
+
+/// A snapshot gc removes (or would remove), and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotGone {
+    pub snapshot: SnapshotId,
+    pub created_at: i64,
+    pub source: crate::snapshot::Source,
+    pub message: String,
+    pub why: String,
+}
+
+/// A pack gc removes or rewrites (or would), and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct PackGone {
+    pub pack: String,
+    /// `remove` (no live object), `rewrite` (its live objects copied to a new pack) or
+    /// `remove_orphan` (no committed transaction names it).
+    pub action: &'static str,
+    /// Bytes of the pack file (committed bytes for a committed pack).
+    pub size: u64,
+    /// Stored bytes of its objects that stay live (moved when it is rewritten).
+    pub live_bytes: u64,
+    pub why: String,
+}
+
 /// What gc removed (or would remove, in a dry run).
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct GcReport {
     pub dry_run: bool,
     pub snapshots_removed: Vec<SnapshotId>,
+    /// Each removed snapshot with what it was and why it goes.
+    pub snapshots: Vec<SnapshotGone>,
+    /// Each removed or rewritten pack with why.
+    pub packs: Vec<PackGone>,
     pub objects_removed: u64,
     pub bytes_freed: u64,
     pub packs_removed: u64,
     pub packs_rewritten: u64,
     pub orphan_packs_removed: u64,
+    /// Files of packs whose writer was killed while it created them (`<id>.pack.new`).
+    pub unnamed_packs_removed: u64,
     pub blobs_removed: u64,
 }
 
@@ -73,6 +111,25 @@ impl Store {
             "INSERT OR IGNORE INTO pins (snapshot, holder, created_at) VALUES (?1, ?2, ?3)",
             params![&snapshot.as_bytes()[..], holder, now_secs()],
         )
+    }
+
+    /// Every pin: (snapshot, holder).
+    pub fn pins(&self) -> Result<Vec<(SnapshotId, String)>> {
+        self.with_reader(|c| {
+            let mut stmt = c
+                .prepare("SELECT snapshot, holder FROM pins ORDER BY holder, created_at")
+                .map_err(Error::db("list pins"))?;
+            let rows = stmt
+                .query_map([], |r| {
+                    Ok((r.get::<_, Vec<u8>>(0)?, r.get::<_, String>(1)?))
+                })
+                .map_err(Error::db("list pins"))?
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(Error::db("list pins"))?;
+            rows.into_iter()
+                .map(|(s, h)| Ok((SnapshotId::from_slice(&s)?, h)))
+                .collect()
+        })
     }
 
     /// Removes every pin of `holder` (same durability as [`Store::pin`]).
@@ -101,6 +158,11 @@ impl Store {
 
     /// Collects garbage.
     pub fn gc(&self, opts: GcOptions) -> Result<GcReport> {
+        self.gc_holding(opts, &[])
+    }
+
+    /// Collects garbage, keeping `held` (and what it needs) as if pinned.
+    pub fn gc_holding(&self, opts: GcOptions, held: &[Held]) -> Result<GcReport> {
         let _lock = StoreLock::exclusive(self, opts.wait)?;
         let mut report = GcReport {
             dry_run: opts.dry_run,
@@ -113,6 +175,7 @@ impl Store {
             all.iter().map(|(id, s)| (*id, s)).collect();
         let mut roots: Vec<SnapshotId> = self.refs()?.into_iter().map(|(_, s)| s).collect();
         roots.extend(self.pinned()?);
+        roots.extend(held.iter().map(|h| h.snapshot));
         let cutoff = now_secs() - opts.grace_secs;
         roots.extend(
             all.iter()
@@ -136,37 +199,25 @@ impl Store {
             live.insert(*id.as_bytes());
             self.mark_tree(&s.root, &mut live, &mut seen_trees)?;
         }
-        report.snapshots_removed = all
-            .iter()
-            .map(|(id, _)| *id)
-            .filter(|id| !live_snaps.contains(id))
-            .collect();
+        for (id, s) in all.iter().filter(|(id, _)| !live_snaps.contains(id)) {
+            report.snapshots_removed.push(*id);
+            report.snapshots.push(SnapshotGone {
+                snapshot: *id,
+                created_at: s.created_at,
+                source: s.source.clone(),
+                message: s.message.clone(),
+                why: format!(
+                    "no ref, pin or workspace leads to it, and it was made {} ago (grace {})",
+                    age(now_secs() - s.created_at),
+                    age(opts.grace_secs)
+                ),
+            });
+        }
 
         // 3. What each pack holds.
-        let rows: Vec<([u8; 32], String, u64)> = self.with_reader(|c| {
-            let mut stmt = c
-                .prepare("SELECT id, pack, stored_len FROM objects")
-                .map_err(Error::db("list objects"))?;
-            let rows = stmt
-                .query_map([], |r| {
-                    Ok((
-                        r.get::<_, Vec<u8>>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, i64>(2)?,
-                    ))
-                })
-                .map_err(Error::db("list objects"))?
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(Error::db("list objects"))?;
-            Ok(rows
-                .into_iter()
-                .filter_map(|(id, p, n)| {
-                    Some((<[u8; 32]>::try_from(id.as_slice()).ok()?, p, n as u64))
-                })
-                .collect())
-        })?;
+        let rows = self.pack_rows()?;
         let packs = self.with_reader(committed_packs)?;
-        let mut live_bytes: HashMap<String, u64> = HashMap::new();
+        let mut live_bytes: HashMap<PackId, u64> = HashMap::new();
         let mut dead: Vec<[u8; 32]> = Vec::new();
         for (id, pack, n) in &rows {
             if live.contains(id) {
@@ -177,18 +228,16 @@ impl Store {
             }
         }
         report.objects_removed = dead.len() as u64;
-        let mut drop_packs: Vec<PackId> = Vec::new();
-        let mut rewrite: Vec<PackId> = Vec::new();
-        for (pack, size) in &packs {
-            let lb = live_bytes.get(pack.as_str()).copied().unwrap_or(0);
-            if lb == 0 {
-                drop_packs.push(pack.clone());
-            } else if (lb as f64) < (*size as f64) * REPACK_LIVE_FRACTION {
-                rewrite.push(pack.clone());
-            }
-        }
+        let (drop_plan, rewrite_plan) = repack::plan(&packs, &live_bytes);
+        let parse = |v: &[PackGone]| -> Vec<PackId> {
+            v.iter().filter_map(|g| PackId::parse(&g.pack)).collect()
+        };
+        let drop_packs = parse(&drop_plan);
+        let rewrite = parse(&rewrite_plan);
         report.packs_removed = drop_packs.len() as u64;
         report.packs_rewritten = rewrite.len() as u64;
+        report.packs.extend(drop_plan);
+        report.packs.extend(rewrite_plan);
         let committed: HashSet<&PackId> = packs.iter().map(|(p, _)| p).collect();
         let orphans: Vec<PackId> = self
             .backend
@@ -198,33 +247,32 @@ impl Store {
             .filter(|p| !committed.contains(p))
             .collect();
         report.orphan_packs_removed = orphans.len() as u64;
+        for p in &orphans {
+            report.packs.push(PackGone {
+                pack: p.to_string(),
+                action: "remove_orphan",
+                size: self.backend.len(p).unwrap_or(0),
+                live_bytes: 0,
+                why: "no committed transaction names it (left by an interrupted write)".into(),
+            });
+        }
         if opts.dry_run {
             return Ok(report);
         }
 
-        // 4. Copy the live objects of mostly-dead packs into a new pack (synced).
-        let rewrite_set: HashSet<&str> = rewrite.iter().map(|p| p.as_str()).collect();
-        let mut writer = PackWriter::new(self.backend.clone());
-        for (id, pack, _) in &rows {
-            if !rewrite_set.contains(pack.as_str()) || !live.contains(id) {
-                continue;
-            }
-            let loc = self
-                .locate(id)?
-                .ok_or_else(|| Error::not_found("object", hex::encode(id)))?;
-            let mut stored = vec![0u8; loc.stored_len as usize];
-            self.backend
-                .read_at(&loc.pack, loc.offset, &mut stored)
-                .map_err(Error::io("read pack", self.backend.location(&loc.pack)))?;
-            writer.add(NewObject {
-                id: *id,
-                kind: loc.kind,
-                codec: loc.codec,
-                raw_len: loc.raw_len,
-                stored,
-            })?;
-        }
-        let moved = writer.finish()?;
+        // 4. Copy the live objects of the packs to rewrite into new packs (verified,
+        // synced); a pack holding an object that does not verify is kept.
+        let rewrite_set: HashSet<&PackId> = rewrite.iter().collect();
+        let copied = self.copy_objects(
+            rows.iter()
+                .filter(|(id, pack, _)| rewrite_set.contains(pack) && live.contains(id))
+                .map(|(id, _, _)| *id),
+        )?;
+        let forget: Vec<PackId> = drop_packs
+            .iter()
+            .chain(rewrite.iter().filter(|p| !copied.damaged.contains(*p)))
+            .cloned()
+            .collect();
 
         // 5. One transaction: forget the dead, move the copied, drop emptied packs.
         {
@@ -234,21 +282,8 @@ impl Store {
                 tx.execute("DELETE FROM objects WHERE id = ?1", params![&id[..]])
                     .map_err(Error::db("delete object"))?;
             }
-            for (p, size) in &moved.packs {
-                tx.execute(
-                    "INSERT INTO packs (id, size, created_at) VALUES (?1, ?2, ?3)",
-                    params![p.as_str(), *size as i64, now_secs()],
-                )
-                .map_err(Error::db("record pack"))?;
-            }
-            for r in &moved.rows {
-                tx.execute(
-                    "UPDATE objects SET pack = ?2, offset = ?3 WHERE id = ?1",
-                    params![&r.id[..], r.pack.as_str(), r.offset as i64],
-                )
-                .map_err(Error::db("move object"))?;
-            }
-            for p in drop_packs.iter().chain(rewrite.iter()) {
+            repack::record_moves(&tx, &copied.pending)?;
+            for p in &forget {
                 tx.execute("DELETE FROM packs WHERE id = ?1", params![p.as_str()])
                     .map_err(Error::db("forget pack"))?;
             }
@@ -263,26 +298,26 @@ impl Store {
                 [],
             )
             .map_err(Error::db("prune git blob ids"))?;
+            tx.execute(
+                "DELETE FROM suspects WHERE id NOT IN (SELECT id FROM objects)",
+                [],
+            )
+            .map_err(Error::db("prune suspects"))?;
             tx.commit().map_err(Error::db("commit gc"))?;
         }
 
         // 6. Only now delete files.
-        for p in drop_packs
-            .iter()
-            .chain(rewrite.iter())
-            .chain(orphans.iter())
-        {
-            self.backend
-                .remove(p)
-                .map_err(Error::io("remove pack", self.backend.location(p)))?;
-        }
-        self.backend
-            .sync_dir()
-            .map_err(Error::io("sync pack directory", self.layout.packs()))?;
+        let files: Vec<PackId> = forget.into_iter().chain(orphans).collect();
+        self.remove_pack_files(&files)?;
+        report.unnamed_packs_removed = self
+            .backend
+            .remove_unnamed()
+            .map_err(Error::io("remove unnamed packs", self.layout.packs()))?;
         report.blobs_removed = self.blob_cache().remove_unstored()?;
         Ok(report)
     }
 
+    /// The pins' snapshots.
     fn pinned(&self) -> Result<Vec<SnapshotId>> {
         self.with_reader(|c| {
             let mut stmt = c
@@ -330,5 +365,30 @@ impl Store {
             }
         }
         Ok(())
+    }
+}
+
+/// Pins `snapshot` for `holder` inside a transaction (a commit's own).
+pub(crate) fn pin_in(
+    tx: &rusqlite::Transaction<'_>,
+    snapshot: &SnapshotId,
+    holder: &str,
+) -> Result<()> {
+    tx.execute(
+        "INSERT OR IGNORE INTO pins (snapshot, holder, created_at) VALUES (?1, ?2, ?3)",
+        params![&snapshot.as_bytes()[..], holder, now_secs()],
+    )
+    .map_err(Error::db("pin snapshot"))?;
+    Ok(())
+}
+
+/// A duration in seconds for people: `45 s`, `12 min`, `3 h`, `2 d`.
+pub fn age(secs: i64) -> String {
+    let s = secs.max(0);
+    match s {
+        0..120 => format!("{s} s"),
+        120..7_200 => format!("{} min", s / 60),
+        7_200..172_800 => format!("{} h", s / 3_600),
+        _ => format!("{} d", s / 86_400),
     }
 }

@@ -118,6 +118,12 @@ CREATE TABLE IF NOT EXISTS gitlinks (
     oid BLOB PRIMARY KEY,
     target BLOB NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS suspects (
+    id BLOB PRIMARY KEY,
+    kind TEXT NOT NULL,
+    why TEXT NOT NULL,
+    found_at INTEGER NOT NULL
+) WITHOUT ROWID;
 ";
 
 /// How long [`enable_wal`] keeps retrying a journal-mode switch another connection blocks.

@@ -109,6 +109,9 @@ struct Obj {
 
 /// Objects claimed by this session (so two workers never both compress one chunk).
 type Claimed = Arc<Mutex<HashSet<[u8; 32]>>>;
+/// Objects quarantined by `fsck --repair`: stored, but not to be trusted (see
+/// [`crate::repair`]); a session writes them again from its own bytes.
+type Suspects = Arc<HashSet<[u8; 32]>>;
 
 struct Ctx {
     /// `None` when the index was empty at the start of the session.
@@ -117,6 +120,7 @@ struct Ctx {
     lookups: usize,
     compressor: zstd::bulk::Compressor<'static>,
     claimed: Claimed,
+    suspects: Suspects,
     /// Where chunks of large files are offered to the other workers.
     offload: Sender<Vec<Obj>>,
     writer: Sender<Vec<NewObject>>,
@@ -137,6 +141,7 @@ impl Ctx {
         store: &Store,
         check_index: bool,
         claimed: Claimed,
+        suspects: Suspects,
         offload: Sender<Vec<Obj>>,
         writer: Sender<Vec<NewObject>>,
     ) -> Result<Ctx> {
@@ -155,6 +160,7 @@ impl Ctx {
             lookups: 0,
             compressor,
             claimed,
+            suspects,
             offload,
             writer,
             out: Vec::new(),
@@ -167,6 +173,9 @@ impl Ctx {
         let Some(conn) = &self.conn else {
             return Ok(false);
         };
+        if self.suspects.contains(id) {
+            return Ok(false);
+        }
         if self.lookups == 0 {
             conn.execute_batch("BEGIN")
                 .map_err(Error::db("begin index lookups"))?;
@@ -458,6 +467,10 @@ impl<'s> Ingest<'s> {
         let (out_tx, out_rx) = bounded::<Vec<NewObject>>(MAX_QUEUED_WRITER_BATCHES);
         let claimed: Claimed = Arc::default();
         let check_index = store.with_reader(index::has_objects)?;
+        let suspects: Suspects = Arc::new(match check_index {
+            true => store.suspects()?,
+            false => HashSet::new(),
+        });
 
         let backend = store.backend.clone();
         let writer = std::thread::Builder::new()
@@ -488,6 +501,7 @@ impl<'s> Ingest<'s> {
                 store,
                 check_index,
                 claimed.clone(),
+                suspects.clone(),
                 obj_tx.clone(),
                 out_tx.clone(),
             )?;

@@ -21,6 +21,7 @@
 //! See `docs/store-format.md` for the on-disk format and its invariants.
 #![deny(unsafe_code)]
 
+pub mod adopt;
 pub mod blobcache;
 pub mod browse;
 pub mod codec;
@@ -39,6 +40,8 @@ pub mod layout;
 pub mod lock;
 pub mod pack;
 pub mod refs;
+pub mod repack;
+pub mod repair;
 pub mod snapshot;
 pub mod statcache;
 mod store;

@@ -87,11 +87,31 @@ impl Codec {
     }
 }
 
-/// A pack being written.
+/// A pack being written. Its writer holds it (see [`PackBackend::claim_orphan`]) from
+/// its creation until the sink and the [`PackHold`] it turns into are dropped.
 pub trait PackSink: Send {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()>;
     /// Makes everything written durable.
     fn sync(&mut self) -> io::Result<()>;
+    /// Ends the writing, keeping the hold (the writer keeps it until its commit ended).
+    fn into_hold(self: Box<Self>) -> Box<dyn PackHold> {
+        Box::new(NoHold)
+    }
+}
+
+/// The hold of a pack: while it lives, no other session adopts the pack.
+pub trait PackHold: Send {
+    /// Makes the pack's bytes durable (an adopter's, before the index names them).
+    fn sync(&self) -> io::Result<()>;
+}
+
+/// The hold of a backend that has none.
+struct NoHold;
+
+impl PackHold for NoHold {
+    fn sync(&self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Where packs live. The store does all pack I/O through this seam, so tests can inject
@@ -107,6 +127,17 @@ pub trait PackBackend: Send + Sync {
     fn sync_dir(&self) -> io::Result<()>;
     /// A human-readable location, for messages.
     fn location(&self, pack: &PackId) -> String;
+    /// Takes the hold of a pack no writer holds any more (its writer ended without
+    /// committing it: killed), so its complete records can be adopted; `None` while a
+    /// writer holds it, or where the backend cannot tell (then nothing is adopted).
+    fn claim_orphan(&self, _pack: &PackId) -> io::Result<Option<Box<dyn PackHold>>> {
+        Ok(None)
+    }
+    /// Removes what writers killed while creating a pack left (before it had a name
+    /// [`PackBackend::list`] shows); called by gc, with no writer running. How many.
+    fn remove_unnamed(&self) -> io::Result<u64> {
+        Ok(0)
+    }
 }
 
 /// Packs as files in one local directory, read with positioned reads.
@@ -138,6 +169,13 @@ impl LocalPacks {
         if open.len() >= MAX_OPEN_PACKS {
             open.clear();
         }
+        // A pack opened for the first time may be where a gc or repack of another
+        // process moved objects: the packs it deleted are let go, so their space is
+        // freed (an open descriptor keeps a deleted file's blocks).
+        open.retain(|_, f| {
+            use std::os::unix::fs::MetadataExt;
+            f.metadata().is_ok_and(|m| m.nlink() > 0)
+        });
         let f = std::sync::Arc::new(File::open(self.path(pack))?);
         open.insert(pack.clone(), f.clone());
         Ok(f)
@@ -180,14 +218,43 @@ impl PackSink for LocalSink {
         self.file.flush()?;
         self.file.get_ref().sync_all()
     }
+    fn into_hold(self: Box<Self>) -> Box<dyn PackHold> {
+        match self.file.into_inner() {
+            Ok(f) => Box::new(FileHold(f)),
+            // Unflushed bytes: the pack is not sealed, so nothing commits it; the lock
+            // goes with the file.
+            Err(e) => Box::new(FileHold(e.into_parts().1.into_parts().0)),
+        }
+    }
+}
+
+/// A pack file held by an exclusive `flock` on one of its descriptors.
+struct FileHold(File);
+
+impl PackHold for FileHold {
+    fn sync(&self) -> io::Result<()> {
+        self.0.sync_all()
+    }
 }
 
 impl PackBackend for LocalPacks {
     fn create(&self, pack: &PackId) -> io::Result<Box<dyn PackSink>> {
-        let file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(self.path(pack))?;
+        // Made under a name `list` does not show, locked, then given its name: a pack
+        // file appears only held by its writer, so no adopter takes one being written.
+        // The name is a new link (never a rename, which would replace a pack of the
+        // same name), then the first name goes.
+        let new = self.dir.join(format!("{}.pack.new", pack.0));
+        let file = OpenOptions::new().write(true).create_new(true).open(&new)?;
+        let named = file
+            .try_lock()
+            .map_err(|e| match e {
+                fs::TryLockError::Error(e) => e,
+                fs::TryLockError::WouldBlock => io::Error::other("a new pack is locked"),
+            })
+            .and_then(|()| fs::hard_link(&new, self.path(pack)));
+        let unlinked = fs::remove_file(&new);
+        named?;
+        unlinked?;
         Ok(Box::new(LocalSink {
             file: io::BufWriter::with_capacity(1 << 20, file),
             written: 0,
@@ -235,6 +302,40 @@ impl PackBackend for LocalPacks {
 
     fn location(&self, pack: &PackId) -> String {
         self.path(pack).display().to_string()
+    }
+
+    fn remove_unnamed(&self) -> io::Result<u64> {
+        let mut n = 0;
+        for e in fs::read_dir(&self.dir)? {
+            let e = e?;
+            let name = e.file_name();
+            let is_new = name
+                .to_string_lossy()
+                .strip_suffix(".pack.new")
+                .is_some_and(|stem| PackId::parse(stem).is_some());
+            // A live writer holds its new file until it is renamed.
+            if is_new
+                && let Ok(f) = File::open(e.path())
+                && f.try_lock().is_ok()
+            {
+                fs::remove_file(e.path())?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    fn claim_orphan(&self, pack: &PackId) -> io::Result<Option<Box<dyn PackHold>>> {
+        let file = match File::open(self.path(pack)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        match file.try_lock() {
+            Ok(()) => Ok(Some(Box::new(FileHold(file)))),
+            Err(fs::TryLockError::WouldBlock) => Ok(None),
+            Err(fs::TryLockError::Error(e)) => Err(e),
+        }
     }
 }
 

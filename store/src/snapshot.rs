@@ -30,6 +30,17 @@ pub enum Source {
     Workspace { id: String },
 }
 
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Dir { path } => write!(f, "directory {path}"),
+            Source::Git { repo, rev, .. } => write!(f, "git {repo} {rev}"),
+            Source::Tar { path, .. } => write!(f, "tar {path}"),
+            Source::Workspace { id } => write!(f, "commit of workspace {id}"),
+        }
+    }
+}
+
 /// The exclusion policy an import used (recorded so a snapshot explains itself).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 pub struct Policy {

@@ -208,6 +208,29 @@ impl Store {
         codec::decompress(loc.codec, stored, loc.raw_len as usize, &hexid)
     }
 
+    /// Reads an object where `loc` (just looked up) says it is. When its pack is gone, a
+    /// gc or repack moved the object and deleted the pack after the lookup: it is looked
+    /// up once more and read where it is now.
+    fn read_indexed(&self, id: &[u8; 32], loc: Location) -> Result<(Location, Vec<u8>)> {
+        match self.read_located(id, &loc) {
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                let again = self.locate(id)?;
+                match again {
+                    Some(now) if now != loc => {
+                        let data = self.read_located(id, &now)?;
+                        Ok((now, data))
+                    }
+                    _ => Err(Error::Io {
+                        step: "read pack",
+                        path: PathBuf::from(self.backend.location(&loc.pack)),
+                        source,
+                    }),
+                }
+            }
+            r => r.map(|d| (loc, d)),
+        }
+    }
+
     /// Reads an object of the expected kind and verifies it against its id.
     pub(crate) fn read_object(&self, id: &[u8; 32], kind: ObjectKind) -> Result<Vec<u8>> {
         let hexid = hex::encode(id);
@@ -217,7 +240,7 @@ impl Store {
         if loc.kind != kind {
             return Err(Error::not_found(kind.as_str(), hexid));
         }
-        let data = self.read_located(id, &loc)?;
+        let (_, data) = self.read_indexed(id, loc)?;
         verify(kind, id, &data)?;
         Ok(data)
     }
@@ -242,7 +265,7 @@ impl Store {
         match loc.kind {
             ObjectKind::Chunk => Ok(vec![(ChunkId::from_bytes(*id.as_bytes()), loc.raw_len)]),
             ObjectKind::Manifest => {
-                let bytes = self.read_located(id.as_bytes(), &loc)?;
+                let (_, bytes) = self.read_indexed(id.as_bytes(), loc)?;
                 Ok(Manifest::decode(id, &bytes)?.chunks)
             }
             _ => Err(Error::not_found("content", id.to_hex())),
@@ -330,6 +353,7 @@ impl Store {
                 },
             )
             .map_err(Error::db("record objects"))?;
+            crate::repair::replace_suspects(&tx, &pending.rows)?;
         }
         let out = extra(&tx)?;
         tx.commit().map_err(Error::db("commit"))?;

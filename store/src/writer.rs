@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::index::ObjectKind;
 use crate::pack::{
-    Codec, MAX_PACK_BYTES, PACK_MAGIC, PackBackend, PackId, PackSink, record_header,
+    Codec, MAX_PACK_BYTES, PACK_MAGIC, PackBackend, PackHold, PackId, PackSink, record_header,
 };
 
 /// An object written in this session, to be recorded in the index.
@@ -34,6 +34,18 @@ pub(crate) struct Row {
 pub(crate) struct Pending {
     pub packs: Vec<(PackId, u64)>,
     pub rows: Vec<Row>,
+    /// The packs' holds, kept until the commit ended (dropped with this).
+    pub holds: Holds,
+}
+
+/// Holds of a session's packs ([`PackHold`]).
+#[derive(Default)]
+pub(crate) struct Holds(pub Vec<Box<dyn PackHold>>);
+
+impl std::fmt::Debug for Holds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} pack holds", self.0.len())
+    }
 }
 
 impl Pending {
@@ -139,6 +151,7 @@ impl PackWriter {
         if let Some(mut p) = self.current.take() {
             p.sink.sync().map_err(self.io_err("sync pack", &p.id))?;
             self.pending.packs.push((p.id, p.len));
+            self.pending.holds.0.push(p.sink.into_hold());
         }
         Ok(())
     }

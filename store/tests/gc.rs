@@ -114,3 +114,70 @@ fn gc_refuses_while_an_import_holds_the_store() {
     drop(held);
     store.gc(GcOptions::default()).unwrap();
 }
+
+/// gc with no grace. It waits for the store lock: a child process another test of this
+/// binary starts (`git`) holds a copy of every descriptor between its fork and its exec.
+const NOW: GcOptions = GcOptions {
+    dry_run: false,
+    grace_secs: 0,
+    wait: true,
+};
+
+#[test]
+fn an_edit_pinned_for_a_holder_survives_gc_until_the_holder_unpins() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
+    let src = tmp.path().join("src");
+    tree(&src, "s", 5);
+    let base = store
+        .import_dir(&src, &ImportOptions::new())
+        .unwrap()
+        .snapshot;
+    let extra = tmp.path().join("extra.txt");
+    fs::write(&extra, "added by an edit\n").unwrap();
+    let mut ed = store.edit(&base).unwrap();
+    ed.put_file(b"extra.txt", extra, 0o644, vec![], None)
+        .unwrap();
+    ed.pin_for("ws-7");
+    let r = ed
+        .commit(
+            "edit",
+            cowspace_store::snapshot::Source::Workspace { id: "ws-7".into() },
+            None,
+        )
+        .unwrap();
+    assert_eq!(r.pinned_by.as_deref(), Some("ws-7"));
+    assert!(store.pins().unwrap().contains(&(r.snapshot, "ws-7".into())));
+
+    // The edit (pinned) and its parent, the base (its chain), stay.
+    let g = store.gc(NOW).unwrap();
+    assert!(g.snapshots_removed.is_empty(), "{g:?}");
+    store.unpin("ws-7").unwrap();
+    let g = store
+        .gc(GcOptions {
+            dry_run: true,
+            ..NOW
+        })
+        .unwrap();
+    assert_eq!(g.snapshots_removed.len(), 2, "{g:?}");
+    assert!(g.snapshots.iter().all(|s| s.why.contains("grace")), "{g:?}");
+    assert!(g.packs.iter().all(|p| p.action == "remove"), "{g:?}");
+    assert!(!g.packs.is_empty());
+
+    // Held (as the registry says a workspace holds it), it stays without a pin.
+    let held = [cowspace_store::gc::Held {
+        snapshot: r.snapshot,
+        holder: "ws-7".into(),
+    }];
+    assert!(
+        store
+            .gc_holding(NOW, &held)
+            .unwrap()
+            .snapshots_removed
+            .is_empty()
+    );
+    let g = store.gc(NOW).unwrap();
+    assert_eq!(g.snapshots_removed.len(), 2, "{g:?}");
+    assert!(store.snapshot(&r.snapshot).is_err());
+    assert!(store.fsck().unwrap().is_clean());
+}

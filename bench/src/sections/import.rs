@@ -41,6 +41,11 @@ const STORE: &str = "store";
 const TAR_ZSTD: &str = "tar-zstd";
 const GIT: &str = "git-commit";
 const STORE_GIT: &str = "store-git";
+const STORE_REPACK: &str = "store-repack";
+/// Tiny imports before the repack of `store-repack` (as in a store fed by many small
+/// captures), and in `--quick` runs.
+const TINY_IMPORTS: usize = 2_000;
+const QUICK_TINY_IMPORTS: usize = 20;
 
 fn info(id: &'static str) -> MethodInfo {
     match id {
@@ -55,6 +60,16 @@ fn info(id: &'static str) -> MethodInfo {
             label: "cowspace store from git (mountctl import --git)".into(),
             role: Role::Cowspace,
             command: "git init/add -A -f/commit of TREE into a fresh repository (not timed); mountctl --root ROOT --json init; mountctl --root ROOT --json import REPO --git HEAD --ref bench (×3: cold, the same commit again, a commit of 100 changed files)".into(),
+        },
+        STORE_REPACK => MethodInfo {
+            id,
+            label: "cowspace store: repack of many tiny imports (mountctl repack)".into(),
+            role: Role::Cowspace,
+            command: format!(
+                "mountctl --root ROOT --json init; {TINY_IMPORTS} × (write 3 bytes to a one-file \
+                 tree; mountctl --root ROOT --json import DIR --ref tiny; not timed); \
+                 mountctl --root ROOT --json repack ({QUICK_TINY_IMPORTS} imports with --quick)"
+            ),
         },
         TAR_ZSTD => MethodInfo {
             id,
@@ -155,11 +170,36 @@ impl Section for ImportSection {
                 "bytes",
                 Better::Lower,
             ),
+            metric("repack_s", "repack of the tiny imports", "s", Better::Lower),
+            metric(
+                "repack_packs_before",
+                "packs before the repack",
+                "packs",
+                Better::Lower,
+            ),
+            metric(
+                "repack_packs_after",
+                "packs after the repack",
+                "packs",
+                Better::Lower,
+            ),
+            metric(
+                "repack_disk_before",
+                "disk used by packs before the repack",
+                "bytes",
+                Better::Lower,
+            ),
+            metric(
+                "repack_disk_after",
+                "disk used by packs after the repack",
+                "bytes",
+                Better::Lower,
+            ),
         ]
     }
 
     fn method_ids(&self) -> Vec<&'static str> {
-        vec![STORE, STORE_GIT, TAR_ZSTD, GIT]
+        vec![STORE, STORE_GIT, STORE_REPACK, TAR_ZSTD, GIT]
     }
 
     fn prepare(&mut self, ctx: &Ctx, selected: &dyn Fn(&str) -> bool) -> Result<Vec<Prepared>> {
@@ -205,6 +245,9 @@ impl Section for ImportSection {
                     tree: tree.clone(),
                     files: self.files.clone(),
                 }),
+                STORE_REPACK => Box::new(StoreRepack {
+                    mountctl: ctx.mountctl.clone().expect("availability checked"),
+                }),
                 STORE_GIT => Box::new(StoreGitImport {
                     mountctl: ctx.mountctl.clone().expect("availability checked"),
                     tree: tree.clone(),
@@ -232,7 +275,7 @@ impl Section for ImportSection {
 
 fn availability(id: &str, ctx: &Ctx) -> std::result::Result<(), String> {
     match id {
-        STORE => {
+        STORE | STORE_REPACK => {
             let m = ctx.mountctl.as_ref().map_err(Clone::clone)?;
             probe_store(m, ctx.scratch)
         }
@@ -647,6 +690,74 @@ impl Method for GitCommit {
             ("stored_ratio", stored as f64 / logical.max(1) as f64),
             ("disk_bytes", disk as f64),
             ("changed_added_bytes", added as f64),
+        ])
+    }
+}
+
+/// Many tiny imports, then `mountctl repack`: how many packs and how much disk before
+/// and after, and how long the repack takes.
+struct StoreRepack {
+    mountctl: Mountctl,
+}
+
+impl Method for StoreRepack {
+    fn info(&self) -> MethodInfo {
+        info(STORE_REPACK)
+    }
+
+    fn slow(&self) -> bool {
+        true
+    }
+
+    fn run_once(&mut self, ctx: &Ctx, round: usize) -> Result<Sample> {
+        let dir = DirGuard::create(ctx.scratch_path(&format!("repack-r{round}")))?;
+        let root = dir.path().join("root");
+        let tiny = dir.path().join("tiny");
+        std::fs::create_dir_all(&tiny)?;
+        self.mountctl.json(&root, &[OsStr::new("init")])?;
+        let n = if ctx.quick {
+            QUICK_TINY_IMPORTS
+        } else {
+            TINY_IMPORTS
+        };
+        for i in 0..n {
+            crate::cancel::check()?;
+            // 3 bytes of content, different each time.
+            std::fs::write(tiny.join("n"), format!("{:03}", i % 1000))?;
+            let args = [
+                OsStr::new("import"),
+                tiny.as_os_str(),
+                OsStr::new("--ref"),
+                OsStr::new("tiny"),
+            ];
+            self.mountctl.json(&root, &args)?;
+        }
+        let packs = root.join("store/packs");
+        let count = || -> Result<u64> {
+            Ok(std::fs::read_dir(&packs)?
+                .filter(|e| {
+                    e.as_ref()
+                        .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "pack"))
+                })
+                .count() as u64)
+        };
+        let (before, disk_before) = (count()?, walk::disk_added(&packs)?);
+        ctx.before_step()?;
+        let (report, t) = timed(|| self.mountctl.json(&root, &[OsStr::new("repack")]))?;
+        let after = count()?;
+        anyhow::ensure!(
+            field_u64(&report, "packs_after") == Some(after),
+            "repack reported {report}, {after} pack files are there"
+        );
+        let disk_after = walk::disk_added(&packs)?;
+        self.mountctl.json(&root, &[OsStr::new("fsck")])?;
+        dir.remove()?;
+        Ok(vec![
+            ("repack_s", t.wall_s()),
+            ("repack_packs_before", before as f64),
+            ("repack_packs_after", after as f64),
+            ("repack_disk_before", disk_before as f64),
+            ("repack_disk_after", disk_after as f64),
         ])
     }
 }

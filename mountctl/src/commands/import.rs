@@ -54,6 +54,7 @@ pub fn run(ctx: &Ctx, args: ImportArgs) -> anyhow::Result<ExitCode> {
             )),
         }
     }
+    let interrupted = on_interrupt(ctx)?;
     let source = &args.source;
     let report = if let Some(rev) = &args.git {
         store.import_git(source, rev, &opts)
@@ -62,6 +63,7 @@ pub fn run(ctx: &Ctx, args: ImportArgs) -> anyhow::Result<ExitCode> {
     } else {
         store.import_dir(source, &opts)
     };
+    interrupted.close();
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
@@ -89,6 +91,13 @@ pub fn run(ctx: &Ctx, args: ImportArgs) -> anyhow::Result<ExitCode> {
                 report.elapsed_ms,
                 if report.excluded > 0 { format!("; {} paths excluded", report.excluded) } else { String::new() }
             );
+            if !report.resumed.is_none() {
+                eprintln!(
+                    "took over {} chunks ({}) an interrupted import had stored",
+                    report.resumed.chunks,
+                    bytes(report.resumed.bytes)
+                );
+            }
             if let Some(r) = &report.ref_name {
                 eprintln!("ref {r} -> {}", report.snapshot.short());
             }
@@ -97,4 +106,48 @@ pub fn run(ctx: &Ctx, args: ImportArgs) -> anyhow::Result<ExitCode> {
         s
     });
     Ok(ExitCode::SUCCESS)
+}
+
+/// An import stopped by signal N exits with this plus N, as shells report it.
+const SIGNALLED_EXIT_BASE: i32 = 128;
+
+/// On SIGINT or SIGTERM: says what the import leaves (the packs it wrote so far, which
+/// no snapshot names) and exits with 128 + the signal. The store stays as it was
+/// before the import.
+fn on_interrupt(ctx: &Ctx) -> anyhow::Result<signal_hook::iterator::Handle> {
+    use anyhow::Context;
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+        .context("install signal handlers")?;
+    let handle = signals.handle();
+    let (root, json) = (ctx.root.clone(), ctx.json);
+    std::thread::spawn(move || {
+        let Some(signal) = signals.forever().next() else {
+            return;
+        };
+        let left = cowspace_store::Store::open(&root, Default::default())
+            .and_then(|s| s.unrecorded_packs())
+            .unwrap_or_default();
+        let total: u64 = left.iter().map(|(_, n)| n).sum();
+        eprintln!(
+            "\nmountctl: import interrupted: no snapshot was made and no ref moved; {} pack \
+             files ({}) hold what was stored so far, named by no snapshot: the next import \
+             takes over their chunks instead of compressing them again, and `mountctl gc` \
+             removes what no import took",
+            left.len(),
+            bytes(total)
+        );
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "error": {"kind": "interrupted", "message": "import interrupted"},
+                    "unrecorded_packs": left.len(),
+                    "unrecorded_bytes": total,
+                })
+            );
+        }
+        std::process::exit(SIGNALLED_EXIT_BASE + signal);
+    });
+    Ok(handle)
 }

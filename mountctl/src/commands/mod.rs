@@ -9,6 +9,7 @@ mod gc;
 mod import;
 mod init;
 mod refs;
+mod repack;
 mod run;
 mod sandbox;
 mod show;
@@ -39,8 +40,9 @@ pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
             Some(b) => diff::run(ctx, &a, &b, patch),
             None => workspace::diff(ctx, &a, patch),
         },
-        Command::Fsck => fsck::run(ctx),
+        Command::Fsck(args) => fsck::run(ctx, args),
         Command::Gc(args) => gc::run(ctx, args),
+        Command::Repack(args) => repack::run(ctx, args),
         Command::Stats => stats::run(ctx),
         Command::Create(args) => workspace::create(ctx, args),
         Command::List { all } => workspace::list(ctx, all),

@@ -128,8 +128,33 @@ pub fn commit(
             r.elapsed_ms
         );
     }
-    ctx.emit(serde_json::to_value(&r)?, || r.snapshot.to_hex());
+    let grace = cowspace_store::gc::DEFAULT_GC_GRACE_SECS;
+    let referenced = r.ref_name.is_some();
+    if !referenced && !ctx.quiet && !ctx.json {
+        eprintln!("{}", unreferenced_note(&r, grace));
+    }
+    let mut value = serde_json::to_value(&r)?;
+    value["retention"] = serde_json::json!({
+        "referenced": referenced,
+        "pinned_by": r.pinned_by,
+        "grace_secs_after_removal": (!referenced).then_some(grace),
+    });
+    ctx.emit(value, || r.snapshot.to_hex());
     Ok(ExitCode::SUCCESS)
+}
+
+/// How long a commit without a ref lives.
+fn unreferenced_note(r: &cowspace_store::ImportReport, grace: i64) -> String {
+    let id = r.snapshot.short();
+    let kept = match &r.pinned_by {
+        Some(ws) => format!("kept while workspace {ws} exists, then "),
+        None => String::new(),
+    };
+    format!(
+        "snapshot {id} has no ref: {kept}removed by the first gc once it is older than {} \
+         (gc's default grace); `mountctl ref set NAME {id}` keeps it",
+        cowspace_store::gc::age(grace)
+    )
 }
 
 pub fn remove(ctx: &Ctx, ws: &str, force: bool) -> anyhow::Result<ExitCode> {

@@ -145,6 +145,8 @@ impl Store {
             excluder.set_tracked(tracked.iter().map(|p| p.as_slice()));
         }
         let _lock = StoreLock::shared(self)?;
+        // What interrupted imports stored is found stored, not compressed again.
+        let resumed = self.adopt_orphans()?;
         // (A `.git` the user leaves out names nothing.)
         let linked = match excluder.excludes(b".git", b".git", false) {
             true => None,
@@ -240,6 +242,7 @@ impl Store {
             started,
             opts,
             git_fsmonitor,
+            resumed,
         };
         finish.run(self, ingest, |tx| {
             statcache::apply(tx, &root_key, &upserts, &deletes)

@@ -409,6 +409,8 @@ impl Store {
         }
 
         let _lock = StoreLock::shared(self)?;
+        // What interrupted imports stored is found stored, not compressed again.
+        let resumed = self.adopt_orphans()?;
         // Blobs stored before, by their git id: not read again (the lock keeps gc, which
         // forgets ids whose content it deletes, away until the commit).
         let (mut contents, mut targets) = self.with_reader(|c| {
@@ -528,6 +530,7 @@ impl Store {
             started,
             opts,
             git_fsmonitor: None,
+            resumed,
         };
         finish.run(self, ingest, |tx| {
             record_blobs(tx, &learned)?;

@@ -116,6 +116,14 @@ pub struct ImportReport {
     /// snapshot was made and `snapshot` is the one it would have repeated.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub unchanged: bool,
+    /// The holder (a workspace) the snapshot was pinned for in the same transaction
+    /// ([`crate::Editor::pin_for`]): gc keeps it while that pin lasts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned_by: Option<String>,
+    /// Chunks an interrupted import had stored that this one took over (not
+    /// compressed again; see [`crate::adopt`]). Absent when none.
+    #[serde(skip_serializing_if = "crate::adopt::Adopted::is_none")]
+    pub resumed: crate::adopt::Adopted,
 }
 
 /// The shared tail of every import: trees, snapshot object, one commit.
@@ -131,6 +139,8 @@ pub(crate) struct Finish<'a> {
     pub opts: &'a ImportOptions,
     /// The fsmonitor token given to the tree's `.git/index`, if any.
     pub git_fsmonitor: Option<String>,
+    /// What this import took over from interrupted ones.
+    pub resumed: crate::adopt::Adopted,
 }
 
 impl Finish<'_> {
@@ -192,6 +202,8 @@ impl Finish<'_> {
             elapsed_ms: self.started.elapsed().as_secs_f64() * 1e3,
             warnings: self.warnings,
             unchanged: false,
+            pinned_by: None,
+            resumed: self.resumed,
         })
     }
 }

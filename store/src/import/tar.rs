@@ -634,6 +634,8 @@ impl Store {
         let decoded = Decoded::new(compression, tee).map_err(|e| read_error(archive, e))?;
 
         let _lock = StoreLock::shared(self)?;
+        // What interrupted imports stored is found stored, not compressed again.
+        let resumed = self.adopt_orphans()?;
         // Dropped unfinished on any error below: the session's packs are removed.
         let mut ingest = Ingest::start(self)?;
         let mut state = TarImport {
@@ -669,6 +671,7 @@ impl Store {
             started,
             opts,
             git_fsmonitor: None,
+            resumed,
         };
         finish.run(self, ingest, |_| Ok(()))
     }

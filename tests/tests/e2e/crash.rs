@@ -106,7 +106,12 @@ fn import_killed_after(r: &TestRoot, tree: &Path, delay: Duration) -> Option<Str
 
 /// Exports `snap` and compares it with `expected`; removes the export.
 fn assert_exports_as(r: &TestRoot, snap: &str, expected: &BTreeMap<String, Node>) {
-    let out = r.path("export");
+    assert_exports_to(r, snap, expected, "export");
+}
+
+/// [`assert_exports_as`] through `<scratch>/NAME`.
+fn assert_exports_to(r: &TestRoot, snap: &str, expected: &BTreeMap<String, Node>, name: &str) {
+    let out = r.path(name);
     r.run(["export", snap, out.to_str().unwrap()]).ok();
     assert_same_listing(expected, &scan_tree(&out), &format!("snapshot {snap}"));
     std::fs::remove_dir_all(&out).unwrap();
@@ -299,4 +304,269 @@ fn gc_killed_at_any_point_leaves_a_consistent_store() {
     for (snap, listing) in &kept {
         assert_exports_as(&r, snap, listing);
     }
+}
+
+/// Tiny imports per round of the repack crash test (each makes a pack of its own).
+const TINY_PER_ROUND: u32 = 24;
+
+/// `TINY_PER_ROUND` imports of a small tree changing one file each time, on ref
+/// `repack/main`: each snapshot with its listing.
+fn tiny_round(r: &TestRoot, round: u32) -> Vec<(String, BTreeMap<String, Node>)> {
+    let src = r.path("tiny");
+    write_file(&src.join("same.txt"), "in every snapshot\n");
+    (0..TINY_PER_ROUND)
+        .map(|i| {
+            write_file(&src.join("n.txt"), format!("round {round} import {i}\n"));
+            let v = r.import(&src, &["--ref", "repack/main"]);
+            (v["snapshot"].as_str().unwrap().to_owned(), scan_tree(&src))
+        })
+        .collect()
+}
+
+/// `mountctl --json ARGS...` as a child with no output kept.
+fn spawn_quiet(r: &TestRoot, args: &[&str]) -> std::process::Child {
+    Command::new(mountctl_bin())
+        .arg("--root")
+        .arg(r.root())
+        .arg("--json")
+        .args(args)
+        .env_remove("COWSPACE_ROOT")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start mountctl")
+}
+
+#[test]
+fn repack_killed_at_any_point_beside_an_import_and_a_reader_leaves_a_consistent_store() {
+    const REPACK_KILL_POINTS: u32 = 8;
+    // How long a repack of one round's packs takes here.
+    let probe = TestRoot::new();
+    tiny_round(&probe, 0);
+    let t = Instant::now();
+    let v = probe.json(["repack"]).ok().json();
+    let full = t.elapsed();
+    assert_eq!(v["packs_after"], 1, "{v}");
+    drop(probe);
+
+    let r = TestRoot::new();
+    let big = r.path("big");
+    for i in 0..300 {
+        write_nth(&big, i, 0);
+    }
+    let mut kept: Vec<(String, BTreeMap<String, Node>)> = Vec::new();
+    for round in 0..REPACK_KILL_POINTS {
+        kept.extend(tiny_round(&r, round));
+        write_nth(&big, round as usize, u64::from(round) + 1);
+        let big_listing = scan_tree(&big);
+        let delay =
+            full.mul_f64(KILL_SPREAD * f64::from(round) / f64::from(REPACK_KILL_POINTS - 1));
+        let (oldest, oldest_listing) = kept[0].clone();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let when = format!("repack kill {round} after {delay:?} (full repack {full:?})");
+        std::thread::scope(|s| {
+            // A reader exporting the oldest snapshot over and over: never refused.
+            let reader = s.spawn(|| {
+                let mut n = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) || n == 0 {
+                    assert_exports_to(&r, &oldest, &oldest_listing, "export-reader");
+                    n += 1;
+                }
+                n
+            });
+            // An import beside it: waits for the repack's lock or runs before it.
+            let import = spawn_quiet(&r, &["import", big.to_str().unwrap(), "--ref", "big"]);
+            let mut repack = spawn_quiet(&r, &["repack", "--wait"]);
+            std::thread::sleep(delay);
+            let _ = repack.kill();
+            let status = repack.wait().expect("wait for repack");
+            let out = import.wait_with_output().expect("wait for import");
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            let reads = reader.join().expect("reader");
+            assert!(
+                out.status.success(),
+                "{when}: the import beside the repack failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            eprintln!("crash: {when}: {status:?}, {reads} exports read meanwhile");
+        });
+        fsck_clean(&r, &when);
+        let listed = r.snapshot_ids();
+        for (snap, _) in &kept {
+            assert!(listed.contains(snap), "{when}: {snap} lost");
+        }
+        let (newest, listing) = kept.last().unwrap();
+        assert_eq!(&r.refs()["repack/main"], newest, "{when}");
+        assert_exports_as(&r, newest, listing);
+        assert_exports_as(&r, &r.refs()["big"], &big_listing);
+    }
+    // A repack that runs to the end leaves few packs; gc then leaves no orphan; every
+    // snapshot exports as it was imported.
+    let before = r.pack_files().len();
+    let v = r.json(["repack"]).ok().json();
+    let after = v["packs_after"].as_u64().unwrap() as usize;
+    assert!(after < before, "{before} packs before, {v}");
+    r.json(["gc", "--grace", "3600"]).ok();
+    assert!(fsck_clean(&r, "the last repack and gc").is_empty());
+    for (snap, listing) in &kept {
+        assert_exports_as(&r, snap, listing);
+    }
+}
+
+/// The chunk ids of the complete chunk records of a pack file (a killed writer's last
+/// record may be cut short).
+fn pack_chunks(pack: &Path) -> BTreeSet<String> {
+    /// kind, codec, pad, stored_len, raw_len, id (docs/store-format.md).
+    const HEADER: usize = 44;
+    let bytes = std::fs::read(pack).unwrap();
+    let mut out = BTreeSet::new();
+    let mut at = 8;
+    while at + HEADER <= bytes.len() {
+        let h = &bytes[at..at + HEADER];
+        let stored = u32::from_le_bytes(h[4..8].try_into().unwrap()) as usize;
+        if at + HEADER + stored > bytes.len() {
+            break;
+        }
+        if h[0] == 1 {
+            out.insert(h[12..44].iter().map(|b| format!("{b:02x}")).collect());
+        }
+        at += HEADER + stored;
+    }
+    out
+}
+
+/// How long an import of `tree` into a new root takes with the tree in the page cache
+/// (the second of two).
+fn warm_import_time(tree: &Path) -> Duration {
+    let mut took = Duration::ZERO;
+    for _ in 0..2 {
+        let probe = TestRoot::new();
+        let t = Instant::now();
+        probe.import(tree, &[]);
+        took = t.elapsed();
+    }
+    took
+}
+
+/// The pack files of a root, by path.
+fn pack_paths(r: &TestRoot) -> BTreeSet<std::path::PathBuf> {
+    r.pack_files()
+        .into_iter()
+        .map(|p| r.root().join("store/packs").join(p))
+        .collect()
+}
+
+#[test]
+fn an_import_killed_at_any_point_then_run_again_stores_no_chunk_twice() {
+    const RESUME_KILL_POINTS: u32 = 6;
+    let tree_root = TestRoot::new();
+    let tree = tree_root.path("tree");
+    make_tree(&tree);
+    let listing = scan_tree(&tree);
+    let full = warm_import_time(&tree);
+
+    let mut resumed_rounds = 0;
+    for round in 0..RESUME_KILL_POINTS {
+        let r = TestRoot::new();
+        // Spread over the import itself: most rounds are cut short.
+        let delay = full.mul_f64(f64::from(round + 1) / f64::from(RESUME_KILL_POINTS + 1));
+        let printed = import_killed_after(&r, &tree, delay);
+        let when = format!("import killed after {delay:?} (full import {full:?})");
+        // Only what no commit recorded counts (a kill may land after the commit, before
+        // the report was printed).
+        let orphans: Vec<std::path::PathBuf> = fsck_clean(&r, &when)
+            .iter()
+            .map(|p| {
+                r.root()
+                    .join("store/packs")
+                    .join(format!("{}.pack", p.as_str().unwrap()))
+            })
+            .collect();
+        let left = pack_paths(&r);
+        let left_chunks: BTreeSet<String> = orphans.iter().flat_map(|p| pack_chunks(p)).collect();
+
+        let v = r.import(&tree, &["--ref", REF]);
+        let again = v["snapshot"].as_str().unwrap().to_owned();
+        if printed.is_none() && !left_chunks.is_empty() {
+            resumed_rounds += 1;
+            assert!(
+                v["resumed"]["chunks"].as_u64().unwrap_or(0) > 0,
+                "{when}: the import again took over nothing: {v}"
+            );
+        }
+        // The packs the second import wrote hold no chunk the killed one had stored.
+        for p in pack_paths(&r).difference(&left) {
+            let twice: Vec<_> = pack_chunks(p).intersection(&left_chunks).cloned().collect();
+            assert!(twice.is_empty(), "{when}: stored twice: {twice:?}");
+        }
+        fsck_clean(&r, &when);
+        assert_exports_as(&r, &again, &listing);
+        // gc leaves no orphan and loses nothing the snapshot needs.
+        r.json(["gc", "--grace", "0"]).ok();
+        assert!(fsck_clean(&r, &format!("gc after {when}")).is_empty());
+        assert_exports_as(&r, &again, &listing);
+        eprintln!(
+            "crash: {when}: {} chunks left, {} taken over",
+            left_chunks.len(),
+            v["resumed"]["chunks"]
+        );
+    }
+    assert!(
+        resumed_rounds > 0,
+        "no round interrupted an import that had stored chunks"
+    );
+}
+
+#[test]
+fn an_interrupted_import_says_what_it_leaves() {
+    let trees = TestRoot::new();
+    let tree = trees.path("tree");
+    make_tree(&tree);
+    // The signal goes once the import has written its first pack (its handler is
+    // installed by then); one that arrives after the import ended finds nothing to
+    // interrupt, so a few tries.
+    for _ in 0..5 {
+        let r = TestRoot::new();
+        let mut child = Command::new(mountctl_bin())
+            .arg("--root")
+            .arg(r.root())
+            .arg("import")
+            .arg(&tree)
+            .args(["--ref", REF])
+            .env_remove("COWSPACE_ROOT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start mountctl import");
+        let packs = r.root().join("store/packs");
+        let writing = Instant::now();
+        while cowspace_tests::dir_entries(&packs).is_empty()
+            && child.try_wait().unwrap().is_none()
+            && writing.elapsed() < Duration::from_secs(60)
+        {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let _ = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.code() != Some(130) {
+            continue;
+        }
+        assert!(
+            stderr.contains("import interrupted") && stderr.contains("no snapshot was made"),
+            "{stderr}"
+        );
+        assert!(stderr.contains("the next import"), "{stderr}");
+        assert!(
+            r.snapshot_ids().is_empty(),
+            "no snapshot after an interrupt"
+        );
+        fsck_clean(&r, "an interrupted import");
+        return;
+    }
+    panic!("no interrupt landed during an import");
 }

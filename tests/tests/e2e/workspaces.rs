@@ -29,6 +29,7 @@ mod native;
 mod properties;
 mod python_client;
 mod races;
+mod retention;
 mod subvols;
 pub(crate) mod support;
 mod teardown;

@@ -133,3 +133,55 @@ fn a_flipped_byte_in_a_tree_is_found_and_never_served() {
     assert_fsck_names(&r, &id);
     assert_export_refused(&r, &snap);
 }
+
+/// `fsck` names the snapshots, refs and paths that need the damaged object; `fsck
+/// --repair` quarantines it; a plain import of the source rewrites it; the snapshot
+/// then exports as its source is.
+fn located_repaired_by_reimport(kind: u8, path: &str) {
+    let (r, snap, id) = corrupted_store(kind);
+    let v = r.json(["fsck"]).code(8).json();
+    let damage = v["report"]["damage"].as_array().unwrap();
+    let d = damage
+        .iter()
+        .find(|d| d["id"] == id.as_str())
+        .expect("located");
+    assert_eq!(d["needed_by"][0]["snapshot"], snap.as_str(), "{v}");
+    assert_eq!(
+        d["needed_by"][0]["refs"],
+        serde_json::json!(["main"]),
+        "{v}"
+    );
+    assert_eq!(d["needed_by"][0]["paths"], serde_json::json!([path]), "{v}");
+    let out = r.run(["fsck"]).code(8);
+    assert!(
+        out.stdout.contains(&format!(
+            "needed by snapshot {} (ref main): {path}",
+            &snap[..12]
+        )),
+        "{out:?}"
+    );
+    assert!(
+        out.stderr.contains("fsck --repair"),
+        "the hint names the repair: {out:?}"
+    );
+
+    let v = r.json(["fsck", "--repair"]).code(8).json();
+    assert_eq!(v["repair"]["quarantined"], serde_json::json!([id]), "{v}");
+    assert_eq!(v["report"]["suspects"], serde_json::json!([id]), "{v}");
+    r.import(&r.path("src"), &["--ref", "main"]);
+    let v = r.json(["fsck"]).ok().json();
+    assert_eq!(v["report"]["suspects"], serde_json::json!([]), "{v}");
+    let out = r.path("out");
+    r.json(["export", &snap, out.to_str().unwrap()]).ok();
+    cowspace_tests::assert_same_tree(&r.path("src"), &out);
+}
+
+#[test]
+fn a_corrupt_chunk_is_located_and_repaired_by_a_reimport() {
+    located_repaired_by_reimport(1, "big.bin");
+}
+
+#[test]
+fn a_corrupt_tree_is_located_and_repaired_by_a_reimport() {
+    located_repaired_by_reimport(3, ".");
+}
