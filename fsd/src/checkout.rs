@@ -31,14 +31,19 @@ pub fn checkout_path(store: &Store, snapshot: &SnapshotId) -> PathBuf {
 pub fn lock(store: &Store, exclusive: bool) -> Result<fs::File> {
     let dir = store.root().join("cache");
     fs::create_dir_all(&dir).map_err(Error::io("create directory", &dir))?;
-    let path = dir.join("checkouts.lock");
+    lock_file(&dir.join("checkouts.lock"), exclusive)
+}
+
+/// Opens (making it if needed) the lock file `path` and takes its lock, exclusive or
+/// shared, waiting for it; released when the file is closed.
+pub(crate) fn lock_file(path: &Path, exclusive: bool) -> Result<fs::File> {
     let f = fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(&path)
-        .map_err(Error::io("open", &path))?;
-    if exclusive { f.lock() } else { f.lock_shared() }.map_err(Error::io("lock", &path))?;
+        .open(path)
+        .map_err(Error::io("open", path))?;
+    if exclusive { f.lock() } else { f.lock_shared() }.map_err(Error::io("lock", path))?;
     Ok(f)
 }
 

@@ -273,14 +273,7 @@ pub fn ensure_mounted(meta: &Path) -> Result<()> {
         return Ok(());
     }
     let top = meta.parent().expect("meta has a parent");
-    let lock_path = top.join(MOUNT_LOCK);
-    let lock = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(Error::io("open", &lock_path))?;
-    lock.lock().map_err(Error::io("lock", &lock_path))?;
+    let _lock = crate::checkout::lock_file(&top.join(MOUNT_LOCK), true)?;
     if crate::mounts::is_mounted(meta)? {
         return Ok(());
     }

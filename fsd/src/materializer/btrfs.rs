@@ -96,17 +96,9 @@ fn trial_subvolume(root_tmp: &Path) -> std::result::Result<(), String> {
 
 /// The lock of `<root>/cache/subvols` (`dir`): held while a base is found or built and
 /// snapshotted for a workspace, and while unused bases are pruned. Released on drop.
-fn lock_bases(dir: &Path) -> Result<nix::fcntl::Flock<fs::File>> {
+fn lock_bases(dir: &Path) -> Result<fs::File> {
     fs::create_dir_all(dir).map_err(Error::io("create directory", dir))?;
-    let lock_path = dir.join(".lock");
-    let lock_file = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(Error::io("open", &lock_path))?;
-    nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, errno)| Error::io("lock", &lock_path)(errno.into()))
+    crate::checkout::lock_file(&dir.join(".lock"), true)
 }
 
 /// Deletes the base subvolumes (and their stamps) of `<root>/cache/subvols` whose snapshot
@@ -151,7 +143,7 @@ pub fn prune_bases(
 /// Makes the read-only base subvolume of `rec`'s snapshot (and its stamps) unless it
 /// exists, and returns the bases' lock, held: the caller snapshots the base before a
 /// prune may delete it. Serialised so two creates do not build it twice.
-fn ensure_base(rec: &Record) -> Result<nix::fcntl::Flock<fs::File>> {
+fn ensure_base(rec: &Record) -> Result<fs::File> {
     let subvol = rec.lower.clone();
     let stamps = base_stamps(&subvol);
     let dir = subvol.parent().expect("subvolumes have a parent");
