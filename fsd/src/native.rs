@@ -8,8 +8,8 @@
 //!   `composefs` crate): every directory, name, mode, owner, xattr, symlink and device
 //!   node, hard links as one inode, sizes; a regular file has no bytes, only
 //!   `trusted.overlay.metacopy` and `trusted.overlay.redirect` = `/ab/<64 hex>`, the path
-//!   of its content's blob below `<root>/cache/blobs` (empty files carry their nothing
-//!   inline). The image is a function of the snapshot and the owner: rebuilt, it is the
+//!   of its content's blob below `<root>/cache/blobs`; files up to [`INLINE_MAX`] carry
+//!   their bytes in the image instead (no blob file to write, no redirect to follow). The image is a function of the snapshot and the owner: rebuilt, it is the
 //!   same bytes.
 //! - `blobs`: the content ids the image redirects to (32 bytes each, sorted): the blobs
 //!   eviction keeps while the image exists ([`held_blobs`]).
@@ -55,6 +55,10 @@ use crate::error::{Error, Result};
 pub const LOWER_KIND: &str = "native";
 
 const IMAGE: &str = "image.erofs";
+/// Files up to this size carry their bytes in the image itself: no blob file to write
+/// for them, and no redirect for the kernel to follow at their first open (half the
+/// files of a source tree; bytes read from the image's page cache, one per snapshot).
+pub const INLINE_MAX: u64 = 2048;
 const BLOBS: &str = "blobs";
 const META: &str = "meta";
 const MOUNT_LOCK: &str = "mount.lock";
@@ -441,7 +445,7 @@ impl Builder<'_> {
                 Kind::File => match self.primaries.get(&child) {
                     Some(id) => Inode::leaf(*id),
                     None => {
-                        let id = self.file(&e, &child);
+                        let id = self.file(&e, &child)?;
                         self.primaries.insert(child, id);
                         Inode::leaf(id)
                     }
@@ -450,7 +454,7 @@ impl Builder<'_> {
                     Some(id) => Inode::leaf(*id),
                     None => {
                         // The primary comes later in the walk: it will find this leaf.
-                        let id = self.file(&e, &e.data);
+                        let id = self.file(&e, &e.data)?;
                         self.primaries.insert(e.data.clone(), id);
                         Inode::leaf(id)
                     }
@@ -496,11 +500,14 @@ impl Builder<'_> {
 
     /// A regular file's leaf: its size and a redirect to its blob (nothing for an empty
     /// file).
-    fn file(&mut self, e: &Entry, path: &[u8]) -> LeafId {
+    fn file(&mut self, e: &Entry, path: &[u8]) -> Result<LeafId> {
         let content = match e.content() {
-            Some(id) if e.size > 0 => {
+            Some(id) if e.size > INLINE_MAX => {
                 self.blobs.insert(*id.as_bytes(), e.size);
                 RegularFile::ExternalNoVerity(BlobRef(*id.as_bytes()), e.size)
+            }
+            Some(id) if e.size > 0 => {
+                RegularFile::Inline(self.store.read_content(&id)?.into_boxed_slice())
             }
             _ => RegularFile::Inline(Box::from(&[][..])),
         };
@@ -508,7 +515,7 @@ impl Builder<'_> {
             stat: stat(libc::S_IFREG | e.mode, e.xattrs.clone(), path),
             content: LeafContent::Regular(content),
         });
-        LeafId(self.leaves.len() - 1)
+        Ok(LeafId(self.leaves.len() - 1))
     }
 }
 

@@ -253,3 +253,39 @@ fn reads_share_the_blob_page_cache_across_snapshots() {
     assert_eq!(m.len(), big.len() as u64);
     assert_eq!(m.mode() & 0o7777, 0o644);
 }
+
+#[test]
+fn files_of_every_size_around_the_inline_bound_read_back_exactly() {
+    if !common::can_run() {
+        return;
+    }
+    let env = common::Env::new("cowspace-native-sizes-");
+    let _cleanup = common::Cleanup(env.store.root().to_path_buf());
+    let src = env.dir("src");
+    let bound = cowspace_fsd::native::INLINE_MAX as usize;
+    let mut sizes = vec![
+        0, 1, 63, 64, 65, 511, 512, 513, 4095, 4096, 4097, 8192, 65537,
+    ];
+    sizes.extend([bound - 1, bound, bound + 1]);
+    // Many small files in one directory: their inline bytes fill and cross image blocks.
+    for (i, size) in sizes
+        .iter()
+        .chain(&[bound; 40])
+        .chain(&[bound - 100; 40])
+        .enumerate()
+    {
+        let bytes: Vec<u8> = (0..*size).map(|j| (j * 31 + i * 7) as u8).collect();
+        fs::write(src.join(format!("f{i:03}-{size}")), bytes).unwrap();
+    }
+    let snap = env.import(&src);
+    let rt = Runtime::open(env.store.root()).unwrap();
+    let ws = create(&rt, &snap.to_hex());
+    for e in fs::read_dir(&src).unwrap().flatten() {
+        let name = e.file_name();
+        assert_eq!(
+            fs::read(ws.path.join(&name)).unwrap_or_else(|err| panic!("{name:?}: {err}")),
+            fs::read(e.path()).unwrap(),
+            "{name:?}"
+        );
+    }
+}
