@@ -519,6 +519,62 @@ impl Builder<'_> {
     }
 }
 
+/// A blob a built image redirects to that is not in the blob cache (or not whole):
+/// reads of the files that have those bytes fail in that snapshot's workspaces.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MissingBlob {
+    pub snapshot: String,
+    pub content: String,
+    pub size: u64,
+    pub blob: PathBuf,
+}
+
+/// Every blob the built images name that is missing from the blob cache (`fsck`).
+pub fn missing_blobs(store: &Store) -> Result<Vec<MissingBlob>> {
+    let mut out = Vec::new();
+    let Ok(rd) = fs::read_dir(dir(store)) else {
+        return Ok(out);
+    };
+    let cache = store.blob_cache();
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Ok(snapshot) = name.parse::<SnapshotId>() else {
+            continue;
+        };
+        let Ok(bytes) = fs::read(e.path().join(BLOBS)) else {
+            continue;
+        };
+        for id in bytes.chunks_exact(32) {
+            let id = ContentId::from_bytes(id.try_into().expect("32 bytes"));
+            let size: u64 = store
+                .content_chunks(&id)?
+                .iter()
+                .map(|(_, n)| u64::from(*n))
+                .sum();
+            let blob = cache.path(&id);
+            if fs::metadata(&blob).map(|m| m.len()).ok() != Some(size) {
+                out.push(MissingBlob {
+                    snapshot: snapshot.to_hex(),
+                    content: id.to_hex(),
+                    size,
+                    blob,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Writes the blobs of `missing` again from the store (`fsck --repair`); workspaces
+/// read those files again at their next open.
+pub fn restore_blobs(store: &Store, missing: &[MissingBlob]) -> Result<()> {
+    let items: Vec<(ContentId, u64)> = missing
+        .iter()
+        .map(|m| Ok((m.content.parse::<ContentId>()?, m.size)))
+        .collect::<Result<_>>()?;
+    Ok(store.blob_cache().ensure_all(&items, 2)?)
+}
+
 /// The blobs every built image redirects to: eviction keeps them. Called under the
 /// checkouts' lock held exclusively.
 pub fn held_blobs(store: &Store) -> Result<HashSet<ContentId>> {

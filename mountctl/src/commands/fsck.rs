@@ -22,6 +22,25 @@ pub fn run(ctx: &Ctx, args: FsckArgs) -> anyhow::Result<ExitCode> {
         }
         false => None,
     };
+    // The native lowers' blobs (a cache, but one a workspace cannot read without).
+    let mut native = cowspace_fsd::native::missing_blobs(&store)?;
+    if args.repair && !native.is_empty() {
+        cowspace_fsd::native::restore_blobs(&store, &native)?;
+        ctx.note(&format!(
+            "repair: {} blobs of native lowers written again from the store",
+            native.len()
+        ));
+        native = cowspace_fsd::native::missing_blobs(&store)?;
+    }
+    for m in &native {
+        ctx.note(&format!(
+            "missing blob {} ({} bytes) of the native lower of snapshot {}: {} is gone;              reads of the files with these bytes fail in its workspaces (`mountctl fsck              --repair` writes it again)",
+            m.content,
+            m.size,
+            &m.snapshot[..12],
+            m.blob.display()
+        ));
+    }
     for p in &report.orphan_packs {
         ctx.note(&format!(
             "note: orphan pack {p} (left by an interrupted write; gc removes it)"
@@ -30,9 +49,9 @@ pub fn run(ctx: &Ctx, args: FsckArgs) -> anyhow::Result<ExitCode> {
     if let Some(r) = &repair {
         ctx.note(&repair_note(r));
     }
-    if report.is_clean() {
+    if report.is_clean() && native.is_empty() {
         ctx.emit(
-            json!({"ok": true, "report": report, "repair": repair}),
+            json!({"ok": true, "report": report, "repair": repair, "native_missing": native}),
             || {
                 format!(
                     "ok: {} objects ({}) in {} packs verified",
@@ -56,11 +75,16 @@ pub fn run(ctx: &Ctx, args: FsckArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let message = format!(
-        "{} corrupt and {} missing objects",
+        "{} corrupt and {} missing objects, {} missing blobs of native lowers",
         report.corrupt.len(),
-        report.missing.len()
+        report.missing.len(),
+        native.len()
     );
     let hint = match &repair {
+        _ if report.is_clean() => {
+            "`mountctl fsck --repair` writes the missing blobs again from the store (which \
+             is intact)"
+        }
         Some(_) => {
             "import the sources of the paths listed again (the same directory, git revision or \
              tar): each import rewrites the quarantined objects it has the bytes of; then run \
@@ -77,7 +101,7 @@ pub fn run(ctx: &Ctx, args: FsckArgs) -> anyhow::Result<ExitCode> {
         ErrorKind::Corrupt,
         &message,
         Some(hint),
-        json!({"ok": false, "report": report, "repair": repair}),
+        json!({"ok": false, "report": report, "repair": repair, "native_missing": native}),
     ))
 }
 

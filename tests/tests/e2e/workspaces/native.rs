@@ -2,7 +2,8 @@
 //! overlay over a per-snapshot EROFS metadata image with the blob cache as a data-only
 //! layer. No daemon is in its read path: the daemon killed, its workspaces keep reading
 //! and writing. `gc` never takes a blob or an image from under a create, even racing it;
-//! a blob deleted by hand makes reads of its files fail, never show other bytes; and
+//! a blob deleted by hand makes reads of its files fail, never show other bytes, and
+//! `fsck` names it and `--repair` writes it again; and
 //! the image's mount leaves with the last workspace that used it.
 
 use std::path::Path;
@@ -157,8 +158,9 @@ fn a_blob_deleted_by_hand_fails_reads_never_gives_other_bytes() {
     let r = WsRoot::new();
     let src = r.t.path("src");
     std::fs::create_dir_all(&src).unwrap();
-    std::fs::write(src.join("one.txt"), "the first file\n").unwrap();
-    std::fs::write(src.join("two.txt"), "the second file\n").unwrap();
+    // Larger than what the image carries inline: read through a blob.
+    std::fs::write(src.join("one.txt"), "the first file\n".repeat(400)).unwrap();
+    std::fs::write(src.join("two.txt"), "the second file\n".repeat(400)).unwrap();
     let base = r.import(&src, &["--ref", "base"]);
     let ws = r.create(&base, &["--lower", "native"]);
     let id = r.t.json(["show", &base, "one.txt"]).ok().json()["entry"]["id"]
@@ -172,7 +174,19 @@ fn a_blob_deleted_by_hand_fails_reads_never_gives_other_bytes() {
     assert!(got.is_err(), "a read without its blob gave {got:?}");
     assert_eq!(
         std::fs::read_to_string(ws.path.join("two.txt")).unwrap(),
-        "the second file\n"
+        "the second file\n".repeat(400)
+    );
+    // fsck names it (exit 8); --repair writes it again and the workspace reads on.
+    let out = r.t.json(["fsck"]);
+    assert_eq!(out.code, 8, "{out:?}");
+    let v = out.json();
+    assert_eq!(v["native_missing"][0]["content"], id.as_str(), "{v}");
+    assert!(out.stderr.contains(&id), "{}", out.stderr);
+    r.t.json(["fsck", "--repair"]).ok();
+    r.t.json(["fsck"]).ok();
+    assert_eq!(
+        std::fs::read_to_string(ws.path.join("one.txt")).unwrap(),
+        "the first file\n".repeat(400)
     );
     r.remove(&ws.id);
     // gc prunes the unused image; the next create builds it again with its blobs.
@@ -180,7 +194,7 @@ fn a_blob_deleted_by_hand_fails_reads_never_gives_other_bytes() {
     let again = r.create(&base, &["--lower", "native"]);
     assert_eq!(
         std::fs::read_to_string(again.path.join("one.txt")).unwrap(),
-        "the first file\n"
+        "the first file\n".repeat(400)
     );
     r.remove(&again.id);
     r.assert_clean();
