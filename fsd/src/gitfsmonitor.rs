@@ -159,7 +159,7 @@ fn answer_for(rt: &Runtime, rec: &Record, token: &str) -> Result<Answer> {
         return Ok(everything(Some(rec)));
     }
     let base: SnapshotId = rec.snapshot.parse()?;
-    let changes = match MaterializerKind::parse(&rec.materializer)? {
+    let changes = match rec.materializer {
         MaterializerKind::Overlay | MaterializerKind::Fuse => {
             crate::upper::changes(&rec.private_dir.join("upper"))?
         }
@@ -280,7 +280,7 @@ pub fn sandbox_setup(
         format!("{SANDBOX_TOKENS_ENV}={}", tokens.join(" ")),
         format!("{SANDBOX_WORKTREE_ENV}={worktree}"),
     ];
-    if rec.materializer == "overlay" && rec.overlay_redirects {
+    if rec.materializer == crate::materializer::MaterializerKind::Overlay && rec.overlay_redirects {
         env.push(format!("{SANDBOX_TRUSTED_ENV}=1"));
     }
     Some((env, binds))

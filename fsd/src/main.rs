@@ -214,7 +214,8 @@ fn run(args: Args) -> Result<()> {
                 .unwrap_or_default()
                 .into_iter()
                 .filter(|r| {
-                    (r.lower_kind == "view" || r.materializer == "fuse")
+                    (r.lower_kind == cowspace_fsd::materializer::LowerKind::View
+                        || r.materializer == cowspace_fsd::materializer::MaterializerKind::Fuse)
                         && r.status == Status::Active
                 })
                 .map(|r| r.id)

@@ -52,7 +52,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 use crate::error::{Error, Result};
 
 /// `lower_kind` of workspaces on the native lower.
-pub const LOWER_KIND: &str = "native";
+pub const LOWER_KIND: crate::materializer::LowerKind = crate::materializer::LowerKind::Native;
 
 const IMAGE: &str = "image.erofs";
 /// Files up to this size carry their bytes in the image itself: no blob file to write

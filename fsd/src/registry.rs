@@ -50,11 +50,9 @@ pub struct Record {
     pub worker: Option<String>,
     /// The base snapshot (full hex).
     pub snapshot: String,
-    pub materializer: String,
-    /// `view` (the daemon's read-only snapshot view), `checkout` (hard links into the
-    /// blob cache; overlay's, and what `reflink` and `copy` copy) or `subvolume` (the
-    /// read-only btrfs subvolume `btrfs` snapshots).
-    pub lower_kind: String,
+    pub materializer: crate::materializer::MaterializerKind,
+    /// What the workspace is made from (see [`crate::materializer::LowerKind`]).
+    pub lower_kind: crate::materializer::LowerKind,
     pub lower: PathBuf,
     /// Where the worker sees the workspace.
     pub path: PathBuf,
@@ -399,13 +397,17 @@ impl Registry {
 
     /// How many live workspaces (neither removed nor failed) are of `snapshot` on the
     /// lower kind `lower_kind`.
-    pub fn live_using(&self, snapshot: &str, lower_kind: &str) -> Result<u64> {
+    pub fn live_using(
+        &self,
+        snapshot: &str,
+        lower_kind: crate::materializer::LowerKind,
+    ) -> Result<u64> {
         self.conn
             .query_row(
                 "SELECT COUNT(*) FROM workspaces WHERE status NOT IN ('removed', 'failed')
                  AND json_extract(record, '$.snapshot') = ?1
                  AND json_extract(record, '$.lower_kind') = ?2",
-                rusqlite::params![snapshot, lower_kind],
+                rusqlite::params![snapshot, lower_kind.as_str()],
                 |row| row.get::<_, i64>(0),
             )
             .map(|n| n as u64)

@@ -28,7 +28,7 @@ use serde::Serialize;
 
 use crate::checkout;
 use crate::error::{Error, Result};
-use crate::materializer::{self, MaterializerKind};
+use crate::materializer::{self, LowerKind, MaterializerKind};
 use crate::registry::{Creator, Record, Registry, Status, now};
 use crate::upper;
 use crate::view::{PLAIN_VIEW_DIR, VIEW_DIR};
@@ -185,23 +185,25 @@ impl Runtime {
         let lower_kind = match o.lower.as_deref().unwrap_or("auto") {
             "auto" => {
                 let (lower, _) = auto_lower(&self.store, kind);
-                if lower == crate::native::LOWER_KIND && self.native_later(&snapshot)? {
+                if lower == LowerKind::Native && self.native_later(&snapshot)? {
                     prepare_later = true;
-                    "view".to_string()
+                    LowerKind::View
                 } else {
-                    lower.to_string()
+                    lower
                 }
             }
-            crate::native::LOWER_KIND if kind == MaterializerKind::Overlay => {
+            "native" if kind == MaterializerKind::Overlay => {
                 if let Err(why) = crate::native::probe(&self.store) {
                     return Err(Error::Unsupported {
                         name: "overlay --lower native".into(),
                         why: format!("{why}; use --lower view or --lower checkout"),
                     });
                 }
-                crate::native::LOWER_KIND.to_string()
+                LowerKind::Native
             }
-            l @ ("view" | "checkout" | crate::native::LOWER_KIND) => l.to_string(),
+            "native" => LowerKind::Native,
+            "view" => LowerKind::View,
+            "checkout" => LowerKind::Checkout,
             other => {
                 return Err(Error::Invalid(format!(
                     "lower {other:?}: choose auto, native, view or checkout"
@@ -238,9 +240,9 @@ impl Runtime {
         };
         // Full-tree materializers choose their own lower (a checkout, a subvolume).
         let (lower_kind, lower) = match mat.lower(&self.store, &snapshot, o.lower.as_deref())? {
-            Some((k, p)) => (k.to_string(), p),
-            None if lower_kind == "view" => (lower_kind, self.view_path(&snapshot)),
-            None if lower_kind == crate::native::LOWER_KIND => {
+            Some((k, p)) => (k, p),
+            None if lower_kind == LowerKind::View => (lower_kind, self.view_path(&snapshot)),
+            None if lower_kind == LowerKind::Native => {
                 let meta = crate::native::meta_path(&self.store, &snapshot);
                 (lower_kind, meta)
             }
@@ -252,8 +254,8 @@ impl Runtime {
             name: o.name.clone(),
             worker: o.worker.clone(),
             snapshot: snapshot.to_hex(),
-            materializer: kind.as_str().into(),
-            lower_kind: lower_kind.clone(),
+            materializer: kind,
+            lower_kind,
             lower,
             path,
             private_dir: private_dir.clone(),
@@ -281,7 +283,7 @@ impl Runtime {
             self.store.pin(&snapshot, &id)?;
             fs::create_dir_all(&private_dir)
                 .map_err(Error::io("create directory", &private_dir))?;
-            if lower_kind == "view" {
+            if lower_kind == LowerKind::View {
                 // A view that answers means a daemon serves it: no round trip needed.
                 if !rec.lower.is_dir() {
                     crate::daemon::ensure_running(self.store.root())?;
@@ -292,7 +294,7 @@ impl Runtime {
                         rec.lower.display()
                     )));
                 }
-            } else if lower_kind == crate::native::LOWER_KIND {
+            } else if lower_kind == LowerKind::Native {
                 // Held until the overlay holds the image (see `release_native`).
                 let _shared = crate::native::ensure(&self.store, &snapshot)?;
                 return mat.mount(&rec);
@@ -441,11 +443,7 @@ impl Runtime {
     pub fn diff(&self, ws: &str) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
         let rec = self.usable(ws, "diff")?;
         let base: SnapshotId = rec.snapshot.parse()?;
-        materializer::materializer(MaterializerKind::parse(&rec.materializer)?).diff(
-            &self.store,
-            &base,
-            &rec,
-        )
+        materializer::materializer(rec.materializer).diff(&self.store, &base, &rec)
     }
 
     /// A unified patch of the workspace's changes.
@@ -471,7 +469,7 @@ impl Runtime {
             }),
             (None, _) => None,
         };
-        let kind = MaterializerKind::parse(&rec.materializer)?;
+        let kind = rec.materializer;
         let mat = materializer::materializer(kind);
         let mut ed = self.store.edit(&base)?;
         ed.set_parents(vec![previous]);
@@ -518,7 +516,7 @@ impl Runtime {
     /// ([`Record::sandbox_pid`]) in the same registry transaction.
     pub fn claim_sandbox(&self, ws: &str, pid: i32) -> Result<Record> {
         let rec = self.reg().get(ws)?;
-        let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
+        let mat = materializer::materializer(rec.materializer);
         let mounted =
             rec.status == Status::Active && mat.is_mounted(&rec)? && lower_alive(&rec.lower);
         if !mounted {
@@ -604,7 +602,7 @@ impl Runtime {
         if rec.status != Status::Active || crate::mounts::is_mounted(&rec.path)? {
             return Ok(());
         }
-        let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
+        let mat = materializer::materializer(rec.materializer);
         mat.mount(&rec)
     }
 
@@ -690,7 +688,7 @@ impl Runtime {
         force: bool,
         made_by: Option<crate::registry::Creator>,
     ) -> Result<()> {
-        let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
+        let mat = materializer::materializer(rec.materializer);
         if let Err(e) = mat.unmount_for_removal(rec, force) {
             // Still mounted: back to active, as it was, so nothing is half-removed.
             if matches!(e, Error::Busy { .. }) {
@@ -729,14 +727,11 @@ impl Runtime {
     /// Under the checkouts' lock held exclusively: a create holds it shared from before
     /// its image is found mounted until its overlay holds the image.
     fn release_native(&self, rec: &Record) -> Result<()> {
-        if rec.lower_kind != crate::native::LOWER_KIND {
+        if rec.lower_kind != LowerKind::Native {
             return Ok(());
         }
         let _exclusive = checkout::lock(&self.store, true)?;
-        if self
-            .reg()
-            .live_using(&rec.snapshot, crate::native::LOWER_KIND)?
-            == 0
+        if self.reg().live_using(&rec.snapshot, LowerKind::Native)? == 0
             && crate::mounts::is_mounted(&rec.lower)?
         {
             crate::mounts::unmount_lazy(&rec.lower)?;
@@ -756,7 +751,8 @@ impl Runtime {
         let mut stopped = Vec::new();
         for rec in records {
             // Fuse workspaces were served by the earlier daemon itself.
-            let served = rec.lower_kind == "view" || rec.materializer == "fuse";
+            let served =
+                rec.lower_kind == LowerKind::View || rec.materializer == MaterializerKind::Fuse;
             if rec.status != Status::Active || !served {
                 continue;
             }
@@ -800,7 +796,7 @@ impl Runtime {
                 .reg()
                 .list(false)?
                 .into_iter()
-                .filter(|r| r.materializer == "btrfs")
+                .filter(|r| r.materializer == MaterializerKind::Btrfs)
                 .map(|r| r.snapshot)
                 .collect())
         })
@@ -817,7 +813,7 @@ impl Runtime {
             .reg()
             .list(false)?
             .into_iter()
-            .filter(|r| r.lower_kind == "checkout")
+            .filter(|r| r.lower_kind == LowerKind::Checkout)
             .map(|r| r.snapshot)
             .collect();
         let dir = self.store.root().join("cache/checkouts");
@@ -844,7 +840,7 @@ impl Runtime {
             .reg()
             .list(false)?
             .into_iter()
-            .filter(|r| r.lower_kind == crate::native::LOWER_KIND)
+            .filter(|r| r.lower_kind == LowerKind::Native)
             .map(|r| r.snapshot)
             .collect();
         crate::native::prune(&self.store, &used)
@@ -927,7 +923,7 @@ impl Runtime {
                 Status::Active => {
                     // A fuse workspace is its own lower: its mount answers or is dead.
                     let lower_ok = lower_alive(&rec.lower)
-                        && (rec.materializer != "fuse" || lower_alive(&rec.path));
+                        && (rec.materializer != MaterializerKind::Fuse || lower_alive(&rec.path));
                     if !mounted(&rec.path) || !lower_ok {
                         if mounted(&rec.path) {
                             let _ = crate::mounts::unmount_lazy(&rec.path);
@@ -992,7 +988,7 @@ impl Runtime {
     /// Mounts a stopped workspace again with everything that had been written.
     pub fn recover(&self, ws: &str) -> Result<Record> {
         let mut rec = self.reg().get(ws)?;
-        let mat = materializer::materializer(MaterializerKind::parse(&rec.materializer)?);
+        let mat = materializer::materializer(rec.materializer);
         if rec.status == Status::Active && mat.is_mounted(&rec)? && lower_alive(&rec.lower) {
             return Ok(rec);
         }
@@ -1007,13 +1003,14 @@ impl Runtime {
             crate::mounts::unmount_lazy(&rec.path)?;
         }
         let snapshot: SnapshotId = rec.snapshot.parse()?;
-        if rec.lower_kind == "view" {
+        if rec.lower_kind == LowerKind::View {
             crate::daemon::ensure_running(self.store.root())?;
         }
-        let _shared = if rec.lower_kind == crate::native::LOWER_KIND {
+        let _shared = if rec.lower_kind == LowerKind::Native {
             Some(crate::native::ensure(&self.store, &snapshot)?)
         } else {
-            if rec.lower_kind != "view" && rec.lower_kind != materializer::fuse::LOWER_KIND {
+            if rec.lower_kind != LowerKind::View && rec.lower_kind != materializer::fuse::LOWER_KIND
+            {
                 checkout::ensure_checkout(&self.store, &snapshot)?;
             }
             None
@@ -1032,7 +1029,7 @@ impl Runtime {
 /// native lower reads file bytes straight from the blob cache with no daemon in the path
 /// (it needs EROFS and data-only overlay layers, Linux 6.16+, and root); else the view
 /// keeps file identity stable and reads lazily (it needs FUSE); else the checkout.
-pub fn auto_lower(store: &Store, kind: MaterializerKind) -> (&'static str, String) {
+pub fn auto_lower(store: &Store, kind: MaterializerKind) -> (LowerKind, String) {
     let native = if kind == MaterializerKind::Overlay {
         crate::native::probe(store)
     } else {
@@ -1044,7 +1041,7 @@ pub fn auto_lower(store: &Store, kind: MaterializerKind) -> (&'static str, Strin
     let native_why = match native {
         Ok(()) => {
             return (
-                crate::native::LOWER_KIND,
+                LowerKind::Native,
                 "this host mounts EROFS images with data-only overlay layers".into(),
             );
         }
@@ -1052,12 +1049,12 @@ pub fn auto_lower(store: &Store, kind: MaterializerKind) -> (&'static str, Strin
     };
     if Path::new("/dev/fuse").exists() && nix::unistd::geteuid().is_root() {
         return (
-            "view",
+            LowerKind::View,
             format!("native lower unavailable ({native_why}); FUSE is usable"),
         );
     }
     (
-        "checkout",
+        LowerKind::Checkout,
         format!("native lower unavailable ({native_why}); no usable FUSE for the view"),
     )
 }

@@ -334,7 +334,7 @@ impl Runtime {
             .arg(format!("--ready-fd={}", ready_write.as_raw_fd()));
         // One overlay of the workspace's layers idmapped to the sandbox, which the host
         // path and the sandbox share for the run; the host's own is mounted again after.
-        let host_overlay = rec.materializer == "overlay";
+        let host_overlay = rec.materializer == crate::materializer::MaterializerKind::Overlay;
         if host_overlay {
             cmd.arg("--share-host-mount");
         }

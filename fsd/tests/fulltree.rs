@@ -246,8 +246,8 @@ fn lifecycle(env: &mut Env, kind: &str, lower_kind: &str) {
     make_source(&src);
     let (base, _) = env.import(&src);
     let rec = env.create(&base, kind);
-    assert_eq!(rec.materializer, kind);
-    assert_eq!(rec.lower_kind, lower_kind);
+    assert_eq!(rec.materializer.as_str(), kind);
+    assert_eq!(rec.lower_kind.as_str(), lower_kind);
     assert!(
         mounts::is_mounted(&rec.path).unwrap(),
         "{kind}: not mounted"

@@ -114,7 +114,7 @@ fn overlay_xattrs_in_a_snapshot_are_content_not_instructions() {
 
     let rt = Runtime::open(env.store.root()).unwrap();
     let ws = create(&rt, &snap.to_hex());
-    assert_eq!(ws.lower_kind, "native");
+    assert_eq!(ws.lower_kind, cowspace_fsd::materializer::LowerKind::Native);
     // Its own bytes, its own xattrs, shown as the snapshot has them.
     assert_eq!(
         fs::read_to_string(ws.path.join("victim")).unwrap(),

@@ -453,7 +453,7 @@ impl Host {
     /// Serves workspace `rec` at its path (again, after a crash or a run). Already served
     /// and mounted: nothing to do.
     pub fn mount(&self, rec: &Record) -> Result<()> {
-        if rec.materializer != "fuse" {
+        if rec.materializer != crate::materializer::MaterializerKind::Fuse {
             return Err(Error::Invalid(format!(
                 "workspace {} is a {} workspace, not a fuse one",
                 rec.id, rec.materializer

@@ -206,9 +206,12 @@ impl Materializer for Btrfs {
         store: &Store,
         snapshot: &SnapshotId,
         asked: Option<&str>,
-    ) -> Result<Option<(&'static str, PathBuf)>> {
+    ) -> Result<Option<(crate::materializer::LowerKind, PathBuf)>> {
         match asked {
-            None | Some("auto") => Ok(Some(("subvolume", subvol_path(store, snapshot)))),
+            None | Some("auto") => Ok(Some((
+                crate::materializer::LowerKind::Subvolume,
+                subvol_path(store, snapshot),
+            ))),
             Some(other) => Err(Error::Invalid(format!(
                 "lower {other:?}: the btrfs materializer snapshots a subvolume of the checkout (lower auto)"
             ))),

@@ -48,7 +48,7 @@ impl Materializer for Copied {
         store: &Store,
         snapshot: &SnapshotId,
         asked: Option<&str>,
-    ) -> Result<Option<(&'static str, PathBuf)>> {
+    ) -> Result<Option<(crate::materializer::LowerKind, PathBuf)>> {
         fulltree::checkout_lower(self.kind(), store, snapshot, asked)
     }
 

@@ -708,10 +708,10 @@ pub fn checkout_lower(
     store: &Store,
     snapshot: &SnapshotId,
     asked: Option<&str>,
-) -> Result<Option<(&'static str, PathBuf)>> {
+) -> Result<Option<(crate::materializer::LowerKind, PathBuf)>> {
     match asked {
         None | Some("auto") | Some("checkout") => Ok(Some((
-            "checkout",
+            crate::materializer::LowerKind::Checkout,
             crate::checkout::checkout_path(store, snapshot),
         ))),
         Some(other) => Err(Error::Invalid(format!(

@@ -14,7 +14,7 @@ use crate::materializer::{Materializer, MaterializerKind, unmount_path};
 use crate::registry::Record;
 
 /// The `lower_kind` of fuse workspaces: the daemon reads the snapshot from the store.
-pub const LOWER_KIND: &str = "store";
+pub const LOWER_KIND: crate::materializer::LowerKind = crate::materializer::LowerKind::Store;
 
 /// The fuse materializer.
 pub struct Fuse;
@@ -83,7 +83,7 @@ impl Materializer for Fuse {
         store: &Store,
         _snapshot: &SnapshotId,
         asked: Option<&str>,
-    ) -> Result<Option<(&'static str, PathBuf)>> {
+    ) -> Result<Option<(crate::materializer::LowerKind, PathBuf)>> {
         match asked {
             None | Some("auto") => {
                 // The daemon serves the snapshot: started now, before the workspace is
