@@ -455,50 +455,32 @@ fn find_workspace(cwd: &Path, roots: &[PathBuf]) -> Option<(Runtime, Record)> {
 /// `/proc/self/mountinfo`: an overlay's `upperdir`, a fuse workspace's source, or the
 /// tree a full-tree workspace's bind mount shows.
 fn private_path(target: &Path) -> Option<PathBuf> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let text = sandbox_helper::mountinfo::read().ok()?;
     private_path_in(&text, target)
 }
 
 fn private_path_in(mountinfo: &str, target: &Path) -> Option<PathBuf> {
+    use sandbox_helper::mountinfo::{lines, unescape};
     // The last mount at the path is the one on top.
-    for line in mountinfo.lines().rev() {
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let Some(t) = left.split(' ').nth(4) else {
-            continue;
-        };
-        if crate::mounts::unescape(t).as_bytes() != target.as_os_str().as_bytes() {
-            continue;
-        }
-        let mut r = right.split(' ');
-        let fstype = r.next()?;
-        let source = r.next()?;
-        if fstype == "overlay" {
-            let opts = r.next()?;
-            let upper = opts.split(',').find_map(|o| o.strip_prefix("upperdir="))?;
-            return Some(PathBuf::from(crate::mounts::unescape(upper)));
-        }
-        if fstype == format!("fuse.{}", crate::cow::WS_SUBTYPE) {
-            let private = source.strip_prefix(crate::cow::WS_SOURCE_PREFIX)?;
-            return Some(PathBuf::from(crate::mounts::unescape(private)).join("upper"));
-        }
-        // A full-tree workspace: a bind mount of <root>/workspaces/<id>/tree. Its root
-        // field is that path within its filesystem, which is mounted whole elsewhere.
-        let mut fields = left.split(' ');
-        let dev = fields.nth(2)?;
-        let within = crate::mounts::unescape(fields.next()?);
-        let fs_mount = mountinfo.lines().find_map(|l| {
-            let mut f = l.split(' ');
-            (f.nth(2)? == dev && f.next()? == "/")
-                .then(|| f.next())
-                .flatten()
-        })?;
-        let tree =
-            Path::new(&crate::mounts::unescape(fs_mount)).join(within.trim_start_matches('/'));
-        return (tree.file_name() == Some(OsStr::new("tree"))).then_some(tree);
+    let l = lines(mountinfo)
+        .rev()
+        .find(|l| l.target.as_bytes() == target.as_os_str().as_bytes())?;
+    if l.fstype == "overlay" {
+        let upper = l
+            .superopts
+            .split(',')
+            .find_map(|o| o.strip_prefix("upperdir="))?;
+        return Some(PathBuf::from(unescape(upper)));
     }
-    None
+    if l.fstype == format!("fuse.{}", crate::cow::WS_SUBTYPE) {
+        let private = l.source.strip_prefix(crate::cow::WS_SOURCE_PREFIX)?;
+        return Some(PathBuf::from(unescape(private)).join("upper"));
+    }
+    // A full-tree workspace: a bind mount of <root>/workspaces/<id>/tree. Its root
+    // field is that path within its filesystem, which is mounted whole elsewhere.
+    let fs_mount = lines(mountinfo).find(|m| m.dev == l.dev && m.root == "/")?;
+    let tree = Path::new(&fs_mount.target).join(l.root.trim_start_matches('/'));
+    (tree.file_name() == Some(OsStr::new("tree"))).then_some(tree)
 }
 
 #[cfg(test)]

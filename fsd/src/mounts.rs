@@ -20,49 +20,17 @@ pub struct MountEntry {
     pub source: String,
 }
 
-pub(crate) fn unescape(s: &str) -> String {
-    // mountinfo escapes space, tab, newline and backslash as \ooo (octal).
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 4 <= b.len()
-            && let Some(v) = std::str::from_utf8(&b[i + 1..i + 4])
-                .ok()
-                .and_then(|o| u8::from_str_radix(o, 8).ok())
-        {
-            out.push(v);
-            i += 4;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// The current mount table.
 pub fn mounts() -> Result<Vec<MountEntry>> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(Error::io("read", "/proc/self/mountinfo"))?;
-    let mut out = Vec::new();
-    for line in text.lines() {
-        // id parent maj:min root target options [optional...] - fstype source superopts
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let target = left.split(' ').nth(4).unwrap_or("");
-        let mut r = right.split(' ');
-        let fstype = r.next().unwrap_or("").to_string();
-        let source = r.next().unwrap_or("").to_string();
-        out.push(MountEntry {
-            target: PathBuf::from(unescape(target)),
-            fstype,
-            source,
-        });
-    }
-    Ok(out)
+    let text =
+        sandbox_helper::mountinfo::read().map_err(Error::io("read", "/proc/self/mountinfo"))?;
+    Ok(sandbox_helper::mountinfo::lines(&text)
+        .map(|l| MountEntry {
+            target: PathBuf::from(l.target),
+            fstype: l.fstype.to_string(),
+            source: l.source.to_string(),
+        })
+        .collect())
 }
 
 /// Whether something is mounted exactly at `path`.

@@ -53,6 +53,7 @@ pub mod cgroup;
 pub mod error;
 pub mod init;
 pub mod keeper;
+pub mod mountinfo;
 pub mod net;
 pub mod overlay;
 pub mod probe;

@@ -57,27 +57,7 @@ impl Layers {
     }
 }
 
-/// Decodes the octal escapes (`\040`) of `/proc/self/mountinfo`.
-fn unescape(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 4 <= b.len()
-            && let Some(v) = std::str::from_utf8(&b[i + 1..i + 4])
-                .ok()
-                .and_then(|o| u8::from_str_radix(o, 8).ok())
-        {
-            out.push(v);
-            i += 4;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
+use crate::mountinfo::unescape;
 
 fn unsupported(reason: String) -> Error {
     Error::Unsupported {
@@ -90,7 +70,7 @@ fn unsupported(reason: String) -> Error {
 /// when `dir` is not the root of an overlay mount. Reads `/proc/self/mountinfo`.
 /// `name` is the sandbox's (it names this run's work directory).
 pub fn detect(dir: &Path, name: &str) -> Result<Option<Layers>> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| {
+    let text = crate::mountinfo::read().map_err(|e| {
         Error::InvalidInput(format!("--dir: cannot read /proc/self/mountinfo: {e}"))
     })?;
     let mut layers = detect_in(&text, dir)?;
@@ -103,20 +83,10 @@ pub fn detect(dir: &Path, name: &str) -> Result<Option<Layers>> {
 /// [`detect`] on a given mount table.
 pub fn detect_in(mountinfo: &str, dir: &Path) -> Result<Option<Layers>> {
     // The last entry at `dir` is the one on top.
-    let mut found: Option<(String, String)> = None;
-    for line in mountinfo.lines() {
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let target = left.split(' ').nth(4).map(unescape);
-        if target.as_deref().map(Path::new) != Some(dir) {
-            continue;
-        }
-        let mut r = right.split(' ');
-        let fstype = r.next().unwrap_or("").to_string();
-        let superopts = r.nth(1).unwrap_or("").to_string();
-        found = Some((fstype, superopts));
-    }
+    let found = crate::mountinfo::lines(mountinfo)
+        .rev()
+        .find(|l| Path::new(&l.target) == dir)
+        .map(|l| (l.fstype.to_string(), l.superopts.to_string()));
     let Some((fstype, opts)) = found else {
         return Ok(None);
     };
