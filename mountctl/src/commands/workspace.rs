@@ -187,11 +187,10 @@ pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let auto = materializer::pick_auto(&store).map(|k| k.as_str()).ok();
     // What imports of git checkouts will name as git's fsmonitor hook (docs/git.md).
     let hook = match cowspace_fsd::gitfsmonitor::git_reads_the_extension() {
-        Ok(()) => match cowspace_fsd::gitfsmonitor::hook_command() {
-            Some(cmd) => json!({"available": true, "command": cmd}),
-            None => {
-                json!({"available": false, "why": "this mountctl's path cannot be named in a git config (it holds a quote or a line break)"})
-            }
+        Ok(()) => match cowspace_fsd::gitfsmonitor::hook_program() {
+            Some(p) => json!({"available": true, "command": cowspace_fsd::gitfsmonitor::hook_command(), "runs": p}),
+            None => json!({"available": false, "command": cowspace_fsd::gitfsmonitor::hook_command(),
+                "why": format!("no mountctl on PATH (nor ${}): git in workspaces looks at every file", cowspace_fsd::gitfsmonitor::MOUNTCTL_ENV)}),
         },
         Err(why) => json!({"available": false, "why": why}),
     };
@@ -219,9 +218,10 @@ pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
                 "auto picks: {}\n",
                 auto.unwrap_or("nothing (see above)")
             ));
-            s.push_str(&match hook["command"].as_str() {
-                Some(cmd) => format!(
-                    "git in workspaces of imported checkouts asks the workspace what changed: {cmd}"
+            s.push_str(&match hook["runs"].as_str() {
+                Some(runs) => format!(
+                    "git in workspaces of imported checkouts asks the workspace what changed \
+                     (its hook runs {runs})"
                 ),
                 None => format!(
                     "git in workspaces looks at every file: {}",
