@@ -29,7 +29,7 @@ pub fn run(ctx: &Ctx, spec: &str, dest: &Path, tar: bool) -> anyhow::Result<Exit
     done?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
     let d = dest.display().to_string();
-    ctx.emit(
+    ctx.confirm(
         json!({"snapshot": id, "dest": d, "tar": tar, "ms": ms}),
         || format!("exported {} to {d} in {ms:.0} ms", id.short()),
     );

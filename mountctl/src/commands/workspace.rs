@@ -141,7 +141,7 @@ pub fn remove(ctx: &Ctx, ws: &str, force: bool) -> anyhow::Result<ExitCode> {
         None => ctx.runtime()?.remove(ws, force)?,
     };
     let ms = t.elapsed().as_secs_f64() * 1e3;
-    ctx.emit(
+    ctx.confirm(
         json!({"workspace": r.id, "removed": true, "ms": ms}),
         || format!("removed {} in {ms:.1} ms", r.id),
     );
