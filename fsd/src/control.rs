@@ -74,7 +74,10 @@ impl Server {
                 "status" => json!(rt.status(&ws_arg(req)?)?),
                 "diff" => {
                     let ws = ws_arg(req)?;
-                    let changes = rt.diff(&ws)?;
+                    let changes = rt.diff_with(
+                        &ws,
+                        req["args"]["include_excluded"].as_bool().unwrap_or(false),
+                    )?;
                     let patch = if req["args"]["patch"].as_bool().unwrap_or(false) {
                         Some(crate::upper::patch(rt.store(), &changes)?)
                     } else {

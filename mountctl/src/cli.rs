@@ -71,6 +71,11 @@ pub enum Command {
         /// Print a unified patch of text files.
         #[arg(long)]
         patch: bool,
+        /// Of a workspace: list also the new paths the base's exclusion policy leaves out
+        /// (`.venv`, `node_modules`, `--exclude` patterns of the import), which `commit`
+        /// leaves out too.
+        #[arg(long)]
+        include_excluded: bool,
     },
     /// Verify every object and reference.
     Fsck,
@@ -110,6 +115,11 @@ pub enum Command {
         /// and gives that snapshot.
         #[arg(long)]
         allow_empty: bool,
+        /// Capture also the new paths the base's recorded exclusion policy leaves out
+        /// (by default a `.venv` or `node_modules` made in the workspace is left out, as
+        /// its import would; `diff` lists what a commit captures).
+        #[arg(long)]
+        include_excluded: bool,
     },
     /// Unmount a workspace and delete its private state.
     Remove {

@@ -65,10 +65,15 @@ pub fn status(ctx: &Ctx, ws: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn diff(ctx: &Ctx, ws: &str, patch: bool) -> anyhow::Result<ExitCode> {
+pub fn diff(
+    ctx: &Ctx,
+    ws: &str,
+    patch: bool,
+    include_excluded: bool,
+) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
     // A ref or snapshot alone is not a workspace: say how to compare snapshots.
-    let changes = match rt.diff(ws) {
+    let changes = match rt.diff_with(ws, include_excluded) {
         Ok(c) => c,
         Err(e @ cowspace_fsd::error::Error::NoWorkspace(_)) => {
             return Err(anyhow::Error::new(e).context("diff with one argument compares a workspace with its base; give two snapshots or refs to compare them"));
@@ -94,24 +99,9 @@ pub fn diff(ctx: &Ctx, ws: &str, patch: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn commit(
-    ctx: &Ctx,
-    ws: &str,
-    ref_name: Option<String>,
-    expect: Option<String>,
-    message: String,
-    allow_empty: bool,
-) -> anyhow::Result<ExitCode> {
+pub fn commit(ctx: &Ctx, ws: &str, o: &CommitOptions) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
-    let r = rt.commit(
-        ws,
-        &CommitOptions {
-            ref_name,
-            expect,
-            message,
-            allow_empty,
-        },
-    )?;
+    let r = rt.commit(ws, o)?;
     if r.unchanged {
         if !ctx.quiet && !ctx.json {
             eprintln!(
