@@ -69,7 +69,7 @@ impl Server {
                     "version": env!("CARGO_PKG_VERSION"),
                     "program": crate::daemon::program_identity(std::path::Path::new("/proc/self/exe")),
                 }),
-                "create" => json!(rt.create(&args::<CreateOptions>(req)?)?),
+                "create" => rt.create(&args::<CreateOptions>(req)?)?.created_json(),
                 "list" => json!(rt.list(req["args"]["all"].as_bool().unwrap_or(false))?),
                 "status" => json!(rt.status(&ws_arg(req)?)?),
                 "diff" => {
@@ -84,7 +84,7 @@ impl Server {
                         None
                     };
                     let list: Vec<_> = changes.into_iter().map(|(c, _)| c).collect();
-                    json!({"changes": list, "patch": patch})
+                    json!({"workspace": rt.status(&ws)?.id, "changes": list, "patch": patch})
                 }
                 "commit" => {
                     let ws = ws_arg(req)?;
@@ -92,7 +92,9 @@ impl Server {
                 }
                 "remove" => {
                     let ws = ws_arg(req)?;
-                    json!(rt.remove(&ws, req["args"]["force"].as_bool().unwrap_or(false))?)
+                    let t = std::time::Instant::now();
+                    let rec = rt.remove(&ws, req["args"]["force"].as_bool().unwrap_or(false))?;
+                    rec.removed_json(t.elapsed().as_secs_f64() * 1e3)
                 }
                 "sweep" => json!(rt.sweep()?),
                 "sandbox_start" => {

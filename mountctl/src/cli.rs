@@ -15,7 +15,8 @@ pub struct Cli {
     /// $XDG_DATA_HOME/cowspace).
     #[arg(long, global = true, value_name = "DIR")]
     pub root: Option<PathBuf>,
-    /// Print exactly one JSON object on stdout; messages go to stderr.
+    /// Print exactly one JSON value on stdout (an object; an array for `list`,
+    /// `snapshots`); messages go to stderr.
     #[arg(long, global = true)]
     pub json: bool,
     /// More logging (repeat for more).

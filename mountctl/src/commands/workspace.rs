@@ -23,6 +23,37 @@ fn line(r: &Record) -> String {
     )
 }
 
+/// A workspace's record for people (`status` without `--json`).
+fn describe(r: &Record) -> String {
+    let mut s = format!(
+        "workspace    {}\nname         {}\nstatus       {}\npath         {}\n\
+         materializer {} (lower: {}, {})\nsnapshot     {}\ncreated      {} ({:.1} ms)\n",
+        r.id,
+        r.name.as_deref().unwrap_or("-"),
+        r.status.as_str(),
+        r.path.display(),
+        r.materializer,
+        r.lower_kind,
+        r.lower.display(),
+        r.snapshot,
+        r.created_at,
+        r.create_ms,
+    );
+    if let Some(w) = &r.worker {
+        s.push_str(&format!("worker       {w}\n"));
+    }
+    if let Some(last) = r.commits.last() {
+        s.push_str(&format!("commits      {} (last {last})\n", r.commits.len()));
+    }
+    if r.sandbox.is_some() {
+        s.push_str("sandbox      running (mountctl sandbox status for more)\n");
+    }
+    for d in &r.diagnostics {
+        s.push_str(&format!("diagnostic   {d}\n"));
+    }
+    s
+}
+
 pub fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
     let opts = CreateOptions {
@@ -39,11 +70,9 @@ pub fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<ExitCode> {
         }
         None => rt.create(&opts)?,
     };
-    let v = json!({
-        "workspace": rec.id, "name": rec.name, "path": rec.path, "materializer": rec.materializer,
-        "lower": rec.lower_kind, "snapshot": rec.snapshot, "ms": rec.create_ms,
+    ctx.emit(rec.created_json(), || {
+        format!("{} {}", rec.id, rec.path.display())
     });
-    ctx.emit(v, || format!("{} {}", rec.id, rec.path.display()));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -59,9 +88,7 @@ pub fn list(ctx: &Ctx, all: bool) -> anyhow::Result<ExitCode> {
 pub fn status(ctx: &Ctx, ws: &str) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
     let r = rt.status(ws)?;
-    ctx.emit(json!(r), || {
-        serde_json::to_string_pretty(&r).unwrap_or_default()
-    });
+    ctx.emit(json!(r), || describe(&r));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -86,8 +113,10 @@ pub fn diff(
         None
     };
     let list: Vec<_> = changes.iter().map(|(c, _)| c).collect();
+    // The workspace by its id, whatever name it was given by.
+    let id = rt.status(ws)?.id;
     ctx.emit(
-        json!({"workspace": ws, "changes": list, "patch": text}),
+        json!({"workspace": id, "changes": list, "patch": text}),
         || match &text {
             Some(p) => p.clone(),
             None => list
@@ -131,10 +160,9 @@ pub fn remove(ctx: &Ctx, ws: &str, force: bool) -> anyhow::Result<ExitCode> {
         None => ctx.runtime()?.remove(ws, force)?,
     };
     let ms = t.elapsed().as_secs_f64() * 1e3;
-    ctx.confirm(
-        json!({"workspace": r.id, "removed": true, "ms": ms}),
-        || format!("removed {} in {ms:.1} ms", r.id),
-    );
+    ctx.confirm(r.removed_json(ms), || {
+        format!("removed {} in {ms:.1} ms", r.id)
+    });
     Ok(ExitCode::SUCCESS)
 }
 

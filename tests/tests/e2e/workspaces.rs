@@ -28,6 +28,7 @@ mod listings;
 mod properties;
 mod python_client;
 mod races;
+mod schema;
 mod subvols;
 pub(crate) mod support;
 mod teardown;
