@@ -362,9 +362,7 @@ fn apply(root: &Path, op: &Op) -> Option<i32> {
         Op::Unlink { path } => errno(fs::remove_file(at(*path))),
         Op::Mkdir { path } => errno(fs::create_dir(at(*path))),
         Op::Rmdir { path } => errno(fs::remove_dir(at(*path))),
-        Op::Symlink { target, path } => {
-            errno(std::os::unix::fs::symlink(name(*target), at(*path)))
-        }
+        Op::Symlink { target, path } => errno(std::os::unix::fs::symlink(name(*target), at(*path))),
         Op::Chmod { path, mode } => {
             // chmod follows symlinks; only real files and directories are chmod'ed here.
             match fs::symlink_metadata(at(*path)) {
@@ -543,8 +541,16 @@ fn random_operations_match_a_plain_directory() {
                     // file is refused with EXDEV (docs/CONFORMANCE.md). Then nothing may
                     // have changed, and the fallback user space takes (read and write)
                     // must give what the model has.
-                    if let (Op::CopyRange { from, to, off_in, off_out, len }, Some(libc::EXDEV)) =
-                        (op, got)
+                    if let (
+                        Op::CopyRange {
+                            from,
+                            to,
+                            off_in,
+                            off_out,
+                            len,
+                        },
+                        Some(libc::EXDEV),
+                    ) = (op, got)
                     {
                         prop_assert_eq!(
                             kind.as_str(),

@@ -116,7 +116,12 @@ mod tests {
             }
         }
         assert!(missing.is_empty(), "no help text for: {missing:#?}");
-        for path in ["mountctl show", "mountctl export", "mountctl create", "mountctl diff"] {
+        for path in [
+            "mountctl show",
+            "mountctl export",
+            "mountctl create",
+            "mountctl diff",
+        ] {
             let (_, mut cmd) = commands().into_iter().find(|(p, _)| p == path).unwrap();
             let help = cmd.render_long_help().to_string();
             assert!(help.contains("at least 6 hex digits"), "{path}: {help}");

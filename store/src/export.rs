@@ -164,13 +164,10 @@ impl Store {
                         let mut r = self.content_reader(&e.content().expect("file"))?;
                         let n = io::copy(&mut r, &mut f).map_err(|err| from_io(err, &path))?;
                         if n != e.size {
-                        return Err(Error::corrupt(
-                            "tree",
-                            id,
-                                format!(
-                                    "entry {:?} says {} bytes, content has {n}",
-                                    path, e.size
-                                ),
+                            return Err(Error::corrupt(
+                                "tree",
+                                id,
+                                format!("entry {:?} says {} bytes, content has {n}", path, e.size),
                             ));
                         }
                     }

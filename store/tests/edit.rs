@@ -225,13 +225,23 @@ fn an_exclusion_filter_leaves_out_new_excluded_paths_only() {
     for dir in ["dist", "dist/sub", "build/node_modules"] {
         ed.put_dir(dir.as_bytes(), 0o755, vec![]).unwrap();
     }
-    for file in ["dist/sub/x.js", "build/new.sh", "build/node_modules/m.js", "a.log", "b.txt"] {
-        ed.put_file(file.as_bytes(), host.join("f"), 0o644, vec![], None).unwrap();
+    for file in [
+        "dist/sub/x.js",
+        "build/new.sh",
+        "build/node_modules/m.js",
+        "a.log",
+        "b.txt",
+    ] {
+        ed.put_file(file.as_bytes(), host.join("f"), 0o644, vec![], None)
+            .unwrap();
     }
     // Kept under an excluded name: it is in the base.
-    ed.put_file(b"build/kept.sh", host.join("f"), 0o755, vec![], None).unwrap();
+    ed.put_file(b"build/kept.sh", host.join("f"), 0o755, vec![], None)
+        .unwrap();
     assert_eq!(ed.left_out(), 3, "dist, build/node_modules, a.log");
-    let r = ed.commit("", Source::Workspace { id: "t".into() }, None).unwrap();
+    let r = ed
+        .commit("", Source::Workspace { id: "t".into() }, None)
+        .unwrap();
     let out = tmp.path().join("out");
     store.export_dir(&r.snapshot, &out).unwrap();
     for kept in ["build/new.sh", "build/kept.sh", "b.txt"] {
@@ -241,9 +251,17 @@ fn an_exclusion_filter_leaves_out_new_excluded_paths_only() {
         assert!(!out.join(gone).exists(), "{gone}");
     }
     assert_eq!(
-        fs::metadata(out.join("build/kept.sh")).unwrap().permissions().mode() & 0o777,
+        fs::metadata(out.join("build/kept.sh"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
         0o755
     );
     // A policy that excludes nothing gives no filter.
-    assert!(ChangeFilter::new(&Policy::default(), base.root).unwrap().is_none());
+    assert!(
+        ChangeFilter::new(&Policy::default(), base.root)
+            .unwrap()
+            .is_none()
+    );
 }

@@ -92,12 +92,7 @@ pub fn status(ctx: &Ctx, ws: &str) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn diff(
-    ctx: &Ctx,
-    ws: &str,
-    patch: bool,
-    include_excluded: bool,
-) -> anyhow::Result<ExitCode> {
+pub fn diff(ctx: &Ctx, ws: &str, patch: bool, include_excluded: bool) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
     // A ref or snapshot alone is not a workspace: say how to compare snapshots.
     let changes = match rt.diff_with(ws, include_excluded) {
@@ -206,9 +201,13 @@ pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     // What imports of git checkouts will name as git's fsmonitor hook (docs/git.md).
     let hook = match cowspace_fsd::gitfsmonitor::git_reads_the_extension() {
         Ok(()) => match cowspace_fsd::gitfsmonitor::hook_program() {
-            Some(p) => json!({"available": true, "command": cowspace_fsd::gitfsmonitor::hook_command(), "runs": p}),
-            None => json!({"available": false, "command": cowspace_fsd::gitfsmonitor::hook_command(),
-                "why": format!("no mountctl on PATH (nor ${}): git in workspaces looks at every file", cowspace_fsd::gitfsmonitor::MOUNTCTL_ENV)}),
+            Some(p) => {
+                json!({"available": true, "command": cowspace_fsd::gitfsmonitor::hook_command(), "runs": p})
+            }
+            None => {
+                json!({"available": false, "command": cowspace_fsd::gitfsmonitor::hook_command(),
+                "why": format!("no mountctl on PATH (nor ${}): git in workspaces looks at every file", cowspace_fsd::gitfsmonitor::MOUNTCTL_ENV)})
+            }
         },
         Err(why) => json!({"available": false, "why": why}),
     };

@@ -217,7 +217,10 @@ impl ChangeFilter {
     /// Whether the change at `path` (`/`-joined from the root) is left out; `is_dir`:
     /// whether it is a directory in the workspace.
     pub fn left_out(&mut self, store: &Store, path: &[u8], is_dir: bool) -> Result<bool> {
-        let comps: Vec<&[u8]> = path.split(|&b| b == b'/').filter(|c| !c.is_empty()).collect();
+        let comps: Vec<&[u8]> = path
+            .split(|&b| b == b'/')
+            .filter(|c| !c.is_empty())
+            .collect();
         let Some((last, parents)) = comps.split_last() else {
             return Ok(false);
         };
@@ -230,8 +233,8 @@ impl ChangeFilter {
             let out = match self.dirs.get(&prefix) {
                 Some(&out) => out,
                 None => {
-                    let out = !self.in_base(store, &prefix)?
-                        && self.excluder.excludes(&prefix, c, true);
+                    let out =
+                        !self.in_base(store, &prefix)? && self.excluder.excludes(&prefix, c, true);
                     self.dirs.insert(prefix.clone(), out);
                     out
                 }

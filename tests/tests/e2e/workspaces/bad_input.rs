@@ -338,6 +338,10 @@ fn quiet_remove_prints_nothing() {
     let snap = r.import(&src, &[]);
     let ws = r.create(&snap, &[]);
     let out = r.t.run(["-q", "remove", ws.id.as_str()]).ok();
-    assert_eq!((out.stdout.as_str(), out.stderr.as_str()), ("", ""), "-q remove");
+    assert_eq!(
+        (out.stdout.as_str(), out.stderr.as_str()),
+        ("", ""),
+        "-q remove"
+    );
     r.assert_clean();
 }

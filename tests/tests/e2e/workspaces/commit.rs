@@ -97,35 +97,67 @@ fn commit_and_diff_leave_out_what_the_base_policy_excludes() {
         }
         let shown = paths(&r.t.json(["diff", ws.id.as_str()]).ok().json());
         for kept in ["web", "web/app.js", "new.txt"] {
-            assert!(shown.iter().any(|p| p == kept), "{materializer}: {kept} in {shown:?}");
+            assert!(
+                shown.iter().any(|p| p == kept),
+                "{materializer}: {kept} in {shown:?}"
+            );
         }
         for out in [".venv", "web/node_modules", "notes.log"] {
             assert!(
-                !shown.iter().any(|p| p == out || p.starts_with(&format!("{out}/"))),
+                !shown
+                    .iter()
+                    .any(|p| p == out || p.starts_with(&format!("{out}/"))),
                 "{materializer}: diff lists {out}: {shown:?}"
             );
         }
-        let all = paths(&r.t.json(["diff", ws.id.as_str(), "--include-excluded"]).ok().json());
-        for p in [".venv/lib/python3/site.py", "web/node_modules/pkg/index.js", "notes.log"] {
-            assert!(all.iter().any(|a| a == p), "{materializer}: --include-excluded lacks {p}: {all:?}");
+        let all = paths(
+            &r.t.json(["diff", ws.id.as_str(), "--include-excluded"])
+                .ok()
+                .json(),
+        );
+        for p in [
+            ".venv/lib/python3/site.py",
+            "web/node_modules/pkg/index.js",
+            "notes.log",
+        ] {
+            assert!(
+                all.iter().any(|a| a == p),
+                "{materializer}: --include-excluded lacks {p}: {all:?}"
+            );
         }
         let (snap, v, _) = r.commit(&ws.id, &[]);
         assert_eq!(v["excluded"], 3, "{materializer}: {v}");
         let out = r.t.path(&format!("export-{materializer}"));
-        r.t.run(["export", snap.as_str(), out.to_str().unwrap()]).ok();
-        assert!(out.join("web/app.js").is_file() && out.join("new.txt").is_file(), "{materializer}");
+        r.t.run(["export", snap.as_str(), out.to_str().unwrap()])
+            .ok();
+        assert!(
+            out.join("web/app.js").is_file() && out.join("new.txt").is_file(),
+            "{materializer}"
+        );
         for p in [".venv", "web/node_modules", "notes.log"] {
-            assert!(!out.join(p).exists(), "{materializer}: the commit holds {p}");
+            assert!(
+                !out.join(p).exists(),
+                "{materializer}: the commit holds {p}"
+            );
         }
         let (all_snap, _, _) = r.commit(&ws.id, &["--include-excluded"]);
         let out = r.t.path(&format!("export-all-{materializer}"));
-        r.t.run(["export", all_snap.as_str(), out.to_str().unwrap()]).ok();
-        for p in [".venv/lib/python3/site.py", "web/node_modules/pkg/index.js", "notes.log"] {
-            assert!(out.join(p).is_file(), "{materializer}: --include-excluded lacks {p}");
+        r.t.run(["export", all_snap.as_str(), out.to_str().unwrap()])
+            .ok();
+        for p in [
+            ".venv/lib/python3/site.py",
+            "web/node_modules/pkg/index.js",
+            "notes.log",
+        ] {
+            assert!(
+                out.join(p).is_file(),
+                "{materializer}: --include-excluded lacks {p}"
+            );
         }
         r.remove(&ws.id);
     }
     // Two snapshots' diff takes no --include-excluded (a usage error).
-    r.t.run(["diff", base.as_str(), base.as_str(), "--include-excluded"]).code(2);
+    r.t.run(["diff", base.as_str(), base.as_str(), "--include-excluded"])
+        .code(2);
     r.assert_clean();
 }

@@ -565,9 +565,17 @@ fn a_checkout_lower_shows_and_commits_snapshot_xattrs() {
     assert_eq!(shown(&d.join("G/g")), Some(b"2".to_vec()), "G/g unmodified");
     assert_eq!(shown(&d.join("a")), Some(b"3".to_vec()), "a");
     assert_eq!(shown(&d.join("E/a2")), Some(b"3".to_vec()), "E/a2");
-    assert_eq!(shown(&d.join("G/h")), None, "G/h has the bytes of G/g, not its xattrs");
+    assert_eq!(
+        shown(&d.join("G/h")),
+        None,
+        "G/h has the bytes of G/g, not its xattrs"
+    );
     let ino = |p: &Path| fs::metadata(p).unwrap().ino();
-    assert_eq!(ino(&d.join("a")), ino(&d.join("E/a2")), "a and E/a2 are one file");
+    assert_eq!(
+        ino(&d.join("a")),
+        ino(&d.join("E/a2")),
+        "a and E/a2 are one file"
+    );
     append(&d.join("c"), "more\n");
     assert_eq!(shown(&d.join("c")), Some(b"1".to_vec()), "c copied up");
     // Another snapshot with the same bytes and no xattrs shows none.
@@ -575,9 +583,20 @@ fn a_checkout_lower_shows_and_commits_snapshot_xattrs() {
     write_file(&plain.join("g"), "g\n");
     write_file(&plain.join("c"), "other\n");
     let snap_plain = r.import(&plain, &["--no-default-excludes"]);
-    let ws_plain = r.create(&snap_plain, &["--materializer", "overlay", "--lower", "checkout"]);
-    assert_eq!(shown(&ws_plain.path.join("g")), None, "a shared blob carries no xattrs");
-    assert_eq!(shown(&ws_plain.path.join("c")), None, "a shared blob carries no xattrs");
+    let ws_plain = r.create(
+        &snap_plain,
+        &["--materializer", "overlay", "--lower", "checkout"],
+    );
+    assert_eq!(
+        shown(&ws_plain.path.join("g")),
+        None,
+        "a shared blob carries no xattrs"
+    );
+    assert_eq!(
+        shown(&ws_plain.path.join("c")),
+        None,
+        "a shared blob carries no xattrs"
+    );
     // The documented link counts: a file linked to its blob counts the blob cache's name
     // and every checkout's name of it (`G/h` of the first snapshot, `g` here); one with a
     // copy of its own (xattrs) reports the snapshot's.
@@ -591,9 +610,21 @@ fn a_checkout_lower_shows_and_commits_snapshot_xattrs() {
     let out = r.t.path("export-checkout-xattrs");
     r.t.run(["export", snap2.as_str(), out.to_str().unwrap()])
         .ok();
-    assert_eq!(shown(&out.join("c")), Some(b"1".to_vec()), "copied up: kept");
-    assert_eq!(shown(&out.join("G/g")), Some(b"2".to_vec()), "unmodified: kept");
-    assert_eq!(shown(&out.join("E/a2")), Some(b"3".to_vec()), "the link: kept");
+    assert_eq!(
+        shown(&out.join("c")),
+        Some(b"1".to_vec()),
+        "copied up: kept"
+    );
+    assert_eq!(
+        shown(&out.join("G/g")),
+        Some(b"2".to_vec()),
+        "unmodified: kept"
+    );
+    assert_eq!(
+        shown(&out.join("E/a2")),
+        Some(b"3".to_vec()),
+        "the link: kept"
+    );
     assert_eq!(shown(&out.join("G/h")), None, "G/h");
     r.remove(&ws.id);
 }

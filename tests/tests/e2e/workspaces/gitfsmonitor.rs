@@ -443,32 +443,63 @@ fn the_hook_names_no_path_and_an_export_gives_back_the_checkout() {
     let base = r.import(&src, &["--no-default-excludes"]);
     let ws = r.create(&base, &["--materializer", "overlay"]);
     let config = std::fs::read_to_string(ws.path.join(".git/config")).unwrap();
-    let built = mountctl_bin().parent().unwrap().to_string_lossy().into_owned();
+    let built = mountctl_bin()
+        .parent()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
     assert!(config.contains("git-fsmonitor"), "{config}");
-    assert!(!config.contains(&built), "the snapshot names {built}:\n{config}");
+    assert!(
+        !config.contains(&built),
+        "the snapshot names {built}:\n{config}"
+    );
     // mountctl moved elsewhere (another PATH entry): the hook still answers.
     let moved = r.t.path("moved-bin");
     std::fs::create_dir_all(&moved).unwrap();
     std::fs::copy(mountctl_bin(), moved.join("mountctl")).unwrap();
     let system = "/usr/local/bin:/usr/bin:/bin";
     assert!(
-        !system.split(':').any(|d| Path::new(d).join("mountctl").exists()),
+        !system
+            .split(':')
+            .any(|d| Path::new(d).join("mountctl").exists()),
         "a mountctl installed in {system} would hide what this test checks"
     );
     let path = format!("{}:{system}", moved.display());
     let trace = r.t.path("trace-moved");
-    let (out, err) = git_on_path(&ws.path, &["status", "--porcelain"], path.as_ref(), Some(&trace));
-    assert_eq!((out.as_str(), err.as_str()), (" M d0/late.txt\n", ""), "moved");
+    let (out, err) = git_on_path(
+        &ws.path,
+        &["status", "--porcelain"],
+        path.as_ref(),
+        Some(&trace),
+    );
+    assert_eq!(
+        (out.as_str(), err.as_str()),
+        (" M d0/late.txt\n", ""),
+        "moved"
+    );
     assert_eq!(files_looked_at(&trace), 1, "the moved mountctl answered");
     // No mountctl at all: not a word, and git looks at every file.
     let trace = r.t.path("trace-none");
-    let (out, err) = git_on_path(&ws.path, &["status", "--porcelain"], system.as_ref(), Some(&trace));
-    assert_eq!((out.as_str(), err.as_str()), (" M d0/late.txt\n", ""), "no mountctl");
-    assert!(files_looked_at(&trace) > 1, "without the hook git looks at every file");
+    let (out, err) = git_on_path(
+        &ws.path,
+        &["status", "--porcelain"],
+        system.as_ref(),
+        Some(&trace),
+    );
+    assert_eq!(
+        (out.as_str(), err.as_str()),
+        (" M d0/late.txt\n", ""),
+        "no mountctl"
+    );
+    assert!(
+        files_looked_at(&trace) > 1,
+        "without the hook git looks at every file"
+    );
     r.remove(&ws.id);
     // The export gives back what was imported.
     let out = r.t.path("export");
-    r.t.run(["export", base.as_str(), out.to_str().unwrap()]).ok();
+    r.t.run(["export", base.as_str(), out.to_str().unwrap()])
+        .ok();
     assert_eq!(
         std::fs::read(out.join(".git/config")).unwrap(),
         std::fs::read(src.join(".git/config")).unwrap(),
@@ -480,9 +511,14 @@ fn the_hook_names_no_path_and_an_export_gives_back_the_checkout() {
         "the export's index keeps the fsmonitor extension"
     );
     let (status, err) = git_on_path(&out, &["status", "--porcelain"], system.as_ref(), None);
-    assert_eq!((status.as_str(), err.as_str()), (" M d0/late.txt\n", ""), "git in the export");
+    assert_eq!(
+        (status.as_str(), err.as_str()),
+        (" M d0/late.txt\n", ""),
+        "git in the export"
+    );
     let tar = r.t.path("export.tar");
-    r.t.run(["export", "--tar", base.as_str(), tar.to_str().unwrap()]).ok();
+    r.t.run(["export", "--tar", base.as_str(), tar.to_str().unwrap()])
+        .ok();
     let untarred = r.t.path("untarred");
     std::fs::create_dir_all(&untarred).unwrap();
     sh(&untarred, &format!("tar -xf {}", tar.display()));
@@ -507,7 +543,12 @@ fn doctor_names_the_hook() {
     let bin = mountctl_bin();
     let v = cowspace_tests::run_program(
         &bin,
-        [OsStr::new("--root"), r.t.root().as_os_str(), OsStr::new("--json"), OsStr::new("doctor")],
+        [
+            OsStr::new("--root"),
+            r.t.root().as_os_str(),
+            OsStr::new("--json"),
+            OsStr::new("doctor"),
+        ],
         &[("COWSPACE_MOUNTCTL", bin.as_os_str())],
     )
     .ok()
@@ -516,8 +557,7 @@ fn doctor_names_the_hook() {
     assert_eq!(hook["available"], true, "{v}");
     let cmd = hook["command"].as_str().expect("a command");
     assert!(
-        cmd.ends_with(" git-fsmonitor")
-            && !cmd.contains(&*bin.parent().unwrap().to_string_lossy()),
+        cmd.ends_with(" git-fsmonitor") && !cmd.contains(&*bin.parent().unwrap().to_string_lossy()),
         "the hook names no path: {cmd}"
     );
     assert_eq!(
@@ -527,7 +567,11 @@ fn doctor_names_the_hook() {
     );
     let text = cowspace_tests::run_program(
         &bin,
-        [OsStr::new("--root"), r.t.root().as_os_str(), OsStr::new("doctor")],
+        [
+            OsStr::new("--root"),
+            r.t.root().as_os_str(),
+            OsStr::new("doctor"),
+        ],
         &[("COWSPACE_MOUNTCTL", bin.as_os_str())],
     )
     .ok()
@@ -536,8 +580,15 @@ fn doctor_names_the_hook() {
     // Without a mountctl the hook can find, doctor says git looks at every file.
     let none = cowspace_tests::run_program(
         &bin,
-        [OsStr::new("--root"), r.t.root().as_os_str(), OsStr::new("doctor")],
-        &[("PATH", OsStr::new("/usr/bin:/bin")), ("COWSPACE_MOUNTCTL", OsStr::new(""))],
+        [
+            OsStr::new("--root"),
+            r.t.root().as_os_str(),
+            OsStr::new("doctor"),
+        ],
+        &[
+            ("PATH", OsStr::new("/usr/bin:/bin")),
+            ("COWSPACE_MOUNTCTL", OsStr::new("")),
+        ],
     )
     .ok()
     .stdout;

@@ -42,9 +42,15 @@ fn record_keys(r: &WsRoot, ws: &str) -> BTreeSet<String> {
 /// kept one release with the same value).
 #[track_caller]
 fn assert_elapsed(what: &str, v: &Value) {
-    assert!(v["elapsed_ms"].as_f64().is_some_and(|ms| ms >= 0.0), "{what}: {v}");
+    assert!(
+        v["elapsed_ms"].as_f64().is_some_and(|ms| ms >= 0.0),
+        "{what}: {v}"
+    );
     if !v["ms"].is_null() {
-        assert_eq!(v["ms"], v["elapsed_ms"], "{what}: ms is elapsed_ms's old name");
+        assert_eq!(
+            v["ms"], v["elapsed_ms"],
+            "{what}: ms is elapsed_ms's old name"
+        );
     }
 }
 
@@ -66,14 +72,24 @@ fn json_shapes_are_one_per_record_kind_on_the_cli_and_the_socket() {
     let record = record_keys(&r, cli["id"].as_str().unwrap());
     for (what, v) in [("CLI create", &cli), ("socket create", &sock)] {
         assert!(keys(v).is_superset(&record), "{what} is not a record: {v}");
-        assert_eq!(v["workspace"], v["id"], "{what}: workspace is id's old name");
-        assert!(v["lower"].as_str().is_some_and(|l| l.starts_with('/')), "{what}: lower is the lower directory: {v}");
+        assert_eq!(
+            v["workspace"], v["id"],
+            "{what}: workspace is id's old name"
+        );
+        assert!(
+            v["lower"].as_str().is_some_and(|l| l.starts_with('/')),
+            "{what}: lower is the lower directory: {v}"
+        );
         assert!(v["lower_kind"].is_string(), "{what}: {v}");
         assert_elapsed(what, v);
     }
 
     // status and list: the record, on both.
-    assert_eq!(keys(&socket(&r, "status", json!({"workspace": "cli-one"}))), record, "socket status");
+    assert_eq!(
+        keys(&socket(&r, "status", json!({"workspace": "cli-one"}))),
+        record,
+        "socket status"
+    );
     for item in r.t.json(["list"]).ok().json().as_array().unwrap() {
         assert_eq!(keys(item), record, "list item");
     }
@@ -81,8 +97,14 @@ fn json_shapes_are_one_per_record_kind_on_the_cli_and_the_socket() {
         assert_eq!(keys(item), record, "socket list item");
     }
     let text = r.t.run(["status", "cli-one"]).ok().stdout;
-    assert!(serde_json::from_str::<Value>(&text).is_err(), "status without --json is JSON:\n{text}");
-    assert!(text.contains(cli["id"].as_str().unwrap()) && text.contains("cli-one"), "{text}");
+    assert!(
+        serde_json::from_str::<Value>(&text).is_err(),
+        "status without --json is JSON:\n{text}"
+    );
+    assert!(
+        text.contains(cli["id"].as_str().unwrap()) && text.contains("cli-one"),
+        "{text}"
+    );
 
     // diff: the workspace by its id, whatever it was named by.
     let diff = r.t.json(["diff", "cli-one"]).ok().json();
@@ -93,13 +115,20 @@ fn json_shapes_are_one_per_record_kind_on_the_cli_and_the_socket() {
 
     // commit: one report on both.
     let commit = r.t.json(["commit", "cli-one", "--allow-empty"]).ok().json();
-    let scommit = socket(&r, "commit", json!({"workspace": "sock-one", "allow_empty": true}));
+    let scommit = socket(
+        &r,
+        "commit",
+        json!({"workspace": "sock-one", "allow_empty": true}),
+    );
     assert_eq!(keys(&commit), keys(&scommit), "commit: CLI vs socket");
     assert_elapsed("commit", &commit);
 
     // export reports elapsed_ms too.
     let dest = r.t.path("schema-export");
-    let export = r.t.json(["export", base.as_str(), dest.to_str().unwrap()]).ok().json();
+    let export =
+        r.t.json(["export", base.as_str(), dest.to_str().unwrap()])
+            .ok()
+            .json();
     assert_elapsed("export", &export);
 
     // remove: the final record plus removed and elapsed_ms, on both.
