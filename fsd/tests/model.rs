@@ -3,6 +3,11 @@
 //! for every operation) and the same tree; the workspace's commit then exports to exactly
 //! the model's tree; every materializer commits the same tree. Root only (mounts).
 //!
+//! Names are bytes, some not UTF-8, compared byte for byte in listings and exports.
+//! `copy_file_range` runs between files of one workspace; where overlay over the view
+//! refuses it with `EXDEV` (docs/CONFORMANCE.md), the target must be unchanged and the
+//! read/write fallback user space takes must then give the model's bytes.
+//!
 //! Seeded: `COWSPACE_MODEL_SEED` (default fixed, so CI is reproducible) and
 //! `COWSPACE_MODEL_CASES` (default 24) for longer runs on demand; `COWSPACE_MODEL_KINDS`
 //! (comma-separated `materializer/lower`, default all four) to run some materializers.
