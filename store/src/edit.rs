@@ -605,6 +605,7 @@ impl<'s> Editor<'s> {
         snap: Snapshot,
         ref_name: Option<(&str, Expect)>,
     ) -> Result<ImportReport> {
+        let excluded = self.left_out();
         let w = self.write_pending(&id, ref_name)?;
         Ok(ImportReport {
             snapshot: id,
@@ -613,7 +614,7 @@ impl<'s> Editor<'s> {
             dirs: snap.counts.dirs,
             symlinks: snap.counts.symlinks,
             bytes: snap.counts.bytes,
-            excluded: 0,
+            excluded,
             files_read: w.files_read,
             objects_written: w.objects_written,
             new_bytes_stored: w.new_bytes_stored,

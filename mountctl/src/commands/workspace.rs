@@ -142,6 +142,13 @@ pub fn commit(ctx: &Ctx, ws: &str, o: &CommitOptions) -> anyhow::Result<ExitCode
             r.elapsed_ms
         );
     }
+    if r.excluded > 0 && !ctx.quiet && !ctx.json {
+        eprintln!(
+            "note: {} new paths the base's exclusion policy leaves out were not captured \
+             (--include-excluded captures them)",
+            r.excluded
+        );
+    }
     ctx.emit(serde_json::to_value(&r)?, || r.snapshot.to_hex());
     Ok(ExitCode::SUCCESS)
 }

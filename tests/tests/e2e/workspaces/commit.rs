@@ -86,6 +86,20 @@ fn commit_and_diff_leave_out_what_the_base_policy_excludes() {
     for materializer in ["overlay", "fuse", "copy"] {
         let ws = r.create(&base, &["--materializer", materializer]);
         let d = &ws.path;
+        // Only an excluded path changed: nothing to commit, and the note says why.
+        cowspace_tests::write_file(&d.join("node_modules/only/x.js"), "x\n");
+        let v = r.t.json(["commit", ws.id.as_str()]).ok().json();
+        assert_eq!(
+            (&v["unchanged"], &v["excluded"]),
+            (&true.into(), &1.into()),
+            "{materializer}: {v}"
+        );
+        let out = r.t.run(["commit", ws.id.as_str()]).ok();
+        assert!(
+            out.stderr.contains("--include-excluded"),
+            "{materializer}: {}",
+            out.stderr
+        );
         for (p, text) in [
             (".venv/lib/python3/site.py", "venv\n"),
             ("web/node_modules/pkg/index.js", "pkg\n"),
@@ -102,7 +116,7 @@ fn commit_and_diff_leave_out_what_the_base_policy_excludes() {
                 "{materializer}: {kept} in {shown:?}"
             );
         }
-        for out in [".venv", "web/node_modules", "notes.log"] {
+        for out in [".venv", "web/node_modules", "notes.log", "node_modules"] {
             assert!(
                 !shown
                     .iter()
@@ -126,7 +140,7 @@ fn commit_and_diff_leave_out_what_the_base_policy_excludes() {
             );
         }
         let (snap, v, _) = r.commit(&ws.id, &[]);
-        assert_eq!(v["excluded"], 3, "{materializer}: {v}");
+        assert_eq!(v["excluded"], 4, "{materializer}: {v}");
         let out = r.t.path(&format!("export-{materializer}"));
         r.t.run(["export", snap.as_str(), out.to_str().unwrap()])
             .ok();
