@@ -233,8 +233,9 @@ impl ChangeFilter {
             let out = match self.dirs.get(&prefix) {
                 Some(&out) => out,
                 None => {
-                    let out =
-                        !self.in_base(store, &prefix)? && self.excluder.excludes(&prefix, c, true);
+                    // The pattern first: the base is read only for a name it excludes.
+                    let out = self.excluder.excludes(&prefix, c, true)
+                        && !self.in_base(store, &prefix)?;
                     self.dirs.insert(prefix.clone(), out);
                     out
                 }
@@ -245,7 +246,7 @@ impl ChangeFilter {
             }
         }
         let whole = comps.join(&b'/');
-        let out = !self.in_base(store, &whole)? && self.excluder.excludes(&whole, last, is_dir);
+        let out = self.excluder.excludes(&whole, last, is_dir) && !self.in_base(store, &whole)?;
         if out {
             self.tops.insert(whole);
         }
