@@ -39,7 +39,7 @@ fi
 
 echo "== three workspaces of demo/main (the first starts the daemon)" >&2
 for i in 1 2 3; do
-  ms=$(json create demo/main --name "w$i" | field '["ms"]')
+  ms=$(json create demo/main --name "w$i" | field '["elapsed_ms"]')
   printf 'created w%s in %.1f ms\n' "$i" "$ms" >&2
 done
 run list
@@ -56,13 +56,13 @@ echo "== git status in a fresh workspace reads no file (its index agrees with th
 ( cd "$w2" && time git status --short | head -5 )
 echo "== commit w1 as demo/main's successor, then a fresh workspace of it" >&2
 run commit w1 --ref demo/main --message "work from w1"
-ms=$(json create demo/main --name w4 | field '["ms"]')
+ms=$(json create demo/main --name w4 | field '["elapsed_ms"]')
 printf 'created w4 in %.1f ms\n' "$ms" >&2
 w4=$(json status w4 | field '["path"]')
 cat "$w4/HELLO.txt"
 echo "== remove everything" >&2
 for ws in w1 w2 w3 w4; do
-  ms=$(json remove "$ws" | field '["ms"]')
+  ms=$(json remove "$ws" | field '["elapsed_ms"]')
   printf 'removed %s in %.1f ms\n' "$ws" "$ms" >&2
 done
 run daemon stop

@@ -9,6 +9,10 @@ use serde_json::Value;
 
 use crate::proc;
 
+/// The `mountctl` located last: git's fsmonitor hook in workspaces runs it
+/// (`COWSPACE_MOUNTCTL`, set by [`crate::corpus::git`]), as it would the one on `PATH`.
+pub static LOCATED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
 #[derive(Debug, Clone)]
 pub struct Mountctl {
     pub path: PathBuf,
@@ -18,6 +22,12 @@ impl Mountctl {
     /// `--mountctl PATH`, else `mountctl` next to the `bench` executable, else on PATH.
     /// `Err` is the reason methods needing it are skipped.
     pub fn locate(explicit: Option<&Path>) -> std::result::Result<Self, String> {
+        let found = Self::find(explicit)?;
+        let _ = LOCATED.set(found.path.clone());
+        Ok(found)
+    }
+
+    fn find(explicit: Option<&Path>) -> std::result::Result<Self, String> {
         if let Some(p) = explicit {
             return if p.is_file() {
                 Ok(Self {

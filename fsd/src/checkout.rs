@@ -9,6 +9,16 @@
 //! later files with the same bytes get their own copy, so two distinct files of the
 //! snapshot (two empty files, say) never show as one inode, which tools such as `tar`,
 //! `cp -a` and `rsync -H` would take for a hard link.
+//!
+//! A file that carries xattrs in the snapshot gets its own copy with them set: a blob is
+//! shared by every snapshot holding the same bytes, so xattrs set on it would show in all
+//! of them. An overlay workspace on the checkout then shows the snapshot's xattrs, and a
+//! copy-up keeps them, as its commit does.
+//!
+//! Link counts (`docs/CONFORMANCE.md`): a file linked to its blob counts the blob cache's
+//! own name and the names of every other checkout linking the same variant, so its
+//! `st_nlink` is above the snapshot's; a file with a copy of its own (the same bytes and
+//! mode as an earlier file of the snapshot, or xattrs) reports the snapshot's count.
 
 use std::collections::HashSet;
 use std::fs;
@@ -128,7 +138,11 @@ fn build(
             }
             Kind::File => {
                 let blob = blob_variant(store, &e.content().expect("file"), e.mode)?;
-                if linked.insert(blob.clone()) {
+                if !e.xattrs.is_empty() {
+                    // Its xattrs are its own, not its blob's (the module's doc).
+                    fs::copy(&blob, &path).map_err(Error::io("copy blob", &path))?;
+                    cowspace_store::export::set_xattrs(&path, &e.xattrs)?;
+                } else if linked.insert(blob.clone()) {
                     fs::hard_link(&blob, &path).map_err(Error::io("link blob", &path))?;
                 } else {
                     // Same bytes as an earlier, distinct file: its own inode (the copy

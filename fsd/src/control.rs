@@ -100,19 +100,22 @@ impl Server {
                     "version": env!("CARGO_PKG_VERSION"),
                     "program": crate::daemon::program_identity(std::path::Path::new("/proc/self/exe")),
                 }),
-                "create" => json!(rt.create(&args::<CreateOptions>(req)?)?),
+                "create" => rt.create(&args::<CreateOptions>(req)?)?.created_json(),
                 "list" => json!(rt.list(req["args"]["all"].as_bool().unwrap_or(false))?),
                 "status" => json!(rt.status(&ws_arg(req)?)?),
                 "diff" => {
                     let ws = ws_arg(req)?;
-                    let changes = rt.diff(&ws)?;
+                    let changes = rt.diff_with(
+                        &ws,
+                        req["args"]["include_excluded"].as_bool().unwrap_or(false),
+                    )?;
                     let patch = if req["args"]["patch"].as_bool().unwrap_or(false) {
                         Some(crate::upper::patch(rt.store(), &changes)?)
                     } else {
                         None
                     };
                     let list: Vec<_> = changes.into_iter().map(|(c, _)| c).collect();
-                    json!({"changes": list, "patch": patch})
+                    json!({"workspace": rt.status(&ws)?.id, "changes": list, "patch": patch})
                 }
                 "commit" => {
                     let ws = ws_arg(req)?;
@@ -120,7 +123,9 @@ impl Server {
                 }
                 "remove" => {
                     let ws = ws_arg(req)?;
-                    json!(rt.remove(&ws, req["args"]["force"].as_bool().unwrap_or(false))?)
+                    let t = std::time::Instant::now();
+                    let rec = rt.remove(&ws, req["args"]["force"].as_bool().unwrap_or(false))?;
+                    rec.removed_json(t.elapsed().as_secs_f64() * 1e3)
                 }
                 "sweep" => json!(rt.sweep()?),
                 // Answered at once; the image is built on a thread of its own.

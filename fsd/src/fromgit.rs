@@ -141,7 +141,7 @@ impl Runtime {
                 opts.served_identity = Some(crate::view::served_identity(store.root())?);
                 opts.git_fsmonitor = crate::gitfsmonitor::git_reads_the_extension()
                     .ok()
-                    .and_then(|()| crate::gitfsmonitor::hook_command());
+                    .map(|()| crate::gitfsmonitor::hook_command());
                 store.import_dir(&top, &opts)?.snapshot
             }
             Dirty::Snapshot => {
@@ -150,7 +150,7 @@ impl Runtime {
                 opts.served_identity = Some(crate::view::served_identity(store.root())?);
                 opts.git_fsmonitor = crate::gitfsmonitor::git_reads_the_extension()
                     .ok()
-                    .and_then(|()| crate::gitfsmonitor::hook_command());
+                    .map(|()| crate::gitfsmonitor::hook_command());
                 let id = store.import_dir(&top, &opts)?.snapshot;
                 evidence["snapshot_of_working_tree"] = json!(id);
                 id
@@ -178,7 +178,7 @@ impl Runtime {
                         opts.served_identity = Some(crate::view::served_identity(store.root())?);
                         opts.git_fsmonitor = crate::gitfsmonitor::git_reads_the_extension()
                             .ok()
-                            .and_then(|()| crate::gitfsmonitor::hook_command());
+                            .map(|()| crate::gitfsmonitor::hook_command());
                         store.with_repository(&head, &top, &repo, &opts)?.snapshot
                     }
                     None => head,

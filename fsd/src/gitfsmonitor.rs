@@ -62,23 +62,44 @@ impl Answer {
     }
 }
 
-/// The command git runs as the hook: this `mountctl`, or the one beside this program.
-pub fn hook_command() -> Option<String> {
-    let exe = std::env::current_exe().ok()?;
-    let mountctl = if exe.file_name() == Some(OsStr::new("mountctl")) {
-        exe
-    } else {
-        exe.with_file_name("mountctl")
-    };
-    if !mountctl.is_file() {
-        return None;
+/// The environment variable naming the `mountctl` the hook runs, where it is not the one
+/// on `PATH` (a sandbox, a build tree).
+pub const MOUNTCTL_ENV: &str = "COWSPACE_MOUNTCTL";
+
+/// The command git runs as the hook (a shell command; git appends the protocol version
+/// and the token): `$COWSPACE_MOUNTCTL`, else the `mountctl` on `PATH`. It names no path
+/// of this host, so a snapshot, its workspaces and its exports work wherever the program
+/// lives. Where no `mountctl` is found it fails without a word and git looks at every
+/// file (slower, never wrong).
+pub const HOOK_COMMAND: &str = "command -v \"${COWSPACE_MOUNTCTL:-mountctl}\" >/dev/null && \
+     exec \"${COWSPACE_MOUNTCTL:-mountctl}\" git-fsmonitor";
+
+/// The command imports name as git's fsmonitor hook ([`HOOK_COMMAND`]).
+pub fn hook_command() -> String {
+    HOOK_COMMAND.to_string()
+}
+
+/// The `mountctl` the hook would run here and now (`$COWSPACE_MOUNTCTL`, else the first
+/// on `PATH`), if any.
+pub fn hook_program() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(MOUNTCTL_ENV).filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        return if p.components().count() > 1 {
+            p.is_file().then_some(p)
+        } else {
+            find_on_path(p.as_os_str())
+        };
     }
-    // Named inside single quotes in a git config value: no quote or line break in it.
-    let path = mountctl.to_str()?;
-    if path.contains(['\'', '\n']) {
-        return None;
-    }
-    Some(format!("'{path}' git-fsmonitor"))
+    find_on_path(OsStr::new("mountctl"))
+}
+
+fn find_on_path(name: &OsStr) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
 }
 
 /// The oldest git that reads the fsmonitor extension the import writes (version 2, with
@@ -276,6 +297,8 @@ pub fn sandbox_setup(
     let mut env = vec![
         // The helper turns git's fsmonitor off by default (GIT_CONFIG_*): on again.
         "GIT_CONFIG_COUNT=0".to_string(),
+        // The hook finds this mountctl, bound at its host path, not on the sandbox's PATH.
+        format!("{MOUNTCTL_ENV}={exe}"),
         format!("{SANDBOX_UPPER_ENV}={upper_inside}"),
         format!("{SANDBOX_TOKENS_ENV}={}", tokens.join(" ")),
         format!("{SANDBOX_WORKTREE_ENV}={worktree}"),

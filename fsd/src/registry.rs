@@ -96,6 +96,32 @@ pub struct Record {
     pub creator: Option<Creator>,
 }
 
+impl Record {
+    /// What `create` answers, the same on the CLI (`--json`) and the control socket: the
+    /// record, and `elapsed_ms`, the time the create took (the record keeps it as
+    /// `create_ms`). Also, until the release after next, `workspace` (= `id`) and `ms`
+    /// (= `elapsed_ms`), the keys the CLI used to give.
+    pub fn created_json(&self) -> serde_json::Value {
+        let mut v = serde_json::json!(self);
+        v["elapsed_ms"] = self.create_ms.into();
+        v["workspace"] = self.id.clone().into();
+        v["ms"] = self.create_ms.into();
+        v
+    }
+
+    /// What `remove` answers, the same on the CLI and the socket: the final record
+    /// (`status: "removed"`), `removed: true` and `elapsed_ms`; also, until the release
+    /// after next, `workspace` (= `id`) and `ms` (= `elapsed_ms`).
+    pub fn removed_json(&self, elapsed_ms: f64) -> serde_json::Value {
+        let mut v = serde_json::json!(self);
+        v["removed"] = true.into();
+        v["elapsed_ms"] = elapsed_ms.into();
+        v["workspace"] = self.id.clone().into();
+        v["ms"] = elapsed_ms.into();
+        v
+    }
+}
+
 /// A process, told apart from a later one that reuses its pid: the pid, when it started
 /// (clock ticks after boot, `/proc/PID/stat` field 22) and the boot it ran in.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -68,6 +68,9 @@ pub struct CommitOptions {
     /// base). Without it such a commit makes none and answers with that snapshot
     /// (`unchanged: true`).
     pub allow_empty: bool,
+    /// Capture paths the base's recorded exclusion policy leaves out too (by default a
+    /// new `.venv`, `node_modules`, ... is left out, as its import would).
+    pub include_excluded: bool,
 }
 
 /// What a sweep did.
@@ -441,9 +444,54 @@ impl Runtime {
 
     /// The workspace's changes against its base, read from its private state only.
     pub fn diff(&self, ws: &str) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
+        self.diff_with(ws, false)
+    }
+
+    /// [`Runtime::diff`]; with `include_excluded`, also the new paths the base's recorded
+    /// exclusion policy leaves out (a commit leaves them out too, unless told the same).
+    pub fn diff_with(
+        &self,
+        ws: &str,
+        include_excluded: bool,
+    ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
         let rec = self.usable(ws, "diff")?;
         let base: SnapshotId = rec.snapshot.parse()?;
-        materializer::materializer(rec.materializer).diff(&self.store, &base, &rec)
+        let mut changes =
+            materializer::materializer(rec.materializer).diff(&self.store, &base, &rec)?;
+        if let Some(mut filter) = self.change_filter(&base, include_excluded)? {
+            let mut failed = None;
+            changes.retain(|(c, _)| {
+                let dir = c.new_kind == Some(cowspace_store::Kind::Dir);
+                match filter.left_out(&self.store, &c.raw_path, dir) {
+                    Ok(out) => !out || c.change == cowspace_store::diff::Change::Deleted,
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                        true
+                    }
+                }
+            });
+            if let Some(e) = failed {
+                return Err(e.into());
+            }
+        }
+        Ok(changes)
+    }
+
+    /// The base's recorded exclusion policy as a filter of changes, unless
+    /// `include_excluded` (or the policy leaves nothing out).
+    fn change_filter(
+        &self,
+        base: &SnapshotId,
+        include_excluded: bool,
+    ) -> Result<Option<cowspace_store::import::exclude::ChangeFilter>> {
+        if include_excluded {
+            return Ok(None);
+        }
+        let snap = self.store.snapshot(base)?;
+        Ok(cowspace_store::import::exclude::ChangeFilter::new(
+            &snap.policy,
+            snap.root,
+        )?)
     }
 
     /// A unified patch of the workspace's changes.
@@ -472,6 +520,9 @@ impl Runtime {
         let kind = rec.materializer;
         let mat = materializer::materializer(kind);
         let mut ed = self.store.edit(&base)?;
+        if let Some(filter) = self.change_filter(&base, o.include_excluded)? {
+            ed.exclude_by(filter);
+        }
         ed.set_parents(vec![previous]);
         // Pinned with the commit: gc keeps it while the workspace lives.
         ed.pin_for(&rec.id);

@@ -3,13 +3,20 @@
 //! for every operation) and the same tree; the workspace's commit then exports to exactly
 //! the model's tree; every materializer commits the same tree. Root only (mounts).
 //!
+//! Names are bytes, some not UTF-8, compared byte for byte in listings and exports.
+//! `copy_file_range` runs between files of one workspace; where overlay over the view
+//! refuses it with `EXDEV` (docs/CONFORMANCE.md), the target must be unchanged and the
+//! read/write fallback user space takes must then give the model's bytes.
+//!
 //! Seeded: `COWSPACE_MODEL_SEED` (default fixed, so CI is reproducible) and
 //! `COWSPACE_MODEL_CASES` (default 24) for longer runs on demand; `COWSPACE_MODEL_KINDS`
 //! (comma-separated `materializer/lower`, default all five) to run some materializers.
 
 mod common;
 
+use std::ffi::OsStr;
 use std::fs;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
@@ -19,11 +26,37 @@ use cowspace_store::{ImportOptions, Store, StoreConfig};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestRunner};
 
-/// Paths the operations pick from: few, so operations collide often.
-const NAMES: &[&str] = &[
-    "a", "b", "d1", "d1/a", "d1/b", "d1/d3", "d1/d3/e", "d2", "d2/c", "base.txt", "bd/f", "bd/g",
-    "bd",
+/// Paths the operations pick from: few, so operations collide often. Names are bytes:
+/// some are not UTF-8 (`raw\xff` made in the workspace, `bd/\xfeb` from the snapshot),
+/// and listings and exports compare them byte for byte.
+const NAMES: &[&[u8]] = &[
+    b"a",
+    b"b",
+    b"d1",
+    b"d1/a",
+    b"d1/b",
+    b"d1/d3",
+    b"d1/d3/e",
+    b"d2",
+    b"d2/c",
+    b"base.txt",
+    b"bd/f",
+    b"bd/g",
+    b"bd",
+    b"raw\xff",
+    b"d2/r\xe9",
+    b"bd/\xfeb",
 ];
+
+/// `NAMES[i]` as a path.
+fn name(i: usize) -> &'static Path {
+    Path::new(OsStr::from_bytes(NAMES[i]))
+}
+
+/// A path's bytes, escaped where they are not printable ASCII: exact, and printable.
+fn exact(p: &Path) -> String {
+    p.as_os_str().as_bytes().escape_ascii().to_string()
+}
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -86,6 +119,15 @@ enum Op {
     Read {
         path: usize,
     },
+    /// `copy_file_range` from one file of the workspace to another (or the same one),
+    /// looped until `len` bytes are copied or the source ends.
+    CopyRange {
+        from: usize,
+        to: usize,
+        off_in: u16,
+        off_out: u16,
+        len: u16,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -101,10 +143,11 @@ fn op() -> impl Strategy<Value = Op> {
         1 => p.clone().prop_map(|path| Op::Rmdir { path }),
         1 => (p.clone(), p.clone()).prop_map(|(target, path)| Op::Symlink { target, path }),
         1 => (p.clone(), prop::sample::select(vec![0o644u16, 0o755, 0o600, 0o700, 0o444])).prop_map(|(path, mode)| Op::Chmod { path, mode }),
-        2 => prop::sample::select(vec![None, Some(2usize), Some(5), Some(7)]).prop_map(|d| Op::List { path: d.unwrap_or(usize::MAX) }),
+        2 => prop::sample::select(vec![None, Some(2usize), Some(5), Some(7), Some(12)]).prop_map(|d| Op::List { path: d.unwrap_or(usize::MAX) }),
         1 => prop::sample::select(vec![0o755u16, 0o700, 0o750]).prop_map(|mode| Op::ChmodRoot { mode }),
         1 => (p.clone(), any::<u8>()).prop_map(|(path, byte)| Op::GrowMmap { path, byte }),
         2 => p.clone().prop_map(|path| Op::Read { path }),
+        2 => (p.clone(), p.clone(), any::<u16>(), any::<u16>(), 0..6000u16).prop_map(|(from, to, off_in, off_out, len)| Op::CopyRange { from, to, off_in: off_in % 5000, off_out: off_out % 5000, len }),
     ]
 }
 
@@ -133,7 +176,7 @@ fn grow_mmap(path: &Path, byte: u8) -> Option<i32> {
 
 /// Whether `op` names a snapshot hard link (`d1/a`, `bd/g`) or a directory holding one.
 fn touches_base_link(op: &Op) -> bool {
-    let linked = |i: usize| matches!(NAMES.get(i), Some(&("d1/a" | "bd/g" | "d1" | "bd")));
+    let linked = |i: usize| matches!(NAMES.get(i), Some(&(b"d1/a" | b"bd/g" | b"d1" | b"bd")));
     match *op {
         Op::Write { path, .. }
         | Op::Truncate { path, .. }
@@ -141,15 +184,56 @@ fn touches_base_link(op: &Op) -> bool {
         | Op::Unlink { path }
         | Op::Rmdir { path }
         | Op::Chmod { path, .. } => linked(path),
-        Op::Rename { from, to } | Op::Exchange { from, to } | Op::Link { from, to } => {
-            linked(from) || linked(to)
-        }
+        Op::Rename { from, to }
+        | Op::Exchange { from, to }
+        | Op::Link { from, to }
+        | Op::CopyRange { from, to, .. } => linked(from) || linked(to),
         Op::Mkdir { .. }
         | Op::Symlink { .. }
         | Op::List { .. }
         | Op::ChmodRoot { .. }
         | Op::Read { .. } => false,
     }
+}
+
+/// [`Op::CopyRange`]: `copy_file_range` looped until `len` bytes or the source's end.
+fn copy_range(from: &Path, to: &Path, off_in: u16, off_out: u16, len: u16) -> std::io::Result<()> {
+    let src = fs::File::open(from)?;
+    let dst = fs::OpenOptions::new().write(true).open(to)?;
+    let (mut i, mut o) = (i64::from(off_in), i64::from(off_out));
+    let mut left = usize::from(len);
+    while left > 0 {
+        let n = nix::fcntl::copy_file_range(&src, Some(&mut i), &dst, Some(&mut o), left)?;
+        if n == 0 {
+            break;
+        }
+        left -= n;
+    }
+    Ok(())
+}
+
+/// What user space does where `copy_file_range` says `EXDEV` (coreutils `cp`): the same
+/// range copied with `pread` and `pwrite`.
+fn copy_range_by_read(
+    from: &Path,
+    to: &Path,
+    off_in: u16,
+    off_out: u16,
+    len: u16,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let src = fs::File::open(from)?;
+    let dst = fs::OpenOptions::new().write(true).open(to)?;
+    let mut buf = vec![0u8; usize::from(len)];
+    let mut got = 0;
+    while got < buf.len() {
+        let n = src.read_at(&mut buf[got..], u64::from(off_in) + got as u64)?;
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    dst.write_all_at(&buf[..got], u64::from(off_out))
 }
 
 fn errno<T>(r: std::io::Result<T>) -> Option<i32> {
@@ -188,15 +272,15 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
 
 /// The sorted names in a directory (`path` an index into `NAMES`, `usize::MAX` the
 /// root), or the errno listing it failed with.
-fn names(root: &Path, path: usize) -> Result<Vec<String>, i32> {
+fn names(root: &Path, path: usize) -> Result<Vec<Vec<u8>>, i32> {
     let dir = if path == usize::MAX {
         root.to_path_buf()
     } else {
-        root.join(NAMES[path])
+        root.join(name(path))
     };
     let mut v = fs::read_dir(dir)
         .and_then(|d| {
-            d.map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            d.map(|e| e.map(|e| e.file_name().into_vec()))
                 .collect::<std::io::Result<Vec<_>>>()
         })
         .map_err(|e| e.raw_os_error().unwrap_or(-1))?;
@@ -206,10 +290,17 @@ fn names(root: &Path, path: usize) -> Result<Vec<String>, i32> {
 
 /// Applies one operation under `root`; returns the errno it failed with, if any.
 fn apply(root: &Path, op: &Op) -> Option<i32> {
-    let at = |i: usize| root.join(NAMES[i]);
+    let at = |i: usize| root.join(name(i));
     match op {
         Op::List { path } => names(root, *path).err(),
         Op::Read { path } => errno(fs::read(at(*path))),
+        Op::CopyRange {
+            from,
+            to,
+            off_in,
+            off_out,
+            len,
+        } => errno(copy_range(&at(*from), &at(*to), *off_in, *off_out, *len)),
         Op::GrowMmap { path, byte } => grow_mmap(&at(*path), *byte),
         Op::ChmodRoot { mode } => errno(fs::set_permissions(
             root,
@@ -276,9 +367,7 @@ fn apply(root: &Path, op: &Op) -> Option<i32> {
         Op::Unlink { path } => errno(fs::remove_file(at(*path))),
         Op::Mkdir { path } => errno(fs::create_dir(at(*path))),
         Op::Rmdir { path } => errno(fs::remove_dir(at(*path))),
-        Op::Symlink { target, path } => {
-            errno(std::os::unix::fs::symlink(NAMES[*target], at(*path)))
-        }
+        Op::Symlink { target, path } => errno(std::os::unix::fs::symlink(name(*target), at(*path))),
         Op::Chmod { path, mode } => {
             // chmod follows symlinks; only real files and directories are chmod'ed here.
             match fs::symlink_metadata(at(*path)) {
@@ -310,16 +399,13 @@ fn listing(root: &Path, nlink: bool) -> Vec<String> {
         names.sort();
         for n in names {
             let p = dir.join(&n);
-            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            let rel = exact(p.strip_prefix(root).unwrap());
             let m = fs::symlink_metadata(&p).unwrap();
             if m.is_dir() {
                 out.push(format!("d {rel} {:o}", m.mode() & 0o7777));
                 walk(root, &p, nlink, out, inos);
             } else if m.file_type().is_symlink() {
-                out.push(format!(
-                    "l {rel} -> {}",
-                    fs::read_link(&p).unwrap().display()
-                ));
+                out.push(format!("l {rel} -> {}", exact(&fs::read_link(&p).unwrap())));
             } else {
                 let data = fs::read(&p).unwrap();
                 out.push(format!(
@@ -369,6 +455,8 @@ fn random_operations_match_a_plain_directory() {
     fs::write(base.join("base.txt"), "the base\n").unwrap();
     fs::write(base.join("bd/f"), vec![7u8; 4000]).unwrap();
     fs::write(base.join("d1/a"), "a in d1\n").unwrap();
+    // A name that is not UTF-8, from the snapshot.
+    fs::write(base.join(name(15)), "not utf-8\n").unwrap();
     // A file with two names in the snapshot, in two directories.
     fs::hard_link(base.join("d1/a"), base.join("bd/g")).unwrap();
     let root = tmp.path().join("root");
@@ -421,6 +509,7 @@ fn random_operations_match_a_plain_directory() {
     let mut runner = TestRunner::new(config);
     let counter = std::sync::atomic::AtomicU32::new(0);
     let op_count = std::sync::atomic::AtomicU64::new(0);
+    let exdev = std::sync::atomic::AtomicU64::new(0);
     let result = runner.run(&proptest::collection::vec(op(), 1..40), |ops| {
         let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         op_count.fetch_add(ops.len() as u64, std::sync::atomic::Ordering::SeqCst);
@@ -449,7 +538,50 @@ fn random_operations_match_a_plain_directory() {
             for (i, op) in ops.iter().enumerate() {
                 let want = apply(&model, op);
                 for (w, (kind, ws)) in workspaces.iter().enumerate() {
-                    let got = apply(&ws.path, op);
+                    let before = match op {
+                        Op::CopyRange { to, .. } => fs::read(ws.path.join(name(*to))).ok(),
+                        _ => None,
+                    };
+                    let mut got = apply(&ws.path, op);
+                    // overlay over the view: `copy_file_range` from an unmodified snapshot
+                    // file is refused with EXDEV (docs/CONFORMANCE.md). Then nothing may
+                    // have changed, and the fallback user space takes (read and write)
+                    // must give what the model has.
+                    if let (
+                        Op::CopyRange {
+                            from,
+                            to,
+                            off_in,
+                            off_out,
+                            len,
+                        },
+                        Some(libc::EXDEV),
+                    ) = (op, got)
+                    {
+                        prop_assert_eq!(
+                            kind.as_str(),
+                            "overlay/view",
+                            "op {} {:?}: EXDEV where only overlay over the view may say it",
+                            i,
+                            op
+                        );
+                        prop_assert_eq!(
+                            fs::read(ws.path.join(name(*to))).ok(),
+                            before,
+                            "{} op {} {:?}: refused with EXDEV, yet the target changed",
+                            kind,
+                            i,
+                            op
+                        );
+                        got = errno(copy_range_by_read(
+                            &ws.path.join(name(*from)),
+                            &ws.path.join(name(*to)),
+                            *off_in,
+                            *off_out,
+                            *len,
+                        ));
+                        exdev.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
                     if kind.starts_with("overlay") && touches_base_link(op) {
                         diverged[w] = true;
                     }
@@ -469,8 +601,8 @@ fn random_operations_match_a_plain_directory() {
                     }
                     if let Op::Read { path } = op {
                         prop_assert_eq!(
-                            fs::read(ws.path.join(NAMES[*path])).ok(),
-                            fs::read(model.join(NAMES[*path])).ok(),
+                            fs::read(ws.path.join(name(*path))).ok(),
+                            fs::read(model.join(name(*path))).ok(),
                             "{} op {} {:?}",
                             kind,
                             i,
@@ -559,8 +691,11 @@ fn random_operations_match_a_plain_directory() {
     }
     let ran = counter.load(std::sync::atomic::Ordering::SeqCst);
     let ops = op_count.load(std::sync::atomic::Ordering::SeqCst);
+    let exdev = exdev.load(std::sync::atomic::Ordering::SeqCst);
     eprintln!(
-        "{ran} operation sequences, {ops} operations (seed {seed}) matched the model on {kinds:?}"
+        "{ran} operation sequences, {ops} operations (seed {seed}) matched the model on \
+         {kinds:?} ({exdev} copy_file_range refused with EXDEV, target unchanged, copied by \
+         read and write)"
     );
     assert!(ran >= cases, "only {ran} of {cases} cases ran");
 }

@@ -15,13 +15,15 @@ pub struct Cli {
     /// $XDG_DATA_HOME/cowspace).
     #[arg(long, global = true, value_name = "DIR")]
     pub root: Option<PathBuf>,
-    /// Print exactly one JSON object on stdout; messages go to stderr.
+    /// Print exactly one JSON value on stdout (an object; an array for `list`,
+    /// `snapshots`); messages go to stderr.
     #[arg(long, global = true)]
     pub json: bool,
     /// More logging (repeat for more).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     pub verbose: u8,
-    /// Less output: errors only.
+    /// Less output: no progress, notes or confirmations ("removed …", "exported …");
+    /// results (ids, paths, listings) and errors still print.
     #[arg(short, long, global = true)]
     pub quiet: bool,
     #[command(subcommand)]
@@ -43,23 +45,38 @@ pub enum Command {
     Ref(RefCommand),
     /// Show a snapshot, or a path in it.
     Show {
+        /// A snapshot id (or a unique prefix of at least 6 hex digits) or ref.
         snapshot: String,
+        /// A path in the snapshot (`/`-separated, from its root): a directory's entries,
+        /// a file's kind, mode, size and content id, a symlink's target.
         path: Option<String>,
     },
-    /// Write a snapshot to a new directory (or a tar archive with --tar).
+    /// Write a snapshot to a new directory (or a tar archive with --tar), as it was
+    /// imported (docs/git.md: what an import of a git checkout added is taken out).
     Export {
+        /// A snapshot id (or a unique prefix of at least 6 hex digits) or ref.
         snapshot: String,
+        /// The new directory (or archive file); it must not exist.
         dest: PathBuf,
+        /// Write a tar archive (pax, with xattrs) instead of a directory.
         #[arg(long)]
         tar: bool,
     },
     /// Changed paths of a workspace against its base, or between two snapshots or refs.
     Diff {
+        /// A workspace (id or name) to diff against its base; with B, a snapshot (id,
+        /// unique prefix of at least 6 hex digits, or ref).
         a: String,
+        /// The snapshot (id, prefix or ref) to compare A with: the changes from A to B.
         b: Option<String>,
         /// Print a unified patch of text files.
         #[arg(long)]
         patch: bool,
+        /// Of a workspace: list also the new paths the base's exclusion policy leaves out
+        /// (`.venv`, `node_modules`, `--exclude` patterns of the import), which `commit`
+        /// leaves out too.
+        #[arg(long)]
+        include_excluded: bool,
     },
     /// Verify every object and reference; say which snapshots, refs and paths need what
     /// is damaged.
@@ -79,9 +96,13 @@ pub enum Command {
         all: bool,
     },
     /// Show one workspace's record.
-    Status { workspace: String },
+    Status {
+        /// The workspace (id or name).
+        workspace: String,
+    },
     /// Capture a workspace's changes as a new snapshot.
     Commit {
+        /// The workspace (id or name).
         workspace: String,
         /// Move this ref to the new snapshot (compare-and-swap).
         #[arg(long = "ref", value_name = "NAME")]
@@ -90,6 +111,7 @@ pub enum Command {
         /// base when the ref exists).
         #[arg(long, value_name = "SNAP", requires = "ref_name")]
         expect: Option<String>,
+        /// The new snapshot's message (recorded; shown by `snapshots` and `show`).
         #[arg(long, short, default_value = "")]
         message: String,
         /// Make a snapshot even when nothing changed since the workspace's previous
@@ -97,9 +119,15 @@ pub enum Command {
         /// and gives that snapshot.
         #[arg(long)]
         allow_empty: bool,
+        /// Capture also the new paths the base's recorded exclusion policy leaves out
+        /// (by default a `.venv` or `node_modules` made in the workspace is left out, as
+        /// its import would; `diff` lists what a commit captures).
+        #[arg(long)]
+        include_excluded: bool,
     },
     /// Unmount a workspace and delete its private state.
     Remove {
+        /// The workspace (id or name).
         workspace: String,
         /// End the processes still using it.
         #[arg(long)]
@@ -108,7 +136,10 @@ pub enum Command {
     /// Reconcile the registry with the mount table; remove leftovers.
     Sweep,
     /// Remount a stopped workspace with its written data.
-    Recover { workspace: String },
+    Recover {
+        /// The workspace (id or name).
+        workspace: String,
+    },
     /// What each materializer would do on this host, and why.
     Doctor,
     /// The daemon.
@@ -223,7 +254,7 @@ pub enum DaemonCommand {
 
 #[derive(Debug, Args)]
 pub struct CreateArgs {
-    /// A snapshot id (or unique prefix) or ref.
+    /// A snapshot id (or a unique prefix of at least 6 hex digits) or ref.
     #[arg(required_unless_present = "from_git", conflicts_with = "from_git")]
     pub snapshot: Option<String>,
     /// Make the workspace from this git checkout (see --dirty).
@@ -238,8 +269,14 @@ pub struct CreateArgs {
         requires = "from_git"
     )]
     pub dirty: String,
+    /// A name for the workspace, usable wherever its id is: 1 to 63 letters, digits,
+    /// `.`, `_` or `-`, starting with a letter or digit and not with `ws-`.
     #[arg(long)]
     pub name: Option<String>,
+    /// How the workspace is made: auto (the best this host supports, as `doctor`
+    /// shows), overlay (kernel overlayfs), fuse (the daemon's own copy-on-write view),
+    /// btrfs (a subvolume snapshot), reflink (cloned files), copy (a full copy, only
+    /// by name). One that cannot work here is refused, never replaced.
     #[arg(
         long,
         default_value = "auto",
@@ -267,6 +304,7 @@ pub struct ImportArgs {
     /// Move this ref to the new snapshot (its old snapshot becomes the parent).
     #[arg(long = "ref", value_name = "NAME")]
     pub ref_name: Option<String>,
+    /// The snapshot's message (recorded; shown by `snapshots` and `show`).
     #[arg(long, short, default_value = "")]
     pub message: String,
     /// Leave out paths matching GLOB (repeatable).
@@ -300,7 +338,9 @@ pub struct ImportArgs {
 pub enum RefCommand {
     /// Point NAME at SNAP, if NAME is at --expect (or absent when --expect is not given).
     Set {
+        /// The ref, e.g. myrepo/main.
         name: String,
+        /// A snapshot id (or a unique prefix of at least 6 hex digits) or ref.
         snapshot: String,
         /// The snapshot NAME must hold now.
         #[arg(long, value_name = "SNAP")]
@@ -311,7 +351,9 @@ pub enum RefCommand {
     },
     /// Delete NAME if it is at --expect.
     Delete {
+        /// The ref.
         name: String,
+        /// The snapshot NAME must hold now (so a ref moved meanwhile is not deleted).
         #[arg(long, value_name = "SNAP")]
         expect: String,
     },

@@ -101,6 +101,35 @@ mod tests {
         );
     }
 
+    /// Every argument and flag of every command says what it is (`--help`, the man pages
+    /// and docs/cli.md show it), and snapshot arguments say how short a prefix may be.
+    #[test]
+    fn every_argument_has_help() {
+        let mut missing = Vec::new();
+        for (path, cmd) in commands() {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if a.is_hide_set() || id == "help" || id == "version" {
+                    continue;
+                }
+                if a.get_help().is_none() && a.get_long_help().is_none() {
+                    missing.push(format!("{path}: {id}"));
+                }
+            }
+        }
+        assert!(missing.is_empty(), "no help text for: {missing:#?}");
+        for path in [
+            "mountctl show",
+            "mountctl export",
+            "mountctl create",
+            "mountctl diff",
+        ] {
+            let (_, mut cmd) = commands().into_iter().find(|(p, _)| p == path).unwrap();
+            let help = cmd.render_long_help().to_string();
+            assert!(help.contains("at least 6 hex digits"), "{path}: {help}");
+        }
+    }
+
     #[test]
     fn every_command_has_a_man_page_and_completions_name_them() {
         let tmp = tempfile::tempdir().unwrap();

@@ -33,6 +33,15 @@ impl Ctx {
         }
     }
 
+    /// [`Ctx::emit`] for a confirmation of what was done ("removed …"), which
+    /// `-q` silences; the JSON object is printed either way.
+    pub fn confirm(&self, value: serde_json::Value, human: impl FnOnce() -> String) {
+        if self.quiet && !self.json {
+            return;
+        }
+        self.emit(value, human)
+    }
+
     /// A message for people on stderr (never on stdout).
     pub fn note(&self, msg: &str) {
         if !self.quiet {

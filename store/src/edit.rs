@@ -94,6 +94,8 @@ pub struct Editor<'s> {
     moved: Vec<(Vec<u8>, Vec<u8>)>,
     /// [`Editor::pin_for`].
     pin_holder: Option<String>,
+    /// [`Editor::exclude_by`].
+    filter: Option<crate::import::exclude::ChangeFilter>,
 }
 
 /// Stat-cache rows: a path under a source root, its stamp, its content.
@@ -142,6 +144,7 @@ impl Store {
             changed: 0,
             touched_primary: false,
             moved: Vec::new(),
+            filter: None,
             parents: vec![*base],
             git_fsmonitor: None,
             stat_cache: None,
@@ -237,7 +240,29 @@ impl<'s> Editor<'s> {
         Ok(node)
     }
 
+    /// Leaves out the changes the base's recorded exclusion policy excludes (new paths
+    /// only; [`crate::import::exclude::ChangeFilter`]): every `put_*` of such a path is a
+    /// no-op. Deletions always apply.
+    pub fn exclude_by(&mut self, filter: crate::import::exclude::ChangeFilter) {
+        self.filter = Some(filter);
+    }
+
+    /// Paths [`Editor::exclude_by`] left out so far (a directory counts once).
+    pub fn left_out(&self) -> u64 {
+        self.filter.as_ref().map_or(0, |f| f.left_out_count())
+    }
+
+    fn is_left_out(&mut self, path: &[u8], is_dir: bool) -> Result<bool> {
+        match self.filter.as_mut() {
+            Some(f) => f.left_out(self.store, path, is_dir),
+            None => Ok(false),
+        }
+    }
+
     fn set(&mut self, path: &[u8], child: Child) -> Result<()> {
+        if !matches!(child, Child::Delete) && self.is_left_out(path, false)? {
+            return Ok(());
+        }
         let comps = split_path(path)?;
         let Some((last, parents)) = comps.split_last() else {
             return Err(Error::Invalid("the root cannot be replaced".into()));
@@ -259,6 +284,9 @@ impl<'s> Editor<'s> {
     /// Makes `path` a directory with this mode and xattrs, keeping the base's entries
     /// under it if it was a directory there.
     pub fn put_dir(&mut self, path: &[u8], mode: u32, xattrs: Xattrs) -> Result<()> {
+        if self.is_left_out(path, true)? {
+            return Ok(());
+        }
         let comps = split_path(path)?;
         self.changed += 1;
         let dir = self.dir_mut(&comps)?;
@@ -272,6 +300,9 @@ impl<'s> Editor<'s> {
     /// `origin`, a redirect): `origin`'s subtree is kept by id, later changes under
     /// `path` apply on top of it. The origin's own removal is the caller's (`delete`).
     pub fn rebase_dir(&mut self, path: &[u8], origin: &[u8]) -> Result<()> {
+        if self.is_left_out(path, true)? {
+            return Ok(());
+        }
         let tree = match self.base_entry(origin)? {
             Some(e) if e.kind == Kind::Dir => e.subtree(),
             _ => {
@@ -299,6 +330,9 @@ impl<'s> Editor<'s> {
     /// Makes `path` an empty directory: nothing of the base under it survives (an overlay
     /// "opaque" directory); later `put_*` calls fill it.
     pub fn clear_dir(&mut self, path: &[u8], mode: u32, xattrs: Xattrs) -> Result<()> {
+        if self.is_left_out(path, true)? {
+            return Ok(());
+        }
         let comps = split_path(path)?;
         if comps.is_empty() {
             self.root = DirEdit {
@@ -343,6 +377,10 @@ impl<'s> Editor<'s> {
     ) -> Result<usize> {
         let slot = self.slots.len();
         self.slots.push(None);
+        if self.is_left_out(path, false)? {
+            // Never read; its slot stays empty.
+            return Ok(slot);
+        }
         self.files_read += 1;
         self.ingest.submit_path(slot, host_path, u64::MAX)?;
         self.drain(false)?;
@@ -450,7 +488,7 @@ impl<'s> Editor<'s> {
     ) -> Result<ImportReport> {
         self.drain(true)?;
         let mut counts = self.base.counts;
-        counts.excluded = 0;
+        counts.excluded = self.left_out();
         let mut primaries = HashMap::new();
         collect_primaries(&self.root, &[], &mut primaries);
         let root_edit = std::mem::take(&mut self.root);
@@ -525,7 +563,7 @@ impl<'s> Editor<'s> {
             dirs: counts.dirs,
             symlinks: counts.symlinks,
             bytes: counts.bytes,
-            excluded: 0,
+            excluded: counts.excluded,
             files_read: w.files_read,
             objects_written: w.objects_written,
             new_bytes_stored: w.new_bytes_stored,
@@ -585,6 +623,7 @@ impl<'s> Editor<'s> {
         snap: Snapshot,
         ref_name: Option<(&str, Expect)>,
     ) -> Result<ImportReport> {
+        let excluded = self.left_out();
         let w = self.write_pending(&id, ref_name)?;
         Ok(ImportReport {
             snapshot: id,
@@ -593,7 +632,7 @@ impl<'s> Editor<'s> {
             dirs: snap.counts.dirs,
             symlinks: snap.counts.symlinks,
             bytes: snap.counts.bytes,
-            excluded: 0,
+            excluded,
             files_read: w.files_read,
             objects_written: w.objects_written,
             new_bytes_stored: w.new_bytes_stored,

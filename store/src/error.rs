@@ -196,6 +196,20 @@ impl Error {
             Error::Corrupt { .. } => {
                 "run `mountctl fsck` to list every damaged object; re-import the source".into()
             }
+            // Too short for a prefix: a real snapshot's short prefix must not read as
+            // missing for no reason.
+            Error::NotFound {
+                what: "snapshot or ref",
+                name,
+            } if name.len() < crate::refs::MIN_PREFIX_HEX
+                && name.bytes().all(|b| b.is_ascii_hexdigit()) =>
+            {
+                format!(
+                    "a snapshot id prefix needs at least {} hex digits; `mountctl snapshots` \
+                     lists the ids",
+                    crate::refs::MIN_PREFIX_HEX
+                )
+            }
             Error::NotFound {
                 what: "snapshot or ref",
                 ..

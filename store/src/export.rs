@@ -1,10 +1,18 @@
 //! Export of a snapshot to a directory or a tar archive, byte-identical to what was
 //! imported (contents, modes, symlinks, hard links, empty directories, xattrs).
 //!
+//! But for what an import of a git checkout adds for workspaces (docs/git.md): the
+//! fsmonitor lines appended to `.git/config` and the fsmonitor extension given to
+//! `.git/index` are taken out again (both together, and only while still exactly as
+//! written: [`Store::as_imported`]). The index's stat data stays as the import rewrote it
+//! for workspaces; it never matches an export's new files anyway, so git checks them
+//! once, as after any copy of a checkout.
+//!
 //! Nothing is half-made: the directory is built under a temporary name beside DEST and
 //! renamed into place at the end; the archive likewise. A corrupt object stops the export
 //! with `Corrupt` and removes the partial output.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -62,15 +70,58 @@ fn check_dest(dest: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Files an export writes with other bytes than the stored ones, by path.
+type Substitutes = HashMap<Vec<u8>, Vec<u8>>;
+
 impl Store {
+    /// The files of the snapshot with root `root` an export gives back as the import
+    /// found them (the module's doc): `.git/config` without the fsmonitor lines and
+    /// `.git/index` without the fsmonitor extension an import added, when both are still
+    /// as written. Empty for anything else.
+    pub fn as_imported(&self, root: &TreeId) -> Result<Substitutes> {
+        use crate::import::gitindex;
+        let mut out = Substitutes::new();
+        let Some(git) = self
+            .tree(root)?
+            .get(b".git")
+            .filter(|e| e.kind == Kind::Dir)
+            .and_then(|e| e.subtree())
+        else {
+            return Ok(out);
+        };
+        let git = self.tree(&git)?;
+        let file = |name: &[u8]| -> Result<Option<Vec<u8>>> {
+            match git.get(name).filter(|e| e.kind == Kind::File) {
+                Some(e) => Ok(Some(self.read_content(&e.content().expect("file"))?)),
+                None => Ok(None),
+            }
+        };
+        let (Some(config), Some(index)) = (file(b"config")?, file(b"index")?) else {
+            return Ok(out);
+        };
+        let ours = gitindex::fsmonitor_token(&index)
+            .is_some_and(|t| t.starts_with(gitindex::FSMONITOR_TOKEN_PREFIX));
+        let config = String::from_utf8(config)
+            .ok()
+            .and_then(|c| gitindex::strip_fsmonitor_config(&c));
+        let index = gitindex::rewrite_marking(&index, |_, _| None)
+            .and_then(|r| gitindex::without_fsmonitor(&r));
+        if let (true, Some(config), Some(index)) = (ours, config, index) {
+            out.insert(b".git/config".to_vec(), config.into_bytes());
+            out.insert(b".git/index".to_vec(), index);
+        }
+        Ok(out)
+    }
+
     /// Writes the snapshot's tree to a new directory `dest` (which must not exist).
     pub fn export_dir(&self, snapshot: &SnapshotId, dest: &Path) -> Result<()> {
         check_dest(dest)?;
         let snap = self.snapshot(snapshot)?;
+        let subst = self.as_imported(&snap.root)?;
         let tmp = tmp_beside(dest)?;
         let result = (|| {
             fs::create_dir(&tmp).map_err(Error::io("create directory", &tmp))?;
-            self.export_tree(&snap.root, &tmp, &tmp)?;
+            self.export_tree(&snap.root, &tmp, &tmp, &subst)?;
             set_xattrs(&tmp, &snap.root_xattrs)?;
             fs::set_permissions(&tmp, fs::Permissions::from_mode(snap.root_mode))
                 .map_err(Error::io("chmod", &tmp))?;
@@ -88,14 +139,14 @@ impl Store {
         result
     }
 
-    fn export_tree(&self, id: &TreeId, dir: &Path, top: &Path) -> Result<()> {
+    fn export_tree(&self, id: &TreeId, dir: &Path, top: &Path, subst: &Substitutes) -> Result<()> {
         let tree = self.tree(id)?;
         for e in &tree.entries {
             let path = dir.join(std::ffi::OsStr::from_bytes(&e.name));
             match e.kind {
                 Kind::Dir => {
                     fs::create_dir(&path).map_err(Error::io("create directory", &path))?;
-                    self.export_tree(&e.subtree().expect("dir"), &path, top)?;
+                    self.export_tree(&e.subtree().expect("dir"), &path, top, subst)?;
                     set_xattrs(&path, &e.xattrs)?;
                     fs::set_permissions(&path, fs::Permissions::from_mode(e.mode))
                         .map_err(Error::io("chmod", &path))?;
@@ -106,14 +157,19 @@ impl Store {
                         .create_new(true)
                         .open(&path)
                         .map_err(Error::io("create file", &path))?;
-                    let mut r = self.content_reader(&e.content().expect("file"))?;
-                    let n = io::copy(&mut r, &mut f).map_err(|err| from_io(err, &path))?;
-                    if n != e.size {
-                        return Err(Error::corrupt(
-                            "tree",
-                            id,
-                            format!("entry {:?} says {} bytes, content has {n}", path, e.size),
-                        ));
+                    let rel = path.strip_prefix(top).expect("under top");
+                    if let Some(bytes) = subst.get(rel.as_os_str().as_bytes()) {
+                        f.write_all(bytes).map_err(Error::io("write", &path))?;
+                    } else {
+                        let mut r = self.content_reader(&e.content().expect("file"))?;
+                        let n = io::copy(&mut r, &mut f).map_err(|err| from_io(err, &path))?;
+                        if n != e.size {
+                            return Err(Error::corrupt(
+                                "tree",
+                                id,
+                                format!("entry {:?} says {} bytes, content has {n}", path, e.size),
+                            ));
+                        }
                     }
                     f.flush().map_err(Error::io("write", &path))?;
                     drop(f);
@@ -139,6 +195,7 @@ impl Store {
     pub fn export_tar(&self, snapshot: &SnapshotId, dest: &Path) -> Result<()> {
         check_dest(dest)?;
         let snap = self.snapshot(snapshot)?;
+        let subst = self.as_imported(&snap.root)?;
         let tmp = tmp_beside(dest)?;
         let result = (|| {
             let file = fs::OpenOptions::new()
@@ -154,7 +211,8 @@ impl Store {
             root.set_mtime(snap.created_at.max(0) as u64);
             b.append_data(&mut root, "./", io::empty())
                 .map_err(Error::io("write archive", &tmp))?;
-            self.tar_tree(&mut b, &snap.root, &[], snap.created_at.max(0) as u64, &tmp)?;
+            let mtime = snap.created_at.max(0) as u64;
+            self.tar_tree(&mut b, &snap.root, &[], mtime, &tmp, &subst)?;
             let w = b.into_inner().map_err(Error::io("write archive", &tmp))?;
             let file = w
                 .into_inner()
@@ -181,6 +239,7 @@ impl Store {
         prefix: &[u8],
         mtime: u64,
         archive: &Path,
+        subst: &Substitutes,
     ) -> Result<()> {
         let tree = self.tree(id)?;
         let werr = |e| Error::io("write archive", archive)(e);
@@ -211,14 +270,19 @@ impl Store {
                         io::empty(),
                     )
                     .map_err(werr)?;
-                    self.tar_tree(b, &e.subtree().expect("dir"), &path, mtime, archive)?;
+                    self.tar_tree(b, &e.subtree().expect("dir"), &path, mtime, archive, subst)?;
                 }
                 Kind::File => {
                     h.set_entry_type(tar::EntryType::Regular);
-                    h.set_size(e.size);
-                    let r = self.content_reader(&e.content().expect("file"))?;
-                    b.append_data(&mut h, p, r)
-                        .map_err(|err| from_io(err, archive))?;
+                    if let Some(bytes) = subst.get(&path) {
+                        h.set_size(bytes.len() as u64);
+                        b.append_data(&mut h, p, &bytes[..]).map_err(werr)?;
+                    } else {
+                        h.set_size(e.size);
+                        let r = self.content_reader(&e.content().expect("file"))?;
+                        b.append_data(&mut h, p, r)
+                            .map_err(|err| from_io(err, archive))?;
+                    }
                 }
                 Kind::Hardlink => {
                     h.set_entry_type(tar::EntryType::Link);

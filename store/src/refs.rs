@@ -180,7 +180,7 @@ impl Store {
                 _ => Err(Error::not_found("snapshot or ref", spec)),
             };
         }
-        if is_hex && spec.len() >= 6 {
+        if is_hex && spec.len() >= MIN_PREFIX_HEX {
             let prefix = spec.to_ascii_lowercase();
             let matches: Vec<SnapshotId> = self
                 .snapshot_ids()?
@@ -196,6 +196,9 @@ impl Store {
         Err(Error::not_found("snapshot or ref", spec))
     }
 }
+
+/// The fewest hex digits a snapshot id prefix may have.
+pub const MIN_PREFIX_HEX: usize = 6;
 
 #[cfg(test)]
 mod tests {

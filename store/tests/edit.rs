@@ -196,3 +196,72 @@ fn rebased_directories_keep_their_hard_links_and_primaries_come_first() {
     assert_eq!(ino("b/third"), ino("z/moved/first"));
     assert_eq!(ino("b/third"), ino("c/second"));
 }
+
+/// The base's exclusion policy applied by the editor (`commit`'s default): new paths it
+/// excludes, or under a directory it excludes, are left out (a directory counted once);
+/// what the base holds under such a name (a directory the import kept) is captured.
+#[test]
+fn an_exclusion_filter_leaves_out_new_excluded_paths_only() {
+    use cowspace_store::import::exclude::ChangeFilter;
+    use cowspace_store::snapshot::Policy;
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir_all(src.join("build")).unwrap();
+    fs::write(src.join("build/kept.sh"), "kept\n").unwrap();
+    let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
+    let mut opts = ImportOptions::new();
+    opts.default_excludes = false;
+    let base = store.import_dir(&src, &opts).unwrap();
+    let host = tmp.path().join("host");
+    fs::create_dir_all(&host).unwrap();
+    fs::write(host.join("f"), "f\n").unwrap();
+    let policy = Policy {
+        default_excludes: true,
+        excludes: vec!["*.log".into()],
+        dirty: None,
+    };
+    let mut ed = store.edit(&base.snapshot).unwrap();
+    ed.exclude_by(ChangeFilter::new(&policy, base.root).unwrap().unwrap());
+    for dir in ["dist", "dist/sub", "build/node_modules"] {
+        ed.put_dir(dir.as_bytes(), 0o755, vec![]).unwrap();
+    }
+    for file in [
+        "dist/sub/x.js",
+        "build/new.sh",
+        "build/node_modules/m.js",
+        "a.log",
+        "b.txt",
+    ] {
+        ed.put_file(file.as_bytes(), host.join("f"), 0o644, vec![], None)
+            .unwrap();
+    }
+    // Kept under an excluded name: it is in the base.
+    ed.put_file(b"build/kept.sh", host.join("f"), 0o755, vec![], None)
+        .unwrap();
+    assert_eq!(ed.left_out(), 3, "dist, build/node_modules, a.log");
+    let r = ed
+        .commit("", Source::Workspace { id: "t".into() }, None)
+        .unwrap();
+    let out = tmp.path().join("out");
+    store.export_dir(&r.snapshot, &out).unwrap();
+    for kept in ["build/new.sh", "build/kept.sh", "b.txt"] {
+        assert!(out.join(kept).is_file(), "{kept}");
+    }
+    for gone in ["dist", "build/node_modules", "a.log"] {
+        assert!(!out.join(gone).exists(), "{gone}");
+    }
+    assert_eq!(
+        fs::metadata(out.join("build/kept.sh"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o755
+    );
+    // A policy that excludes nothing gives no filter.
+    assert!(
+        ChangeFilter::new(&Policy::default(), base.root)
+            .unwrap()
+            .is_none()
+    );
+}

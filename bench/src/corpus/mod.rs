@@ -277,6 +277,10 @@ pub fn git() -> Command {
             "-c",
             "safe.directory=*",
         ]);
+    // The hook runs the mountctl bench measures, which need not be on PATH.
+    if let Some(m) = crate::mountctl::LOCATED.get() {
+        c.env("COWSPACE_MOUNTCTL", m);
+    }
     c
 }
 

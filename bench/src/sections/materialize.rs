@@ -1254,7 +1254,7 @@ impl Cowspace {
             Some(0) => {
                 let v: serde_json::Value =
                     serde_json::from_slice(&out).map_err(|e| e.to_string())?;
-                let ws = v["workspace"].as_str().unwrap_or_default().to_string();
+                let ws = v["id"].as_str().unwrap_or_default().to_string();
                 m.mountctl()
                     .json(
                         &m.store.root,
@@ -1365,14 +1365,14 @@ impl Materializer for Cowspace {
             let mut args = self.socket_args();
             args["path"] = path.into();
             let r = self.request("create", args)?;
-            serde_json::json!({"workspace": r["id"], "path": r["path"]})
+            serde_json::json!({"id": r["id"], "path": r["path"]})
         } else {
             let mut args: Vec<&std::ffi::OsStr> = vec!["create".as_ref(), "bench".as_ref()];
             args.extend(self.args.iter().map(|a| std::ffi::OsStr::new(*a)));
             args.extend(["--path".as_ref(), path.as_os_str()]);
             self.mountctl().json(&self.store.root, &args)?
         };
-        let ws = v["workspace"]
+        let ws = v["id"]
             .as_str()
             .context("mountctl create printed no workspace id")?;
         let private = self.store.root.join("workspaces").join(ws);

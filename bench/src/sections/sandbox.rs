@@ -208,11 +208,11 @@ impl Section for SandboxSection {
                         ],
                     )
                     .map_err(|e| format!("{e:#}"))?;
-                let id = v["workspace"].as_str().unwrap_or_default().to_string();
+                let id = v["id"].as_str().unwrap_or_default().to_string();
                 self.notes.push(format!(
                     "`mountctl run`'s workspace: `mountctl create bench` (default: {} materializer, {} lower) of the corpus; runtime root {}.",
                     v["materializer"].as_str().unwrap_or("?"),
-                    v["lower"].as_str().unwrap_or("?"),
+                    v["lower_kind"].as_str().unwrap_or("?"),
                     g.root.display()
                 ));
                 Ok((id, path))

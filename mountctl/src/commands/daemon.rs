@@ -13,13 +13,13 @@ pub fn run(ctx: &Ctx, c: DaemonCommand) -> anyhow::Result<ExitCode> {
     match c {
         DaemonCommand::Start => {
             daemon::ensure_running(&ctx.root)?;
-            ctx.emit(json!({"running": true}), || "the daemon is running".into());
+            ctx.confirm(json!({"running": true}), || "the daemon is running".into());
         }
         DaemonCommand::Stop { force } => {
             let stopped = daemon::stop(&ctx.root, force)?;
             // A daemon killed earlier left its views mounted (dead): no one else will.
             let detached = daemon::detach_dead_views(&ctx.root);
-            ctx.emit(
+            ctx.confirm(
                 json!({"stopped": stopped, "views_detached": detached}),
                 || {
                     if stopped {

@@ -29,8 +29,9 @@ pub fn run(ctx: &Ctx, spec: &str, dest: &Path, tar: bool) -> anyhow::Result<Exit
     done?;
     let ms = t.elapsed().as_secs_f64() * 1e3;
     let d = dest.display().to_string();
-    ctx.emit(
-        json!({"snapshot": id, "dest": d, "tar": tar, "ms": ms}),
+    ctx.confirm(
+        // `ms`: the old name of `elapsed_ms`, until the release after next.
+        json!({"snapshot": id, "dest": d, "tar": tar, "elapsed_ms": ms, "ms": ms}),
         || format!("exported {} to {d} in {ms:.0} ms", id.short()),
     );
     Ok(ExitCode::SUCCESS)

@@ -48,7 +48,17 @@ pub fn run(ctx: &Ctx, args: ImportArgs) -> anyhow::Result<ExitCode> {
     // And git asks the workspace what changed instead of looking at every file.
     if !args.no_git_fsmonitor {
         match cowspace_fsd::gitfsmonitor::git_reads_the_extension() {
-            Ok(()) => opts.git_fsmonitor = cowspace_fsd::gitfsmonitor::hook_command(),
+            Ok(()) => {
+                opts.git_fsmonitor = Some(cowspace_fsd::gitfsmonitor::hook_command());
+                if cowspace_fsd::gitfsmonitor::hook_program().is_none() {
+                    ctx.note(&format!(
+                        "note: git's fsmonitor hook runs the `mountctl` on PATH (or ${}), and \
+                         none is found here: until one is, git in workspaces looks at every \
+                         file (docs/git.md)",
+                        cowspace_fsd::gitfsmonitor::MOUNTCTL_ENV
+                    ));
+                }
+            }
             Err(why) => ctx.note(&format!(
                 "note: git in workspaces will look at every file ({why}; docs/git.md)"
             )),

@@ -12,14 +12,14 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let root = ctx.root.display().to_string();
     match Store::init(&ctx.root, StoreConfig::default()) {
         Ok(_) => {
-            ctx.emit(json!({"root": root, "created": true}), || {
+            ctx.confirm(json!({"root": root, "created": true}), || {
                 format!("initialised {root}")
             });
         }
         Err(StoreError::RootExists(_)) => {
             // Opened, so that a damaged root is not passed off as a usable one.
             Store::open(&ctx.root, StoreConfig::default())?;
-            ctx.emit(json!({"root": root, "created": false}), || {
+            ctx.confirm(json!({"root": root, "created": false}), || {
                 format!("{root} is initialised already; nothing to do")
             });
         }

@@ -36,9 +36,18 @@ pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
             dest,
             tar,
         } => export::run(ctx, &snapshot, &dest, tar),
-        Command::Diff { a, b, patch } => match b {
+        Command::Diff {
+            a,
+            b,
+            patch,
+            include_excluded,
+        } => match b {
+            Some(_) if include_excluded => Ok(crate::output::usage_error(
+                "error: --include-excluded is for the diff of a workspace against its base (one argument)\n",
+                ctx.json,
+            )),
             Some(b) => diff::run(ctx, &a, &b, patch),
-            None => workspace::diff(ctx, &a, patch),
+            None => workspace::diff(ctx, &a, patch, include_excluded),
         },
         Command::Fsck(args) => fsck::run(ctx, args),
         Command::Gc(args) => gc::run(ctx, args),
@@ -53,7 +62,18 @@ pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
             expect,
             message,
             allow_empty,
-        } => workspace::commit(ctx, &workspace, ref_name, expect, message, allow_empty),
+            include_excluded,
+        } => workspace::commit(
+            ctx,
+            &workspace,
+            &cowspace_fsd::runtime::CommitOptions {
+                ref_name,
+                expect,
+                message,
+                allow_empty,
+                include_excluded,
+            },
+        ),
         Command::Remove { workspace, force } => workspace::remove(ctx, &workspace, force),
         Command::Sweep => workspace::sweep(ctx),
         Command::Recover { workspace } => workspace::recover(ctx, &workspace),

@@ -37,14 +37,14 @@ pub fn run(ctx: &Ctx, cmd: RefCommand) -> anyhow::Result<ExitCode> {
                 (None, false) => Expect::Absent,
             };
             store.set_ref(&name, &new, expect)?;
-            ctx.emit(json!({"ref": name, "snapshot": new}), || {
+            ctx.confirm(json!({"ref": name, "snapshot": new}), || {
                 format!("{name} -> {new}")
             });
         }
         RefCommand::Delete { name, expect } => {
             let expect = store.resolve(&expect)?;
             store.delete_ref(&name, expect)?;
-            ctx.emit(json!({"ref": name, "deleted": true}), || {
+            ctx.confirm(json!({"ref": name, "deleted": true}), || {
                 format!("deleted {name}")
             });
         }

@@ -15,15 +15,11 @@ pub fn run(ctx: &Ctx, c: SandboxCommand) -> anyhow::Result<ExitCode> {
         SandboxCommand::Start(a) => start(ctx, &rt, a),
         SandboxCommand::Stop { workspace } => {
             let v = rt.sandbox_stop(&workspace)?;
-            ctx.emit(v.clone(), || {
-                if ctx.quiet {
-                    String::new()
-                } else {
-                    format!(
-                        "stopped the sandbox of {}",
-                        v["workspace"].as_str().unwrap_or("")
-                    )
-                }
+            ctx.confirm(v.clone(), || {
+                format!(
+                    "stopped the sandbox of {}",
+                    v["workspace"].as_str().unwrap_or("")
+                )
             });
             Ok(ExitCode::SUCCESS)
         }

@@ -23,6 +23,37 @@ fn line(r: &Record) -> String {
     )
 }
 
+/// A workspace's record for people (`status` without `--json`).
+fn describe(r: &Record) -> String {
+    let mut s = format!(
+        "workspace    {}\nname         {}\nstatus       {}\npath         {}\n\
+         materializer {} (lower: {}, {})\nsnapshot     {}\ncreated      {} ({:.1} ms)\n",
+        r.id,
+        r.name.as_deref().unwrap_or("-"),
+        r.status.as_str(),
+        r.path.display(),
+        r.materializer,
+        r.lower_kind,
+        r.lower.display(),
+        r.snapshot,
+        r.created_at,
+        r.create_ms,
+    );
+    if let Some(w) = &r.worker {
+        s.push_str(&format!("worker       {w}\n"));
+    }
+    if let Some(last) = r.commits.last() {
+        s.push_str(&format!("commits      {} (last {last})\n", r.commits.len()));
+    }
+    if r.sandbox.is_some() {
+        s.push_str("sandbox      running (mountctl sandbox status for more)\n");
+    }
+    for d in &r.diagnostics {
+        s.push_str(&format!("diagnostic   {d}\n"));
+    }
+    s
+}
+
 pub fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
     let opts = CreateOptions {
@@ -39,11 +70,9 @@ pub fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<ExitCode> {
         }
         None => rt.create(&opts)?,
     };
-    let v = json!({
-        "workspace": rec.id, "name": rec.name, "path": rec.path, "materializer": rec.materializer,
-        "lower": rec.lower_kind, "snapshot": rec.snapshot, "ms": rec.create_ms,
+    ctx.emit(rec.created_json(), || {
+        format!("{} {}", rec.id, rec.path.display())
     });
-    ctx.emit(v, || format!("{} {}", rec.id, rec.path.display()));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -59,16 +88,14 @@ pub fn list(ctx: &Ctx, all: bool) -> anyhow::Result<ExitCode> {
 pub fn status(ctx: &Ctx, ws: &str) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
     let r = rt.status(ws)?;
-    ctx.emit(json!(r), || {
-        serde_json::to_string_pretty(&r).unwrap_or_default()
-    });
+    ctx.emit(json!(r), || describe(&r));
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn diff(ctx: &Ctx, ws: &str, patch: bool) -> anyhow::Result<ExitCode> {
+pub fn diff(ctx: &Ctx, ws: &str, patch: bool, include_excluded: bool) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
     // A ref or snapshot alone is not a workspace: say how to compare snapshots.
-    let changes = match rt.diff(ws) {
+    let changes = match rt.diff_with(ws, include_excluded) {
         Ok(c) => c,
         Err(e @ cowspace_fsd::error::Error::NoWorkspace(_)) => {
             return Err(anyhow::Error::new(e).context("diff with one argument compares a workspace with its base; give two snapshots or refs to compare them"));
@@ -81,8 +108,10 @@ pub fn diff(ctx: &Ctx, ws: &str, patch: bool) -> anyhow::Result<ExitCode> {
         None
     };
     let list: Vec<_> = changes.iter().map(|(c, _)| c).collect();
+    // The workspace by its id, whatever name it was given by.
+    let id = rt.status(ws)?.id;
     ctx.emit(
-        json!({"workspace": ws, "changes": list, "patch": text}),
+        json!({"workspace": id, "changes": list, "patch": text}),
         || match &text {
             Some(p) => p.clone(),
             None => list
@@ -94,24 +123,9 @@ pub fn diff(ctx: &Ctx, ws: &str, patch: bool) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn commit(
-    ctx: &Ctx,
-    ws: &str,
-    ref_name: Option<String>,
-    expect: Option<String>,
-    message: String,
-    allow_empty: bool,
-) -> anyhow::Result<ExitCode> {
+pub fn commit(ctx: &Ctx, ws: &str, o: &CommitOptions) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
-    let r = rt.commit(
-        ws,
-        &CommitOptions {
-            ref_name,
-            expect,
-            message,
-            allow_empty,
-        },
-    )?;
+    let r = rt.commit(ws, o)?;
     if r.unchanged {
         if !ctx.quiet && !ctx.json {
             eprintln!(
@@ -132,6 +146,13 @@ pub fn commit(
     let referenced = r.ref_name.is_some();
     if !referenced && !ctx.quiet && !ctx.json {
         eprintln!("{}", unreferenced_note(&r, grace));
+    }
+    if r.excluded > 0 && !ctx.quiet && !ctx.json {
+        eprintln!(
+            "note: {} new paths the base's exclusion policy leaves out were not captured \
+             (--include-excluded captures them)",
+            r.excluded
+        );
     }
     let mut value = serde_json::to_value(&r)?;
     value["retention"] = serde_json::json!({
@@ -166,10 +187,9 @@ pub fn remove(ctx: &Ctx, ws: &str, force: bool) -> anyhow::Result<ExitCode> {
         None => ctx.runtime()?.remove(ws, force)?,
     };
     let ms = t.elapsed().as_secs_f64() * 1e3;
-    ctx.emit(
-        json!({"workspace": r.id, "removed": true, "ms": ms}),
-        || format!("removed {} in {ms:.1} ms", r.id),
-    );
+    ctx.confirm(r.removed_json(ms), || {
+        format!("removed {} in {ms:.1} ms", r.id)
+    });
     Ok(ExitCode::SUCCESS)
 }
 
@@ -216,10 +236,13 @@ pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let lowers = json!({"auto": lower, "why": lower_why, "native": {"available": native.is_ok(), "why": native.err()}});
     // What imports of git checkouts will name as git's fsmonitor hook (docs/git.md).
     let hook = match cowspace_fsd::gitfsmonitor::git_reads_the_extension() {
-        Ok(()) => match cowspace_fsd::gitfsmonitor::hook_command() {
-            Some(cmd) => json!({"available": true, "command": cmd}),
+        Ok(()) => match cowspace_fsd::gitfsmonitor::hook_program() {
+            Some(p) => {
+                json!({"available": true, "command": cowspace_fsd::gitfsmonitor::hook_command(), "runs": p})
+            }
             None => {
-                json!({"available": false, "why": "this mountctl's path cannot be named in a git config (it holds a quote or a line break)"})
+                json!({"available": false, "command": cowspace_fsd::gitfsmonitor::hook_command(),
+                "why": format!("no mountctl on PATH (nor ${}): git in workspaces looks at every file", cowspace_fsd::gitfsmonitor::MOUNTCTL_ENV)})
             }
         },
         Err(why) => json!({"available": false, "why": why}),
@@ -249,9 +272,10 @@ pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
                 auto.unwrap_or("nothing (see above)")
             ));
             s.push_str(&format!("overlay lower (auto): {lower}: {lower_why}\n"));
-            s.push_str(&match hook["command"].as_str() {
-                Some(cmd) => format!(
-                    "git in workspaces of imported checkouts asks the workspace what changed: {cmd}"
+            s.push_str(&match hook["runs"].as_str() {
+                Some(runs) => format!(
+                    "git in workspaces of imported checkouts asks the workspace what changed \
+                     (its hook runs {runs})"
                 ),
                 None => format!(
                     "git in workspaces looks at every file: {}",

@@ -8,12 +8,15 @@
 //! - Lockfiles and manifests ([`ALWAYS_KEPT_FILES`]) are never excluded by a pattern
 //!   (they still go when their whole directory does).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
 use crate::error::{Error, Result};
+use crate::id::TreeId;
 use crate::snapshot::Policy;
+use crate::store::Store;
+use crate::tree::Kind;
 
 /// Directory names excluded by default.
 pub const DEFAULT_EXCLUDED_DIRS: &[&str] = &[
@@ -179,6 +182,99 @@ impl Excluder {
             return false;
         }
         self.names.is_match(name_s.as_ref()) || self.paths.is_match(rel_s.as_ref())
+    }
+}
+
+/// A base snapshot's recorded exclusion policy applied to a workspace's changes, as
+/// `commit` and `diff` do by default: a new path is left out when the policy excludes it
+/// or a directory above it. What the base holds is never left out (the import kept it:
+/// a directory git tracked, say), so a change to it is always captured.
+#[derive(Debug)]
+pub struct ChangeFilter {
+    excluder: Excluder,
+    root: TreeId,
+    /// Directories decided so far: whether each is left out.
+    dirs: HashMap<Vec<u8>, bool>,
+    /// The paths left out, topmost only (as an import counts them).
+    tops: HashSet<Vec<u8>>,
+}
+
+impl ChangeFilter {
+    /// The filter of `policy` over the base tree `root`; `None` when the policy leaves
+    /// nothing out.
+    pub fn new(policy: &Policy, root: TreeId) -> Result<Option<ChangeFilter>> {
+        if !policy.default_excludes && policy.excludes.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(ChangeFilter {
+            excluder: Excluder::new(policy.default_excludes, &policy.excludes)?,
+            root,
+            dirs: HashMap::new(),
+            tops: HashSet::new(),
+        }))
+    }
+
+    /// Whether the change at `path` (`/`-joined from the root) is left out; `is_dir`:
+    /// whether it is a directory in the workspace.
+    pub fn left_out(&mut self, store: &Store, path: &[u8], is_dir: bool) -> Result<bool> {
+        let comps: Vec<&[u8]> = path
+            .split(|&b| b == b'/')
+            .filter(|c| !c.is_empty())
+            .collect();
+        let Some((last, parents)) = comps.split_last() else {
+            return Ok(false);
+        };
+        let mut prefix = Vec::with_capacity(path.len());
+        for c in parents {
+            if !prefix.is_empty() {
+                prefix.push(b'/');
+            }
+            prefix.extend_from_slice(c);
+            let out = match self.dirs.get(&prefix) {
+                Some(&out) => out,
+                None => {
+                    // The pattern first: the base is read only for a name it excludes.
+                    let out = self.excluder.excludes(&prefix, c, true)
+                        && !self.in_base(store, &prefix)?;
+                    self.dirs.insert(prefix.clone(), out);
+                    out
+                }
+            };
+            if out {
+                self.tops.insert(prefix);
+                return Ok(true);
+            }
+        }
+        let whole = comps.join(&b'/');
+        let out = self.excluder.excludes(&whole, last, is_dir) && !self.in_base(store, &whole)?;
+        if out {
+            self.tops.insert(whole);
+        }
+        Ok(out)
+    }
+
+    /// How many paths were left out so far (a directory counts once, not its content).
+    pub fn left_out_count(&self) -> u64 {
+        self.tops.len() as u64
+    }
+
+    /// Whether the base has an entry at `path`.
+    fn in_base(&self, store: &Store, path: &[u8]) -> Result<bool> {
+        let mut tree = store.tree(&self.root)?;
+        let comps: Vec<&[u8]> = path.split(|&b| b == b'/').collect();
+        for (i, c) in comps.iter().enumerate() {
+            let Some(e) = tree.get(c) else {
+                return Ok(false);
+            };
+            if i + 1 == comps.len() {
+                return Ok(true);
+            }
+            match (e.kind, e.subtree()) {
+                (Kind::Dir, Some(t)) => tree = store.tree(&t)?,
+                _ => return Ok(false),
+            }
+        }
+        Ok(false)
     }
 }
 

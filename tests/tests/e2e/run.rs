@@ -424,9 +424,9 @@ fn an_unenforceable_control_is_refused_with_7_and_nothing_runs() {
 }
 
 /// git in the sandbox of an overlay or fuse workspace of an imported git checkout: the
-/// checkout names
-/// cowspace's fsmonitor hook at the host path of `mountctl`; `mountctl run` shows the
-/// sandbox that program and the workspace's upper layer read-only, so git there looks at
+/// checkout names cowspace's fsmonitor hook, which runs `$COWSPACE_MOUNTCTL`; `mountctl
+/// run` shows the sandbox this `mountctl` at its host path (and names it there) and the
+/// workspace's upper layer read-only, so git there looks at
 /// no file it trusts and still sees every change (docs/git.md). Where the program lies
 /// under a directory the sandbox reserves (`/root`, say) the hook stays off: git looks at
 /// every file, and says nothing about the hook either way.

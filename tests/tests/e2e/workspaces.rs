@@ -30,6 +30,7 @@ mod properties;
 mod python_client;
 mod races;
 mod retention;
+mod schema;
 mod subvols;
 pub(crate) mod support;
 mod teardown;

@@ -286,6 +286,55 @@ fn unknown_refs_and_snapshots_are_not_found() {
     assert!(r.refs().len() == 1);
 }
 
+/// A prefix of a real snapshot shorter than 6 hex digits is not found, and the hint says
+/// why (it used to read as a missing snapshot with no reason).
+#[test]
+fn a_prefix_too_short_says_how_long_one_must_be() {
+    let (r, id) = root_with_a_snapshot();
+    for n in [1, 4, 5] {
+        let err = r.json(["show", &id[..n]]).error(3, "not_found");
+        assert!(
+            err["hint"]
+                .as_str()
+                .unwrap()
+                .contains("at least 6 hex digits"),
+            "{n} digits: {err}"
+        );
+    }
+    // A name that is no hex prefix keeps the listing hint.
+    let err = r.json(["show", "nosuchref"]).error(3, "not_found");
+    assert!(
+        !err["hint"].as_str().unwrap().contains("hex digits"),
+        "{err}"
+    );
+}
+
+/// `-q` keeps results (ids, paths) and silences confirmations ("exported …", "… -> …").
+#[test]
+fn quiet_silences_confirmations_not_results() {
+    let (r, id) = root_with_a_snapshot();
+    let dest = r.path("quiet-export");
+    let out = r.run(["-q", "export", &id, dest.to_str().unwrap()]).ok();
+    assert_eq!(
+        (out.stdout.as_str(), out.stderr.as_str()),
+        ("", ""),
+        "-q export"
+    );
+    assert!(dest.is_dir());
+    let out = r.run(["-q", "ref", "set", "quiet", &id]).ok();
+    assert_eq!(out.stdout, "", "-q ref set");
+    let out = r.run(["-q", "init"]).ok();
+    assert_eq!(out.stdout, "", "-q init");
+    // Results still print, and --json always does.
+    assert!(r.run(["-q", "show", &id]).ok().stdout.contains(&id[..12]));
+    let dest = r.path("quiet-json");
+    let v = r
+        .json(["-q", "export", &id, dest.to_str().unwrap()])
+        .ok()
+        .json();
+    assert_eq!(v["snapshot"], id.as_str());
+}
+
 #[test]
 fn malformed_ids_are_invalid_input() {
     let (r, _) = root_with_a_snapshot();

@@ -327,3 +327,21 @@ fn names_create_accepts_are_names_a_sandbox_takes() {
     let out = r.t.run(["run", &ok, "--", "hostname"]).ok();
     assert_eq!(out.stdout.trim(), ok, "the sandbox runs by that name");
 }
+
+/// `-q remove` prints nothing ("removed …" is a confirmation, not a result).
+#[test]
+fn quiet_remove_prints_nothing() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base_tree(&src);
+    let snap = r.import(&src, &[]);
+    let ws = r.create(&snap, &[]);
+    let out = r.t.run(["-q", "remove", ws.id.as_str()]).ok();
+    assert_eq!(
+        (out.stdout.as_str(), out.stderr.as_str()),
+        ("", ""),
+        "-q remove"
+    );
+    r.assert_clean();
+}

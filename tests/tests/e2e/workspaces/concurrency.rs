@@ -93,7 +93,7 @@ fn thirty_two_workspaces_written_in_parallel_see_only_their_own_changes() {
     wss.sort_by_key(|(i, _)| *i);
     let ms: Vec<f64> = wss
         .iter()
-        .map(|(_, w)| w.json["ms"].as_f64().unwrap_or(-1.0))
+        .map(|(_, w)| w.json["elapsed_ms"].as_f64().unwrap_or(-1.0))
         .collect();
     eprintln!("32 parallel creates, ms each: {ms:.1?}");
     let live = r.t.json(["list"]).ok().json();

@@ -541,39 +541,90 @@ fn kernel_limits_are_refused_and_what_was_done_is_committed() {
     }
 }
 
-/// The checkout lower's documented gap (docs/CONFORMANCE.md): its files are hard links
-/// into the blob cache, shared by every snapshot, so they carry no snapshot xattrs. An
-/// unmodified file is committed as the snapshot has it (xattrs kept); a file copied up
-/// takes the checkout file's (none), which is what the workspace showed.
+/// The checkout lower shows the snapshot's xattrs (docs/CONFORMANCE.md): a file that
+/// carries xattrs gets a copy of its own in the checkout, so they never land on the blob
+/// that other files and snapshots with the same bytes share. Unmodified and copied up,
+/// the workspace shows them and the commit keeps them.
 #[test]
-fn a_checkout_lower_hides_snapshot_xattrs_as_documented() {
+fn a_checkout_lower_shows_and_commits_snapshot_xattrs() {
     require_root!();
     let r = WsRoot::new();
     let src = r.t.path("src");
     base(&src);
     xattr::set(src.join("c"), "user.k", b"1").unwrap();
     xattr::set(src.join("G/g"), "user.k", b"2").unwrap();
+    // Both names of the link `a`, `E/a2`.
+    xattr::set(src.join("a"), "user.k", b"3").unwrap();
+    // The same bytes as `G/g`, without xattrs.
+    write_file(&src.join("G/h"), "g\n");
     let snap = r.import(&src, &["--no-default-excludes"]);
     let ws = r.create(&snap, &["--materializer", "overlay", "--lower", "checkout"]);
     let d = &ws.path;
     let shown = |p: &Path| xattr::get(p, "user.k").unwrap();
-    assert_eq!(shown(&d.join("c")), None);
-    assert_eq!(shown(&d.join("G/g")), None);
+    assert_eq!(shown(&d.join("c")), Some(b"1".to_vec()), "c unmodified");
+    assert_eq!(shown(&d.join("G/g")), Some(b"2".to_vec()), "G/g unmodified");
+    assert_eq!(shown(&d.join("a")), Some(b"3".to_vec()), "a");
+    assert_eq!(shown(&d.join("E/a2")), Some(b"3".to_vec()), "E/a2");
+    assert_eq!(
+        shown(&d.join("G/h")),
+        None,
+        "G/h has the bytes of G/g, not its xattrs"
+    );
+    let ino = |p: &Path| fs::metadata(p).unwrap().ino();
+    assert_eq!(
+        ino(&d.join("a")),
+        ino(&d.join("E/a2")),
+        "a and E/a2 are one file"
+    );
     append(&d.join("c"), "more\n");
-    assert_eq!(shown(&d.join("c")), None);
+    assert_eq!(shown(&d.join("c")), Some(b"1".to_vec()), "c copied up");
+    // Another snapshot with the same bytes and no xattrs shows none.
+    let plain = r.t.path("plain");
+    write_file(&plain.join("g"), "g\n");
+    write_file(&plain.join("c"), "other\n");
+    let snap_plain = r.import(&plain, &["--no-default-excludes"]);
+    let ws_plain = r.create(
+        &snap_plain,
+        &["--materializer", "overlay", "--lower", "checkout"],
+    );
+    assert_eq!(
+        shown(&ws_plain.path.join("g")),
+        None,
+        "a shared blob carries no xattrs"
+    );
+    assert_eq!(
+        shown(&ws_plain.path.join("c")),
+        None,
+        "a shared blob carries no xattrs"
+    );
+    // The documented link counts: a file linked to its blob counts the blob cache's name
+    // and every checkout's name of it (`G/h` of the first snapshot, `g` here); one with a
+    // copy of its own (xattrs) reports the snapshot's.
+    let nlink = |p: &Path| fs::symlink_metadata(p).unwrap().nlink();
+    assert_eq!(nlink(&ws_plain.path.join("g")), 3, "g: the blob, G/h, g");
+    assert_eq!(nlink(&d.join("G/h")), 3, "G/h: the blob, G/h, g");
+    assert_eq!(nlink(&d.join("G/g")), 1, "G/g: its own copy");
+    assert_eq!(nlink(&d.join("E/a2")), 2, "E/a2: its own copy, two names");
+    r.remove(&ws_plain.id);
     let (snap2, _, _) = r.commit(&ws.id, &[]);
     let out = r.t.path("export-checkout-xattrs");
     r.t.run(["export", snap2.as_str(), out.to_str().unwrap()])
         .ok();
     assert_eq!(
         shown(&out.join("c")),
-        None,
-        "copied up: what the workspace showed"
+        Some(b"1".to_vec()),
+        "copied up: kept"
     );
     assert_eq!(
         shown(&out.join("G/g")),
         Some(b"2".to_vec()),
-        "unmodified: the snapshot's"
+        "unmodified: kept"
     );
+    assert_eq!(
+        shown(&out.join("E/a2")),
+        Some(b"3".to_vec()),
+        "the link: kept"
+    );
+    assert_eq!(shown(&out.join("G/h")), None, "G/h");
     r.remove(&ws.id);
 }

@@ -5,6 +5,7 @@
 //! A capture's index, which may describe an older tree, is not trusted. btrfs, reflink
 //! and copy workspaces, whose tree the hook would have to walk whole, go without it.
 
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Command;
 
@@ -12,12 +13,33 @@ use cowspace_tests::{LoopFs, LoopKind, mountctl_bin};
 
 use crate::workspaces::support::{WsRoot, require_root, sh};
 
+/// `PATH` with the `mountctl` under test first: the hook runs the `mountctl` on `PATH`.
+fn path_with_mountctl() -> std::ffi::OsString {
+    let dir = mountctl_bin().parent().unwrap().to_path_buf();
+    let rest = std::env::var_os("PATH").unwrap_or_default();
+    std::env::join_paths(std::iter::once(dir).chain(std::env::split_paths(&rest))).unwrap()
+}
+
 /// Runs git in `dir` with no system or user configuration; with `trace`, git's trace2
 /// events go to that file. Gives stdout; asserts success.
 #[track_caller]
 fn git(dir: &Path, args: &[&str], trace: Option<&Path>) -> String {
+    let (out, _) = git_on_path(dir, args, &path_with_mountctl(), trace);
+    out
+}
+
+/// [`git`] with `PATH` set to `path`; gives stdout and stderr.
+#[track_caller]
+fn git_on_path(
+    dir: &Path,
+    args: &[&str],
+    path: &std::ffi::OsStr,
+    trace: Option<&Path>,
+) -> (String, String) {
     let mut cmd = Command::new("git");
     cmd.current_dir(dir)
+        .env("PATH", path)
+        .env_remove("COWSPACE_MOUNTCTL")
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("HOME", "/nonexistent")
         // Preload the index with threads even for a small index, so git counts the
@@ -36,7 +58,10 @@ fn git(dir: &Path, args: &[&str], trace: Option<&Path>) -> String {
         dir.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// How many files git looked at (`lstat`) before it refreshed the index.
@@ -405,21 +430,169 @@ fn the_hook_outside_a_workspace_says_everything_may_have_changed() {
     assert!(!v1.status.success(), "version 1 is not answered");
 }
 
+/// Nothing in a snapshot names this host's `mountctl`: the hook runs the one on `PATH`,
+/// wherever it was moved; with none, git says nothing and looks at every file. An export
+/// (directory or tar) gives back the checkout's own `.git/config` and an index without
+/// the fsmonitor extension (docs/git.md).
+#[test]
+fn the_hook_names_no_path_and_an_export_gives_back_the_checkout() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    checkout(&src);
+    let base = r.import(&src, &["--no-default-excludes"]);
+    let ws = r.create(&base, &["--materializer", "overlay"]);
+    let config = std::fs::read_to_string(ws.path.join(".git/config")).unwrap();
+    let built = mountctl_bin()
+        .parent()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(config.contains("git-fsmonitor"), "{config}");
+    assert!(
+        !config.contains(&built),
+        "the snapshot names {built}:\n{config}"
+    );
+    // mountctl moved elsewhere (another PATH entry): the hook still answers.
+    let moved = r.t.path("moved-bin");
+    std::fs::create_dir_all(&moved).unwrap();
+    std::fs::copy(mountctl_bin(), moved.join("mountctl")).unwrap();
+    let system = "/usr/local/bin:/usr/bin:/bin";
+    assert!(
+        !system
+            .split(':')
+            .any(|d| Path::new(d).join("mountctl").exists()),
+        "a mountctl installed in {system} would hide what this test checks"
+    );
+    let path = format!("{}:{system}", moved.display());
+    let trace = r.t.path("trace-moved");
+    let (out, err) = git_on_path(
+        &ws.path,
+        &["status", "--porcelain"],
+        path.as_ref(),
+        Some(&trace),
+    );
+    assert_eq!(
+        (out.as_str(), err.as_str()),
+        (" M d0/late.txt\n", ""),
+        "moved"
+    );
+    assert_eq!(files_looked_at(&trace), 1, "the moved mountctl answered");
+    // No mountctl at all: not a word, and git looks at every file.
+    let trace = r.t.path("trace-none");
+    let (out, err) = git_on_path(
+        &ws.path,
+        &["status", "--porcelain"],
+        system.as_ref(),
+        Some(&trace),
+    );
+    assert_eq!(
+        (out.as_str(), err.as_str()),
+        (" M d0/late.txt\n", ""),
+        "no mountctl"
+    );
+    assert!(
+        files_looked_at(&trace) > 1,
+        "without the hook git looks at every file"
+    );
+    r.remove(&ws.id);
+    // The export gives back what was imported.
+    let out = r.t.path("export");
+    r.t.run(["export", base.as_str(), out.to_str().unwrap()])
+        .ok();
+    assert_eq!(
+        std::fs::read(out.join(".git/config")).unwrap(),
+        std::fs::read(src.join(".git/config")).unwrap(),
+        "the export's .git/config"
+    );
+    let index = std::fs::read(out.join(".git/index")).unwrap();
+    assert!(
+        !index.windows(4).any(|w| w == b"FSMN"),
+        "the export's index keeps the fsmonitor extension"
+    );
+    let (status, err) = git_on_path(&out, &["status", "--porcelain"], system.as_ref(), None);
+    assert_eq!(
+        (status.as_str(), err.as_str()),
+        (" M d0/late.txt\n", ""),
+        "git in the export"
+    );
+    let tar = r.t.path("export.tar");
+    r.t.run(["export", "--tar", base.as_str(), tar.to_str().unwrap()])
+        .ok();
+    let untarred = r.t.path("untarred");
+    std::fs::create_dir_all(&untarred).unwrap();
+    sh(&untarred, &format!("tar -xf {}", tar.display()));
+    assert_eq!(
+        std::fs::read(untarred.join(".git/config")).unwrap(),
+        std::fs::read(src.join(".git/config")).unwrap(),
+        "the tar export's .git/config"
+    );
+    assert_eq!(
+        std::fs::read(untarred.join(".git/index")).unwrap(),
+        index,
+        "the tar export's index"
+    );
+    r.assert_clean();
+}
+
 /// `doctor` says what imports of git checkouts will name as the hook.
 #[test]
 fn doctor_names_the_hook() {
     require_root!();
     let r = WsRoot::new();
-    let v = r.t.json(["doctor"]).ok().json();
+    let bin = mountctl_bin();
+    let v = cowspace_tests::run_program(
+        &bin,
+        [
+            OsStr::new("--root"),
+            r.t.root().as_os_str(),
+            OsStr::new("--json"),
+            OsStr::new("doctor"),
+        ],
+        &[("COWSPACE_MOUNTCTL", bin.as_os_str())],
+    )
+    .ok()
+    .json();
     let hook = &v["git_fsmonitor"];
     assert_eq!(hook["available"], true, "{v}");
     let cmd = hook["command"].as_str().expect("a command");
     assert!(
-        cmd.ends_with(" git-fsmonitor") && cmd.contains(&*mountctl_bin().to_string_lossy()),
-        "{cmd}"
+        cmd.ends_with(" git-fsmonitor") && !cmd.contains(&*bin.parent().unwrap().to_string_lossy()),
+        "the hook names no path: {cmd}"
     );
-    let text = r.t.run(["doctor"]).ok().stdout;
+    assert_eq!(
+        hook["runs"].as_str(),
+        Some(&*mountctl_bin().to_string_lossy()),
+        "the mountctl the hook runs here (COWSPACE_MOUNTCTL)"
+    );
+    let text = cowspace_tests::run_program(
+        &bin,
+        [
+            OsStr::new("--root"),
+            r.t.root().as_os_str(),
+            OsStr::new("doctor"),
+        ],
+        &[("COWSPACE_MOUNTCTL", bin.as_os_str())],
+    )
+    .ok()
+    .stdout;
     assert!(text.contains("asks the workspace what changed"), "{text}");
+    // Without a mountctl the hook can find, doctor says git looks at every file.
+    let none = cowspace_tests::run_program(
+        &bin,
+        [
+            OsStr::new("--root"),
+            r.t.root().as_os_str(),
+            OsStr::new("doctor"),
+        ],
+        &[
+            ("PATH", OsStr::new("/usr/bin:/bin")),
+            ("COWSPACE_MOUNTCTL", OsStr::new("")),
+        ],
+    )
+    .ok()
+    .stdout;
+    assert!(none.contains("looks at every file"), "{none}");
     // Host hints: each with its cause and fix, in the JSON and the text alike.
     let hints = v["hints"].as_array().expect("a list of hints");
     for h in hints {

@@ -32,11 +32,11 @@ fn an_unwritten_workspace_costs_a_few_kib_and_reports_its_create_time() {
         let kib = du_kib(&private);
         eprintln!(
             "{lower}: create {:.1} ms (first of the snapshot {:.1} ms), private state {kib} KiB",
-            ws.json["ms"].as_f64().unwrap(),
-            first.json["ms"].as_f64().unwrap()
+            ws.json["elapsed_ms"].as_f64().unwrap(),
+            first.json["elapsed_ms"].as_f64().unwrap()
         );
         assert!(
-            ws.json["ms"].as_f64().is_some_and(|ms| ms >= 0.0),
+            ws.json["elapsed_ms"].as_f64().is_some_and(|ms| ms >= 0.0),
             "{}",
             ws.json
         );
@@ -47,7 +47,10 @@ fn an_unwritten_workspace_costs_a_few_kib_and_reports_its_create_time() {
         assert!(after >= kib + 1000, "{after} KiB after writing 1 MiB");
         for w in [&first, &ws] {
             let v = r.remove(&w.id);
-            eprintln!("{lower}: remove {:.1} ms", v["ms"].as_f64().unwrap_or(-1.0));
+            eprintln!(
+                "{lower}: remove {:.1} ms",
+                v["elapsed_ms"].as_f64().unwrap_or(-1.0)
+            );
             assert!(!r.root().join("workspaces").join(&w.id).exists());
         }
     }

@@ -97,7 +97,7 @@ impl WsRoot {
         let out = self.t.json(&all);
         if out.code == 0
             && let Ok(v) = serde_json::from_str::<Value>(out.stdout.trim())
-            && let Some(id) = v["workspace"].as_str()
+            && let Some(id) = v["id"].as_str()
         {
             self.track(id);
         }
@@ -110,12 +110,13 @@ impl WsRoot {
         let out = self.create_out(snap, args).ok();
         let v = out.json();
         for key in [
-            "workspace",
+            "id",
             "path",
             "materializer",
+            "lower_kind",
             "lower",
             "snapshot",
-            "ms",
+            "elapsed_ms",
         ] {
             assert!(!v[key].is_null(), "create --json lacks {key:?}: {v}");
         }
@@ -125,7 +126,7 @@ impl WsRoot {
             "the workspace path {path:?} is not a directory"
         );
         Ws {
-            id: v["workspace"].as_str().expect("id").to_owned(),
+            id: v["id"].as_str().expect("id").to_owned(),
             path,
             json: v,
         }

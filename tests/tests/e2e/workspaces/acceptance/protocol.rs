@@ -379,7 +379,7 @@ fn run_target(
 
     let checked_s = start.elapsed().as_secs_f64();
     let fresh = r.create(&snap, &flags);
-    let fresh_ms = fresh.json["ms"].as_f64().unwrap_or(-1.0);
+    let fresh_ms = fresh.json["elapsed_ms"].as_f64().unwrap_or(-1.0);
     let found = (w.verify)(&fresh.path);
     assert!(
         found.is_empty(),
@@ -398,7 +398,7 @@ fn run_target(
         "{what}: create {:.1} ms, workload {apply_s:.1} s, commit {commit_ms:.0} ms \
          (files read {}, new stored {} B); workspace checked {checked_s:.1} s, fresh \
          one (create {fresh_ms:.0} ms) checked {fresh_s:.1} s, removed {:.1} s",
-        ws.json["ms"].as_f64().unwrap_or(-1.0),
+        ws.json["elapsed_ms"].as_f64().unwrap_or(-1.0),
         report["files_read"],
         report["new_bytes_stored"],
         removing.elapsed().as_secs_f64()

@@ -1,0 +1,146 @@
+//! One JSON shape per record kind, the same on the CLI (`--json`) and the control socket
+//! (docs/control-protocol.md): a workspace record has `id` (never only `workspace`);
+//! `create` and `remove` answer the record plus `elapsed_ms` (and, for one release, the
+//! old `workspace` and `ms`); every reported elapsed time is `elapsed_ms`; `diff` names
+//! the workspace by its id; `status` without `--json` is text.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+
+use serde_json::{Value, json};
+
+use super::base_tree;
+use super::support::{WsRoot, require_root};
+
+/// One request over the root's control socket; gives its `result`.
+fn socket(r: &WsRoot, op: &str, args: Value) -> Value {
+    let path = r.t.root().join("run/fsd.sock");
+    let mut s = UnixStream::connect(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    writeln!(s, "{}", json!({"op": op, "args": args})).unwrap();
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).unwrap();
+    let v: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(v["ok"], true, "{op}: {v}");
+    v["result"].clone()
+}
+
+fn keys(v: &Value) -> BTreeSet<String> {
+    v.as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+/// The keys of a workspace record, as `status --json` gives them.
+fn record_keys(r: &WsRoot, ws: &str) -> BTreeSet<String> {
+    keys(&r.t.json(["status", ws]).ok().json())
+}
+
+/// Wherever an elapsed time is reported, its name is `elapsed_ms` (`ms` is its old name,
+/// kept one release with the same value).
+#[track_caller]
+fn assert_elapsed(what: &str, v: &Value) {
+    assert!(
+        v["elapsed_ms"].as_f64().is_some_and(|ms| ms >= 0.0),
+        "{what}: {v}"
+    );
+    if !v["ms"].is_null() {
+        assert_eq!(
+            v["ms"], v["elapsed_ms"],
+            "{what}: ms is elapsed_ms's old name"
+        );
+    }
+}
+
+#[test]
+fn json_shapes_are_one_per_record_kind_on_the_cli_and_the_socket() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base_tree(&src);
+    let base = r.import(&src, &[]);
+    r.t.run(["daemon", "start"]).ok();
+
+    // create: the record plus elapsed_ms, on both.
+    let cli = r.create(&base, &["--name", "cli-one"]).json;
+    let sock = socket(&r, "create", json!({"snapshot": base, "name": "sock-one"}));
+    let id = sock["id"].as_str().unwrap().to_owned();
+    r.track(&id);
+    assert_eq!(keys(&cli), keys(&sock), "create: CLI vs socket");
+    let record = record_keys(&r, cli["id"].as_str().unwrap());
+    for (what, v) in [("CLI create", &cli), ("socket create", &sock)] {
+        assert!(keys(v).is_superset(&record), "{what} is not a record: {v}");
+        assert_eq!(
+            v["workspace"], v["id"],
+            "{what}: workspace is id's old name"
+        );
+        assert!(
+            v["lower"].as_str().is_some_and(|l| l.starts_with('/')),
+            "{what}: lower is the lower directory: {v}"
+        );
+        assert!(v["lower_kind"].is_string(), "{what}: {v}");
+        assert_elapsed(what, v);
+    }
+
+    // status and list: the record, on both.
+    assert_eq!(
+        keys(&socket(&r, "status", json!({"workspace": "cli-one"}))),
+        record,
+        "socket status"
+    );
+    for item in r.t.json(["list"]).ok().json().as_array().unwrap() {
+        assert_eq!(keys(item), record, "list item");
+    }
+    for item in socket(&r, "list", json!({})).as_array().unwrap() {
+        assert_eq!(keys(item), record, "socket list item");
+    }
+    let text = r.t.run(["status", "cli-one"]).ok().stdout;
+    assert!(
+        serde_json::from_str::<Value>(&text).is_err(),
+        "status without --json is JSON:\n{text}"
+    );
+    assert!(
+        text.contains(cli["id"].as_str().unwrap()) && text.contains("cli-one"),
+        "{text}"
+    );
+
+    // diff: the workspace by its id, whatever it was named by.
+    let diff = r.t.json(["diff", "cli-one"]).ok().json();
+    assert_eq!(diff["workspace"], cli["id"], "diff names the id: {diff}");
+    let sdiff = socket(&r, "diff", json!({"workspace": "sock-one"}));
+    assert_eq!(sdiff["workspace"], id.as_str(), "socket diff: {sdiff}");
+    assert_eq!(keys(&diff), keys(&sdiff), "diff: CLI vs socket");
+
+    // commit: one report on both.
+    let commit = r.t.json(["commit", "cli-one", "--allow-empty"]).ok().json();
+    let scommit = socket(
+        &r,
+        "commit",
+        json!({"workspace": "sock-one", "allow_empty": true}),
+    );
+    assert_eq!(keys(&commit), keys(&scommit), "commit: CLI vs socket");
+    assert_elapsed("commit", &commit);
+
+    // export reports elapsed_ms too.
+    let dest = r.t.path("schema-export");
+    let export =
+        r.t.json(["export", base.as_str(), dest.to_str().unwrap()])
+            .ok()
+            .json();
+    assert_elapsed("export", &export);
+
+    // remove: the final record plus removed and elapsed_ms, on both.
+    let removed = r.t.json(["remove", "cli-one"]).ok().json();
+    let sremoved = socket(&r, "remove", json!({"workspace": "sock-one"}));
+    assert_eq!(keys(&removed), keys(&sremoved), "remove: CLI vs socket");
+    for (what, v) in [("CLI remove", &removed), ("socket remove", &sremoved)] {
+        assert!(keys(v).is_superset(&record), "{what} is not a record: {v}");
+        assert_eq!(v["status"], "removed", "{what}");
+        assert_eq!(v["removed"], true, "{what}");
+        assert_elapsed(what, v);
+    }
+    r.t.run(["daemon", "stop"]).ok();
+    r.assert_clean();
+}
