@@ -860,13 +860,7 @@ impl Runtime {
         // for its checkout under the shared lock, so one that is not listed here finds
         // the checkout gone afterwards and builds it again.
         let _exclusive = checkout::lock(&self.store, true)?;
-        let used: std::collections::HashSet<String> = self
-            .reg()
-            .list(false)?
-            .into_iter()
-            .filter(|r| r.lower_kind == LowerKind::Checkout)
-            .map(|r| r.snapshot)
-            .collect();
+        let used = self.snapshots_on(LowerKind::Checkout)?;
         let dir = self.store.root().join("cache/checkouts");
         let mut removed = 0;
         if let Ok(rd) = fs::read_dir(&dir) {
@@ -887,14 +881,18 @@ impl Runtime {
     /// are listed under the checkouts' lock held exclusively.
     pub fn prune_native(&self) -> Result<u64> {
         let _exclusive = checkout::lock(&self.store, true)?;
-        let used: std::collections::HashSet<String> = self
+        crate::native::prune(&self.store, &self.snapshots_on(LowerKind::Native)?)
+    }
+
+    /// The snapshots (hex) live workspaces on the lower kind `lower` are made from.
+    fn snapshots_on(&self, lower: LowerKind) -> Result<std::collections::HashSet<String>> {
+        Ok(self
             .reg()
             .list(false)?
             .into_iter()
-            .filter(|r| r.lower_kind == LowerKind::Native)
+            .filter(|r| r.lower_kind == lower)
             .map(|r| r.snapshot)
-            .collect();
-        crate::native::prune(&self.store, &used)
+            .collect())
     }
 
     /// Evicts least recently used blob-cache entries down to `max_bytes`, never one a
