@@ -119,7 +119,7 @@ impl Server {
                 }
                 "commit" => {
                     let ws = ws_arg(req)?;
-                    json!(rt.commit(&ws, &args::<CommitOptions>(req)?)?)
+                    crate::runtime::commit_json(&rt.commit(&ws, &args::<CommitOptions>(req)?)?)
                 }
                 "remove" => {
                     let ws = ws_arg(req)?;

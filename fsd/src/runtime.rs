@@ -1074,6 +1074,20 @@ impl Runtime {
     }
 }
 
+/// What `commit` answers, the same on the CLI (`--json`) and the control socket: the
+/// import report and `retention` (whether a ref holds the snapshot, the workspace that
+/// pins it, and how long an unreferenced one outlives that workspace).
+pub fn commit_json(r: &ImportReport) -> serde_json::Value {
+    let referenced = r.ref_name.is_some();
+    let mut v = serde_json::json!(r);
+    v["retention"] = serde_json::json!({
+        "referenced": referenced,
+        "pinned_by": r.pinned_by,
+        "grace_secs_after_removal": (!referenced).then_some(cowspace_store::gc::DEFAULT_GC_GRACE_SECS),
+    });
+    v
+}
+
 /// The lower `--lower auto` gives a workspace of materializer `kind`, and why: the
 /// native lower reads file bytes straight from the blob cache with no daemon in the path
 /// (it needs EROFS and data-only overlay layers, Linux 6.16+, and root); else the view

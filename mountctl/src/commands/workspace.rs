@@ -154,13 +154,9 @@ pub fn commit(ctx: &Ctx, ws: &str, o: &CommitOptions) -> anyhow::Result<ExitCode
             r.excluded
         );
     }
-    let mut value = serde_json::to_value(&r)?;
-    value["retention"] = serde_json::json!({
-        "referenced": referenced,
-        "pinned_by": r.pinned_by,
-        "grace_secs_after_removal": (!referenced).then_some(grace),
+    ctx.emit(cowspace_fsd::runtime::commit_json(&r), || {
+        r.snapshot.to_hex()
     });
-    ctx.emit(value, || r.snapshot.to_hex());
     Ok(ExitCode::SUCCESS)
 }
 
