@@ -358,7 +358,7 @@ const FSMONITOR_CONFIG_MARKER: &str =
 pub fn fsmonitor_config(hook: &str) -> String {
     let quoted = hook.replace('\\', "\\\\").replace('"', "\\\"");
     format!(
-        "{FSMONITOR_CONFIG_MARKER}[core]\n\tfsmonitor = \"{quoted}\"\n\tfsmonitorHookVersion = 2\n"
+        "{FSMONITOR_CONFIG_MARKER}[core]\n\tfsmonitor = \"{quoted}\"\n\tfsmonitorHookVersion = 2\n\tcheckStat = minimal\n"
     )
 }
 
@@ -367,9 +367,11 @@ pub fn fsmonitor_config(hook: &str) -> String {
 pub fn strip_fsmonitor_config(text: &str) -> Option<String> {
     let at = text.rfind(FSMONITOR_CONFIG_MARKER)?;
     let tail = &text[at + FSMONITOR_CONFIG_MARKER.len()..];
-    let hook = tail
-        .strip_prefix("[core]\n\tfsmonitor = \"")?
-        .strip_suffix("\"\n\tfsmonitorHookVersion = 2\n")?;
+    // Imports of earlier versions wrote no `checkStat`.
+    let body = tail.strip_prefix("[core]\n\tfsmonitor = \"")?;
+    let hook = body
+        .strip_suffix("\"\n\tfsmonitorHookVersion = 2\n\tcheckStat = minimal\n")
+        .or_else(|| body.strip_suffix("\"\n\tfsmonitorHookVersion = 2\n"))?;
     if hook.contains('\n') {
         return None;
     }
@@ -544,6 +546,10 @@ mod tests {
         assert_eq!(strip_fsmonitor_config(user), None);
         let edited = format!("{with}[user]\n\tname = a\n");
         assert_eq!(strip_fsmonitor_config(&edited), None);
+        assert!(with.ends_with("\tcheckStat = minimal\n"), "{with}");
+        // What imports of earlier versions appended (no checkStat) comes off too.
+        let earlier = with.replace("\tcheckStat = minimal\n", "");
+        assert_eq!(strip_fsmonitor_config(&earlier).as_deref(), Some(user));
     }
 
     #[test]
