@@ -19,9 +19,11 @@
 //!
 //! The directory is built under a temporary name and renamed into place after every blob
 //! it names is in the blob cache, so a built image never redirects to a missing blob.
-//! Images, their mounts and their blobs go only under the checkouts' lock held
-//! exclusively ([`crate::checkout::lock`]: `prune`, and eviction in `gc`), while a create
-//! holds it shared from the moment its record exists, so they never go under a create.
+//! Images and their blobs go only under the checkouts' lock held exclusively
+//! ([`crate::checkout::lock`]: `prune`, and eviction in `gc`), and an image's mount
+//! (when the last workspace of it goes, [`release`]) only under the image's own mount
+//! lock held exclusively; a create holds both shared from the moment its record exists
+//! until its overlay holds the image, so none of them goes under a create.
 //!
 //! Escaping: a snapshot's own `trusted.overlay.*` xattrs are written escaped
 //! (`trusted.overlay.overlay.*`, which overlayfs shows as the original name and never
@@ -216,24 +218,48 @@ fn trial(store: &Store) -> std::result::Result<(), String> {
     result
 }
 
-/// Makes sure the image of `snapshot` is built and mounted at [`meta_path`]. Returns
-/// the checkouts' lock held shared: hold it until the workspace's overlay is mounted (a
-/// removal unmounts an image no live workspace uses under the lock held exclusively).
-/// The caller has recorded its workspace first, so a prune after this keeps the image.
-pub fn ensure(store: &Store, snapshot: &SnapshotId) -> Result<fs::File> {
-    let shared = crate::checkout::lock(store, false)?;
+/// Locks a create holds until its overlay holds the image (see [`ensure`]).
+#[derive(Debug)]
+pub struct InUse {
+    _images: fs::File,
+    _mount: fs::File,
+}
+
+/// Makes sure the image of `snapshot` is built and mounted at [`meta_path`]. Returns the
+/// locks to hold until the workspace's overlay is mounted: the checkouts' lock shared
+/// (no prune or eviction meanwhile) and the image's mount lock shared (the removal of
+/// another workspace of the snapshot unmounts an image no live workspace uses under it
+/// held exclusively, [`release`], and so never waits for another snapshot's build). The
+/// caller has recorded its workspace first, so a prune after this keeps the image.
+pub fn ensure(store: &Store, snapshot: &SnapshotId) -> Result<InUse> {
+    let images = crate::checkout::lock(store, false)?;
+    build_if_missing(store, snapshot)?;
     let meta = meta_path(store, snapshot);
-    let top = meta.parent().expect("meta has a parent").to_path_buf();
-    if !top.join(IMAGE).is_file() {
-        build(store, snapshot, &top)?;
-    }
-    ensure_mounted(&meta)?;
-    Ok(shared)
+    let mount = mount_locked(&meta)?;
+    mount
+        .lock_shared()
+        .map_err(Error::io("lock", meta.with_file_name(MOUNT_LOCK)))?;
+    Ok(InUse {
+        _images: images,
+        _mount: mount,
+    })
 }
 
 /// Whether the image of `snapshot` is built (a create then only mounts it).
 pub fn is_built(store: &Store, snapshot: &SnapshotId) -> bool {
-    dir(store).join(snapshot.to_hex()).join(IMAGE).is_file()
+    top(store, snapshot).join(IMAGE).is_file()
+}
+
+/// `<root>/cache/native/<snapshot>`.
+fn top(store: &Store, snapshot: &SnapshotId) -> PathBuf {
+    dir(store).join(snapshot.to_hex())
+}
+
+fn build_if_missing(store: &Store, snapshot: &SnapshotId) -> Result<()> {
+    if is_built(store, snapshot) {
+        return Ok(());
+    }
+    build(store, snapshot, &top(store, snapshot))
 }
 
 /// Most files (and bytes) of a snapshot whose image `--lower auto` builds during the
@@ -259,27 +285,25 @@ pub fn eager(files: u64, bytes: u64) -> bool {
 /// under the checkouts' lock held shared: what the daemon runs in the background.
 pub fn prepare(store: &Store, snapshot: &SnapshotId) -> Result<()> {
     let _shared = crate::checkout::lock(store, false)?;
-    let top = meta_path(store, snapshot)
-        .parent()
-        .expect("meta has a parent")
-        .to_path_buf();
-    if top.join(IMAGE).is_file() {
-        return Ok(());
-    }
-    build(store, snapshot, &top)
+    build_if_missing(store, snapshot)
 }
 
 /// Mounts the image beside `meta` at `meta` unless it is mounted there already (after a
-/// reboot, after a prune). Serialized per snapshot by a lock file, so two creates never
-/// stack two mounts.
+/// reboot, after the last workspace of it went). Serialized per snapshot by its mount
+/// lock, so two creates never stack two mounts.
 pub fn ensure_mounted(meta: &Path) -> Result<()> {
     if crate::mounts::is_mounted(meta)? {
         return Ok(());
     }
+    mount_locked(meta).map(drop)
+}
+
+/// [`ensure_mounted`], returning the image's mount lock, held exclusively.
+fn mount_locked(meta: &Path) -> Result<fs::File> {
     let top = meta.parent().expect("meta has a parent");
-    let _lock = crate::checkout::lock_file(&top.join(MOUNT_LOCK), true)?;
+    let lock = crate::checkout::lock_file(&top.join(MOUNT_LOCK), true)?;
     if crate::mounts::is_mounted(meta)? {
-        return Ok(());
+        return Ok(lock);
     }
     let image = top.join(IMAGE);
     if !image.is_file() {
@@ -290,7 +314,23 @@ pub fn ensure_mounted(meta: &Path) -> Result<()> {
         )));
     }
     fs::create_dir_all(meta).map_err(Error::io("create directory", meta))?;
-    mount_image(&image, meta)
+    mount_image(&image, meta)?;
+    Ok(lock)
+}
+
+/// After a workspace of the image mounted at `meta` went: unmounts the image when
+/// `in_use` (asked under the image's mount lock held exclusively) says no live
+/// workspace uses it any more. The image stays for the next create, until `gc`.
+pub fn release(meta: &Path, in_use: impl FnOnce() -> Result<bool>) -> Result<()> {
+    let top = meta.parent().expect("meta has a parent");
+    if !top.is_dir() {
+        return Ok(());
+    }
+    let _lock = crate::checkout::lock_file(&top.join(MOUNT_LOCK), true)?;
+    if !in_use()? && crate::mounts::is_mounted(meta)? {
+        crate::mounts::unmount_lazy(meta)?;
+    }
+    Ok(())
 }
 
 /// Mounts the EROFS image file `image` read-only at `target` (file-backed, no loop

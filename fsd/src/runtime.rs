@@ -774,20 +774,14 @@ impl Runtime {
     }
 
     /// After the workspace `rec` went: the mount of its native lower's image goes too
-    /// once no live workspace uses it (the image stays for the next create, until `gc`).
-    /// Under the checkouts' lock held exclusively: a create holds it shared from before
-    /// its image is found mounted until its overlay holds the image.
+    /// once no live workspace uses it ([`crate::native::release`]).
     fn release_native(&self, rec: &Record) -> Result<()> {
         if rec.lower_kind != LowerKind::Native {
             return Ok(());
         }
-        let _exclusive = checkout::lock(&self.store, true)?;
-        if self.reg().live_using(&rec.snapshot, LowerKind::Native)? == 0
-            && crate::mounts::is_mounted(&rec.lower)?
-        {
-            crate::mounts::unmount_lazy(&rec.lower)?;
-        }
-        Ok(())
+        crate::native::release(&rec.lower, || {
+            Ok(self.reg().live_using(&rec.snapshot, LowerKind::Native)? > 0)
+        })
     }
 
     /// Called by a daemon that just mounted a new snapshot view: overlays still mounted on
