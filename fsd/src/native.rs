@@ -364,11 +364,24 @@ fn mount_image(image: &Path, target: &Path) -> Result<()> {
     .map_err(err)
 }
 
+/// The owner every entry of an image gets: this process's (the view serves its own
+/// owner the same way), asked once.
+fn owner() -> (u32, u32) {
+    static OWNER: OnceLock<(u32, u32)> = OnceLock::new();
+    *OWNER.get_or_init(|| {
+        (
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw(),
+        )
+    })
+}
+
 fn stat(mode: u32, xattrs: Vec<(Vec<u8>, Vec<u8>)>, path: &[u8]) -> Stat {
+    let (uid, gid) = owner();
     Stat {
         st_mode: mode,
-        st_uid: nix::unistd::geteuid().as_raw(),
-        st_gid: nix::unistd::getegid().as_raw(),
+        st_uid: uid,
+        st_gid: gid,
         st_mtim_sec: crate::view::served_time_secs(path) as i64,
         st_mtim_nsec: 0,
         xattrs: xattrs
