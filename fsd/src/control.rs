@@ -33,6 +33,8 @@ pub struct Server {
     pub stop: Arc<AtomicBool>,
     /// Whether workspaces still use the daemon (refuses `shutdown` without force).
     pub busy: Box<dyn Fn() -> Vec<String> + Send + Sync>,
+    /// The FUSE server of fuse workspaces, which this daemon registered with the runtime.
+    pub host: Arc<crate::cow::Host>,
 }
 
 fn error_value(e: &Error) -> Value {
@@ -156,17 +158,17 @@ impl Server {
                 "recover" => json!(rt.recover(&ws_arg(req)?)?),
                 "mount_workspace" => {
                     let rec = rt.status(&ws_arg(req)?)?;
-                    serving_host()?.mount(&rec)?;
+                    self.host.mount(&rec)?;
                     json!({"workspace": rec.id, "path": rec.path, "served": true})
                 }
                 "finish_copies" => {
                     let rec = rt.status(&ws_arg(req)?)?;
-                    serving_host()?.finish_copies(&rec)?;
+                    self.host.finish_copies(&rec)?;
                     json!({"workspace": rec.id, "finished": true})
                 }
                 "unmount_workspace" => {
                     let rec = rt.status(&ws_arg(req)?)?;
-                    let was = serving_host()?.unmount(&rec.id);
+                    let was = self.host.unmount(&rec.id);
                     json!({"workspace": rec.id, "served": false, "was_served": was})
                 }
                 "shutdown" => {
@@ -248,14 +250,6 @@ impl Server {
             }
         }
     }
-}
-
-/// The fuse workspaces' host: only a daemon serves them.
-fn serving_host() -> Result<Arc<crate::cow::Host>> {
-    crate::cow::host().ok_or_else(|| Error::Unsupported {
-        name: "fuse".into(),
-        why: "this process does not serve fuse workspaces (only fsd does)".into(),
-    })
 }
 
 fn reply(mut stream: &UnixStream, v: &Value) -> std::io::Result<()> {

@@ -1,31 +1,14 @@
-//! The cowspace daemon and workspace library: writable copy-on-write workspaces of
-//! snapshots (the `Materializer` seam: overlay, fuse, btrfs, reflink, copy), the registry of
-//! every workspace, the control socket, and (in `view`) the read-only FUSE view of
-//! snapshots.
-//!
-//! [`runtime::Runtime`] is the API a runtime embeds; `mountctl` uses it too.
+//! The cowspace daemon: the read-only FUSE views of snapshots (`view`), the FUSE server of
+//! fuse workspaces (`cow`), their placement on CPUs, and the control socket's server.
+//! Everything else a runtime needs is the `cowspace` library.
 #![deny(unsafe_code)]
 
 pub mod blobfiles;
-pub mod checkout;
 pub mod control;
 pub mod cow;
-pub mod daemon;
-pub mod error;
-pub mod fromgit;
-pub mod gitfsmonitor;
-pub mod materializer;
-pub mod mounts;
-pub mod native;
 pub mod placement;
-pub mod registry;
-mod retention;
-pub mod runtime;
-pub mod sandbox;
-#[allow(unsafe_code)]
-mod sys;
-pub mod upper;
 pub mod view;
-mod wspath;
 
-pub use sys::fix_mmap_threshold;
+pub(crate) use cowspace::{
+    checkout, daemon, error, materializer, mounts, native, registry, runtime, sandbox, sys, upper,
+};

@@ -14,12 +14,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use cowspace::daemon::socket_path;
+use cowspace::materializer::Materializers;
+use cowspace::runtime::Runtime;
+use cowspace::{mounts, registry::Status};
 use cowspace_fsd::control::{Server, root_owner};
 use cowspace_fsd::cow::OpenMode;
-use cowspace_fsd::daemon::socket_path;
-use cowspace_fsd::runtime::Runtime;
 use cowspace_fsd::view::{PLAIN_VIEW_DIR, ReadMode, VIEW_DIR, ViewMount, ViewOptions};
-use cowspace_fsd::{mounts, registry::Status};
 use cowspace_store::{Store, StoreConfig};
 
 #[derive(Debug, Parser)]
@@ -54,9 +55,21 @@ struct Args {
     /// FUSE request threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    #[command(subcommand)]
+    command: Option<Command>,
 }
 
-/// Allocations from this size up get their own mapping (see `cowspace_fsd::fix_mmap_threshold`).
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Finish the copy-ups in progress recorded in a fuse workspace's upper directory
+    /// (what diff and commit need when no daemon serves the workspace), then exit.
+    FinishCopies {
+        /// The workspace's upper directory (`<root>/workspaces/<id>/upper`).
+        upper: PathBuf,
+    },
+}
+
+/// Allocations from this size up get their own mapping (see `cowspace::fix_mmap_threshold`).
 const MMAP_THRESHOLD_BYTES: usize = 1 << 20;
 
 fn main() -> ExitCode {
@@ -67,16 +80,20 @@ fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
-    if let Err(e) = cowspace_fsd::fix_mmap_threshold(MMAP_THRESHOLD_BYTES) {
+    if let Err(e) = cowspace::fix_mmap_threshold(MMAP_THRESHOLD_BYTES) {
         tracing::warn!("{e}: FUSE request buffers may stay resident");
     }
-    match run(args) {
+    let result = match args.command {
+        Some(Command::FinishCopies { ref upper }) => finish_copies(&args, upper),
+        None => run(args),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("fsd: {e:#}");
             if e.downcast_ref::<AnotherDaemon>().is_some() {
-                ExitCode::from(cowspace_fsd::daemon::EXIT_ANOTHER_DAEMON)
+                ExitCode::from(cowspace::daemon::EXIT_ANOTHER_DAEMON)
             } else {
                 ExitCode::from(1)
             }
@@ -105,11 +122,37 @@ fn parse_read_mode(s: &str) -> std::result::Result<ReadMode, String> {
 #[error("another fsd serves {} already", .0.display())]
 struct AnotherDaemon(PathBuf);
 
+fn finish_copies(args: &Args, upper: &std::path::Path) -> Result<()> {
+    let root = args
+        .root
+        .clone()
+        .unwrap_or_else(cowspace_store::layout::default_root);
+    let store = Store::open(&root, StoreConfig::default())?;
+    let n = cowspace_fsd::cow::lazy::finish_records(upper, &store)
+        .with_context(|| format!("finish copy-ups in {}", upper.display()))?;
+    tracing::debug!(files = n, upper = %upper.display(), "copy-ups finished");
+    Ok(())
+}
+
 fn run(args: Args) -> Result<()> {
     let root = args
         .root
         .unwrap_or_else(cowspace_store::layout::default_root);
-    let runtime = Arc::new(Runtime::open(&root)?);
+    let store = Arc::new(Store::open(&root, StoreConfig::default())?);
+    // The server of fuse workspaces, registered with the runtime: its materializer then
+    // serves them here instead of asking a daemon.
+    let host = cowspace_fsd::cow::new_host(
+        Arc::clone(&store),
+        cowspace_fsd::cow::Serving {
+            mode: args.fuse_open_mode,
+            passthrough: !args.no_passthrough,
+            follow_cpus: args.fuse_cpus,
+        },
+    );
+    let runtime = Arc::new(Runtime::open_with(
+        &root,
+        Materializers::standard().with_fuse_host(Arc::clone(&host) as _),
+    )?);
     let run_dir = root.join("run");
     std::fs::create_dir_all(&run_dir).with_context(|| format!("create {}", run_dir.display()))?;
 
@@ -150,7 +193,6 @@ fn run(args: Args) -> Result<()> {
         Ok(_) => {}
         Err(e) => tracing::warn!("stopping workspaces of an earlier daemon failed: {e}"),
     }
-    let store = Arc::new(Store::open(&root, StoreConfig::default())?);
     let opts = ViewOptions {
         threads: args.threads,
         read_mode: match args.read_mode {
@@ -161,15 +203,7 @@ fn run(args: Args) -> Result<()> {
     };
     // Removals answer once the workspace has left its path; the teardown of its mount
     // follows on a thread (drained before this process exits).
-    cowspace_fsd::mounts::start_deferred_teardowns();
-    let host = cowspace_fsd::cow::install_host(
-        Arc::clone(&store),
-        cowspace_fsd::cow::Serving {
-            mode: args.fuse_open_mode,
-            passthrough: !args.no_passthrough,
-            follow_cpus: args.fuse_cpus,
-        },
-    );
+    cowspace::mounts::start_deferred_teardowns();
     // Each served workspace keeps a descriptor per modified inode the kernel holds.
     if let Ok((_, hard)) =
         nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
@@ -213,14 +247,11 @@ fn run(args: Args) -> Result<()> {
             rt.list(false)
                 .unwrap_or_default()
                 .into_iter()
-                .filter(|r| {
-                    (r.lower_kind == cowspace_fsd::materializer::LowerKind::View
-                        || r.materializer == cowspace_fsd::materializer::MaterializerKind::Fuse)
-                        && r.status == Status::Active
-                })
+                .filter(|r| rt.daemon_serves(r) && r.status == Status::Active)
                 .map(|r| r.id)
                 .collect()
         }),
+        host: Arc::clone(&host),
     });
     tracing::info!(
         root = %root.display(),
@@ -238,7 +269,7 @@ fn run(args: Args) -> Result<()> {
         for dir in [&view_dir, &plain_dir] {
             if let Ok(meta) = std::fs::metadata(dir) {
                 use std::os::unix::fs::MetadataExt;
-                if cowspace_fsd::mounts::abort_fuse_connection(meta.dev(), true) {
+                if cowspace::mounts::abort_fuse_connection(meta.dev(), true) {
                     tracing::warn!(view = %dir.display(), "aborted the view's FUSE connection");
                 } else {
                     tracing::error!(view = %dir.display(), "cannot abort the view's connection");
@@ -247,7 +278,7 @@ fn run(args: Args) -> Result<()> {
         }
     }
     // Overlays torn down later still hold their lower layer, the view.
-    cowspace_fsd::mounts::drain_deferred();
+    cowspace::mounts::drain_deferred();
     host.unmount_all();
     for v in [view, plain] {
         if let Err(e) = v.unmount() {

@@ -6,9 +6,9 @@ use std::path::Path;
 use std::process::Command;
 
 use common::{Cleanup, can_run};
-use cowspace_fsd::error::ErrorKind;
-use cowspace_fsd::fromgit::Dirty;
-use cowspace_fsd::runtime::{CreateOptions, Runtime};
+use cowspace::error::ErrorKind;
+use cowspace::fromgit::Dirty;
+use cowspace::runtime::{CreateOptions, Runtime};
 use cowspace_store::{Store, StoreConfig};
 
 fn git(dir: &Path, args: &[&str]) {

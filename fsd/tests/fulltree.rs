@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use cowspace_fsd::error::Error;
-use cowspace_fsd::materializer::fulltree::{Stamps, changes, stamps_path, tree_dir};
-use cowspace_fsd::mounts;
-use cowspace_fsd::runtime::{CommitOptions, CreateOptions, Runtime};
+use cowspace::error::Error;
+use cowspace::materializer::fulltree::{Stamps, changes, stamps_path, tree_dir};
+use cowspace::mounts;
+use cowspace::runtime::{CommitOptions, CreateOptions, Runtime};
 use cowspace_store::diff::Change;
 use cowspace_store::{ImportOptions, SnapshotId, Store, StoreConfig, TreeId};
 
@@ -131,7 +131,7 @@ impl Env {
         (r.snapshot, r.root)
     }
 
-    fn create(&mut self, snap: &SnapshotId, kind: &str) -> cowspace_fsd::registry::Record {
+    fn create(&mut self, snap: &SnapshotId, kind: &str) -> cowspace::registry::Record {
         let rec = self
             .rt
             .create(&CreateOptions {
@@ -230,7 +230,7 @@ fn diff_set(env: &Env, id: &str) -> BTreeSet<(String, String)> {
 }
 
 /// Paths the stamp walk reads (changed stamps) right now.
-fn read_paths(env: &Env, rec: &cowspace_fsd::registry::Record) -> Vec<String> {
+fn read_paths(env: &Env, rec: &cowspace::registry::Record) -> Vec<String> {
     let stamps = Stamps::load(&stamps_path(rec)).unwrap();
     let base: SnapshotId = rec.snapshot.parse().unwrap();
     changes(env.rt.store(), &base, &tree_dir(rec), &stamps)

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use common::{Cleanup, can_run};
-use cowspace_fsd::runtime::{CreateOptions, Runtime};
+use cowspace::runtime::{CreateOptions, Runtime};
 use cowspace_store::{ImportOptions, Store, StoreConfig};
 
 fn git(dir: &Path, args: &[&str]) -> std::process::Output {

@@ -21,7 +21,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use common::{Cleanup, can_run};
-use cowspace_fsd::runtime::{CommitOptions, CreateOptions, Runtime};
+use cowspace::runtime::{CommitOptions, CreateOptions, Runtime};
 use cowspace_store::{ImportOptions, Store, StoreConfig};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestRunner};

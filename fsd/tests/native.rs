@@ -11,7 +11,7 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use cowspace_fsd::runtime::{CommitOptions, CreateOptions, Runtime};
+use cowspace::runtime::{CommitOptions, CreateOptions, Runtime};
 use cowspace_store::browse::Found;
 use cowspace_store::{Entry, Expect, FileContent, Source};
 
@@ -23,7 +23,7 @@ fn entry(store: &cowspace_store::Store, snap: &cowspace_store::SnapshotId, path:
     }
 }
 
-fn create(rt: &Runtime, snapshot: &str) -> cowspace_fsd::registry::Record {
+fn create(rt: &Runtime, snapshot: &str) -> cowspace::registry::Record {
     rt.create(&CreateOptions {
         snapshot: snapshot.into(),
         materializer: Some("overlay".into()),
@@ -114,7 +114,7 @@ fn overlay_xattrs_in_a_snapshot_are_content_not_instructions() {
 
     let rt = Runtime::open(env.store.root()).unwrap();
     let ws = create(&rt, &snap.to_hex());
-    assert_eq!(ws.lower_kind, cowspace_fsd::materializer::LowerKind::Native);
+    assert_eq!(ws.lower_kind, cowspace::materializer::LowerKind::Native);
     // Its own bytes, its own xattrs, shown as the snapshot has them.
     assert_eq!(
         fs::read_to_string(ws.path.join("victim")).unwrap(),
@@ -262,7 +262,7 @@ fn files_of_every_size_around_the_inline_bound_read_back_exactly() {
     let env = common::Env::new("cowspace-native-sizes-");
     let _cleanup = common::Cleanup(env.store.root().to_path_buf());
     let src = env.dir("src");
-    let bound = cowspace_fsd::native::INLINE_MAX as usize;
+    let bound = cowspace::native::INLINE_MAX as usize;
     let mut sizes = vec![
         0, 1, 63, 64, 65, 511, 512, 513, 4095, 4096, 4097, 8192, 65537,
     ];

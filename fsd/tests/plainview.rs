@@ -55,7 +55,7 @@ impl Overlay {
             env.dir(&format!("{name}-work")),
             env.dir(&format!("{name}-mnt")),
         );
-        cowspace_fsd::mounts::mount_overlay(lower, &upper, &work, &target, true).unwrap();
+        cowspace::mounts::mount_overlay(lower, &upper, &work, &target, true).unwrap();
         Overlay { target, upper }
     }
 }
@@ -63,7 +63,7 @@ impl Overlay {
 impl Drop for Overlay {
     fn drop(&mut self) {
         if nix::mount::umount(&self.target).is_err() {
-            let _ = cowspace_fsd::mounts::unmount_lazy(&self.target);
+            let _ = cowspace::mounts::unmount_lazy(&self.target);
         }
     }
 }

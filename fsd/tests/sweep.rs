@@ -4,8 +4,8 @@
 use std::fs;
 use std::path::Path;
 
-use cowspace_fsd::registry::{Creator, Record, Registry, Status};
-use cowspace_fsd::runtime::Runtime;
+use cowspace::registry::{Creator, Record, Registry, Status};
+use cowspace::runtime::Runtime;
 use cowspace_store::{Store, StoreConfig};
 
 fn record(root: &Path, id: &str, creator: Option<Creator>) -> Record {
@@ -17,8 +17,8 @@ fn record(root: &Path, id: &str, creator: Option<Creator>) -> Record {
         name: None,
         worker: None,
         snapshot: "00".repeat(32),
-        materializer: cowspace_fsd::materializer::MaterializerKind::Overlay,
-        lower_kind: cowspace_fsd::materializer::LowerKind::Checkout,
+        materializer: cowspace::materializer::MaterializerKind::Overlay,
+        lower_kind: cowspace::materializer::LowerKind::Checkout,
         lower: root.join("no-lower"),
         path: private_dir.join("mnt"),
         private_dir,

@@ -222,7 +222,7 @@ pub struct SandboxFlags {
     pub secret: Vec<String>,
 }
 
-impl From<SandboxFlags> for cowspace_fsd::sandbox::SandboxOptions {
+impl From<SandboxFlags> for cowspace::sandbox::SandboxOptions {
     fn from(f: SandboxFlags) -> Self {
         Self {
             net: f.net,

@@ -53,8 +53,8 @@ impl Ctx {
         Ok(cowspace_store::Store::open(&self.root, Default::default())?)
     }
 
-    pub fn runtime(&self) -> anyhow::Result<cowspace_fsd::runtime::Runtime> {
-        Ok(cowspace_fsd::runtime::Runtime::open(&self.root)?)
+    pub fn runtime(&self) -> anyhow::Result<cowspace::runtime::Runtime> {
+        Ok(cowspace::runtime::Runtime::open(&self.root)?)
     }
 }
 
@@ -63,7 +63,7 @@ fn classify(e: &anyhow::Error) -> (ErrorKind, Option<String>) {
         if let Some(s) = cause.downcast_ref::<cowspace_store::Error>() {
             return (s.kind(), s.hint());
         }
-        if let Some(s) = cause.downcast_ref::<cowspace_fsd::error::Error>() {
+        if let Some(s) = cause.downcast_ref::<cowspace::error::Error>() {
             return (s.kind(), s.hint());
         }
     }

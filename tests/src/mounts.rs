@@ -20,7 +20,7 @@ const LOOP_IMAGE_BYTES: u64 = 2 << 30;
 /// deepest first.
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     let canon = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
-    let mut v: Vec<PathBuf> = cowspace_fsd::mounts::mounts()
+    let mut v: Vec<PathBuf> = cowspace::mounts::mounts()
         .unwrap_or_default()
         .into_iter()
         .map(|m| m.target)

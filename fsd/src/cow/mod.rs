@@ -125,7 +125,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use cowspace_store::{SnapshotId, Store};
 use fuser::{BackgroundSession, Config, SessionACL};
@@ -133,12 +133,7 @@ use fuser::{BackgroundSession, Config, SessionACL};
 use crate::error::{Error, Result};
 use crate::registry::{Record, Status};
 
-/// What the mount table shows as a workspace mount's source, before its private
-/// directory.
-pub const WS_SOURCE_PREFIX: &str = "cowspace:";
-
-/// File system subtype shown in the mount table (`fuse.cowspace-ws`).
-pub const WS_SUBTYPE: &str = "cowspace-ws";
+pub use cowspace::served::{WS_SOURCE_PREFIX, WS_SUBTYPE};
 
 /// Request threads per workspace (each with its own `/dev/fuse` clone).
 pub const THREADS_PER_WORKSPACE: usize = 2;
@@ -426,23 +421,33 @@ pub struct Host {
     gates: Mutex<HashMap<String, Arc<Mutex<()>>>>,
 }
 
-static HOST: OnceLock<Arc<Host>> = OnceLock::new();
-
-/// Makes this process the one serving fuse workspaces (the daemon calls it at start).
-pub fn install_host(store: Arc<Store>, serving: Serving) -> Arc<Host> {
-    Arc::clone(HOST.get_or_init(|| {
-        Arc::new(Host {
-            store,
-            serving,
-            mounts: Mutex::new(HashMap::new()),
-            gates: Mutex::new(HashMap::new()),
-        })
-    }))
+/// The server of this process's fuse workspaces (the daemon makes one at start and
+/// registers it with its runtime: `Materializers::with_fuse_host`).
+pub fn new_host(store: Arc<Store>, serving: Serving) -> Arc<Host> {
+    Arc::new(Host {
+        store,
+        serving,
+        mounts: Mutex::new(HashMap::new()),
+        gates: Mutex::new(HashMap::new()),
+    })
 }
 
-/// The host, when this process is the daemon.
-pub fn host() -> Option<Arc<Host>> {
-    HOST.get().cloned()
+impl cowspace::materializer::fuse::FuseHost for Host {
+    fn mount(&self, rec: &Record) -> Result<()> {
+        Host::mount(self, rec)
+    }
+
+    fn unmount(&self, id: &str) {
+        Host::unmount(self, id);
+    }
+
+    fn stop(&self, id: &str) -> Option<Box<dyn FnOnce() + Send>> {
+        Host::stop(self, id).map(|f| Box::new(f) as Box<dyn FnOnce() + Send>)
+    }
+
+    fn finish_copies(&self, rec: &Record) -> Result<()> {
+        Host::finish_copies(self, rec)
+    }
 }
 
 impl Host {

@@ -14,9 +14,7 @@ use fuser::{Errno, FileAttr, FileType, INodeNo};
 use super::errno::{errno_of, errno_of_io};
 use super::inode::{InodeKey, InodeTable, Node, NodeKind, ROOT_INO, child_path};
 
-/// mtime, ctime and atime of everything in the view (seconds since the epoch), so
-/// attributes are the same in every mount and after restarts (`git status` trusts them).
-pub const VIEW_TIME_SECS: u64 = 1_000_000_000;
+pub use cowspace::served::VIEW_TIME_SECS;
 
 /// Block size reported by `stat` and `statfs`.
 pub const VIEW_BLKSIZE_BYTES: u32 = 4096;

@@ -12,136 +12,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use cowspace_store::{ContentId, Entry, Kind, SnapshotId, TreeId};
 
-/// The BLAKE3 derive-key context of inode numbers (part of the view's stable ABI).
-pub const INO_CONTEXT: &str = "cowspace view inode v1";
+pub use cowspace::served::{INO_CONTEXT, INO_LIMIT, InodeKey, ROOT_INO, time_offset};
 
-/// Inode numbers stay below this, so kernel overlayfs (xino) can add its layer bits.
-pub const INO_LIMIT: u64 = 1 << 48;
-
-/// The mount root's inode number (fixed by FUSE).
-pub const ROOT_INO: u64 = 1;
-
-/// How many salted rehashes are tried before a collision is given up on. Reaching it
 /// needs ~64 distinct live entries on one 48-bit number: a bug, not bad luck.
 const MAX_INO_SALTS: u32 = 64;
 
-/// Kind codes inside an inode key: the tree encoding's codes (docs/store-format.md).
-fn kind_code(kind: Kind) -> u8 {
-    match kind {
-        Kind::Dir => 1,
-        // A hard link is keyed as the file it names.
-        Kind::File | Kind::Hardlink => 2,
-        Kind::Symlink => 3,
-        Kind::Fifo => 5,
-        Kind::CharDevice => 6,
-        Kind::BlockDevice => 7,
-    }
-}
-
-/// The bytes an inode number is derived from:
-///
-/// ```text
-/// key := [snapshot id (32), directories only] path 0x00 kind u32le:mode hash(32) data
-/// ```
-///
-/// `path` is the entry's `/`-joined path from the snapshot root (empty for the root). A
-/// hard link is keyed by its primary's path, as kind `file`, so every name of a link group
-/// has one inode; a file with more than one name has its link count (`u32le`) as data
-/// (the primary's own data is empty), because the kernel keeps one link count per inode
-/// and the same file may have other names in another snapshot. Directories carry the
-/// snapshot id because the kernel allows a directory inode only one parent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InodeKey(Vec<u8>);
-
-impl InodeKey {
-    /// The key of `entry` found at `path` in `snapshot`, a file with one name.
-    pub fn of_entry(snapshot: &SnapshotId, path: &[u8], entry: &Entry) -> InodeKey {
-        Self::of_linked_entry(snapshot, path, entry, 1)
-    }
-
-    /// The key of `entry` found at `path` in `snapshot`, whose file (a regular file or a
-    /// hard link) has `nlink` names in the snapshot.
-    pub fn of_linked_entry(
-        snapshot: &SnapshotId,
-        path: &[u8],
-        entry: &Entry,
-        nlink: u32,
-    ) -> InodeKey {
-        let links = nlink.to_le_bytes();
-        let linked: &[u8] = if nlink > 1 { &links } else { &[] };
-        match entry.kind {
-            Kind::Dir => Self::build(
-                Some(snapshot),
-                path,
-                Kind::Dir,
-                entry.mode,
-                &entry.hash,
-                &[],
-            ),
-            Kind::Hardlink => Self::build(
-                None,
-                &entry.data,
-                Kind::File,
-                entry.mode,
-                &entry.hash,
-                linked,
-            ),
-            Kind::File => Self::build(None, path, Kind::File, entry.mode, &entry.hash, linked),
-            kind => Self::build(None, path, kind, entry.mode, &entry.hash, &entry.data),
-        }
-    }
-
-    /// The key of a snapshot's root directory.
-    pub fn of_snapshot_root(snapshot: &SnapshotId, root: &TreeId, mode: u32) -> InodeKey {
-        Self::build(Some(snapshot), b"", Kind::Dir, mode, root.as_bytes(), &[])
-    }
-
-    fn build(
-        snapshot: Option<&SnapshotId>,
-        path: &[u8],
-        kind: Kind,
-        mode: u32,
-        hash: &[u8; 32],
-        data: &[u8],
-    ) -> InodeKey {
-        let mut k = Vec::with_capacity(32 + path.len() + 1 + 1 + 4 + 32 + data.len());
-        if let Some(s) = snapshot {
-            k.extend_from_slice(s.as_bytes());
-        }
-        k.extend_from_slice(path);
-        k.push(0);
-        k.push(kind_code(kind));
-        k.extend_from_slice(&mode.to_le_bytes());
-        k.extend_from_slice(hash);
-        k.extend_from_slice(data);
-        InodeKey(k)
-    }
-
-    /// The identity of the key: the full 32-byte derived key (salt 0).
-    pub fn digest(&self) -> [u8; 32] {
-        blake3::derive_key(INO_CONTEXT, &self.0)
-    }
-
-    /// The inode number for this key at `salt` (0 unless a collision forced a rehash).
-    pub fn ino(&self, salt: u32) -> u64 {
-        let d = if salt == 0 {
-            self.digest()
-        } else {
-            let mut salted = self.0.clone();
-            salted.extend_from_slice(&salt.to_le_bytes());
-            blake3::derive_key(INO_CONTEXT, &salted)
-        };
-        ino_from_digest(&d)
-    }
-}
-
-/// `2 + (first 8 bytes LE mod (2^48 - 2))`: never 0 (invalid) or 1 (the mount root).
-fn ino_from_digest(d: &[u8; 32]) -> u64 {
-    let first: [u8; 8] = d[..8].try_into().expect("a digest has 32 bytes");
-    2 + u64::from_le_bytes(first) % (INO_LIMIT - 2)
-}
-
-/// What a node is, with what its operations need.
 #[derive(Debug, Clone)]
 pub enum NodeKind {
     /// The mount root: snapshots appear under it by id.
@@ -183,13 +58,6 @@ pub struct Node {
     pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
     /// Seconds added to the view's fixed time: 1 for a git index (see [`time_offset`]).
     pub time_offset: u64,
-}
-
-/// A git index (`.git/index`, at any depth) is served one second later than everything
-/// else: git treats entries whose mtime is not older than the index file as "racily
-/// clean" and re-reads them, which would make every first `git status` re-hash the tree.
-pub fn time_offset(path: &[u8]) -> u64 {
-    u64::from(path == b".git/index" || path.ends_with(b"/.git/index"))
 }
 
 impl Node {
@@ -405,65 +273,6 @@ mod tests {
 
     fn snap(b: u8) -> SnapshotId {
         SnapshotId::from_bytes([b; 32])
-    }
-
-    #[test]
-    fn numbers_are_pinned_by_the_formula() {
-        // The formula is an ABI across daemon restarts: recompute it by hand.
-        let e = file("a", 0o644, 7);
-        let mut k = b"dir/a\0\x02".to_vec();
-        k.extend_from_slice(&0o644u32.to_le_bytes());
-        k.extend_from_slice(&[7; 32]);
-        let d = blake3::derive_key("cowspace view inode v1", &k);
-        let want = 2 + u64::from_le_bytes(d[..8].try_into().unwrap()) % ((1 << 48) - 2);
-        assert_eq!(InodeKey::of_entry(&snap(1), b"dir/a", &e).ino(0), want);
-    }
-
-    #[test]
-    fn files_ignore_the_snapshot_and_directories_do_not() {
-        let e = file("a", 0o644, 7);
-        assert_eq!(
-            InodeKey::of_entry(&snap(1), b"a", &e),
-            InodeKey::of_entry(&snap(2), b"a", &e)
-        );
-        let mut d = file("d", 0o755, 9);
-        d.kind = Kind::Dir;
-        assert_ne!(
-            InodeKey::of_entry(&snap(1), b"d", &d),
-            InodeKey::of_entry(&snap(2), b"d", &d)
-        );
-        // Path, mode and content each change the number.
-        let k = InodeKey::of_entry(&snap(1), b"a", &e).ino(0);
-        assert_ne!(k, InodeKey::of_entry(&snap(1), b"b", &e).ino(0));
-        assert_ne!(
-            k,
-            InodeKey::of_entry(&snap(1), b"a", &file("a", 0o755, 7)).ino(0)
-        );
-        assert_ne!(
-            k,
-            InodeKey::of_entry(&snap(1), b"a", &file("a", 0o644, 8)).ino(0)
-        );
-    }
-
-    #[test]
-    fn a_hard_link_is_keyed_as_its_primary() {
-        let primary = file("a", 0o644, 7);
-        let mut link = file("b", 0o644, 7);
-        link.kind = Kind::Hardlink;
-        link.data = b"x/a".to_vec();
-        assert_eq!(
-            InodeKey::of_entry(&snap(1), b"x/a", &primary),
-            InodeKey::of_entry(&snap(1), b"y/b", &link)
-        );
-    }
-
-    #[test]
-    fn numbers_stay_in_range() {
-        for i in 0..10_000u32 {
-            let e = file(&i.to_string(), 0o644, (i % 251) as u8);
-            let ino = InodeKey::of_entry(&snap(1), &i.to_le_bytes(), &e).ino(i % 3);
-            assert!((2..INO_LIMIT).contains(&ino), "{ino}");
-        }
     }
 
     fn make(ino: u64, digest: [u8; 32]) -> Node {

@@ -93,7 +93,7 @@ mod core;
 mod errno;
 mod fs;
 mod inode;
-pub mod plain;
+pub use cowspace::plain;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -112,10 +112,7 @@ use self::fs::ViewFs;
 pub(crate) use self::fs::reply_sized;
 pub use self::inode::{INO_CONTEXT, INO_LIMIT, InodeKey};
 
-/// Where the daemon mounts the full view, under `<root>/run/`.
-pub const VIEW_DIR: &str = "view";
-/// Where the daemon mounts the plain view (no xattrs; [`plain`]), under `<root>/run/`.
-pub const PLAIN_VIEW_DIR: &str = "view-plain";
+pub use cowspace::served::{PLAIN_VIEW_DIR, VIEW_DIR};
 
 /// File system name shown in the mount table.
 pub const VIEW_FSNAME: &str = "cowspace";
@@ -379,45 +376,4 @@ impl Drop for ViewMount {
     }
 }
 
-/// The identity function imports use for a runtime root (`root`, whose owner the view
-/// serves files as): [`served_file_stat`] with that owner.
-pub fn served_identity(
-    root: &std::path::Path,
-) -> crate::error::Result<cowspace_store::import::ServedIdentityFn> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(root).map_err(crate::error::Error::io("stat", root))?;
-    let (uid, gid) = (meta.uid(), meta.gid());
-    Ok(std::sync::Arc::new(
-        move |p: &[u8], e: &cowspace_store::Entry| served_file_stat(p, e, uid, gid),
-    ))
-}
-
-/// The mtime (= ctime = atime) the view serves a file at `path` with.
-pub fn served_time_secs(path: &[u8]) -> u64 {
-    VIEW_TIME_SECS + inode::time_offset(path)
-}
-
-/// What the view serves for the non-directory `entry` at `path` (`/`-joined from the
-/// snapshot root), in every snapshot and daemon run (barring an inode collision, which
-/// is logged): its inode number and times, and the owner `uid`/`gid`. Imports use it to
-/// make a checkout's `.git/index` agree with workspaces. A file with more than one name
-/// (hard links) gets another number in the view (its link count is part of its key), so
-/// git re-reads such a file once.
-pub fn served_file_stat(
-    path: &[u8],
-    entry: &cowspace_store::Entry,
-    uid: u32,
-    gid: u32,
-) -> cowspace_store::import::gitindex::ServedStat {
-    // A file's key does not involve the snapshot (only directories' do).
-    let any_snapshot = cowspace_store::SnapshotId::from_bytes([0; 32]);
-    let ino = inode::InodeKey::of_entry(&any_snapshot, path, entry).ino(0);
-    let t = served_time_secs(path) as u32;
-    cowspace_store::import::gitindex::ServedStat {
-        ino,
-        mtime_s: t,
-        ctime_s: t,
-        uid,
-        gid,
-    }
-}
+pub use cowspace::served::{served_file_stat, served_identity, served_time_secs};

@@ -5,7 +5,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cowspace_fsd::runtime::Runtime;
+use cowspace::runtime::Runtime;
 use cowspace_fsd::view::{ViewMount, ViewOptions};
 use cowspace_store::{ImportOptions, SnapshotId, Store, StoreConfig};
 
@@ -33,8 +33,8 @@ impl Drop for Cleanup {
                 let _ = rt.remove(&r.id, true);
             }
         }
-        let _ = cowspace_fsd::daemon::stop(&self.0, true);
-        let mut left: Vec<PathBuf> = cowspace_fsd::mounts::mounts()
+        let _ = cowspace::daemon::stop(&self.0, true);
+        let mut left: Vec<PathBuf> = cowspace::mounts::mounts()
             .unwrap_or_default()
             .into_iter()
             .map(|m| m.target)
@@ -42,7 +42,7 @@ impl Drop for Cleanup {
             .collect();
         left.sort();
         for m in left.iter().rev() {
-            let _ = cowspace_fsd::mounts::unmount_lazy(m);
+            let _ = cowspace::mounts::unmount_lazy(m);
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use cowspace_fsd::daemon;
+use cowspace::daemon;
 use serde_json::json;
 
 use crate::cli::DaemonCommand;

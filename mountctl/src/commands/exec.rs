@@ -31,12 +31,10 @@ pub fn run(ctx: &Ctx, a: ExecArgs) -> anyhow::Result<ExitCode> {
     let mut env = Vec::new();
     for e in &a.env {
         let (k, v) = e.split_once('=').ok_or_else(|| {
-            cowspace_fsd::error::Error::Invalid(format!("--env {e:?}: expected KEY=VALUE"))
+            cowspace::error::Error::Invalid(format!("--env {e:?}: expected KEY=VALUE"))
         })?;
         if k.is_empty() {
-            return Err(
-                cowspace_fsd::error::Error::Invalid(format!("--env {e:?}: empty key")).into(),
-            );
+            return Err(cowspace::error::Error::Invalid(format!("--env {e:?}: empty key")).into());
         }
         env.push((k.to_string(), v.to_string()));
     }
@@ -50,7 +48,7 @@ pub fn run(ctx: &Ctx, a: ExecArgs) -> anyhow::Result<ExitCode> {
     let tty = if a.tty {
         let stdin = std::io::stdin();
         if !stdin.is_terminal() {
-            return Err(cowspace_fsd::error::Error::Invalid(
+            return Err(cowspace::error::Error::Invalid(
                 "-t needs a terminal on stdin (leave -t out to pass pipes)".into(),
             )
             .into());

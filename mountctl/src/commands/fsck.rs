@@ -23,14 +23,14 @@ pub fn run(ctx: &Ctx, args: FsckArgs) -> anyhow::Result<ExitCode> {
         false => None,
     };
     // The native lowers' blobs (a cache, but one a workspace cannot read without).
-    let mut native = cowspace_fsd::native::missing_blobs(&store)?;
+    let mut native = cowspace::native::missing_blobs(&store)?;
     if args.repair && !native.is_empty() {
-        cowspace_fsd::native::restore_blobs(&store, &native)?;
+        cowspace::native::restore_blobs(&store, &native)?;
         ctx.note(&format!(
             "repair: {} blobs of native lowers written again from the store",
             native.len()
         ));
-        native = cowspace_fsd::native::missing_blobs(&store)?;
+        native = cowspace::native::missing_blobs(&store)?;
     }
     for m in &native {
         ctx.note(&format!(

@@ -16,7 +16,6 @@ pub fn run(ctx: &Ctx, args: ImportArgs) -> anyhow::Result<ExitCode> {
     if let Some(t) = args.threads {
         config.workers = t;
     }
-    let store = cowspace_store::Store::open(&ctx.root, config)?;
     let mut opts = ImportOptions::new();
     opts.ref_name = args.ref_name.clone();
     opts.message = args.message.clone();
@@ -42,49 +41,26 @@ pub fn run(ctx: &Ctx, args: ImportArgs) -> anyhow::Result<ExitCode> {
             bar.set_message(bytes(p.bytes_done));
         }));
     }
-    // A git checkout's index is made to agree with what workspaces serve, so the first
-    // `git status` in a new workspace reads no file.
-    opts.served_identity = Some(cowspace_fsd::view::served_identity(&ctx.root)?);
-    // And git asks the workspace what changed instead of looking at every file.
-    if !args.no_git_fsmonitor {
-        match cowspace_fsd::gitfsmonitor::git_reads_the_extension() {
-            Ok(()) => {
-                opts.git_fsmonitor = Some(cowspace_fsd::gitfsmonitor::hook_command());
-                if cowspace_fsd::gitfsmonitor::hook_program().is_none() {
-                    ctx.note(&format!(
-                        "note: git's fsmonitor hook runs the `mountctl` on PATH (or ${}), and \
-                         none is found here: until one is, git in workspaces looks at every \
-                         file (docs/git.md)",
-                        cowspace_fsd::gitfsmonitor::MOUNTCTL_ENV
-                    ));
-                }
-            }
-            Err(why) => ctx.note(&format!(
-                "note: git in workspaces will look at every file ({why}; docs/git.md)"
-            )),
-        }
-    }
     let interrupted = on_interrupt(ctx)?;
-    let source = &args.source;
-    let report = if let Some(rev) = &args.git {
-        store.import_git(source, rev, &opts)
-    } else if source.is_file() {
-        store.import_tar(source, &opts)
-    } else {
-        store.import_dir(source, &opts)
-    };
+    let imported = cowspace::import::import(
+        &ctx.root,
+        cowspace::import::ImportRequest {
+            source: &args.source,
+            git_rev: args.git.as_deref(),
+            options: opts,
+            config,
+            git_fsmonitor: !args.no_git_fsmonitor,
+        },
+    );
     interrupted.close();
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
-    let report: ImportReport = report?;
-    // Whether the snapshot has any xattr is recorded now, while its trees are fresh, so
-    // its first workspace does not walk them to pick its view. A failure only leaves
-    // that walk to the first workspace.
-    let _ = cowspace_fsd::view::plain::has_xattrs(&store, &report.snapshot);
-    for w in &report.warnings {
-        ctx.note(&format!("warning: {w}"));
+    let imported = imported?;
+    for n in &imported.notes {
+        ctx.note(n);
     }
+    let report: ImportReport = imported.report;
     let value = serde_json::to_value(&report)?;
     ctx.emit(value, || {
         let mut s = format!("{}\n", report.snapshot);

@@ -66,7 +66,7 @@ pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
         } => workspace::commit(
             ctx,
             &workspace,
-            &cowspace_fsd::runtime::CommitOptions {
+            &cowspace::runtime::CommitOptions {
                 ref_name,
                 expect,
                 message,
@@ -103,9 +103,9 @@ fn git_fsmonitor(ctx: &Ctx, version: u32, token: &str) -> anyhow::Result<ExitCod
         return Ok(ExitCode::FAILURE);
     }
     let cwd = std::env::current_dir()?;
-    let answer = match cowspace_fsd::gitfsmonitor::answer_in_sandbox(&cwd, token) {
+    let answer = match cowspace::gitfsmonitor::answer_in_sandbox(&cwd, token) {
         Some(a) => a,
-        None => cowspace_fsd::gitfsmonitor::answer(&cwd, token, std::slice::from_ref(&ctx.root)),
+        None => cowspace::gitfsmonitor::answer(&cwd, token, std::slice::from_ref(&ctx.root)),
     };
     let mut out = std::io::stdout().lock();
     out.write_all(&answer.encode())?;

@@ -1,9 +1,9 @@
 //! `mountctl sandbox start|stop|status|list`: long-lived sandboxes. Thin: each is one call
-//! of the runtime API (`cowspace_fsd::sandbox`).
+//! of the runtime API (`cowspace::sandbox`).
 
 use std::process::ExitCode;
 
-use cowspace_fsd::sandbox::SandboxOptions;
+use cowspace::sandbox::SandboxOptions;
 use serde_json::{Value, json};
 
 use crate::cli::{SandboxCommand, StartArgs};
@@ -87,7 +87,7 @@ fn describe(v: &Value) -> String {
     out
 }
 
-fn start(ctx: &Ctx, rt: &cowspace_fsd::runtime::Runtime, a: StartArgs) -> anyhow::Result<ExitCode> {
+fn start(ctx: &Ctx, rt: &cowspace::runtime::Runtime, a: StartArgs) -> anyhow::Result<ExitCode> {
     let opts: SandboxOptions = a.sandbox.into();
     let v = rt.sandbox_start(&a.workspace, &opts)?;
     // The helper's notes (published ports) go to stderr, as `run` prints them.

@@ -3,9 +3,9 @@
 
 use std::process::ExitCode;
 
-use cowspace_fsd::materializer::{self, MaterializerKind};
-use cowspace_fsd::registry::Record;
-use cowspace_fsd::runtime::{CommitOptions, CreateOptions};
+use cowspace::materializer::{self, MaterializerKind};
+use cowspace::registry::Record;
+use cowspace::runtime::{CommitOptions, CreateOptions};
 use serde_json::json;
 
 use crate::cli::CreateArgs;
@@ -65,9 +65,7 @@ pub fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<ExitCode> {
         worker: a.worker,
     };
     let rec = match &a.from_git {
-        Some(dir) => {
-            rt.create_from_git(dir, cowspace_fsd::fromgit::Dirty::parse(&a.dirty)?, &opts)?
-        }
+        Some(dir) => rt.create_from_git(dir, cowspace::fromgit::Dirty::parse(&a.dirty)?, &opts)?,
         None => rt.create(&opts)?,
     };
     ctx.emit(rec.created_json(), || {
@@ -97,13 +95,13 @@ pub fn diff(ctx: &Ctx, ws: &str, patch: bool, include_excluded: bool) -> anyhow:
     // A ref or snapshot alone is not a workspace: say how to compare snapshots.
     let changes = match rt.diff_with(ws, include_excluded) {
         Ok(c) => c,
-        Err(e @ cowspace_fsd::error::Error::NoWorkspace(_)) => {
+        Err(e @ cowspace::error::Error::NoWorkspace(_)) => {
             return Err(anyhow::Error::new(e).context("diff with one argument compares a workspace with its base; give two snapshots or refs to compare them"));
         }
         Err(e) => return Err(e.into()),
     };
     let text = if patch {
-        Some(cowspace_fsd::upper::patch(rt.store(), &changes)?)
+        Some(cowspace::upper::patch(rt.store(), &changes)?)
     } else {
         None
     };
@@ -154,9 +152,7 @@ pub fn commit(ctx: &Ctx, ws: &str, o: &CommitOptions) -> anyhow::Result<ExitCode
             r.excluded
         );
     }
-    ctx.emit(cowspace_fsd::runtime::commit_json(&r), || {
-        r.snapshot.to_hex()
-    });
+    ctx.emit(cowspace::runtime::commit_json(&r), || r.snapshot.to_hex());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -178,7 +174,7 @@ pub fn remove(ctx: &Ctx, ws: &str, force: bool) -> anyhow::Result<ExitCode> {
     let t = std::time::Instant::now();
     // Through a running daemon when there is one: the teardown of a used mount then
     // does not hold up this command.
-    let r = match cowspace_fsd::daemon::remove(&ctx.root, ws, force)? {
+    let r = match cowspace::daemon::remove(&ctx.root, ws, force)? {
         Some(r) => r,
         None => ctx.runtime()?.remove(ws, force)?,
     };
@@ -218,27 +214,25 @@ pub fn recover(ctx: &Ctx, ws: &str) -> anyhow::Result<ExitCode> {
 pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let store = ctx.open()?;
     let mut rows = Vec::new();
+    let materializers = materializer::Materializers::standard();
     for kind in MaterializerKind::ALL {
-        let mut r = materializer::materializer(kind).probe(&store);
-        if r.is_ok() && kind == MaterializerKind::Overlay {
-            r = materializer::overlay::trial_mount(&store);
-        }
+        let r = materializers.get(kind).check(&store);
         rows.push(json!({"materializer": kind.as_str(), "available": r.is_ok(), "why": r.err()}));
     }
-    let auto = materializer::pick_auto(&store).map(|k| k.as_str()).ok();
+    let auto = materializers.pick_auto(&store).map(|k| k.as_str()).ok();
     // Which lower an overlay workspace gets, and why not the native one.
-    let native = cowspace_fsd::native::probe(&store);
-    let (lower, lower_why) = cowspace_fsd::runtime::auto_lower(&store, MaterializerKind::Overlay);
+    let native = cowspace::native::probe(&store);
+    let (lower, lower_why) = cowspace::runtime::auto_lower(&store, MaterializerKind::Overlay);
     let lowers = json!({"auto": lower, "why": lower_why, "native": {"available": native.is_ok(), "why": native.err()}});
     // What imports of git checkouts will name as git's fsmonitor hook (docs/git.md).
-    let hook = match cowspace_fsd::gitfsmonitor::git_reads_the_extension() {
-        Ok(()) => match cowspace_fsd::gitfsmonitor::hook_program() {
+    let hook = match cowspace::gitfsmonitor::git_reads_the_extension() {
+        Ok(()) => match cowspace::gitfsmonitor::hook_program() {
             Some(p) => {
-                json!({"available": true, "command": cowspace_fsd::gitfsmonitor::hook_command(), "runs": p})
+                json!({"available": true, "command": cowspace::gitfsmonitor::hook_command(), "runs": p})
             }
             None => {
-                json!({"available": false, "command": cowspace_fsd::gitfsmonitor::hook_command(),
-                "why": format!("no mountctl on PATH (nor ${}): git in workspaces looks at every file", cowspace_fsd::gitfsmonitor::MOUNTCTL_ENV)})
+                json!({"available": false, "command": cowspace::gitfsmonitor::hook_command(),
+                "why": format!("no mountctl on PATH (nor ${}): git in workspaces looks at every file", cowspace::gitfsmonitor::MOUNTCTL_ENV)})
             }
         },
         Err(why) => json!({"available": false, "why": why}),

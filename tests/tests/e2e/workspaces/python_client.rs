@@ -98,10 +98,21 @@ fn the_rust_example_runs_as_documented() {
     let example = dir.join("examples/workspace");
     if !example.is_file() {
         let ok = Command::new(env!("CARGO"))
-            .args(["build", "-p", "cowspace-fsd", "--bins", "--examples"])
+            .args([
+                "build",
+                "-p",
+                "cowspace-fsd",
+                "-p",
+                "cowspace",
+                "--bins",
+                "--examples",
+            ])
             .status()
             .is_ok_and(|s| s.success());
-        assert!(ok, "cargo build -p cowspace-fsd --bins --examples failed");
+        assert!(
+            ok,
+            "cargo build -p cowspace-fsd -p cowspace --bins --examples failed"
+        );
     }
     let r = WsRoot::new();
     let src = r.t.path("src");

@@ -62,7 +62,7 @@ fn commits_without_a_ref_live_as_long_as_their_workspace() {
     // A workspace recorded by a version that pinned nothing but its base keeps them
     // too: the registry says what it holds.
     {
-        let store = cowspace_fsd::runtime::Runtime::open(r.root()).unwrap();
+        let store = cowspace::runtime::Runtime::open(r.root()).unwrap();
         store.store().unpin(&ws.id).unwrap();
         assert!(store.store().pins().unwrap().is_empty());
     }
@@ -103,7 +103,7 @@ fn a_removed_workspaces_late_pin_is_released_by_gc() {
     r.remove(&ws.id);
     // A commit racing the removal pinned after the removal unpinned.
     {
-        let rt = cowspace_fsd::runtime::Runtime::open(r.root()).unwrap();
+        let rt = cowspace::runtime::Runtime::open(r.root()).unwrap();
         rt.store().pin(&base.parse().unwrap(), &ws.id).unwrap();
     }
     let v = r.t.json(["gc", "--grace", "0"]).ok().json();

@@ -3,8 +3,8 @@
 //! recover.
 //!
 //! ```no_run
-//! use cowspace_fsd::runtime::{CreateOptions, Runtime};
-//! # fn main() -> cowspace_fsd::error::Result<()> {
+//! use cowspace::runtime::{CreateOptions, Runtime};
+//! # fn main() -> cowspace::error::Result<()> {
 //! let rt = Runtime::open(std::path::Path::new("/var/lib/cowspace"))?;
 //! let ws = rt.create(&CreateOptions { snapshot: "myrepo/main".into(), ..Default::default() })?;
 //! std::fs::write(ws.path.join("hello.txt"), "hi\n").unwrap();
@@ -28,10 +28,10 @@ use serde::Serialize;
 
 use crate::checkout;
 use crate::error::{Error, Result};
-use crate::materializer::{self, LowerKind, MaterializerKind};
+use crate::materializer::{self, LowerKind, Materializer, MaterializerKind, Materializers};
 use crate::registry::{Creator, Record, Registry, Status, now};
+use crate::served::{PLAIN_VIEW_DIR, VIEW_DIR};
 use crate::upper;
-use crate::view::{PLAIN_VIEW_DIR, VIEW_DIR};
 
 /// How to create a workspace.
 #[derive(Debug, Clone, Default, serde::Deserialize)]
@@ -95,6 +95,7 @@ pub struct SweepReport {
 pub struct Runtime {
     store: Store,
     registry: Mutex<Registry>,
+    materializers: Materializers,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -148,12 +149,29 @@ fn check_name(name: &str) -> Result<()> {
 impl Runtime {
     /// Opens an initialised runtime root.
     pub fn open(root: &Path) -> Result<Runtime> {
+        Runtime::open_with(root, Materializers::standard())
+    }
+
+    /// [`Runtime::open`] with its own materializers (the daemon registers its FUSE
+    /// server this way; tests put a double in).
+    pub fn open_with(root: &Path, materializers: Materializers) -> Result<Runtime> {
         let store = Store::open(root, StoreConfig::default())?;
         let registry = Registry::open(root)?;
         Ok(Runtime {
             store,
             registry: Mutex::new(registry),
+            materializers,
         })
+    }
+
+    /// The materializers this runtime makes workspaces with.
+    pub fn materializers(&self) -> &Materializers {
+        &self.materializers
+    }
+
+    /// The materializer of workspace `rec`.
+    pub(crate) fn materializer_of(&self, rec: &Record) -> &dyn Materializer {
+        self.materializers.get(rec.materializer)
     }
 
     /// The store of this runtime root.
@@ -174,10 +192,10 @@ impl Runtime {
             check_name(n)?;
         }
         let kind = match o.materializer.as_deref().unwrap_or("auto") {
-            "auto" => materializer::pick_auto(&self.store)?,
+            "auto" => self.materializers.pick_auto(&self.store)?,
             name => MaterializerKind::parse(name)?,
         };
-        let mat = materializer::materializer(kind);
+        let mat = self.materializers.get(kind);
         if let Err(why) = mat.probe(&self.store) {
             return Err(Error::Unsupported {
                 name: kind.as_str().into(),
@@ -363,7 +381,7 @@ impl Runtime {
     fn view_path(&self, snapshot: &SnapshotId) -> PathBuf {
         let run = self.store.layout().run();
         let full = run.join(VIEW_DIR).join(snapshot.to_hex());
-        let plain = match crate::view::plain::has_xattrs(&self.store, snapshot) {
+        let plain = match crate::plain::has_xattrs(&self.store, snapshot) {
             Ok(false) => run.join(PLAIN_VIEW_DIR).join(snapshot.to_hex()),
             Ok(true) => return full,
             Err(e) => {
@@ -456,8 +474,7 @@ impl Runtime {
     ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
         let rec = self.usable(ws, "diff")?;
         let base: SnapshotId = rec.snapshot.parse()?;
-        let mut changes =
-            materializer::materializer(rec.materializer).diff(&self.store, &base, &rec)?;
+        let mut changes = self.materializer_of(&rec).diff(&self.store, &base, &rec)?;
         if let Some(mut filter) = self.change_filter(&base, include_excluded)? {
             let mut failed = None;
             changes.retain(|(c, _)| {
@@ -518,7 +535,7 @@ impl Runtime {
             (None, _) => None,
         };
         let kind = rec.materializer;
-        let mat = materializer::materializer(kind);
+        let mat = self.materializers.get(kind);
         let mut ed = self.store.edit(&base)?;
         if let Some(filter) = self.change_filter(&base, o.include_excluded)? {
             ed.exclude_by(filter);
@@ -534,7 +551,7 @@ impl Runtime {
         // (docs/git.md); read from a file of the private directory, gone after.
         let index_copy = rec.private_dir.join("capture-git-index");
         let _ = fs::remove_file(&index_copy);
-        if matches!(kind, MaterializerKind::Overlay | MaterializerKind::Fuse)
+        if mat.upper_dir(&rec).is_some()
             && let Some(index) = crate::gitfsmonitor::capture_index(self, &rec)
                 .unwrap_or_else(|e| {
                     tracing::warn!(workspace = %rec.id, "git's index is captured as git left it: {e}");
@@ -567,7 +584,7 @@ impl Runtime {
     /// ([`Record::sandbox_pid`]) in the same registry transaction.
     pub fn claim_sandbox(&self, ws: &str, pid: i32) -> Result<Record> {
         let rec = self.reg().get(ws)?;
-        let mat = materializer::materializer(rec.materializer);
+        let mat = self.materializer_of(&rec);
         let mounted =
             rec.status == Status::Active && mat.is_mounted(&rec)? && lower_alive(&rec.lower);
         if !mounted {
@@ -653,7 +670,7 @@ impl Runtime {
         if rec.status != Status::Active || crate::mounts::is_mounted(&rec.path)? {
             return Ok(());
         }
-        let mat = materializer::materializer(rec.materializer);
+        let mat = self.materializer_of(&rec);
         mat.mount(&rec)
     }
 
@@ -739,7 +756,7 @@ impl Runtime {
         force: bool,
         made_by: Option<crate::registry::Creator>,
     ) -> Result<()> {
-        let mat = materializer::materializer(rec.materializer);
+        let mat = self.materializer_of(&rec);
         if let Err(e) = mat.unmount_for_removal(rec, force) {
             // Still mounted: back to active, as it was, so nothing is half-removed.
             if matches!(e, Error::Busy { .. }) {
@@ -784,6 +801,12 @@ impl Runtime {
         })
     }
 
+    /// Whether the daemon serves workspace `rec` (its view lower, or the workspace
+    /// itself): such a workspace stops when the daemon does.
+    pub fn daemon_serves(&self, rec: &Record) -> bool {
+        rec.lower_kind == LowerKind::View || self.materializer_of(rec).served_by_daemon()
+    }
+
     /// Called by a daemon that just mounted a new snapshot view: overlays still mounted on
     /// an earlier daemon's view hold a dead FUSE connection, so they are detached and
     /// marked `stopped` (their written data is intact; `recover` mounts them again).
@@ -796,8 +819,7 @@ impl Runtime {
         let mut stopped = Vec::new();
         for rec in records {
             // Fuse workspaces were served by the earlier daemon itself.
-            let served =
-                rec.lower_kind == LowerKind::View || rec.materializer == MaterializerKind::Fuse;
+            let served = self.daemon_serves(&rec);
             if rec.status != Status::Active || !served {
                 continue;
             }
@@ -966,7 +988,8 @@ impl Runtime {
                 Status::Active => {
                     // A fuse workspace is its own lower: its mount answers or is dead.
                     let lower_ok = lower_alive(&rec.lower)
-                        && (rec.materializer != MaterializerKind::Fuse || lower_alive(&rec.path));
+                        && (!self.materializer_of(&rec).served_by_daemon()
+                            || lower_alive(&rec.path));
                     if !mounted(&rec.path) || !lower_ok {
                         if mounted(&rec.path) {
                             let _ = crate::mounts::unmount_lazy(&rec.path);
@@ -1031,7 +1054,7 @@ impl Runtime {
     /// Mounts a stopped workspace again with everything that had been written.
     pub fn recover(&self, ws: &str) -> Result<Record> {
         let mut rec = self.reg().get(ws)?;
-        let mat = materializer::materializer(rec.materializer);
+        let mat = self.materializer_of(&rec);
         if rec.status == Status::Active && mat.is_mounted(&rec)? && lower_alive(&rec.lower) {
             return Ok(rec);
         }

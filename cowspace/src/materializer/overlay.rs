@@ -91,6 +91,11 @@ impl Materializer for Overlay {
         quick_probe()
     }
 
+    fn check(&self, store: &Store) -> std::result::Result<(), String> {
+        self.probe(store)?;
+        trial_mount(store)
+    }
+
     fn mount(&self, rec: &Record) -> Result<()> {
         // The native lower's image is mounted once per snapshot (again after a reboot).
         let data = if rec.lower_kind == crate::native::LOWER_KIND {
@@ -148,5 +153,22 @@ impl Materializer for Overlay {
 
     fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()> {
         crate::upper::capture(ed, &Self::upper(rec))
+    }
+
+    fn changes(
+        &self,
+        _store: &Store,
+        _base: &SnapshotId,
+        rec: &Record,
+    ) -> Result<Vec<crate::upper::UpperChange>> {
+        crate::upper::changes(&rec.private_dir.join("upper"))
+    }
+
+    fn upper_dir(&self, rec: &Record) -> Option<PathBuf> {
+        Some(rec.private_dir.join("upper"))
+    }
+
+    fn sandbox_shares_host_mount(&self) -> bool {
+        true
     }
 }

@@ -284,7 +284,7 @@ fn refresh_git_index(
     }
     let started = std::time::Instant::now();
     let bytes = fs::read(&index_path).map_err(Error::io("read", &index_path))?;
-    let served = crate::view::served_identity(store.root())?;
+    let served = crate::served::served_identity(store.root())?;
     let mut base = BaseTrees::new(store, *root);
     let mut failed = None;
     let mut trusted = 0u64;
@@ -458,6 +458,13 @@ impl Builder<'_> {
         }
         Ok(())
     }
+}
+
+/// The changes of the full-tree workspace `rec` made from `base` ([`changes`] of its
+/// tree with its stamps).
+pub fn changes_of(store: &Store, base: &SnapshotId, rec: &Record) -> Result<Vec<UpperChange>> {
+    let stamps = Stamps::load(&stamps_path(rec))?;
+    changes(store, base, &tree_dir(rec), &stamps)
 }
 
 /// The changes of the tree `tree` (made from `base`, stamped in `stamps`), as an upper

@@ -1,8 +1,9 @@
-//! `fuse`: the daemon serves the workspace itself (`crate::cow`): the snapshot from the
-//! store merged with a private upper directory in overlay's format, no kernel overlayfs
-//! needed. Only the daemon can keep a FUSE session alive, so `mount` asks it to
-//! (`mount_workspace` on the control socket) unless this process is the daemon. Diff and
-//! commit read the upper directory like the overlay materializer's.
+//! `fuse`: the daemon serves the workspace itself (its FUSE server, the [`FuseHost`] it
+//! registers): the snapshot from the store merged with a private upper directory in
+//! overlay's format, no kernel overlayfs needed. Only the daemon can keep a FUSE session
+//! alive, so `mount` asks it to (`mount_workspace` on the control socket) unless this
+//! process is the daemon. Diff and commit read the upper directory like the overlay
+//! materializer's.
 
 use std::path::{Path, PathBuf};
 
@@ -16,19 +17,38 @@ use crate::registry::Record;
 /// The `lower_kind` of fuse workspaces: the daemon reads the snapshot from the store.
 pub const LOWER_KIND: crate::materializer::LowerKind = crate::materializer::LowerKind::Store;
 
-/// The fuse materializer.
-pub struct Fuse;
+/// What serves fuse workspaces in this process: the daemon registers its FUSE server
+/// (`Materializers::with_fuse_host`); every other process asks the daemon.
+pub trait FuseHost: Send + Sync {
+    /// Serves workspace `rec` at its path (again, after a crash or a run); already served
+    /// and mounted: nothing to do.
+    fn mount(&self, rec: &Record) -> Result<()>;
+    /// Lets go of the session of workspace `id` (its mount is gone).
+    fn unmount(&self, id: &str);
+    /// Ends the serving of workspace `id` for a removal; what is left to free, to run on
+    /// the teardown thread.
+    fn stop(&self, id: &str) -> Option<Box<dyn FnOnce() + Send>>;
+    /// Finishes the workspace's copy-ups in progress, so its upper directory holds whole
+    /// files.
+    fn finish_copies(&self, rec: &Record) -> Result<()>;
+}
+
+/// The fuse materializer; `host` when this process serves the workspaces itself.
+#[derive(Default)]
+pub struct Fuse {
+    pub host: Option<std::sync::Arc<dyn FuseHost>>,
+}
 
 impl Fuse {
     fn upper(rec: &Record) -> PathBuf {
         rec.private_dir.join("upper")
     }
 
-    /// Finishes the workspace's copy-ups in progress (`cow/lazy.rs`), so its upper
-    /// directory holds whole files: by the daemon when one runs (it may serve the
-    /// workspace, and then only it may copy), else here from the records on disk.
-    fn finish_copies(store: &Store, rec: &Record) -> Result<()> {
-        if let Some(host) = crate::cow::host() {
+    /// Finishes the workspace's copy-ups in progress, so its upper directory holds whole
+    /// files: by the daemon when one runs (it may serve the workspace, and then only it
+    /// may copy), else by `fsd finish-copies` from the records on disk.
+    fn finish_copies(&self, store: &Store, rec: &Record) -> Result<()> {
+        if let Some(host) = &self.host {
             return host.finish_copies(rec);
         }
         let root = Self::root_of(rec)?;
@@ -46,9 +66,26 @@ impl Fuse {
         if !upper.exists() {
             return Ok(());
         }
-        crate::cow::lazy::finish_records(&upper, store)
-            .map(drop)
-            .map_err(Error::io("finish copy-ups in", &upper))
+        let fsd = crate::daemon::fsd_program();
+        let out = std::process::Command::new(&fsd)
+            .arg("finish-copies")
+            .arg("--root")
+            .arg(store.root())
+            .arg("--")
+            .arg(&upper)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(Error::io("run (to finish copy-ups)", &fsd))?;
+        if !out.status.success() {
+            return Err(Error::Invalid(format!(
+                "finish copy-ups in {}: {} exited {}: {}",
+                upper.display(),
+                fsd.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(())
     }
 
     /// The runtime root of a workspace (`<root>/workspaces/<id>`).
@@ -88,7 +125,7 @@ impl Materializer for Fuse {
             None | Some("auto") => {
                 // The daemon serves the snapshot: started now, before the workspace is
                 // recorded, so its start-up sweep never meets this create half-done.
-                if crate::cow::host().is_none() {
+                if self.host.is_none() {
                     crate::daemon::ensure_running(store.root())?;
                 }
                 Ok(Some((LOWER_KIND, store.root().join("store"))))
@@ -100,7 +137,7 @@ impl Materializer for Fuse {
     }
 
     fn mount(&self, rec: &Record) -> Result<()> {
-        if let Some(host) = crate::cow::host() {
+        if let Some(host) = &self.host {
             return host.mount(rec);
         }
         let root = Self::root_of(rec)?;
@@ -124,7 +161,7 @@ impl Materializer for Fuse {
     fn unmount(&self, rec: &Record, force: bool) -> Result<()> {
         unmount_path(rec, force)?;
         // The daemon lets go of the session (it ended with the mount).
-        if let Some(host) = crate::cow::host() {
+        if let Some(host) = &self.host {
             host.unmount(&rec.id);
         } else if let Ok(root) = Self::root_of(rec)
             && crate::daemon::ping(root)
@@ -138,7 +175,7 @@ impl Materializer for Fuse {
     }
 
     fn unmount_for_removal(&self, rec: &Record, force: bool) -> Result<()> {
-        let Some(host) = crate::cow::host().filter(|_| crate::mounts::deferring()) else {
+        let Some(host) = self.host.as_ref().filter(|_| crate::mounts::deferring()) else {
             return self.unmount(rec, force);
         };
         let clone = super::unmount_path_keeping_superblock(rec, force)?;
@@ -170,13 +207,30 @@ impl Materializer for Fuse {
         base: &SnapshotId,
         rec: &Record,
     ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
-        Self::finish_copies(store, rec)?;
+        self.finish_copies(store, rec)?;
         crate::upper::diff(store, base, &Self::upper(rec))
     }
 
     fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()> {
-        Self::finish_copies(ed.store(), rec)?;
+        self.finish_copies(ed.store(), rec)?;
         crate::upper::capture(ed, &Self::upper(rec))
+    }
+
+    fn changes(
+        &self,
+        _store: &Store,
+        _base: &SnapshotId,
+        rec: &Record,
+    ) -> Result<Vec<crate::upper::UpperChange>> {
+        crate::upper::changes(&rec.private_dir.join("upper"))
+    }
+
+    fn upper_dir(&self, rec: &Record) -> Option<PathBuf> {
+        Some(rec.private_dir.join("upper"))
+    }
+
+    fn served_by_daemon(&self) -> bool {
+        true
     }
 }
 

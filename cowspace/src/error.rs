@@ -120,10 +120,7 @@ impl Error {
         })
     }
 
-    pub(crate) fn io(
-        step: &'static str,
-        path: impl Into<PathBuf>,
-    ) -> impl FnOnce(io::Error) -> Error {
+    pub fn io(step: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> Error {
         let path = path.into();
         move |source| Error::Io { step, path, source }
     }

@@ -277,7 +277,7 @@ impl Runtime {
         for p in &o.publish {
             a.push(format!("--publish={p}"));
         }
-        if matches!(rec.materializer.as_str(), "overlay" | "fuse")
+        if self.materializer_of(rec).upper_dir(rec).is_some()
             && let Some((env, binds)) =
                 crate::gitfsmonitor::sandbox_setup(self, rec, "/.cowspace/upper", "/workspace")
         {
@@ -334,7 +334,7 @@ impl Runtime {
             .arg(format!("--ready-fd={}", ready_write.as_raw_fd()));
         // One overlay of the workspace's layers idmapped to the sandbox, which the host
         // path and the sandbox share for the run; the host's own is mounted again after.
-        let host_overlay = rec.materializer == crate::materializer::MaterializerKind::Overlay;
+        let host_overlay = self.materializer_of(&rec).sandbox_shares_host_mount();
         if host_overlay {
             cmd.arg("--share-host-mount");
         }

@@ -121,6 +121,12 @@ pub trait Materializer: Send + Sync {
     /// `Ok` when it can work on this host; otherwise what the host lacks.
     fn probe(&self, store: &Store) -> std::result::Result<(), String>;
 
+    /// [`Materializer::probe`], then whatever more a slower check can tell (`doctor`):
+    /// a trial of the mechanism itself where one is cheap enough.
+    fn check(&self, store: &Store) -> std::result::Result<(), String> {
+        self.probe(store)
+    }
+
     /// The read-only source this materializer makes workspaces from when it chooses it
     /// itself: `(lower_kind, path)`, recorded as the workspace's `lower_kind` and `lower`.
     /// `asked` is the `lower` the user gave (`None` or `auto`: no preference); one this
@@ -169,6 +175,95 @@ pub trait Materializer: Send + Sync {
 
     /// Tells `ed` (an editor of the base snapshot) every change of the workspace.
     fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()>;
+
+    /// What changed in the workspace since it was made, as an upper layer records it,
+    /// read as cheaply as the mechanism allows (the git fsmonitor asks on every `git
+    /// status`). Copy-ups in progress need not be finished: paths are what counts.
+    fn changes(
+        &self,
+        store: &Store,
+        base: &SnapshotId,
+        rec: &Record,
+    ) -> Result<Vec<crate::upper::UpperChange>>;
+
+    /// The workspace's upper directory in overlay's format, where it has one (the
+    /// sandbox then shows it to git's fsmonitor, and commits carry git's index on).
+    fn upper_dir(&self, _rec: &Record) -> Option<PathBuf> {
+        None
+    }
+
+    /// Whether the daemon serves the workspace itself (its mount dies with the daemon).
+    fn served_by_daemon(&self) -> bool {
+        false
+    }
+
+    /// Whether a sandbox shares the host's mount of the workspace: one overlay of the
+    /// workspace's layers, idmapped for the sandbox, that the host path shows too;
+    /// otherwise the sandbox binds the workspace path.
+    fn sandbox_shares_host_mount(&self) -> bool {
+        false
+    }
+}
+
+/// The materializers a [`crate::Runtime`] uses, one per kind:
+/// [`Materializers::standard`], with any kind replaced (the daemon registers its FUSE
+/// server; tests put a double in).
+#[derive(Clone)]
+pub struct Materializers {
+    table: Vec<std::sync::Arc<dyn Materializer>>,
+}
+
+impl Materializers {
+    /// The materializers of this build.
+    pub fn standard() -> Materializers {
+        Materializers {
+            table: MaterializerKind::ALL.iter().map(|&k| standard(k)).collect(),
+        }
+    }
+
+    /// This table with `m` serving its kind.
+    pub fn with(mut self, m: std::sync::Arc<dyn Materializer>) -> Materializers {
+        let i = Self::index(m.kind());
+        self.table[i] = m;
+        self
+    }
+
+    /// This table with fuse workspaces served by `host` (this process is the daemon).
+    pub fn with_fuse_host(self, host: std::sync::Arc<dyn fuse::FuseHost>) -> Materializers {
+        self.with(std::sync::Arc::new(fuse::Fuse { host: Some(host) }))
+    }
+
+    /// The materializer of `kind`.
+    pub fn get(&self, kind: MaterializerKind) -> &dyn Materializer {
+        self.table[Self::index(kind)].as_ref()
+    }
+
+    /// The fastest materializer that works here (the order is the preference).
+    pub fn pick_auto(&self, store: &Store) -> Result<MaterializerKind> {
+        let mut why = Vec::new();
+        for kind in [
+            MaterializerKind::Overlay,
+            MaterializerKind::Fuse,
+            MaterializerKind::Btrfs,
+            MaterializerKind::Reflink,
+        ] {
+            match self.get(kind).probe(store) {
+                Ok(()) => return Ok(kind),
+                Err(w) => why.push(format!("{}: {w}", kind.as_str())),
+            }
+        }
+        Err(Error::Unsupported {
+            name: "auto".into(),
+            why: why.join("; "),
+        })
+    }
+
+    fn index(kind: MaterializerKind) -> usize {
+        MaterializerKind::ALL
+            .iter()
+            .position(|&k| k == kind)
+            .expect("every kind is in ALL")
+    }
 }
 
 /// A materializer that is not part of this build; probing says so.
@@ -207,6 +302,14 @@ impl Materializer for NotBuilt {
     fn capture(&self, _: &mut Editor<'_>, _: &Record) -> Result<()> {
         Err(self.mount_error())
     }
+    fn changes(
+        &self,
+        _: &Store,
+        _: &SnapshotId,
+        _: &Record,
+    ) -> Result<Vec<crate::upper::UpperChange>> {
+        Err(self.mount_error())
+    }
 }
 
 impl NotBuilt {
@@ -218,14 +321,14 @@ impl NotBuilt {
     }
 }
 
-/// The materializer of a kind.
-pub fn materializer(kind: MaterializerKind) -> Box<dyn Materializer> {
+/// The standard materializer of a kind.
+fn standard(kind: MaterializerKind) -> std::sync::Arc<dyn Materializer> {
     match kind {
-        MaterializerKind::Overlay => Box::new(overlay::Overlay),
-        MaterializerKind::Btrfs => Box::new(btrfs::Btrfs),
-        MaterializerKind::Reflink => Box::new(copy::Copied(fulltree::Fill::Clone)),
-        MaterializerKind::Copy => Box::new(copy::Copied(fulltree::Fill::Copy)),
-        MaterializerKind::Fuse => Box::new(fuse::Fuse),
+        MaterializerKind::Overlay => std::sync::Arc::new(overlay::Overlay),
+        MaterializerKind::Btrfs => std::sync::Arc::new(btrfs::Btrfs),
+        MaterializerKind::Reflink => std::sync::Arc::new(copy::Copied(fulltree::Fill::Clone)),
+        MaterializerKind::Copy => std::sync::Arc::new(copy::Copied(fulltree::Fill::Copy)),
+        MaterializerKind::Fuse => std::sync::Arc::new(fuse::Fuse::default()),
     }
 }
 
@@ -362,26 +465,6 @@ fn settle(
             }
         }
     }
-}
-
-/// The fastest materializer that works here (the order is the preference).
-pub fn pick_auto(store: &Store) -> Result<MaterializerKind> {
-    let mut why = Vec::new();
-    for kind in [
-        MaterializerKind::Overlay,
-        MaterializerKind::Fuse,
-        MaterializerKind::Btrfs,
-        MaterializerKind::Reflink,
-    ] {
-        match materializer(kind).probe(store) {
-            Ok(()) => return Ok(kind),
-            Err(w) => why.push(format!("{}: {w}", kind.as_str())),
-        }
-    }
-    Err(Error::Unsupported {
-        name: "auto".into(),
-        why: why.join("; "),
-    })
 }
 
 #[cfg(test)]

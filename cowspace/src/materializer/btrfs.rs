@@ -254,4 +254,13 @@ impl Materializer for Btrfs {
     fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()> {
         fulltree::capture(ed, rec)
     }
+
+    fn changes(
+        &self,
+        store: &Store,
+        base: &SnapshotId,
+        rec: &Record,
+    ) -> Result<Vec<crate::upper::UpperChange>> {
+        super::fulltree::changes_of(store, base, rec)
+    }
 }

@@ -29,7 +29,6 @@ use cowspace_store::import::gitindex::FSMONITOR_TOKEN_PREFIX;
 use cowspace_store::{Kind, Snapshot, SnapshotId, TreeId};
 
 use crate::error::Result;
-use crate::materializer::{MaterializerKind, fulltree};
 use crate::registry::{Record, Status};
 use crate::runtime::Runtime;
 use crate::upper::{BaseTrees, UpperChange};
@@ -180,15 +179,10 @@ fn answer_for(rt: &Runtime, rec: &Record, token: &str) -> Result<Answer> {
         return Ok(everything(Some(rec)));
     }
     let base: SnapshotId = rec.snapshot.parse()?;
-    let changes = match rec.materializer {
-        MaterializerKind::Overlay | MaterializerKind::Fuse => {
-            crate::upper::changes(&rec.private_dir.join("upper"))?
-        }
-        MaterializerKind::Btrfs | MaterializerKind::Reflink | MaterializerKind::Copy => {
-            let stamps = fulltree::Stamps::load(&fulltree::stamps_path(rec))?;
-            fulltree::changes(rt.store(), &base, &fulltree::tree_dir(rec), &stamps)?
-        }
-    };
+    let changes = rt
+        .materializers()
+        .get(rec.materializer)
+        .changes(rt.store(), &base, rec)?;
     Ok(Answer {
         token: token.to_string(),
         paths: Some(named_paths(rt, snap.root, &changes)?),
@@ -495,8 +489,8 @@ fn private_path_in(mountinfo: &str, target: &Path) -> Option<PathBuf> {
             .find_map(|o| o.strip_prefix("upperdir="))?;
         return Some(PathBuf::from(unescape(upper)));
     }
-    if l.fstype == format!("fuse.{}", crate::cow::WS_SUBTYPE) {
-        let private = l.source.strip_prefix(crate::cow::WS_SOURCE_PREFIX)?;
+    if l.fstype == format!("fuse.{}", crate::served::WS_SUBTYPE) {
+        let private = l.source.strip_prefix(crate::served::WS_SOURCE_PREFIX)?;
         return Some(PathBuf::from(unescape(private)).join("upper"));
     }
     // A full-tree workspace: a bind mount of <root>/workspaces/<id>/tree. Its root

@@ -138,7 +138,7 @@ impl Runtime {
                 }
                 let mut opts = ImportOptions::new();
                 opts.message = format!("clean checkout of {commit}");
-                opts.served_identity = Some(crate::view::served_identity(store.root())?);
+                opts.served_identity = Some(crate::served::served_identity(store.root())?);
                 opts.git_fsmonitor = crate::gitfsmonitor::git_reads_the_extension()
                     .ok()
                     .map(|()| crate::gitfsmonitor::hook_command());
@@ -147,7 +147,7 @@ impl Runtime {
             Dirty::Snapshot => {
                 let mut opts = ImportOptions::new();
                 opts.message = format!("working tree of {} at {commit}", top.display());
-                opts.served_identity = Some(crate::view::served_identity(store.root())?);
+                opts.served_identity = Some(crate::served::served_identity(store.root())?);
                 opts.git_fsmonitor = crate::gitfsmonitor::git_reads_the_extension()
                     .ok()
                     .map(|()| crate::gitfsmonitor::hook_command());
@@ -175,7 +175,7 @@ impl Runtime {
                         let mut opts = ImportOptions::new();
                         opts.message =
                             format!("HEAD {commit} of {} with its repository", top.display());
-                        opts.served_identity = Some(crate::view::served_identity(store.root())?);
+                        opts.served_identity = Some(crate::served::served_identity(store.root())?);
                         opts.git_fsmonitor = crate::gitfsmonitor::git_reads_the_extension()
                             .ok()
                             .map(|()| crate::gitfsmonitor::hook_command());

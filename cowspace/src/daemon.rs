@@ -155,7 +155,7 @@ pub fn detach_dead_views(root: &Path) -> Vec<PathBuf> {
         return Vec::new();
     }
     let mut out = Vec::new();
-    for dir in [crate::view::VIEW_DIR, crate::view::PLAIN_VIEW_DIR].map(|d| run.join(d)) {
+    for dir in [crate::served::VIEW_DIR, crate::served::PLAIN_VIEW_DIR].map(|d| run.join(d)) {
         if crate::mounts::is_mounted(&dir).unwrap_or(false)
             && crate::mounts::unmount_lazy(&dir).is_ok()
         {

@@ -32,7 +32,7 @@
 //! mounted with `trusted.overlay.*` (every overlay of a native workspace is).
 //!
 //! Identity: inode numbers are the image's (stable for a snapshot: the image is
-//! deterministic); times are the view's ([`crate::view::served_time_secs`]), so the stat data the import gave `.git/index` matches here too.
+//! deterministic); times are the view's ([`crate::served::served_time_secs`]), so the stat data the import gave `.git/index` matches here too.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsStr;
@@ -382,7 +382,7 @@ fn stat(mode: u32, xattrs: Vec<(Vec<u8>, Vec<u8>)>, path: &[u8]) -> Stat {
         st_mode: mode,
         st_uid: uid,
         st_gid: gid,
-        st_mtim_sec: crate::view::served_time_secs(path) as i64,
+        st_mtim_sec: crate::served::served_time_secs(path) as i64,
         st_mtim_nsec: 0,
         xattrs: xattrs
             .into_iter()

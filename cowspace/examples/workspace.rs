@@ -2,7 +2,7 @@
 //! import a directory, create a workspace, write in it, diff, commit, remove.
 //!
 //! ```sh
-//! cargo build -p cowspace-fsd --bins --examples   # the daemon, fsd, lands beside it
+//! cargo build -p cowspace-fsd -p cowspace --bins --examples   # the daemon, fsd, lands beside it
 //! sudo target/debug/examples/workspace /tmp/cowspace-root ./some/dir
 //! ```
 //! Needs root (the workspace is an overlay mount). Removes the workspace at the end; the
@@ -10,7 +10,7 @@
 
 use std::path::PathBuf;
 
-use cowspace_fsd::runtime::{CommitOptions, CreateOptions, Runtime};
+use cowspace::runtime::{CommitOptions, CreateOptions, Runtime};
 use cowspace_store::{ImportOptions, Store, StoreConfig};
 
 fn main() -> std::process::ExitCode {
@@ -19,7 +19,7 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             eprintln!("workspace: {e}");
             if let Some(hint) = e
-                .downcast_ref::<cowspace_fsd::error::Error>()
+                .downcast_ref::<cowspace::error::Error>()
                 .and_then(|e| e.hint())
             {
                 eprintln!("hint: {hint}");
@@ -85,7 +85,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         imported.snapshot.short()
     );
     rt.remove(&ws.id, false)?;
-    let _ = cowspace_fsd::daemon::stop(&root, false);
+    let _ = cowspace::daemon::stop(&root, false);
     println!("removed {}", ws.id);
     Ok(())
 }
