@@ -10,6 +10,7 @@ pub mod copy;
 pub mod fulltree;
 pub mod fuse;
 pub mod overlay;
+pub mod plaindir;
 pub mod reflink;
 
 use std::os::fd::OwnedFd;
