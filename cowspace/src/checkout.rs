@@ -32,14 +32,14 @@ use crate::error::{Error, Result};
 
 /// Where the checkout of `snapshot` lives.
 pub fn checkout_path(store: &Store, snapshot: &SnapshotId) -> PathBuf {
-    store.root().join("cache/checkouts").join(snapshot.to_hex())
+    store.layout().checkouts().join(snapshot.to_hex())
 }
 
 /// The checkouts' lock, held shared while a checkout is found or built for a workspace
 /// (whose record exists by then) and exclusively while unused checkouts are pruned, so
 /// a prune never removes a checkout a create has just decided to use. Released on drop.
 pub fn lock(store: &Store, exclusive: bool) -> Result<fs::File> {
-    let dir = store.root().join("cache");
+    let dir = store.layout().cache();
     fs::create_dir_all(&dir).map_err(Error::io("create directory", &dir))?;
     lock_file(&dir.join("checkouts.lock"), exclusive)
 }

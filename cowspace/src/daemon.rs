@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cowspace_store::layout::Layout;
+
 use crate::error::{Error, Result};
 
 /// How long to wait for a started daemon to answer.
@@ -22,11 +24,11 @@ pub const CONTROL_TIMEOUT_MS: u64 = 120_000;
 pub const EXIT_ANOTHER_DAEMON: u8 = 75;
 
 pub fn socket_path(root: &Path) -> PathBuf {
-    root.join("run/fsd.sock")
+    Layout::new(root).daemon_socket()
 }
 
 pub fn log_path(root: &Path) -> PathBuf {
-    root.join("run/fsd.log")
+    Layout::new(root).daemon_log()
 }
 
 /// Sends one request and reads one response line.
@@ -144,10 +146,11 @@ pub fn fsd_program() -> PathBuf {
 /// (and mounts fresh views) between the check and the unmount; does nothing while one
 /// runs. Gives the paths detached.
 pub fn detach_dead_views(root: &Path) -> Vec<PathBuf> {
-    let run = root.join("run");
+    let layout = Layout::new(root);
+    let run = layout.run();
     let Ok(lock) = std::fs::OpenOptions::new()
         .write(true)
-        .open(run.join("fsd.lock"))
+        .open(layout.daemon_lock())
     else {
         return Vec::new();
     };
@@ -167,7 +170,7 @@ pub fn detach_dead_views(root: &Path) -> Vec<PathBuf> {
 }
 
 pub fn lock_held(root: &Path) -> bool {
-    let path = root.join("run/fsd.lock");
+    let path = Layout::new(root).daemon_lock();
     match std::fs::File::open(&path) {
         // The daemon holds an exclusive lock for its whole life; a shared one that cannot
         // be taken means it is there. Ours is released when `f` is dropped.

@@ -270,7 +270,7 @@ pub fn sandbox_setup(
     // The helper opens bind sources without following any symlink; the runtime root's
     // own path may hold one (a root given through a link), the upper layer itself is
     // the runtime's directory, not the worker's: resolved here.
-    let upper = rec.private_dir.join("upper");
+    let upper = rec.upper_dir();
     let upper = std::fs::canonicalize(&upper).unwrap_or(upper);
     let upper = upper.to_str().filter(|u| !u.contains(':'))?;
     let mut binds = vec![format!("{upper}:{upper_inside}")];
@@ -316,7 +316,7 @@ pub fn sandbox_setup(
 pub fn capture_index(rt: &Runtime, rec: &Record) -> Result<Option<CapturedIndex>> {
     use cowspace_store::import::gitindex;
     use std::os::unix::fs::MetadataExt;
-    let upper = rec.private_dir.join("upper");
+    let upper = rec.upper_dir();
     let index_path = upper.join(".git/index");
     let mode = match std::fs::symlink_metadata(&index_path) {
         Ok(m) if m.is_file() && m.nlink() == 1 => m.mode() & 0o7777,
@@ -451,7 +451,10 @@ fn find_workspace(cwd: &Path, roots: &[PathBuf]) -> Option<(Runtime, Record)> {
         r.status == Status::Active && std::fs::canonicalize(&r.path).ok().as_ref() == Some(&cwd)
     };
     for (root, id) in candidates {
-        if !root.join("registry.db").is_file() {
+        if !cowspace_store::layout::Layout::new(root.as_path())
+            .registry()
+            .is_file()
+        {
             continue;
         }
         let Ok(rt) = Runtime::open(&root) else {

@@ -17,6 +17,7 @@ pub mod materializer;
 pub mod mounts;
 pub mod native;
 pub mod plain;
+pub mod procfs;
 pub mod registry;
 mod retention;
 pub mod runtime;

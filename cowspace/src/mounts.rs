@@ -339,18 +339,10 @@ pub fn is_exiting(pid: i32) -> bool {
     }
 }
 
-/// [`is_exiting`] of a `/proc/PID/stat` line. The command name (field 2) may hold spaces
-/// and parentheses, so fields are counted after its last `)`; an unreadable line is not
-/// exiting (the process is then counted as a user).
+/// [`is_exiting`] of a `/proc/PID/stat` line; an unreadable line is not exiting (the
+/// process is then counted as a user).
 fn stat_says_exiting(stat: &str) -> bool {
-    let Some((_, rest)) = stat.rsplit_once(") ") else {
-        return false;
-    };
-    let mut fields = rest.split_ascii_whitespace();
-    // `rest` starts at field 3 (state); the flags are field 9.
-    let state = fields.next().and_then(|s| s.chars().next());
-    let flags: Option<u64> = fields.nth(5).and_then(|f| f.parse().ok());
-    matches!(state, Some('Z' | 'X' | 'x')) || flags.is_some_and(|f| f & PF_EXITING != 0)
+    crate::procfs::parse_stat(stat).is_some_and(|s| s.is_zombie() || s.flags & PF_EXITING != 0)
 }
 
 /// Processes whose cwd, root, open files or mappings are under `dir`.

@@ -92,7 +92,7 @@ impl FsVerityHashValue for BlobRef {
 
 /// `<root>/cache/native`.
 pub fn dir(store: &Store) -> PathBuf {
-    store.root().join("cache/native")
+    store.layout().native()
 }
 
 /// Where the image of `snapshot` is mounted: a native workspace's recorded `lower`.
@@ -119,10 +119,7 @@ pub fn probe(store: &Store) -> std::result::Result<(), String> {
     static PROBED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     PROBED
         .get_or_init(|| {
-            let boot = fs::read_to_string("/proc/sys/kernel/random/boot_id")
-                .unwrap_or_default()
-                .trim()
-                .to_string();
+            let boot = crate::procfs::boot_id().unwrap_or_default();
             let record = dir(store).join(".probe");
             if let Ok(text) = fs::read_to_string(&record)
                 && let Some((id, answer)) = text.trim_end().split_once(' ')
@@ -152,9 +149,8 @@ pub fn probe(store: &Store) -> std::result::Result<(), String> {
 }
 
 fn trial(store: &Store) -> std::result::Result<(), String> {
-    let fs_list = fs::read_to_string("/proc/filesystems").unwrap_or_default();
     for want in ["erofs", "overlay"] {
-        if !fs_list.lines().any(|l| l.trim_end().ends_with(want)) {
+        if !crate::procfs::has_filesystem(want) {
             return Err(format!(
                 "the kernel has no {want} filesystem (modprobe {want})"
             ));

@@ -23,14 +23,12 @@ use std::path::PathBuf;
 
 use cowspace_store::{SnapshotId, Store};
 
-/// Directory of the markers, under the runtime root.
-const MARKER_DIR: &str = "cache/xattrs";
 const NONE: &str = "none";
 const SOME: &str = "some";
 
 /// The marker file of `snapshot`.
 pub fn marker_path(store: &Store, snapshot: &SnapshotId) -> PathBuf {
-    store.root().join(MARKER_DIR).join(snapshot.to_hex())
+    store.layout().xattr_markers().join(snapshot.to_hex())
 }
 
 /// What the marker of `snapshot` says: `Some(true)` it has xattrs, `Some(false)` it has
@@ -82,7 +80,7 @@ fn walk(store: &Store, snapshot: &SnapshotId) -> cowspace_store::Result<bool> {
 }
 
 fn record(store: &Store, snapshot: &SnapshotId, has: bool) -> std::io::Result<()> {
-    let dir = store.root().join(MARKER_DIR);
+    let dir = store.layout().xattr_markers();
     fs::create_dir_all(&dir)?;
     let hex = snapshot.to_hex();
     let tmp = dir.join(format!(".{hex}.{}.tmp", std::process::id()));
@@ -129,7 +127,7 @@ mod tests {
             "none\n"
         );
         // Nothing but the marker is left in its directory.
-        let names: Vec<_> = fs::read_dir(store.root().join(MARKER_DIR))
+        let names: Vec<_> = fs::read_dir(store.layout().xattr_markers())
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();

@@ -97,6 +97,16 @@ pub struct Record {
 }
 
 impl Record {
+    /// The workspace's upper layer in overlay's format (overlay and fuse workspaces).
+    pub fn upper_dir(&self) -> PathBuf {
+        self.private_dir.join("upper")
+    }
+
+    /// Overlay's work directory beside the upper layer.
+    pub fn work_dir(&self) -> PathBuf {
+        self.private_dir.join("work")
+    }
+
     /// What `create` answers, the same on the CLI (`--json`) and the control socket: the
     /// record, and `elapsed_ms`, the time the create took (the record keeps it as
     /// `create_ms`). Also, until the release after next, `workspace` (= `id`) and `ms`
@@ -131,29 +141,8 @@ pub struct Creator {
     pub boot_id: String,
 }
 
-/// What `/proc/PID/stat` says of a process: its state letter and start time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcStat {
-    pub state: char,
-    pub start_ticks: u64,
-}
-
-/// Parses `/proc/PID/stat`. The command name (field 2) is in parentheses and may hold
-/// spaces and parentheses itself, so fields are counted after its last `)`.
-pub fn parse_proc_stat(stat: &str) -> Option<ProcStat> {
-    let (_, rest) = stat.rsplit_once(") ")?;
-    let mut fields = rest.split_ascii_whitespace();
-    // `rest` starts at field 3 (state); the start time is field 22.
-    let state = fields.next()?.chars().next()?;
-    let start_ticks = fields.nth(18)?.parse().ok()?;
-    Some(ProcStat { state, start_ticks })
-}
-
-fn boot_id() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .ok()
-        .map(|s| s.trim().to_string())
-}
+use crate::procfs::boot_id;
+pub use crate::procfs::{ProcStat, parse_stat as parse_proc_stat};
 
 impl Creator {
     /// The calling process. Read from `/proc` once per process (the daemon asks at every
@@ -165,10 +154,9 @@ impl Creator {
         if let Some(c) = known.as_ref().filter(|c| c.pid == pid) {
             return Some(c.clone());
         }
-        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
         let c = Creator {
             pid,
-            start_ticks: parse_proc_stat(&stat)?.start_ticks,
+            start_ticks: crate::procfs::own_stat()?.start_ticks,
             boot_id: boot_id()?,
         };
         *known = Some(c.clone());
@@ -178,11 +166,7 @@ impl Creator {
     /// Whether this process still runs: the liveness rule applied to what `/proc` shows
     /// now.
     pub fn is_alive(&self) -> bool {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok();
-        self.alive_as(
-            boot_id().as_deref(),
-            stat.as_deref().and_then(parse_proc_stat),
-        )
+        self.alive_as(boot_id().as_deref(), crate::procfs::stat(self.pid))
     }
 
     /// The liveness rule: alive only in the same boot, with a process of that pid that
@@ -231,7 +215,7 @@ pub fn now() -> i64 {
 impl Registry {
     /// Opens (creating if needed) the registry of a runtime root.
     pub fn open(root: &Path) -> Result<Registry> {
-        let path = root.join("registry.db");
+        let path = cowspace_store::layout::Layout::new(root).registry();
         if !path.exists() {
             Registry::create(root, &path)?;
         }
@@ -521,6 +505,7 @@ mod tests {
                 parse_proc_stat(&stat_line(comm, 'S', 98765)),
                 Some(ProcStat {
                     state: 'S',
+                    flags: 6,
                     start_ticks: 98765
                 }),
                 "{comm:?}"
@@ -537,7 +522,13 @@ mod tests {
             start_ticks: 1000,
             boot_id: "boot-a".into(),
         };
-        let st = |state, start_ticks| Some(ProcStat { state, start_ticks });
+        let st = |state, start_ticks| {
+            Some(ProcStat {
+                state,
+                flags: 0,
+                start_ticks,
+            })
+        };
         assert!(c.alive_as(Some("boot-a"), st('S', 1000)));
         assert!(c.alive_as(Some("boot-a"), st('R', 1000)));
         assert!(c.alive_as(Some("boot-a"), st('D', 1000)));

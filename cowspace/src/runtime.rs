@@ -232,7 +232,7 @@ impl Runtime {
             }
         };
         let id = new_id();
-        let private_dir = self.store.layout().workspaces().join(&id);
+        let private_dir = self.store.layout().workspace(&id);
         let path = match &o.path {
             Some(p) => {
                 let p = if p.is_absolute() {
@@ -877,7 +877,7 @@ impl Runtime {
         // the checkout gone afterwards and builds it again.
         let _exclusive = checkout::lock(&self.store, true)?;
         let used = self.snapshots_on(LowerKind::Checkout)?;
-        let dir = self.store.root().join("cache/checkouts");
+        let dir = self.store.layout().checkouts();
         let mut removed = 0;
         if let Ok(rd) = fs::read_dir(&dir) {
             for e in rd.flatten() {
@@ -1082,7 +1082,7 @@ impl Runtime {
             None
         };
         // Overlay needs an empty work directory after an unclean stop.
-        let work = rec.private_dir.join("work");
+        let work = rec.work_dir();
         checkout::remove_tree(&work);
         mat.mount(&rec)?;
         rec.diagnostics.push(format!("recovered at {}", now()));
@@ -1145,10 +1145,10 @@ pub fn auto_lower(store: &Store, kind: MaterializerKind) -> (LowerKind, String) 
 /// reused pid is not mistaken for it.
 pub fn live_sandbox(rec: &Record) -> Option<i32> {
     let pid = rec.sandbox_pid?;
-    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-    let cmdline = fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let has = |want: &[u8]| cmdline.split(|b| *b == 0).any(|arg| arg == want);
-    let ours = match comm.trim_end() {
+    let comm = crate::procfs::comm(pid)?;
+    let cmdline = crate::procfs::cmdline(pid)?;
+    let has = |want: &[u8]| cmdline.iter().any(|arg| arg == want);
+    let ours = match comm.as_str() {
         "sandbox-helper" => {
             let path = rec.path.as_os_str().as_encoded_bytes();
             has(path) || has(&[b"--dir=".as_slice(), path].concat())
@@ -1182,19 +1182,10 @@ const SANDBOX_EXIT_WAIT_MS: u64 = 5_000;
 /// a `mountctl run` recorded before it started its helper: then its helper is ended,
 /// or that `mountctl` itself when it has none yet.
 fn kill_sandbox(pid: i32) {
+    use crate::procfs::children;
     use nix::sys::signal::{Signal, kill};
     use nix::unistd::Pid;
-    let children = |pid: i32| -> Vec<i32> {
-        fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-            .unwrap_or_default()
-            .split_whitespace()
-            .filter_map(|c| c.parse().ok())
-            .collect()
-    };
-    let is_helper = |pid: i32| {
-        fs::read_to_string(format!("/proc/{pid}/comm"))
-            .is_ok_and(|c| c.trim_end() == "sandbox-helper")
-    };
+    let is_helper = |pid: i32| crate::procfs::comm(pid).is_some_and(|c| c == "sandbox-helper");
     let helper = if is_helper(pid) {
         pid
     } else if let Some(h) = children(pid).into_iter().find(|c| is_helper(*c)) {
@@ -1206,7 +1197,7 @@ fn kill_sandbox(pid: i32) {
     for child in children(helper) {
         let _ = kill(Pid::from_raw(child), Signal::SIGKILL);
     }
-    let gone = || !Path::new(&format!("/proc/{helper}")).exists() || is_zombie(helper);
+    let gone = || crate::procfs::stat(helper).is_none_or(|s| s.is_zombie());
     let deadline = Instant::now() + std::time::Duration::from_millis(SANDBOX_EXIT_WAIT_MS);
     while !gone() && Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(10));
@@ -1215,13 +1206,4 @@ fn kill_sandbox(pid: i32) {
         let _ = kill(Pid::from_raw(helper), Signal::SIGKILL);
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-}
-
-fn is_zombie(pid: i32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| {
-            s.rsplit_once(") ")
-                .is_some_and(|(_, rest)| rest.starts_with('Z'))
-        })
-        .unwrap_or(true)
 }

@@ -145,7 +145,7 @@ fn not_running(rec: &Record) -> Error {
 impl Runtime {
     /// The helper's state directory of this runtime root.
     pub fn sandbox_state_dir(&self) -> PathBuf {
-        self.root().join("run").join("sandbox")
+        self.store().layout().sandbox_state()
     }
 
     /// Starts a long-lived sandbox for workspace `ws` and returns its status once it is
@@ -554,9 +554,7 @@ fn wait_gone(pid: i32) {
     let deadline =
         std::time::Instant::now() + std::time::Duration::from_millis(KEEPER_EXIT_WAIT_MS);
     while std::time::Instant::now() < deadline {
-        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .map(|s| !s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
-            .unwrap_or(false);
+        let alive = crate::procfs::stat(pid).is_some_and(|s| !s.is_zombie());
         if !alive {
             return;
         }

@@ -153,11 +153,11 @@ fn run(args: Args) -> Result<()> {
         &root,
         Materializers::standard().with_fuse_host(Arc::clone(&host) as _),
     )?);
-    let run_dir = root.join("run");
+    let run_dir = cowspace_store::layout::Layout::new(&root).run();
     std::fs::create_dir_all(&run_dir).with_context(|| format!("create {}", run_dir.display()))?;
 
     // One daemon per root: an exclusive lock held for the daemon's life.
-    let lock_path = run_dir.join("fsd.lock");
+    let lock_path = cowspace_store::layout::Layout::new(&root).daemon_lock();
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)

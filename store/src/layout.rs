@@ -5,8 +5,14 @@
 //! <root>/store/packs/*.pack  append-once pack files
 //! <root>/store/lock          flock: imports shared, gc exclusive
 //! <root>/cache/blobs/ab/<id> blob cache: whole file contents as plain read-only files
+//! <root>/cache/checkouts/    shared checkouts (overlay lowers of hard links)
+//! <root>/cache/native/       native lowers (metadata images and their mounts)
+//! <root>/cache/subvols/      btrfs base subvolumes
+//! <root>/cache/xattrs/       per-snapshot markers: has it any xattr
+//! <root>/registry.db         the registry of workspaces (SQLite)
 //! <root>/workspaces/<id>/    a workspace's private state
 //! <root>/run/                sockets and mount points of the daemon
+//! <root>/run/sandbox/        the sandbox helper's state
 //! <root>/tmp/                scratch space for atomic writes
 //! ```
 
@@ -52,13 +58,47 @@ impl Layout {
     pub fn tmp(&self) -> PathBuf {
         self.root.join("tmp")
     }
+    pub fn cache(&self) -> PathBuf {
+        self.root.join("cache")
+    }
+    pub fn checkouts(&self) -> PathBuf {
+        self.root.join("cache/checkouts")
+    }
+    pub fn native(&self) -> PathBuf {
+        self.root.join("cache/native")
+    }
+    pub fn subvols(&self) -> PathBuf {
+        self.root.join("cache/subvols")
+    }
+    pub fn xattr_markers(&self) -> PathBuf {
+        self.root.join("cache/xattrs")
+    }
+    pub fn registry(&self) -> PathBuf {
+        self.root.join("registry.db")
+    }
+    /// The private directory of workspace `id`.
+    pub fn workspace(&self, id: &str) -> PathBuf {
+        self.workspaces().join(id)
+    }
+    pub fn daemon_socket(&self) -> PathBuf {
+        self.root.join("run/fsd.sock")
+    }
+    pub fn daemon_log(&self) -> PathBuf {
+        self.root.join("run/fsd.log")
+    }
+    pub fn daemon_lock(&self) -> PathBuf {
+        self.root.join("run/fsd.lock")
+    }
+    pub fn sandbox_state(&self) -> PathBuf {
+        self.root.join("run/sandbox")
+    }
     /// Every directory `init` creates.
     pub fn dirs(&self) -> Vec<PathBuf> {
         vec![
             self.root.clone(),
             self.store_dir(),
             self.packs(),
-            self.root.join("cache"),
+            self.cache(),
             self.blobs(),
             self.workspaces(),
             self.run(),

@@ -30,7 +30,7 @@ const SUBVOL_ROOT_INO: u64 = 256;
 
 /// Where the base subvolume of `snapshot` lives.
 pub fn subvol_path(store: &Store, snapshot: &SnapshotId) -> PathBuf {
-    store.root().join("cache/subvols").join(snapshot.to_hex())
+    store.layout().subvols().join(snapshot.to_hex())
 }
 
 fn base_stamps(subvol: &Path) -> PathBuf {
@@ -109,7 +109,7 @@ pub fn prune_bases(
     store: &Store,
     used: &dyn Fn() -> Result<std::collections::HashSet<String>>,
 ) -> Result<u64> {
-    let dir = store.root().join("cache/subvols");
+    let dir = store.layout().subvols();
     if !dir.is_dir() {
         return Ok(0);
     }

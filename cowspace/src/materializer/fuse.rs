@@ -41,7 +41,7 @@ pub struct Fuse {
 
 impl Fuse {
     fn upper(rec: &Record) -> PathBuf {
-        rec.private_dir.join("upper")
+        rec.upper_dir()
     }
 
     /// Finishes the workspace's copy-ups in progress, so its upper directory holds whole
@@ -222,11 +222,11 @@ impl Materializer for Fuse {
         _base: &SnapshotId,
         rec: &Record,
     ) -> Result<Vec<crate::upper::UpperChange>> {
-        crate::upper::changes(&rec.private_dir.join("upper"))
+        crate::upper::changes(&rec.upper_dir())
     }
 
     fn upper_dir(&self, rec: &Record) -> Option<PathBuf> {
-        Some(rec.private_dir.join("upper"))
+        Some(rec.upper_dir())
     }
 
     fn served_by_daemon(&self) -> bool {

@@ -18,8 +18,7 @@ use crate::registry::Record;
 /// The cheap check made before every create: the kernel has overlayfs and this process
 /// may mount (root). A failing mount is still reported and undone by `create`.
 fn quick_probe() -> std::result::Result<(), String> {
-    let fs_list = fs::read_to_string("/proc/filesystems").unwrap_or_default();
-    if !fs_list.lines().any(|l| l.trim_end().ends_with("overlay")) {
+    if !crate::procfs::has_filesystem("overlay") {
         return Err("the kernel has no overlay filesystem (modprobe overlay)".into());
     }
     if !nix::unistd::geteuid().is_root() {
@@ -37,8 +36,7 @@ pub fn trial_mount(store: &Store) -> std::result::Result<(), String> {
     static PROBED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     PROBED
         .get_or_init(|| {
-            let fs_list = fs::read_to_string("/proc/filesystems").unwrap_or_default();
-            if !fs_list.lines().any(|l| l.trim_end().ends_with("overlay")) {
+            if !crate::procfs::has_filesystem("overlay") {
                 return Err("the kernel has no overlay filesystem (modprobe overlay)".into());
             }
             let base = store
@@ -75,10 +73,10 @@ pub struct Overlay;
 
 impl Overlay {
     fn upper(rec: &Record) -> PathBuf {
-        rec.private_dir.join("upper")
+        rec.upper_dir()
     }
     fn work(rec: &Record) -> PathBuf {
-        rec.private_dir.join("work")
+        rec.work_dir()
     }
 }
 
@@ -161,11 +159,11 @@ impl Materializer for Overlay {
         _base: &SnapshotId,
         rec: &Record,
     ) -> Result<Vec<crate::upper::UpperChange>> {
-        crate::upper::changes(&rec.private_dir.join("upper"))
+        crate::upper::changes(&rec.upper_dir())
     }
 
     fn upper_dir(&self, rec: &Record) -> Option<PathBuf> {
-        Some(rec.private_dir.join("upper"))
+        Some(rec.upper_dir())
     }
 
     fn sandbox_shares_host_mount(&self) -> bool {

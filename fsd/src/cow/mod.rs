@@ -546,7 +546,7 @@ impl Host {
                     .map_err(Error::io("finish copy-ups in", &cow.layers.upper))
             }
             None => {
-                let upper = rec.private_dir.join("upper");
+                let upper = rec.upper_dir();
                 if !upper.exists() {
                     return Ok(());
                 }

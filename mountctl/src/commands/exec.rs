@@ -60,7 +60,7 @@ pub fn run(ctx: &Ctx, a: ExecArgs) -> anyhow::Result<ExitCode> {
     // The keeper's socket is named by the sandbox's name (the workspace's name, else its
     // id): tried first, so an exec opens no database; any other spelling of the
     // workspace goes through the registry.
-    let state = ctx.root.join("run").join("sandbox");
+    let state = cowspace_store::layout::Layout::new(&ctx.root).sandbox_state();
     let client = match Client::connect(&state, &a.workspace) {
         Ok(c) => c,
         Err(_) => ctx.runtime()?.sandbox_client(&a.workspace)?,
