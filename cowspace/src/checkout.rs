@@ -41,20 +41,7 @@ pub fn checkout_path(store: &Store, snapshot: &SnapshotId) -> PathBuf {
 pub fn lock(store: &Store, exclusive: bool) -> Result<fs::File> {
     let dir = store.layout().cache();
     fs::create_dir_all(&dir).map_err(Error::io("create directory", &dir))?;
-    lock_file(&dir.join("checkouts.lock"), exclusive)
-}
-
-/// Opens (making it if needed) the lock file `path` and takes its lock, exclusive or
-/// shared, waiting for it; released when the file is closed.
-pub(crate) fn lock_file(path: &Path, exclusive: bool) -> Result<fs::File> {
-    let f = fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)
-        .map_err(Error::io("open", path))?;
-    if exclusive { f.lock() } else { f.lock_shared() }.map_err(Error::io("lock", path))?;
-    Ok(f)
+    crate::lockfile::lock(&dir.join("checkouts.lock"), exclusive)
 }
 
 /// The blob-cache file of `content` with permission bits `mode` (made if missing).

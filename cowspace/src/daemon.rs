@@ -148,15 +148,13 @@ pub fn fsd_program() -> PathBuf {
 pub fn detach_dead_views(root: &Path) -> Vec<PathBuf> {
     let layout = Layout::new(root);
     let run = layout.run();
-    let Ok(lock) = std::fs::OpenOptions::new()
-        .write(true)
-        .open(layout.daemon_lock())
-    else {
-        return Vec::new();
-    };
-    if lock.try_lock().is_err() {
+    // No lock file: no daemon ever ran here, so no view was mounted.
+    if !layout.daemon_lock().exists() {
         return Vec::new();
     }
+    let Ok(Some(lock)) = crate::lockfile::try_lock(&layout.daemon_lock(), true) else {
+        return Vec::new();
+    };
     let mut out = Vec::new();
     for dir in [crate::served::VIEW_DIR, crate::served::PLAIN_VIEW_DIR].map(|d| run.join(d)) {
         if crate::mounts::is_mounted(&dir).unwrap_or(false)
@@ -169,14 +167,9 @@ pub fn detach_dead_views(root: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Whether a daemon runs for `root`: it holds its lock exclusively for its whole life.
 pub fn lock_held(root: &Path) -> bool {
-    let path = Layout::new(root).daemon_lock();
-    match std::fs::File::open(&path) {
-        // The daemon holds an exclusive lock for its whole life; a shared one that cannot
-        // be taken means it is there. Ours is released when `f` is dropped.
-        Ok(f) => f.try_lock_shared().is_err(),
-        Err(_) => false,
-    }
+    crate::lockfile::held_exclusively(&Layout::new(root).daemon_lock())
 }
 
 /// Starts the daemon unless it already answers. A daemon that runs another build of

@@ -13,6 +13,7 @@ pub mod error;
 pub mod fromgit;
 pub mod gitfsmonitor;
 pub mod import;
+pub mod lockfile;
 pub mod materializer;
 pub mod mounts;
 pub mod native;

@@ -297,7 +297,7 @@ pub fn ensure_mounted(meta: &Path) -> Result<()> {
 /// [`ensure_mounted`], returning the image's mount lock, held exclusively.
 fn mount_locked(meta: &Path) -> Result<fs::File> {
     let top = meta.parent().expect("meta has a parent");
-    let lock = crate::checkout::lock_file(&top.join(MOUNT_LOCK), true)?;
+    let lock = crate::lockfile::lock(&top.join(MOUNT_LOCK), true)?;
     if crate::mounts::is_mounted(meta)? {
         return Ok(lock);
     }
@@ -322,7 +322,7 @@ pub fn release(meta: &Path, in_use: impl FnOnce() -> Result<bool>) -> Result<()>
     if !top.is_dir() {
         return Ok(());
     }
-    let _lock = crate::checkout::lock_file(&top.join(MOUNT_LOCK), true)?;
+    let _lock = crate::lockfile::lock(&top.join(MOUNT_LOCK), true)?;
     if !in_use()? && crate::mounts::is_mounted(meta)? {
         crate::mounts::unmount_lazy(meta)?;
     }

@@ -158,15 +158,9 @@ fn run(args: Args) -> Result<()> {
 
     // One daemon per root: an exclusive lock held for the daemon's life.
     let lock_path = cowspace_store::layout::Layout::new(&root).daemon_lock();
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .with_context(|| format!("open {}", lock_path.display()))?;
-    if lock.try_lock().is_err() {
+    let Some(_lock) = cowspace::lockfile::try_lock(&lock_path, true)? else {
         return Err(AnotherDaemon(root).into());
-    }
+    };
 
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

@@ -98,7 +98,7 @@ fn trial_subvolume(root_tmp: &Path) -> std::result::Result<(), String> {
 /// snapshotted for a workspace, and while unused bases are pruned. Released on drop.
 fn lock_bases(dir: &Path) -> Result<fs::File> {
     fs::create_dir_all(dir).map_err(Error::io("create directory", dir))?;
-    crate::checkout::lock_file(&dir.join(".lock"), true)
+    crate::lockfile::lock(&dir.join(".lock"), true)
 }
 
 /// Deletes the base subvolumes (and their stamps) of `<root>/cache/subvols` whose snapshot
