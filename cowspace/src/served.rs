@@ -31,8 +31,6 @@ pub const INO_LIMIT: u64 = 1 << 48;
 /// The mount root's inode number (fixed by FUSE).
 pub const ROOT_INO: u64 = 1;
 
-/// How many salted rehashes are tried before a collision is given up on. Reaching it
-
 /// Kind codes inside an inode key: the tree encoding's codes (docs/store-format.md).
 fn kind_code(kind: Kind) -> u8 {
     match kind {

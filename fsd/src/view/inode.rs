@@ -14,9 +14,11 @@ use cowspace_store::{ContentId, Entry, Kind, SnapshotId, TreeId};
 
 pub use cowspace::served::{INO_CONTEXT, INO_LIMIT, InodeKey, ROOT_INO, time_offset};
 
+/// How many salted rehashes are tried before a collision is given up on. Reaching it
 /// needs ~64 distinct live entries on one 48-bit number: a bug, not bad luck.
 const MAX_INO_SALTS: u32 = 64;
 
+/// What a node is, with what its operations need.
 #[derive(Debug, Clone)]
 pub enum NodeKind {
     /// The mount root: snapshots appear under it by id.

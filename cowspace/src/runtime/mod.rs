@@ -1,0 +1,506 @@
+//! The programmatic API a runtime embeds (and `mountctl` and the daemon use): open a
+//! runtime root, create workspaces of snapshots, diff, commit, remove, list, sweep,
+//! recover.
+//!
+//! ```no_run
+//! use cowspace::runtime::{CreateOptions, Runtime};
+//! # fn main() -> cowspace::error::Result<()> {
+//! let rt = Runtime::open(std::path::Path::new("/var/lib/cowspace"))?;
+//! let ws = rt.create(&CreateOptions { snapshot: "myrepo/main".into(), ..Default::default() })?;
+//! std::fs::write(ws.path.join("hello.txt"), "hi\n").unwrap();
+//! for (change, _) in rt.diff(&ws.id)? {
+//!     println!("{:?} {}", change.change, change.path);
+//! }
+//! let snap = rt.commit(&ws.id, &Default::default())?;
+//! println!("captured {}", snap.snapshot);
+//! rt.remove(&ws.id, false)?;
+//! # Ok(()) }
+//! ```
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use cowspace_store::diff::DiffEntry;
+use cowspace_store::{Expect, ImportReport, SnapshotId, Source, Store, StoreConfig};
+use serde::Serialize;
+
+use crate::checkout;
+use crate::error::{Error, Result};
+use crate::materializer::{self, LowerKind, Materializer, MaterializerKind, Materializers};
+use crate::registry::{Creator, Record, Registry, Status, now};
+use crate::served::{PLAIN_VIEW_DIR, VIEW_DIR};
+use crate::upper;
+
+mod claims;
+mod commit;
+mod lifecycle;
+mod prune;
+
+use claims::kill_sandbox;
+pub use claims::live_sandbox;
+pub use commit::commit_json;
+pub use lifecycle::live_creator;
+
+/// How to create a workspace.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct CreateOptions {
+    /// A snapshot id (or unique prefix) or a ref name.
+    pub snapshot: String,
+    pub name: Option<String>,
+    /// `auto` (default), `overlay`, `fuse`, `btrfs`, `reflink` or `copy`.
+    pub materializer: Option<String>,
+    /// For overlay: `native` (a metadata image of the snapshot over the blob cache as a
+    /// data-only layer: file bytes read by the kernel from the blobs, no daemon needed),
+    /// `view` (the daemon's lazy snapshot view), `checkout` (a shared directory of hard
+    /// links) or `auto` (default: [`auto_lower`]).
+    pub lower: Option<String>,
+    /// Where the workspace appears (must not exist). Default: under the runtime root.
+    pub path: Option<PathBuf>,
+    /// The worker this workspace belongs to (recorded as evidence).
+    pub worker: Option<String>,
+}
+
+/// How to capture a workspace.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct CommitOptions {
+    /// Move this ref to the new snapshot.
+    #[serde(rename = "ref")]
+    pub ref_name: Option<String>,
+    /// The snapshot the ref must hold (default: the workspace's previous capture or base
+    /// if the ref exists, else the ref must not exist).
+    pub expect: Option<String>,
+    pub message: String,
+    /// Make a snapshot even when nothing changed since the previous capture (or the
+    /// base). Without it such a commit makes none and answers with that snapshot
+    /// (`unchanged: true`).
+    pub allow_empty: bool,
+    /// Capture paths the base's recorded exclusion policy leaves out too (by default a
+    /// new `.venv`, `node_modules`, ... is left out, as its import would).
+    pub include_excluded: bool,
+}
+
+/// What a sweep did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SweepReport {
+    /// Workspaces whose mount had vanished (now `stopped`, recoverable).
+    pub stopped: Vec<String>,
+    /// Interrupted creations and removals finished off.
+    pub finished: Vec<String>,
+    /// Workspaces still being created by a live process, left to it.
+    pub creating: Vec<String>,
+    /// Workspaces still being removed by a live process, left to it.
+    pub removing: Vec<String>,
+    /// Mounts and directories under the runtime root that no live record owns, removed.
+    pub leftovers_removed: Vec<String>,
+    /// Workspaces whose sandbox had died (its keeper killed): their host mount is
+    /// their own again and their record clear.
+    pub sandboxes_cleared: Vec<String>,
+}
+
+/// An open runtime root.
+pub struct Runtime {
+    store: Store,
+    registry: Mutex<Registry>,
+    materializers: Materializers,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("root", &self.store.root())
+            .finish()
+    }
+}
+
+fn new_id() -> String {
+    let mut h = blake3::Hasher::new();
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    h.update(&t.to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    h.update(
+        &N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            .to_le_bytes(),
+    );
+    format!("ws-{}", hex::encode(&h.finalize().as_bytes()[..8]))
+}
+
+/// Whether a workspace's lower layer still answers. `statfs` always reaches the
+/// filesystem: a `stat` of a snapshot view whose daemon died is answered from the
+/// kernel's attribute cache (the view's entries are cached for long), while `statfs`
+/// fails with ENOTCONN once the FUSE connection is gone.
+fn lower_alive(lower: &Path) -> bool {
+    nix::sys::statfs::statfs(lower).is_ok()
+}
+
+/// One rule for workspace names, the sandbox's (a name is its sandbox's hostname and
+/// part of its cgroup's name): 1 to 63 of `[A-Za-z0-9_.-]`, starting with a letter or
+/// digit (so never read as an option), and not `ws-…` (ids look like that).
+fn check_name(name: &str) -> Result<()> {
+    let ok = sandbox_helper::spec::validate_name(name).is_ok() && !name.starts_with("ws-");
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "workspace name {name:?}: use 1 to {} letters, digits, '.', '_' or '-', starting \
+             with a letter or digit and not with 'ws-'",
+            sandbox_helper::spec::MAX_NAME_BYTES
+        )))
+    }
+}
+
+impl Runtime {
+    /// Opens an initialised runtime root.
+    pub fn open(root: &Path) -> Result<Runtime> {
+        Runtime::open_with(root, Materializers::standard())
+    }
+
+    /// [`Runtime::open`] with its own materializers (the daemon registers its FUSE
+    /// server this way; tests put a double in).
+    pub fn open_with(root: &Path, materializers: Materializers) -> Result<Runtime> {
+        let store = Store::open(root, StoreConfig::default())?;
+        let registry = Registry::open(root)?;
+        Ok(Runtime {
+            store,
+            registry: Mutex::new(registry),
+            materializers,
+        })
+    }
+
+    /// The materializers this runtime makes workspaces with.
+    pub fn materializers(&self) -> &Materializers {
+        &self.materializers
+    }
+
+    /// The materializer of workspace `rec`.
+    pub(crate) fn materializer_of(&self, rec: &Record) -> &dyn Materializer {
+        self.materializers.get(rec.materializer)
+    }
+
+    /// The store of this runtime root.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub(crate) fn reg(&self) -> MutexGuard<'_, Registry> {
+        self.registry.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Creates a workspace. Everything is checked before anything is made; a failure
+    /// part-way undoes what was made and records the workspace as `failed`.
+    pub fn create(&self, o: &CreateOptions) -> Result<Record> {
+        let started = Instant::now();
+        let snapshot = self.store.resolve(&o.snapshot)?;
+        if let Some(n) = &o.name {
+            check_name(n)?;
+        }
+        let kind = match o.materializer.as_deref().unwrap_or("auto") {
+            "auto" => self.materializers.pick_auto(&self.store)?,
+            name => MaterializerKind::parse(name)?,
+        };
+        let mat = self.materializers.get(kind);
+        if let Err(why) = mat.probe(&self.store) {
+            return Err(Error::Unsupported {
+                name: kind.as_str().into(),
+                why,
+            });
+        }
+        let mut prepare_later = false;
+        let lower_kind = match o.lower.as_deref().unwrap_or("auto") {
+            "auto" => {
+                let (lower, _) = auto_lower(&self.store, kind);
+                if lower == LowerKind::Native && self.native_later(&snapshot)? {
+                    prepare_later = true;
+                    LowerKind::View
+                } else {
+                    lower
+                }
+            }
+            "native" if kind == MaterializerKind::Overlay => {
+                if let Err(why) = crate::native::probe(&self.store) {
+                    return Err(Error::Unsupported {
+                        name: "overlay --lower native".into(),
+                        why: format!("{why}; use --lower view or --lower checkout"),
+                    });
+                }
+                LowerKind::Native
+            }
+            "native" => LowerKind::Native,
+            "view" => LowerKind::View,
+            "checkout" => LowerKind::Checkout,
+            other => {
+                return Err(Error::Invalid(format!(
+                    "lower {other:?}: choose auto, native, view or checkout"
+                )));
+            }
+        };
+        let id = new_id();
+        let private_dir = self.store.layout().workspace(&id);
+        let path = match &o.path {
+            Some(p) => {
+                let p = if p.is_absolute() {
+                    p.clone()
+                } else {
+                    std::env::current_dir()
+                        .map_err(Error::io("read", "current directory"))?
+                        .join(p)
+                };
+                if fs::symlink_metadata(&p).is_ok() {
+                    return Err(Error::PathExists(p));
+                }
+                match p.parent() {
+                    Some(parent) if parent.is_dir() => {}
+                    _ => {
+                        return Err(Error::Invalid(format!(
+                            "the parent directory of {} does not exist",
+                            p.display()
+                        )));
+                    }
+                }
+                crate::wspath::check_custom_path(&p, self.store.root(), &self.reg().list(false)?)?;
+                p
+            }
+            None => private_dir.join("mnt"),
+        };
+        // Full-tree materializers choose their own lower (a checkout, a subvolume).
+        let (lower_kind, lower) = match mat.lower(&self.store, &snapshot, o.lower.as_deref())? {
+            Some((k, p)) => (k, p),
+            None if lower_kind == LowerKind::View => (lower_kind, self.view_path(&snapshot)),
+            None if lower_kind == LowerKind::Native => {
+                let meta = crate::native::meta_path(&self.store, &snapshot);
+                (lower_kind, meta)
+            }
+            None => (lower_kind, checkout::checkout_path(&self.store, &snapshot)),
+        };
+        let t = now();
+        let mut rec = Record {
+            id: id.clone(),
+            name: o.name.clone(),
+            worker: o.worker.clone(),
+            snapshot: snapshot.to_hex(),
+            materializer: kind,
+            lower_kind,
+            lower,
+            path,
+            private_dir: private_dir.clone(),
+            status: Status::Creating,
+            created_at: t,
+            updated_at: t,
+            stopped_at: None,
+            policies: serde_json::json!({
+                "source": self.store.snapshot(&snapshot)?.source,
+                "policy": self.store.snapshot(&snapshot)?.policy,
+            }),
+            diagnostics: vec![],
+            ports: serde_json::json!({}),
+            commits: vec![],
+            create_ms: 0.0,
+            sandbox_pid: None,
+            sandbox: None,
+            overlay_redirects: true,
+            // Sweeps and a daemon starting meanwhile leave the workspace to this process.
+            creator: Creator::current(),
+        };
+        // The record first (a crash from here on is visible to sweep), then the effects.
+        self.reg().insert(&rec)?;
+        let made = (|| -> Result<()> {
+            self.store.pin(&snapshot, &id)?;
+            fs::create_dir_all(&private_dir)
+                .map_err(Error::io("create directory", &private_dir))?;
+            if lower_kind == LowerKind::View {
+                // A view that answers means a daemon serves it: no round trip needed.
+                if !rec.lower.is_dir() {
+                    crate::daemon::ensure_running(self.store.root())?;
+                }
+                if !rec.lower.is_dir() {
+                    return Err(Error::Daemon(format!(
+                        "the snapshot view does not show {}",
+                        rec.lower.display()
+                    )));
+                }
+            } else if lower_kind == LowerKind::Native {
+                // Held until the overlay holds the image (see `release_native`).
+                let _shared = crate::native::ensure(&self.store, &snapshot)?;
+                return mat.mount(&rec);
+            } else if lower_kind != materializer::fuse::LOWER_KIND {
+                checkout::ensure_checkout(&self.store, &snapshot)?;
+            }
+            mat.mount(&rec)
+        })();
+        if let Err(e) = made {
+            let _ = mat.unmount(&rec, true);
+            if o.path.is_some() {
+                let _ = fs::remove_dir(&rec.path);
+            }
+            checkout::remove_tree(&private_dir);
+            let _ = self.store.unpin(&id);
+            rec.diagnostics.push(format!("create failed: {e}"));
+            let _ = self.reg().set_status(&mut rec, Status::Failed);
+            let _ = self.release_native(&rec);
+            return Err(e);
+        }
+        rec.create_ms = started.elapsed().as_secs_f64() * 1e3;
+        self.reg().set_status(&mut rec, Status::Active)?;
+        if prepare_later {
+            // The daemon (which serves this workspace's view) builds the native lower
+            // for the next creates; a daemon that cannot only costs them the view.
+            let req =
+                serde_json::json!({"op": "prepare_native", "args": {"snapshot": rec.snapshot}});
+            if let Err(e) = crate::daemon::request(self.store.root(), &req) {
+                tracing::warn!(snapshot = %rec.snapshot, "asking the daemon to build the native lower: {e}");
+            }
+        }
+        Ok(rec)
+    }
+
+    /// Whether a `--lower auto` create of `snapshot` takes the view now and leaves the
+    /// native lower to the daemon: its image is not built, the snapshot is too large to
+    /// build it during the create ([`crate::native::eager`]) and the view is usable.
+    fn native_later(&self, snapshot: &SnapshotId) -> Result<bool> {
+        if crate::native::is_built(&self.store, snapshot)
+            || !Path::new("/dev/fuse").exists()
+            || !nix::unistd::geteuid().is_root()
+        {
+            return Ok(false);
+        }
+        let c = self.store.snapshot(snapshot)?.counts;
+        Ok(!crate::native::eager(c.files, c.bytes))
+    }
+
+    /// Builds the native lower of `snapshot` (image and blobs) now, unless it is built.
+    pub fn prepare_native(&self, snapshot: &SnapshotId) -> Result<()> {
+        crate::native::probe(&self.store).map_err(|why| Error::Unsupported {
+            name: "overlay --lower native".into(),
+            why,
+        })?;
+        crate::native::prepare(&self.store, snapshot)
+    }
+
+    /// The directory of `snapshot` in the daemon's views: the plain view
+    /// (`run/view-plain`, no xattr round trips) when the snapshot is known to have no
+    /// xattrs, else the full view (`run/view`). Found once per snapshot (see
+    /// [`crate::view::plain`]); an unknown answer is the full view. A running daemon
+    /// without a plain view (an older build) serves it from its full view.
+    fn view_path(&self, snapshot: &SnapshotId) -> PathBuf {
+        let run = self.store.layout().run();
+        let full = run.join(VIEW_DIR).join(snapshot.to_hex());
+        let plain = match crate::plain::has_xattrs(&self.store, snapshot) {
+            Ok(false) => run.join(PLAIN_VIEW_DIR).join(snapshot.to_hex()),
+            Ok(true) => return full,
+            Err(e) => {
+                tracing::warn!(snapshot = %snapshot.to_hex(), "whether the snapshot has xattrs: {e}; the full view serves it");
+                return full;
+            }
+        };
+        if !plain.is_dir() && full.is_dir() {
+            return full;
+        }
+        plain
+    }
+
+    /// Adds `evidence` (where the workspace's snapshot came from) to its record, under
+    /// `policies.checkout`.
+    pub fn record_evidence(&self, ws: &str, evidence: serde_json::Value) -> Result<Record> {
+        let id = self.reg().get(ws)?.id;
+        self.reg().modify(&id, |r| {
+            r.policies["checkout"] = evidence;
+            Ok(r.clone())
+        })
+    }
+
+    /// The runtime root.
+    pub fn root(&self) -> &Path {
+        self.store.root()
+    }
+
+    /// One workspace's record by id or name, as the registry has it.
+    pub fn get(&self, ws: &str) -> Result<Record> {
+        self.reg().get(ws)
+    }
+
+    /// Records the long-lived sandbox of the workspace `id` (its id, not a name): its
+    /// keeper's pid, its status at start and its published ports.
+    pub(crate) fn record_sandbox(
+        &self,
+        id: &str,
+        keeper: i32,
+        status: serde_json::Value,
+        ports: serde_json::Value,
+    ) -> Result<()> {
+        self.reg().modify(id, |r| {
+            r.sandbox_pid = Some(keeper);
+            r.sandbox = Some(status);
+            r.ports = ports;
+            Ok(())
+        })
+    }
+
+    /// Live workspaces (`all`: also removed and failed ones).
+    pub fn list(&self, all: bool) -> Result<Vec<Record>> {
+        self.reg().list(all)
+    }
+
+    /// One workspace by id or name. A sandbox recorded by a `mountctl run` that died
+    /// without clearing it is not shown (nor its ports).
+    pub fn status(&self, ws: &str) -> Result<Record> {
+        let mut rec = self.reg().get(ws)?;
+        if rec.sandbox_pid.is_some() && live_sandbox(&rec).is_none() {
+            rec.sandbox_pid = None;
+            rec.ports = serde_json::json!({});
+        }
+        Ok(rec)
+    }
+
+    fn usable(&self, ws: &str, op: &'static str) -> Result<Record> {
+        let rec = self.reg().get(ws)?;
+        if !matches!(rec.status, Status::Active | Status::Stopped) {
+            return Err(Error::WrongState {
+                id: rec.id,
+                status: rec.status.as_str().into(),
+                op,
+            });
+        }
+        Ok(rec)
+    }
+}
+
+/// The lower `--lower auto` gives a workspace of materializer `kind`, and why: the
+/// native lower reads file bytes straight from the blob cache with no daemon in the path
+/// (it needs EROFS and data-only overlay layers, Linux 6.16+, and root); else the view
+/// keeps file identity stable and reads lazily (it needs FUSE); else the checkout.
+pub fn auto_lower(store: &Store, kind: MaterializerKind) -> (LowerKind, String) {
+    let native = if kind == MaterializerKind::Overlay {
+        crate::native::probe(store)
+    } else {
+        Err(format!(
+            "the {} materializer makes its own tree",
+            kind.as_str()
+        ))
+    };
+    let native_why = match native {
+        Ok(()) => {
+            return (
+                LowerKind::Native,
+                "this host mounts EROFS images with data-only overlay layers".into(),
+            );
+        }
+        Err(why) => why,
+    };
+    if Path::new("/dev/fuse").exists() && nix::unistd::geteuid().is_root() {
+        return (
+            LowerKind::View,
+            format!("native lower unavailable ({native_why}); FUSE is usable"),
+        );
+    }
+    (
+        LowerKind::Checkout,
+        format!("native lower unavailable ({native_why}); no usable FUSE for the view"),
+    )
+}
