@@ -1,5 +1,5 @@
 //! Workspace commands: `create`, `list`, `status`, `diff WS`, `commit`, `remove`, `sweep`,
-//! `recover`, `doctor`. Thin: each is one call of the `cowspace_fsd` runtime API.
+//! `recover`, `doctor`. Thin: each is one call of the `cowspace` runtime API.
 
 use std::process::ExitCode;
 

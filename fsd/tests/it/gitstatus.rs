@@ -3,13 +3,11 @@
 //! workspaces) serves, and a whole-tree workspace's index is rewritten with its own files'
 //! stat data when the tree is made. Root only (mounts).
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
-use common::{Cleanup, can_run};
+use crate::common::{Cleanup, can_run};
 use cowspace::runtime::{CreateOptions, Runtime};
 use cowspace_store::{ImportOptions, Store, StoreConfig};
 

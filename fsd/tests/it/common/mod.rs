@@ -1,5 +1,4 @@
 //! Shared by fsd's root-only tests: whether they can run, and a guard that leaves nothing.
-#![allow(dead_code)]
 
 use std::fs;
 use std::path::{Path, PathBuf};

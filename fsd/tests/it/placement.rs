@@ -5,15 +5,13 @@
 //! Root with /dev/fuse; skipped otherwise, except under `CI=true`; skipped on a host
 //! where this process may use one CPU only.
 
-mod common;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Env, can_run};
+use crate::common::{Env, can_run};
 use cowspace_fsd::cow::{CowMount, Serving};
 use cowspace_store::SnapshotId;
 

@@ -4,8 +4,6 @@
 //! mount and in the upper directory. Root with /dev/fuse; skipped otherwise, except
 //! under `CI=true`.
 
-mod common;
-
 use std::fs::{self, OpenOptions};
 use std::io::{BufRead, BufReader, ErrorKind, Write};
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
@@ -13,7 +11,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use common::{Env, can_run};
+use crate::common::{Env, can_run};
 use cowspace_fsd::cow::{CowMount, OpenMode, Serving};
 
 /// Bigger than the lazy copy-up threshold (8 MiB), not a whole number of blocks.

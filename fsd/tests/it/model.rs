@@ -12,15 +12,13 @@
 //! `COWSPACE_MODEL_CASES` (default 24) for longer runs on demand; `COWSPACE_MODEL_KINDS`
 //! (comma-separated `materializer/lower`, default all five) to run some materializers.
 
-mod common;
-
 use std::ffi::OsStr;
 use std::fs;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use common::{Cleanup, can_run};
+use crate::common::{Cleanup, can_run};
 use cowspace::runtime::{CommitOptions, CreateOptions, Runtime};
 use cowspace_store::{ImportOptions, Store, StoreConfig};
 use proptest::prelude::*;

@@ -3,13 +3,11 @@
 //! snapshot that has xattrs. Root with /dev/fuse; skipped otherwise, except under
 //! `CI=true`.
 
-mod common;
-
 use std::fs;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
-use common::{Env, can_run};
+use crate::common::{Env, can_run};
 use cowspace_fsd::view::{ViewMount, ViewOptions, plain};
 use cowspace_store::SnapshotId;
 

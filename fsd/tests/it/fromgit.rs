@@ -1,11 +1,9 @@
 //! Workspaces from a developer's git checkout under each dirty-state policy. Root only.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
-use common::{Cleanup, can_run};
+use crate::common::{Cleanup, can_run};
 use cowspace::error::ErrorKind;
 use cowspace::fromgit::Dirty;
 use cowspace::runtime::{CreateOptions, Runtime};

@@ -5,8 +5,6 @@
 //! bytes come from the blob file's page cache, shared by workspaces of two snapshots
 //! holding the same content. Root only (mounts).
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -47,11 +45,11 @@ fn xattrs(p: &Path) -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn overlay_xattrs_in_a_snapshot_are_content_not_instructions() {
-    if !common::can_run() {
+    if !crate::common::can_run() {
         return;
     }
-    let env = common::Env::new("cowspace-native-");
-    let _cleanup = common::Cleanup(env.store.root().to_path_buf());
+    let env = crate::common::Env::new("cowspace-native-");
+    let _cleanup = crate::common::Cleanup(env.store.root().to_path_buf());
     let src = env.dir("src");
     fs::write(src.join("victim"), "my own bytes\n").unwrap();
     fs::write(src.join("secret"), "another file's bytes\n").unwrap();
@@ -189,11 +187,11 @@ fn read_bytes() -> u64 {
 
 #[test]
 fn reads_share_the_blob_page_cache_across_snapshots() {
-    if !common::can_run() {
+    if !crate::common::can_run() {
         return;
     }
-    let env = common::Env::new("cowspace-native-pc-");
-    let _cleanup = common::Cleanup(env.store.root().to_path_buf());
+    let env = crate::common::Env::new("cowspace-native-pc-");
+    let _cleanup = crate::common::Cleanup(env.store.root().to_path_buf());
     let big: Vec<u8> = (0..8u32 << 20)
         .map(|i| (i.wrapping_mul(2654435761) >> 24) as u8)
         .collect();
@@ -256,11 +254,11 @@ fn reads_share_the_blob_page_cache_across_snapshots() {
 
 #[test]
 fn files_of_every_size_around_the_inline_bound_read_back_exactly() {
-    if !common::can_run() {
+    if !crate::common::can_run() {
         return;
     }
-    let env = common::Env::new("cowspace-native-sizes-");
-    let _cleanup = common::Cleanup(env.store.root().to_path_buf());
+    let env = crate::common::Env::new("cowspace-native-sizes-");
+    let _cleanup = crate::common::Cleanup(env.store.root().to_path_buf());
     let src = env.dir("src");
     let bound = cowspace::native::INLINE_MAX as usize;
     let mut sizes = vec![

@@ -1,8 +1,6 @@
 //! The read-only snapshot view, mounted for real (root with /dev/fuse; skipped otherwise,
 //! except under `CI=true` where a missing privilege fails the run).
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{ErrorKind, Read};
@@ -12,7 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Env, can_run};
+use crate::common::{Env, can_run};
 use cowspace_fsd::view::{ReadMode, VIEW_TIME_SECS, ViewMount, ViewOptions};
 use cowspace_store::{Store, StoreConfig};
 
@@ -554,7 +552,7 @@ fn drop_page_cache() {
     fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
 }
 
-/// Figures for the docs, not a check: `cargo test -p cowspace-fsd --release --test view
+/// Figures for the docs, not a check: `cargo test -p cowspace-fsd --release --test it view
 /// -- --ignored --nocapture read_speed`.
 #[test]
 #[ignore = "benchmark; run by hand"]
