@@ -45,14 +45,28 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         Err(e) => return Err(e.into()),
     };
-    let opts = ImportOptions::new();
-    let imported = store.import_dir(&source, &opts)?;
+    drop(store);
+    // Imported as `mountctl import` does it (a git checkout's index agrees with what
+    // workspaces serve, and git asks the workspace what changed).
+    let imported = cowspace::import::import(
+        &root,
+        cowspace::import::ImportRequest {
+            source: &source,
+            git_rev: None,
+            options: ImportOptions::new(),
+            config: StoreConfig::default(),
+            git_fsmonitor: true,
+        },
+    )?;
+    for note in &imported.notes {
+        eprintln!("{note}");
+    }
+    let imported = imported.report;
     println!(
         "imported {} files as {}",
         imported.files,
         imported.snapshot.short()
     );
-    drop(store);
 
     // A workspace of it: ready in milliseconds, whatever the size of the tree.
     let rt = Runtime::open(&root)?;
