@@ -17,6 +17,7 @@ pub mod lockfile;
 pub mod materializer;
 pub mod mounts;
 pub mod native;
+pub mod ops;
 pub mod plain;
 pub mod procfs;
 pub mod registry;

@@ -19,10 +19,11 @@ As a library::
 
 As a demo (run by the project's tests)::
 
-    python3 cowspace_client.py ROOT SNAPSHOT
+    python3 cowspace_client.py ROOT SOURCE_DIR
 
-creates a workspace of SNAPSHOT, writes a file in it, diffs, commits and removes it,
-and prints what each step answered as one JSON object.
+imports SOURCE_DIR (with progress events) under the ref ``python/demo``, creates a
+workspace of it, writes a file in it, diffs, commits and removes it, lists snapshots
+and refs, and prints what each step answered as one JSON object.
 """
 
 import json
@@ -70,19 +71,66 @@ class Client:
     def __exit__(self, *exc):
         self.close()
 
-    def request(self, op, **args):
+    def request(self, op, on_event=None, **args):
         """Sends one request; gives its result or raises CowspaceError. Arguments that
-        are None are left out (the daemon applies its defaults)."""
+        are None are left out (the daemon applies its defaults). Lines with an "event"
+        the daemon sends before the answer (an import's progress) go to on_event."""
         req = {"op": op, "args": {k: v for k, v in args.items() if v is not None}}
         self._sock.sendall(json.dumps(req).encode("utf-8") + b"\n")
-        line = self._file.readline()
-        if not line:
-            raise CowspaceError("io", "the daemon closed the connection", None)
-        resp = json.loads(line)
+        while True:
+            line = self._file.readline()
+            if not line:
+                raise CowspaceError("io", "the daemon closed the connection", None)
+            resp = json.loads(line)
+            if "event" not in resp:
+                break
+            if on_event is not None:
+                on_event(resp)
         if resp.get("ok"):
             return resp.get("result")
         err = resp.get("error") or {}
         raise CowspaceError(err.get("kind", "io"), err.get("message", ""), err.get("hint"))
+
+    def import_(self, source, git=None, ref=None, message=None, excludes=None,
+                on_progress=None):
+        """Imports a directory, tar archive or (with ``git``, a revision) git repository
+        at the absolute path ``source``; gives the import report (``snapshot``,
+        ``files``, ...). ``on_progress`` gets ``{"event": "progress", "files_done",
+        "files_total", "bytes_done"}`` while it runs."""
+        return self.request("import", on_event=on_progress, source=source, git=git,
+                            ref=ref, message=message, excludes=excludes,
+                            progress=on_progress is not None)
+
+    def snapshots(self):
+        """Every snapshot, newest first: ``snapshot``, ``files``, ``bytes``, ``refs``, ..."""
+        return self.request("snapshots")
+
+    def refs(self):
+        """``{name: snapshot}``."""
+        return self.request("refs")
+
+    def ref_set(self, name, snapshot, expect=None, force=False):
+        """Moves ref ``name`` to ``snapshot`` by compare-and-swap (``expect``: what it
+        must hold; none: it must not exist)."""
+        return self.request("ref_set", name=name, snapshot=snapshot, expect=expect,
+                            force=force)
+
+    def show(self, snapshot, path=None):
+        """A snapshot's metadata (``meta``) and what ``path`` holds (``entry``,
+        ``entries``)."""
+        return self.request("show", snapshot=snapshot, path=path)
+
+    def stats(self):
+        """What the store holds, and its dedup and compression ratios."""
+        return self.request("stats")
+
+    def gc(self, dry_run=False):
+        """Collects garbage (``dry_run``: says what would go)."""
+        return self.request("gc", dry_run=dry_run)
+
+    def export(self, snapshot, dest, tar=False):
+        """Exports a snapshot to the new directory (or tar archive) ``dest``."""
+        return self.request("export", snapshot=snapshot, dest=dest, tar=tar)
 
     def ping(self):
         """``{"pong": true, "version": ...}``."""
@@ -167,11 +215,18 @@ class Client:
             os.close(null)
 
 
-def demo(root, snapshot):
+def demo(root, source):
     out = {}
     with Client(root) as c:
         out["ping"] = c.ping()
-        ws = c.create(snapshot, worker="python-demo")
+        events = []
+        out["import"] = c.import_(os.path.abspath(source), ref="python/demo",
+                                  message="imported by the python demo",
+                                  on_progress=events.append)
+        out["progress_events"] = events
+        snapshot = out["import"]["snapshot"]
+        out["base"] = snapshot
+        ws = c.create("python/demo", worker="python-demo")
         out["workspace"] = ws["id"]
         out["path"] = ws["path"]
         try:
@@ -196,6 +251,11 @@ def demo(root, snapshot):
                     out["sandbox_stop"] = c.sandbox_stop(ws["id"])
         finally:
             out["removed"] = c.remove(ws["id"])
+        out["refs"] = c.refs()
+        out["snapshots"] = c.snapshots()
+        out["show"] = c.show(out["snapshot"], "hello-from-python.txt")
+        out["stats"] = c.stats()
+        out["gc_dry_run"] = c.gc(dry_run=True)
         try:
             c.status("no-such-workspace")
         except CowspaceError as e:
@@ -205,7 +265,7 @@ def demo(root, snapshot):
 
 if __name__ == "__main__":
     if len(sys.argv) != 3:
-        sys.exit(f"usage: {sys.argv[0]} ROOT SNAPSHOT")
+        sys.exit(f"usage: {sys.argv[0]} ROOT SOURCE_DIR")
     try:
         print(json.dumps(demo(sys.argv[1], sys.argv[2]), indent=2))
     except CowspaceError as e:

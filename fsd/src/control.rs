@@ -88,9 +88,84 @@ fn prepare_in_background(rt: &Arc<Runtime>, snap: cowspace_store::SnapshotId) ->
     true
 }
 
+/// Who sent a request (`SO_PEERCRED`).
+#[derive(Debug, Clone, Copy)]
+pub struct Caller {
+    pub uid: u32,
+}
+
+impl Caller {
+    /// Refuses an operation that reads or writes host paths the caller named unless the
+    /// caller is root or this daemon's own user: the daemon would otherwise read or write
+    /// them with privileges the caller may not have (the root's owner connecting to a
+    /// daemon running as root).
+    fn may_name_host_paths(&self, op: &str) -> Result<()> {
+        let me = nix::unistd::geteuid().as_raw();
+        if self.uid == 0 || self.uid == me {
+            return Ok(());
+        }
+        Err(Error::Invalid(format!(
+            "{op} over the socket names host paths, which this daemon (uid {me}) would use with \
+             its own privileges: only root and uid {me} may ask; run `mountctl {op}` as uid {} \
+             instead",
+            self.uid
+        )))
+    }
+}
+
+/// A path argument that must be absolute (the daemon's working directory is not the
+/// caller's).
+fn abs_path_arg(req: &Value, key: &str) -> Result<std::path::PathBuf> {
+    let p = req["args"][key]
+        .as_str()
+        .ok_or_else(|| Error::Invalid(format!("args.{key} (an absolute path) is required")))?;
+    let p = std::path::PathBuf::from(p);
+    if !p.is_absolute() {
+        return Err(Error::Invalid(format!(
+            "args.{key} {}: give an absolute path (the daemon's working directory is not yours)",
+            p.display()
+        )));
+    }
+    Ok(p)
+}
+
+fn str_arg(req: &Value, key: &str) -> Result<String> {
+    req["args"][key]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| Error::Invalid(format!("args.{key} is required")))
+}
+
+/// The `import` op's arguments (docs/control-protocol.md).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct ImportArgs {
+    git: Option<String>,
+    #[serde(rename = "ref")]
+    ref_name: Option<String>,
+    message: Option<String>,
+    excludes: Vec<String>,
+    no_default_excludes: bool,
+    allow_devices: bool,
+    allow_external_symlinks: bool,
+    zstd_level: Option<i32>,
+    threads: Option<usize>,
+    no_git_fsmonitor: bool,
+    progress: bool,
+}
+
+/// The least time between two progress events of one import.
+const PROGRESS_EVERY_MS: u64 = 100;
+
 impl Server {
-    /// Handles one request.
-    pub fn handle(&self, req: &Value) -> Value {
+    /// Handles one request from `caller`; `events` gets the lines an operation sends
+    /// before its answer (an import's progress).
+    pub fn handle(
+        &self,
+        req: &Value,
+        caller: Caller,
+        events: &(dyn Fn(&Value) + Send + Sync),
+    ) -> Value {
         let rt = &self.runtime;
         let r: Result<Value> = (|| {
             let op = req["op"]
@@ -156,6 +231,41 @@ impl Server {
                     json!({"workspace": rec["workspace"], "socket": sock})
                 }
                 "recover" => json!(rt.recover(&ws_arg(req)?)?),
+                "snapshots" => cowspace::ops::snapshots(rt.store())?,
+                "refs" => cowspace::ops::refs(rt.store())?,
+                "ref_set" => cowspace::ops::ref_set(
+                    rt.store(),
+                    &str_arg(req, "name")?,
+                    &str_arg(req, "snapshot")?,
+                    req["args"]["expect"].as_str(),
+                    req["args"]["force"].as_bool().unwrap_or(false),
+                )?,
+                "ref_delete" => cowspace::ops::ref_delete(
+                    rt.store(),
+                    &str_arg(req, "name")?,
+                    &str_arg(req, "expect")?,
+                )?,
+                "show" => cowspace::ops::show(
+                    rt.store(),
+                    &str_arg(req, "snapshot")?,
+                    req["args"]["path"].as_str().unwrap_or(""),
+                )?,
+                "stats" => cowspace::ops::stats(rt.store())?,
+                "gc" => rt.gc(&args::<cowspace::ops::GcRequest>(req)?)?.to_json(),
+                "export" => {
+                    caller.may_name_host_paths("export")?;
+                    cowspace::ops::export(
+                        rt.store(),
+                        &str_arg(req, "snapshot")?,
+                        &abs_path_arg(req, "dest")?,
+                        req["args"]["tar"].as_bool().unwrap_or(false),
+                    )?
+                }
+                "import" => {
+                    caller.may_name_host_paths("import")?;
+                    let source = abs_path_arg(req, "source")?;
+                    self.import(&source, args::<ImportArgs>(req)?, events)?
+                }
                 "mount_workspace" => {
                     let rec = rt.status(&ws_arg(req)?)?;
                     self.host.mount(&rec)?;
@@ -186,6 +296,80 @@ impl Server {
             Ok(v) => json!({"ok": true, "result": v}),
             Err(e) => error_value(&e),
         }
+    }
+
+    /// Imports `source` as `mountctl import` does, sending progress events while it runs
+    /// when asked.
+    fn import(
+        &self,
+        source: &std::path::Path,
+        a: ImportArgs,
+        events: &(dyn Fn(&Value) + Send + Sync),
+    ) -> Result<Value> {
+        let mut config = cowspace_store::StoreConfig::default();
+        if let Some(l) = a.zstd_level {
+            config.zstd_level = l;
+        }
+        if let Some(t) = a.threads {
+            config.workers = t;
+        }
+        let mut options = cowspace_store::ImportOptions::new();
+        options.ref_name = a.ref_name;
+        if let Some(m) = a.message {
+            options.message = m;
+        }
+        options.default_excludes = !a.no_default_excludes;
+        options.excludes = a.excludes;
+        options.allow_devices = a.allow_devices;
+        options.allow_external_symlinks = a.allow_external_symlinks;
+        let imported = std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::channel::<cowspace_store::Progress>();
+            if a.progress {
+                options.progress = Some(Arc::new(move |p| {
+                    let _ = tx.send(p);
+                }));
+                // Events leave from this thread, at most one per PROGRESS_EVERY_MS, the
+                // last one always.
+                scope.spawn(move || {
+                    let mut last: Option<std::time::Instant> = None;
+                    let mut pending = None;
+                    let send = |p: &cowspace_store::Progress| {
+                        events(&json!({"event": "progress", "files_done": p.files_done,
+                            "files_total": p.files_total, "bytes_done": p.bytes_done}));
+                    };
+                    while let Ok(p) = rx.recv() {
+                        let due = last.is_none_or(|t| {
+                            t.elapsed() >= std::time::Duration::from_millis(PROGRESS_EVERY_MS)
+                        });
+                        if due {
+                            send(&p);
+                            last = Some(std::time::Instant::now());
+                            pending = None;
+                        } else {
+                            pending = Some(p);
+                        }
+                    }
+                    if let Some(p) = pending {
+                        send(&p);
+                    }
+                });
+            } else {
+                drop(tx);
+            }
+            cowspace::import::import(
+                self.runtime.root(),
+                cowspace::import::ImportRequest {
+                    source,
+                    git_rev: a.git.as_deref(),
+                    options,
+                    config,
+                    git_fsmonitor: !a.no_git_fsmonitor,
+                },
+            )
+        })?;
+        let mut v = json!(imported.report);
+        v["notes"] = json!(imported.notes);
+        Ok(v)
     }
 
     /// Serves connections until `stop` is set. The listener must be non-blocking.
@@ -234,6 +418,19 @@ impl Server {
     }
 
     fn connection(&self, stream: UnixStream) {
+        let caller = Caller {
+            uid: nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+                .map(|c| c.uid())
+                .unwrap_or(u32::MAX),
+        };
+        let writer = std::sync::Mutex::new(match stream.try_clone() {
+            Ok(s) => s,
+            Err(_) => return,
+        });
+        let events = |v: &Value| {
+            let w = writer.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = reply(&w, v);
+        };
         let mut reader = BufReader::new(&stream);
         loop {
             let mut line = String::new();
@@ -242,10 +439,11 @@ impl Server {
                 Ok(_) => {}
             }
             let resp = match serde_json::from_str::<Value>(&line) {
-                Ok(req) => self.handle(&req),
+                Ok(req) => self.handle(&req, caller, &events),
                 Err(e) => error_value(&Error::Invalid(format!("request is not JSON: {e}"))),
             };
-            if reply(&stream, &resp).is_err() || self.stop.load(Ordering::SeqCst) {
+            let sent = reply(&writer.lock().unwrap_or_else(|p| p.into_inner()), &resp);
+            if sent.is_err() || self.stop.load(Ordering::SeqCst) {
                 return;
             }
         }
@@ -276,4 +474,36 @@ pub fn root_owner(root: &std::path::Path) -> Result<u32> {
     Ok(std::fs::metadata(root)
         .map_err(Error::io("stat", root))?
         .uid())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_root_and_the_daemons_user_may_name_host_paths() {
+        let me = nix::unistd::geteuid().as_raw();
+        assert!(Caller { uid: 0 }.may_name_host_paths("import").is_ok());
+        assert!(Caller { uid: me }.may_name_host_paths("import").is_ok());
+        let other = if me == 0 { 4_000_123 } else { me + 1 };
+        let e = Caller { uid: other }
+            .may_name_host_paths("export")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("mountctl export"), "{e}");
+        assert!(e.contains(&format!("uid {other}")), "{e}");
+    }
+
+    #[test]
+    fn path_arguments_must_be_absolute() {
+        let req = json!({"op": "import", "args": {"source": "relative/dir"}});
+        let e = abs_path_arg(&req, "source").unwrap_err().to_string();
+        assert!(e.contains("absolute"), "{e}");
+        let req = json!({"op": "import", "args": {"source": "/abs"}});
+        assert_eq!(
+            abs_path_arg(&req, "source").unwrap(),
+            std::path::PathBuf::from("/abs")
+        );
+        assert!(abs_path_arg(&json!({"args": {}}), "source").is_err());
+    }
 }

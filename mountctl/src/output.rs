@@ -163,6 +163,21 @@ pub fn bytes(n: u64) -> String {
     }
 }
 
+/// A snapshot id in an answer (64 hex digits), shortened for people.
+pub fn short(id: &serde_json::Value) -> String {
+    let hex = id.as_str().unwrap_or_default();
+    hex[..hex.len().min(cowspace_store::id::SHORT_ID_HEX)].to_string()
+}
+
+/// The strings of an array in an answer.
+pub fn strs(v: &serde_json::Value) -> Vec<&str> {
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s.as_str())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,53 +2,30 @@
 
 use std::process::ExitCode;
 
-use cowspace_store::gc::{GcOptions, GcReport};
-use serde_json::json;
+use cowspace_store::gc::GcReport;
 
 use crate::cli::GcArgs;
 use crate::output::{Ctx, bytes};
 
 pub fn run(ctx: &Ctx, args: GcArgs) -> anyhow::Result<ExitCode> {
-    let store = ctx.open()?;
     let rt = ctx.runtime()?;
-    // Checkouts nobody uses go first, so eviction sees their blobs as unlinked.
-    let (checkouts, variants, subvolumes, native, released) = if args.dry_run {
-        (0, 0, 0, 0, 0)
-    } else {
-        let (checkouts, variants) = rt.prune_checkouts()?;
-        (
-            checkouts,
-            variants,
-            rt.prune_subvolumes()?,
-            rt.prune_native()?,
-            rt.release_ended_pins()?,
-        )
-    };
-    // What live workspaces were made from or committed stays, pinned or not.
-    let held = rt.held_snapshots()?;
-    let report = store.gc_holding(
-        GcOptions {
-            dry_run: args.dry_run,
-            grace_secs: args.grace,
-            wait: args.wait,
-        },
-        &held,
-    )?;
-    let evicted = if args.dry_run {
-        Default::default()
-    } else {
-        rt.evict_blobs(args.blob_cache_max)?
-    };
-    let mut value = json!(report);
-    value["checkouts_removed"] = json!(checkouts);
-    value["blob_variants_removed"] = json!(variants);
-    value["subvolumes_removed"] = json!(subvolumes);
-    value["native_lowers_removed"] = json!(native);
-    value["ended_workspace_pins_released"] = json!(released);
-    value["blob_cache"] = json!(evicted);
+    let answer = rt.gc(&cowspace::ops::GcRequest {
+        dry_run: args.dry_run,
+        grace_secs: args.grace,
+        wait: args.wait,
+        blob_cache_max: args.blob_cache_max,
+    })?;
+    let (report, evicted) = (&answer.report, &answer.blob_cache);
+    let (checkouts, variants, subvolumes, native) = (
+        answer.checkouts_removed,
+        answer.blob_variants_removed,
+        answer.subvolumes_removed,
+        answer.native_lowers_removed,
+    );
+    let value = answer.to_json();
     ctx.emit(value, || {
         let mut text = if report.dry_run {
-            listing(&report)
+            listing(report)
         } else {
             String::new()
         };

@@ -2,22 +2,18 @@
 
 use std::process::ExitCode;
 
-use cowspace_store::Expect;
-use serde_json::json;
-
 use crate::cli::RefCommand;
-use crate::output::Ctx;
+use crate::output::{Ctx, short};
 
 pub fn list(ctx: &Ctx) -> anyhow::Result<ExitCode> {
-    let store = ctx.open()?;
-    let refs = store.refs()?;
-    let map: serde_json::Map<String, serde_json::Value> =
-        refs.iter().map(|(n, s)| (n.clone(), json!(s))).collect();
-    ctx.emit(json!(map), || {
-        refs.iter()
-            .map(|(n, s)| format!("{}  {n}\n", s.short()))
-            .collect()
-    });
+    let map = cowspace::ops::refs(&ctx.open()?)?;
+    let text: String = map
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(n, s)| format!("{}  {n}\n", short(s)))
+        .collect();
+    ctx.emit(map, || text);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -30,23 +26,13 @@ pub fn run(ctx: &Ctx, cmd: RefCommand) -> anyhow::Result<ExitCode> {
             expect,
             force,
         } => {
-            let new = store.resolve(&snapshot)?;
-            let expect = match (expect, force) {
-                (_, true) => Expect::Any,
-                (Some(e), false) => Expect::At(store.resolve(&e)?),
-                (None, false) => Expect::Absent,
-            };
-            store.set_ref(&name, &new, expect)?;
-            ctx.confirm(json!({"ref": name, "snapshot": new}), || {
-                format!("{name} -> {new}")
-            });
+            let v = cowspace::ops::ref_set(&store, &name, &snapshot, expect.as_deref(), force)?;
+            let text = format!("{name} -> {}", v["snapshot"].as_str().unwrap_or_default());
+            ctx.confirm(v, || text);
         }
         RefCommand::Delete { name, expect } => {
-            let expect = store.resolve(&expect)?;
-            store.delete_ref(&name, expect)?;
-            ctx.confirm(json!({"ref": name, "deleted": true}), || {
-                format!("deleted {name}")
-            });
+            let v = cowspace::ops::ref_delete(&store, &name, &expect)?;
+            ctx.confirm(v, || format!("deleted {name}"));
         }
     }
     Ok(ExitCode::SUCCESS)

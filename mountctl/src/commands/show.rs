@@ -2,27 +2,15 @@
 
 use std::process::ExitCode;
 
-use cowspace_store::browse::{EntryView, Found};
-use serde_json::json;
-
 use crate::output::{Ctx, bytes};
 
 pub fn run(ctx: &Ctx, spec: &str, path: Option<&str>) -> anyhow::Result<ExitCode> {
     let store = ctx.open()?;
+    let value = cowspace::ops::show(&store, spec, path.unwrap_or(""))?;
     let id = store.resolve(spec)?;
     let snap = store.snapshot(&id)?;
-    let found = store.lookup(&id, path.unwrap_or(""))?;
-    let (entry, entries): (Option<EntryView>, Option<Vec<EntryView>>) = match &found {
-        Found::Dir { entry, tree } => (
-            entry.as_ref().map(EntryView::from),
-            Some(tree.entries.iter().map(EntryView::from).collect()),
-        ),
-        Found::Leaf(e) => (Some(EntryView::from(e)), None),
-    };
-    let value = json!({
-        "snapshot": id, "meta": snap, "path": path.unwrap_or(""),
-        "entry": entry, "entries": entries,
-    });
+    let entries = value["entries"].as_array().cloned();
+    let entry = Some(value["entry"].clone()).filter(|e| !e.is_null());
     ctx.emit(value, || {
         let mut out = String::new();
         if path.is_none() {
@@ -40,9 +28,17 @@ pub fn run(ctx: &Ctx, spec: &str, path: Option<&str>) -> anyhow::Result<ExitCode
                 snap.message
             ));
         }
-        let line = |e: &EntryView| {
-            let target = e.target.as_ref().map(|t| format!(" -> {t}")).unwrap_or_default();
-            format!("{} {:<12} {:>10}  {}{}\n", e.mode, e.kind_str(), e.size, e.name, target)
+        let line = |e: &serde_json::Value| {
+            let s = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+            let target = e["target"].as_str().map(|t| format!(" -> {t}")).unwrap_or_default();
+            format!(
+                "{} {:<12} {:>10}  {}{}\n",
+                s("mode"),
+                s("kind"),
+                e["size"].as_u64().unwrap_or(0),
+                s("name"),
+                target
+            )
         };
         match (&entries, &entry) {
             (Some(list), _) => list.iter().for_each(|e| out.push_str(&line(e))),
@@ -52,14 +48,4 @@ pub fn run(ctx: &Ctx, spec: &str, path: Option<&str>) -> anyhow::Result<ExitCode
         out
     });
     Ok(ExitCode::SUCCESS)
-}
-
-trait KindStr {
-    fn kind_str(&self) -> &'static str;
-}
-
-impl KindStr for EntryView {
-    fn kind_str(&self) -> &'static str {
-        self.kind.as_str()
-    }
 }

@@ -2,51 +2,26 @@
 
 use std::process::ExitCode;
 
-use serde_json::json;
-
-use crate::output::{Ctx, bytes};
+use crate::output::{Ctx, bytes, short, strs};
 
 pub fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
-    let store = ctx.open()?;
-    let refs = store.refs()?;
-    let snaps = store.snapshots()?;
-    let list: Vec<_> = snaps
-        .iter()
-        .map(|(id, s)| {
-            let names: Vec<&str> = refs
-                .iter()
-                .filter(|(_, r)| r == id)
-                .map(|(n, _)| n.as_str())
-                .collect();
-            json!({
-                "snapshot": id, "created_at": s.created_at, "message": s.message,
-                "parents": s.parents, "source": s.source, "files": s.counts.files,
-                "bytes": s.counts.bytes, "refs": names,
-            })
-        })
-        .collect();
-    ctx.emit(json!(list), || {
-        let mut out = String::new();
-        for (id, s) in &snaps {
-            let names: Vec<&str> = refs
-                .iter()
-                .filter(|(_, r)| r == id)
-                .map(|(n, _)| n.as_str())
-                .collect();
-            out.push_str(&format!(
-                "{}  {:>8} files {:>10}  {}{}\n",
-                id.short(),
-                s.counts.files,
-                bytes(s.counts.bytes),
-                if names.is_empty() {
-                    String::new()
-                } else {
-                    format!("({}) ", names.join(", "))
-                },
-                s.message
-            ));
-        }
-        out
-    });
+    let list = cowspace::ops::snapshots(&ctx.open()?)?;
+    let mut text = String::new();
+    for s in list.as_array().into_iter().flatten() {
+        let names = strs(&s["refs"]);
+        text.push_str(&format!(
+            "{}  {:>8} files {:>10}  {}{}\n",
+            short(&s["snapshot"]),
+            s["files"].as_u64().unwrap_or(0),
+            bytes(s["bytes"].as_u64().unwrap_or(0)),
+            if names.is_empty() {
+                String::new()
+            } else {
+                format!("({}) ", names.join(", "))
+            },
+            s["message"].as_str().unwrap_or_default()
+        ));
+    }
+    ctx.emit(list, || text);
     Ok(ExitCode::SUCCESS)
 }

@@ -1,6 +1,7 @@
 //! The Python example client (`docs/examples/cowspace_client.py`, standard library only)
-//! against a real daemon: its demo creates a workspace, writes a file, diffs, commits and
-//! removes it.
+//! against a real daemon: its demo imports a tree with progress events, creates a
+//! workspace, writes a file, diffs, commits and removes it, and lists what the store
+//! holds; the socket's answers are the CLI's `--json` answers.
 
 use std::path::Path;
 use std::process::Command;
@@ -18,13 +19,18 @@ fn python_client_demo_creates_diffs_commits_and_removes() {
     let r = WsRoot::new();
     let src = r.t.path("src");
     base_tree(&src);
-    let base = r.import(&src, &[]);
+    // A large enough tree that the import reports progress at least once.
+    for i in 0..2000 {
+        let dir = src.join(format!("many/{}", i % 20));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(format!("f{i}")), format!("file {i}\n")).unwrap();
+    }
     r.t.json(["daemon", "start"]).ok();
 
     let out = Command::new("python3")
         .arg(&script)
         .arg(r.root())
-        .arg(&base)
+        .arg(&src)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
         .expect("run python3");
@@ -44,6 +50,18 @@ fn python_client_demo_creates_diffs_commits_and_removes() {
         .unwrap_or_else(|e| panic!("demo output is not JSON ({e}): {stdout}"));
 
     assert_eq!(v["ping"]["pong"], true, "{v}");
+    // The import over the socket: its report, progress events, the ref it set.
+    let base = v["base"].as_str().expect("imported snapshot").to_string();
+    assert!(
+        v["import"]["files"].as_u64().unwrap() > 2000,
+        "{}",
+        v["import"]
+    );
+    let events = v["progress_events"].as_array().expect("events");
+    assert!(!events.is_empty(), "no progress event: {v}");
+    let last = events.last().unwrap();
+    assert_eq!(last["event"], "progress", "{last}");
+    assert!(last["files_done"].as_u64().unwrap() <= last["files_total"].as_u64().unwrap());
     let id = v["workspace"].as_str().expect("workspace id");
     assert_eq!(
         v["diff"],
@@ -61,6 +79,26 @@ fn python_client_demo_creates_diffs_commits_and_removes() {
         "{show}"
     );
     assert_eq!(show["meta"]["parents"], serde_json::json!([base]), "{show}");
+    // One JSON shape: what the socket answered is what `--json` prints.
+    assert_eq!(v["show"], show, "show over the socket and the CLI differ");
+    assert_eq!(v["refs"], r.t.json(["refs"]).ok().json(), "refs differ");
+    assert_eq!(v["refs"]["python/demo"], base.as_str(), "{}", v["refs"]);
+    assert_eq!(
+        v["snapshots"],
+        r.t.json(["snapshots"]).ok().json(),
+        "snapshots differ"
+    );
+    assert_eq!(v["stats"], r.t.json(["stats"]).ok().json(), "stats differ");
+    let gc = r.t.json(["gc", "--dry-run"]).ok().json();
+    assert_eq!(
+        v["gc_dry_run"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        gc.as_object().unwrap().keys().collect::<Vec<_>>(),
+        "gc answers differ in shape"
+    );
     assert!(
         v["listed"].as_array().unwrap().iter().any(|w| w == id),
         "{v}"

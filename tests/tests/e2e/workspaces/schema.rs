@@ -130,6 +130,72 @@ fn json_shapes_are_one_per_record_kind_on_the_cli_and_the_socket() {
             .ok()
             .json();
     assert_elapsed("export", &export);
+    let sdest = r.t.path("schema-export-socket");
+    let sexport = socket(
+        &r,
+        "export",
+        json!({"snapshot": base, "dest": sdest.to_str().unwrap()}),
+    );
+    assert_eq!(keys(&export), keys(&sexport), "export: CLI vs socket");
+    assert!(
+        sdest.join("README.md").is_file(),
+        "the socket's export is not there"
+    );
+
+    // The store's operations: the same answers on both.
+    for (op, args, cli) in [
+        ("snapshots", json!({}), vec!["snapshots"]),
+        ("refs", json!({}), vec!["refs"]),
+        ("stats", json!({}), vec!["stats"]),
+        (
+            "show",
+            json!({"snapshot": base}),
+            vec!["show", base.as_str()],
+        ),
+        (
+            "show",
+            json!({"snapshot": base, "path": "src/lib"}),
+            vec!["show", base.as_str(), "src/lib"],
+        ),
+    ] {
+        assert_eq!(
+            socket(&r, op, args),
+            r.t.json(cli).ok().json(),
+            "{op}: CLI vs socket"
+        );
+    }
+    let set =
+        r.t.json(["ref", "set", "schema/cli", base.as_str()])
+            .ok()
+            .json();
+    let sset = socket(
+        &r,
+        "ref_set",
+        json!({"name": "schema/sock", "snapshot": base}),
+    );
+    assert_eq!(keys(&set), keys(&sset), "ref set: CLI vs socket");
+    let sdel = socket(
+        &r,
+        "ref_delete",
+        json!({"name": "schema/sock", "expect": base}),
+    );
+    assert_eq!(sdel, json!({"ref": "schema/sock", "deleted": true}));
+    let gc = r.t.json(["gc", "--dry-run"]).ok().json();
+    let sgc = socket(&r, "gc", json!({"dry_run": true}));
+    assert_eq!(keys(&gc), keys(&sgc), "gc: CLI vs socket");
+
+    // import: the report, on both (the socket's with the notes mountctl prints).
+    let again = r.t.path("src-again");
+    base_tree(&again);
+    let imported = r.t.json(["import", again.to_str().unwrap()]).ok().json();
+    let simported = socket(&r, "import", json!({"source": again.to_str().unwrap()}));
+    let mut cli_keys = keys(&imported);
+    cli_keys.insert("notes".into());
+    assert_eq!(cli_keys, keys(&simported), "import: CLI vs socket");
+    assert_eq!(
+        imported["root"], simported["root"],
+        "the same tree, the same root"
+    );
 
     // remove: the final record plus removed and elapsed_ms, on both.
     let removed = r.t.json(["remove", "cli-one"]).ok().json();
