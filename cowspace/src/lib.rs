@@ -8,6 +8,7 @@
 #![deny(unsafe_code)]
 
 pub mod checkout;
+pub mod config;
 pub mod daemon;
 pub mod error;
 pub mod fromgit;

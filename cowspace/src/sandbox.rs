@@ -53,6 +53,30 @@ pub struct SandboxOptions {
     pub secret: Vec<String>,
 }
 
+impl SandboxOptions {
+    /// These options with what they leave unset taken from the configuration's
+    /// `[sandbox]` defaults. Its `net` applies only to a sandbox that publishes no port
+    /// (one that does gets `loopback` unless it names a network).
+    pub fn with_defaults(mut self, d: &crate::config::SandboxDefaults) -> SandboxOptions {
+        if self.net.is_none() && self.publish.is_empty() {
+            self.net = d.net.as_ref().map(|s| s.value.clone());
+        }
+        if self.memory.is_none() {
+            self.memory = d.memory.as_ref().map(|s| s.value.clone());
+        }
+        if self.pids.is_none() {
+            self.pids = d.pids.as_ref().map(|s| s.value);
+        }
+        if self.cpus.is_none() {
+            self.cpus = d.cpus.as_ref().map(|s| s.value);
+        }
+        if self.cpuset_cpus.is_none() {
+            self.cpuset_cpus = d.cpuset_cpus.as_ref().map(|s| s.value.clone());
+        }
+        self
+    }
+}
+
 /// A size given as text (`"512m"`) or as a number of bytes.
 fn bytes_text<'de, D: serde::Deserializer<'de>>(
     d: D,

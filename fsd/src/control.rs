@@ -35,6 +35,9 @@ pub struct Server {
     pub busy: Box<dyn Fn() -> Vec<String> + Send + Sync>,
     /// The FUSE server of fuse workspaces, which this daemon registered with the runtime.
     pub host: Arc<crate::cow::Host>,
+    /// The configuration's defaults, read at start: what a `create` or `sandbox_start`
+    /// leaves out.
+    pub config: cowspace::config::Config,
 }
 
 fn error_value(e: &Error) -> Value {
@@ -177,7 +180,12 @@ impl Server {
                     "version": env!("CARGO_PKG_VERSION"),
                     "program": crate::daemon::program_identity(std::path::Path::new("/proc/self/exe")),
                 }),
-                "create" => rt.create(&args::<CreateOptions>(req)?)?.created_json(),
+                "create" => {
+                    let mut o = args::<CreateOptions>(req)?;
+                    o.materializer = Some(self.config.materializer(o.materializer).value);
+                    o.lower = Some(self.config.lower(o.lower).value);
+                    rt.create(&o)?.created_json()
+                }
                 "list" => json!(rt.list(req["args"]["all"].as_bool().unwrap_or(false))?),
                 "status" => json!(rt.status(&ws_arg(req)?)?),
                 "diff" => {
@@ -216,7 +224,9 @@ impl Server {
                 }
                 "sandbox_start" => {
                     let ws = ws_arg(req)?;
-                    rt.sandbox_start(&ws, &args::<crate::sandbox::SandboxOptions>(req)?)?
+                    let o = args::<crate::sandbox::SandboxOptions>(req)?
+                        .with_defaults(&self.config.sandbox());
+                    rt.sandbox_start(&ws, &o)?
                 }
                 "sandbox_stop" => rt.sandbox_stop(&ws_arg(req)?)?,
                 "sandbox_status" => rt.sandbox_status(&ws_arg(req)?)?,

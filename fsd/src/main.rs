@@ -30,8 +30,8 @@ use cowspace_store::{Store, StoreConfig};
     about = "The cowspace daemon: snapshot view and control socket"
 )]
 struct Args {
-    /// The runtime root (default: $COWSPACE_ROOT, /var/lib/cowspace for root, else
-    /// $XDG_DATA_HOME/cowspace).
+    /// The runtime root (default: $COWSPACE_ROOT, else the configuration's `root`, else
+    /// /var/lib/cowspace for root, else $XDG_DATA_HOME/cowspace).
     #[arg(long, value_name = "DIR")]
     root: Option<PathBuf>,
     /// How the view answers opens and reads: `cached` (no open requests; the kernel
@@ -135,9 +135,9 @@ fn finish_copies(args: &Args, upper: &std::path::Path) -> Result<()> {
 }
 
 fn run(args: Args) -> Result<()> {
-    let root = args
-        .root
-        .unwrap_or_else(cowspace_store::layout::default_root);
+    // What socket requests leave out comes from the configuration, read once, first.
+    let config = cowspace::config::Config::load()?;
+    let root = config.root(args.root.clone()).value;
     let store = Arc::new(Store::open(&root, StoreConfig::default())?);
     // The server of fuse workspaces, registered with the runtime: its materializer then
     // serves them here instead of asking a daemon.
@@ -246,6 +246,7 @@ fn run(args: Args) -> Result<()> {
                 .collect()
         }),
         host: Arc::clone(&host),
+        config,
     });
     tracing::info!(
         root = %root.display(),

@@ -11,8 +11,8 @@ use clap::{Args, Parser, Subcommand};
     about = "Copy-on-write workspaces of repository snapshots"
 )]
 pub struct Cli {
-    /// The runtime root (default: $COWSPACE_ROOT, else /var/lib/cowspace for root, else
-    /// $XDG_DATA_HOME/cowspace).
+    /// The runtime root (default: $COWSPACE_ROOT, else the configuration's `root`, else
+    /// /var/lib/cowspace for root, else $XDG_DATA_HOME/cowspace).
     #[arg(long, global = true, value_name = "DIR")]
     pub root: Option<PathBuf>,
     /// Print exactly one JSON value on stdout (an object; an array for `list`,
@@ -142,6 +142,10 @@ pub enum Command {
     },
     /// What each materializer would do on this host, and why.
     Doctor,
+    /// Show the effective configuration: each setting's value and where it came from
+    /// (a flag, the environment, a configuration file, or the default), and the
+    /// configuration files looked for.
+    Config,
     /// The daemon.
     #[command(subcommand)]
     Daemon(DaemonCommand),
@@ -276,19 +280,17 @@ pub struct CreateArgs {
     /// How the workspace is made: auto (the best this host supports, as `doctor`
     /// shows), overlay (kernel overlayfs), fuse (the daemon's own copy-on-write view),
     /// btrfs (a subvolume snapshot), reflink (cloned files), copy (a full copy, only
-    /// by name). One that cannot work here is refused, never replaced.
-    #[arg(
-        long,
-        default_value = "auto",
-        value_name = "auto|overlay|fuse|btrfs|reflink|copy"
-    )]
-    pub materializer: String,
+    /// by name). One that cannot work here is refused, never replaced. Default:
+    /// $COWSPACE_MATERIALIZER, else the configuration's `create.materializer`, else auto.
+    #[arg(long, value_name = "auto|overlay|fuse|btrfs|reflink|copy")]
+    pub materializer: Option<String>,
     /// The overlay's lower layer: native (a metadata image over the blob cache: file
     /// bytes read by the kernel from the blobs, no daemon), the daemon's snapshot view
     /// (lazy reads), a shared checkout, or auto (native where the host mounts it, else
     /// the view where FUSE is usable, else the checkout; `mountctl doctor` says which).
-    #[arg(long, default_value = "auto", value_name = "auto|native|view|checkout")]
-    pub lower: String,
+    /// Default: $COWSPACE_LOWER, else the configuration's `create.lower`, else auto.
+    #[arg(long, value_name = "auto|native|view|checkout")]
+    pub lower: Option<String>,
     /// Where the workspace appears (must not exist).
     #[arg(long, value_name = "DIR")]
     pub path: Option<PathBuf>,

@@ -8,6 +8,7 @@ mod docs;
 mod output;
 
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -37,11 +38,24 @@ fn main() -> ExitCode {
     if !exec || cli.verbose > 0 || std::env::var_os("RUST_LOG").is_some() {
         init_logging(cli.verbose, cli.quiet || hook);
     }
+    let config = match cowspace::config::Config::load() {
+        Ok(c) => c,
+        Err(e) => {
+            let ctx = Ctx {
+                root: PathBuf::new(),
+                json: cli.json,
+                quiet: cli.quiet,
+                progress: false,
+                config: Default::default(),
+                root_flag: None,
+            };
+            return report_error(&ctx, &anyhow::Error::from(e));
+        }
+    };
     let ctx = Ctx {
-        root: cli
-            .root
-            .clone()
-            .unwrap_or_else(cowspace_store::layout::default_root),
+        root: config.root(cli.root.clone()).value,
+        config,
+        root_flag: cli.root.clone(),
         json: cli.json,
         quiet: cli.quiet,
         progress: std::io::stderr().is_terminal() && !cli.quiet,

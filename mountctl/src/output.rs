@@ -15,6 +15,10 @@ pub struct Ctx {
     pub quiet: bool,
     /// Draw progress bars (stderr is a terminal).
     pub progress: bool,
+    /// The configuration files' defaults (`cowspace::config`).
+    pub config: cowspace::config::Config,
+    /// `--root`, as given.
+    pub root_flag: Option<PathBuf>,
 }
 
 impl Ctx {

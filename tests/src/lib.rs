@@ -112,6 +112,13 @@ impl Out {
     }
 }
 
+/// An empty configuration file: what the programs under test read instead of the
+/// host's `/etc/cowspace/config.toml` and the user's (a test that wants one passes
+/// `COWSPACE_CONFIG` itself).
+pub fn empty_config() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("empty-config.toml")
+}
+
 /// Runs `program args` with a hermetic environment and gives its output.
 pub fn run_program<I, S>(program: &Path, args: I, env: &[(&str, &OsStr)]) -> Out
 where
@@ -127,6 +134,9 @@ where
     let mut cmd = Command::new(program);
     cmd.args(&args)
         .env_remove("COWSPACE_ROOT")
+        .env_remove("COWSPACE_MATERIALIZER")
+        .env_remove("COWSPACE_LOWER")
+        .env("COWSPACE_CONFIG", empty_config())
         .env_remove("RUST_LOG")
         .env("GIT_CONFIG_NOSYSTEM", "1");
     for (k, v) in env {
@@ -205,6 +215,22 @@ impl TestRoot {
             all,
             &[("HOME", self.tmp.path().as_os_str())],
         )
+    }
+
+    /// `mountctl --root ROOT args...` with these environment variables too.
+    pub fn run_env<I, S>(&self, args: I, env: &[(&str, &OsStr)]) -> Out
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let all: Vec<_> = [OsStr::new("--root"), self.root.as_os_str()]
+            .into_iter()
+            .map(|s| s.to_owned())
+            .chain(args.into_iter().map(|a| a.as_ref().to_owned()))
+            .collect();
+        let mut e = vec![("HOME", self.tmp.path().as_os_str())];
+        e.extend_from_slice(env);
+        run_program(&mountctl_bin(), all, &e)
     }
 
     /// `mountctl --root ROOT --json args...`.

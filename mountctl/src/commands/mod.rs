@@ -78,6 +78,7 @@ pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
         Command::Sweep => workspace::sweep(ctx),
         Command::Recover { workspace } => workspace::recover(ctx, &workspace),
         Command::Doctor => workspace::doctor(ctx),
+        Command::Config => workspace::config(ctx),
         Command::Daemon(c) => daemon::run(ctx, c),
         Command::Run(args) => run::run(ctx, args),
         Command::Sandbox(c) => sandbox::run(ctx, c),

@@ -59,8 +59,8 @@ pub fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<ExitCode> {
     let opts = CreateOptions {
         snapshot: a.snapshot.unwrap_or_default(),
         name: a.name,
-        materializer: Some(a.materializer),
-        lower: Some(a.lower),
+        materializer: Some(ctx.config.materializer(a.materializer).value),
+        lower: Some(ctx.config.lower(a.lower).value),
         path: a.path,
         worker: a.worker,
     };
@@ -208,6 +208,36 @@ pub fn recover(ctx: &Ctx, ws: &str) -> anyhow::Result<ExitCode> {
     ctx.emit(json!(r), || {
         format!("recovered {} at {}", r.id, r.path.display())
     });
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn config(ctx: &Ctx) -> anyhow::Result<ExitCode> {
+    let v = ctx.config.effective(ctx.root_flag.clone());
+    let mut text = String::new();
+    for s in v["settings"].as_array().into_iter().flatten() {
+        let value = match &s["value"] {
+            serde_json::Value::Null => "-".to_string(),
+            serde_json::Value::String(t) => t.clone(),
+            other => other.to_string(),
+        };
+        text.push_str(&format!(
+            "{:<20} {:<28} {}\n",
+            s["key"].as_str().unwrap_or_default(),
+            value,
+            s["from"].as_str().unwrap_or_default()
+        ));
+    }
+    let searched = crate::output::strs(&v["files_searched"]).join(", ");
+    let read = crate::output::strs(&v["files_read"]);
+    text.push_str(&format!(
+        "files: {} (looked for: {searched})",
+        if read.is_empty() {
+            "none".to_string()
+        } else {
+            read.join(", ")
+        }
+    ));
+    ctx.emit(v, || text);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -19,6 +19,7 @@ mod acceptance;
 mod bad_input;
 mod commit;
 mod concurrency;
+mod config;
 mod copyup;
 mod crash;
 mod dirrename;

@@ -1,0 +1,439 @@
+//! The configuration file: defaults for the runtime root, how workspaces are made and
+//! what sandboxes get, so a host's operator sets them once.
+//!
+//! Read from `/etc/cowspace/config.toml`, then `$XDG_CONFIG_HOME/cowspace/config.toml`
+//! (`~/.config/cowspace/config.toml`), a later file's keys over an earlier one's; or, when
+//! `$COWSPACE_CONFIG` names a file, from that file alone. A missing file is no error; a
+//! file that is not valid TOML, or has a key this build does not know, is (naming the
+//! file, the key and the keys there are). Environment variables and flags override it:
+//!
+//! ```toml
+//! root = "/var/lib/cowspace"          # $COWSPACE_ROOT, --root
+//!
+//! [create]
+//! materializer = "auto"               # $COWSPACE_MATERIALIZER, --materializer
+//! lower = "auto"                      # $COWSPACE_LOWER, --lower
+//!
+//! [sandbox]                           # sandbox start / run flags of the same names
+//! net = "none"
+//! memory = "2g"
+//! pids = 1024
+//! cpus = 1.5
+//! cpuset_cpus = "0-1"
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::error::{Error, Result};
+
+/// Names the one configuration file to read instead of the usual two.
+pub const CONFIG_ENV: &str = "COWSPACE_CONFIG";
+/// The system's configuration file.
+pub const SYSTEM_CONFIG: &str = "/etc/cowspace/config.toml";
+
+/// Where a setting's value came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// A command-line flag (or a request's argument).
+    Flag,
+    /// An environment variable.
+    Env(&'static str),
+    /// A configuration file.
+    File(PathBuf),
+    /// Built in.
+    Default,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Flag => f.write_str("flag"),
+            Origin::Env(v) => write!(f, "${v}"),
+            Origin::File(p) => write!(f, "{}", p.display()),
+            Origin::Default => f.write_str("default"),
+        }
+    }
+}
+
+/// A value and where it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Setting<T> {
+    pub value: T,
+    pub origin: Origin,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    root: Option<PathBuf>,
+    #[serde(default)]
+    create: CreateSection,
+    #[serde(default)]
+    sandbox: SandboxSection,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateSection {
+    materializer: Option<String>,
+    lower: Option<String>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SandboxSection {
+    net: Option<String>,
+    memory: Option<Size>,
+    pids: Option<u64>,
+    cpus: Option<f64>,
+    cpuset_cpus: Option<String>,
+}
+
+/// What a sandbox gets when its start names nothing else.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SandboxDefaults {
+    pub net: Option<Setting<String>>,
+    pub memory: Option<Setting<String>>,
+    pub pids: Option<Setting<u64>>,
+    pub cpus: Option<Setting<f64>>,
+    pub cpuset_cpus: Option<Setting<String>>,
+}
+
+/// The configuration files read, lowest precedence first.
+#[derive(Debug, Clone, Default)]
+pub struct Config {
+    files: Vec<(PathBuf, FileConfig)>,
+    /// The files looked for, found or not (for `mountctl config`).
+    searched: Vec<PathBuf>,
+}
+
+/// The files read when `$COWSPACE_CONFIG` is not set, lowest precedence first.
+pub fn default_paths() -> Vec<PathBuf> {
+    let mut out = vec![PathBuf::from(SYSTEM_CONFIG)];
+    let user = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".config")));
+    if let Some(dir) = user {
+        out.push(dir.join("cowspace/config.toml"));
+    }
+    out
+}
+
+const KNOWN: &str =
+    "root; [create] materializer, lower; [sandbox] net, memory, pids, cpus, cpuset_cpus";
+
+fn env(name: &'static str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+impl Config {
+    /// Reads the configuration (see the module docs).
+    pub fn load() -> Result<Config> {
+        match std::env::var_os(CONFIG_ENV).filter(|v| !v.is_empty()) {
+            Some(p) => {
+                let p = PathBuf::from(p);
+                if !p.is_file() {
+                    return Err(Error::Invalid(format!(
+                        "${CONFIG_ENV} names {}, which is not a file: point it at a \
+                         config.toml, or unset it to read {SYSTEM_CONFIG} and the user's",
+                        p.display()
+                    )));
+                }
+                Config::from_files(&[p])
+            }
+            None => Config::from_files(&default_paths()),
+        }
+    }
+
+    /// Reads these files, lowest precedence first; missing ones are skipped.
+    pub fn from_files(paths: &[PathBuf]) -> Result<Config> {
+        let mut c = Config::default();
+        for p in paths {
+            c.searched.push(p.clone());
+            let text = match std::fs::read_to_string(p) {
+                Ok(t) => t,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(Error::io("read", p)(e)),
+            };
+            let file: FileConfig = toml::from_str(&text).map_err(|e| {
+                Error::Invalid(format!(
+                    "{}: {}(the keys there are: {KNOWN})",
+                    p.display(),
+                    e.to_string().trim_end().to_string() + " "
+                ))
+            })?;
+            check(p, &file)?;
+            c.files.push((p.clone(), file));
+        }
+        Ok(c)
+    }
+
+    /// The highest-precedence file value of a key.
+    fn file<T>(&self, get: impl Fn(&FileConfig) -> Option<T>) -> Option<Setting<T>> {
+        self.files.iter().rev().find_map(|(p, f)| {
+            get(f).map(|value| Setting {
+                value,
+                origin: Origin::File(p.clone()),
+            })
+        })
+    }
+
+    fn resolve<T: Clone>(
+        &self,
+        flag: Option<T>,
+        env_name: &'static str,
+        parse_env: impl Fn(String) -> Option<T>,
+        get: impl Fn(&FileConfig) -> Option<T>,
+    ) -> Option<Setting<T>> {
+        if let Some(value) = flag {
+            return Some(Setting {
+                value,
+                origin: Origin::Flag,
+            });
+        }
+        if let Some(value) = env(env_name).and_then(parse_env) {
+            return Some(Setting {
+                value,
+                origin: Origin::Env(env_name),
+            });
+        }
+        self.file(get)
+    }
+
+    /// The runtime root: the flag, `$COWSPACE_ROOT`, the file's `root`, else the
+    /// built-in default (`/var/lib/cowspace` for root, else under `$XDG_DATA_HOME`).
+    pub fn root(&self, flag: Option<PathBuf>) -> Setting<PathBuf> {
+        self.resolve(
+            flag,
+            "COWSPACE_ROOT",
+            |v| Some(PathBuf::from(v)),
+            |f| f.root.clone(),
+        )
+        .unwrap_or_else(|| Setting {
+            value: cowspace_store::layout::default_root(),
+            origin: Origin::Default,
+        })
+    }
+
+    /// How a workspace is made when its create names no materializer.
+    pub fn materializer(&self, flag: Option<String>) -> Setting<String> {
+        self.resolve(flag, "COWSPACE_MATERIALIZER", Some, |f| {
+            f.create.materializer.clone()
+        })
+        .unwrap_or_else(|| Setting {
+            value: "auto".into(),
+            origin: Origin::Default,
+        })
+    }
+
+    /// An overlay workspace's lower when its create names none.
+    pub fn lower(&self, flag: Option<String>) -> Setting<String> {
+        self.resolve(flag, "COWSPACE_LOWER", Some, |f| f.create.lower.clone())
+            .unwrap_or_else(|| Setting {
+                value: "auto".into(),
+                origin: Origin::Default,
+            })
+    }
+
+    /// What sandboxes get when their start names nothing else.
+    pub fn sandbox(&self) -> SandboxDefaults {
+        SandboxDefaults {
+            net: self.file(|f| f.sandbox.net.clone()),
+            memory: self.file(|f| f.sandbox.memory.as_ref().map(memory_text)),
+            pids: self.file(|f| f.sandbox.pids),
+            cpus: self.file(|f| f.sandbox.cpus),
+            cpuset_cpus: self.file(|f| f.sandbox.cpuset_cpus.clone()),
+        }
+    }
+
+    /// Every setting with its effective value and origin (`mountctl config`); `root`
+    /// as given (a flag, if any).
+    pub fn effective(&self, root_flag: Option<PathBuf>) -> Value {
+        let row = |key: &str, value: Value, origin: &Origin| json!({"key": key, "value": value, "from": origin.to_string()});
+        let root = self.root(root_flag);
+        let m = self.materializer(None);
+        let l = self.lower(None);
+        let mut rows = vec![
+            row("root", json!(root.value), &root.origin),
+            row("create.materializer", json!(m.value), &m.origin),
+            row("create.lower", json!(l.value), &l.origin),
+        ];
+        let s = self.sandbox();
+        let unset = Origin::Default;
+        let opt = |key: &str, v: Option<(Value, Origin)>| match v {
+            Some((value, origin)) => row(key, value, &origin),
+            None => row(key, Value::Null, &unset),
+        };
+        rows.push(opt(
+            "sandbox.net",
+            s.net.map(|x| (json!(x.value), x.origin)),
+        ));
+        rows.push(opt(
+            "sandbox.memory",
+            s.memory.map(|x| (json!(x.value), x.origin)),
+        ));
+        rows.push(opt(
+            "sandbox.pids",
+            s.pids.map(|x| (json!(x.value), x.origin)),
+        ));
+        rows.push(opt(
+            "sandbox.cpus",
+            s.cpus.map(|x| (json!(x.value), x.origin)),
+        ));
+        rows.push(opt(
+            "sandbox.cpuset_cpus",
+            s.cpuset_cpus.map(|x| (json!(x.value), x.origin)),
+        ));
+        let read: Vec<String> = self
+            .files
+            .iter()
+            .map(|(p, _)| p.display().to_string())
+            .collect();
+        let searched: Vec<String> = self
+            .searched
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect();
+        json!({"settings": rows, "files_read": read, "files_searched": searched})
+    }
+}
+
+/// A memory size in the file: text (`"2g"`) or a number of bytes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum Size {
+    Bytes(u64),
+    Text(String),
+}
+
+fn memory_text(v: &Size) -> String {
+    match v {
+        Size::Bytes(n) => n.to_string(),
+        Size::Text(s) => s.clone(),
+    }
+}
+
+/// Refuses values no create or sandbox could use, naming the file, the key and the
+/// choices, so a typo is found when the file is read, not at the hundredth create.
+fn check(p: &Path, f: &FileConfig) -> Result<()> {
+    let bad = |key: &str, value: &str, choices: &str| {
+        Err(Error::Invalid(format!(
+            "{}: {key} = {value:?}: choose {choices}",
+            p.display()
+        )))
+    };
+    if let Some(m) = &f.create.materializer
+        && m != "auto"
+        && crate::materializer::MaterializerKind::parse(m).is_err()
+    {
+        return bad(
+            "create.materializer",
+            m,
+            "auto, overlay, fuse, btrfs, reflink or copy",
+        );
+    }
+    if let Some(l) = &f.create.lower
+        && !matches!(l.as_str(), "auto" | "native" | "view" | "checkout")
+    {
+        return bad("create.lower", l, "auto, native, view or checkout");
+    }
+    if let Some(n) = &f.sandbox.net
+        && !matches!(n.as_str(), "none" | "loopback")
+    {
+        return bad("sandbox.net", n, "none or loopback");
+    }
+    if let Some(r) = &f.root
+        && !r.is_absolute()
+    {
+        return bad("root", &r.display().to_string(), "an absolute path");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn a_later_file_overrides_an_earlier_one_key_by_key() {
+        let d = tempfile::tempdir().unwrap();
+        let sys = write(
+            d.path(),
+            "sys.toml",
+            "root = \"/srv/cow\"\n[create]\nmaterializer = \"overlay\"\nlower = \"view\"\n[sandbox]\nmemory = 1048576\npids = 64\n",
+        );
+        let user = write(
+            d.path(),
+            "user.toml",
+            "[create]\nlower = \"checkout\"\n[sandbox]\nmemory = \"2g\"\n",
+        );
+        let missing = d.path().join("missing.toml");
+        let c = Config::from_files(&[sys.clone(), user.clone(), missing]).unwrap();
+        assert_eq!(
+            c.file(|f| f.root.clone()).unwrap().value,
+            PathBuf::from("/srv/cow")
+        );
+        let m = c.file(|f| f.create.materializer.clone()).unwrap();
+        assert_eq!(
+            (m.value.as_str(), m.origin),
+            ("overlay", Origin::File(sys.clone()))
+        );
+        let l = c.file(|f| f.create.lower.clone()).unwrap();
+        assert_eq!(
+            (l.value.as_str(), l.origin),
+            ("checkout", Origin::File(user.clone()))
+        );
+        let s = c.sandbox();
+        assert_eq!(s.memory.unwrap().value, "2g");
+        assert_eq!(
+            s.pids.unwrap(),
+            Setting {
+                value: 64,
+                origin: Origin::File(sys)
+            }
+        );
+        assert!(s.net.is_none());
+        // A flag beats every file.
+        assert_eq!(c.lower(Some("native".into())).origin, Origin::Flag);
+        let v = c.effective(Some(PathBuf::from("/flag/root")));
+        assert_eq!(v["settings"][0]["from"], "flag");
+        assert_eq!(v["files_read"].as_array().unwrap().len(), 2);
+        assert_eq!(v["files_searched"].as_array().unwrap().len(), 3);
+    }
+
+    #[test]
+    fn bad_files_are_refused_naming_the_file_the_key_and_the_choices() {
+        let d = tempfile::tempdir().unwrap();
+        for (text, want) in [
+            ("[create]\nmaterialiser = \"overlay\"\n", "materialiser"),
+            ("[create]\nmaterializer = \"zfs\"\n", "create.materializer"),
+            ("[create]\nlower = \"disk\"\n", "create.lower"),
+            ("[sandbox]\nnet = \"host\"\n", "choose none or loopback"),
+            ("root = \"relative\"\n", "absolute"),
+            ("root = [\n", "config.toml"),
+            ("[sandbox]\nmemory = 1.5\n", "memory = 1.5"),
+        ] {
+            let p = write(d.path(), "config.toml", text);
+            let e = Config::from_files(&[p]).unwrap_err().to_string();
+            assert!(e.contains(want), "{text:?}: {e}");
+            assert!(e.contains("config.toml"), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn nothing_configured_gives_the_built_in_defaults() {
+        let c = Config::from_files(&[]).unwrap();
+        assert_eq!(c.materializer(None).value, "auto");
+        assert!(c.sandbox() == SandboxDefaults::default());
+    }
+}
