@@ -65,6 +65,25 @@ fn exchange(mut s: UnixStream, sock: &Path, req: &serde_json::Value) -> Result<s
         .map_err(|e| Error::Daemon(format!("unreadable response {resp:?}: {e}")))
 }
 
+/// Sends one request to the root's daemon when one answers from this process's mount
+/// namespace (only such a daemon mounts and unmounts where the caller sees the
+/// workspaces), and gives its result: `None` when no daemon does. An answered error keeps
+/// its kind, message and hint ([`Error::answered`]).
+pub fn ask(root: &Path, op: &str, args: serde_json::Value) -> Result<Option<serde_json::Value>> {
+    let sock = socket_path(root);
+    let Ok(s) = UnixStream::connect(&sock) else {
+        return Ok(None);
+    };
+    if !peer_shares_mounts(&s) {
+        return Ok(None);
+    }
+    let resp = exchange(s, &sock, &serde_json::json!({"op": op, "args": args}))?;
+    if resp["ok"] != true {
+        return Err(Error::answered(&resp));
+    }
+    Ok(Some(resp["result"].clone()))
+}
+
 /// Removes workspace `ws` through the root's daemon, when one answers (`None` when none
 /// does, or none that can): a removal there answers as soon as the workspace has left its path, and the
 /// kernel's teardown of a used mount follows on the daemon's thread instead of holding
@@ -73,22 +92,15 @@ fn exchange(mut s: UnixStream, sock: &Path, req: &serde_json::Value) -> Result<s
 /// Only a daemon in this process's mount namespace is asked: the unmount must happen
 /// where the caller sees the workspace.
 pub fn remove(root: &Path, ws: &str, force: bool) -> Result<Option<crate::registry::Record>> {
-    let sock = socket_path(root);
-    let Ok(s) = UnixStream::connect(&sock) else {
+    let Some(v) = ask(
+        root,
+        "remove",
+        serde_json::json!({"workspace": ws, "force": force}),
+    )?
+    else {
         return Ok(None);
     };
-    if !peer_shares_mounts(&s) {
-        return Ok(None);
-    }
-    let resp = exchange(
-        s,
-        &sock,
-        &serde_json::json!({"op": "remove", "args": {"workspace": ws, "force": force}}),
-    )?;
-    if resp["ok"] != true {
-        return Err(Error::answered(&resp));
-    }
-    serde_json::from_value(resp["result"].clone())
+    serde_json::from_value(v)
         .map(Some)
         .map_err(|e| Error::Daemon(format!("unreadable remove answer: {e}")))
 }

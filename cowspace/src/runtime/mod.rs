@@ -44,7 +44,7 @@ pub use commit::commit_json;
 pub use lifecycle::live_creator;
 
 /// How to create a workspace.
-#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
 pub struct CreateOptions {
     /// A snapshot id (or unique prefix) or a ref name.

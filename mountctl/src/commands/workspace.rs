@@ -54,16 +54,44 @@ fn describe(r: &Record) -> String {
     s
 }
 
+/// Asks the root's daemon, when one answers from this mount namespace, so this process
+/// opens no database: the answer is the one the runtime here would give.
+fn through_daemon(
+    ctx: &Ctx,
+    op: &str,
+    args: serde_json::Value,
+) -> anyhow::Result<Option<serde_json::Value>> {
+    Ok(cowspace::daemon::ask(&ctx.root, op, args)?)
+}
+
 pub fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<ExitCode> {
-    let rt = ctx.runtime()?;
+    // The daemon's working directory is not this one.
+    let path = match a.path {
+        Some(p) if p.is_relative() => Some(std::env::current_dir()?.join(p)),
+        p => p,
+    };
     let opts = CreateOptions {
         snapshot: a.snapshot.unwrap_or_default(),
         name: a.name,
         materializer: Some(ctx.config.materializer(a.materializer).value),
         lower: Some(ctx.config.lower(a.lower).value),
-        path: a.path,
+        path,
         worker: a.worker,
     };
+    // (A path that is not UTF-8 cannot travel in JSON: such a create is made here.)
+    if a.from_git.is_none()
+        && let Ok(args) = serde_json::to_value(&opts)
+        && let Some(v) = through_daemon(ctx, "create", args)?
+    {
+        let text = format!(
+            "{} {}",
+            v["id"].as_str().unwrap_or_default(),
+            v["path"].as_str().unwrap_or_default()
+        );
+        ctx.emit(v, || text);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let rt = ctx.runtime()?;
     let rec = match &a.from_git {
         Some(dir) => rt.create_from_git(dir, cowspace::fromgit::Dirty::parse(&a.dirty)?, &opts)?,
         None => rt.create(&opts)?,
@@ -75,8 +103,10 @@ pub fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub fn list(ctx: &Ctx, all: bool) -> anyhow::Result<ExitCode> {
-    let rt = ctx.runtime()?;
-    let recs = rt.list(all)?;
+    let recs: Vec<Record> = match through_daemon(ctx, "list", json!({"all": all}))? {
+        Some(v) => serde_json::from_value(v)?,
+        None => ctx.runtime()?.list(all)?,
+    };
     ctx.emit(json!(recs), || {
         recs.iter().map(|r| line(r) + "\n").collect()
     });
@@ -84,8 +114,10 @@ pub fn list(ctx: &Ctx, all: bool) -> anyhow::Result<ExitCode> {
 }
 
 pub fn status(ctx: &Ctx, ws: &str) -> anyhow::Result<ExitCode> {
-    let rt = ctx.runtime()?;
-    let r = rt.status(ws)?;
+    let r: Record = match through_daemon(ctx, "status", json!({"workspace": ws}))? {
+        Some(v) => serde_json::from_value(v)?,
+        None => ctx.runtime()?.status(ws)?,
+    };
     ctx.emit(json!(r), || describe(&r));
     Ok(ExitCode::SUCCESS)
 }
