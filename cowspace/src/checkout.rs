@@ -51,7 +51,10 @@ fn blob_variant(store: &Store, content: &ContentId, mode: u32) -> Result<PathBuf
     if variant.exists() {
         return Ok(variant);
     }
-    let tmp = PathBuf::from(format!("{}.tmp{}", variant.display(), std::process::id()));
+    let tmp = PathBuf::from(crate::tmpname::unique(&format!(
+        "{}.tmp",
+        variant.display()
+    )));
     let _ = fs::remove_file(&tmp);
     fs::copy(&plain, &tmp).map_err(Error::io("copy blob", &tmp))?;
     fs::set_permissions(&tmp, fs::Permissions::from_mode(mode & 0o7777))
@@ -78,7 +81,10 @@ pub fn ensure_checkout(store: &Store, snapshot: &SnapshotId) -> Result<PathBuf> 
     }
     let parent = dest.parent().expect("checkouts have a parent");
     fs::create_dir_all(parent).map_err(Error::io("create directory", parent))?;
-    let tmp = parent.join(format!(".tmp-{}-{}", snapshot.short(), std::process::id()));
+    let tmp = parent.join(crate::tmpname::unique(&format!(
+        ".tmp-{}",
+        snapshot.short()
+    )));
     let snap = store.snapshot(snapshot)?;
     let built = (|| {
         fs::create_dir(&tmp).map_err(Error::io("create directory", &tmp))?;

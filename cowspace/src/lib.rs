@@ -28,6 +28,7 @@ pub mod sandbox;
 pub mod served;
 #[allow(unsafe_code)]
 pub mod sys;
+mod tmpname;
 pub mod upper;
 mod wspath;
 

@@ -138,7 +138,7 @@ pub fn probe(store: &Store) -> std::result::Result<(), String> {
                     Ok(()) => format!("{boot} ok\n"),
                     Err(why) => format!("{boot} no: {}\n", why.replace('\n', " ")),
                 };
-                let tmp = dir(store).join(format!(".probe.{}", std::process::id()));
+                let tmp = dir(store).join(crate::tmpname::unique(".probe"));
                 if fs::create_dir_all(dir(store)).is_ok() && fs::write(&tmp, text).is_ok() {
                     let _ = fs::rename(&tmp, &record);
                 }
@@ -402,7 +402,10 @@ fn write_image(fs_tree: FileSystem<RegularFile<BlobRef>>, dest: &Path) -> Result
 fn build(store: &Store, snapshot: &SnapshotId, top: &Path) -> Result<()> {
     let parent = top.parent().expect("native dirs have a parent");
     fs::create_dir_all(parent).map_err(Error::io("create directory", parent))?;
-    let tmp = parent.join(format!(".tmp-{}-{}", snapshot.short(), std::process::id()));
+    let tmp = parent.join(crate::tmpname::unique(&format!(
+        ".tmp-{}",
+        snapshot.short()
+    )));
     let made = (|| {
         crate::checkout::remove_tree(&tmp);
         fs::create_dir(&tmp).map_err(Error::io("create directory", &tmp))?;

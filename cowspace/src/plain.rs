@@ -83,7 +83,7 @@ fn record(store: &Store, snapshot: &SnapshotId, has: bool) -> std::io::Result<()
     let dir = store.layout().xattr_markers();
     fs::create_dir_all(&dir)?;
     let hex = snapshot.to_hex();
-    let tmp = dir.join(format!(".{hex}.{}.tmp", std::process::id()));
+    let tmp = dir.join(crate::tmpname::unique(&format!(".{hex}.tmp")));
     let written = (|| {
         let mut f = fs::File::create(&tmp)?;
         writeln!(f, "{}", if has { SOME } else { NONE })?;

@@ -158,7 +158,10 @@ fn ensure_base(rec: &Record) -> Result<fs::File> {
     let store = fulltree::store_of(rec)?;
     let snapshot: SnapshotId = rec.snapshot.parse()?;
     let checkout = crate::checkout::ensure_checkout(&store, &snapshot)?;
-    let tmp = dir.join(format!(".tmp-{}-{}", snapshot.short(), std::process::id()));
+    let tmp = dir.join(crate::tmpname::unique(&format!(
+        ".tmp-{}",
+        snapshot.short()
+    )));
     if fs::symlink_metadata(&tmp).is_ok() {
         delete_subvolume(&tmp)?;
     }

@@ -115,7 +115,7 @@ impl Stamps {
         }
         let sum = blake3::hash(&buf);
         buf.extend_from_slice(sum.as_bytes());
-        let tmp = dest.with_extension(format!("tmp{}", std::process::id()));
+        let tmp = dest.with_extension(crate::tmpname::unique("tmp"));
         let mut f = fs::File::create(&tmp).map_err(Error::io("create", &tmp))?;
         f.write_all(&buf).map_err(Error::io("write", &tmp))?;
         let deadline =
