@@ -18,7 +18,7 @@ cleanup() {
     "$mc" --root "$root" daemon stop --force >/dev/null 2>&1 || true
   fi
   grep -F " $work/" /proc/self/mounts | awk '{print $2}' | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
-  rm -rf "$work"
+  rm -rf --one-file-system "$work"
 }
 trap cleanup EXIT
 run() { echo "\$ mountctl $*" >&2; "$mc" --root "$root" "$@"; }
@@ -30,6 +30,21 @@ echo "== import of this repository (default exclusions leave out target/)" >&2
 run import . --ref demo/main --message "first import"
 echo "== the same tree again: the stat cache means no file is read" >&2
 run import . --ref demo/main --message "unchanged"
+echo "== an older version of the same repository, from git: only what changed is stored again" >&2
+older=""
+for back in 20 5 1; do
+  if git rev-parse -q --verify "HEAD~$back" >/dev/null 2>&1; then older="HEAD~$back"; break; fi
+done
+if [ -n "$older" ]; then
+  run import . --git "$older" --ref demo/older --message "$older"
+  json stats | python3 -c '
+import json, sys
+s = json.load(sys.stdin)
+print(f"two versions: {s[\"logical_bytes\"]/2**20:.1f} MiB of files, {s[\"stored_bytes\"]/2**20:.1f} MiB stored "
+      f"({s[\"logical_bytes\"]/max(s[\"stored_bytes\"],1):.1f}x smaller; dedup {s[\"dedup_ratio\"]:.2f}x, compression {s[\"compression_ratio\"]:.2f}x)")' >&2
+else
+  echo "(no git history here: the older version is left out)" >&2
+fi
 run stats
 
 if [ "$(id -u)" -ne 0 ] || [ ! -e /dev/fuse ]; then
@@ -44,6 +59,31 @@ for i in 1 2 3; do
 done
 run list
 w1=$(json status w1 | field '["path"]')
+echo "== what one more workspace costs on disk, beside a full copy and a git worktree of the same tree" >&2
+bytes() { du -sx --block-size=1 "$1" | cut -f1; }
+private=$(json status w1 | field '["private_dir"]')
+ws_bytes=$(bytes "$private")
+shared=$(( $(bytes "$root/cache") ))
+"$mc" --root "$root" export demo/main "$work/export" >/dev/null
+cp -a "$work/export" "$work/cp-a"
+cp_bytes=$(bytes "$work/cp-a")
+wt_bytes=""
+if git rev-parse -q --verify HEAD >/dev/null 2>&1; then
+  git clone -q --shared . "$work/repo"
+  git -C "$work/repo" worktree add -q --detach "$work/worktree" HEAD
+  wt_bytes=$(( $(bytes "$work/worktree") ))
+fi
+python3 - "$ws_bytes" "$shared" "$cp_bytes" "$wt_bytes" <<'PY' >&2
+import sys
+ws, shared, cp, wt = (int(x) if x else None for x in sys.argv[1:])
+k = lambda n: f"{n/1024:,.0f} KiB"
+print(f"one workspace adds {k(ws)} (its private directory; the snapshot's shared lower and "
+      f"blob cache, {k(shared)}, are paid once for every workspace of it)")
+print(f"a full copy (cp -a) of the same tree: {k(cp)} ({cp/max(ws,1):,.0f}x one workspace)")
+if wt is not None:
+    print(f"a git worktree of HEAD: {k(wt)} ({wt/max(ws,1):,.0f}x one workspace)")
+PY
+rm -rf "$work/export" "$work/cp-a" "$work/worktree" "$work/repo"
 echo "== a worker writes in w1 only" >&2
 echo "hello from w1" > "$w1/HELLO.txt"
 echo "// edited in w1" >> "$w1/README.md"

@@ -35,6 +35,7 @@ mod schema;
 mod subvols;
 pub(crate) mod support;
 mod teardown;
+mod through_daemon;
 mod upgrade;
 mod xattrs;
 
