@@ -21,7 +21,7 @@ use crate::spec::Spec;
 use crate::sys::{
     MOUNT_ATTR_IDMAP, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
 };
-use crate::syscall::Syscall;
+use crate::syscall::{Mount, Syscall};
 
 /// Most detached mounts handed to the sandbox (one `SCM_RIGHTS` message holds 253).
 pub const MAX_DETACHED_MOUNTS: usize = 200;
@@ -551,18 +551,20 @@ pub fn apply(sys: &dyn Syscall, steps: &[Step], mounts: &[OwnedFd]) -> Result<()
 
 fn apply_one(sys: &dyn Syscall, step: &Step, mounts: &[OwnedFd]) -> io::Result<()> {
     match step {
-        Step::MakePrivate => sys.mount(
-            None,
+        Step::MakePrivate => sys.mount(&Mount::plain(
             Path::new("/"),
-            None,
             MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None,
-        ),
+        )),
         Step::Tmpfs {
             target,
             flags,
             options,
-        } => sys.mount(Some("tmpfs"), target, Some("tmpfs"), *flags, Some(options)),
+        } => sys.mount(&Mount {
+            source: Some("tmpfs"),
+            fstype: Some("tmpfs"),
+            data: Some(options),
+            ..Mount::plain(target, *flags)
+        }),
         Step::Mkdir { path, mode } => sys.mkdir(path, *mode),
         Step::File { path, contents } => sys.write_file(path, contents),
         Step::Symlink { target, link } => sys.symlink(target, link),
@@ -575,20 +577,20 @@ fn apply_one(sys: &dyn Syscall, step: &Step, mounts: &[OwnedFd]) -> io::Result<(
             })?;
             sys.attach(fd.as_fd(), target)
         }
-        Step::Proc { target } => sys.mount(
-            Some("proc"),
-            target,
-            Some("proc"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-            None,
-        ),
-        Step::Devpts { target } => sys.mount(
-            Some("devpts"),
-            target,
-            Some("devpts"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-            Some("newinstance,ptmxmode=0666,mode=0620"),
-        ),
+        Step::Proc { target } => sys.mount(&Mount {
+            source: Some("proc"),
+            fstype: Some("proc"),
+            ..Mount::plain(
+                target,
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            )
+        }),
+        Step::Devpts { target } => sys.mount(&Mount {
+            source: Some("devpts"),
+            fstype: Some("devpts"),
+            data: Some("newinstance,ptmxmode=0666,mode=0620"),
+            ..Mount::plain(target, MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC)
+        }),
         Step::PivotRoot { new_root } => {
             let put_old = new_root.join(OLD_ROOT);
             sys.mkdir(&put_old, 0o700)?;
@@ -598,35 +600,31 @@ fn apply_one(sys: &dyn Syscall, step: &Step, mounts: &[OwnedFd]) -> io::Result<(
             sys.umount_detach(&old)?;
             sys.rmdir(&old)
         }
-        Step::RemountRootReadOnly => sys.mount(
-            None,
+        Step::RemountRootReadOnly => sys.mount(&Mount::plain(
             Path::new("/"),
-            None,
             MsFlags::MS_REMOUNT
                 | MsFlags::MS_BIND
                 | MsFlags::MS_RDONLY
                 | MsFlags::MS_NOSUID
                 | MsFlags::MS_NODEV,
-            None,
-        ),
-        Step::RemountReadOnly { target } => sys.mount(
-            None,
+        )),
+        Step::RemountReadOnly { target } => sys.mount(&Mount::plain(
             target,
-            None,
             MsFlags::MS_REMOUNT
                 | MsFlags::MS_RDONLY
                 | MsFlags::MS_NOSUID
                 | MsFlags::MS_NODEV
                 | MsFlags::MS_NOEXEC,
-            None,
-        ),
-        Step::Overlay { target, options } => sys.mount(
-            Some("cowspace"),
-            target,
-            Some("overlay"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME,
-            Some(options),
-        ),
+        )),
+        Step::Overlay { target, options } => sys.mount(&Mount {
+            source: Some("cowspace"),
+            fstype: Some("overlay"),
+            data: Some(options),
+            ..Mount::plain(
+                target,
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME,
+            )
+        }),
         Step::Detach { target } => {
             sys.umount_detach(target)?;
             sys.rmdir(target)
@@ -638,12 +636,10 @@ fn apply_one(sys: &dyn Syscall, step: &Step, mounts: &[OwnedFd]) -> io::Result<(
 
 #[cfg(test)]
 mod tests {
-    use std::cell::RefCell;
     use std::collections::BTreeMap;
-    use std::os::fd::BorrowedFd;
 
     use super::*;
-    use crate::spec::{Net, RoBind};
+    use crate::testing::{Recorder, spec};
 
     struct FakeHost(BTreeMap<PathBuf, HostKind>);
 
@@ -664,78 +660,6 @@ mod tests {
             m.insert(Path::new("/dev").join(node), HostKind::File);
         }
         FakeHost(m)
-    }
-
-    fn spec() -> Spec {
-        Spec {
-            name: "w1".into(),
-            workspace: "/srv/ws/w1".into(),
-            net: Net::None,
-            limits: Default::default(),
-            publish: vec![],
-            env: Default::default(),
-            secrets: vec![crate::spec::Secret {
-                name: "token".into(),
-                contents: b"s3cr3t".to_vec(),
-            }],
-            ro_binds: vec![RoBind {
-                source: "/srv/cache".into(),
-                target: "/deps/cache".into(),
-            }],
-            cap_net_raw: false,
-            keep: false,
-            share_host_mount: false,
-            command: vec!["/bin/true".into()],
-            overlay: None,
-            suspend_host_mount: false,
-        }
-    }
-
-    #[derive(Default)]
-    struct Recorder(RefCell<Vec<String>>);
-
-    impl Recorder {
-        fn log(&self, s: String) -> io::Result<()> {
-            self.0.borrow_mut().push(s);
-            Ok(())
-        }
-    }
-
-    impl Syscall for Recorder {
-        fn mount(
-            &self,
-            s: Option<&str>,
-            t: &Path,
-            f: Option<&str>,
-            fl: MsFlags,
-            _: Option<&str>,
-        ) -> io::Result<()> {
-            self.log(format!("mount {s:?} {} {f:?} {:?}", t.display(), fl))
-        }
-        fn mkdir(&self, p: &Path, _: u32) -> io::Result<()> {
-            self.log(format!("mkdir {}", p.display()))
-        }
-        fn write_file(&self, p: &Path, _: &[u8]) -> io::Result<()> {
-            self.log(format!("write {}", p.display()))
-        }
-        fn symlink(&self, t: &Path, l: &Path) -> io::Result<()> {
-            self.log(format!("symlink {} -> {}", l.display(), t.display()))
-        }
-        fn attach(&self, _: BorrowedFd<'_>, t: &Path) -> io::Result<()> {
-            self.log(format!("attach {}", t.display()))
-        }
-        fn pivot_root(&self, n: &Path, o: &Path) -> io::Result<()> {
-            self.log(format!("pivot_root {} {}", n.display(), o.display()))
-        }
-        fn umount_detach(&self, t: &Path) -> io::Result<()> {
-            self.log(format!("umount_detach {}", t.display()))
-        }
-        fn rmdir(&self, p: &Path) -> io::Result<()> {
-            self.log(format!("rmdir {}", p.display()))
-        }
-        fn chdir(&self, p: &Path) -> io::Result<()> {
-            self.log(format!("chdir {}", p.display()))
-        }
     }
 
     #[test]
@@ -781,7 +705,7 @@ mod tests {
             .collect();
         let rec = Recorder::default();
         apply(&rec, &plan.steps, &fds).unwrap();
-        let log = rec.0.into_inner();
+        let log = rec.calls();
         assert!(log[0].starts_with("mount None / None"), "{}", log[0]);
         assert!(log[0].contains("MS_PRIVATE") && log[0].contains("MS_REC"));
         let pivot = log
@@ -884,50 +808,13 @@ mod tests {
 
     #[test]
     fn a_failing_step_is_named() {
-        struct FailPivot;
-        impl Syscall for FailPivot {
-            fn mount(
-                &self,
-                _: Option<&str>,
-                _: &Path,
-                _: Option<&str>,
-                _: MsFlags,
-                _: Option<&str>,
-            ) -> io::Result<()> {
-                Ok(())
-            }
-            fn mkdir(&self, _: &Path, _: u32) -> io::Result<()> {
-                Ok(())
-            }
-            fn write_file(&self, _: &Path, _: &[u8]) -> io::Result<()> {
-                Ok(())
-            }
-            fn symlink(&self, _: &Path, _: &Path) -> io::Result<()> {
-                Ok(())
-            }
-            fn attach(&self, _: BorrowedFd<'_>, _: &Path) -> io::Result<()> {
-                Ok(())
-            }
-            fn pivot_root(&self, _: &Path, _: &Path) -> io::Result<()> {
-                Err(io::Error::from_raw_os_error(libc::EINVAL))
-            }
-            fn umount_detach(&self, _: &Path) -> io::Result<()> {
-                Ok(())
-            }
-            fn rmdir(&self, _: &Path) -> io::Result<()> {
-                Ok(())
-            }
-            fn chdir(&self, _: &Path) -> io::Result<()> {
-                Ok(())
-            }
-        }
         let plan = plan(&spec(), Path::new("/r"), &debian_host());
         let fds: Vec<OwnedFd> = plan
             .detached
             .iter()
             .map(|_| std::fs::File::open("/dev/null").unwrap().into())
             .collect();
-        let err = apply(&FailPivot, &plan.steps, &fds).unwrap_err();
+        let err = apply(&Recorder::failing_at("pivot_root"), &plan.steps, &fds).unwrap_err();
         assert_eq!(err.step, "pivot_root");
         assert_eq!(err.source.raw_os_error(), Some(libc::EINVAL));
     }

@@ -2,39 +2,55 @@
 
 use std::path::Path;
 
-use super::{Version, read, write_checked};
+use super::{Controller, ControllerKind, GroupDir, Version, read, write_checked};
 use crate::error::Result;
+use crate::spec::Limits;
 
-/// Sets the memory limit of the group at `dir` (and, on v1, the memory+swap limit, so
-/// swap cannot extend it), checking the values read back.
-pub fn apply(dir: &Path, version: Version, bytes: Option<u64>) -> Result<()> {
-    let Some(bytes) = bytes else { return Ok(()) };
-    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-        .ok()
-        .flatten()
-        .unwrap_or(4096) as u64;
-    let expect = (bytes / page * page).to_string();
-    match version {
-        Version::V1 => {
-            write_checked(
-                &dir.join("memory.limit_in_bytes"),
-                &bytes.to_string(),
-                &expect,
-            )?;
-            let memsw = dir.join("memory.memsw.limit_in_bytes");
-            if memsw.exists() {
-                write_checked(&memsw, &bytes.to_string(), &expect)?;
-            }
-        }
-        Version::V2 => {
-            write_checked(&dir.join("memory.max"), &bytes.to_string(), &expect)?;
-            let swap = dir.join("memory.swap.max");
-            if swap.exists() {
-                write_checked(&swap, "0", "0")?;
-            }
-        }
+/// The memory limit of the group (and the memory+swap limit on v1, no swap on v2, so
+/// swap cannot extend it), checked against the page-rounded value read back.
+pub struct Memory;
+
+impl Controller for Memory {
+    fn kind(&self) -> ControllerKind {
+        ControllerKind::Memory
     }
-    Ok(())
+
+    fn v1_marker(&self) -> &'static str {
+        "memory.limit_in_bytes"
+    }
+
+    fn apply(&self, at: &GroupDir<'_>, limits: &Limits) -> Result<()> {
+        let Some(bytes) = limits.memory_bytes else {
+            return Ok(());
+        };
+        let dir = at.path;
+        let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+            .ok()
+            .flatten()
+            .unwrap_or(4096) as u64;
+        let expect = (bytes / page * page).to_string();
+        match at.version {
+            Version::V1 => {
+                write_checked(
+                    &dir.join("memory.limit_in_bytes"),
+                    &bytes.to_string(),
+                    &expect,
+                )?;
+                let memsw = dir.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() {
+                    write_checked(&memsw, &bytes.to_string(), &expect)?;
+                }
+            }
+            Version::V2 => {
+                write_checked(&dir.join("memory.max"), &bytes.to_string(), &expect)?;
+                let swap = dir.join("memory.swap.max");
+                if swap.exists() {
+                    write_checked(&swap, "0", "0")?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The number of OOM kills in the group (`oom_kill` of `memory.oom_control` on v1,
@@ -47,4 +63,74 @@ pub fn oom_kills(dir: &Path, version: Version) -> Option<u64> {
     let text = read(&dir.join(file), "read oom counter").ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cgroup::testing::Fixture;
+
+    const LIMIT: u64 = 64 << 20;
+
+    fn limited(bytes: u64) -> Limits {
+        Limits {
+            memory_bytes: Some(bytes),
+            ..Limits::default()
+        }
+    }
+
+    #[test]
+    fn v1_sets_the_limit_and_the_memory_and_swap_limit_when_offered() {
+        let fx = Fixture::new(Version::V1);
+        Memory.apply(&fx.dir(), &limited(LIMIT)).unwrap();
+        assert_eq!(fx.read("memory.limit_in_bytes"), LIMIT.to_string());
+        assert_eq!(fx.files(), ["memory.limit_in_bytes"]);
+        let fx = Fixture::new(Version::V1);
+        fx.offer("memory.memsw.limit_in_bytes", "");
+        Memory.apply(&fx.dir(), &limited(LIMIT)).unwrap();
+        assert_eq!(fx.read("memory.memsw.limit_in_bytes"), LIMIT.to_string());
+    }
+
+    #[test]
+    fn v2_sets_memory_max_and_no_swap_when_offered() {
+        let fx = Fixture::new(Version::V2);
+        Memory.apply(&fx.dir(), &limited(LIMIT)).unwrap();
+        assert_eq!(fx.read("memory.max"), LIMIT.to_string());
+        assert_eq!(fx.files(), ["memory.max"]);
+        let fx = Fixture::new(Version::V2);
+        fx.offer("memory.swap.max", "max");
+        Memory.apply(&fx.dir(), &limited(LIMIT)).unwrap();
+        assert_eq!(fx.read("memory.swap.max"), "0");
+    }
+
+    /// The kernel rounds the limit down to pages; a value read back unrounded (here,
+    /// a plain file's) is refused on both versions.
+    #[test]
+    fn a_limit_read_back_other_than_page_rounded_is_refused() {
+        for version in [Version::V1, Version::V2] {
+            let fx = Fixture::new(version);
+            let err = Memory.apply(&fx.dir(), &limited(LIMIT + 1)).unwrap_err();
+            assert!(err.to_string().contains(&LIMIT.to_string()), "{err}");
+        }
+    }
+
+    #[test]
+    fn no_limit_writes_nothing() {
+        for version in [Version::V1, Version::V2] {
+            let fx = Fixture::new(version);
+            Memory.apply(&fx.dir(), &Limits::default()).unwrap();
+            assert!(fx.files().is_empty(), "{version:?}");
+        }
+    }
+
+    #[test]
+    fn oom_kills_are_read_from_each_versions_file() {
+        let fx = Fixture::new(Version::V1);
+        fx.offer("memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n");
+        assert_eq!(oom_kills(fx.dir().path, Version::V1), Some(3));
+        let fx = Fixture::new(Version::V2);
+        fx.offer("memory.events", "low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\n");
+        assert_eq!(oom_kills(fx.dir().path, Version::V2), Some(2));
+        assert_eq!(oom_kills(fx.dir().path, Version::V1), None);
+    }
 }
