@@ -1,10 +1,11 @@
 //! Test support: the recording [`Syscall`] the unit tests run the setup sequence
-//! against, and a sample [`Spec`].
+//! against, a sample [`Spec`] and a host to plan its view on.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::BorrowedFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nix::sched::CloneFlags;
 use nix::sys::resource::Resource;
@@ -12,6 +13,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::{Gid, Uid};
 use seccompiler::BpfProgram;
 
+use crate::rootfs::{DEV_NODES, HostFs, HostKind};
 use crate::spec::{Net, RoBind, Secret, Spec};
 use crate::syscall::{Mount, Syscall};
 
@@ -172,4 +174,27 @@ pub fn spec() -> Spec {
         overlay: None,
         suspend_host_mount: false,
     }
+}
+
+/// A host as [`crate::rootfs::plan`] sees it: the paths that exist and their kinds.
+pub struct FakeHost(BTreeMap<PathBuf, HostKind>);
+
+impl HostFs for FakeHost {
+    fn kind(&self, path: &Path) -> Option<HostKind> {
+        self.0.get(path).cloned()
+    }
+}
+
+/// A merged-/usr host with the `/etc` files and `/dev` nodes a sandbox takes.
+pub fn debian_host() -> FakeHost {
+    let mut m = BTreeMap::new();
+    m.insert("/usr".into(), HostKind::Dir);
+    m.insert("/bin".into(), HostKind::Symlink("usr/bin".into()));
+    m.insert("/lib".into(), HostKind::Symlink("usr/lib".into()));
+    m.insert("/etc/ld.so.cache".into(), HostKind::File);
+    m.insert("/etc/ssl".into(), HostKind::Dir);
+    for node in DEV_NODES {
+        m.insert(Path::new("/dev").join(node), HostKind::File);
+    }
+    FakeHost(m)
 }
