@@ -160,7 +160,13 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
         }
     }
 
-    if let Err(e) = set_up(&LinuxSyscall, ctx.spec, &ctx.plan.steps, mounts, ctx.seccomp) {
+    if let Err(e) = set_up(
+        &LinuxSyscall,
+        ctx.spec,
+        &ctx.plan.steps,
+        mounts,
+        ctx.seccomp,
+    ) {
         fail(sock, &e.step, e.source);
     }
 
@@ -404,7 +410,11 @@ mod tests {
             .filter_map(|c| c.strip_prefix("capbset_drop ")?.parse().ok())
             .collect();
         for cap in 0..=RECORDED_CAP_LAST_CAP {
-            assert_eq!(dropped.contains(&cap), !KEPT_CAPS.contains(&cap), "cap {cap}");
+            assert_eq!(
+                dropped.contains(&cap),
+                !KEPT_CAPS.contains(&cap),
+                "cap {cap}"
+            );
         }
         assert!(!calls.iter().any(|c| c.starts_with("unshare")), "{calls:?}");
     }

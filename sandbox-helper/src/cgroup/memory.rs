@@ -126,7 +126,10 @@ mod tests {
     #[test]
     fn oom_kills_are_read_from_each_versions_file() {
         let fx = Fixture::new(Version::V1);
-        fx.offer("memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n");
+        fx.offer(
+            "memory.oom_control",
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n",
+        );
         assert_eq!(oom_kills(fx.dir().path, Version::V1), Some(3));
         let fx = Fixture::new(Version::V2);
         fx.offer("memory.events", "low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\n");

@@ -632,5 +632,4 @@ mod tests {
         );
         assert_eq!(tail[4], Step::RemountRootReadOnly);
     }
-
 }
