@@ -1,6 +1,8 @@
 //! Helpers shared by the store's integration tests.
 #![allow(dead_code)]
 
+pub mod crashing;
+
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
