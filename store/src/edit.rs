@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::id::{SnapshotId, TreeId};
-use crate::import::ImportReport;
+use crate::import::{ImportReport, Wrote};
 use crate::index::ObjectKind;
 use crate::ingest::{FileContent, Ingest};
 use crate::lock::StoreLock;
@@ -556,26 +556,7 @@ impl<'s> Editor<'s> {
         self.ingest
             .put(ObjectKind::Snapshot, *id.as_bytes(), &bytes)?;
         let w = self.write_pending(&id, ref_name)?;
-        Ok(ImportReport {
-            snapshot: id,
-            root,
-            files: counts.files,
-            dirs: counts.dirs,
-            symlinks: counts.symlinks,
-            bytes: counts.bytes,
-            excluded: counts.excluded,
-            files_read: w.files_read,
-            objects_written: w.objects_written,
-            new_bytes_stored: w.new_bytes_stored,
-            new_bytes_raw: w.new_bytes_raw,
-            ref_name: ref_name.map(|(n, _)| n.to_string()),
-            parents: snap.parents,
-            elapsed_ms: w.elapsed_ms,
-            warnings: vec![],
-            unchanged: false,
-            pinned_by: w.pinned_by,
-            resumed: Default::default(),
-        })
+        Ok(w.report(id, snap, ref_name))
     }
 
     /// Commits what was ingested, with the ref move to `id` and the stat-cache rows, in
@@ -587,9 +568,7 @@ impl<'s> Editor<'s> {
     ) -> Result<Written> {
         let pinned_by = self.pin_holder.clone();
         let pending = self.ingest.finish()?;
-        let objects_written = pending.rows.len() as u64;
-        let new_bytes_stored = pending.stored_bytes();
-        let new_bytes_raw = pending.rows.iter().map(|r| u64::from(r.raw_len)).sum();
+        let wrote = Wrote::of(&pending, self.files_read, self.started);
         let stat_cache = self.stat_cache.take();
         let pin_holder = self.pin_holder.take();
         self.store.commit(pending, |tx| {
@@ -604,14 +583,7 @@ impl<'s> Editor<'s> {
             }
             Ok(())
         })?;
-        Ok(Written {
-            pinned_by,
-            objects_written,
-            new_bytes_stored,
-            new_bytes_raw,
-            files_read: self.files_read,
-            elapsed_ms: self.started.elapsed().as_secs_f64() * 1e3,
-        })
+        Ok(Written { pinned_by, wrote })
     }
 
     /// The end of a [`Editor::commit`] that found nothing changed since `id`
@@ -626,24 +598,9 @@ impl<'s> Editor<'s> {
         let excluded = self.left_out();
         let w = self.write_pending(&id, ref_name)?;
         Ok(ImportReport {
-            snapshot: id,
-            root: snap.root,
-            files: snap.counts.files,
-            dirs: snap.counts.dirs,
-            symlinks: snap.counts.symlinks,
-            bytes: snap.counts.bytes,
             excluded,
-            files_read: w.files_read,
-            objects_written: w.objects_written,
-            new_bytes_stored: w.new_bytes_stored,
-            new_bytes_raw: w.new_bytes_raw,
-            ref_name: ref_name.map(|(n, _)| n.to_string()),
-            parents: snap.parents,
-            elapsed_ms: w.elapsed_ms,
-            warnings: vec![],
             unchanged: true,
-            pinned_by: w.pinned_by,
-            resumed: Default::default(),
+            ..w.report(id, snap, ref_name)
         })
     }
 }
@@ -651,11 +608,23 @@ impl<'s> Editor<'s> {
 /// What [`Editor::write_pending`] wrote.
 struct Written {
     pinned_by: Option<String>,
-    objects_written: u64,
-    new_bytes_stored: u64,
-    new_bytes_raw: u64,
-    files_read: u64,
-    elapsed_ms: f64,
+    wrote: Wrote,
+}
+
+impl Written {
+    /// The report of the commit that made (or kept) `snap` as `id`.
+    fn report(
+        self,
+        id: SnapshotId,
+        snap: Snapshot,
+        ref_name: Option<(&str, Expect)>,
+    ) -> ImportReport {
+        let ref_name = ref_name.map(|(n, _)| n.to_string());
+        ImportReport {
+            pinned_by: self.pinned_by,
+            ..ImportReport::new(id, snap, ref_name, self.wrote)
+        }
+    }
 }
 
 fn join(prefix: &[u8], name: &[u8]) -> Vec<u8> {
@@ -830,29 +799,11 @@ impl Writer<'_, '_> {
                 }
                 Child::Leaf(Leaf::Symlink { target, xattrs }) => {
                     self.counts.symlinks += 1;
-                    Entry {
-                        name: name.clone(),
-                        kind: Kind::Symlink,
-                        mode: 0o777,
-                        size: target.len() as u64,
-                        hash: [0; 32],
-                        data: target.clone(),
-                        xattrs: sorted(xattrs),
-                    }
+                    Entry::symlink(name.clone(), target.clone(), sorted(xattrs))
                 }
-                Child::Leaf(Leaf::Special { kind, mode, rdev }) => Entry {
-                    name: name.clone(),
-                    kind: *kind,
-                    mode: *mode,
-                    size: 0,
-                    hash: [0; 32],
-                    data: if matches!(kind, Kind::CharDevice | Kind::BlockDevice) {
-                        rdev.to_le_bytes().to_vec()
-                    } else {
-                        vec![]
-                    },
-                    xattrs: vec![],
-                },
+                Child::Leaf(Leaf::Special { kind, mode, rdev }) => {
+                    Entry::special(name.clone(), *kind, *mode, *rdev)
+                }
             };
             entries.insert(name.clone(), entry);
         }
