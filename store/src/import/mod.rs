@@ -144,7 +144,7 @@ impl Wrote {
             files_read,
             objects_written: pending.rows.len() as u64,
             new_bytes_stored: pending.stored_bytes(),
-            new_bytes_raw: pending.rows.iter().map(|r| u64::from(r.raw_len)).sum(),
+            new_bytes_raw: pending.rows.iter().map(|r| u64::from(r.loc.raw_len)).sum(),
             started,
         }
     }
