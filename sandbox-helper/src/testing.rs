@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::sched::CloneFlags;
@@ -13,7 +13,7 @@ use nix::sys::signal::Signal;
 use nix::unistd::{Gid, Uid};
 use seccompiler::BpfProgram;
 
-use crate::rootfs::{DEV_NODES, HostFs, HostKind};
+use crate::rootfs::{DEV_NODES, HostFs, HostKind, Plan};
 use crate::spec::{Net, RoBind, Secret, Spec};
 use crate::syscall::{Mount, Syscall};
 
@@ -197,4 +197,10 @@ pub fn debian_host() -> FakeHost {
         m.insert(Path::new("/dev").join(node), HostKind::File);
     }
     FakeHost(m)
+}
+
+/// A stand-in descriptor (`/dev/null`) for each detached mount of `plan`.
+pub fn detached_fds(plan: &Plan) -> Vec<OwnedFd> {
+    let null = |_| std::fs::File::open("/dev/null").unwrap().into();
+    plan.detached.iter().map(null).collect()
 }

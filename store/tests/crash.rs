@@ -36,6 +36,22 @@ fn open(root: &Path, packs: &CrashingPacks) -> Store {
     Store::open_with_backend(root, StoreConfig::default(), packs.backend()).unwrap()
 }
 
+/// A new store at `root` on `packs` with `n` imports (each its own pack), on refs `r0`,
+/// `r1`, ...: (snapshot, source).
+fn imported(root: &Path, packs: &CrashingPacks, tmp: &Path, n: u8) -> Vec<(SnapshotId, PathBuf)> {
+    Store::init(root, StoreConfig::default()).unwrap();
+    let store = open(root, packs);
+    let mut sources = Vec::new();
+    for i in 0..n {
+        let src = tmp.join(format!("src{i}"));
+        tree(&src, i);
+        let mut opts = ImportOptions::new();
+        opts.ref_name = Some(format!("r{i}"));
+        sources.push((store.import_dir(&src, &opts).unwrap().snapshot, src));
+    }
+    sources
+}
+
 /// Every snapshot of the store exports as its source in `sources`, and fsck is clean.
 fn check_intact(store: &Store, sources: &[(SnapshotId, PathBuf)], out: &Path, case: &str) {
     let report = store.fsck().unwrap();
@@ -144,29 +160,17 @@ fn a_crash_at_any_point_of_an_import_keeps_every_snapshot_reported_complete() {
 #[test]
 fn a_crash_at_any_point_of_a_repack_keeps_every_snapshot() {
     let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("root");
-    Store::init(&root, StoreConfig::default()).unwrap();
-    let packs = CrashingPacks::new();
-    let store = open(&root, &packs);
-    let mut sources = Vec::new();
-    for i in 0..4u8 {
-        let src = tmp.path().join(format!("src{i}"));
-        tree(&src, i);
-        let mut opts = ImportOptions::new();
-        opts.ref_name = Some(format!("r{i}"));
-        sources.push((store.import_dir(&src, &opts).unwrap().snapshot, src));
-    }
-    drop(store);
+    let (root, packs) = (tmp.path().join("root"), CrashingPacks::new());
+    let sources = imported(&root, &packs, tmp.path(), 4);
     let out = tmp.path().join("out");
+    let wait = RepackOptions {
+        wait: true,
+        ..RepackOptions::default()
+    };
     let points = crash_everywhere(
         &root,
         &packs,
-        |store| {
-            store.repack(RepackOptions {
-                wait: true,
-                ..RepackOptions::default()
-            })
-        },
+        |store| store.repack(wait),
         |store, _, case| {
             assert_eq!(store.snapshot_ids().unwrap().len(), sources.len(), "{case}");
             check_intact(store, &sources, &out, case);
@@ -178,22 +182,11 @@ fn a_crash_at_any_point_of_a_repack_keeps_every_snapshot() {
 #[test]
 fn a_crash_at_any_point_of_a_gc_keeps_every_referenced_snapshot() {
     let tmp = tempfile::tempdir().unwrap();
-    let root = tmp.path().join("root");
-    Store::init(&root, StoreConfig::default()).unwrap();
-    let packs = CrashingPacks::new();
-    let store = open(&root, &packs);
-    let mut sources = Vec::new();
-    for i in 0..3u8 {
-        let src = tmp.path().join(format!("src{i}"));
-        tree(&src, i);
-        let mut opts = ImportOptions::new();
-        opts.ref_name = Some(format!("r{i}"));
-        sources.push((store.import_dir(&src, &opts).unwrap().snapshot, src));
-    }
+    let (root, packs) = (tmp.path().join("root"), CrashingPacks::new());
+    let sources = imported(&root, &packs, tmp.path(), 3);
     // The middle snapshot becomes garbage: its pack goes, the others' are kept or
     // rewritten.
-    store.delete_ref("r1", sources[1].0).unwrap();
-    drop(store);
+    open(&root, &packs).delete_ref("r1", sources[1].0).unwrap();
     let kept = [sources[0].0, sources[2].0];
     let out = tmp.path().join("out");
     let points = crash_everywhere(

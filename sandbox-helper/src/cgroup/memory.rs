@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use super::{Controller, ControllerKind, GroupDir, Version, read, write_checked};
+use super::{Controller, GroupDir, Version, read, write_checked};
 use crate::error::Result;
 use crate::spec::Limits;
 
@@ -11,14 +11,6 @@ use crate::spec::Limits;
 pub struct Memory;
 
 impl Controller for Memory {
-    fn kind(&self) -> ControllerKind {
-        ControllerKind::Memory
-    }
-
-    fn v1_marker(&self) -> &'static str {
-        "memory.limit_in_bytes"
-    }
-
     fn apply(&self, at: &GroupDir<'_>, limits: &Limits) -> Result<()> {
         let Some(bytes) = limits.memory_bytes else {
             return Ok(());
@@ -79,28 +71,32 @@ mod tests {
         }
     }
 
+    /// v1: `memory.limit_in_bytes`, and the memory+swap limit when offered; v2:
+    /// `memory.max`, and no swap when offered.
     #[test]
-    fn v1_sets_the_limit_and_the_memory_and_swap_limit_when_offered() {
-        let fx = Fixture::new(Version::V1);
-        Memory.apply(&fx.dir(), &limited(LIMIT)).unwrap();
-        assert_eq!(fx.read("memory.limit_in_bytes"), LIMIT.to_string());
-        assert_eq!(fx.files(), ["memory.limit_in_bytes"]);
-        let fx = Fixture::new(Version::V1);
-        fx.offer("memory.memsw.limit_in_bytes", "");
-        Memory.apply(&fx.dir(), &limited(LIMIT)).unwrap();
-        assert_eq!(fx.read("memory.memsw.limit_in_bytes"), LIMIT.to_string());
-    }
-
-    #[test]
-    fn v2_sets_memory_max_and_no_swap_when_offered() {
-        let fx = Fixture::new(Version::V2);
-        Memory.apply(&fx.dir(), &limited(LIMIT)).unwrap();
-        assert_eq!(fx.read("memory.max"), LIMIT.to_string());
-        assert_eq!(fx.files(), ["memory.max"]);
-        let fx = Fixture::new(Version::V2);
-        fx.offer("memory.swap.max", "max");
-        Memory.apply(&fx.dir(), &limited(LIMIT)).unwrap();
-        assert_eq!(fx.read("memory.swap.max"), "0");
+    fn each_version_sets_its_limit_and_keeps_swap_from_extending_it() {
+        for (version, limit, swap, swap_value) in [
+            (
+                Version::V1,
+                "memory.limit_in_bytes",
+                "memory.memsw.limit_in_bytes",
+                LIMIT.to_string(),
+            ),
+            (
+                Version::V2,
+                "memory.max",
+                "memory.swap.max",
+                "0".to_string(),
+            ),
+        ] {
+            let fx = Fixture::new(version);
+            Memory.apply(&fx.dir(), &limited(LIMIT)).unwrap();
+            assert_eq!(fx.read(limit), LIMIT.to_string(), "{version:?}");
+            assert_eq!(fx.files(), [limit], "{version:?}: no swap file made");
+            fx.offer(swap, "max");
+            Memory.apply(&fx.dir(), &limited(LIMIT)).unwrap();
+            assert_eq!(fx.read(swap), swap_value, "{version:?}");
+        }
     }
 
     /// The kernel rounds the limit down to pages; a value read back unrounded (here,
@@ -111,15 +107,6 @@ mod tests {
             let fx = Fixture::new(version);
             let err = Memory.apply(&fx.dir(), &limited(LIMIT + 1)).unwrap_err();
             assert!(err.to_string().contains(&LIMIT.to_string()), "{err}");
-        }
-    }
-
-    #[test]
-    fn no_limit_writes_nothing() {
-        for version in [Version::V1, Version::V2] {
-            let fx = Fixture::new(version);
-            Memory.apply(&fx.dir(), &Limits::default()).unwrap();
-            assert!(fx.files().is_empty(), "{version:?}");
         }
     }
 

@@ -1,6 +1,6 @@
 //! The `pids` controller: the most processes and threads at once.
 
-use super::{Controller, ControllerKind, GroupDir, write_checked};
+use super::{Controller, GroupDir, write_checked};
 use crate::error::Result;
 use crate::spec::Limits;
 
@@ -8,14 +8,6 @@ use crate::spec::Limits;
 pub struct Pids;
 
 impl Controller for Pids {
-    fn kind(&self) -> ControllerKind {
-        ControllerKind::Pids
-    }
-
-    fn v1_marker(&self) -> &'static str {
-        "cgroup.procs"
-    }
-
     fn apply(&self, dir: &GroupDir<'_>, limits: &Limits) -> Result<()> {
         match limits.pids {
             Some(n) => write_checked(&dir.path.join("pids.max"), &n.to_string(), &n.to_string()),
@@ -41,15 +33,6 @@ mod tests {
             Pids.apply(&fx.dir(), &lim).unwrap();
             assert_eq!(fx.read("pids.max"), "50", "{version:?}");
             assert_eq!(fx.files(), ["pids.max"], "{version:?}");
-        }
-    }
-
-    #[test]
-    fn no_limit_writes_nothing() {
-        for version in [Version::V1, Version::V2] {
-            let fx = Fixture::new(version);
-            Pids.apply(&fx.dir(), &Limits::default()).unwrap();
-            assert!(fx.files().is_empty(), "{version:?}");
         }
     }
 }

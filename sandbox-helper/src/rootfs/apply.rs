@@ -109,16 +109,12 @@ fn apply_one(sys: &dyn Syscall, step: &Step, mounts: &[OwnedFd]) -> io::Result<(
 mod tests {
     use super::super::plan;
     use super::*;
-    use crate::testing::{Recorder, debian_host, spec};
+    use crate::testing::{Recorder, debian_host, detached_fds, spec};
 
     #[test]
     fn applying_pivots_after_every_mount_then_detaches_old_root_and_locks_root() {
         let plan = plan(&spec(), Path::new("/r"), &debian_host());
-        let fds: Vec<OwnedFd> = plan
-            .detached
-            .iter()
-            .map(|_| std::fs::File::open("/dev/null").unwrap().into())
-            .collect();
+        let fds = detached_fds(&plan);
         let rec = Recorder::default();
         apply(&rec, &plan.steps, &fds).unwrap();
         let log = rec.calls();
@@ -171,11 +167,7 @@ mod tests {
     #[test]
     fn a_failing_step_is_named() {
         let plan = plan(&spec(), Path::new("/r"), &debian_host());
-        let fds: Vec<OwnedFd> = plan
-            .detached
-            .iter()
-            .map(|_| std::fs::File::open("/dev/null").unwrap().into())
-            .collect();
+        let fds = detached_fds(&plan);
         let err = apply(&Recorder::failing_at("pivot_root"), &plan.steps, &fds).unwrap_err();
         assert_eq!(err.step, "pivot_root");
         assert_eq!(err.source.raw_os_error(), Some(libc::EINVAL));
