@@ -2,7 +2,7 @@
 //! sound chunk records, only from a pack no writer holds; the result passes fsck and
 //! exports as the source is.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::Path;

@@ -1,7 +1,5 @@
 //! Corrupt data is never served: every read path refuses it, naming the object.
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::FileExt;
 

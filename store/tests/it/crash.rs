@@ -6,7 +6,7 @@
 //! The index, refs and snapshot rows are SQLite transactions on real files, outside the
 //! backend: a crash at a point leaves them as the last transaction committed before it.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! a plain re-import of that source, after which fsck is clean and every snapshot exports
 //! as imported. Nothing a repair does loses a good object.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::FileExt;

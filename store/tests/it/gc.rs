@@ -1,7 +1,7 @@
 //! gc keeps what refs, their parent chains, pins and recent snapshots need; removes the
 //! rest; rewrites mostly-dead packs; leaves a store that passes fsck.
 
-mod common;
+use crate::common;
 
 use std::fs;
 

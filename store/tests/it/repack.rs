@@ -2,7 +2,7 @@
 //! few, every snapshot exporting as imported and fsck clean; a reader whose object moved
 //! between its lookup and its read still reads it; a running import keeps repack out.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io;
