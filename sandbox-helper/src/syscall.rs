@@ -1,11 +1,11 @@
 //! The seam between the sandbox's setup sequence and the kernel.
 //!
-//! The setup init runs inside the new namespaces (`init::set_up`: session,
-//! ids, hostname, the filesystem view of [`crate::rootfs::apply`], loopback, rlimits,
-//! capabilities, `no_new_privs`, seccomp) and the cgroup namespace it enters later make
-//! every privileged call through [`Syscall`], so unit tests run the real sequence
-//! without root against a recording implementation (`testing::Recorder`, in test
-//! builds only) and assert the calls and their order. [`LinuxSyscall`] is the real one.
+//! The privileged calls of init's setup (`init::set_up`: session, ids, hostname, the
+//! filesystem view of [`crate::rootfs::apply`], loopback, rlimits, capabilities,
+//! `no_new_privs`, seccomp), its parent-death signal and the cgroup namespace it enters
+//! go through [`Syscall`], so unit tests run the real sequence without root against a
+//! recording implementation (`testing::Recorder`, in test builds) and assert the calls
+//! and their order. [`LinuxSyscall`] is the real one.
 
 use std::io;
 use std::os::fd::BorrowedFd;
