@@ -249,8 +249,8 @@ fn command_exists(program: &str, path: Option<&str>) -> bool {
 /// it into the sandbox's cgroups, in this order:
 ///
 /// 1. a new session (no controlling terminal);
-/// 2. gid 0, no supplementary groups, then uid 0: the groups are set while init still
-///    has the gid and the capability to change them, and the uid goes last;
+/// 2. gid 0, no supplementary groups, then uid 0: the uid goes last, as a change of
+///    uid can cost the capability the group calls need;
 /// 3. the parent-death signal again (the kernel clears it when the ids change);
 /// 4. the hostname, the filesystem view ([`crate::rootfs::apply`]; the detached
 ///    `mounts` are closed right after), loopback, ping sockets, rlimits;

@@ -7,6 +7,7 @@ mod corrupt;
 mod crash;
 mod edit;
 mod faults;
+mod fixture_v1;
 mod gc;
 mod import_git;
 mod import_tar;
