@@ -2,10 +2,10 @@
 //!
 //! The privileged calls of init's setup (`init::set_up`: session, ids, hostname, the
 //! filesystem view of [`crate::rootfs::apply`], loopback, rlimits, capabilities,
-//! `no_new_privs`, seccomp), its parent-death signal and the cgroup namespace it enters
-//! go through [`Syscall`], so unit tests run the real sequence without root against a
-//! recording implementation (`testing::Recorder`, in test builds) and assert the calls
-//! and their order. [`LinuxSyscall`] is the real one.
+//! `no_new_privs`, seccomp), its parent-death signal, the cgroup namespace it enters and
+//! the port proxy's `setns` go through [`Syscall`], so unit tests run the real sequence
+//! without root against a recording implementation (`testing::Recorder`, in test
+//! builds) and assert the calls and their order. [`LinuxSyscall`] is the real one.
 
 use std::io;
 use std::os::fd::BorrowedFd;
@@ -84,6 +84,8 @@ pub trait Syscall {
     fn sethostname(&self, name: &str) -> io::Result<()>;
     /// `unshare(2)`.
     fn unshare(&self, flags: CloneFlags) -> io::Result<()>;
+    /// `setns(2)`: the calling thread enters the namespace `ns` refers to.
+    fn setns(&self, ns: BorrowedFd<'_>, nstype: CloneFlags) -> io::Result<()>;
     /// Brings the loopback interface of the network namespace up.
     fn loopback_up(&self) -> io::Result<()>;
     /// Lets the groups `0 .. ids - 1` open ICMP datagram sockets
@@ -175,6 +177,10 @@ impl Syscall for LinuxSyscall {
 
     fn unshare(&self, flags: CloneFlags) -> io::Result<()> {
         nix::sched::unshare(flags).map_err(io::Error::from)
+    }
+
+    fn setns(&self, ns: BorrowedFd<'_>, nstype: CloneFlags) -> io::Result<()> {
+        nix::sched::setns(ns, nstype).map_err(io::Error::from)
     }
 
     fn loopback_up(&self) -> io::Result<()> {

@@ -119,6 +119,9 @@ impl Syscall for Recorder {
     fn unshare(&self, flags: CloneFlags) -> io::Result<()> {
         self.call(format!("unshare {flags:?}"))
     }
+    fn setns(&self, _: BorrowedFd<'_>, nstype: CloneFlags) -> io::Result<()> {
+        self.call(format!("setns {nstype:?}"))
+    }
     fn loopback_up(&self) -> io::Result<()> {
         self.call("loopback_up".into())
     }
