@@ -5,15 +5,7 @@ use std::os::unix::fs::FileExt;
 
 use cowspace_store::{ErrorKind, ImportOptions, Store, StoreConfig};
 
-fn packs(root: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut v: Vec<_> = fs::read_dir(root.join("store/packs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "pack"))
-        .collect();
-    v.sort();
-    v
-}
+use crate::common::pack_files as packs;
 
 #[test]
 fn a_flipped_byte_is_found_by_fsck_and_refused_by_every_read() {
