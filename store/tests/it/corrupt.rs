@@ -33,11 +33,8 @@ fn a_flipped_byte_is_found_by_fsck_and_refused_by_every_read() {
         .into_iter()
         .max_by_key(|p| fs::metadata(p).unwrap().len())
         .unwrap();
-    let f = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&pack)
-        .unwrap();
+    let mut rw = fs::OpenOptions::new();
+    let f = rw.read(true).write(true).open(&pack).unwrap();
     let mut b = [0u8; 1];
     let at = 1_000_000;
     f.read_exact_at(&mut b, at).unwrap();
