@@ -16,16 +16,17 @@ use std::io::IoSliceMut;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::process::Command;
 
-use nix::sys::resource::{Resource, getrlimit, setrlimit};
+use nix::sched::CloneFlags;
+use nix::sys::resource::Resource;
 use nix::sys::signal::{SigSet, Signal, kill};
 use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg, send};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{Gid, Pid, Uid};
 
-use crate::rootfs::{MAX_CGROUP_JOINS, MAX_DETACHED_MOUNTS, Plan};
+use crate::rootfs::{MAX_CGROUP_JOINS, MAX_DETACHED_MOUNTS, Plan, Step, StepError};
 use crate::spec::{Net, Spec};
 use crate::sys;
-use crate::syscall::LinuxSyscall;
+use crate::syscall::{LinuxSyscall, Syscall};
 
 /// `RLIMIT_NOFILE` inside the sandbox (soft, hard), lowered to the helper's hard limit.
 pub const NOFILE_LIMIT: (u64, u64) = (4_096, 65_536);
@@ -135,7 +136,7 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
             Err(e) => fail(sock, "open /dev/null", e),
         }
     }
-    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+    if let Err(e) = LinuxSyscall.set_pdeathsig(Signal::SIGKILL) {
         fail(sock, "set the parent-death signal", e);
     }
     let mut mounts = match recv_with_fds(sock) {
@@ -159,64 +160,14 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
         }
     }
 
-    // A new session without a controlling terminal: the command cannot reach the host's
-    // terminal through /dev/tty or job control.
-    if let Err(e) = nix::unistd::setsid() {
-        fail(sock, "setsid", e);
-    }
-    // Now mapped: become root of the user namespace, with no supplementary groups.
-    let root_g = Gid::from_raw(0);
-    let root_u = Uid::from_raw(0);
-    if let Err(e) = nix::unistd::setresgid(root_g, root_g, root_g) {
-        fail(sock, "setresgid 0 inside the user namespace", e);
-    }
-    if let Err(e) = nix::unistd::setgroups(&[]) {
-        fail(sock, "drop supplementary groups", e);
-    }
-    if let Err(e) = nix::unistd::setresuid(root_u, root_u, root_u) {
-        fail(sock, "setresuid 0 inside the user namespace", e);
-    }
-    // The kernel clears the parent-death signal when the effective uid or gid changes:
-    // arm it again, or a SIGKILLed helper would leave this init (and the command) running.
-    // Had the helper died in between, the next message from it never comes and init ends.
-    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
-        fail(sock, "set the parent-death signal again", e);
-    }
-    if let Err(e) = nix::unistd::sethostname(&ctx.spec.name) {
-        fail(sock, "sethostname", e);
-    }
-    if let Err(e) = crate::rootfs::apply(&LinuxSyscall, &ctx.plan.steps, &mounts) {
-        fail(sock, &e.step, e.source);
-    }
-    drop(mounts);
-    if ctx.spec.net == Net::Loopback
-        && let Err(e) = sys::loopback_up()
-    {
-        fail(sock, "bring the loopback up", e);
-    }
-    if let Err(e) = sys::allow_ping_sockets(crate::alloc::IDS_PER_SANDBOX) {
-        fail(sock, "set net.ipv4.ping_group_range", e);
-    }
-    if let Err(e) = setrlimit(Resource::RLIMIT_CORE, 0, 0) {
-        fail(sock, "setrlimit RLIMIT_CORE", e);
-    }
-    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap_or((NOFILE_LIMIT.0, NOFILE_LIMIT.1));
-    let nofile_hard = NOFILE_LIMIT.1.min(hard);
-    if let Err(e) = setrlimit(
-        Resource::RLIMIT_NOFILE,
-        NOFILE_LIMIT.0.min(nofile_hard),
-        nofile_hard,
+    if let Err(e) = set_up(
+        &LinuxSyscall,
+        ctx.spec,
+        &ctx.plan.steps,
+        mounts,
+        ctx.seccomp,
     ) {
-        fail(sock, "setrlimit RLIMIT_NOFILE", e);
-    }
-    if let Err(e) = drop_capabilities(ctx.spec.extra_caps()) {
-        fail(sock, "drop capabilities from the bounding set", e);
-    }
-    if let Err(e) = nix::sys::prctl::set_no_new_privs() {
-        fail(sock, "set no_new_privs", e);
-    }
-    if let Err(e) = crate::seccomp::install(ctx.seccomp) {
-        fail(sock, "install the seccomp filter", e);
+        fail(sock, &e.step, e.source);
     }
 
     // A command that is not there is reported before the helper announces the sandbox
@@ -243,7 +194,7 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
     // The helper has moved this process into the sandbox's cgroups before `run`, so the
     // new cgroup namespace is rooted there. (Capabilities in the effective set are
     // untouched by the bounding-set drop; only the command's exec loses them.)
-    if let Err(e) = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP) {
+    if let Err(e) = LinuxSyscall.unshare(CloneFlags::CLONE_NEWCGROUP) {
         fail(sock, "unshare the cgroup namespace", e);
     }
     if ctx.spec.keep {
@@ -294,14 +245,79 @@ fn command_exists(program: &str, path: Option<&str>) -> bool {
         .any(|dir| std::path::Path::new(dir).join(program).is_file())
 }
 
-fn drop_capabilities(extra: &[u32]) -> std::io::Result<()> {
-    let last = sys::cap_last_cap()?;
+/// The setup init makes from the inside once the helper has mapped its ids and moved
+/// it into the sandbox's cgroups, in this order:
+///
+/// 1. a new session (no controlling terminal);
+/// 2. gid 0, no supplementary groups, then uid 0: the uid goes last, as a change of
+///    uid can cost the capability the group calls need;
+/// 3. the parent-death signal again (the kernel clears it when the ids change);
+/// 4. the hostname, the filesystem view ([`crate::rootfs::apply`]; the detached
+///    `mounts` are closed right after), loopback, ping sockets, rlimits;
+/// 5. the capability bounding set and the ambient set reduced, after every step that
+///    needs a dropped capability;
+/// 6. `no_new_privs`, then the seccomp filter, last: the filter may refuse calls the
+///    steps before make, and it is installed only once nothing can gain privileges.
+pub(crate) fn set_up(
+    sys: &dyn Syscall,
+    spec: &Spec,
+    steps: &[Step],
+    mounts: Vec<OwnedFd>,
+    seccomp: &[seccompiler::BpfProgram],
+) -> Result<(), StepError> {
+    let named = |step: &str| {
+        let step = step.to_string();
+        move |source| StepError { step, source }
+    };
+    sys.setsid().map_err(named("setsid"))?;
+    // Now mapped: become root of the user namespace, with no supplementary groups.
+    let (root_g, root_u) = (Gid::from_raw(0), Uid::from_raw(0));
+    sys.setresgid(root_g)
+        .map_err(named("setresgid 0 inside the user namespace"))?;
+    sys.setgroups(&[])
+        .map_err(named("drop supplementary groups"))?;
+    sys.setresuid(root_u)
+        .map_err(named("setresuid 0 inside the user namespace"))?;
+    // The kernel clears the parent-death signal when the effective uid or gid changes:
+    // arm it again, or a SIGKILLed helper would leave this init (and the command) running.
+    // Had the helper died in between, the next message from it never comes and init ends.
+    sys.set_pdeathsig(Signal::SIGKILL)
+        .map_err(named("set the parent-death signal again"))?;
+    sys.sethostname(&spec.name).map_err(named("sethostname"))?;
+    crate::rootfs::apply(sys, steps, &mounts)?;
+    drop(mounts);
+    if spec.net == Net::Loopback {
+        sys.loopback_up().map_err(named("bring the loopback up"))?;
+    }
+    sys.allow_ping_sockets(crate::alloc::IDS_PER_SANDBOX)
+        .map_err(named("set net.ipv4.ping_group_range"))?;
+    sys.setrlimit(Resource::RLIMIT_CORE, 0, 0)
+        .map_err(named("setrlimit RLIMIT_CORE"))?;
+    let (_, hard) = sys
+        .getrlimit(Resource::RLIMIT_NOFILE)
+        .unwrap_or((NOFILE_LIMIT.0, NOFILE_LIMIT.1));
+    let nofile_hard = NOFILE_LIMIT.1.min(hard);
+    sys.setrlimit(
+        Resource::RLIMIT_NOFILE,
+        NOFILE_LIMIT.0.min(nofile_hard),
+        nofile_hard,
+    )
+    .map_err(named("setrlimit RLIMIT_NOFILE"))?;
+    drop_capabilities(sys, spec.extra_caps())
+        .map_err(named("drop capabilities from the bounding set"))?;
+    sys.set_no_new_privs().map_err(named("set no_new_privs"))?;
+    sys.install_seccomp(seccomp)
+        .map_err(named("install the seccomp filter"))
+}
+
+fn drop_capabilities(sys: &dyn Syscall, extra: &[u32]) -> std::io::Result<()> {
+    let last = sys.cap_last_cap()?;
     for cap in 0..=last {
         if !KEPT_CAPS.contains(&cap) && !extra.contains(&cap) {
-            sys::capbset_drop(cap)?;
+            sys.capbset_drop(cap)?;
         }
     }
-    sys::ambient_clear_all()
+    sys.ambient_clear_all()
 }
 
 /// Reaps every child, forwards signals to the command, and exits with its status.
@@ -330,5 +346,96 @@ fn supervise(main: Pid, signals: &SigSet) -> ! {
             sys::exit_now(code);
         }
         sig = signals.wait().unwrap_or(Signal::SIGCHLD);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{RECORDED_CAP_LAST_CAP, Recorder};
+
+    fn spec(net: Net) -> Spec {
+        Spec {
+            net,
+            ..crate::testing::spec()
+        }
+    }
+
+    fn set_up_recorded(rec: &Recorder, spec: &Spec) -> Result<(), StepError> {
+        let steps = [Step::PivotRoot {
+            new_root: "/r".into(),
+        }];
+        let mounts = vec![std::fs::File::open("/dev/null").unwrap().into()];
+        set_up(rec, spec, &steps, mounts, &[vec![]])
+    }
+
+    #[test]
+    fn ids_are_dropped_in_order_and_seccomp_comes_last_after_no_new_privs() {
+        let rec = Recorder::default();
+        set_up_recorded(&rec, &spec(Net::Loopback)).unwrap();
+        let at = |prefix: &str| {
+            rec.position(prefix)
+                .unwrap_or_else(|| panic!("no {prefix}: {:?}", rec.calls()))
+        };
+        let order = [
+            "setsid",
+            "setresgid 0",
+            "setgroups []",
+            "setresuid 0",
+            "set_pdeathsig SIGKILL",
+            "sethostname w1",
+            "pivot_root /r",
+            "loopback_up",
+            "setrlimit RLIMIT_NOFILE",
+            "capbset_drop",
+            "ambient_clear_all",
+            "set_no_new_privs",
+            "install_seccomp 1",
+        ];
+        for pair in order.windows(2) {
+            assert!(
+                at(pair[0]) < at(pair[1]),
+                "{} must come before {}: {:?}",
+                pair[0],
+                pair[1],
+                rec.calls()
+            );
+        }
+        let calls = rec.calls();
+        assert_eq!(calls.last().map(String::as_str), Some("install_seccomp 1"));
+        // The ids change once each, and the bounding set keeps exactly the listed caps.
+        assert_eq!(calls.iter().filter(|c| c.starts_with("setres")).count(), 2);
+        let dropped: Vec<u32> = calls
+            .iter()
+            .filter_map(|c| c.strip_prefix("capbset_drop ")?.parse().ok())
+            .collect();
+        for cap in 0..=RECORDED_CAP_LAST_CAP {
+            assert_eq!(
+                dropped.contains(&cap),
+                !KEPT_CAPS.contains(&cap),
+                "cap {cap}"
+            );
+        }
+        assert!(!calls.iter().any(|c| c.starts_with("unshare")), "{calls:?}");
+    }
+
+    #[test]
+    fn without_loopback_no_interface_is_touched() {
+        let rec = Recorder::default();
+        set_up_recorded(&rec, &spec(Net::None)).unwrap();
+        assert_eq!(rec.position("loopback_up"), None);
+    }
+
+    #[test]
+    fn a_failing_call_stops_the_setup_and_is_named() {
+        let rec = Recorder::failing_at("setgroups");
+        let err = set_up_recorded(&rec, &spec(Net::None)).unwrap_err();
+        assert_eq!(err.step, "drop supplementary groups");
+        assert_eq!(err.source.raw_os_error(), Some(libc::EINVAL));
+        assert_eq!(rec.calls().last().map(String::as_str), Some("setgroups []"));
+        assert_eq!(rec.position("setresuid"), None);
+        let rec = Recorder::failing_at("set_no_new_privs");
+        set_up_recorded(&rec, &spec(Net::None)).unwrap_err();
+        assert_eq!(rec.position("install_seccomp"), None);
     }
 }

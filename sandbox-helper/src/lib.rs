@@ -65,6 +65,8 @@ pub mod share;
 pub mod spec;
 mod sys;
 pub mod syscall;
+#[cfg(test)]
+mod testing;
 
 pub use error::{Error, Kind, Result};
 pub use run::{Options, Outcome, Published, Ready, run, start};

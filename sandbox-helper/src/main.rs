@@ -295,15 +295,7 @@ fn start_cmd(args: RunArgs) -> Result<u8, Error> {
         state_dir: state_dir.clone(),
         cgroup_root: args.cgroup_root.clone(),
     };
-    let mut ready_out = match args.ready_fd {
-        Some(fd) => Some(
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(format!("/proc/self/fd/{fd}"))
-                .map_err(|e| Error::InvalidInput(format!("--ready-fd {fd}: {e}")))?,
-        ),
-        None => None,
-    };
+    let mut ready_out = open_ready_fd(args.ready_fd)?;
     let name = args.name.clone();
     let input = spec_input(args, true)?;
     let spec = Spec::validate(input, &opts.state_dir)?;
@@ -373,6 +365,17 @@ fn spec_input(args: RunArgs, keep: bool) -> Result<SpecInput, Error> {
     })
 }
 
+/// The `--ready-fd` descriptor, opened for writing through /proc (no unsafe here).
+fn open_ready_fd(fd: Option<i32>) -> Result<Option<std::fs::File>, Error> {
+    fd.map(|fd| {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(format!("/proc/self/fd/{fd}"))
+            .map_err(|e| Error::InvalidInput(format!("--ready-fd {fd}: {e}")))
+    })
+    .transpose()
+}
+
 fn run_cmd(args: RunArgs) -> Result<u8, Error> {
     let opts = Options {
         state_dir: args
@@ -386,15 +389,7 @@ fn run_cmd(args: RunArgs) -> Result<u8, Error> {
     let input = spec_input(args, false)?;
     // Opened through /proc (no unsafe here); the sandbox's init closes every inherited
     // descriptor from 3 up, so the pipe never reaches CMD.
-    let mut ready_out = match ready_fd {
-        Some(fd) => Some(
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(format!("/proc/self/fd/{fd}"))
-                .map_err(|e| Error::InvalidInput(format!("--ready-fd {fd}: {e}")))?,
-        ),
-        None => None,
-    };
+    let mut ready_out = open_ready_fd(ready_fd)?;
     let spec = Spec::validate(input, &opts.state_dir)?;
     let outcome = sandbox_helper::run(&spec, &opts, |ready| {
         for p in &ready.published {

@@ -10,14 +10,16 @@
 use std::fs::File;
 use std::io;
 use std::net::{Ipv4Addr, Shutdown, TcpListener, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use nix::sched::{CloneFlags, setns};
+use nix::sched::CloneFlags;
 
 use crate::alloc::PortLease;
+use crate::syscall::{LinuxSyscall, Syscall};
 
 /// Most connections forwarded at once per published port.
 pub const MAX_CONNECTIONS_PER_PORT: usize = 128;
@@ -79,7 +81,7 @@ impl Drop for Proxy {
 }
 
 fn accept_loop(listener: TcpListener, netns: File, internal: u16, stop: Arc<AtomicBool>) {
-    if let Err(e) = setns(&netns, CloneFlags::CLONE_NEWNET) {
+    if let Err(e) = LinuxSyscall.setns(netns.as_fd(), CloneFlags::CLONE_NEWNET) {
         eprintln!("sandbox-helper: publish {internal}: entering the sandbox's network: {e}");
         return;
     }

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::cgroup::{self, Controller};
+use crate::cgroup::{self, ControllerKind};
 use crate::error::{Error, Result};
 
 /// One control and whether this host can enforce it.
@@ -75,7 +75,7 @@ pub fn probe(cgroup_root: &Path) -> Vec<Check> {
             Ok("prctl".into()),
         ),
     ];
-    for c in Controller::ALL {
+    for c in ControllerKind::ALL {
         out.push(check(
             c.control(),
             cgroup::locate(cgroup_root, c).map(|p| {

@@ -2,9 +2,10 @@
 //!
 //! [`plan`] turns a [`Spec`] into a list of [`Step`]s plus the host paths that become
 //! detached mounts (made by the helper with `open_tree`, read-only or idmapped, and
-//! handed to the sandbox init). [`apply`] runs the steps through the [`Syscall`] seam.
+//! handed to the sandbox init). [`apply`] (in `apply.rs`) runs the steps through the
+//! [`crate::syscall::Syscall`] seam.
 //!
-//! Invariants (checked by the tests below):
+//! Invariants (checked by the tests here and in `apply.rs`):
 //! - the new root is a fresh tmpfs; only the paths listed here are attached to it, and
 //!   every attached host path except the workspace is read-only;
 //! - the old root is detached right after `pivot_root`, so nothing else of the host
@@ -12,7 +13,6 @@
 //! - the root is remounted read-only last, and the working directory is `/workspace`.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::mount::MsFlags;
@@ -21,7 +21,10 @@ use crate::spec::Spec;
 use crate::sys::{
     MOUNT_ATTR_IDMAP, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOEXEC, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY,
 };
-use crate::syscall::Syscall;
+
+mod apply;
+
+pub use apply::apply;
 
 /// Most detached mounts handed to the sandbox (one `SCM_RIGHTS` message holds 253).
 pub const MAX_DETACHED_MOUNTS: usize = 200;
@@ -538,205 +541,10 @@ fn plan_overlay(p: &mut Planner<'_>, layers: &crate::overlay::Layers) -> Vec<Ste
     after_pivot
 }
 
-/// Runs `steps` through `sys`. `mounts[i]` is the detached mount of `Plan::detached[i]`.
-pub fn apply(sys: &dyn Syscall, steps: &[Step], mounts: &[OwnedFd]) -> Result<(), StepError> {
-    for step in steps {
-        apply_one(sys, step, mounts).map_err(|source| StepError {
-            step: step.describe(),
-            source,
-        })?;
-    }
-    Ok(())
-}
-
-fn apply_one(sys: &dyn Syscall, step: &Step, mounts: &[OwnedFd]) -> io::Result<()> {
-    match step {
-        Step::MakePrivate => sys.mount(
-            None,
-            Path::new("/"),
-            None,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None,
-        ),
-        Step::Tmpfs {
-            target,
-            flags,
-            options,
-        } => sys.mount(Some("tmpfs"), target, Some("tmpfs"), *flags, Some(options)),
-        Step::Mkdir { path, mode } => sys.mkdir(path, *mode),
-        Step::File { path, contents } => sys.write_file(path, contents),
-        Step::Symlink { target, link } => sys.symlink(target, link),
-        Step::Attach { mount, target } => {
-            let fd = mounts.get(*mount).ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::NotFound,
-                    format!("detached mount {mount} missing"),
-                )
-            })?;
-            sys.attach(fd.as_fd(), target)
-        }
-        Step::Proc { target } => sys.mount(
-            Some("proc"),
-            target,
-            Some("proc"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-            None,
-        ),
-        Step::Devpts { target } => sys.mount(
-            Some("devpts"),
-            target,
-            Some("devpts"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-            Some("newinstance,ptmxmode=0666,mode=0620"),
-        ),
-        Step::PivotRoot { new_root } => {
-            let put_old = new_root.join(OLD_ROOT);
-            sys.mkdir(&put_old, 0o700)?;
-            sys.pivot_root(new_root, &put_old)?;
-            sys.chdir(Path::new("/"))?;
-            let old = Path::new("/").join(OLD_ROOT);
-            sys.umount_detach(&old)?;
-            sys.rmdir(&old)
-        }
-        Step::RemountRootReadOnly => sys.mount(
-            None,
-            Path::new("/"),
-            None,
-            MsFlags::MS_REMOUNT
-                | MsFlags::MS_BIND
-                | MsFlags::MS_RDONLY
-                | MsFlags::MS_NOSUID
-                | MsFlags::MS_NODEV,
-            None,
-        ),
-        Step::RemountReadOnly { target } => sys.mount(
-            None,
-            target,
-            None,
-            MsFlags::MS_REMOUNT
-                | MsFlags::MS_RDONLY
-                | MsFlags::MS_NOSUID
-                | MsFlags::MS_NODEV
-                | MsFlags::MS_NOEXEC,
-            None,
-        ),
-        Step::Overlay { target, options } => sys.mount(
-            Some("cowspace"),
-            target,
-            Some("overlay"),
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOATIME,
-            Some(options),
-        ),
-        Step::Detach { target } => {
-            sys.umount_detach(target)?;
-            sys.rmdir(target)
-        }
-        Step::Rmdir(path) => sys.rmdir(path),
-        Step::Chdir(path) => sys.chdir(path),
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::cell::RefCell;
-    use std::collections::BTreeMap;
-    use std::os::fd::BorrowedFd;
-
     use super::*;
-    use crate::spec::{Net, RoBind};
-
-    struct FakeHost(BTreeMap<PathBuf, HostKind>);
-
-    impl HostFs for FakeHost {
-        fn kind(&self, path: &Path) -> Option<HostKind> {
-            self.0.get(path).cloned()
-        }
-    }
-
-    fn debian_host() -> FakeHost {
-        let mut m = BTreeMap::new();
-        m.insert("/usr".into(), HostKind::Dir);
-        m.insert("/bin".into(), HostKind::Symlink("usr/bin".into()));
-        m.insert("/lib".into(), HostKind::Symlink("usr/lib".into()));
-        m.insert("/etc/ld.so.cache".into(), HostKind::File);
-        m.insert("/etc/ssl".into(), HostKind::Dir);
-        for node in DEV_NODES {
-            m.insert(Path::new("/dev").join(node), HostKind::File);
-        }
-        FakeHost(m)
-    }
-
-    fn spec() -> Spec {
-        Spec {
-            name: "w1".into(),
-            workspace: "/srv/ws/w1".into(),
-            net: Net::None,
-            limits: Default::default(),
-            publish: vec![],
-            env: Default::default(),
-            secrets: vec![crate::spec::Secret {
-                name: "token".into(),
-                contents: b"s3cr3t".to_vec(),
-            }],
-            ro_binds: vec![RoBind {
-                source: "/srv/cache".into(),
-                target: "/deps/cache".into(),
-            }],
-            cap_net_raw: false,
-            keep: false,
-            share_host_mount: false,
-            command: vec!["/bin/true".into()],
-            overlay: None,
-            suspend_host_mount: false,
-        }
-    }
-
-    #[derive(Default)]
-    struct Recorder(RefCell<Vec<String>>);
-
-    impl Recorder {
-        fn log(&self, s: String) -> io::Result<()> {
-            self.0.borrow_mut().push(s);
-            Ok(())
-        }
-    }
-
-    impl Syscall for Recorder {
-        fn mount(
-            &self,
-            s: Option<&str>,
-            t: &Path,
-            f: Option<&str>,
-            fl: MsFlags,
-            _: Option<&str>,
-        ) -> io::Result<()> {
-            self.log(format!("mount {s:?} {} {f:?} {:?}", t.display(), fl))
-        }
-        fn mkdir(&self, p: &Path, _: u32) -> io::Result<()> {
-            self.log(format!("mkdir {}", p.display()))
-        }
-        fn write_file(&self, p: &Path, _: &[u8]) -> io::Result<()> {
-            self.log(format!("write {}", p.display()))
-        }
-        fn symlink(&self, t: &Path, l: &Path) -> io::Result<()> {
-            self.log(format!("symlink {} -> {}", l.display(), t.display()))
-        }
-        fn attach(&self, _: BorrowedFd<'_>, t: &Path) -> io::Result<()> {
-            self.log(format!("attach {}", t.display()))
-        }
-        fn pivot_root(&self, n: &Path, o: &Path) -> io::Result<()> {
-            self.log(format!("pivot_root {} {}", n.display(), o.display()))
-        }
-        fn umount_detach(&self, t: &Path) -> io::Result<()> {
-            self.log(format!("umount_detach {}", t.display()))
-        }
-        fn rmdir(&self, p: &Path) -> io::Result<()> {
-            self.log(format!("rmdir {}", p.display()))
-        }
-        fn chdir(&self, p: &Path) -> io::Result<()> {
-            self.log(format!("chdir {}", p.display()))
-        }
-    }
+    use crate::testing::{debian_host, spec};
 
     #[test]
     fn only_listed_host_paths_are_attached_and_only_the_workspace_is_writable() {
@@ -769,63 +577,6 @@ mod tests {
             target: "usr/bin".into(),
             link: "/state/run/w1/root/bin".into()
         }));
-    }
-
-    #[test]
-    fn applying_pivots_after_every_mount_then_detaches_old_root_and_locks_root() {
-        let plan = plan(&spec(), Path::new("/r"), &debian_host());
-        let fds: Vec<OwnedFd> = plan
-            .detached
-            .iter()
-            .map(|_| std::fs::File::open("/dev/null").unwrap().into())
-            .collect();
-        let rec = Recorder::default();
-        apply(&rec, &plan.steps, &fds).unwrap();
-        let log = rec.0.into_inner();
-        assert!(log[0].starts_with("mount None / None"), "{}", log[0]);
-        assert!(log[0].contains("MS_PRIVATE") && log[0].contains("MS_REC"));
-        let pivot = log
-            .iter()
-            .position(|l| l == "pivot_root /r /r/.oldroot")
-            .unwrap();
-        let tail: Vec<_> = log[pivot..].to_vec();
-        assert_eq!(
-            tail[..4],
-            [
-                "pivot_root /r /r/.oldroot",
-                "chdir /",
-                "umount_detach /.oldroot",
-                "rmdir /.oldroot"
-            ]
-        );
-        assert!(tail[4].starts_with("mount None / None") && tail[4].contains("MS_RDONLY"));
-        assert_eq!(tail[5], "chdir /workspace");
-        assert_eq!(tail.len(), 6);
-        assert!(
-            log[..pivot]
-                .iter()
-                .all(|l| !l.contains("/.oldroot") || l.starts_with("mkdir"))
-        );
-        assert!(log.contains(&"attach /r/workspace".to_string()));
-        assert!(log.contains(&"mkdir /r/deps".to_string()));
-        assert!(log.contains(&"attach /r/deps/cache".to_string()));
-        let secret = log
-            .iter()
-            .position(|l| l == "write /r/run/secrets/token")
-            .unwrap();
-        let locked = log
-            .iter()
-            .position(|l| l.starts_with("mount None /r/run/secrets") && l.contains("MS_RDONLY"))
-            .unwrap();
-        assert!(
-            secret < locked && locked < pivot,
-            "secrets written, then locked, before pivot"
-        );
-        let proc_at = log
-            .iter()
-            .position(|l| l.contains("Some(\"proc\")"))
-            .unwrap();
-        assert!(proc_at < pivot);
     }
 
     #[test]
@@ -880,55 +631,5 @@ mod tests {
             ]
         );
         assert_eq!(tail[4], Step::RemountRootReadOnly);
-    }
-
-    #[test]
-    fn a_failing_step_is_named() {
-        struct FailPivot;
-        impl Syscall for FailPivot {
-            fn mount(
-                &self,
-                _: Option<&str>,
-                _: &Path,
-                _: Option<&str>,
-                _: MsFlags,
-                _: Option<&str>,
-            ) -> io::Result<()> {
-                Ok(())
-            }
-            fn mkdir(&self, _: &Path, _: u32) -> io::Result<()> {
-                Ok(())
-            }
-            fn write_file(&self, _: &Path, _: &[u8]) -> io::Result<()> {
-                Ok(())
-            }
-            fn symlink(&self, _: &Path, _: &Path) -> io::Result<()> {
-                Ok(())
-            }
-            fn attach(&self, _: BorrowedFd<'_>, _: &Path) -> io::Result<()> {
-                Ok(())
-            }
-            fn pivot_root(&self, _: &Path, _: &Path) -> io::Result<()> {
-                Err(io::Error::from_raw_os_error(libc::EINVAL))
-            }
-            fn umount_detach(&self, _: &Path) -> io::Result<()> {
-                Ok(())
-            }
-            fn rmdir(&self, _: &Path) -> io::Result<()> {
-                Ok(())
-            }
-            fn chdir(&self, _: &Path) -> io::Result<()> {
-                Ok(())
-            }
-        }
-        let plan = plan(&spec(), Path::new("/r"), &debian_host());
-        let fds: Vec<OwnedFd> = plan
-            .detached
-            .iter()
-            .map(|_| std::fs::File::open("/dev/null").unwrap().into())
-            .collect();
-        let err = apply(&FailPivot, &plan.steps, &fds).unwrap_err();
-        assert_eq!(err.step, "pivot_root");
-        assert_eq!(err.source.raw_os_error(), Some(libc::EINVAL));
     }
 }

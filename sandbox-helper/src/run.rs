@@ -570,7 +570,7 @@ fn hand_over(
 /// (found from the overlay mounted at it). A helper that starts does the same; this is
 /// for `sweep`, which must not wait for the next sandbox to start.
 pub fn reap_stale(state_dir: &Path, cgroup_root: &Path, workspace: Option<&Path>) -> Result<()> {
-    let placements: Vec<cgroup::Placement> = cgroup::Controller::ALL
+    let placements: Vec<cgroup::Placement> = cgroup::ControllerKind::ALL
         .iter()
         .filter_map(|c| cgroup::locate(cgroup_root, *c).ok())
         .collect();

@@ -22,7 +22,7 @@ use serde::Serialize;
 use crate::codec;
 use crate::error::{Error, Result};
 use crate::id::ChunkId;
-use crate::index::{self, ObjectKind};
+use crate::index::{self, Location, ObjectKind};
 use crate::pack::{Codec, PACK_MAGIC, PackHold, PackId, RECORD_HEADER_BYTES};
 use crate::store::{Store, committed_packs};
 use crate::writer::{Holds, Pending, Row};
@@ -166,17 +166,17 @@ impl Store {
                 break;
             }
             bytes += u64::from(stored_len);
-            rows.push(Row {
-                id,
+            let loc = Location {
                 kind,
                 pack: pack.clone(),
                 offset,
                 stored_len,
                 raw_len,
                 codec,
-            });
+            };
+            rows.push(Row { id, loc });
         }
-        rows.retain(|r| r.offset + u64::from(r.stored_len) <= end);
+        rows.retain(|r| r.loc.offset + u64::from(r.loc.stored_len) <= end);
         if rows.is_empty() {
             return Ok(None);
         }
@@ -186,7 +186,7 @@ impl Store {
         let n = rows.len() as u64;
         let bytes = rows
             .iter()
-            .map(|r| u64::from(r.stored_len))
+            .map(|r| u64::from(r.loc.stored_len))
             .sum::<u64>()
             .min(bytes);
         self.commit(

@@ -322,17 +322,16 @@ pub fn write_patch(
         return;
     }
     let too_big = (old.is_some() && old_bytes.is_none()) || (new.is_some() && new_bytes.is_none());
+    // The names on the patch's header lines: an absent side is /dev/null.
+    let side = |prefix: &str, present: bool| {
+        if present {
+            format!("{prefix}/{path}")
+        } else {
+            "/dev/null".to_string()
+        }
+    };
+    let (an, bn) = (side("a", old.is_some()), side("b", new.is_some()));
     if too_big || !is_text(a) || !is_text(b) {
-        let an = if old.is_some() {
-            format!("a/{path}")
-        } else {
-            "/dev/null".into()
-        };
-        let bn = if new.is_some() {
-            format!("b/{path}")
-        } else {
-            "/dev/null".into()
-        };
         let _ = writeln!(out, "Binary files {an} and {bn} differ");
         return;
     }
@@ -340,16 +339,6 @@ pub fn write_patch(
         std::str::from_utf8(a).unwrap_or(""),
         std::str::from_utf8(b).unwrap_or(""),
     );
-    let an = if old.is_some() {
-        format!("a/{path}")
-    } else {
-        "/dev/null".into()
-    };
-    let bn = if new.is_some() {
-        format!("b/{path}")
-    } else {
-        "/dev/null".into()
-    };
     let diff = similar::TextDiff::from_lines(a, b);
     let _ = write!(
         out,

@@ -18,14 +18,20 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::id::{SnapshotId, TreeId};
-use crate::import::ImportReport;
+use crate::import::{ImportReport, Wrote};
 use crate::index::ObjectKind;
 use crate::ingest::{FileContent, Ingest};
 use crate::lock::StoreLock;
 use crate::refs::{self, Expect};
-use crate::snapshot::{Counts, SNAPSHOT_VERSION, Snapshot, Source, now_secs};
+use crate::snapshot::{SNAPSHOT_VERSION, Snapshot, Source, now_secs};
 use crate::store::Store;
-use crate::tree::{self, Entry, Kind, Tree};
+use crate::tree::{self, Entry, Kind};
+
+mod links;
+mod write;
+
+use links::{regroup, relink};
+use write::{Trees, Writer, sorted};
 
 type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
 
@@ -556,26 +562,7 @@ impl<'s> Editor<'s> {
         self.ingest
             .put(ObjectKind::Snapshot, *id.as_bytes(), &bytes)?;
         let w = self.write_pending(&id, ref_name)?;
-        Ok(ImportReport {
-            snapshot: id,
-            root,
-            files: counts.files,
-            dirs: counts.dirs,
-            symlinks: counts.symlinks,
-            bytes: counts.bytes,
-            excluded: counts.excluded,
-            files_read: w.files_read,
-            objects_written: w.objects_written,
-            new_bytes_stored: w.new_bytes_stored,
-            new_bytes_raw: w.new_bytes_raw,
-            ref_name: ref_name.map(|(n, _)| n.to_string()),
-            parents: snap.parents,
-            elapsed_ms: w.elapsed_ms,
-            warnings: vec![],
-            unchanged: false,
-            pinned_by: w.pinned_by,
-            resumed: Default::default(),
-        })
+        Ok(w.report(id, snap, ref_name))
     }
 
     /// Commits what was ingested, with the ref move to `id` and the stat-cache rows, in
@@ -587,9 +574,7 @@ impl<'s> Editor<'s> {
     ) -> Result<Written> {
         let pinned_by = self.pin_holder.clone();
         let pending = self.ingest.finish()?;
-        let objects_written = pending.rows.len() as u64;
-        let new_bytes_stored = pending.stored_bytes();
-        let new_bytes_raw = pending.rows.iter().map(|r| u64::from(r.raw_len)).sum();
+        let wrote = Wrote::of(&pending, self.files_read, self.started);
         let stat_cache = self.stat_cache.take();
         let pin_holder = self.pin_holder.take();
         self.store.commit(pending, |tx| {
@@ -604,14 +589,7 @@ impl<'s> Editor<'s> {
             }
             Ok(())
         })?;
-        Ok(Written {
-            pinned_by,
-            objects_written,
-            new_bytes_stored,
-            new_bytes_raw,
-            files_read: self.files_read,
-            elapsed_ms: self.started.elapsed().as_secs_f64() * 1e3,
-        })
+        Ok(Written { pinned_by, wrote })
     }
 
     /// The end of a [`Editor::commit`] that found nothing changed since `id`
@@ -626,24 +604,9 @@ impl<'s> Editor<'s> {
         let excluded = self.left_out();
         let w = self.write_pending(&id, ref_name)?;
         Ok(ImportReport {
-            snapshot: id,
-            root: snap.root,
-            files: snap.counts.files,
-            dirs: snap.counts.dirs,
-            symlinks: snap.counts.symlinks,
-            bytes: snap.counts.bytes,
             excluded,
-            files_read: w.files_read,
-            objects_written: w.objects_written,
-            new_bytes_stored: w.new_bytes_stored,
-            new_bytes_raw: w.new_bytes_raw,
-            ref_name: ref_name.map(|(n, _)| n.to_string()),
-            parents: snap.parents,
-            elapsed_ms: w.elapsed_ms,
-            warnings: vec![],
             unchanged: true,
-            pinned_by: w.pinned_by,
-            resumed: Default::default(),
+            ..w.report(id, snap, ref_name)
         })
     }
 }
@@ -651,11 +614,23 @@ impl<'s> Editor<'s> {
 /// What [`Editor::write_pending`] wrote.
 struct Written {
     pinned_by: Option<String>,
-    objects_written: u64,
-    new_bytes_stored: u64,
-    new_bytes_raw: u64,
-    files_read: u64,
-    elapsed_ms: f64,
+    wrote: Wrote,
+}
+
+impl Written {
+    /// The report of the commit that made (or kept) `snap` as `id`.
+    fn report(
+        self,
+        id: SnapshotId,
+        snap: Snapshot,
+        ref_name: Option<(&str, Expect)>,
+    ) -> ImportReport {
+        let ref_name = ref_name.map(|(n, _)| n.to_string());
+        ImportReport {
+            pinned_by: self.pinned_by,
+            ..ImportReport::new(id, snap, ref_name, self.wrote)
+        }
+    }
 }
 
 fn join(prefix: &[u8], name: &[u8]) -> Vec<u8> {
@@ -691,448 +666,5 @@ fn collect_primaries(d: &DirEdit, prefix: &[u8], out: &mut HashMap<u64, Vec<u8>>
             Child::Dir(sub) => collect_primaries(sub, &p, out),
             _ => {}
         }
-    }
-}
-
-struct Writer<'a, 's> {
-    store: &'s Store,
-    slots: &'a [Option<FileContent>],
-    primaries: &'a HashMap<u64, Vec<u8>>,
-    counts: &'a mut Counts,
-    /// Trees written by this session (not readable from the store until committed).
-    written: &'a mut HashMap<TreeId, Tree>,
-}
-
-impl Writer<'_, '_> {
-    /// Adds what the entries of a base tree contribute to the counts (a directory
-    /// rebased on another base directory brings them: [`Editor::rebase_dir`]).
-    fn count_entries(&mut self, tree: &TreeId) -> Result<()> {
-        for e in self.store.tree(tree)?.entries {
-            match e.kind {
-                Kind::Dir => {
-                    self.counts.dirs += 1;
-                    self.count_entries(&e.subtree().expect("dir"))?;
-                }
-                Kind::File => {
-                    self.counts.files += 1;
-                    self.counts.bytes += e.size;
-                }
-                Kind::Hardlink => self.counts.hardlinks += 1,
-                Kind::Symlink => self.counts.symlinks += 1,
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
-    /// Subtracts what a base entry contributed to the counts.
-    fn uncount(&mut self, e: &Entry) -> Result<()> {
-        match e.kind {
-            Kind::Dir => {
-                self.counts.dirs = self.counts.dirs.saturating_sub(1);
-                for sub in self.store.tree(&e.subtree().expect("dir"))?.entries {
-                    self.uncount(&sub)?;
-                }
-            }
-            Kind::File => {
-                self.counts.files = self.counts.files.saturating_sub(1);
-                self.counts.bytes = self.counts.bytes.saturating_sub(e.size);
-            }
-            Kind::Hardlink => self.counts.hardlinks = self.counts.hardlinks.saturating_sub(1),
-            Kind::Symlink => self.counts.symlinks = self.counts.symlinks.saturating_sub(1),
-            _ => {}
-        }
-        Ok(())
-    }
-
-    fn write_dir(&mut self, d: &DirEdit, path: &[u8], ingest: &mut Ingest<'_>) -> Result<TreeId> {
-        let base = match d.base {
-            Some(t) => self.store.tree(&t)?,
-            None => Tree::default(),
-        };
-        let mut entries: BTreeMap<Vec<u8>, Entry> = base
-            .entries
-            .into_iter()
-            .map(|e| (e.name.clone(), e))
-            .collect();
-        for (name, child) in &d.children {
-            let child_path = join(path, name);
-            let old = entries.remove(name);
-            let was_dir_kept = matches!((&old, child), (Some(o), Child::Dir(sub)) if o.kind == Kind::Dir && sub.base == o.subtree());
-            if let Some(o) = &old {
-                if was_dir_kept {
-                    self.counts.dirs = self.counts.dirs.saturating_sub(1);
-                } else {
-                    self.uncount(o)?;
-                }
-            }
-            let entry = match child {
-                Child::Delete => continue,
-                Child::Dir(sub) => {
-                    // Entries of a kept base subtree are counted already; only the
-                    // changed ones are re-counted by the recursion. A subtree taken from
-                    // elsewhere in the base (a rebased directory) is counted here.
-                    if !was_dir_kept && let Some(b) = &sub.base {
-                        self.count_entries(b)?;
-                    }
-                    let id = self.write_dir(sub, &child_path, ingest)?;
-                    self.counts.dirs += 1;
-                    Entry {
-                        name: name.clone(),
-                        kind: Kind::Dir,
-                        mode: sub.mode.or(old.as_ref().map(|o| o.mode)).unwrap_or(0o755),
-                        size: 0,
-                        hash: *id.as_bytes(),
-                        data: vec![],
-                        xattrs: sub
-                            .xattrs
-                            .clone()
-                            .or(old.as_ref().map(|o| o.xattrs.clone()))
-                            .unwrap_or_default(),
-                    }
-                }
-                Child::Leaf(Leaf::File {
-                    mode,
-                    content,
-                    link,
-                    xattrs,
-                }) => {
-                    let c = match content {
-                        Content::Known(c) => *c,
-                        Content::Pending(i) => self.slots[*i].ok_or_else(|| {
-                            Error::Invalid(format!(
-                                "no content arrived for {:?} (internal)",
-                                String::from_utf8_lossy(&child_path)
-                            ))
-                        })?,
-                    };
-                    let primary = link.and_then(|g| self.primaries.get(&g));
-                    let (kind, data) = match primary {
-                        Some(p) if *p != child_path => {
-                            self.counts.hardlinks += 1;
-                            (Kind::Hardlink, p.clone())
-                        }
-                        _ => {
-                            self.counts.files += 1;
-                            self.counts.bytes += c.size;
-                            (Kind::File, vec![])
-                        }
-                    };
-                    Entry {
-                        name: name.clone(),
-                        kind,
-                        mode: *mode,
-                        size: c.size,
-                        hash: *c.id.as_bytes(),
-                        data,
-                        xattrs: sorted(xattrs),
-                    }
-                }
-                Child::Leaf(Leaf::Symlink { target, xattrs }) => {
-                    self.counts.symlinks += 1;
-                    Entry {
-                        name: name.clone(),
-                        kind: Kind::Symlink,
-                        mode: 0o777,
-                        size: target.len() as u64,
-                        hash: [0; 32],
-                        data: target.clone(),
-                        xattrs: sorted(xattrs),
-                    }
-                }
-                Child::Leaf(Leaf::Special { kind, mode, rdev }) => Entry {
-                    name: name.clone(),
-                    kind: *kind,
-                    mode: *mode,
-                    size: 0,
-                    hash: [0; 32],
-                    data: if matches!(kind, Kind::CharDevice | Kind::BlockDevice) {
-                        rdev.to_le_bytes().to_vec()
-                    } else {
-                        vec![]
-                    },
-                    xattrs: vec![],
-                },
-            };
-            entries.insert(name.clone(), entry);
-        }
-        let mut tree = Tree {
-            entries: entries.into_values().collect(),
-        };
-        tree.sort();
-        let (id, bytes) = tree.encode_with_id();
-        ingest.put(ObjectKind::Tree, *id.as_bytes(), &bytes)?;
-        self.written.insert(id, tree);
-        Ok(id)
-    }
-}
-
-/// Reads trees from this session's writes first, then from the store.
-struct Trees<'a> {
-    store: &'a Store,
-    written: &'a HashMap<TreeId, Tree>,
-}
-
-impl Trees<'_> {
-    fn tree(&self, id: &TreeId) -> Result<Tree> {
-        match self.written.get(id) {
-            Some(t) => Ok(t.clone()),
-            None => self.store.tree(id),
-        }
-    }
-}
-
-fn sorted(x: &Xattrs) -> Xattrs {
-    let mut v = x.clone();
-    v.sort();
-    v
-}
-
-/// Re-forms hard-link groups after an edit that may have removed or changed a primary:
-/// a `hardlink` entry kept from the base whose primary is no longer a file with the same
-/// content, or was put by this edit (a new object at that name, though it may hold the
-/// same bytes: a copy-up, a chmod of one name where links do not survive it), becomes a
-/// file itself, and later names of its group point at it. Walks the whole tree.
-fn relink(
-    store: &Trees<'_>,
-    ingest: &mut Ingest<'_>,
-    root: &TreeId,
-    put: &std::collections::HashSet<Vec<u8>>,
-    counts: &mut Counts,
-) -> Result<TreeId> {
-    // Pass 1: every regular file's (path -> content), and every hardlink.
-    let mut files: HashMap<Vec<u8>, [u8; 32]> = HashMap::new();
-    let mut links = Vec::new();
-    scan_links(store, root, &[], &mut files, &mut links)?;
-    if links.is_empty() {
-        return Ok(*root);
-    }
-    let mut renamed: HashMap<Vec<u8>, Vec<u8>> = HashMap::new();
-    let mut w = Rewrite {
-        store,
-        ingest,
-        files: &files,
-        put,
-        renamed: &mut renamed,
-        counts,
-    };
-    w.rewrite(root, &[])
-}
-
-/// `path` with the longest `moved` origin it lies in (or is) replaced by that origin's
-/// new path: where a name of the base is after directories were moved.
-fn moved_path(path: &[u8], moved: &[(Vec<u8>, Vec<u8>)]) -> Option<Vec<u8>> {
-    let under = |p: &[u8], dir: &[u8]| {
-        p == dir || (p.len() > dir.len() && p.starts_with(dir) && p[dir.len()] == b'/')
-    };
-    let (origin, new) = moved
-        .iter()
-        .filter(|(o, _)| under(path, o))
-        .max_by_key(|(o, _)| o.len())?;
-    let mut out = new.clone();
-    out.extend_from_slice(&path[origin.len()..]);
-    Some(out)
-}
-
-/// Depth-first name order of two root-relative paths (the order in which a group's
-/// primary comes first).
-fn dfs_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
-    a.split(|&c| c == b'/').cmp(b.split(|&c| c == b'/'))
-}
-
-/// Re-forms every hard-link group after an edit that moved directories of the base
-/// (`moved`): a `hardlink` entry whose primary moved follows it (same content, not put
-/// by this edit), and each group's primary becomes again its first member in
-/// depth-first name order (moves can reorder a group). Names whose primary is gone form
-/// groups among themselves, as in [`relink`]. Walks the whole tree.
-fn regroup(
-    store: &Trees<'_>,
-    ingest: &mut Ingest<'_>,
-    root: &TreeId,
-    put: &std::collections::HashSet<Vec<u8>>,
-    moved: &[(Vec<u8>, Vec<u8>)],
-    counts: &mut Counts,
-) -> Result<TreeId> {
-    let mut files: HashMap<Vec<u8>, [u8; 32]> = HashMap::new();
-    let mut links: Vec<(Vec<u8>, Vec<u8>, [u8; 32])> = Vec::new();
-    scan_links(store, root, &[], &mut files, &mut links)?;
-    if links.is_empty() {
-        return Ok(*root);
-    }
-    // Group key: the primary file's current path, or (gone) the old primary path.
-    let mut groups: BTreeMap<(bool, Vec<u8>), Vec<Vec<u8>>> = BTreeMap::new();
-    for (path, data, hash) in &links {
-        let live = |p: &Vec<u8>| files.get(p) == Some(hash) && !put.contains(p);
-        let primary = if put.contains(path) {
-            // A member of a group this edit made: its primary is a file it put.
-            files.contains_key(data).then(|| data.clone())
-        } else if live(data) {
-            Some(data.clone())
-        } else {
-            moved_path(data, moved).filter(live)
-        };
-        let key = match primary {
-            Some(p) => (true, p),
-            None => (false, data.clone()),
-        };
-        groups.entry(key).or_default().push(path.clone());
-    }
-    let mut desired: HashMap<Vec<u8>, Option<Vec<u8>>> = HashMap::new();
-    for ((live, key), mut members) in groups {
-        if live {
-            members.push(key);
-        }
-        members.sort_by(|a, b| dfs_cmp(a, b));
-        let first = members[0].clone();
-        for m in members {
-            let want = (m != first).then(|| first.clone());
-            desired.insert(m, want);
-        }
-    }
-    let mut w = Regroup {
-        store,
-        ingest,
-        desired: &desired,
-        counts,
-    };
-    w.rewrite(root, &[])
-}
-
-fn scan_links(
-    store: &Trees<'_>,
-    id: &TreeId,
-    prefix: &[u8],
-    files: &mut HashMap<Vec<u8>, [u8; 32]>,
-    links: &mut Vec<(Vec<u8>, Vec<u8>, [u8; 32])>,
-) -> Result<()> {
-    for e in store.tree(id)?.entries {
-        let p = join(prefix, &e.name);
-        match e.kind {
-            Kind::Dir => scan_links(store, &e.subtree().expect("dir"), &p, files, links)?,
-            Kind::File => {
-                files.insert(p, e.hash);
-            }
-            Kind::Hardlink => links.push((p, e.data.clone(), e.hash)),
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-struct Regroup<'a, 'i> {
-    store: &'a Trees<'a>,
-    ingest: &'a mut Ingest<'i>,
-    /// Path -> `None` (a file: its group's primary) or `Some(primary)` (a link to it).
-    desired: &'a HashMap<Vec<u8>, Option<Vec<u8>>>,
-    counts: &'a mut Counts,
-}
-
-impl Regroup<'_, '_> {
-    fn rewrite(&mut self, id: &TreeId, prefix: &[u8]) -> Result<TreeId> {
-        let mut tree = self.store.tree(id)?;
-        let mut changed = false;
-        for e in &mut tree.entries {
-            let p = join(prefix, &e.name);
-            if e.kind == Kind::Dir {
-                let sub = e.subtree().expect("dir");
-                let new = self.rewrite(&sub, &p)?;
-                if new != sub {
-                    e.hash = *new.as_bytes();
-                    changed = true;
-                }
-                continue;
-            }
-            let Some(want) = self.desired.get(&p) else {
-                continue;
-            };
-            match (e.kind, want) {
-                (Kind::File, Some(primary)) => {
-                    e.kind = Kind::Hardlink;
-                    e.data = primary.clone();
-                    self.counts.files = self.counts.files.saturating_sub(1);
-                    self.counts.bytes = self.counts.bytes.saturating_sub(e.size);
-                    self.counts.hardlinks += 1;
-                }
-                (Kind::Hardlink, None) => {
-                    e.kind = Kind::File;
-                    e.data.clear();
-                    self.counts.hardlinks = self.counts.hardlinks.saturating_sub(1);
-                    self.counts.files += 1;
-                    self.counts.bytes += e.size;
-                }
-                (Kind::Hardlink, Some(primary)) if e.data != *primary => {
-                    e.data = primary.clone();
-                }
-                _ => continue,
-            }
-            changed = true;
-        }
-        if !changed {
-            return Ok(*id);
-        }
-        let (new, bytes) = tree.encode_with_id();
-        self.ingest.put(ObjectKind::Tree, *new.as_bytes(), &bytes)?;
-        Ok(new)
-    }
-}
-
-struct Rewrite<'a, 'b, 'i> {
-    store: &'a Trees<'a>,
-    ingest: &'a mut Ingest<'i>,
-    files: &'a HashMap<Vec<u8>, [u8; 32]>,
-    put: &'a std::collections::HashSet<Vec<u8>>,
-    renamed: &'b mut HashMap<Vec<u8>, Vec<u8>>,
-    counts: &'a mut Counts,
-}
-
-impl Rewrite<'_, '_, '_> {
-    fn rewrite(&mut self, id: &TreeId, prefix: &[u8]) -> Result<TreeId> {
-        let store = self.store;
-        let mut tree = store.tree(id)?;
-        let mut changed = false;
-        for e in &mut tree.entries {
-            let p = join(prefix, &e.name);
-            match e.kind {
-                Kind::Dir => {
-                    let sub = e.subtree().expect("dir");
-                    let new = self.rewrite(&sub, &p)?;
-                    if new != sub {
-                        e.hash = *new.as_bytes();
-                        changed = true;
-                    }
-                }
-                Kind::Hardlink => {
-                    // Put by this edit: a member of one of its own groups. Kept from the
-                    // base: linked still if its primary is the same file, not a new one.
-                    let intact = self.put.contains(&p)
-                        || (self.files.get(&e.data).is_some_and(|h| *h == e.hash)
-                            && !self.put.contains(&e.data));
-                    if intact {
-                        continue;
-                    }
-                    match self.renamed.get(&e.data) {
-                        Some(new_primary) => {
-                            e.data = new_primary.clone();
-                        }
-                        None => {
-                            self.renamed.insert(e.data.clone(), p.clone());
-                            e.kind = Kind::File;
-                            e.data.clear();
-                            self.counts.hardlinks = self.counts.hardlinks.saturating_sub(1);
-                            self.counts.files += 1;
-                            self.counts.bytes += e.size;
-                        }
-                    }
-                    changed = true;
-                }
-                _ => {}
-            }
-        }
-        if !changed {
-            return Ok(*id);
-        }
-        let (new, bytes) = tree.encode_with_id();
-        self.ingest.put(ObjectKind::Tree, *new.as_bytes(), &bytes)?;
-        Ok(new)
     }
 }

@@ -25,6 +25,17 @@ use crate::id::{SnapshotId, TreeId};
 use crate::store::Store;
 use crate::tree::Kind;
 
+/// Renames the finished `tmp` to `dest`, refusing a `dest` that has appeared meanwhile.
+fn rename_into_place(tmp: &Path, dest: &Path) -> Result<()> {
+    if fs::symlink_metadata(dest).is_ok() {
+        return Err(Error::DestinationExists {
+            what: "export destination",
+            path: dest.into(),
+        });
+    }
+    fs::rename(tmp, dest).map_err(Error::io("rename into place", dest))
+}
+
 /// Removes a partially written directory, making read-only directories writable first.
 pub(crate) fn remove_tree(path: &Path) {
     fn open_up(p: &Path) {
@@ -125,13 +136,7 @@ impl Store {
             set_xattrs(&tmp, &snap.root_xattrs)?;
             fs::set_permissions(&tmp, fs::Permissions::from_mode(snap.root_mode))
                 .map_err(Error::io("chmod", &tmp))?;
-            if fs::symlink_metadata(dest).is_ok() {
-                return Err(Error::DestinationExists {
-                    what: "export destination",
-                    path: dest.into(),
-                });
-            }
-            fs::rename(&tmp, dest).map_err(Error::io("rename into place", dest))
+            rename_into_place(&tmp, dest)
         })();
         if result.is_err() {
             remove_tree(&tmp);
@@ -218,13 +223,7 @@ impl Store {
                 .into_inner()
                 .map_err(|e| Error::io("write archive", &tmp)(e.into_error()))?;
             file.sync_all().map_err(Error::io("sync archive", &tmp))?;
-            if fs::symlink_metadata(dest).is_ok() {
-                return Err(Error::DestinationExists {
-                    what: "export destination",
-                    path: dest.into(),
-                });
-            }
-            fs::rename(&tmp, dest).map_err(Error::io("rename into place", dest))
+            rename_into_place(&tmp, dest)
         })();
         if result.is_err() {
             let _ = fs::remove_file(&tmp);

@@ -80,7 +80,7 @@ pub struct FileContent {
 }
 
 /// Extended attributes of a file, sorted by name.
-pub(crate) type Xattrs = Vec<(Vec<u8>, Vec<u8>)>;
+pub(crate) use crate::xattrs::Xattrs;
 
 /// A file for the workers to read.
 pub(crate) struct FileJob {
@@ -134,6 +134,52 @@ fn stopped(step: &'static str, what: &str) -> Error {
         path: PathBuf::new(),
         source: io::Error::other(format!("{what} stopped")),
     }
+}
+
+/// Cuts `reader` into content-defined chunks, handing each to `put` in order: the
+/// whole content's id and its manifest. A read error is reported at `path`.
+fn chunk_stream(
+    reader: impl Read,
+    path: PathBuf,
+    mut put: impl FnMut(ChunkId, Vec<u8>) -> Result<()>,
+) -> Result<(ContentId, Manifest)> {
+    let mut hasher = blake3::Hasher::new();
+    let mut manifest = Manifest {
+        size: 0,
+        chunks: Vec::new(),
+    };
+    for c in fastcdc::v2020::StreamCDC::new(reader, CDC_MIN_BYTES, CDC_AVG_BYTES, CDC_MAX_BYTES) {
+        let c = c.map_err(|e| Error::Io {
+            step: "read for chunking",
+            path: path.clone(),
+            source: io::Error::other(e.to_string()),
+        })?;
+        hasher.update(&c.data);
+        let id = ChunkId::of(&c.data);
+        manifest.chunks.push((id, c.length as u32));
+        manifest.size += c.length as u64;
+        put(id, c.data)?;
+    }
+    Ok((
+        ContentId::from_bytes(*hasher.finalize().as_bytes()),
+        manifest,
+    ))
+}
+
+/// Sends a non-empty `batch` to the next stage, leaving it empty and its byte count 0.
+fn hand_over<T>(
+    batch: &mut Vec<T>,
+    bytes: &mut usize,
+    to: &Sender<Vec<T>>,
+    step: &'static str,
+    stage: &str,
+) -> Result<()> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    *bytes = 0;
+    to.send(std::mem::take(batch))
+        .map_err(|_| stopped(step, stage))
 }
 
 impl Ctx {
@@ -246,14 +292,9 @@ impl Ctx {
 
     /// Hands the compressed objects to the writer.
     fn flush(&mut self) -> Result<()> {
-        if self.out.is_empty() {
-            return Ok(());
-        }
-        self.out_bytes = 0;
-        let batch = std::mem::take(&mut self.out);
-        self.writer
-            .send(batch)
-            .map_err(|_| stopped("hand objects to pack writer", "writer"))
+        let to = &self.writer;
+        let step = "hand objects to pack writer";
+        hand_over(&mut self.out, &mut self.out_bytes, to, step, "writer")
     }
 
     fn handle(&mut self, o: Obj) -> Result<()> {
@@ -286,31 +327,16 @@ impl Ctx {
     /// Chunks and stores everything `r` yields; `first` is what was already read of it.
     fn store_stream(&mut self, first: Vec<u8>, r: impl Read) -> Result<FileContent> {
         let reader = io::Cursor::new(first).chain(r);
-        let mut hasher = blake3::Hasher::new();
-        let mut chunks = Vec::new();
-        let mut size = 0u64;
-        for c in fastcdc::v2020::StreamCDC::new(reader, CDC_MIN_BYTES, CDC_AVG_BYTES, CDC_MAX_BYTES)
-        {
-            let c = c.map_err(|e| Error::Io {
-                step: "read for chunking",
-                path: PathBuf::new(),
-                source: io::Error::other(e.to_string()),
-            })?;
-            hasher.update(&c.data);
-            let id = ChunkId::of(&c.data);
-            chunks.push((id, c.length as u32));
-            size += c.length as u64;
-            self.put_chunk(id, c.data)?;
-        }
-        if chunks.len() <= 1 {
-            let id = match chunks.first() {
+        let (id, manifest) =
+            chunk_stream(reader, PathBuf::new(), |id, data| self.put_chunk(id, data))?;
+        let size = manifest.size;
+        if manifest.chunks.len() <= 1 {
+            let id = match manifest.chunks.first() {
                 Some((id, _)) => ContentId::from(*id),
                 None => self.store_small(Vec::new())?.id,
             };
             return Ok(FileContent { id, size });
         }
-        let id = ContentId::from_bytes(*hasher.finalize().as_bytes());
-        let manifest = Manifest { size, chunks };
         self.put(ObjectKind::Manifest, *id.as_bytes(), manifest.encode())?;
         Ok(FileContent { id, size })
     }
@@ -347,7 +373,7 @@ impl Ctx {
                 .map_err(Error::io("open", path))?,
         };
         let xattrs = match job.xattrs {
-            true => crate::import::dir::read_file_xattrs(&file, path)?,
+            true => crate::xattrs::read_file_xattrs(&file, path)?,
             false => Vec::new(),
         };
         Ok((self.store_open_file(file, path)?, xattrs))
@@ -620,16 +646,9 @@ impl<'s> Ingest<'s> {
 
     /// Hands the objects put so far to the workers.
     fn flush_objects(&mut self) -> Result<()> {
-        if self.objs.is_empty() {
-            return Ok(());
-        }
-        self.objs_bytes = 0;
-        let batch = std::mem::take(&mut self.objs);
-        self.objects
-            .as_ref()
-            .expect("session open")
-            .send(batch)
-            .map_err(|_| stopped("hand objects to ingest workers", "workers"))
+        let to = self.objects.as_ref().expect("session open");
+        let step = "hand objects to ingest workers";
+        hand_over(&mut self.objs, &mut self.objs_bytes, to, step, "workers")
     }
 
     /// Stores a stream's bytes here (hashing on this thread, compression on the workers).
@@ -650,24 +669,10 @@ impl<'s> Ingest<'s> {
         }
         // Large content: cut here, hand chunks to the workers, then the manifest.
         let reader = io::Cursor::new(first).chain(r);
-        let mut hasher = blake3::Hasher::new();
-        let mut chunks = Vec::new();
-        let mut size = 0u64;
-        for c in fastcdc::v2020::StreamCDC::new(reader, CDC_MIN_BYTES, CDC_AVG_BYTES, CDC_MAX_BYTES)
-        {
-            let c = c.map_err(|e| Error::Io {
-                step: "read for chunking",
-                path: PathBuf::from("stream"),
-                source: io::Error::other(e.to_string()),
-            })?;
-            hasher.update(&c.data);
-            let id = ChunkId::of(&c.data);
-            chunks.push((id, c.length as u32));
-            size += c.length as u64;
-            self.put_owned(ObjectKind::Chunk, *id.as_bytes(), c.data)?;
-        }
-        let id = ContentId::from_bytes(*hasher.finalize().as_bytes());
-        let manifest = Manifest { size, chunks };
+        let (id, manifest) = chunk_stream(reader, PathBuf::from("stream"), |id, data| {
+            self.put_owned(ObjectKind::Chunk, *id.as_bytes(), data)
+        })?;
+        let size = manifest.size;
         self.put_owned(ObjectKind::Manifest, *id.as_bytes(), manifest.encode())?;
         Ok(FileContent { id, size })
     }

@@ -47,6 +47,7 @@ pub mod statcache;
 mod store;
 pub mod tree;
 mod writer;
+mod xattrs;
 
 pub use edit::Editor;
 pub use error::{Error, ErrorKind, Result};

@@ -276,7 +276,7 @@ pub(crate) fn record_moves(tx: &Transaction<'_>, moved: &Pending) -> Result<()> 
     for r in &moved.rows {
         tx.execute(
             "UPDATE objects SET pack = ?2, offset = ?3 WHERE id = ?1",
-            params![&r.id[..], r.pack.as_str(), r.offset as i64],
+            params![&r.id[..], r.loc.pack.as_str(), r.loc.offset as i64],
         )
         .map_err(Error::db("move object"))?;
     }

@@ -333,12 +333,12 @@ pub(crate) fn replace_suspects(tx: &Transaction<'_>, rows: &[Row]) -> Result<u64
              raw_len = ?6, codec = ?7 WHERE id = ?1",
             params![
                 &r.id[..],
-                r.kind as u8,
-                r.pack.as_str(),
-                r.offset as i64,
-                r.stored_len,
-                r.raw_len,
-                r.codec as u8
+                r.loc.kind as u8,
+                r.loc.pack.as_str(),
+                r.loc.offset as i64,
+                r.loc.stored_len,
+                r.loc.raw_len,
+                r.loc.codec as u8
             ],
         )
         .map_err(Error::db("rewrite suspect object"))?;

@@ -344,12 +344,12 @@ impl Store {
                 &pending.rows,
                 |st, i, r| {
                     st.raw_bind_parameter(i, &r.id[..])?;
-                    st.raw_bind_parameter(i + 1, r.kind as u8)?;
-                    st.raw_bind_parameter(i + 2, r.pack.as_str())?;
-                    st.raw_bind_parameter(i + 3, r.offset as i64)?;
-                    st.raw_bind_parameter(i + 4, r.stored_len)?;
-                    st.raw_bind_parameter(i + 5, r.raw_len)?;
-                    st.raw_bind_parameter(i + 6, r.codec as u8)
+                    st.raw_bind_parameter(i + 1, r.loc.kind as u8)?;
+                    st.raw_bind_parameter(i + 2, r.loc.pack.as_str())?;
+                    st.raw_bind_parameter(i + 3, r.loc.offset as i64)?;
+                    st.raw_bind_parameter(i + 4, r.loc.stored_len)?;
+                    st.raw_bind_parameter(i + 5, r.loc.raw_len)?;
+                    st.raw_bind_parameter(i + 6, r.loc.codec as u8)
                 },
             )
             .map_err(Error::db("record objects"))?;

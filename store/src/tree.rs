@@ -109,6 +109,40 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// A symlink entry: mode 0777, the target as data.
+    pub(crate) fn symlink(
+        name: Vec<u8>,
+        target: Vec<u8>,
+        xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    ) -> Entry {
+        Entry {
+            name,
+            kind: Kind::Symlink,
+            mode: 0o777,
+            size: target.len() as u64,
+            hash: [0; 32],
+            data: target,
+            xattrs,
+        }
+    }
+
+    /// A special file's entry: a device keeps its `rdev` as data, a fifo or socket none.
+    pub(crate) fn special(name: Vec<u8>, kind: Kind, mode: u32, rdev: u64) -> Entry {
+        Entry {
+            name,
+            kind,
+            mode,
+            size: 0,
+            hash: [0; 32],
+            data: if matches!(kind, Kind::CharDevice | Kind::BlockDevice) {
+                rdev.to_le_bytes().to_vec()
+            } else {
+                vec![]
+            },
+            xattrs: vec![],
+        }
+    }
+
     /// The content id of a file or hard link.
     pub fn content(&self) -> Option<ContentId> {
         self.kind

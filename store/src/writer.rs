@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::index::ObjectKind;
+use crate::index::{Location, ObjectKind};
 use crate::pack::{
     Codec, MAX_PACK_BYTES, PACK_MAGIC, PackBackend, PackHold, PackId, PackSink, record_header,
 };
@@ -21,12 +21,7 @@ use crate::pack::{
 #[derive(Debug, Clone)]
 pub(crate) struct Row {
     pub id: [u8; 32],
-    pub kind: ObjectKind,
-    pub pack: PackId,
-    pub offset: u64,
-    pub stored_len: u32,
-    pub raw_len: u32,
-    pub codec: Codec,
+    pub loc: Location,
 }
 
 /// What a finished session wrote: synced packs and their objects.
@@ -51,7 +46,7 @@ impl std::fmt::Debug for Holds {
 impl Pending {
     /// Bytes stored (compressed) by this session.
     pub fn stored_bytes(&self) -> u64 {
-        self.rows.iter().map(|r| u64::from(r.stored_len)).sum()
+        self.rows.iter().map(|r| u64::from(r.loc.stored_len)).sum()
     }
 }
 
@@ -135,15 +130,15 @@ impl PackWriter {
         p.sink.write_all(&obj.stored).map_err(io)?;
         let offset = p.len + header.len() as u64;
         p.len = offset + u64::from(stored_len);
-        self.pending.rows.push(Row {
-            id: obj.id,
+        let loc = Location {
             kind: obj.kind,
             pack: p.id.clone(),
             offset,
             stored_len,
             raw_len: obj.raw_len,
             codec: obj.codec,
-        });
+        };
+        self.pending.rows.push(Row { id: obj.id, loc });
         Ok(())
     }
 

@@ -3,8 +3,9 @@
 
 use std::path::Path;
 
-use super::{Version, read, write, write_checked};
+use super::{Controller, GroupDir, Version, read, write, write_checked};
 use crate::error::{Error, Result};
+use crate::spec::Limits;
 
 /// Most CPU numbers a list may name.
 pub const MAX_CPU_NUMBER: u32 = 4095;
@@ -73,18 +74,46 @@ pub fn inherit(dir: &Path, parent: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Sets the group's CPUs (a list in the kernel's format), reading them back.
-pub fn apply(dir: &Path, version: Version, parent: &Path, cpus: Option<&str>) -> Result<()> {
-    let Some(cpus) = cpus else { return Ok(()) };
-    if version == Version::V1 {
-        inherit(dir, parent)?;
+/// The group's CPUs, a list in the kernel's format in `cpuset.cpus` (on v1 after the
+/// parent's CPUs and memory nodes are inherited), read back.
+pub struct Cpuset;
+
+impl Controller for Cpuset {
+    fn apply(&self, at: &GroupDir<'_>, limits: &Limits) -> Result<()> {
+        let Some(cpus) = limits.cpuset.as_deref() else {
+            return Ok(());
+        };
+        if at.version == Version::V1 {
+            inherit(at.path, at.parent)?;
+        }
+        write_checked(&at.path.join("cpuset.cpus"), cpus, cpus)
     }
-    write_checked(&dir.join("cpuset.cpus"), cpus, cpus)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cgroup::testing::Fixture;
+
+    #[test]
+    fn v1_inherits_the_parents_cpus_and_mems_then_sets_its_own() {
+        let fx = Fixture::new(Version::V1);
+        fx.offer("cpuset.cpus", "");
+        fx.offer("cpuset.mems", "");
+        fx.offer_in_parent("cpuset.cpus", "0-3");
+        fx.offer_in_parent("cpuset.mems", "0");
+        Cpuset.apply(&fx.dir(), &cpuset("1")).unwrap();
+        assert_eq!(fx.read("cpuset.mems"), "0");
+        assert_eq!(fx.read("cpuset.cpus"), "1");
+    }
+
+    #[test]
+    fn v2_sets_only_its_cpus() {
+        let fx = Fixture::new(Version::V2);
+        Cpuset.apply(&fx.dir(), &cpuset("0-1")).unwrap();
+        assert_eq!(fx.read("cpuset.cpus"), "0-1");
+        assert_eq!(fx.files(), ["cpuset.cpus"]);
+    }
 
     #[test]
     fn lists_parse_and_print_as_the_kernel_does() {
@@ -93,6 +122,13 @@ mod tests {
         assert_eq!(format_list(&[3]), "3");
         for bad in ["", "a", "3-1", "1,,2", "-1", "99999"] {
             assert!(parse_list(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    fn cpuset(list: &str) -> Limits {
+        Limits {
+            cpuset: Some(list.into()),
+            ..Limits::default()
         }
     }
 }

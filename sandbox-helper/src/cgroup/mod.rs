@@ -1,4 +1,5 @@
-//! Cgroup limits of a sandbox: memory, pids and cpu, one controller per file.
+//! Cgroup limits of a sandbox: memory, pids, cpu and cpuset, one [`Controller`] per
+//! file.
 //!
 //! Each controller is used from cgroup v2 when the unified hierarchy offers it (listed in
 //! its `cgroup.controllers`), else from its cgroup v1 hierarchy (`ROOT/<controller>`).
@@ -15,6 +16,8 @@ mod cpu;
 pub mod cpuset;
 mod memory;
 mod pids;
+#[cfg(test)]
+mod testing;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -37,10 +40,28 @@ const MAX_KILL_ROUNDS: u32 = 500;
 /// Pause between kill rounds and between `rmdir` retries.
 const KILL_ROUND_PAUSE_MS: u64 = 10;
 
+/// What a controller does to a sandbox's group: the files it writes, on v1 and on v2.
+pub trait Controller: Sync {
+    /// Writes the limit `limits` sets for this controller (nothing when it sets none)
+    /// into the group directory `dir`, reading each value back.
+    fn apply(&self, dir: &GroupDir<'_>, limits: &Limits) -> Result<()>;
+}
+
+/// One group directory of a sandbox, as a [`Controller`] sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupDir<'a> {
+    /// The directory (`.../cowspace/<name>.<pid>`).
+    pub path: &'a Path,
+    /// The directory holding it (`.../cowspace`).
+    pub parent: &'a Path,
+    /// The version of its hierarchy.
+    pub version: Version,
+}
+
 /// A cgroup controller the sandbox uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Controller {
+pub enum ControllerKind {
     /// Memory limit, OOM kill.
     Memory,
     /// Process count limit; also the group every sandbox is in.
@@ -51,32 +72,32 @@ pub enum Controller {
     Cpuset,
 }
 
-impl Controller {
+impl ControllerKind {
     /// All controllers, in probe order.
-    pub const ALL: [Controller; 4] = [
-        Controller::Memory,
-        Controller::Pids,
-        Controller::Cpu,
-        Controller::Cpuset,
+    pub const ALL: [ControllerKind; 4] = [
+        ControllerKind::Memory,
+        ControllerKind::Pids,
+        ControllerKind::Cpu,
+        ControllerKind::Cpuset,
     ];
 
     /// The kernel's name of the controller.
     pub fn name(self) -> &'static str {
         match self {
-            Controller::Memory => "memory",
-            Controller::Pids => "pids",
-            Controller::Cpu => "cpu",
-            Controller::Cpuset => "cpuset",
+            ControllerKind::Memory => "memory",
+            ControllerKind::Pids => "pids",
+            ControllerKind::Cpu => "cpu",
+            ControllerKind::Cpuset => "cpuset",
         }
     }
 
-    /// The control named in refusals.
-    pub fn control(self) -> &'static str {
+    /// The controller's implementation.
+    pub fn controller(self) -> &'static dyn Controller {
         match self {
-            Controller::Memory => "memory limit (cgroup memory controller)",
-            Controller::Pids => "process limit and accounting (cgroup pids controller)",
-            Controller::Cpu => "cpu limit (cgroup cpu controller)",
-            Controller::Cpuset => "cpu set (cgroup cpuset controller)",
+            ControllerKind::Memory => &memory::Memory,
+            ControllerKind::Pids => &pids::Pids,
+            ControllerKind::Cpu => &cpu::Cpu,
+            ControllerKind::Cpuset => &cpuset::Cpuset,
         }
     }
 
@@ -84,10 +105,20 @@ impl Controller {
     /// no `pids.*` file, only the generic ones).
     fn v1_marker(self) -> &'static str {
         match self {
-            Controller::Memory => "memory.limit_in_bytes",
-            Controller::Pids => "cgroup.procs",
-            Controller::Cpu => "cpu.cfs_quota_us",
-            Controller::Cpuset => "cpuset.cpus",
+            ControllerKind::Memory => "memory.limit_in_bytes",
+            ControllerKind::Pids => "cgroup.procs",
+            ControllerKind::Cpu => "cpu.cfs_quota_us",
+            ControllerKind::Cpuset => "cpuset.cpus",
+        }
+    }
+
+    /// The control named in refusals.
+    pub fn control(self) -> &'static str {
+        match self {
+            ControllerKind::Memory => "memory limit (cgroup memory controller)",
+            ControllerKind::Pids => "process limit and accounting (cgroup pids controller)",
+            ControllerKind::Cpu => "cpu limit (cgroup cpu controller)",
+            ControllerKind::Cpuset => "cpu set (cgroup cpuset controller)",
         }
     }
 }
@@ -106,7 +137,7 @@ pub enum Version {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Placement {
     /// The controller.
-    pub controller: Controller,
+    pub controller: ControllerKind,
     /// The version used.
     pub version: Version,
     /// The hierarchy's root directory.
@@ -121,7 +152,7 @@ fn v2_root(root: &Path) -> Option<PathBuf> {
 }
 
 /// Finds where `controller` can be used under `root`, or says why it cannot.
-pub fn locate(root: &Path, controller: Controller) -> std::result::Result<Placement, String> {
+pub fn locate(root: &Path, controller: ControllerKind) -> std::result::Result<Placement, String> {
     let name = controller.name();
     let mut why = Vec::new();
     match v2_root(root) {
@@ -165,16 +196,16 @@ fn writable(p: Placement) -> std::result::Result<Placement, String> {
 }
 
 /// The controllers a sandbox with `limits` needs (always `pids`).
-pub fn needed(limits: &Limits) -> Vec<Controller> {
-    let mut out = vec![Controller::Pids];
+pub fn needed(limits: &Limits) -> Vec<ControllerKind> {
+    let mut out = vec![ControllerKind::Pids];
     if limits.memory_bytes.is_some() {
-        out.push(Controller::Memory);
+        out.push(ControllerKind::Memory);
     }
     if limits.cpus.is_some() {
-        out.push(Controller::Cpu);
+        out.push(ControllerKind::Cpu);
     }
     if limits.cpuset.is_some() {
-        out.push(Controller::Cpuset);
+        out.push(ControllerKind::Cpuset);
     }
     out
 }
@@ -286,7 +317,7 @@ impl Group {
             if p.version == Version::V2 {
                 enable_v2(&parent, p.controller)?;
             }
-            if p.controller == Controller::Cpuset && p.version == Version::V1 {
+            if p.controller == ControllerKind::Cpuset && p.version == Version::V1 {
                 cpuset::inherit(&parent, &p.hierarchy)?;
             }
             let dir = parent.join(&leaf);
@@ -299,14 +330,12 @@ impl Group {
                 })?;
             }
             group.dirs.push((p.clone(), dir.clone()));
-            match p.controller {
-                Controller::Memory => memory::apply(&dir, p.version, limits.memory_bytes)?,
-                Controller::Pids => pids::apply(&dir, p.version, limits.pids)?,
-                Controller::Cpu => cpu::apply(&dir, p.version, limits.cpus)?,
-                Controller::Cpuset => {
-                    cpuset::apply(&dir, p.version, &parent, limits.cpuset.as_deref())?
-                }
-            }
+            let at = GroupDir {
+                path: &dir,
+                parent: &parent,
+                version: p.version,
+            };
+            p.controller.controller().apply(&at, limits)?;
         }
         Ok(group)
     }
@@ -366,7 +395,7 @@ impl Group {
     pub fn oom_kills(&self) -> Option<u64> {
         self.dirs
             .iter()
-            .find(|(p, _)| p.controller == Controller::Memory)
+            .find(|(p, _)| p.controller == ControllerKind::Memory)
             .and_then(|(p, dir)| memory::oom_kills(dir, p.version))
     }
 
@@ -478,7 +507,7 @@ pub fn reap_stale(placements: &[Placement]) {
 }
 
 /// Enables `controller` for the children of the v2 group `dir`.
-fn enable_v2(dir: &Path, controller: Controller) -> Result<()> {
+fn enable_v2(dir: &Path, controller: ControllerKind) -> Result<()> {
     let path = dir.join("cgroup.subtree_control");
     let on = read(&path, "read subtree_control")?;
     if on.split_whitespace().any(|c| c == controller.name()) {
@@ -496,9 +525,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_controller_without_a_limit_writes_nothing() {
+        for kind in ControllerKind::ALL {
+            for version in [Version::V1, Version::V2] {
+                let fx = testing::Fixture::new(version);
+                kind.controller()
+                    .apply(&fx.dir(), &Limits::default())
+                    .unwrap();
+                assert!(fx.files().is_empty(), "{kind:?} {version:?}");
+            }
+        }
+    }
+
+    #[test]
     fn an_empty_root_refuses_every_controller_with_a_reason() {
         let tmp = tempfile::tempdir().unwrap();
-        for c in Controller::ALL {
+        for c in ControllerKind::ALL {
             let why = locate(tmp.path(), c).unwrap_err();
             assert!(why.contains("no cgroup v1"), "{why}");
         }
@@ -574,14 +616,14 @@ mod tests {
         fs::create_dir_all(tmp.path().join("memory")).unwrap();
         fs::write(tmp.path().join("memory/memory.limit_in_bytes"), "").unwrap();
         assert_eq!(
-            locate(tmp.path(), Controller::Pids).unwrap().version,
+            locate(tmp.path(), ControllerKind::Pids).unwrap().version,
             Version::V2
         );
         assert_eq!(
-            locate(tmp.path(), Controller::Memory).unwrap().version,
+            locate(tmp.path(), ControllerKind::Memory).unwrap().version,
             Version::V1
         );
-        let why = locate(tmp.path(), Controller::Cpu).unwrap_err();
+        let why = locate(tmp.path(), ControllerKind::Cpu).unwrap_err();
         assert!(why.contains("does not offer `cpu`"), "{why}");
     }
 }

@@ -377,29 +377,11 @@ fn write_node(
             }
             Node::Leaf(Item::Symlink { target, xattrs }) => {
                 counts.symlinks += 1;
-                Entry {
-                    name: name.clone(),
-                    kind: Kind::Symlink,
-                    mode: 0o777,
-                    size: target.len() as u64,
-                    hash: [0; 32],
-                    data: target.clone(),
-                    xattrs: xattrs.clone(),
-                }
+                Entry::symlink(name.clone(), target.clone(), xattrs.clone())
             }
-            Node::Leaf(Item::Special { kind, mode, rdev }) => Entry {
-                name: name.clone(),
-                kind: *kind,
-                mode: mode & 0o7777,
-                size: 0,
-                hash: [0; 32],
-                data: if matches!(kind, Kind::CharDevice | Kind::BlockDevice) {
-                    rdev.to_le_bytes().to_vec()
-                } else {
-                    vec![]
-                },
-                xattrs: vec![],
-            },
+            Node::Leaf(Item::Special { kind, mode, rdev }) => {
+                Entry::special(name.clone(), *kind, mode & 0o7777, *rdev)
+            }
             Node::Leaf(Item::Dir { .. }) => unreachable!("directories are nodes"),
         };
         entries.push(entry);

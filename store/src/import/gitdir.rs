@@ -253,7 +253,7 @@ impl crate::Store {
             read: Vec::new(),
         };
         let meta = fs::metadata(&repo.common_dir).map_err(Error::io("stat", &repo.common_dir))?;
-        let xattrs = crate::import::dir::read_xattrs(&repo.common_dir)?;
+        let xattrs = crate::xattrs::read_xattrs(&repo.common_dir)?;
         ed.clear_dir(b".git", meta.mode(), xattrs)?;
         if repo.common_dir != repo.git_dir {
             put_tree(&mut ed, &repo.common_dir, Part::Common, &mut known)?;
@@ -265,14 +265,14 @@ impl crate::Store {
         if let Some(served) = &opts.served_identity {
             let mut entries = std::collections::HashMap::new();
             served_entries(self, &snap.root, &mut vec![], &mut entries)?;
-            let git = crate::import::dir::GitFiles {
+            let git = crate::import::refresh::GitFiles {
                 index: repo.index(),
                 config: config.clone(),
             };
             let hook = opts.git_fsmonitor.as_deref();
             let entry_at = |comps: &[Vec<u8>]| entries.get(comps).cloned();
             let refreshed =
-                crate::import::dir::refreshed_index(&top, &git, true, served, hook, entry_at);
+                crate::import::refresh::refreshed_index(&top, &git, true, served, hook, entry_at);
             if let Some(r) = refreshed {
                 ed.put_bytes(b".git/index", &r.index, mode_of(&repo.index()))?;
                 if let Some(text) = r.config {
@@ -361,10 +361,10 @@ fn put_tree(ed: &mut crate::Editor<'_>, root: &Path, part: Part, known: &mut Kno
             let meta = e.metadata().map_err(Error::io("stat", &abs))?;
             let ft = meta.file_type();
             if ft.is_dir() {
-                ed.put_dir(&path, meta.mode(), crate::import::dir::read_xattrs(&abs)?)?;
+                ed.put_dir(&path, meta.mode(), crate::xattrs::read_xattrs(&abs)?)?;
                 stack.push((abs, comps));
             } else if ft.is_file() {
-                let xattrs = crate::import::dir::read_xattrs(&abs)?;
+                let xattrs = crate::xattrs::read_xattrs(&abs)?;
                 let stamp = Stamp::of(&meta);
                 match known.cache.get(&path) {
                     Some((s, id)) if *s == stamp => {

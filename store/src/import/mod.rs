@@ -6,6 +6,7 @@ pub mod exclude;
 pub mod git;
 pub mod gitdir;
 pub mod gitindex;
+mod refresh;
 pub mod tar;
 
 use std::sync::Arc;
@@ -126,6 +127,61 @@ pub struct ImportReport {
     pub resumed: crate::adopt::Adopted,
 }
 
+/// What a session wrote and read, for its report.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Wrote {
+    pub files_read: u64,
+    pub objects_written: u64,
+    pub new_bytes_stored: u64,
+    pub new_bytes_raw: u64,
+    pub started: Instant,
+}
+
+impl Wrote {
+    /// What `pending` (the session's synced packs, about to be committed) holds.
+    pub fn of(pending: &crate::writer::Pending, files_read: u64, started: Instant) -> Wrote {
+        Wrote {
+            files_read,
+            objects_written: pending.rows.len() as u64,
+            new_bytes_stored: pending.stored_bytes(),
+            new_bytes_raw: pending.rows.iter().map(|r| u64::from(r.loc.raw_len)).sum(),
+            started,
+        }
+    }
+}
+
+impl ImportReport {
+    /// The report of a session that made (or kept) `snap` as `snapshot`, moving
+    /// `ref_name`; no warnings, pin or resumed chunks.
+    pub(crate) fn new(
+        snapshot: SnapshotId,
+        snap: Snapshot,
+        ref_name: Option<String>,
+        wrote: Wrote,
+    ) -> ImportReport {
+        ImportReport {
+            snapshot,
+            root: snap.root,
+            files: snap.counts.files,
+            dirs: snap.counts.dirs,
+            symlinks: snap.counts.symlinks,
+            bytes: snap.counts.bytes,
+            excluded: snap.counts.excluded,
+            files_read: wrote.files_read,
+            objects_written: wrote.objects_written,
+            new_bytes_stored: wrote.new_bytes_stored,
+            new_bytes_raw: wrote.new_bytes_raw,
+            ref_name,
+            parents: snap.parents,
+            elapsed_ms: wrote.started.elapsed().as_secs_f64() * 1e3,
+            warnings: vec![],
+            unchanged: false,
+            pinned_by: None,
+            resumed: Default::default(),
+        }
+    }
+}
+
 /// The shared tail of every import: trees, snapshot object, one commit.
 pub(crate) struct Finish<'a> {
     pub builder: Builder,
@@ -172,9 +228,7 @@ impl Finish<'_> {
         let (id, bytes) = snap.encode_with_id();
         ingest.put_owned(ObjectKind::Snapshot, *id.as_bytes(), bytes)?;
         let pending = ingest.finish()?;
-        let objects_written = pending.rows.len() as u64;
-        let new_bytes_stored = pending.stored_bytes();
-        let new_bytes_raw = pending.rows.iter().map(|r| u64::from(r.raw_len)).sum();
+        let wrote = Wrote::of(&pending, self.files_read, self.started);
         let ref_name = self.opts.ref_name.clone();
         // On failure the session's packs stay as orphans (no committed row names them):
         // removing them here could race an ambiguous commit; gc removes them safely.
@@ -186,24 +240,9 @@ impl Finish<'_> {
             extra(tx)
         })?;
         Ok(ImportReport {
-            snapshot: id,
-            root,
-            files: counts.files,
-            dirs: counts.dirs,
-            symlinks: counts.symlinks,
-            bytes: counts.bytes,
-            excluded: counts.excluded,
-            files_read: self.files_read,
-            objects_written,
-            new_bytes_stored,
-            new_bytes_raw,
-            ref_name,
-            parents: snap.parents,
-            elapsed_ms: self.started.elapsed().as_secs_f64() * 1e3,
             warnings: self.warnings,
-            unchanged: false,
-            pinned_by: None,
             resumed: self.resumed,
+            ..ImportReport::new(id, snap, ref_name, wrote)
         })
     }
 }

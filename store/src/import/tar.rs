@@ -25,7 +25,6 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::import::builder::{Builder, Item, Slot};
-use crate::import::dir::recorded_xattr;
 use crate::import::exclude::Excluder;
 use crate::import::{Finish, ImportOptions, ImportReport, Progress};
 use crate::ingest::Ingest;
@@ -33,6 +32,7 @@ use crate::lock::StoreLock;
 use crate::snapshot::Source;
 use crate::store::Store;
 use crate::tree::{self, Kind};
+use crate::xattrs::recorded_xattr;
 
 /// Bytes of read buffer between the archive file and the decoder.
 const READ_BUFFER_BYTES: usize = 1 << 20;

@@ -1,6 +1,6 @@
 //! Import then export gives back the same tree, byte for byte.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

@@ -1,7 +1,7 @@
 //! Git import: a revision imports to exactly what `git archive` gives, and to the same
 //! tree as a clean checkout imported as a directory.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

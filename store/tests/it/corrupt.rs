@@ -1,21 +1,11 @@
 //! Corrupt data is never served: every read path refuses it, naming the object.
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::FileExt;
 
 use cowspace_store::{ErrorKind, ImportOptions, Store, StoreConfig};
 
-fn packs(root: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut v: Vec<_> = fs::read_dir(root.join("store/packs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "pack"))
-        .collect();
-    v.sort();
-    v
-}
+use crate::common::pack_files as packs;
 
 #[test]
 fn a_flipped_byte_is_found_by_fsck_and_refused_by_every_read() {
@@ -43,11 +33,8 @@ fn a_flipped_byte_is_found_by_fsck_and_refused_by_every_read() {
         .into_iter()
         .max_by_key(|p| fs::metadata(p).unwrap().len())
         .unwrap();
-    let f = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&pack)
-        .unwrap();
+    let mut rw = fs::OpenOptions::new();
+    let f = rw.read(true).write(true).open(&pack).unwrap();
     let mut b = [0u8; 1];
     let at = 1_000_000;
     f.read_exact_at(&mut b, at).unwrap();

@@ -10,6 +10,8 @@ use std::process::Command;
 use cowspace_store::{ErrorKind, ImportOptions, Source, Store, StoreConfig, TreeId};
 use proptest::prelude::*;
 
+use crate::common;
+
 /// A canonical listing of a tree: root mode, then path, kind, mode, size, content or
 /// target, link count and recorded xattrs of everything under it.
 fn listing(root: &Path) -> Vec<String> {
@@ -29,12 +31,7 @@ fn listing(root: &Path) -> Vec<String> {
         v.join(",")
     }
     fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
-        let mut names: Vec<_> = fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        names.sort();
-        for n in names {
+        for n in common::sorted_names(dir) {
             let p = dir.join(&n);
             let rel = p.strip_prefix(root).unwrap().display().to_string();
             let m = fs::symlink_metadata(&p).unwrap();
@@ -384,19 +381,6 @@ fn default_and_user_excludes_apply() {
     assert!(!out.join("notes.log").exists());
 }
 
-fn pack_count(root: &Path) -> usize {
-    fs::read_dir(root.join("store/packs"))
-        .unwrap()
-        .filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .path()
-                .extension()
-                .is_some_and(|x| x == "pack")
-        })
-        .count()
-}
-
 /// Builds an archive: a big file (so chunks reach the pack writer), then `bad`.
 fn with_bad(dest: &Path, bad: impl FnOnce(&mut tar::Builder<Vec<u8>>)) -> PathBuf {
     let mut b = tar::Builder::new(Vec::new());
@@ -419,7 +403,7 @@ fn unsafe_entries_are_refused_and_nothing_is_stored() {
     let good = with_bad(&tmp.path().join("good.tar"), |_| {});
     store.import_tar(&good, &ImportOptions::new()).unwrap();
     let before_ids = store.snapshot_ids().unwrap();
-    let before_packs = pack_count(&root);
+    let before_packs = common::pack_files(&root).len();
 
     type Bad = Box<dyn FnOnce(&mut tar::Builder<Vec<u8>>)>;
     let long_name = format!("{}/x", "n".repeat(256));
@@ -515,7 +499,7 @@ fn unsafe_entries_are_refused_and_nothing_is_stored() {
         assert!(e.to_string().contains(entry), "{what}: {e}");
         assert_eq!(store.snapshot_ids().unwrap(), before_ids, "{what}");
         assert_eq!(
-            pack_count(&root),
+            common::pack_files(&root).len(),
             before_packs,
             "{what}: the session's packs are removed"
         );
@@ -565,7 +549,7 @@ fn not_an_archive_is_invalid_input() {
     fs::write(&p, bytes).unwrap();
     let e = store.import_tar(&p, &ImportOptions::new()).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::InvalidInput, "{e}");
-    assert_eq!(pack_count(&tmp.path().join("root")), 0);
+    assert_eq!(common::pack_files(&tmp.path().join("root")).len(), 0);
 }
 
 proptest! {

@@ -2,7 +2,7 @@
 //! compressed by every worker, xattrs read by the workers, index lookups skipped for an
 //! empty store — store exactly what one worker stores.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::Path;

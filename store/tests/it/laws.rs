@@ -1,6 +1,6 @@
 //! Laws of the store, checked on random inputs.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;

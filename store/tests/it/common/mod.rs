@@ -1,19 +1,16 @@
 //! Helpers shared by the store's integration tests.
 #![allow(dead_code)]
 
+pub mod crashing;
+
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// A canonical listing of a tree: path, kind, mode, size, content or target, link count.
 pub fn listing(root: &Path) -> Vec<String> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
-        let mut names: Vec<_> = fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        names.sort();
-        for n in names {
+        for n in sorted_names(dir) {
             let p = dir.join(&n);
             let rel = p.strip_prefix(root).unwrap().display().to_string();
             let m = fs::symlink_metadata(&p).unwrap();
@@ -40,4 +37,40 @@ pub fn listing(root: &Path) -> Vec<String> {
     let mut out = vec![];
     walk(root, root, &mut out);
     out
+}
+
+/// `len` pseudo-random bytes from `seed` (xorshift): incompressible, and different for
+/// every seed.
+pub fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let step = |x: u64| {
+        let x = x ^ (x << 13);
+        let x = x ^ (x >> 7);
+        x ^ (x << 17)
+    };
+    let first = step(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    std::iter::successors(Some(first), |&x| Some(step(x)))
+        .take(len)
+        .map(|x| x as u8)
+        .collect()
+}
+
+/// The pack files of the store at `root`, sorted.
+pub fn pack_files(root: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<_> = fs::read_dir(root.join("store/packs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pack"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// The names in directory `dir`, sorted.
+pub fn sorted_names(dir: &Path) -> Vec<std::ffi::OsString> {
+    let mut names: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    names
 }

@@ -2,7 +2,7 @@
 //! few, every snapshot exporting as imported and fsck clean; a reader whose object moved
 //! between its lookup and its read still reads it; a running import keeps repack out.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io;
@@ -16,19 +16,6 @@ use cowspace_store::{ErrorKind, ImportOptions, SnapshotId, Store, StoreConfig};
 
 /// Tiny imports, each its own pack.
 const TINY_IMPORTS: usize = 40;
-
-fn packs(root: &Path) -> usize {
-    fs::read_dir(root.join("store/packs"))
-        .unwrap()
-        .filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .path()
-                .extension()
-                .is_some_and(|x| x == "pack")
-        })
-        .count()
-}
 
 /// `TINY_IMPORTS` imports of a small tree that changes one file each time, all on ref
 /// `main`: (snapshot, a copy of the source as imported).
@@ -66,7 +53,7 @@ fn repack_merges_the_packs_of_many_tiny_imports() {
     let root = tmp.path().join("root");
     let store = Store::init(&root, StoreConfig::default()).unwrap();
     let snaps = tiny_imports(&store, tmp.path());
-    assert_eq!(packs(&root), TINY_IMPORTS);
+    assert_eq!(common::pack_files(&root).len(), TINY_IMPORTS);
 
     let dry = store
         .repack(RepackOptions {
@@ -76,14 +63,22 @@ fn repack_merges_the_packs_of_many_tiny_imports() {
         .unwrap();
     assert_eq!(dry.packs.len(), TINY_IMPORTS, "{dry:?}");
     assert!(dry.packs.iter().all(|p| p.why.contains("small")), "{dry:?}");
-    assert_eq!(packs(&root), TINY_IMPORTS, "a dry run rewrites nothing");
+    assert_eq!(
+        common::pack_files(&root).len(),
+        TINY_IMPORTS,
+        "a dry run rewrites nothing"
+    );
 
     let r = store.repack(RepackOptions::default()).unwrap();
     assert_eq!(r.packs_before, TINY_IMPORTS as u64, "{r:?}");
     assert_eq!(r.packs_after, 1, "{r:?}");
     assert!(r.bytes_after <= r.bytes_before, "{r:?}");
     assert!(r.kept_damaged.is_empty());
-    assert_eq!(packs(&root), 1, "the old pack files are gone");
+    assert_eq!(
+        common::pack_files(&root).len(),
+        1,
+        "the old pack files are gone"
+    );
     let f = store.fsck().unwrap();
     assert!(f.is_clean() && f.orphan_packs.is_empty(), "{f:?}");
     exports_intact(&store, &snaps, tmp.path(), "repack");
@@ -102,7 +97,7 @@ fn gc_merges_small_packs_too() {
     let snaps = tiny_imports(&store, tmp.path());
     let r = store.gc(GcOptions::default()).unwrap();
     assert_eq!(r.packs_rewritten, TINY_IMPORTS as u64, "{r:?}");
-    assert_eq!(packs(&root), 1);
+    assert_eq!(common::pack_files(&root).len(), 1);
     assert!(store.fsck().unwrap().is_clean());
     exports_intact(&store, &snaps, tmp.path(), "gc");
 }
@@ -176,7 +171,7 @@ fn a_reader_whose_object_moved_after_its_lookup_reads_it_where_it_is_now() {
     let out = tmp.path().join("out-moved");
     reader.export_dir(snap, &out).unwrap();
     assert_eq!(common::listing(copy), common::listing(&out));
-    assert_eq!(packs(&root), 1, "the repack ran");
+    assert_eq!(common::pack_files(&root).len(), 1, "the repack ran");
     exports_intact(&reader, &snaps, tmp.path(), "after");
 }
 
@@ -188,13 +183,19 @@ fn gc_removes_a_pack_file_its_writer_left_unnamed() {
     // What a writer killed between creating its new pack and naming it leaves.
     let unnamed = root.join("store/packs/0123456789abcdef.pack.new");
     fs::write(&unnamed, b"").unwrap();
-    let r = store.gc(GcOptions::default()).unwrap();
+    // Waiting for the store lock: a child another test starts (`git`) holds a copy of
+    // every descriptor between its fork and its exec.
+    let wait = GcOptions {
+        wait: true,
+        ..GcOptions::default()
+    };
+    let r = store.gc(wait).unwrap();
     assert_eq!(r.unnamed_packs_removed, 1, "{r:?}");
     assert!(!unnamed.exists());
     // One a live writer holds (locked) stays.
     let held = fs::File::create(&unnamed).unwrap();
     held.lock().unwrap();
-    let r = store.gc(GcOptions::default()).unwrap();
+    let r = store.gc(wait).unwrap();
     assert_eq!(r.unnamed_packs_removed, 0, "{r:?}");
     assert!(unnamed.exists());
 }

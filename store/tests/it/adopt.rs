@@ -2,29 +2,17 @@
 //! sound chunk records, only from a pack no writer holds; the result passes fsck and
 //! exports as the source is.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::path::Path;
 
 use cowspace_store::{ImportOptions, Store, StoreConfig};
 
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn source(dir: &Path) {
     fs::create_dir_all(dir).unwrap();
     for i in 0..20u64 {
-        fs::write(dir.join(format!("f{i}.bin")), noise(i + 1, 20_000)).unwrap();
+        fs::write(dir.join(format!("f{i}.bin")), common::noise(i + 1, 20_000)).unwrap();
     }
 }
 

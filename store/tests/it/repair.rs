@@ -4,7 +4,7 @@
 //! a plain re-import of that source, after which fsck is clean and every snapshot exports
 //! as imported. Nothing a repair does loses a good object.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::os::unix::fs::FileExt;
@@ -24,18 +24,6 @@ struct Fixture {
     other_snap: SnapshotId,
 }
 
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 /// `src` on ref `main`: a multi-chunk file, a small file, a subdirectory; and another
 /// tree sharing nothing with it, on ref `other`. The stat cache records every file (a
 /// re-import then reads none unless told to).
@@ -43,7 +31,7 @@ fn fixture() -> Fixture {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("src");
     fs::create_dir_all(src.join("dir")).unwrap();
-    fs::write(src.join("big.bin"), noise(1, 900 * 1024)).unwrap();
+    fs::write(src.join("big.bin"), common::noise(1, 900 * 1024)).unwrap();
     fs::write(src.join("small.txt"), "small\n").unwrap();
     fs::write(src.join("dir/inner.txt"), "inner\n").unwrap();
     let other = tmp.path().join("other");

@@ -1,7 +1,7 @@
 //! Faults injected at the pack backend: a failed write or sync leaves the store as it
 //! was (fsck clean, every earlier snapshot intact, nothing half-committed).
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io;

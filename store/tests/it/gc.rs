@@ -1,7 +1,7 @@
 //! gc keeps what refs, their parent chains, pins and recent snapshots need; removes the
 //! rest; rewrites mostly-dead packs; leaves a store that passes fsck.
 
-mod common;
+use crate::common;
 
 use std::fs;
 
@@ -62,13 +62,7 @@ fn gc_keeps_what_is_needed_and_removes_the_rest() {
     assert_eq!(dry.snapshots_removed, vec![sc]);
     assert!(store.snapshot(&sc).is_ok(), "a dry run removes nothing");
 
-    let r = store
-        .gc(GcOptions {
-            dry_run: false,
-            grace_secs: 0,
-            wait: false,
-        })
-        .unwrap();
+    let r = store.gc(NOW).unwrap();
     assert_eq!(r.snapshots_removed, vec![sc]);
     assert!(
         r.objects_removed >= 51,
@@ -85,13 +79,7 @@ fn gc_keeps_what_is_needed_and_removes_the_rest() {
 
     // Unpinned, d goes too; its pack held only d's objects and is dropped or rewritten.
     store.unpin("ws-1").unwrap();
-    let r = store
-        .gc(GcOptions {
-            dry_run: false,
-            grace_secs: 0,
-            wait: false,
-        })
-        .unwrap();
+    let r = store.gc(NOW).unwrap();
     assert_eq!(r.snapshots_removed, vec![sd]);
     assert!(r.packs_removed + r.packs_rewritten >= 1, "{r:?}");
     assert!(store.fsck().unwrap().is_clean());

@@ -1,8 +1,6 @@
 //! Editing a snapshot gives the same tree as importing the edited directory, and rewrites
 //! only the directories on the changed paths.
 
-mod common;
-
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 

@@ -1,0 +1,19 @@
+//! The store's integration tests, in one binary: one module per area, sharing `common`.
+
+mod common;
+
+mod adopt;
+mod corrupt;
+mod crash;
+mod edit;
+mod faults;
+mod fixture_v1;
+mod gc;
+mod import_git;
+mod import_tar;
+mod laws;
+mod open;
+mod pipeline;
+mod repack;
+mod repair;
+mod roundtrip;

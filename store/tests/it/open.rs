@@ -1,0 +1,45 @@
+//! A new runtime root opened by many at once: every opener gets the store.
+
+use cowspace_store::{Store, StoreConfig};
+
+/// Threads opening the new root at once.
+const OPENERS: usize = 16;
+
+#[test]
+fn a_new_root_opened_by_many_at_once_opens_for_all() {
+    // Rounds, each on a new root: one round seldom shows a race.
+    for _ in 0..10 {
+        let tmp = tempfile::tempdir().unwrap();
+        drop(Store::init(tmp.path(), StoreConfig::default()).unwrap());
+        let barrier = std::sync::Barrier::new(OPENERS);
+        let open = || {
+            barrier.wait();
+            Store::open(tmp.path(), StoreConfig::default()).map(drop)
+        };
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..OPENERS).map(|_| s.spawn(open)).collect();
+            for h in handles {
+                h.join().expect("an opener panicked").expect("open");
+            }
+        });
+    }
+}
+
+#[test]
+fn a_new_root_is_in_wal_mode_with_nothing_beside_its_index() {
+    let tmp = tempfile::tempdir().unwrap();
+    drop(Store::init(tmp.path(), StoreConfig::default()).unwrap());
+    let store_dir = tmp.path().join("store");
+    let conn = rusqlite::Connection::open(store_dir.join("index.db")).unwrap();
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    drop(conn);
+    let names = crate::common::sorted_names(&store_dir);
+    let init_files: Vec<_> = names
+        .iter()
+        .filter(|n| n.to_string_lossy().starts_with("index.db.init"))
+        .collect();
+    assert!(init_files.is_empty(), "left by init: {init_files:?}");
+}
