@@ -28,70 +28,29 @@ const MAX_READY_LINE_BYTES: u64 = 64 * 1024;
 const MAX_HELPER_STDERR_BYTES: u64 = 64 * 1024;
 
 /// What a sandbox is started with (the `sandbox start` flags; the control socket's
-/// `sandbox_start` args).
-#[derive(Debug, Clone, Default, serde::Deserialize)]
-#[serde(default)]
-pub struct SandboxOptions {
-    /// `none` or `loopback`.
-    pub net: Option<String>,
-    /// Memory limit (bytes, or with `k`/`m`/`g`; a JSON number is bytes).
-    #[serde(deserialize_with = "bytes_text")]
-    pub memory: Option<String>,
-    /// Most processes at once.
-    pub pids: Option<u64>,
-    /// CPU bandwidth in CPUs.
-    pub cpus: Option<f64>,
-    /// The CPUs its processes may run on (a list such as `0-1,3`).
-    pub cpuset_cpus: Option<String>,
-    /// Internal ports to publish.
-    pub publish: Vec<u16>,
-    /// `K=V` added to every command's environment.
-    pub env: Vec<String>,
-    /// `SRC:DST` read-only binds.
-    pub ro_bind: Vec<String>,
-    /// `NAME=HOSTFILE` secrets.
-    pub secret: Vec<String>,
-}
+/// `sandbox_start` args): the helper's own [`sandbox_helper::spec::Controls`].
+pub type SandboxOptions = sandbox_helper::spec::Controls;
 
-impl SandboxOptions {
-    /// These options with what they leave unset taken from the configuration's
-    /// `[sandbox]` defaults. Its `net` applies only to a sandbox that publishes no port
-    /// (one that does gets `loopback` unless it names a network).
-    pub fn with_defaults(mut self, d: &crate::config::SandboxDefaults) -> SandboxOptions {
-        if self.net.is_none() && self.publish.is_empty() {
-            self.net = d.net.as_ref().map(|s| s.value.clone());
-        }
-        if self.memory.is_none() {
-            self.memory = d.memory.as_ref().map(|s| s.value.clone());
-        }
-        if self.pids.is_none() {
-            self.pids = d.pids.as_ref().map(|s| s.value);
-        }
-        if self.cpus.is_none() {
-            self.cpus = d.cpus.as_ref().map(|s| s.value);
-        }
-        if self.cpuset_cpus.is_none() {
-            self.cpuset_cpus = d.cpuset_cpus.as_ref().map(|s| s.value.clone());
-        }
-        self
+/// `o` with what it leaves unset taken from the configuration's `[sandbox]` defaults.
+/// Their `net` applies only to a sandbox that publishes no port (one that does gets
+/// `loopback` unless it names a network).
+pub fn with_defaults(mut o: SandboxOptions, d: &crate::config::SandboxDefaults) -> SandboxOptions {
+    if o.net.is_none() && o.publish.is_empty() {
+        o.net = d.net.as_ref().and_then(|s| s.value.parse().ok());
     }
-}
-
-/// A size given as text (`"512m"`) or as a number of bytes.
-fn bytes_text<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> std::result::Result<Option<String>, D::Error> {
-    use serde::Deserialize;
-    Ok(match Option::<Value>::deserialize(d)? {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s),
-        Some(Value::Number(n)) => Some(n.to_string()),
-        Some(other) => {
-            return Err(serde::de::Error::custom(format!(
-                "memory: expected bytes or a size such as \"512m\", got {other}"
-            )));
-        }
-    })
+    if o.memory.is_none() {
+        o.memory = d.memory.as_ref().map(|s| s.value.clone());
+    }
+    if o.pids.is_none() {
+        o.pids = d.pids.as_ref().map(|s| s.value);
+    }
+    if o.cpus.is_none() {
+        o.cpus = d.cpus.as_ref().map(|s| s.value);
+    }
+    if o.cpuset_cpus.is_none() {
+        o.cpuset_cpus = d.cpuset_cpus.as_ref().map(|s| s.value.clone());
+    }
+    o
 }
 
 /// The `sandbox-helper` binary: `$COWSPACE_SANDBOX_HELPER`, else the one next to the
@@ -284,7 +243,7 @@ impl Runtime {
     fn helper_flags(&self, rec: &Record, o: &SandboxOptions) -> Vec<String> {
         let mut a = Vec::new();
         if let Some(net) = &o.net {
-            a.push(format!("--net={net}"));
+            a.push(format!("--net={}", net.as_str()));
         }
         if let Some(m) = &o.memory {
             a.push(format!("--memory={m}"));

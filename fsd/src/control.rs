@@ -224,8 +224,10 @@ impl Server {
                 }
                 "sandbox_start" => {
                     let ws = ws_arg(req)?;
-                    let o = args::<crate::sandbox::SandboxOptions>(req)?
-                        .with_defaults(&self.config.sandbox());
+                    let o = crate::sandbox::with_defaults(
+                        args::<crate::sandbox::SandboxOptions>(req)?,
+                        &self.config.sandbox(),
+                    );
                     rt.sandbox_start(&ws, &o)?
                 }
                 "sandbox_stop" => rt.sandbox_stop(&ws_arg(req)?)?,

@@ -229,7 +229,10 @@ pub struct SandboxFlags {
 impl From<SandboxFlags> for cowspace::sandbox::SandboxOptions {
     fn from(f: SandboxFlags) -> Self {
         Self {
-            net: f.net,
+            net: f.net.as_deref().map(|n| match n {
+                "loopback" => sandbox_helper::spec::Net::Loopback,
+                _ => sandbox_helper::spec::Net::None,
+            }),
             memory: f.memory,
             pids: f.pids,
             cpus: f.cpus,

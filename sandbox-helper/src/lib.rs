@@ -22,6 +22,7 @@
 //!
 //! ```no_run
 //! use std::path::PathBuf;
+//! use sandbox_helper::spec::Controls;
 //! use sandbox_helper::{Options, Spec, SpecInput};
 //!
 //! let opts = Options {
@@ -31,9 +32,12 @@
 //! let input = SpecInput {
 //!     name: "worker-1".into(),
 //!     dir: PathBuf::from("/srv/workspaces/worker-1"),
-//!     memory: Some("512m".into()),
-//!     pids: Some(256),
-//!     publish: vec![3000],
+//!     controls: Controls {
+//!         memory: Some("512m".into()),
+//!         pids: Some(256),
+//!         publish: vec![3000],
+//!         ..Controls::default()
+//!     },
 //!     command: vec!["python3".into(), "-m".into(), "http.server".into(), "3000".into()],
 //!     ..SpecInput::default()
 //! };

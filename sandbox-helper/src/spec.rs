@@ -48,7 +48,7 @@ const RESERVED_TARGETS: [&str; 13] = [
 ];
 
 /// Network policy of a sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Net {
     /// A network namespace whose only interface is a loopback that stays down.
@@ -161,6 +161,50 @@ pub struct Spec {
     pub share_host_mount: bool,
 }
 
+/// What a sandbox is started with besides its workspace and command: the `sandbox
+/// start` and `run` flags, the control socket's `sandbox_start` args and the runtime's
+/// `SandboxOptions` are all this. Unvalidated.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Controls {
+    /// `--net`; `None` means `loopback` when ports are published, else `none`.
+    pub net: Option<Net>,
+    /// `--memory` (bytes, or with a `k`/`m`/`g` suffix; a JSON number is bytes).
+    #[serde(deserialize_with = "bytes_text")]
+    pub memory: Option<String>,
+    /// `--pids`: most processes at once.
+    pub pids: Option<u64>,
+    /// `--cpus`: CPU bandwidth in CPUs.
+    pub cpus: Option<f64>,
+    /// `--cpuset-cpus`: the CPUs its processes may run on (a list such as `0-1,3`).
+    pub cpuset_cpus: Option<String>,
+    /// `--publish`: internal ports to publish.
+    pub publish: Vec<u16>,
+    /// `--env K=V`, added to every command's environment.
+    pub env: Vec<String>,
+    /// `--ro-bind SRC:DST`, read-only binds.
+    pub ro_bind: Vec<String>,
+    /// `--secret NAME=HOSTFILE`.
+    pub secret: Vec<String>,
+}
+
+/// A size given as text (`"512m"`) or as a number of bytes.
+fn bytes_text<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<String>, D::Error> {
+    use serde::Deserialize;
+    Ok(match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(s)) => Some(s),
+        Some(serde_json::Value::Number(n)) => Some(n.to_string()),
+        Some(other) => {
+            return Err(serde::de::Error::custom(format!(
+                "memory: expected bytes or a size such as \"512m\", got {other}"
+            )));
+        }
+    })
+}
+
 /// Unvalidated input, as parsed from the command line.
 #[derive(Debug, Clone, Default)]
 pub struct SpecInput {
@@ -168,24 +212,8 @@ pub struct SpecInput {
     pub name: String,
     /// `--dir`.
     pub dir: PathBuf,
-    /// `--net`; `None` means `loopback` when ports are published, else `none`.
-    pub net: Option<Net>,
-    /// `--memory` (bytes, or with a `k`/`m`/`g` suffix).
-    pub memory: Option<String>,
-    /// `--pids`.
-    pub pids: Option<u64>,
-    /// `--cpus`.
-    pub cpus: Option<f64>,
-    /// `--cpuset-cpus` (a CPU list such as `0-1,3`).
-    pub cpuset_cpus: Option<String>,
-    /// `--publish`.
-    pub publish: Vec<u16>,
-    /// `--env K=V`.
-    pub env: Vec<String>,
-    /// `--ro-bind SRC:DST`.
-    pub ro_bind: Vec<String>,
-    /// `--secret NAME=HOSTFILE`.
-    pub secret: Vec<String>,
+    /// The limits, network and what is passed in.
+    pub controls: Controls,
     /// The command.
     pub command: Vec<String>,
     /// `--suspend-host-mount`.
@@ -219,10 +247,10 @@ impl Spec {
             ));
         }
         for list in [
-            input.env.len(),
-            input.ro_bind.len(),
-            input.publish.len(),
-            input.secret.len(),
+            input.controls.env.len(),
+            input.controls.ro_bind.len(),
+            input.controls.publish.len(),
+            input.controls.secret.len(),
         ] {
             if list > MAX_LIST_ENTRIES {
                 return Err(Error::InvalidInput(format!(
@@ -264,7 +292,7 @@ impl Spec {
             check_suspendable(&workspace, overlay.as_ref(), state_dir)?;
         }
 
-        let net = match (input.net, input.publish.is_empty()) {
+        let net = match (input.controls.net, input.controls.publish.is_empty()) {
             (Some(Net::None), false) => {
                 return Err(Error::InvalidInput(
                     "--publish needs a loopback inside: use --net loopback (or leave --net out)"
@@ -276,14 +304,14 @@ impl Spec {
             (None, false) => Net::Loopback,
         };
 
-        let mut publish = input.publish.clone();
+        let mut publish = input.controls.publish.clone();
         publish.sort_unstable();
         publish.dedup();
         if publish.contains(&0) {
             return Err(Error::InvalidInput("--publish 0: not a port".into()));
         }
 
-        let cpuset = match &input.cpuset_cpus {
+        let cpuset = match &input.controls.cpuset_cpus {
             None => None,
             Some(text) => {
                 let cpus = crate::cgroup::cpuset::parse_list(text)
@@ -300,9 +328,14 @@ impl Spec {
             }
         };
         let limits = Limits {
-            memory_bytes: input.memory.as_deref().map(parse_bytes).transpose()?,
-            pids: input.pids,
-            cpus: input.cpus,
+            memory_bytes: input
+                .controls
+                .memory
+                .as_deref()
+                .map(parse_bytes)
+                .transpose()?,
+            pids: input.controls.pids,
+            cpus: input.controls.cpus,
             cpuset,
         };
         if let Some(m) = limits.memory_bytes
@@ -347,7 +380,7 @@ impl Spec {
                 env.insert(key.to_string(), value);
             }
         }
-        for entry in &input.env {
+        for entry in &input.controls.env {
             let (k, v) = entry.split_once('=').ok_or_else(|| {
                 Error::InvalidInput(format!("--env {entry:?}: expected KEY=VALUE"))
             })?;
@@ -360,7 +393,7 @@ impl Spec {
         }
 
         let mut ro_binds = Vec::new();
-        for entry in &input.ro_bind {
+        for entry in &input.controls.ro_bind {
             let (src, dst) = entry.split_once(':').ok_or_else(|| {
                 Error::InvalidInput(format!("--ro-bind {entry:?}: expected SRC:DST"))
             })?;
@@ -387,7 +420,7 @@ impl Spec {
         }
 
         let mut secrets: Vec<Secret> = Vec::new();
-        for entry in &input.secret {
+        for entry in &input.controls.secret {
             let (name, file) = entry.split_once('=').ok_or_else(|| {
                 Error::InvalidInput(format!("--secret {entry:?}: expected NAME=HOSTFILE"))
             })?;
@@ -535,19 +568,19 @@ mod tests {
             Spec::validate(i.clone(), &not_yet).is_err(),
             "future state dir inside"
         );
-        i.ro_bind = vec![format!("{}:/deps", state.display())];
+        i.controls.ro_bind = vec![format!("{}:/deps", state.display())];
         assert!(
             Spec::validate(i.clone(), &state).is_err(),
             "state dir bound"
         );
-        i.ro_bind = vec![format!("{}:/etc/x", ws.display())];
+        i.controls.ro_bind = vec![format!("{}:/etc/x", ws.display())];
         assert!(
             Spec::validate(i.clone(), &state).is_err(),
             "reserved target"
         );
-        i.ro_bind = vec![format!("{}:/deps/../etc", ws.display())];
+        i.controls.ro_bind = vec![format!("{}:/deps/../etc", ws.display())];
         assert!(Spec::validate(i.clone(), &state).is_err(), "dot-dot target");
-        i.ro_bind = vec![format!("{}:/deps/cache", ws.display())];
+        i.controls.ro_bind = vec![format!("{}:/deps/cache", ws.display())];
         let spec = Spec::validate(i, &state).unwrap();
         assert_eq!(spec.ro_binds[0].target, Path::new("/deps/cache"));
         assert_eq!(spec.net, Net::None);
@@ -562,20 +595,20 @@ mod tests {
         std::fs::create_dir(&i.dir).unwrap();
         let file = tmp.path().join("token");
         std::fs::write(&file, "s3cr3t").unwrap();
-        i.secret = vec![format!("api-token={}", file.display())];
+        i.controls.secret = vec![format!("api-token={}", file.display())];
         let spec = Spec::validate(i.clone(), &state).unwrap();
         assert_eq!(spec.secrets[0].contents, b"s3cr3t");
         assert!(!format!("{spec:?}").contains("s3cr3t"));
         for bad in ["../x", ".hidden", "a/b", ""] {
-            i.secret = vec![format!("{bad}={}", file.display())];
+            i.controls.secret = vec![format!("{bad}={}", file.display())];
             assert!(Spec::validate(i.clone(), &state).is_err(), "{bad:?}");
         }
-        i.secret = vec![
+        i.controls.secret = vec![
             format!("a={}", file.display()),
             format!("a={}", file.display()),
         ];
         assert!(Spec::validate(i.clone(), &state).is_err(), "duplicate");
-        i.secret = vec![format!("d={}", tmp.path().display())];
+        i.controls.secret = vec![format!("d={}", tmp.path().display())];
         assert!(Spec::validate(i, &state).is_err(), "directory");
     }
 
@@ -586,11 +619,11 @@ mod tests {
         let mut i = input(tmp.path());
         i.dir = tmp.path().join("ws");
         std::fs::create_dir(&i.dir).unwrap();
-        i.publish = vec![3000, 3000];
+        i.controls.publish = vec![3000, 3000];
         let spec = Spec::validate(i.clone(), &state).unwrap();
         assert_eq!(spec.net, Net::Loopback);
         assert_eq!(spec.publish, vec![3000]);
-        i.net = Some(Net::None);
+        i.controls.net = Some(Net::None);
         assert!(Spec::validate(i, &state).is_err());
     }
 
@@ -620,13 +653,13 @@ mod tests {
         let mut i = input(tmp.path());
         i.dir = tmp.path().join("ws");
         std::fs::create_dir(&i.dir).unwrap();
-        i.memory = Some("1k".into());
+        i.controls.memory = Some("1k".into());
         assert!(Spec::validate(i.clone(), &state).is_err());
-        i.memory = None;
-        i.pids = Some(1);
+        i.controls.memory = None;
+        i.controls.pids = Some(1);
         assert!(Spec::validate(i.clone(), &state).is_err());
-        i.pids = None;
-        i.cpus = Some(f64::NAN);
+        i.controls.pids = None;
+        i.controls.cpus = Some(f64::NAN);
         assert!(Spec::validate(i, &state).is_err());
     }
 }

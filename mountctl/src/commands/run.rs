@@ -13,7 +13,8 @@ use crate::output::Ctx;
 
 pub fn run(ctx: &Ctx, a: RunArgs) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
-    let opts = SandboxOptions::from(a.sandbox).with_defaults(&ctx.config.sandbox());
+    let opts =
+        cowspace::sandbox::with_defaults(SandboxOptions::from(a.sandbox), &ctx.config.sandbox());
     let code = rt.sandbox_run(&a.workspace, &opts, &a.command, ctx.json)?;
     Ok(ExitCode::from(code))
 }

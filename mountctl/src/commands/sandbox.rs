@@ -88,7 +88,8 @@ fn describe(v: &Value) -> String {
 }
 
 fn start(ctx: &Ctx, rt: &cowspace::runtime::Runtime, a: StartArgs) -> anyhow::Result<ExitCode> {
-    let opts = SandboxOptions::from(a.sandbox).with_defaults(&ctx.config.sandbox());
+    let opts =
+        cowspace::sandbox::with_defaults(SandboxOptions::from(a.sandbox), &ctx.config.sandbox());
     let v = rt.sandbox_start(&a.workspace, &opts)?;
     // The helper's notes (published ports) go to stderr, as `run` prints them.
     if let Some(m) = v["messages"].as_array() {
