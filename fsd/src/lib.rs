@@ -13,6 +13,7 @@ pub mod cow;
 pub mod daemon;
 pub mod error;
 pub mod fromgit;
+mod fusecore;
 pub mod gitfsmonitor;
 pub mod materializer;
 pub mod mounts;

@@ -54,7 +54,7 @@ use nix::sys::stat::Mode;
 use nix::sys::time::TimeSpec;
 use xattr::FileExt as _;
 
-use super::layers::{copy_range, fd_path};
+use super::fdio::{copy_range, fd_path};
 
 /// The xattr recording a copy-up in progress (see the module docs for its layout).
 /// `trusted.*`: never recorded by commits, never shown to the workspace.

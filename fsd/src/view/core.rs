@@ -11,8 +11,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use cowspace_store::{ContentId, Entry, Kind, SnapshotId, Store, Tree, TreeId};
 use fuser::{Errno, FileAttr, FileType, INodeNo};
 
-use super::errno::{errno_of, errno_of_io};
 use super::inode::{InodeKey, InodeTable, Node, NodeKind, ROOT_INO, child_path};
+use crate::fusecore::{errno_of_blob_io, errno_of_store};
 
 /// mtime, ctime and atime of everything in the view (seconds since the epoch), so
 /// attributes are the same in every mount and after restarts (`git status` trusts them).
@@ -117,7 +117,7 @@ impl ViewCore {
         let snap = self
             .store
             .snapshot(snapshot)
-            .map_err(|e| errno_of("read snapshot", &e))?;
+            .map_err(|e| errno_of_store("read snapshot", &e))?;
         let mut counts = LinkCounts::new();
         if snap.counts.hardlinks > 0 {
             let mut stack = vec![(snap.root, Vec::new())];
@@ -125,7 +125,7 @@ impl ViewCore {
                 let tree = self
                     .store
                     .tree(&id)
-                    .map_err(|e| errno_of("read tree", &e))?;
+                    .map_err(|e| errno_of_store("read tree", &e))?;
                 for e in &tree.entries {
                     match e.kind {
                         Kind::Dir => {
@@ -194,7 +194,7 @@ impl ViewCore {
         let snap = self
             .store
             .snapshot(&id)
-            .map_err(|e| errno_of("lookup snapshot", &e))?;
+            .map_err(|e| errno_of_store("lookup snapshot", &e))?;
         let mode = snap.root_mode & 0o7777;
         let key = InodeKey::of_snapshot_root(&id, &snap.root, mode);
         let nlink = self.dir_links(&snap.root)?;
@@ -224,7 +224,11 @@ impl ViewCore {
         let t = match cached {
             Some(t) => t,
             None => {
-                let t = Arc::new(self.store.tree(id).map_err(|e| errno_of("read tree", &e))?);
+                let t = Arc::new(
+                    self.store
+                        .tree(id)
+                        .map_err(|e| errno_of_store("read tree", &e))?,
+                );
                 self.trees
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -243,7 +247,11 @@ impl ViewCore {
         if let Some(t) = self.trees.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
             return Ok(t);
         }
-        let t = Arc::new(self.store.tree(id).map_err(|e| errno_of("read tree", &e))?);
+        let t = Arc::new(
+            self.store
+                .tree(id)
+                .map_err(|e| errno_of_store("read tree", &e))?,
+        );
         self.trees
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -357,16 +365,9 @@ impl ViewCore {
         self.ensured
             .open(&self.store, content, None)
             .map_err(|e| match e {
-                OpenBlobError::Store(e) => errno_of("materialise blob", &e),
-                OpenBlobError::Io(e) => errno_of_io("open blob", &e),
+                OpenBlobError::Store(e) => errno_of_store("materialise blob", &e),
+                OpenBlobError::Io(e) => errno_of_blob_io("open blob", e),
             })
-    }
-
-    /// A negative entry's placeholder attributes (node id 0: "no such name").
-    pub fn negative_attr(&self) -> FileAttr {
-        let mut a = self.attr(&self.root);
-        a.ino = INodeNo(0);
-        a
     }
 
     /// Whether a time is the view's fixed time (for tests).
