@@ -75,33 +75,50 @@ impl Cow {
             return self.table.get(ino);
         }
         let rel = self.table.path_of(&node)?;
-        let placed = if entry.kind == Kind::Dir {
-            self.layers.copy_up_dir(
-                target,
-                Source {
-                    rel: &rel,
-                    entry: &entry,
-                    ino,
-                },
-            )
-        } else {
-            self.copy_up_leaf(
-                target,
-                Source {
-                    rel: &rel,
-                    entry: &entry,
-                    ino,
-                },
-                empty,
-            )
+        let src = Source {
+            rel: &rel,
+            entry: &entry,
+            ino,
         };
-        let path = placed.map_err(|e| {
+        let path = self.copy_up_entry(target, src, empty).map_err(|e| {
             tracing::warn!(path = %String::from_utf8_lossy(&rel), error = %e, "copy-up failed");
             errno_of_io(e)
         })?;
         let fd = Arc::new(open_path(&path).map_err(errno_of_io)?);
         self.table.update(ino, |n| n.upper = Some(Arc::clone(&fd)));
         self.table.get(ino)
+    }
+
+    /// [`Layers::copy_up_dir`] of a directory, else [`Cow::copy_up_leaf`] (`empty`: a
+    /// file's content is not copied).
+    pub(super) fn copy_up_entry(
+        &self,
+        target: PathBuf,
+        src: Source<'_>,
+        empty: bool,
+    ) -> io::Result<PathBuf> {
+        if src.entry.kind == Kind::Dir {
+            self.layers.copy_up_dir(target, src)
+        } else {
+            self.copy_up_leaf(target, src, empty)
+        }
+    }
+
+    /// [`Cow::copy_up_entry`] (all of a file's content) of `name` in held directory
+    /// `dir_ino`, whose held node then learns the copy ([`Cow::note_copied`]). Called
+    /// under the copy-up lock.
+    fn copy_up_noted(
+        &self,
+        dir_ino: Option<u64>,
+        name: &[u8],
+        target: PathBuf,
+        src: Source<'_>,
+    ) -> Result<PathBuf, Errno> {
+        let placed = self
+            .copy_up_entry(target, src, false)
+            .map_err(errno_of_io)?;
+        self.note_copied(dir_ino, name, src.ino, &placed)?;
+        Ok(placed)
     }
 
     /// [`Layers::copy_up_leaf`], a copy-up still in progress registered before anything
@@ -171,18 +188,12 @@ impl Cow {
                 Ok(_) => return Ok(()),
                 Err(err) if err.kind() == io::ErrorKind::NotFound => {
                     let ino = lower_ino(&self.layers.snapshot, &child, &e);
-                    let placed = self
-                        .layers
-                        .copy_up_dir(
-                            target.clone(),
-                            Source {
-                                rel: &child,
-                                entry: &e,
-                                ino,
-                            },
-                        )
-                        .map_err(errno_of_io)?;
-                    self.note_copied(held, c, ino, &placed)?;
+                    let src = Source {
+                        rel: &child,
+                        entry: &e,
+                        ino,
+                    };
+                    self.copy_up_noted(held, c, target.clone(), src)?;
                     ino
                 }
                 Err(err) => return Err(errno_of_io(err)),
@@ -346,6 +357,11 @@ impl Cow {
             let child = join(rel, &e.name);
             let target = at(dir.as_ref(), &e.name);
             let ino = lower_ino(&self.layers.snapshot, &child, e);
+            let src = Source {
+                rel: &child,
+                entry: e,
+                ino,
+            };
             // Looked at and copied under the copy-up lock; a directory is then filled
             // without it.
             let beneath = {
@@ -365,18 +381,7 @@ impl Cow {
                     Ok(_) => None,
                     Err(err) if err.kind() == io::ErrorKind::NotFound => match e.kind {
                         Kind::Dir => {
-                            let placed = self
-                                .layers
-                                .copy_up_dir(
-                                    target.clone(),
-                                    Source {
-                                        rel: &child,
-                                        entry: e,
-                                        ino,
-                                    },
-                                )
-                                .map_err(errno_of_io)?;
-                            self.note_copied(dir_ino, &e.name, ino, &placed)?;
+                            let placed = self.copy_up_noted(dir_ino, &e.name, target, src)?;
                             Some((placed, ino))
                         }
                         Kind::Hardlink => {
@@ -391,18 +396,7 @@ impl Cow {
                             None
                         }
                         _ => {
-                            let placed = self
-                                .copy_up_leaf(
-                                    target.clone(),
-                                    Source {
-                                        rel: &child,
-                                        entry: e,
-                                        ino,
-                                    },
-                                    false,
-                                )
-                                .map_err(errno_of_io)?;
-                            self.note_copied(dir_ino, &e.name, ino, &placed)?;
+                            self.copy_up_noted(dir_ino, &e.name, target, src)?;
                             if e.kind == Kind::File {
                                 files.insert(child.clone(), (Arc::clone(dir), e.name.clone()));
                             }

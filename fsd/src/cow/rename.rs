@@ -285,7 +285,6 @@ impl Cow {
                 name,
                 Side {
                     ino,
-                    is_dir,
                     lower: Some(entry),
                     rel,
                     ..
@@ -300,14 +299,9 @@ impl Cow {
                 entry,
                 ino: *ino,
             };
-            if fs::symlink_metadata(&target).is_ok_and(|m| !is_whiteout(&m)) {
-                // Placed meanwhile as a name of a linked file copied up just now.
-            } else if *is_dir {
-                self.layers
-                    .copy_up_dir(target.clone(), src)
-                    .map_err(errno_of_io)?;
-            } else {
-                self.copy_up_leaf(target.clone(), src, false)
+            // Else placed meanwhile as a name of a linked file copied up just now.
+            if !fs::symlink_metadata(&target).is_ok_and(|m| !is_whiteout(&m)) {
+                self.copy_up_entry(target.clone(), src, false)
                     .map_err(errno_of_io)?;
             }
             let fd = Arc::new(open_path(&target).map_err(errno_of_io)?);
