@@ -245,20 +245,16 @@ impl Filesystem for CowFs {
         reply: ReplyEntry,
     ) {
         self.place(req);
-        let made = Cow::special_kind(mode).and_then(|kind| {
+        let what = match Cow::special_kind(mode) {
             // A regular file: a `create` the kernel makes this way in the cached mode.
-            let what = if kind == FileType::RegularFile {
-                Make::File { mode }
-            } else {
-                Make::Special {
-                    mode,
-                    rdev: u64::from(rdev),
-                }
-            };
-            self.cow
-                .make(parent.0, name.as_bytes(), what, req.uid(), req.gid())
-        });
-        self.made(made, reply)
+            Ok(FileType::RegularFile) => Make::File { mode },
+            Ok(_) => Make::Special {
+                mode,
+                rdev: u64::from(rdev),
+            },
+            Err(e) => return reply.error(e),
+        };
+        self.make(req, parent, name, what, reply)
     }
 
     fn mkdir(
