@@ -93,7 +93,7 @@ impl CowFs {
         if node.deleted && node.kind == FileType::RegularFile {
             return self.orphan_copy(ino, empty);
         }
-        let _r = self.cow.ns.read().unwrap_or_else(|p| p.into_inner());
+        let _r = self.cow.ns_read();
         self.cow.copy_up(ino, empty)
     }
 

@@ -50,6 +50,7 @@ impl Cow {
         self.copy_up_locked(ino, empty)
     }
 
+    /// [`Cow::copy_up`] under the copy-up lock, which the caller holds.
     pub(super) fn copy_up_locked(&self, ino: u64, empty: bool) -> Result<Node, Errno> {
         let _changes = self.names_change();
         let node = self.table.get(ino)?;
@@ -487,7 +488,7 @@ impl Cow {
     ) -> Result<(Node, File, Option<Arc<Pending>>), Errno> {
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         let node = if node.upper.is_none() && write {
-            let _r = self.ns.read().unwrap_or_else(|p| p.into_inner());
+            let _r = self.ns_read();
             self.copy_up(node.ino, flags & libc::O_TRUNC != 0)?
         } else {
             node.clone()

@@ -336,7 +336,7 @@ impl Filesystem for CowFs {
                 return Err(Errno::EPERM);
             }
             let source = {
-                let _r = self.cow.ns.read().unwrap_or_else(|p| p.into_inner());
+                let _r = self.cow.ns_read();
                 self.cow.copy_up(n.ino, false)?
             };
             self.cow

@@ -102,12 +102,12 @@
 //!
 //! # Not supported
 //!
-//! `RENAME_EXCHANGE` and `RENAME_WHITEOUT` are `EINVAL`. (A directory that has snapshot
-//! content beneath is renamed after the daemon copies it up with all of it, since the
-//! upper format has no redirects; see [`ops::Cow::rename`]. It costs time in proportion
-//! to the tree; lookups, reads, writes and creates go on meanwhile, other renames and
-//! removals in the workspace wait for it.) `O_TMPFILE` is `EOPNOTSUPP` (the FUSE
-//! library has no `tmpfile`). File locks are the kernel's own (local to this host, which
+//! `RENAME_WHITEOUT` is `EINVAL` (`RENAME_NOREPLACE` and `RENAME_EXCHANGE` work). (A
+//! directory that has snapshot content beneath is renamed after the daemon copies it up
+//! with all of it, since the upper format has no redirects; see [`ops::Cow::rename`]. It
+//! costs time in proportion to the tree; lookups, reads, writes and creates go on
+//! meanwhile, other renames and removals in the workspace wait for it.) `O_TMPFILE` is
+//! `EOPNOTSUPP` (the FUSE library has no `tmpfile`). File locks are the kernel's own (local to this host, which
 //! is every user of a workspace).
 
 mod cached;

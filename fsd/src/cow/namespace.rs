@@ -44,7 +44,7 @@ impl Cow {
         if name.len() > NAME_MAX_BYTES as usize {
             return Err(Errno::from_i32(libc::ENAMETOOLONG));
         }
-        let _r = self.ns.read().unwrap_or_else(|p| p.into_inner());
+        let _r = self.ns_read();
         let _changes = self.names_change();
         let dir = self.copy_up(parent, false)?;
         let dir_fd = dir.upper.as_ref().ok_or(Errno::EIO)?;
@@ -181,7 +181,7 @@ impl Cow {
 
     /// `unlink` (`want_dir` false) or `rmdir` (`want_dir` true) of `name` in `parent`.
     pub fn remove(&self, parent: u64, name: &[u8], want_dir: bool) -> Result<(), Errno> {
-        let _w = self.ns.write().unwrap_or_else(|p| p.into_inner());
+        let _w = self.ns_write();
         let _changes = self.names_change();
         let dir = self.table.get(parent)?;
         let dir_path = self.table.path_of(&dir)?;

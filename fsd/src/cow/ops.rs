@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use cowspace_store::{Tree, TreeId};
 use fuser::{Errno, FileType};
@@ -59,6 +59,17 @@ impl Cow {
         }
     }
 
+    /// [`Cow::ns`] held for reading (taken over if a panic poisoned it: every holder
+    /// leaves the namespace consistent at each step).
+    pub(super) fn ns_read(&self) -> RwLockReadGuard<'_, ()> {
+        self.ns.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`Cow::ns`] held for writing.
+    pub(super) fn ns_write(&self) -> RwLockWriteGuard<'_, ()> {
+        self.ns.write().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// A change of names or of the upper layer, counted when the guard drops: listings
     /// kept from before it are stale then.
     pub(super) fn names_change(&self) -> NamesChange<'_> {
@@ -92,7 +103,7 @@ impl Cow {
 
     /// The merged listing of directory `dir`, sorted by name.
     pub fn list(&self, dir: &Node) -> Result<Vec<Listed>, Errno> {
-        let _r = self.ns.read().unwrap_or_else(|p| p.into_inner());
+        let _r = self.ns_read();
         self.list_at(dir)
     }
 

@@ -119,7 +119,7 @@ impl CowFs {
             }
         }
         // Only without readdirplus (never negotiated so): numbers found one by one.
-        let _r = self.cow.ns.read().unwrap_or_else(|p| p.into_inner());
+        let _r = self.cow.ns_read();
         let dir_path = match self.cow.table.path_of(&node) {
             Ok(p) => p,
             Err(e) => return reply.error(e),

@@ -57,7 +57,7 @@ impl Cow {
             return Err(Errno::from_i32(libc::ENAMETOOLONG));
         }
         let filled = self.fill_for_rename(parent, name, newparent, newname)?;
-        let _w = self.ns.write().unwrap_or_else(|p| p.into_inner());
+        let _w = self.ns_write();
         let _changes = self.names_change();
         let dir = self.table.get(parent)?;
         let dir_path = self.table.path_of(&dir)?;
@@ -147,7 +147,7 @@ impl Cow {
         if newname.len() > NAME_MAX_BYTES as usize {
             return Err(Errno::from_i32(libc::ENAMETOOLONG));
         }
-        let _w = self.ns.write().unwrap_or_else(|p| p.into_inner());
+        let _w = self.ns_write();
         let _changes = self.names_change();
         let side = |dir_ino: u64, name: &[u8]| -> Result<Side, Errno> {
             let dir = self.table.get(dir_ino)?;
@@ -202,7 +202,7 @@ impl Cow {
         newparent: u64,
         newname: &[u8],
     ) -> Result<Option<u64>, Errno> {
-        let _r = self.ns.read().unwrap_or_else(|p| p.into_inner());
+        let _r = self.ns_read();
         let ndir = self.table.get(newparent)?;
         let ndir_path = self.table.path_of(&ndir)?;
         let dst = self.resolve(&ndir, newname)?;

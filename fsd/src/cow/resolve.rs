@@ -227,7 +227,7 @@ impl Cow {
     /// directory's path and snapshot tree found once (`readdirplus`). Holds the namespace
     /// lock while it lives.
     pub fn lookups_in<'a>(&'a self, dir: &'a Node) -> Result<LookupsIn<'a>, Errno> {
-        let guard = self.ns.read().unwrap_or_else(|p| p.into_inner());
+        let guard = self.ns_read();
         let dir_path = self.table.path_of(dir)?;
         let tree = match &dir.lower_tree {
             Some(id) if dir.kind == FileType::Directory => Some(self.tree(id)?),
@@ -244,7 +244,7 @@ impl Cow {
 
     /// Resolves `name` in `parent`, taking one lookup on the result.
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Option<Node>, Errno> {
-        let _r = self.ns.read().unwrap_or_else(|p| p.into_inner());
+        let _r = self.ns_read();
         let dir = self.table.get(parent)?;
         let dir_path = self.table.path_of(&dir)?;
         let found = self.resolve(&dir, name)?;

@@ -93,7 +93,7 @@ impl CowFs {
         }
         let r = self.cow.table.get(ino.0).and_then(|n| {
             let n = {
-                let _r = self.cow.ns.read().unwrap_or_else(|p| p.into_inner());
+                let _r = self.cow.ns_read();
                 self.cow.copy_up(n.ino, false)?
             };
             let p = self.cow.upper_of(&n)?;
@@ -118,7 +118,7 @@ impl CowFs {
         }
         let r = self.cow.table.get(ino.0).and_then(|n| {
             let n = {
-                let _r = self.cow.ns.read().unwrap_or_else(|p| p.into_inner());
+                let _r = self.cow.ns_read();
                 self.cow.copy_up(n.ino, false)?
             };
             let p = self.cow.upper_of(&n)?;

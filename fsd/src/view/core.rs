@@ -12,7 +12,7 @@ use cowspace_store::{ContentId, Entry, Kind, SnapshotId, Store, Tree, TreeId};
 use fuser::{Errno, FileAttr, FileType, INodeNo};
 
 use super::inode::{InodeKey, InodeTable, Node, NodeKind, ROOT_INO, child_path};
-use crate::fusecore::{errno_of_blob_io, errno_of_store};
+use crate::fusecore::{errno_of_blob_io, errno_of_store, lock};
 
 /// mtime, ctime and atime of everything in the view (seconds since the epoch), so
 /// attributes are the same in every mount and after restarts (`git status` trusts them).
@@ -220,22 +220,7 @@ impl ViewCore {
     /// The link count of the snapshot directory whose tree is `id`: 2 + its
     /// subdirectories, as on a disk filesystem (`find` without `-noleaf` relies on it).
     fn dir_links(&self, id: &TreeId) -> Result<u32, Errno> {
-        let cached = self.trees.lock().unwrap_or_else(|p| p.into_inner()).get(id);
-        let t = match cached {
-            Some(t) => t,
-            None => {
-                let t = Arc::new(
-                    self.store
-                        .tree(id)
-                        .map_err(|e| errno_of_store("read tree", &e))?,
-                );
-                self.trees
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(*id, Arc::clone(&t));
-                t
-            }
-        };
+        let t = self.tree_of(id)?;
         Ok(2 + t.entries.iter().filter(|e| e.kind == Kind::Dir).count() as u32)
     }
 
@@ -244,7 +229,12 @@ impl ViewCore {
         let NodeKind::Dir { tree: id, .. } = &dir.kind else {
             return Err(Errno::ENOTDIR);
         };
-        if let Some(t) = self.trees.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
+        self.tree_of(id)
+    }
+
+    /// The decoded tree `id`, from the cache or read now (and kept).
+    fn tree_of(&self, id: &TreeId) -> Result<Arc<Tree>, Errno> {
+        if let Some(t) = lock(&self.trees).get(id) {
             return Ok(t);
         }
         let t = Arc::new(
@@ -252,10 +242,7 @@ impl ViewCore {
                 .tree(id)
                 .map_err(|e| errno_of_store("read tree", &e))?,
         );
-        self.trees
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(*id, Arc::clone(&t));
+        lock(&self.trees).insert(*id, Arc::clone(&t));
         Ok(t)
     }
 
