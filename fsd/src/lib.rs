@@ -6,6 +6,7 @@
 pub mod blobfiles;
 pub mod control;
 pub mod cow;
+mod fusecore;
 pub mod placement;
 pub mod view;
 

@@ -15,21 +15,16 @@ use cowspace_store::ContentId;
 use fuser::{Errno, FileType};
 use nix::sys::time::TimeSpec;
 
+use super::fdio::fallocate;
 use super::fs::CowFs;
-use super::handles::{Copying, lock};
+use super::handles::{Copying, InodeFile};
 use super::node::Node;
-use super::ops::errno;
+use crate::blobfiles::read_full_at;
+use crate::fusecore::{errno_of_io, errno_of_nix, lock};
 
 /// Files kept open by inode; the map is emptied when it reaches this size (a file is
 /// opened again at its next use).
-pub(super) const MAX_INODE_FILES: usize = 256;
-
-/// The file I/O of one inode goes to, and which it is.
-pub(super) struct InodeFile {
-    /// The upper file (opened read-write when possible), else the blob.
-    upper: bool,
-    file: Arc<File>,
-}
+const MAX_INODE_FILES: usize = 256;
 
 impl CowFs {
     /// The file `node`'s I/O goes to: its blob while it has no upper file, else that file.
@@ -49,7 +44,7 @@ impl CowFs {
                 .open(&path);
             match rw {
                 Ok(f) => f,
-                Err(_) => File::open(&path).map_err(errno)?,
+                Err(_) => File::open(&path).map_err(errno_of_io)?,
             }
         } else {
             let e = node.lower.as_ref().ok_or(Errno::EIO)?;
@@ -58,7 +53,7 @@ impl CowFs {
                 .open_blob(&ContentId::from_bytes(e.hash), e.size)
                 .map_err(|err| {
                     tracing::warn!(ino = node.ino, error = %err, "cannot open a blob");
-                    errno(err)
+                    errno_of_io(err)
                 })?
         };
         let file = Arc::new(file);
@@ -98,7 +93,7 @@ impl CowFs {
         if node.deleted && node.kind == FileType::RegularFile {
             return self.orphan_copy(ino, empty);
         }
-        let _r = self.cow.ns.read().unwrap_or_else(|p| p.into_inner());
+        let _r = self.cow.ns_read();
         self.cow.copy_up(ino, empty)
     }
 
@@ -114,26 +109,26 @@ impl CowFs {
             .write(true)
             .mode(0o600)
             .custom_flags(libc::O_TMPFILE | libc::O_CLOEXEC)
-            .open(self.cow.layers.work_dir().map_err(errno)?)
-            .map_err(errno)?;
+            .open(self.cow.layers.work_dir().map_err(errno_of_io)?)
+            .map_err(errno_of_io)?;
         if !empty {
             let mut blob = self
                 .cow
                 .layers
                 .open_blob(&ContentId::from_bytes(e.hash), e.size)
-                .map_err(errno)?;
-            std::io::copy(&mut blob, &mut f).map_err(errno)?;
+                .map_err(errno_of_io)?;
+            std::io::copy(&mut blob, &mut f).map_err(errno_of_io)?;
         }
         f.set_permissions(std::fs::Permissions::from_mode(e.mode & 0o7777))
-            .map_err(errno)?;
+            .map_err(errno_of_io)?;
         nix::unistd::fchown(
             &f,
             Some(nix::unistd::Uid::from_raw(self.cow.layers.uid)),
             Some(nix::unistd::Gid::from_raw(self.cow.layers.gid)),
         )
-        .map_err(|e| Errno::from_i32(e as i32))?;
+        .map_err(errno_of_nix)?;
         let t = TimeSpec::new(node.lower_secs as i64, 0);
-        nix::sys::stat::futimens(&f, &t, &t).map_err(|e| Errno::from_i32(e as i32))?;
+        nix::sys::stat::futimens(&f, &t, &t).map_err(errno_of_nix)?;
         let fd = Arc::new(OwnedFd::from(f));
         self.cow.table.update(ino, |n| {
             if n.upper.is_none() {
@@ -152,8 +147,8 @@ impl CowFs {
     ) -> Result<usize, Errno> {
         let node = self.cow.table.get(ino)?;
         match self.copying(&node) {
-            Some(p) => p.read_at(buf, offset).map_err(errno),
-            None => read_full(&*self.inode_file(&node)?, buf, offset),
+            Some(p) => p.read_at(buf, offset).map_err(errno_of_io),
+            None => read_full_at(&*self.inode_file(&node)?, buf, offset).map_err(errno_of_io),
         }
     }
 
@@ -165,7 +160,7 @@ impl CowFs {
             Some(p) => p.write_at(&file, data, offset, false),
             None => file.write_all_at(data, offset),
         }
-        .map_err(errno)
+        .map_err(errno_of_io)
     }
 
     pub(super) fn fsync_by_inode(&self, ino: u64, datasync: bool) -> Result<(), Errno> {
@@ -180,7 +175,7 @@ impl CowFs {
         } else {
             file.sync_all()
         }
-        .map_err(errno)
+        .map_err(errno_of_io)
     }
 
     pub(super) fn fallocate_by_inode(
@@ -193,9 +188,9 @@ impl CowFs {
         let node = self.changed_node(ino, false)?;
         // Ranges may move or vanish: a copy-up in progress is finished first.
         if let Some(p) = self.copying(&node) {
-            p.finish().map_err(errno)?;
+            p.finish().map_err(errno_of_io)?;
         }
-        fallocate(&*self.inode_file(&node)?, offset, length, mode)
+        fallocate(&*self.inode_file(&node)?, offset, length, mode).map_err(errno_of_io)
     }
 
     /// The kernel forgot `node`: its file is closed, and a deleted file's copy-up dropped.
@@ -207,20 +202,4 @@ impl CowFs {
             self.cow.lazy.forget_deleted(fd.as_ref());
         }
     }
-}
-
-/// `fallocate(2)` with the request's `mode` bits as they came.
-pub(super) fn fallocate(file: &File, offset: u64, length: u64, mode: i32) -> Result<(), Errno> {
-    nix::fcntl::fallocate(
-        file,
-        nix::fcntl::FallocateFlags::from_bits_retain(mode),
-        offset as i64,
-        length as i64,
-    )
-    .map_err(|e| Errno::from_i32(e as i32))
-}
-
-/// Reads into `buf` at `offset` until it is full or the file ends; the bytes read.
-pub(super) fn read_full(file: &File, buf: &mut [u8], offset: u64) -> Result<usize, Errno> {
-    crate::blobfiles::read_full_at(file, buf, offset).map_err(errno)
 }

@@ -7,60 +7,32 @@
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, MetadataExt};
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use fuser::{
-    AccessFlags, Errno, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileHandle, FileType, Filesystem, Generation, INodeNo, InitFlags,
+    IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use super::OpenMode;
-use super::cached::{fallocate, read_full};
-use super::handles::{Backing, Handles, lock};
+use super::fdio::fallocate;
+use super::handles::Handles;
+use super::namespace::Make;
 use super::node::Node;
-use super::ops::{Cow, Make, errno};
-use super::setattr::SetAttr;
+use super::ops::Cow;
+use super::setattr::{SetAttr, set_attr};
+use crate::blobfiles::read_full_at;
+use crate::fusecore::{
+    NAME_MAX_BYTES, TTL, errno_of_io, errno_of_nix, negative_attr, negotiate_passthrough,
+    with_read_buffer,
+};
 use crate::placement::Placement;
-
-/// How long the kernel may trust entries (negative ones too) and attributes. Every
-/// change goes through this mount, and the kernel drops or refreshes what each change
-/// touches (the entries of a rename or unlink, the attributes of the inodes and
-/// directories involved), so nothing it caches goes stale while the mount serves. A
-/// short bound would only make every walk of the tree ask again.
-pub const TTL: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// Largest read or write answered by the daemon (every read in the cached open mode;
-/// in the passthrough mode, opens that could not pass through).
-pub(super) const MAX_IO_BYTES: u32 = 16 * 1024 * 1024;
-/// Largest read buffer a serving thread keeps between requests (the kernel's reads are
-/// at most its `max_pages`); a larger read gets a buffer of its own.
-const KEPT_READ_BUFFER_BYTES: usize = 1024 * 1024;
-
-thread_local! {
-    /// The serving thread's read buffer. A fresh zeroed buffer per `READ` cost page
-    /// faults and zeroing on every file a fresh workspace reads.
-    static READ_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// Runs `f` with a buffer of `size` bytes (contents unspecified: `f` fills what it uses).
-fn with_read_buffer<R>(size: u32, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    let size = size.min(MAX_IO_BYTES) as usize;
-    if size > KEPT_READ_BUFFER_BYTES {
-        return f(&mut vec![0u8; size]);
-    }
-    READ_BUFFER.with_borrow_mut(|b| {
-        if b.len() < size {
-            b.resize(size, 0);
-        }
-        f(&mut b[..size])
-    })
-}
 
 /// The filesystem `fuser` serves for one workspace.
 pub struct CowFs {
@@ -103,10 +75,6 @@ impl CowFs {
         }
     }
 
-    pub(super) fn next(&self) -> u64 {
-        self.handles.next.fetch_add(1, Ordering::Relaxed) + 1
-    }
-
     fn entry(&self, node: &Node, reply: ReplyEntry) {
         match self.cow.attr(node) {
             Ok(a) => reply.entry(&TTL, &a, Generation(0)),
@@ -116,35 +84,28 @@ impl CowFs {
             }
         }
     }
-}
 
-/// The inode number of `node`'s `..` (the root's is itself).
-pub(super) fn parent_of(node: &Node) -> u64 {
-    if node.ino == super::node::ROOT_INO {
-        node.ino
-    } else {
-        node.parent
+    /// Answers a request that made a name: its entry, or why not.
+    fn made(&self, made: Result<Node, Errno>, reply: ReplyEntry) {
+        match made {
+            Ok(n) => self.entry(&n, reply),
+            Err(e) => reply.error(e),
+        }
     }
-}
 
-/// The attributes sent with a negative entry (node 0; the kernel reads none of them).
-fn negative_attr() -> fuser::FileAttr {
-    fuser::FileAttr {
-        ino: INodeNo(0),
-        size: 0,
-        blocks: 0,
-        atime: SystemTime::UNIX_EPOCH,
-        mtime: SystemTime::UNIX_EPOCH,
-        ctime: SystemTime::UNIX_EPOCH,
-        crtime: SystemTime::UNIX_EPOCH,
-        kind: FileType::RegularFile,
-        perm: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        blksize: 0,
-        flags: 0,
+    /// Makes `name` in `parent` as `what`, owned by the requester.
+    fn make(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        what: Make<'_>,
+        reply: ReplyEntry,
+    ) {
+        let made = self
+            .cow
+            .make(parent.0, name.as_bytes(), what, req.uid(), req.gid());
+        self.made(made, reply)
     }
 }
 
@@ -172,16 +133,10 @@ impl Filesystem for CowFs {
             let _ = config.add_capabilities(cap);
         }
         if self.want_passthrough {
-            match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
-                Ok(()) => {
-                    config
-                        .set_max_stack_depth(1)
-                        .map_err(|_| std::io::Error::other("stack depth 1 refused"))?;
-                    self.passthrough.store(true, Ordering::Relaxed);
-                }
-                Err(_) => {
-                    tracing::info!("kernel offers no FUSE passthrough; the daemon serves I/O")
-                }
+            if negotiate_passthrough(config)? {
+                self.passthrough.store(true, Ordering::Relaxed);
+            } else {
+                tracing::info!("kernel offers no FUSE passthrough; the daemon serves I/O")
             }
         }
         Ok(())
@@ -235,16 +190,26 @@ impl Filesystem for CowFs {
         reply: ReplyAttr,
     ) {
         self.place(req);
-        let s = SetAttr {
+        let change = SetAttr {
             mode,
             uid,
             gid,
             size,
             atime,
             mtime,
-            fh,
         };
-        match self.setattr_inner(ino.0, s) {
+        let set = self
+            .cow
+            .table
+            .get(ino.0)
+            .and_then(|n| self.changed_node(n.ino, change.empties()))
+            .and_then(|node| {
+                let by_handle = fh
+                    .filter(|_| change.size.is_some())
+                    .and_then(|fh| self.handles.file(fh.0).ok());
+                set_attr(&self.cow, ino.0, node, by_handle, change)
+            });
+        match set {
             Ok(a) => reply.attr(&TTL, &a),
             Err(e) => reply.error(e),
         }
@@ -259,7 +224,7 @@ impl Filesystem for CowFs {
         if let Some(fd) = &node.upper {
             match nix::fcntl::readlinkat(fd.as_ref(), "") {
                 Ok(t) => reply.data(t.as_bytes()),
-                Err(e) => reply.error(Errno::from_i32(e as i32)),
+                Err(e) => reply.error(errno_of_nix(e)),
             }
         } else {
             match &node.lower {
@@ -280,23 +245,16 @@ impl Filesystem for CowFs {
         reply: ReplyEntry,
     ) {
         self.place(req);
-        let made = Cow::special_kind(mode).and_then(|kind| {
+        let what = match Cow::special_kind(mode) {
             // A regular file: a `create` the kernel makes this way in the cached mode.
-            let what = if kind == FileType::RegularFile {
-                Make::File { mode }
-            } else {
-                Make::Special {
-                    mode,
-                    rdev: u64::from(rdev),
-                }
-            };
-            self.cow
-                .make(parent.0, name.as_bytes(), what, req.uid(), req.gid())
-        });
-        match made {
-            Ok(n) => self.entry(&n, reply),
-            Err(e) => reply.error(e),
-        }
+            Ok(FileType::RegularFile) => Make::File { mode },
+            Ok(_) => Make::Special {
+                mode,
+                rdev: u64::from(rdev),
+            },
+            Err(e) => return reply.error(e),
+        };
+        self.make(req, parent, name, what, reply)
     }
 
     fn mkdir(
@@ -309,16 +267,7 @@ impl Filesystem for CowFs {
         reply: ReplyEntry,
     ) {
         self.place(req);
-        match self.cow.make(
-            parent.0,
-            name.as_bytes(),
-            Make::Dir { mode },
-            req.uid(),
-            req.gid(),
-        ) {
-            Ok(n) => self.entry(&n, reply),
-            Err(e) => reply.error(e),
-        }
+        self.make(req, parent, name, Make::Dir { mode }, reply)
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -346,18 +295,8 @@ impl Filesystem for CowFs {
         reply: ReplyEntry,
     ) {
         self.place(req);
-        match self.cow.make(
-            parent.0,
-            link_name.as_bytes(),
-            Make::Symlink {
-                target: target.as_os_str().as_bytes(),
-            },
-            req.uid(),
-            req.gid(),
-        ) {
-            Ok(n) => self.entry(&n, reply),
-            Err(e) => reply.error(e),
-        }
+        let target = target.as_os_str().as_bytes();
+        self.make(req, parent, link_name, Make::Symlink { target }, reply)
     }
 
     fn rename(
@@ -397,16 +336,13 @@ impl Filesystem for CowFs {
                 return Err(Errno::EPERM);
             }
             let source = {
-                let _r = self.cow.ns.read().unwrap_or_else(|p| p.into_inner());
+                let _r = self.cow.ns_read();
                 self.cow.copy_up(n.ino, false)?
             };
             self.cow
                 .make(newparent.0, newname.as_bytes(), Make::Link { source }, 0, 0)
         });
-        match made {
-            Ok(n) => self.entry(&n, reply),
-            Err(e) => reply.error(e),
-        }
+        self.made(made, reply)
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -435,60 +371,7 @@ impl Filesystem for CowFs {
             // The kernel then makes new files with `mknod` and opens them as any other.
             return reply.error(Errno::ENOSYS);
         }
-        let made = self.cow.make(
-            parent.0,
-            name.as_bytes(),
-            Make::File { mode },
-            req.uid(),
-            req.gid(),
-        );
-        let node = match made {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        let attr = match self.cow.attr(&node) {
-            Ok(a) => a,
-            Err(e) => return reply.error(e),
-        };
-        let file = match self.cow.open_upper(&node, flags & !libc::O_TRUNC) {
-            Ok((_, f, _)) => Arc::new(f),
-            Err(e) => return reply.error(e),
-        };
-        let backing = self
-            .cow
-            .upper_of(&node)
-            .ok()
-            .and_then(|p| Self::upper_backing_file(&p))
-            .and_then(|(bf, rw)| {
-                let m = bf.metadata().ok()?;
-                self.backing(node.ino, Backing::Upper(m.dev(), m.ino(), rw), &bf, |f| {
-                    reply.open_backing(f)
-                })
-                .filter(|_| rw)
-            });
-        match backing {
-            Some(id) => {
-                let fh = self.add_handle(file, Some(Arc::clone(&id)), None, flags);
-                reply.created_passthrough(
-                    &TTL,
-                    &attr,
-                    Generation(0),
-                    FileHandle(fh),
-                    FopenFlags::empty(),
-                    &id,
-                );
-            }
-            None => {
-                let fh = self.add_handle(file, None, None, flags);
-                reply.created(
-                    &TTL,
-                    &attr,
-                    Generation(0),
-                    FileHandle(fh),
-                    FopenFlags::FOPEN_DIRECT_IO,
-                );
-            }
-        }
+        self.create_open(req, parent.0, name.as_bytes(), mode, flags, reply)
     }
 
     fn read(
@@ -507,9 +390,9 @@ impl Filesystem for CowFs {
             let n = if fh.0 == 0 {
                 self.read_by_inode(ino.0, offset, buf)
             } else {
-                match self.handle_io(fh.0) {
-                    Ok((_, Some(p), _)) => p.read_at(buf, offset).map_err(errno),
-                    Ok((file, None, _)) => read_full(&file, buf, offset),
+                match self.handles.io(fh.0) {
+                    Ok((_, Some(p), _)) => p.read_at(buf, offset).map_err(errno_of_io),
+                    Ok((file, None, _)) => read_full_at(&file, buf, offset).map_err(errno_of_io),
                     Err(e) => Err(e),
                 }
             };
@@ -539,7 +422,7 @@ impl Filesystem for CowFs {
                 Err(e) => reply.error(e),
             };
         }
-        let (file, pending, append) = match self.handle_io(fh.0) {
+        let (file, pending, append) = match self.handles.io(fh.0) {
             Ok(x) => x,
             Err(e) => return reply.error(e),
         };
@@ -549,7 +432,7 @@ impl Filesystem for CowFs {
         };
         match written {
             Ok(()) => reply.written(data.len() as u32),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(errno_of_io(e)),
         }
     }
 
@@ -578,15 +461,7 @@ impl Filesystem for CowFs {
         reply: ReplyEmpty,
     ) {
         self.place(req);
-        let released = lock(&self.handles.files).remove(&fh.0);
-        drop(released);
-        let mut backing = lock(&self.handles.backing);
-        if backing
-            .get(&ino.0)
-            .is_some_and(|(_, w)| w.strong_count() == 0)
-        {
-            backing.remove(&ino.0);
-        }
+        self.handles.release(ino.0, fh.0);
         reply.ok();
     }
 
@@ -605,13 +480,13 @@ impl Filesystem for CowFs {
                 Err(e) => reply.error(e),
             };
         }
-        let r = self.handle_file(fh.0).and_then(|f| {
+        let r = self.handles.file(fh.0).and_then(|f| {
             if datasync {
                 f.sync_data()
             } else {
                 f.sync_all()
             }
-            .map_err(errno)
+            .map_err(errno_of_io)
         });
         match r {
             Ok(()) => reply.ok(),
@@ -636,12 +511,12 @@ impl Filesystem for CowFs {
                 Err(e) => reply.error(e),
             };
         }
-        let r = self.handle_io(fh.0).and_then(|(f, pending, _)| {
+        let r = self.handles.io(fh.0).and_then(|(f, pending, _)| {
             // Ranges may move or vanish: a copy-up in progress is finished first.
             if let Some(p) = pending {
-                p.finish().map_err(errno)?;
+                p.finish().map_err(errno_of_io)?;
             }
-            fallocate(&f, offset, length, mode)
+            fallocate(&f, offset, length, mode).map_err(errno_of_io)
         });
         match r {
             Ok(()) => reply.ok(),
@@ -656,7 +531,7 @@ impl Filesystem for CowFs {
         // (`FOPEN_CACHE_DIR | FOPEN_KEEP_CACHE` is its default then) and drops one when
         // its directory changes through this mount, which every change does. Reads
         // arrive by inode; cookies that are a function of the name keep a listing read
-        // in pieces right while the directory changes (`ops::Listing`).
+        // in pieces right while the directory changes (`listing.rs`).
         reply.error(Errno::ENOSYS);
     }
 
@@ -666,40 +541,10 @@ impl Filesystem for CowFs {
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
         self.place(req);
-        let (node, listing) = match self.dir_listing(ino.0) {
-            Ok(x) => x,
-            Err(e) => return reply.error(e),
-        };
-        for i in offset..2 {
-            let full = if i == 0 {
-                reply.add(INodeNo(node.ino), 1, FileType::Directory, ".")
-            } else {
-                reply.add(INodeNo(parent_of(&node)), 2, FileType::Directory, "..")
-            };
-            if full {
-                return reply.ok();
-            }
-        }
-        // Only without readdirplus (never negotiated so): numbers found one by one.
-        let _r = self.cow.ns.read().unwrap_or_else(|p| p.into_inner());
-        let dir_path = match self.cow.table.path_of(&node) {
-            Ok(p) => p,
-            Err(e) => return reply.error(e),
-        };
-        for (off, e) in listing.after(offset) {
-            let ino = match self.cow.ino_at(&node, &dir_path, &e.name) {
-                Ok(Some(ino)) => ino,
-                Ok(None) => continue,
-                Err(err) => return reply.error(err),
-            };
-            if reply.add(INodeNo(ino), *off, e.kind, OsStr::from_bytes(&e.name)) {
-                break;
-            }
-        }
-        reply.ok();
+        self.do_readdir(ino.0, offset, reply)
     }
 
     fn readdirplus(
@@ -711,7 +556,7 @@ impl Filesystem for CowFs {
         reply: ReplyDirectoryPlus,
     ) {
         self.place(req);
-        self.do_readdirplus(ino, offset, reply)
+        self.do_readdirplus(ino.0, offset, reply)
     }
 
     fn fsyncdir(
@@ -728,7 +573,11 @@ impl Filesystem for CowFs {
             .table
             .get(ino.0)
             .and_then(|n| self.cow.upper_of(&n))
-            .and_then(|p| File::open(p).and_then(|f| f.sync_all()).map_err(errno));
+            .and_then(|p| {
+                File::open(p)
+                    .and_then(|f| f.sync_all())
+                    .map_err(errno_of_io)
+            });
         match r {
             // A directory only in the snapshot has nothing to sync.
             Ok(()) | Err(Errno::EIO) => reply.ok(),
@@ -746,10 +595,10 @@ impl Filesystem for CowFs {
                 s.files(),
                 s.files_free(),
                 s.block_size() as u32,
-                255,
+                NAME_MAX_BYTES,
                 s.fragment_size() as u32,
             ),
-            Err(e) => reply.error(Errno::from_i32(e as i32)),
+            Err(e) => reply.error(errno_of_nix(e)),
         }
     }
 

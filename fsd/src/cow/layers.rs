@@ -7,17 +7,17 @@
 
 use std::fs::{self, File};
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cowspace_store::{ContentId, Entry, Kind, SnapshotId, Store};
-use nix::fcntl::{AT_FDCWD, OFlag, RenameFlags};
+use nix::fcntl::{AT_FDCWD, RenameFlags};
 use nix::sys::stat::{Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 
+use super::fdio::{copy_content, copy_range, set_times};
 use super::lazy::{LAZY_COPY_MIN_BYTES, Pending};
 use crate::view::{INO_LIMIT, InodeKey, VIEW_TIME_SECS};
 
@@ -32,8 +32,6 @@ pub const OPAQUE_XATTR: &str = "user.overlay.opaque";
 /// the upper directory; snapshot entries are numbered below [`INO_LIMIT`] (the view's
 /// formula), so the two never meet.
 pub const UPPER_INO_BASE: u64 = INO_LIMIT;
-/// Buffer of a copy where the kernel cannot copy between the two files itself.
-const PLAIN_COPY_BUF_BYTES: u64 = 1024 * 1024;
 
 /// xattr names the workspace hides and refuses: overlay's metadata and ours.
 pub fn reserved_xattr(name: &[u8]) -> bool {
@@ -41,31 +39,6 @@ pub fn reserved_xattr(name: &[u8]) -> bool {
         || name.starts_with(b"system.posix_acl_")
         || name.starts_with(b"trusted.overlay.")
         || name.starts_with(b"trusted.cowspace.")
-}
-
-/// `/proc/self/fd/N`: a path that reaches exactly the object an `O_PATH` descriptor holds
-/// (a symlink itself, not its target), whatever names it has now.
-pub fn fd_path(fd: &impl std::os::fd::AsRawFd) -> PathBuf {
-    PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-}
-
-/// `/proc/self/fd/N/name`: the entry `name` of the directory an `O_PATH` descriptor
-/// holds. Upper entries are reached this way rather than by their full path, which may
-/// be longer than `PATH_MAX` and costs a lookup per component.
-pub fn at(dir: &impl std::os::fd::AsRawFd, name: &[u8]) -> PathBuf {
-    let mut p = fd_path(dir);
-    p.push(std::ffi::OsStr::from_bytes(name));
-    p
-}
-
-/// Opens `path` without following a final symlink, for metadata only.
-pub fn open_path(path: &Path) -> io::Result<OwnedFd> {
-    nix::fcntl::open(
-        path,
-        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(io::Error::from)
 }
 
 /// Whether an upper entry is a whiteout (overlay's deleted-path record: a character
@@ -114,6 +87,15 @@ pub fn join(parent: &[u8], name: &[u8]) -> Vec<u8> {
     }
     p.extend_from_slice(name);
     p
+}
+
+/// A snapshot entry being copied up: its path from the snapshot root, the entry, and the
+/// inode number its copy keeps.
+#[derive(Clone, Copy)]
+pub struct Source<'a> {
+    pub rel: &'a [u8],
+    pub entry: &'a Entry,
+    pub ino: u64,
 }
 
 /// The private state of one workspace.
@@ -169,15 +151,6 @@ impl Layers {
                 OpenBlobError::Store(e) => io::Error::other(e),
                 OpenBlobError::Io(e) => e,
             })
-    }
-
-    /// The upper path of `rel` (a `/`-joined path from the root).
-    pub fn upper_path(&self, rel: &[u8]) -> PathBuf {
-        if rel.is_empty() {
-            self.upper.clone()
-        } else {
-            self.upper.join(std::ffi::OsStr::from_bytes(rel))
-        }
     }
 
     /// The work directory, made if this is its first use.
@@ -263,18 +236,12 @@ impl Layers {
         Ok(())
     }
 
-    /// Copies up the snapshot directory `entry` (at `rel`) to `target` (in its parent's
-    /// upper directory, which exists) keeping its mode, xattrs, times and inode number.
-    pub fn copy_up_dir(
-        &self,
-        target: PathBuf,
-        rel: &[u8],
-        entry: &Entry,
-        ino: u64,
-    ) -> io::Result<PathBuf> {
+    /// Copies up the snapshot directory `src` to `target` (in its parent's upper
+    /// directory, which exists) keeping its mode, xattrs, times and inode number.
+    pub fn copy_up_dir(&self, target: PathBuf, src: Source<'_>) -> io::Result<PathBuf> {
         let tmp = self.tmp();
         fs::create_dir(&tmp)?;
-        self.finish_copy(&tmp, entry, rel, ino)?;
+        self.finish_copy(&tmp, src)?;
         match place_keeping_parent_times(&tmp, &target) {
             Ok(()) => Ok(target),
             Err(e) => {
@@ -284,20 +251,19 @@ impl Layers {
         }
     }
 
-    /// Copies up the snapshot entry `entry` (a file, symlink or special file at `rel`) to
-    /// `target` (in its parent's upper directory, which exists). A file's content is cloned from its blob-cache file
-    /// (`FICLONE`), else copied in the kernel (`copy_file_range`) — a file of at least
-    /// [`LAZY_COPY_MIN_BYTES`] lazily: it is placed at full size with a copy-up record and
-    /// returned as [`Pending`], whose blocks the caller has copied later (`lazy.rs`).
-    /// `empty` skips the content (an open with `O_TRUNC`).
+    /// Copies up the snapshot entry `src` (a file, symlink or special file) to `target`
+    /// (in its parent's upper directory, which exists). A file's content is cloned from
+    /// its blob-cache file (`FICLONE`), else copied in the kernel (`copy_file_range`) — a
+    /// file of at least [`LAZY_COPY_MIN_BYTES`] lazily: it is placed at full size with a
+    /// copy-up record and returned as [`Pending`], whose blocks the caller has copied
+    /// later (`lazy/`). `empty` skips the content (an open with `O_TRUNC`).
     pub fn copy_up_leaf(
         &self,
         target: PathBuf,
-        rel: &[u8],
-        entry: &Entry,
-        ino: u64,
+        src: Source<'_>,
         empty: bool,
     ) -> io::Result<(PathBuf, Option<Pending>)> {
+        let entry = src.entry;
         let tmp = self.tmp();
         let mut pending = None;
         let made = (|| -> io::Result<()> {
@@ -349,7 +315,7 @@ impl Layers {
                 }
                 Kind::Dir => return Err(io::Error::from_raw_os_error(libc::EISDIR)),
             }
-            self.finish_copy(&tmp, entry, rel, ino)
+            self.finish_copy(&tmp, src)
         })();
         let placed = made.and_then(|()| place_keeping_parent_times(&tmp, &target));
         if let Err(e) = placed {
@@ -360,7 +326,8 @@ impl Layers {
     }
 
     /// Owner, mode, xattrs, inode number and times of a copied-up object.
-    fn finish_copy(&self, tmp: &Path, entry: &Entry, rel: &[u8], ino: u64) -> io::Result<()> {
+    fn finish_copy(&self, tmp: &Path, src: Source<'_>) -> io::Result<()> {
+        let Source { rel, entry, ino } = src;
         std::os::unix::fs::lchown(tmp, Some(self.uid), Some(self.gid))?;
         if entry.kind != Kind::Symlink {
             fs::set_permissions(tmp, fs::Permissions::from_mode(entry.mode & 0o7777))?;
@@ -397,63 +364,6 @@ fn place_keeping_parent_times(tmp: &Path, target: &Path) -> io::Result<()> {
         .map_err(io::Error::from)
 }
 
-/// Sets atime and mtime of `path` (not following a symlink) to `secs`.
-pub fn set_times(path: &Path, secs: u64) -> io::Result<()> {
-    let t = TimeSpec::new(secs as i64, 0);
-    nix::sys::stat::utimensat(AT_FDCWD, path, &t, &t, UtimensatFlags::NoFollowSymlink)
-        .map_err(io::Error::from)
-}
-
-/// Copies `len` bytes of `src` into the empty `dest`: a reflink where the filesystem can
-/// share extents, else `copy_file_range` (in the kernel; no bytes pass through here).
-pub fn copy_content(src: &File, dest: &File, len: u64) -> io::Result<()> {
-    if crate::sys::ficlone(dest, src).is_ok() {
-        return Ok(());
-    }
-    copy_range(src, dest, 0, len)
-}
-
-/// Copies bytes `[off, off + len)` of `src` to the same place in `dest`, in the kernel
-/// (`copy_file_range`; a plain copy where the kernel cannot). `dest` must not append.
-pub fn copy_range(src: &File, dest: &File, off: u64, len: u64) -> io::Result<()> {
-    let mut off_in = off as i64;
-    let mut off_out = off as i64;
-    let mut left = len;
-    while left > 0 {
-        let chunk = left.min(1 << 30) as usize;
-        match nix::fcntl::copy_file_range(
-            src.as_fd(),
-            Some(&mut off_in),
-            dest.as_fd(),
-            Some(&mut off_out),
-            chunk,
-        ) {
-            Ok(0) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the source ended before the bytes to copy",
-                ));
-            }
-            Ok(n) => left -= n as u64,
-            Err(nix::Error::EINTR) => {}
-            Err(nix::Error::EXDEV | nix::Error::ENOSYS | nix::Error::EOPNOTSUPP) => {
-                // Old kernels or odd filesystems: a plain copy of what is left.
-                let mut buf = vec![0u8; left.min(PLAIN_COPY_BUF_BYTES) as usize];
-                while left > 0 {
-                    let n = left.min(buf.len() as u64) as usize;
-                    src.read_exact_at(&mut buf[..n], off_in as u64)?;
-                    dest.write_all_at(&buf[..n], off_out as u64)?;
-                    off_in += n as i64;
-                    off_out += n as i64;
-                    left -= n as u64;
-                }
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -486,20 +396,5 @@ mod tests {
             assert_eq!(upper_ino(&p, &meta), 42);
         }
         assert!(ino >= UPPER_INO_BASE);
-    }
-
-    #[test]
-    fn copy_content_copies_exactly() {
-        let tmp = tempfile::tempdir().unwrap();
-        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-        fs::write(tmp.path().join("src"), &data).unwrap();
-        let dest = File::create(tmp.path().join("dst")).unwrap();
-        copy_content(
-            &File::open(tmp.path().join("src")).unwrap(),
-            &dest,
-            data.len() as u64,
-        )
-        .unwrap();
-        assert_eq!(fs::read(tmp.path().join("dst")).unwrap(), data);
     }
 }

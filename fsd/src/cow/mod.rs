@@ -83,7 +83,7 @@
 //! directory and keeps listings (`FOPEN_CACHE_DIR`), dropping one when its directory
 //! changes through the mount; so a second walk of a tree asks for none. Listings are
 //! read by inode in the order of a hash of each name, whose value is the offset a reader
-//! resumes after ([`ops::Listing`]): a listing read in pieces while the directory
+//! resumes after ([`listing::Listing`]): a listing read in pieces while the directory
 //! changes never shows an entry twice or skips one that was there throughout, and
 //! `telldir` positions stay valid.
 //!
@@ -91,7 +91,7 @@
 //!
 //! Every change to a served workspace goes through its mount, and the kernel drops or
 //! refreshes what a change touches, so entries (negative ones too) and attributes are
-//! given a long TTL ([`fs::TTL`]), listings carry attributes (`readdirplus`, each entry
+//! given a long TTL ([`crate::fusecore::TTL`]), listings carry attributes (`readdirplus`, each entry
 //! taking a lookup), symlink targets are cached, and closes send no flush. In the cached
 //! open mode file pages are kept too: a renamed file keeps its inode (and its pages); a
 //! removed file's inode leaves the kernel (and its pages with it) before the daemon lets
@@ -102,21 +102,29 @@
 //!
 //! # Not supported
 //!
-//! `RENAME_EXCHANGE` and `RENAME_WHITEOUT` are `EINVAL`. (A directory that has snapshot
-//! content beneath is renamed after the daemon copies it up with all of it, since the
-//! upper format has no redirects; see [`ops::Cow::rename`]. It costs time in proportion
-//! to the tree; lookups, reads, writes and creates go on meanwhile, other renames and
-//! removals in the workspace wait for it.) `O_TMPFILE` is `EOPNOTSUPP` (the FUSE
-//! library has no `tmpfile`). File locks are the kernel's own (local to this host, which
+//! `RENAME_WHITEOUT` is `EINVAL` (`RENAME_NOREPLACE` and `RENAME_EXCHANGE` work). (A
+//! directory that has snapshot content beneath is renamed after the daemon copies it up
+//! with all of it, since the upper format has no redirects; see [`ops::Cow::rename`]. It
+//! costs time in proportion to the tree; lookups, reads, writes and creates go on
+//! meanwhile, other renames and removals in the workspace wait for it.) `O_TMPFILE` is
+//! `EOPNOTSUPP` (the FUSE library has no `tmpfile`). File locks are the kernel's own (local to this host, which
 //! is every user of a workspace).
 
 mod cached;
+mod copyup;
+mod fdio;
 pub mod fs;
 mod handles;
 pub mod layers;
 pub mod lazy;
+mod listing;
+mod namespace;
 pub mod node;
+mod open;
 pub mod ops;
+mod readdir;
+mod rename;
+mod resolve;
 mod setattr;
 mod writeback;
 mod xattrs;

@@ -9,9 +9,7 @@ use fuser::{Errno, FileType, INodeNo, ReplyEmpty, ReplyXattr};
 
 use super::fs::CowFs;
 use super::layers::reserved_xattr;
-use super::ops::errno;
-
-use crate::view::reply_sized;
+use crate::fusecore::{errno_of_io, reply_sized};
 
 impl CowFs {
     pub(super) fn do_getxattr(&self, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -29,7 +27,7 @@ impl CowFs {
             match self.cow.upper_of(&node).map(|p| xattr::get_deref(p, name)) {
                 Ok(Ok(Some(v))) => reply_sized(&v, size, reply),
                 Ok(Ok(None)) => reply.error(Errno::NO_XATTR),
-                Ok(Err(e)) => reply.error(errno(e)),
+                Ok(Err(e)) => reply.error(errno_of_io(e)),
                 Err(e) => reply.error(e),
             }
         } else {
@@ -55,7 +53,7 @@ impl CowFs {
             if node.kind != FileType::Symlink {
                 let list = match self.cow.upper_of(&node).map(xattr::list_deref) {
                     Ok(Ok(l)) => l,
-                    Ok(Err(e)) => return reply.error(errno(e)),
+                    Ok(Err(e)) => return reply.error(errno_of_io(e)),
                     Err(e) => return reply.error(e),
                 };
                 for n in list {
@@ -95,7 +93,7 @@ impl CowFs {
         }
         let r = self.cow.table.get(ino.0).and_then(|n| {
             let n = {
-                let _r = self.cow.ns.read().unwrap_or_else(|p| p.into_inner());
+                let _r = self.cow.ns_read();
                 self.cow.copy_up(n.ino, false)?
             };
             let p = self.cow.upper_of(&n)?;
@@ -106,7 +104,7 @@ impl CowFs {
             if flags & libc::XATTR_REPLACE != 0 && !exists {
                 return Err(Errno::NO_XATTR);
             }
-            xattr::set_deref(&p, name, value).map_err(errno)
+            xattr::set_deref(&p, name, value).map_err(errno_of_io)
         });
         match r {
             Ok(()) => reply.ok(),
@@ -120,11 +118,11 @@ impl CowFs {
         }
         let r = self.cow.table.get(ino.0).and_then(|n| {
             let n = {
-                let _r = self.cow.ns.read().unwrap_or_else(|p| p.into_inner());
+                let _r = self.cow.ns_read();
                 self.cow.copy_up(n.ino, false)?
             };
             let p = self.cow.upper_of(&n)?;
-            xattr::remove_deref(&p, name).map_err(errno)
+            xattr::remove_deref(&p, name).map_err(errno_of_io)
         });
         match r {
             Ok(()) => reply.ok(),

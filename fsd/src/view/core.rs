@@ -11,8 +11,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use cowspace_store::{ContentId, Entry, Kind, SnapshotId, Store, Tree, TreeId};
 use fuser::{Errno, FileAttr, FileType, INodeNo};
 
-use super::errno::{errno_of, errno_of_io};
 use super::inode::{InodeKey, InodeTable, Node, NodeKind, ROOT_INO, child_path};
+use crate::fusecore::{errno_of_blob_io, errno_of_store, lock};
 
 pub use cowspace::served::VIEW_TIME_SECS;
 
@@ -115,7 +115,7 @@ impl ViewCore {
         let snap = self
             .store
             .snapshot(snapshot)
-            .map_err(|e| errno_of("read snapshot", &e))?;
+            .map_err(|e| errno_of_store("read snapshot", &e))?;
         let mut counts = LinkCounts::new();
         if snap.counts.hardlinks > 0 {
             let mut stack = vec![(snap.root, Vec::new())];
@@ -123,7 +123,7 @@ impl ViewCore {
                 let tree = self
                     .store
                     .tree(&id)
-                    .map_err(|e| errno_of("read tree", &e))?;
+                    .map_err(|e| errno_of_store("read tree", &e))?;
                 for e in &tree.entries {
                     match e.kind {
                         Kind::Dir => {
@@ -192,7 +192,7 @@ impl ViewCore {
         let snap = self
             .store
             .snapshot(&id)
-            .map_err(|e| errno_of("lookup snapshot", &e))?;
+            .map_err(|e| errno_of_store("lookup snapshot", &e))?;
         let mode = snap.root_mode & 0o7777;
         let key = InodeKey::of_snapshot_root(&id, &snap.root, mode);
         let nlink = self.dir_links(&snap.root)?;
@@ -218,18 +218,7 @@ impl ViewCore {
     /// The link count of the snapshot directory whose tree is `id`: 2 + its
     /// subdirectories, as on a disk filesystem (`find` without `-noleaf` relies on it).
     fn dir_links(&self, id: &TreeId) -> Result<u32, Errno> {
-        let cached = self.trees.lock().unwrap_or_else(|p| p.into_inner()).get(id);
-        let t = match cached {
-            Some(t) => t,
-            None => {
-                let t = Arc::new(self.store.tree(id).map_err(|e| errno_of("read tree", &e))?);
-                self.trees
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(*id, Arc::clone(&t));
-                t
-            }
-        };
+        let t = self.tree_of(id)?;
         Ok(2 + t.entries.iter().filter(|e| e.kind == Kind::Dir).count() as u32)
     }
 
@@ -238,14 +227,20 @@ impl ViewCore {
         let NodeKind::Dir { tree: id, .. } = &dir.kind else {
             return Err(Errno::ENOTDIR);
         };
-        if let Some(t) = self.trees.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
+        self.tree_of(id)
+    }
+
+    /// The decoded tree `id`, from the cache or read now (and kept).
+    fn tree_of(&self, id: &TreeId) -> Result<Arc<Tree>, Errno> {
+        if let Some(t) = lock(&self.trees).get(id) {
             return Ok(t);
         }
-        let t = Arc::new(self.store.tree(id).map_err(|e| errno_of("read tree", &e))?);
-        self.trees
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(*id, Arc::clone(&t));
+        let t = Arc::new(
+            self.store
+                .tree(id)
+                .map_err(|e| errno_of_store("read tree", &e))?,
+        );
+        lock(&self.trees).insert(*id, Arc::clone(&t));
         Ok(t)
     }
 
@@ -355,16 +350,9 @@ impl ViewCore {
         self.ensured
             .open(&self.store, content, None)
             .map_err(|e| match e {
-                OpenBlobError::Store(e) => errno_of("materialise blob", &e),
-                OpenBlobError::Io(e) => errno_of_io("open blob", &e),
+                OpenBlobError::Store(e) => errno_of_store("materialise blob", &e),
+                OpenBlobError::Io(e) => errno_of_blob_io("open blob", e),
             })
-    }
-
-    /// A negative entry's placeholder attributes (node id 0: "no such name").
-    pub fn negative_attr(&self) -> FileAttr {
-        let mut a = self.attr(&self.root);
-        a.ino = INodeNo(0);
-        a
     }
 
     /// Whether a time is the view's fixed time (for tests).

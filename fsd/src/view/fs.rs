@@ -8,8 +8,8 @@ use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::SystemTime;
 
 use cowspace_store::Tree;
 use fuser::{
@@ -22,16 +22,10 @@ use fuser::{
 use super::ReadMode;
 use super::core::{VIEW_BLKSIZE_BYTES, ViewCore};
 use super::inode::{Node, NodeKind};
-
-/// How long the kernel may keep entries, negative entries and attributes. Snapshots never
-/// change; the bound only matters for the mount root, whose lookups are never negative.
-pub const ENTRY_TTL: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// Largest read answered by the daemon (the kernel asks for at most its max_pages).
-const MAX_READ_BYTES: u32 = 16 * 1024 * 1024;
-
-/// Longest name the view serves.
-const NAME_MAX_BYTES: u32 = 255;
+use crate::fusecore::{
+    NAME_MAX_BYTES, TTL, errno_of_blob_io, kind_file_type, lock, negative_attr,
+    negotiate_passthrough, reply_sized, with_read_buffer,
+};
 
 /// An open file: a passthrough backing shared by the inode's opens, or a blob fd.
 enum OpenFile {
@@ -52,11 +46,6 @@ struct Handles {
     /// One `BackingId` per inode while it has live passthrough opens (the kernel refuses
     /// two different backing files for one inode).
     backing: Mutex<HashMap<u64, Weak<BackingId>>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section is a single map insert/remove: a poisoned map is consistent.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Handles {
@@ -116,7 +105,7 @@ impl ViewFs {
     }
 
     fn reply_node(&self, node: &Node, reply: ReplyEntry) {
-        reply.entry(&ENTRY_TTL, &self.core.attr(node), Generation(0));
+        reply.entry(&TTL, &self.core.attr(node), Generation(0));
     }
 
     fn open_passthrough(
@@ -149,6 +138,16 @@ impl ViewFs {
     }
 }
 
+/// `fuser::Filesystem` methods, each given as its name, argument types and reply type,
+/// that answer `EROFS` whatever they are asked.
+macro_rules! refuse_changes {
+    ($($name:ident($($arg:ty),* $(,)?) $reply:ty;)*) => {
+        $(fn $name(&self, $(_: $arg,)* reply: $reply) {
+            reply.error(Errno::EROFS);
+        })*
+    };
+}
+
 impl Filesystem for ViewFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Optional capabilities: each is taken when the kernel offers it.
@@ -163,21 +162,13 @@ impl Filesystem for ViewFs {
             let _ = config.add_capabilities(cap);
         }
         if self.mode == ReadMode::Passthrough {
-            match config.add_capabilities(InitFlags::FUSE_PASSTHROUGH) {
-                Ok(()) => {
-                    // Depth 1: backing files live on a plain filesystem, and kernel
-                    // overlayfs accepts the view as a lower layer only at depth 1.
-                    config
-                        .set_max_stack_depth(1)
-                        .map_err(|_| std::io::Error::other("stack depth 1 refused"))?;
-                    self.core
-                        .counters
-                        .passthrough
-                        .store(true, Ordering::Relaxed);
-                }
-                Err(_) => {
-                    tracing::info!("kernel offers no FUSE passthrough; the daemon serves reads")
-                }
+            if negotiate_passthrough(config)? {
+                self.core
+                    .counters
+                    .passthrough
+                    .store(true, Ordering::Relaxed);
+            } else {
+                tracing::info!("kernel offers no FUSE passthrough; the daemon serves reads")
             }
         }
         Ok(())
@@ -187,7 +178,7 @@ impl Filesystem for ViewFs {
         match self.core.lookup(parent.0, name.as_bytes()) {
             Ok(Some(node)) => self.reply_node(&node, reply),
             // A negative entry with a lifetime: the kernel caches the absence.
-            Ok(None) => reply.entry(&ENTRY_TTL, &self.core.negative_attr(), Generation(0)),
+            Ok(None) => reply.entry(&TTL, &negative_attr(), Generation(0)),
             Err(e) => reply.error(e),
         }
     }
@@ -198,7 +189,7 @@ impl Filesystem for ViewFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.core.node(ino.0) {
-            Ok(node) => reply.attr(&ENTRY_TTL, &self.core.attr(&node)),
+            Ok(node) => reply.attr(&TTL, &self.core.attr(&node)),
             Err(e) => reply.error(e),
         }
     }
@@ -293,16 +284,18 @@ impl Filesystem for ViewFs {
             },
             None => return reply.error(Errno::EBADF),
         };
-        let mut buf = vec![0u8; size.min(MAX_READ_BYTES) as usize];
-        let n = match crate::blobfiles::read_full_at(&file, &mut buf, offset) {
-            Ok(n) => n,
-            Err(e) => return reply.error(super::errno::errno_of_io("read blob", &e)),
-        };
-        self.core
-            .counters
-            .read_bytes
-            .fetch_add(n as u64, Ordering::Relaxed);
-        reply.data(&buf[..n]);
+        with_read_buffer(size, |buf| {
+            match crate::blobfiles::read_full_at(&file, buf, offset) {
+                Ok(n) => {
+                    self.core
+                        .counters
+                        .read_bytes
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                    reply.data(&buf[..n])
+                }
+                Err(e) => reply.error(errno_of_blob_io("read blob", e)),
+            }
+        })
     }
 
     fn release(
@@ -385,7 +378,7 @@ impl Filesystem for ViewFs {
                     reply.add(
                         INodeNo(ino),
                         i + 1,
-                        file_type(e.kind),
+                        kind_file_type(e.kind),
                         OsStr::from_bytes(&e.name),
                     )
                 }
@@ -415,18 +408,11 @@ impl Filesystem for ViewFs {
         for i in offset..2 + entries.len() as u64 {
             // "." and ".." take no lookup in the kernel; every other entry takes one.
             let full = match i {
-                0 => reply.add(
-                    INodeNo(node.ino),
-                    1,
-                    ".",
-                    &ENTRY_TTL,
-                    &dir_attr,
-                    Generation(0),
-                ),
+                0 => reply.add(INodeNo(node.ino), 1, ".", &TTL, &dir_attr, Generation(0)),
                 1 => {
                     let mut a = dir_attr;
                     a.ino = INodeNo(parent_of(&node));
-                    reply.add(a.ino, 2, "..", &ENTRY_TTL, &a, Generation(0))
+                    reply.add(a.ino, 2, "..", &TTL, &a, Generation(0))
                 }
                 _ => {
                     let e = &entries[(i - 2) as usize];
@@ -440,7 +426,7 @@ impl Filesystem for ViewFs {
                         attr.ino,
                         i + 1,
                         OsStr::from_bytes(&e.name),
-                        &ENTRY_TTL,
+                        &TTL,
                         &attr,
                         Generation(0),
                     );
@@ -511,152 +497,24 @@ impl Filesystem for ViewFs {
     }
 
     // Everything below would change a snapshot.
-
-    fn setattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
-        _size: Option<u64>,
-        _atime: Option<TimeOrNow>,
-        _mtime: Option<TimeOrNow>,
-        _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
-        _crtime: Option<SystemTime>,
-        _chgtime: Option<SystemTime>,
-        _bkuptime: Option<SystemTime>,
-        _flags: Option<fuser::BsdFileFlags>,
-        reply: ReplyAttr,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn mknod(
-        &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        _rdev: u32,
-        reply: ReplyEntry,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn mkdir(
-        &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        reply: ReplyEntry,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn unlink(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn rmdir(&self, _req: &Request, _parent: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn symlink(
-        &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _link_name: &OsStr,
-        _target: &Path,
-        reply: ReplyEntry,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn rename(
-        &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _newparent: INodeNo,
-        _newname: &OsStr,
-        _flags: RenameFlags,
-        reply: ReplyEmpty,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn link(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _newparent: INodeNo,
-        _newname: &OsStr,
-        reply: ReplyEntry,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn write(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
-        reply: ReplyWrite,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn create(
-        &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        _flags: i32,
-        reply: ReplyCreate,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn setxattr(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _name: &OsStr,
-        _value: &[u8],
-        _flags: i32,
-        _position: u32,
-        reply: ReplyEmpty,
-    ) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::EROFS);
-    }
-
-    fn fallocate(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _offset: u64,
-        _length: u64,
-        _mode: i32,
-        reply: ReplyEmpty,
-    ) {
-        reply.error(Errno::EROFS);
+    refuse_changes! {
+        setattr(&Request, INodeNo, Option<u32>, Option<u32>, Option<u32>, Option<u64>,
+            Option<TimeOrNow>, Option<TimeOrNow>, Option<SystemTime>, Option<FileHandle>,
+            Option<SystemTime>, Option<SystemTime>, Option<SystemTime>,
+            Option<fuser::BsdFileFlags>) ReplyAttr;
+        mknod(&Request, INodeNo, &OsStr, u32, u32, u32) ReplyEntry;
+        mkdir(&Request, INodeNo, &OsStr, u32, u32) ReplyEntry;
+        unlink(&Request, INodeNo, &OsStr) ReplyEmpty;
+        rmdir(&Request, INodeNo, &OsStr) ReplyEmpty;
+        symlink(&Request, INodeNo, &OsStr, &Path) ReplyEntry;
+        rename(&Request, INodeNo, &OsStr, INodeNo, &OsStr, RenameFlags) ReplyEmpty;
+        link(&Request, INodeNo, INodeNo, &OsStr) ReplyEntry;
+        write(&Request, INodeNo, FileHandle, u64, &[u8], WriteFlags, OpenFlags,
+            Option<LockOwner>) ReplyWrite;
+        create(&Request, INodeNo, &OsStr, u32, u32, i32) ReplyCreate;
+        setxattr(&Request, INodeNo, &OsStr, &[u8], i32, u32) ReplyEmpty;
+        removexattr(&Request, INodeNo, &OsStr) ReplyEmpty;
+        fallocate(&Request, INodeNo, FileHandle, u64, u64, i32) ReplyEmpty;
     }
 
     /// No ioctls: answered without the default's per-call warning (programs probe every
@@ -676,36 +534,10 @@ impl Filesystem for ViewFs {
     }
 }
 
-/// The xattr protocol: size 0 asks for the length; a too-small buffer is `ERANGE`.
-pub(crate) fn reply_sized(value: &[u8], size: u32, reply: ReplyXattr) {
-    let Ok(len) = u32::try_from(value.len()) else {
-        return reply.error(Errno::E2BIG);
-    };
-    if size == 0 {
-        reply.size(len);
-    } else if len > size {
-        reply.error(Errno::ERANGE);
-    } else {
-        reply.data(value);
-    }
-}
-
 /// The inode of `..`: the parent directory (the mount root is its own parent).
 fn parent_of(node: &Node) -> u64 {
     match &node.kind {
         NodeKind::Dir { parent, .. } => *parent,
         _ => node.ino,
-    }
-}
-
-fn file_type(kind: cowspace_store::Kind) -> FileType {
-    use cowspace_store::Kind;
-    match kind {
-        Kind::Dir => FileType::Directory,
-        Kind::File | Kind::Hardlink => FileType::RegularFile,
-        Kind::Symlink => FileType::Symlink,
-        Kind::Fifo => FileType::NamedPipe,
-        Kind::CharDevice => FileType::CharDevice,
-        Kind::BlockDevice => FileType::BlockDevice,
     }
 }

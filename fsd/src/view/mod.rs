@@ -90,7 +90,6 @@
 //! ```
 
 mod core;
-mod errno;
 mod fs;
 mod inode;
 pub use cowspace::plain;
@@ -106,11 +105,9 @@ use nix::mount::MntFlags;
 
 use self::core::ViewCore;
 pub use self::core::{VIEW_BLKSIZE_BYTES, VIEW_TIME_SECS};
-pub(crate) use self::errno::errno_of;
-pub use self::fs::ENTRY_TTL;
 use self::fs::ViewFs;
-pub(crate) use self::fs::reply_sized;
 pub use self::inode::{INO_CONTEXT, INO_LIMIT, InodeKey};
+pub use crate::fusecore::TTL as ENTRY_TTL;
 
 pub use cowspace::served::{PLAIN_VIEW_DIR, VIEW_DIR};
 
