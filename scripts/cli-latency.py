@@ -19,31 +19,16 @@ import argparse
 import concurrent.futures
 import json
 import os
-import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
 
-def run(mc, root, *args):
-    out = subprocess.run([mc, "--root", root, "--json", *args], capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"mountctl {' '.join(args)}: {out.stderr.strip()}")
-    return json.loads(out.stdout) if out.stdout.strip() else {}
-
-
-def socket_call(root, op, args):
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(os.path.join(root, "run/fsd.sock"))
-    f = s.makefile("rb")
-    s.sendall((json.dumps({"op": op, "args": args}) + "\n").encode())
-    v = json.loads(f.readline())
-    f.close()
-    s.close()
-    if not v.get("ok"):
-        raise RuntimeError(f"{op}: {v.get('error')}")
-    return v["result"]
+# The same helpers as scale.py's (one place for how a script calls mountctl and the socket).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from scale import run, socket_call  # noqa: E402
 
 
 def timed(f):

@@ -263,31 +263,19 @@ impl Config {
             row("create.lower", json!(l.value), &l.origin),
         ];
         let s = self.sandbox();
-        let unset = Origin::Default;
-        let opt = |key: &str, v: Option<(Value, Origin)>| match v {
-            Some((value, origin)) => row(key, value, &origin),
-            None => row(key, Value::Null, &unset),
-        };
-        rows.push(opt(
-            "sandbox.net",
-            s.net.map(|x| (json!(x.value), x.origin)),
-        ));
-        rows.push(opt(
-            "sandbox.memory",
-            s.memory.map(|x| (json!(x.value), x.origin)),
-        ));
-        rows.push(opt(
-            "sandbox.pids",
-            s.pids.map(|x| (json!(x.value), x.origin)),
-        ));
-        rows.push(opt(
-            "sandbox.cpus",
-            s.cpus.map(|x| (json!(x.value), x.origin)),
-        ));
-        rows.push(opt(
-            "sandbox.cpuset_cpus",
-            s.cpuset_cpus.map(|x| (json!(x.value), x.origin)),
-        ));
+        fn json_of<T: serde::Serialize>(s: Option<Setting<T>>) -> Option<(Value, Origin)> {
+            s.map(|x| (json!(x.value), x.origin))
+        }
+        for (key, v) in [
+            ("sandbox.net", json_of(s.net)),
+            ("sandbox.memory", json_of(s.memory)),
+            ("sandbox.pids", json_of(s.pids)),
+            ("sandbox.cpus", json_of(s.cpus)),
+            ("sandbox.cpuset_cpus", json_of(s.cpuset_cpus)),
+        ] {
+            let (value, origin) = v.unwrap_or((Value::Null, Origin::Default));
+            rows.push(row(key, value, &origin));
+        }
         let read: Vec<String> = self
             .files
             .iter()

@@ -21,6 +21,7 @@ use cowspace_store::import::dir::read_xattrs;
 use cowspace_store::{ContentId, Entry, Kind, SnapshotId, Store, TreeId};
 
 use crate::error::{Error, Result};
+use cowspace_store::tree::join_path as join;
 
 /// One change found in the upper layer, in depth-first name order.
 #[derive(Debug, Clone)]
@@ -76,15 +77,6 @@ fn user_xattrs(host: &Path) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
 fn is_opaque(dir: &Path) -> bool {
     matches!(xattr::get(dir, "trusted.overlay.opaque"), Ok(Some(v)) if v == b"y")
         || matches!(xattr::get(dir, "user.overlay.opaque"), Ok(Some(v)) if v == b"y")
-}
-
-fn join(prefix: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = prefix.to_vec();
-    if !p.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
 }
 
 /// Walks `upper` and returns its changes.

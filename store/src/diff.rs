@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::error::Result;
 use crate::id::{SnapshotId, TreeId};
 use crate::store::Store;
+use crate::tree::join_path as join;
 use crate::tree::{Entry, Kind, Tree};
 
 /// Files larger than this are not diffed as text.
@@ -102,15 +103,6 @@ pub fn root_change(old: RootMeta<'_>, new: RootMeta<'_>) -> Option<DiffEntry> {
 
 fn family(k: Kind) -> Kind {
     if k == Kind::Hardlink { Kind::File } else { k }
-}
-
-fn join(prefix: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = prefix.to_vec();
-    if !p.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
 }
 
 fn entry(path: Vec<u8>, change: Change, old: Option<&Entry>, new: Option<&Entry>) -> DiffEntry {

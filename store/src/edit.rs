@@ -30,6 +30,7 @@ use crate::tree::{self, Entry, Kind};
 mod links;
 mod write;
 
+use crate::tree::join_path as join;
 use links::{regroup, relink};
 use write::{Trees, Writer, sorted};
 
@@ -631,15 +632,6 @@ impl Written {
             ..ImportReport::new(id, snap, ref_name, self.wrote)
         }
     }
-}
-
-fn join(prefix: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = prefix.to_vec();
-    if !p.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
 }
 
 /// The paths of every file this edit puts (new objects, whatever they held before).

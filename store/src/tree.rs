@@ -354,6 +354,18 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// `parent/name`, or `name` at the root (`parent` empty): how every path inside a
+/// snapshot is spelled (`/`-separated, no leading slash).
+pub fn join_path(parent: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(parent.len() + 1 + name.len());
+    if !parent.is_empty() {
+        p.extend_from_slice(parent);
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,12 +16,11 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use cowspace_store::diff::DiffEntry;
-use cowspace_store::{Editor, SnapshotId, Store};
+use cowspace_store::{SnapshotId, Store};
 
 use crate::error::{Error, Result};
 use crate::materializer::fulltree::{self, Fill, Stamps};
-use crate::materializer::{Materializer, MaterializerKind};
+use crate::materializer::{ChangesLiveIn, Materializer, MaterializerKind};
 use crate::registry::Record;
 
 /// The inode number of every btrfs subvolume's root directory
@@ -245,25 +244,7 @@ impl Materializer for Btrfs {
         fulltree::show(rec)
     }
 
-    fn diff(
-        &self,
-        store: &Store,
-        base: &SnapshotId,
-        rec: &Record,
-    ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
-        fulltree::diff(store, base, rec)
-    }
-
-    fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()> {
-        fulltree::capture(ed, rec)
-    }
-
-    fn changes(
-        &self,
-        store: &Store,
-        base: &SnapshotId,
-        rec: &Record,
-    ) -> Result<Vec<crate::upper::UpperChange>> {
-        super::fulltree::changes_of(store, base, rec)
+    fn changes_live_in(&self) -> ChangesLiveIn {
+        ChangesLiveIn::FullTree
     }
 }

@@ -10,12 +10,11 @@
 
 use std::path::PathBuf;
 
-use cowspace_store::diff::DiffEntry;
-use cowspace_store::{Editor, SnapshotId, Store};
+use cowspace_store::{SnapshotId, Store};
 
 use crate::error::Result;
 use crate::materializer::fulltree::{self, Fill};
-use crate::materializer::{Materializer, MaterializerKind, reflink};
+use crate::materializer::{ChangesLiveIn, Materializer, MaterializerKind, reflink};
 use crate::registry::Record;
 
 /// The copying materializers: `Copied(Fill::Copy)` is `copy`, `Copied(Fill::Clone)` is
@@ -57,25 +56,7 @@ impl Materializer for Copied {
         fulltree::show(rec)
     }
 
-    fn diff(
-        &self,
-        store: &Store,
-        base: &SnapshotId,
-        rec: &Record,
-    ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
-        fulltree::diff(store, base, rec)
-    }
-
-    fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()> {
-        fulltree::capture(ed, rec)
-    }
-
-    fn changes(
-        &self,
-        store: &Store,
-        base: &SnapshotId,
-        rec: &Record,
-    ) -> Result<Vec<crate::upper::UpperChange>> {
-        super::fulltree::changes_of(store, base, rec)
+    fn changes_live_in(&self) -> ChangesLiveIn {
+        ChangesLiveIn::FullTree
     }
 }

@@ -31,6 +31,7 @@ use crate::error::{Error, Result};
 use crate::mounts;
 use crate::registry::Record;
 use crate::upper::{BaseTrees, UpperChange};
+use cowspace_store::tree::join_path as join;
 
 /// The workspace's tree under its private directory.
 pub fn tree_dir(rec: &Record) -> PathBuf {
@@ -193,15 +194,6 @@ pub enum Fill {
     Clone,
     /// A plain byte copy (read and write; no `copy_file_range`, which may clone).
     Copy,
-}
-
-fn join(prefix: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = prefix.to_vec();
-    if !p.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
 }
 
 /// The runtime root's store, opened from a workspace record (`<root>/workspaces/<id>`).

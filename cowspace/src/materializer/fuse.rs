@@ -7,11 +7,10 @@
 
 use std::path::{Path, PathBuf};
 
-use cowspace_store::diff::DiffEntry;
-use cowspace_store::{Editor, SnapshotId, Store};
+use cowspace_store::{SnapshotId, Store};
 
 use crate::error::{Error, Result};
-use crate::materializer::{Materializer, MaterializerKind, unmount_path};
+use crate::materializer::{ChangesLiveIn, Materializer, MaterializerKind, unmount_path};
 use crate::registry::Record;
 
 /// The `lower_kind` of fuse workspaces: the daemon reads the snapshot from the store.
@@ -40,10 +39,6 @@ pub struct Fuse {
 }
 
 impl Fuse {
-    fn upper(rec: &Record) -> PathBuf {
-        rec.upper_dir()
-    }
-
     /// Finishes the workspace's copy-ups in progress, so its upper directory holds whole
     /// files: by the daemon when one runs (it may serve the workspace, and then only it
     /// may copy), else by `fsd finish-copies` from the records on disk.
@@ -62,7 +57,7 @@ impl Fuse {
             }
             return Ok(());
         }
-        let upper = Self::upper(rec);
+        let upper = rec.upper_dir();
         if !upper.exists() {
             return Ok(());
         }
@@ -201,32 +196,12 @@ impl Materializer for Fuse {
         Ok(crate::mounts::is_mounted(&rec.path)? && nix::sys::statfs::statfs(&rec.path).is_ok())
     }
 
-    fn diff(
-        &self,
-        store: &Store,
-        base: &SnapshotId,
-        rec: &Record,
-    ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
-        self.finish_copies(store, rec)?;
-        crate::upper::diff(store, base, &Self::upper(rec))
+    fn changes_live_in(&self) -> ChangesLiveIn {
+        ChangesLiveIn::Upper
     }
 
-    fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()> {
-        self.finish_copies(ed.store(), rec)?;
-        crate::upper::capture(ed, &Self::upper(rec))
-    }
-
-    fn changes(
-        &self,
-        _store: &Store,
-        _base: &SnapshotId,
-        rec: &Record,
-    ) -> Result<Vec<crate::upper::UpperChange>> {
-        crate::upper::changes(&rec.upper_dir())
-    }
-
-    fn upper_dir(&self, rec: &Record) -> Option<PathBuf> {
-        Some(rec.upper_dir())
+    fn settle(&self, store: &Store, rec: &Record) -> Result<()> {
+        self.finish_copies(store, rec)
     }
 
     fn served_by_daemon(&self) -> bool {

@@ -115,6 +115,18 @@ impl std::fmt::Display for LowerKind {
     }
 }
 
+/// Where a workspace's changes are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangesLiveIn {
+    /// An upper directory in overlay's format (`<private>/upper`): overlay and fuse.
+    Upper,
+    /// A whole tree with the stamps it was made with (`<private>/tree`): btrfs, reflink,
+    /// copy.
+    FullTree,
+    /// Somewhere of the materializer's own (it implements diff, capture and changes).
+    Own,
+}
+
 /// How one kind of workspace is made, changed into a snapshot, and unmade.
 pub trait Materializer: Send + Sync {
     fn kind(&self) -> MaterializerKind;
@@ -165,17 +177,41 @@ pub trait Materializer: Send + Sync {
         mounts::is_mounted(&rec.path)
     }
 
+    /// Where the workspace's changes are, which decides how they are diffed, committed
+    /// and listed unless a materializer says otherwise itself.
+    fn changes_live_in(&self) -> ChangesLiveIn;
+
+    /// Makes the workspace's changes readable where they live before they are diffed
+    /// or committed (fuse: its copy-ups in progress are finished).
+    fn settle(&self, _store: &Store, _rec: &Record) -> Result<()> {
+        Ok(())
+    }
+
     /// The workspace's changes against its base snapshot, each with the host path of
-    /// the new content (for patches). Should cost what changed.
+    /// the new content (for patches). Costs what changed.
     fn diff(
         &self,
         store: &Store,
         base: &SnapshotId,
         rec: &Record,
-    ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>>;
+    ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
+        self.settle(store, rec)?;
+        match self.changes_live_in() {
+            ChangesLiveIn::Upper => crate::upper::diff(store, base, &rec.upper_dir()),
+            ChangesLiveIn::FullTree => fulltree::diff(store, base, rec),
+            ChangesLiveIn::Own => Err(own_changes(self.kind())),
+        }
+    }
 
     /// Tells `ed` (an editor of the base snapshot) every change of the workspace.
-    fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()>;
+    fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()> {
+        self.settle(ed.store(), rec)?;
+        match self.changes_live_in() {
+            ChangesLiveIn::Upper => crate::upper::capture(ed, &rec.upper_dir()),
+            ChangesLiveIn::FullTree => fulltree::capture(ed, rec),
+            ChangesLiveIn::Own => Err(own_changes(self.kind())),
+        }
+    }
 
     /// What changed in the workspace since it was made, as an upper layer records it,
     /// read as cheaply as the mechanism allows (the git fsmonitor asks on every `git
@@ -185,12 +221,18 @@ pub trait Materializer: Send + Sync {
         store: &Store,
         base: &SnapshotId,
         rec: &Record,
-    ) -> Result<Vec<crate::upper::UpperChange>>;
+    ) -> Result<Vec<crate::upper::UpperChange>> {
+        match self.changes_live_in() {
+            ChangesLiveIn::Upper => crate::upper::changes(&rec.upper_dir()),
+            ChangesLiveIn::FullTree => fulltree::changes_of(store, base, rec),
+            ChangesLiveIn::Own => Err(own_changes(self.kind())),
+        }
+    }
 
     /// The workspace's upper directory in overlay's format, where it has one (the
     /// sandbox then shows it to git's fsmonitor, and commits carry git's index on).
-    fn upper_dir(&self, _rec: &Record) -> Option<PathBuf> {
-        None
+    fn upper_dir(&self, rec: &Record) -> Option<PathBuf> {
+        (self.changes_live_in() == ChangesLiveIn::Upper).then(|| rec.upper_dir())
     }
 
     /// Whether the daemon serves the workspace itself (its mount dies with the daemon).
@@ -267,12 +309,24 @@ impl Materializers {
     }
 }
 
+/// What the defaults answer for a materializer that keeps its changes itself
+/// ([`ChangesLiveIn::Own`]) but did not implement the method asked for: a bug.
+fn own_changes(kind: MaterializerKind) -> Error {
+    Error::Unsupported {
+        name: kind.as_str().into(),
+        why: "this materializer keeps its changes itself and does not implement this".into(),
+    }
+}
+
 /// A materializer that is not part of this build; probing says so.
 pub struct NotBuilt(pub MaterializerKind);
 
 impl Materializer for NotBuilt {
     fn kind(&self) -> MaterializerKind {
         self.0
+    }
+    fn changes_live_in(&self) -> ChangesLiveIn {
+        ChangesLiveIn::Own
     }
     fn probe(&self, _: &Store) -> std::result::Result<(), String> {
         Err(format!(

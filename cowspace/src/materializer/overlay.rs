@@ -4,14 +4,12 @@
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use cowspace_store::diff::DiffEntry;
-use cowspace_store::{Editor, SnapshotId, Store};
+use cowspace_store::Store;
 
 use crate::error::{Error, Result};
-use crate::materializer::{Materializer, MaterializerKind};
+use crate::materializer::{ChangesLiveIn, Materializer, MaterializerKind};
 use crate::mounts;
 use crate::registry::Record;
 
@@ -71,15 +69,6 @@ pub fn trial_mount(store: &Store) -> std::result::Result<(), String> {
 /// The kernel overlayfs materializer.
 pub struct Overlay;
 
-impl Overlay {
-    fn upper(rec: &Record) -> PathBuf {
-        rec.upper_dir()
-    }
-    fn work(rec: &Record) -> PathBuf {
-        rec.work_dir()
-    }
-}
-
 impl Materializer for Overlay {
     fn kind(&self) -> MaterializerKind {
         MaterializerKind::Overlay
@@ -102,9 +91,9 @@ impl Materializer for Overlay {
         } else {
             None
         };
-        let upper = Self::upper(rec);
+        let upper = rec.upper_dir();
         let first = !upper.exists();
-        for d in [upper.clone(), Self::work(rec)] {
+        for d in [upper.clone(), rec.work_dir()] {
             fs::create_dir_all(&d).map_err(Error::io("create directory", &d))?;
         }
         if first {
@@ -123,8 +112,8 @@ impl Materializer for Overlay {
         mounts::mount_overlay_with_data(
             &rec.lower,
             data.as_deref(),
-            &Self::upper(rec),
-            &Self::work(rec),
+            &rec.upper_dir(),
+            &rec.work_dir(),
             &rec.path,
             rec.overlay_redirects,
         )
@@ -140,30 +129,8 @@ impl Materializer for Overlay {
         Ok(())
     }
 
-    fn diff(
-        &self,
-        store: &Store,
-        base: &SnapshotId,
-        rec: &Record,
-    ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
-        crate::upper::diff(store, base, &Self::upper(rec))
-    }
-
-    fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()> {
-        crate::upper::capture(ed, &Self::upper(rec))
-    }
-
-    fn changes(
-        &self,
-        _store: &Store,
-        _base: &SnapshotId,
-        rec: &Record,
-    ) -> Result<Vec<crate::upper::UpperChange>> {
-        crate::upper::changes(&rec.upper_dir())
-    }
-
-    fn upper_dir(&self, rec: &Record) -> Option<PathBuf> {
-        Some(rec.upper_dir())
+    fn changes_live_in(&self) -> ChangesLiveIn {
+        ChangesLiveIn::Upper
     }
 
     fn sandbox_shares_host_mount(&self) -> bool {

@@ -16,7 +16,7 @@ use cowspace_store::{Editor, SnapshotId, Store};
 
 use crate::error::{Error, Result};
 use crate::materializer::fulltree::{self, Stamps};
-use crate::materializer::{LowerKind, Materializer, MaterializerKind};
+use crate::materializer::{ChangesLiveIn, LowerKind, Materializer, MaterializerKind};
 use crate::registry::Record;
 use crate::upper::UpperChange;
 
@@ -41,6 +41,10 @@ impl Materializer for PlainDir {
 
     fn probe(&self, _store: &Store) -> std::result::Result<(), String> {
         Ok(())
+    }
+
+    fn changes_live_in(&self) -> ChangesLiveIn {
+        ChangesLiveIn::Own
     }
 
     fn lower(

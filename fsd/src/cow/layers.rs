@@ -78,16 +78,7 @@ pub fn lower_time_secs(path: &[u8], entry: &Entry) -> u64 {
     }
 }
 
-/// `parent/name` from the snapshot root (no leading slash; empty for the root).
-pub fn join(parent: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(parent.len() + 1 + name.len());
-    if !parent.is_empty() {
-        p.extend_from_slice(parent);
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
-}
+pub use cowspace_store::tree::join_path as join;
 
 /// A snapshot entry being copied up: its path from the snapshot root, the entry, and the
 /// inode number its copy keeps.

@@ -126,16 +126,7 @@ impl Node {
     }
 }
 
-/// `parent/name`, or `name` at the snapshot root.
-pub fn child_path(parent: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(parent.len() + 1 + name.len());
-    if !parent.is_empty() {
-        p.extend_from_slice(parent);
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
-}
+pub use cowspace_store::tree::join_path as child_path;
 
 struct Slot {
     node: Arc<Node>,
@@ -261,20 +252,13 @@ impl InodeTable {
 mod tests {
     use super::*;
 
-    fn file(name: &str, mode: u32, hash: u8) -> Entry {
-        Entry {
-            name: name.as_bytes().to_vec(),
-            kind: Kind::File,
-            mode,
-            size: 3,
-            hash: [hash; 32],
-            data: Vec::new(),
-            xattrs: Vec::new(),
-        }
-    }
-
-    fn snap(b: u8) -> SnapshotId {
-        SnapshotId::from_bytes([b; 32])
+    /// A key of its own for each `n` (the table does not care what it keys).
+    fn key(n: u8) -> InodeKey {
+        InodeKey::of_snapshot_root(
+            &SnapshotId::from_bytes([n; 32]),
+            &TreeId::from_bytes([n; 32]),
+            0o755,
+        )
     }
 
     fn make(ino: u64, digest: [u8; 32]) -> Node {
@@ -293,7 +277,7 @@ mod tests {
     #[test]
     fn lookups_are_counted_and_forget_drops_at_zero() {
         let t = InodeTable::default();
-        let k = InodeKey::of_entry(&snap(1), b"a", &file("a", 0o644, 1));
+        let k = key(1);
         let n = t.acquire(&k, make).unwrap();
         assert_eq!(t.acquire(&k, make).unwrap().ino, n.ino);
         assert_eq!(t.lookups(n.ino), 2);
@@ -309,8 +293,8 @@ mod tests {
     #[test]
     fn a_collision_is_rehashed_with_a_salt() {
         let t = InodeTable::default();
-        let k1 = InodeKey::of_entry(&snap(1), b"a", &file("a", 0o644, 1));
-        let k2 = InodeKey::of_entry(&snap(1), b"b", &file("b", 0o644, 1));
+        let k1 = key(1);
+        let k2 = key(2);
         t.acquire(&k1, make).unwrap();
         // Occupy k2's salt-0 number with a node of another identity.
         t.lock().insert(

@@ -15,6 +15,7 @@ use crate::id::TreeId;
 use crate::index::ObjectKind;
 use crate::ingest::{FileContent, Ingest};
 use crate::snapshot::Counts;
+use crate::tree::join_path as join;
 use crate::tree::{self, Entry, Kind, Tree};
 
 /// Deepest directory nesting accepted.
@@ -257,15 +258,6 @@ impl Builder {
         let id = write_node(&self.root, ingest, slots, &primaries, &[], &mut counts, 0)?;
         Ok((id, self.root_mode, counts))
     }
-}
-
-fn join(path: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = path.to_vec();
-    if !p.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
 }
 
 fn collect_primaries(node: &Node, path: &[u8], out: &mut HashMap<u64, Vec<u8>>) {

@@ -3,24 +3,11 @@
 //! `mountctl config` says where each value came from; a bad file is refused by name.
 
 use std::ffi::OsStr;
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 
 use serde_json::{Value, json};
 
 use super::base_tree;
 use super::support::{WsRoot, require_root};
-
-fn socket(r: &WsRoot, op: &str, args: Value) -> Value {
-    let path = r.t.root().join("run/fsd.sock");
-    let mut s = UnixStream::connect(&path).unwrap();
-    writeln!(s, "{}", json!({"op": op, "args": args})).unwrap();
-    let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line).unwrap();
-    let v: Value = serde_json::from_str(&line).unwrap();
-    assert_eq!(v["ok"], true, "{op}: {v}");
-    v["result"].clone()
-}
 
 fn setting<'v>(v: &'v Value, key: &str) -> &'v Value {
     v["settings"]
@@ -103,11 +90,7 @@ fn configured_defaults_reach_create_and_sandboxes_and_flags_override_them() {
     // The daemon reads the file at start: a socket create that names no materializer
     // gets the file's.
     r.t.run_env(["daemon", "start"], &env).ok();
-    let sock = socket(
-        &r,
-        "create",
-        json!({"snapshot": base, "name": "over-socket"}),
-    );
+    let sock = r.socket("create", json!({"snapshot": base, "name": "over-socket"}));
     r.track(sock["id"].as_str().unwrap());
     assert_eq!(sock["materializer"], "fuse", "{sock}");
     for ws in ["from-file", "from-flag", "over-socket"] {

@@ -5,25 +5,11 @@
 //! the workspace by its id; `status` without `--json` is text.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 
 use serde_json::{Value, json};
 
 use super::base_tree;
 use super::support::{WsRoot, require_root};
-
-/// One request over the root's control socket; gives its `result`.
-fn socket(r: &WsRoot, op: &str, args: Value) -> Value {
-    let path = r.t.root().join("run/fsd.sock");
-    let mut s = UnixStream::connect(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    writeln!(s, "{}", json!({"op": op, "args": args})).unwrap();
-    let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line).unwrap();
-    let v: Value = serde_json::from_str(&line).unwrap();
-    assert_eq!(v["ok"], true, "{op}: {v}");
-    v["result"].clone()
-}
 
 fn keys(v: &Value) -> BTreeSet<String> {
     v.as_object()
@@ -65,7 +51,7 @@ fn json_shapes_are_one_per_record_kind_on_the_cli_and_the_socket() {
 
     // create: the record plus elapsed_ms, on both.
     let cli = r.create(&base, &["--name", "cli-one"]).json;
-    let sock = socket(&r, "create", json!({"snapshot": base, "name": "sock-one"}));
+    let sock = r.socket("create", json!({"snapshot": base, "name": "sock-one"}));
     let id = sock["id"].as_str().unwrap().to_owned();
     r.track(&id);
     assert_eq!(keys(&cli), keys(&sock), "create: CLI vs socket");
@@ -86,14 +72,14 @@ fn json_shapes_are_one_per_record_kind_on_the_cli_and_the_socket() {
 
     // status and list: the record, on both.
     assert_eq!(
-        keys(&socket(&r, "status", json!({"workspace": "cli-one"}))),
+        keys(&r.socket("status", json!({"workspace": "cli-one"}))),
         record,
         "socket status"
     );
     for item in r.t.json(["list"]).ok().json().as_array().unwrap() {
         assert_eq!(keys(item), record, "list item");
     }
-    for item in socket(&r, "list", json!({})).as_array().unwrap() {
+    for item in r.socket("list", json!({})).as_array().unwrap() {
         assert_eq!(keys(item), record, "socket list item");
     }
     let text = r.t.run(["status", "cli-one"]).ok().stdout;
@@ -109,14 +95,13 @@ fn json_shapes_are_one_per_record_kind_on_the_cli_and_the_socket() {
     // diff: the workspace by its id, whatever it was named by.
     let diff = r.t.json(["diff", "cli-one"]).ok().json();
     assert_eq!(diff["workspace"], cli["id"], "diff names the id: {diff}");
-    let sdiff = socket(&r, "diff", json!({"workspace": "sock-one"}));
+    let sdiff = r.socket("diff", json!({"workspace": "sock-one"}));
     assert_eq!(sdiff["workspace"], id.as_str(), "socket diff: {sdiff}");
     assert_eq!(keys(&diff), keys(&sdiff), "diff: CLI vs socket");
 
     // commit: one report on both.
     let commit = r.t.json(["commit", "cli-one", "--allow-empty"]).ok().json();
-    let scommit = socket(
-        &r,
+    let scommit = r.socket(
         "commit",
         json!({"workspace": "sock-one", "allow_empty": true}),
     );
@@ -131,8 +116,7 @@ fn json_shapes_are_one_per_record_kind_on_the_cli_and_the_socket() {
             .json();
     assert_elapsed("export", &export);
     let sdest = r.t.path("schema-export-socket");
-    let sexport = socket(
-        &r,
+    let sexport = r.socket(
         "export",
         json!({"snapshot": base, "dest": sdest.to_str().unwrap()}),
     );
@@ -159,7 +143,7 @@ fn json_shapes_are_one_per_record_kind_on_the_cli_and_the_socket() {
         ),
     ] {
         assert_eq!(
-            socket(&r, op, args),
+            r.socket(op, args),
             r.t.json(cli).ok().json(),
             "{op}: CLI vs socket"
         );
@@ -168,27 +152,19 @@ fn json_shapes_are_one_per_record_kind_on_the_cli_and_the_socket() {
         r.t.json(["ref", "set", "schema/cli", base.as_str()])
             .ok()
             .json();
-    let sset = socket(
-        &r,
-        "ref_set",
-        json!({"name": "schema/sock", "snapshot": base}),
-    );
+    let sset = r.socket("ref_set", json!({"name": "schema/sock", "snapshot": base}));
     assert_eq!(keys(&set), keys(&sset), "ref set: CLI vs socket");
-    let sdel = socket(
-        &r,
-        "ref_delete",
-        json!({"name": "schema/sock", "expect": base}),
-    );
+    let sdel = r.socket("ref_delete", json!({"name": "schema/sock", "expect": base}));
     assert_eq!(sdel, json!({"ref": "schema/sock", "deleted": true}));
     let gc = r.t.json(["gc", "--dry-run"]).ok().json();
-    let sgc = socket(&r, "gc", json!({"dry_run": true}));
+    let sgc = r.socket("gc", json!({"dry_run": true}));
     assert_eq!(keys(&gc), keys(&sgc), "gc: CLI vs socket");
 
     // import: the report, on both (the socket's with the notes mountctl prints).
     let again = r.t.path("src-again");
     base_tree(&again);
     let imported = r.t.json(["import", again.to_str().unwrap()]).ok().json();
-    let simported = socket(&r, "import", json!({"source": again.to_str().unwrap()}));
+    let simported = r.socket("import", json!({"source": again.to_str().unwrap()}));
     let mut cli_keys = keys(&imported);
     cli_keys.insert("notes".into());
     assert_eq!(cli_keys, keys(&simported), "import: CLI vs socket");
@@ -199,7 +175,7 @@ fn json_shapes_are_one_per_record_kind_on_the_cli_and_the_socket() {
 
     // remove: the final record plus removed and elapsed_ms, on both.
     let removed = r.t.json(["remove", "cli-one"]).ok().json();
-    let sremoved = socket(&r, "remove", json!({"workspace": "sock-one"}));
+    let sremoved = r.socket("remove", json!({"workspace": "sock-one"}));
     assert_eq!(keys(&removed), keys(&sremoved), "remove: CLI vs socket");
     for (what, v) in [("CLI remove", &removed), ("socket remove", &sremoved)] {
         assert!(keys(v).is_superset(&record), "{what} is not a record: {v}");

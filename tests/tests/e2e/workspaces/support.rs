@@ -82,6 +82,21 @@ impl WsRoot {
         self.t.root()
     }
 
+    /// One request over the root's control socket; gives its `result` (asserting `ok`).
+    #[track_caller]
+    pub fn socket(&self, op: &str, args: Value) -> Value {
+        use std::io::{BufRead, BufReader, Write};
+        let path = self.root().join("run/fsd.sock");
+        let mut s = std::os::unix::net::UnixStream::connect(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        writeln!(s, "{}", serde_json::json!({"op": op, "args": args})).unwrap();
+        let mut line = String::new();
+        BufReader::new(&s).read_line(&mut line).unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["ok"], true, "{op}: {v}");
+        v["result"].clone()
+    }
+
     /// Remembers a workspace id for the cleanup.
     pub fn track(&self, id: &str) {
         self.created
