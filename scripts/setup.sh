@@ -4,7 +4,8 @@
 set -euo pipefail
 
 pkgs=(git tar zstd gzip xz-utils fuse3 fuse-overlayfs btrfs-progs xfsprogs bubblewrap
-      iproute2 iputils-ping kmod procps psmisc util-linux python3 gcc make pkg-config libssl-dev)
+      iproute2 iputils-ping kmod procps psmisc util-linux python3 gcc make pkg-config libssl-dev
+      qemu-system-x86 busybox-static libcap-ng-dev libseccomp-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -21,3 +22,23 @@ if ! id tests >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
   echo 'tests:x:::cowspace test dummy:/:/usr/sbin/nologin' | newusers || true
 fi
 command -v cargo >/dev/null || { echo "setup: cargo is not installed (install Rust with rustup)" >&2; exit 1; }
+
+# The guest kernel of `mountctl run --vm` (docs/sandbox.md, "VM placement"): Debian's
+# cloud kernel package, downloaded (not installed) and unpacked into
+# /var/cache/cowspace/vm/kernel (boot/vmlinuz-<version>, lib/modules/<version>/); the
+# runtime finds it there (or where $COWSPACE_VM_KERNEL points). Skipped when unpacked
+# already. About 27 MB.
+vm_dir=${COWSPACE_VM_DIR:-/var/cache/cowspace/vm/kernel}
+if ! ls "$vm_dir"/boot/vmlinuz-* >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+  abi=$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-/{print $2; exit}')
+  if [ -z "$abi" ]; then
+    apt-get update -qq
+    abi=$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-/{print $2; exit}')
+  fi
+  debs=$(dirname "$vm_dir")
+  mkdir -p "$debs"
+  (cd "$debs" && apt-get download -q "$abi" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
+  rm -rf "$vm_dir.tmp"
+  dpkg-deb -x "$debs/${abi}"_*.deb "$vm_dir.tmp"
+  rm -rf "$vm_dir" && mv "$vm_dir.tmp" "$vm_dir"
+fi

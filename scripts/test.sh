@@ -12,4 +12,11 @@ if ! "${CARGO_HOME:-$HOME/.cargo}/bin/pjdfstest" --version 2>/dev/null \
     | grep -qx "pjdfstest $pjdfstest_version"; then
   cargo install pjdfstest --version "$pjdfstest_version" --locked
 fi
+# virtiofsd, which shares a workspace into a `run --vm` guest (not packaged by Debian
+# 12): built into ~/.cargo/bin once (about 2 minutes on 2 cores), like pjdfstest.
+virtiofsd_version=1.14.0
+if ! "${CARGO_HOME:-$HOME/.cargo}/bin/virtiofsd" --version 2>/dev/null \
+    | grep -q "virtiofsd $virtiofsd_version\b"; then
+  cargo install virtiofsd --version "$virtiofsd_version" --locked
+fi
 cargo xtask check

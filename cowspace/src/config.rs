@@ -20,6 +20,9 @@
 //! pids = 1024
 //! cpus = 1.5
 //! cpuset_cpus = "0-1"
+//!
+//! [vm]
+//! accept_emulation = false            # run --vm's --accept-emulation
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -73,6 +76,14 @@ struct FileConfig {
     create: CreateSection,
     #[serde(default)]
     sandbox: SandboxSection,
+    #[serde(default)]
+    vm: VmSection,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VmSection {
+    accept_emulation: Option<bool>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -124,7 +135,7 @@ pub fn default_paths() -> Vec<PathBuf> {
 }
 
 const KNOWN: &str =
-    "root; [create] materializer, lower; [sandbox] net, memory, pids, cpus, cpuset_cpus";
+    "root; [create] materializer, lower; [sandbox] net, memory, pids, cpus, cpuset_cpus; [vm] accept_emulation";
 
 fn env(name: &'static str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
@@ -250,6 +261,11 @@ impl Config {
         }
     }
 
+    /// Whether VM runs accept software emulation (`[vm] accept_emulation`).
+    pub fn vm_accept_emulation(&self) -> Option<Setting<bool>> {
+        self.file(|f| f.vm.accept_emulation)
+    }
+
     /// Every setting with its effective value and origin (`mountctl config`); `root`
     /// as given (a flag, if any).
     pub fn effective(&self, root_flag: Option<PathBuf>) -> Value {
@@ -272,6 +288,7 @@ impl Config {
             ("sandbox.pids", json_of(s.pids)),
             ("sandbox.cpus", json_of(s.cpus)),
             ("sandbox.cpuset_cpus", json_of(s.cpuset_cpus)),
+            ("vm.accept_emulation", json_of(self.vm_accept_emulation())),
         ] {
             let (value, origin) = v.unwrap_or((Value::Null, Origin::Default));
             rows.push(row(key, value, &origin));

@@ -30,6 +30,7 @@ pub mod served;
 pub mod sys;
 mod tmpname;
 pub mod upper;
+pub mod vm;
 mod wspath;
 
 pub use error::{Error, Result};

@@ -286,6 +286,18 @@ impl Runtime {
         command: &[String],
         json: bool,
     ) -> Result<u8> {
+        self.one_shot(ws, o, command, json, None)
+    }
+
+    /// [`Runtime::sandbox_run`] in a namespace sandbox (`vm` None) or a VM.
+    pub(crate) fn one_shot(
+        &self,
+        ws: &str,
+        o: &SandboxOptions,
+        command: &[String],
+        json: bool,
+        vm: Option<&crate::vm::VmRun>,
+    ) -> Result<u8> {
         use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
         use std::os::unix::process::ExitStatusExt;
         let helper = helper_path()?;
@@ -310,18 +322,26 @@ impl Runtime {
         )
         .map_err(|e| Error::io("pass the ready pipe on", helper.clone())(e.into()))?;
         let mut cmd = Command::new(&helper);
-        cmd.arg("run")
+        cmd.arg(if vm.is_some() { "vm-run" } else { "run" })
             .arg(flag("--dir", rec.path.as_os_str()))
             .arg(format!("--name={}", sandbox_name(&rec)))
             .arg(flag("--state-dir", self.sandbox_state_dir().as_os_str()))
             .arg(format!("--ready-fd={}", ready_write.as_raw_fd()));
         // One overlay of the workspace's layers idmapped to the sandbox, which the host
         // path and the sandbox share for the run; the host's own is mounted again after.
-        let host_overlay = self.materializer_of(&rec).sandbox_shares_host_mount();
+        let host_overlay = vm.is_none() && self.materializer_of(&rec).sandbox_shares_host_mount();
         if host_overlay {
             cmd.arg("--share-host-mount");
         }
-        cmd.args(self.helper_flags(&rec, o));
+        match vm {
+            // The VM shares the host's own mount of the workspace through virtio-fs.
+            Some(v) => {
+                cmd.args(crate::vm::helper_flags(o, v, &self.store().layout().cache()));
+            }
+            None => {
+                cmd.args(self.helper_flags(&rec, o));
+            }
+        }
         if json {
             cmd.arg("--json");
         }

@@ -187,6 +187,16 @@ pub struct RunArgs {
     pub workspace: String,
     #[command(flatten)]
     pub sandbox: SandboxFlags,
+    /// Run CMD in a qemu micro-VM (the workspace shared at /workspace by virtio-fs)
+    /// instead of the namespace sandbox; refused (exit 7) where qemu, virtiofsd or the
+    /// guest kernel are missing (see `mountctl doctor`). --memory is guest RAM there.
+    #[arg(long)]
+    pub vm: bool,
+    /// With --vm on a host without hardware KVM: run under qemu's software emulation,
+    /// which is no isolation boundary (the run says isolation: needs_validation);
+    /// refused without it. Also `[vm] accept_emulation = true` in the configuration.
+    #[arg(long, requires = "vm")]
+    pub accept_emulation: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,

@@ -16,7 +16,7 @@
 //! ranges and ports; [`cgroup`] holds one file per controller; [`rootfs`] plans the view
 //! and applies it through the [`syscall::Syscall`] seam; [`init`] is pid 1 inside;
 //! [`net`] forwards published ports; [`run`] ties them together; `sys` holds the only
-//! `unsafe` code.
+//! `unsafe` code; [`vm`] places a command in a qemu micro-VM instead.
 //!
 //! # Example
 //!
@@ -69,6 +69,7 @@ pub mod share;
 pub mod spec;
 mod sys;
 pub mod syscall;
+pub mod vm;
 #[cfg(test)]
 mod testing;
 

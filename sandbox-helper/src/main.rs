@@ -23,6 +23,15 @@ struct Cli {
 enum Command {
     /// Run CMD in a sandbox with WORKSPACE_DIR at /workspace; exits with CMD's status.
     Run(Box<RunArgs>),
+    /// Run CMD in a qemu micro-VM with WORKSPACE_DIR shared at /workspace (virtio-fs);
+    /// exits with CMD's status.
+    VmRun(Box<VmRunArgs>),
+    /// Print what a VM placement would use on this host as one JSON object.
+    VmProbe {
+        /// Where initramfs images are cached (default $COWSPACE_ROOT/cache/vm).
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+    },
     /// Start a long-lived sandbox with WORKSPACE_DIR at /workspace and keep it (this
     /// process stays as its keeper, detached from the caller once it is ready).
     Start(Box<RunArgs>),
@@ -157,9 +166,30 @@ struct RunArgs {
     command: Vec<String>,
 }
 
+#[derive(clap::Args)]
+struct VmRunArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Run under software emulation (TCG), which is no isolation boundary; the result
+    /// says `isolation: needs_validation`.
+    #[arg(long)]
+    accept_emulation: bool,
+    /// Where initramfs images are cached (default $COWSPACE_ROOT/cache/vm).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::VmProbe { cache_dir } => {
+            println!("{}", sandbox_helper::vm::report(&cache_dir_or_default(cache_dir)));
+            ExitCode::SUCCESS
+        }
+        Command::VmRun(args) => {
+            let json = args.run.json;
+            finish(vm_run_cmd(*args), json)
+        }
         Command::Probe { json, cgroup_root } => probe_cmd(json, &cgroup_root),
         Command::Exec {
             name,
@@ -245,6 +275,87 @@ fn keeper_call(
     let client = sandbox_helper::keeper::Client::connect(&state_dir_or_default(state_dir), name)?;
     println!("{}", ask(client)?);
     Ok(0)
+}
+
+fn cache_dir_or_default(d: Option<PathBuf>) -> PathBuf {
+    d.unwrap_or_else(|| {
+        sandbox_helper::default_state_dir()
+            .parent()
+            .and_then(std::path::Path::parent)
+            .unwrap_or(std::path::Path::new("/var/lib/cowspace"))
+            .join("cache")
+            .join("vm")
+    })
+}
+
+/// Runs CMD in a VM; the ready line (accelerator, isolation and why, boot time, pids)
+/// goes to --ready-fd or, with --json, stdout; a `needs_validation` note to stderr.
+fn vm_run_cmd(args: VmRunArgs) -> Result<u8, Error> {
+    use sandbox_helper::vm;
+    // Killed with the caller: SIGTERM ends the VM, so no VM outlives its `run`.
+    sandbox_helper::vm::set_parent_death_signal()?;
+    let state_dir = state_dir_or_default(args.run.state_dir.clone());
+    let cache_dir = cache_dir_or_default(args.cache_dir);
+    let mut ready_out = open_ready_fd(args.run.ready_fd)?;
+    let json = args.run.json;
+    let r = args.run;
+    let controls = sandbox_helper::spec::Controls {
+        net: r.net.as_deref().map(str::parse::<Net>).transpose()?,
+        memory: r.memory,
+        pids: r.pids,
+        cpus: r.cpus,
+        cpuset_cpus: r.cpuset_cpus,
+        publish: r.publish,
+        env: r.env,
+        ro_bind: r.ro_bind,
+        secret: r.secret,
+    };
+    let spec = vm::VmSpec::validate(
+        &r.name,
+        &r.dir,
+        &controls,
+        r.command,
+        args.accept_emulation,
+        &cache_dir,
+    )?;
+    let prep = vm::prepare(&spec)?;
+    let outcome = vm::run(&spec, &prep, &state_dir, &r.cgroup_root, |ready| {
+        eprintln!(
+            "sandbox-helper: {}: vm up in {} ms (accel {}, qemu pid {}); isolation: {}: {}",
+            spec.name,
+            ready.boot_ms,
+            prep.accel.accel.as_str(),
+            ready.qemu_pid,
+            prep.accel.isolation.as_str(),
+            prep.accel.reason
+        );
+        if json || ready_out.is_some() {
+            let line = serde_json::json!({
+                "name": spec.name,
+                "placement": "vm",
+                "accel": prep.accel.accel,
+                "isolation": prep.accel.isolation.as_str(),
+                "reason": prep.accel.reason,
+                "kernel": prep.kernel.image,
+                "kernel_version": prep.kernel.version,
+                "initramfs": prep.initrd.0,
+                "initramfs_blake3": prep.initrd.1,
+                "boot_ms": ready.boot_ms,
+                "qemu_pid": ready.qemu_pid,
+                "virtiofsd_pid": ready.virtiofsd_pid,
+                "memory_mib": spec.memory_mib,
+                "cpus": spec.cpus,
+            });
+            match ready_out.take() {
+                Some(mut out) => {
+                    use std::io::Write;
+                    let _ = writeln!(out, "{line}");
+                }
+                None => println!("{line}"),
+            }
+        }
+    })?;
+    Ok(outcome.code)
 }
 
 fn state_dir_or_default(d: Option<PathBuf>) -> PathBuf {

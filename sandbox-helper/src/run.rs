@@ -215,6 +215,7 @@ fn prepare(spec: &Spec, opts: &Options) -> Result<Live> {
     cgroup::reap_stale(&placements);
     reap_stale_run_dirs(&state.join("run"));
     reap_stale_run_dirs(Path::new(ROOTS_DIR));
+    crate::vm::reap_stale(state);
     let ids = alloc::lease_ids(state, &spec.name)?;
     let leases = alloc::lease_ports(state, &spec.name, &spec.publish)?;
     let published: Vec<Published> = leases
@@ -577,6 +578,7 @@ pub fn reap_stale(state_dir: &Path, cgroup_root: &Path, workspace: Option<&Path>
     cgroup::reap_stale(&placements);
     reap_stale_run_dirs(&state_dir.join("run"));
     reap_stale_run_dirs(Path::new(ROOTS_DIR));
+    crate::vm::reap_stale(state_dir);
     if let Some(dir) = workspace
         && let Some(layers) = crate::overlay::detect(dir, "")?
     {

@@ -415,3 +415,47 @@ mod tests {
         assert!(open_path_no_symlinks(&tmp.path().join("real/sub")).is_ok());
     }
 }
+
+/// Makes `cmd`'s child a confined VM process: an empty signal mask, `SIGKILL` when this
+/// process dies (`PR_SET_PDEATHSIG`, so no VM outlives a killed helper), its own process
+/// group, and a member of the cgroup whose `cgroup.procs` is `procs` from before its first
+/// instruction (so guest RAM is charged to it).
+/// The caller keeps `procs` open until the spawn returned.
+pub fn vm_child_pre_exec(cmd: &mut std::process::Command, procs: Option<BorrowedFd<'_>>) {
+    use std::os::unix::process::CommandExt;
+    let procs = procs.map(|f| f.as_raw_fd());
+    // SAFETY: the closure runs in the forked child before exec and calls only
+    // async-signal-safe functions (sigprocmask, prctl, setpgid, write) on its own state;
+    // `procs` stays open in the parent until the spawn returned (the caller's promise),
+    // so the child's inherited copy of it is valid.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            if libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::setpgid(0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if let Some(fd) = procs {
+                let zero = b"0";
+                if libc::write(fd, zero.as_ptr().cast(), zero.len()) != 1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Safe wrapper for `prctl(PR_SET_PDEATHSIG, sig)` on this process: `sig` is delivered
+/// when the thread that forked it (the caller's main thread) ends.
+pub fn set_parent_death_signal(sig: Signal) -> io::Result<()> {
+    // SAFETY: plain prctl with integer arguments on the calling process.
+    check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) }.into())
+        .map(|_| ())
+}

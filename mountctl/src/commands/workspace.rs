@@ -273,6 +273,35 @@ pub fn config(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The `vm` row of `doctor` as text.
+fn vm_line(vm: &serde_json::Value) -> String {
+    let s = |v: &serde_json::Value| v.as_str().unwrap_or("-").to_string();
+    let mut out = format!(
+        "vm       accel {}, isolation {}: {}\n",
+        s(&vm["accel"]),
+        s(&vm["isolation"]),
+        s(&vm["reason"])
+    );
+    out.push_str(&format!(
+        "         qemu {} ({}); virtiofsd {} ({})\n",
+        s(&vm["qemu"]["path"]),
+        s(&vm["qemu"]["version"]),
+        s(&vm["virtiofsd"]["path"]),
+        s(&vm["virtiofsd"]["version"])
+    ));
+    out.push_str(&format!(
+        "         guest kernel {} (blake3 {}); initramfs {} (blake3 {})\n",
+        s(&vm["kernel"]["path"]),
+        s(&vm["kernel"]["blake3"]),
+        s(&vm["initramfs"]["path"]),
+        s(&vm["initramfs"]["blake3"])
+    ));
+    for m in vm["missing"].as_array().into_iter().flatten() {
+        out.push_str(&format!("         missing: {}\n", s(m)));
+    }
+    out
+}
+
 pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let store = ctx.open()?;
     let mut rows = Vec::new();
@@ -304,10 +333,13 @@ pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .into_iter()
         .map(|(cause, fix)| json!({"materializer": "fuse", "cause": cause, "fix": fix}))
         .collect();
+    // What a `run --vm` would use here, and whether its hypervisor isolates.
+    let vm = sandbox_helper::vm::report(&store.layout().cache().join("vm"));
     ctx.emit(
-        json!({"materializers": rows, "auto": auto, "lower": lowers, "git_fsmonitor": hook, "hints": hints}),
+        json!({"materializers": rows, "auto": auto, "lower": lowers, "git_fsmonitor": hook, "hints": hints, "vm": vm}),
         || {
             let mut s = String::new();
+            s.push_str(&vm_line(&vm));
             for r in &rows {
                 s.push_str(&format!(
                     "{:<8} {}\n",

@@ -5,4 +5,5 @@ mod longlived;
 mod run;
 mod sandbox;
 mod store_cli;
+mod vm;
 mod workspaces;

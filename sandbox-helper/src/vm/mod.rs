@@ -1,0 +1,338 @@
+//! VM placement: a command run in a qemu `microvm` guest with the workspace shared in by
+//! virtio-fs, its stdout, stderr and exit status brought back over virtio-serial.
+//!
+//! Everything is found and checked before anything starts ([`prepare`]): the accelerator
+//! (software emulation runs only when the caller accepted it: it is no isolation
+//! boundary), qemu, virtiofsd, the guest kernel and its modules, busybox; then the
+//! initramfs is taken from its cache or built. [`run`] starts `virtiofsd` and qemu in a
+//! cgroup of their own whose memory limit covers guest RAM and qemu's overhead, each
+//! killed if the helper dies, and talks to the guest's `/init` over three ports
+//! ([`qemu::PORTS`]):
+//!
+//! - `cowspace.ctl`: the guest writes `ready\n` once the workspace is mounted; the host
+//!   answers with the command script's length in bytes on one line and then the script;
+//!   the guest writes `exit N\n` (or `error WHAT\n`) once the command ended and the
+//!   workspace was synced and unmounted; the host answers `bye\n`; the guest reboots,
+//!   which ends qemu (`reboot=t`, `-no-reboot`).
+//! - `cowspace.stdout`, `cowspace.stderr`: the command's raw output, copied byte for byte
+//!   to the helper's own stdout and stderr until qemu closes them.
+//!
+//! The host connects to the output ports before the control port, and the guest's first
+//! write to the control port blocks until the host is connected, so no output is lost.
+
+pub mod initramfs;
+pub mod probe;
+pub mod qemu;
+mod runner;
+
+use std::path::{Path, PathBuf};
+
+pub use probe::{Accel, AccelProbe, Isolation};
+pub use runner::{VmOutcome, VmReady, reap_stale, run};
+
+use crate::error::{Error, Result};
+use crate::spec::{Controls, Net, parse_bytes, validate_name};
+
+/// Guest RAM when no `--memory` is given.
+pub const DEFAULT_MEMORY_MIB: u64 = 256;
+/// Least guest RAM accepted (the kernel and busybox need about 64 MiB).
+pub const MIN_MEMORY_MIB: u64 = 128;
+/// Most virtual CPUs.
+pub const MAX_CPUS: u32 = 64;
+/// What qemu and virtiofsd use beside guest RAM and the translation cache.
+pub const OVERHEAD_MIB: u64 = 256;
+
+/// A validated VM run.
+#[derive(Debug, Clone)]
+pub struct VmSpec {
+    /// The run's name.
+    pub name: String,
+    /// The workspace directory, shared at `/workspace`.
+    pub dir: PathBuf,
+    /// The command.
+    pub command: Vec<String>,
+    /// The command's environment beyond `PATH` and `HOME`.
+    pub env: Vec<(String, String)>,
+    /// Guest RAM in MiB (`--memory`).
+    pub memory_mib: u64,
+    /// Virtual CPUs (`--cpus`, rounded up).
+    pub cpus: u32,
+    /// `--net loopback` (the guest has no other interface in either case).
+    pub loopback: bool,
+    /// The caller accepts software emulation (`--accept-emulation`).
+    pub accept_emulation: bool,
+    /// Where initramfs images are cached.
+    pub cache_dir: PathBuf,
+}
+
+fn not_yet(what: &'static str) -> Error {
+    Error::Unsupported {
+        control: what,
+        reason: "not supported by the VM placement yet; leave it out, or run without --vm"
+            .into(),
+    }
+}
+
+impl VmSpec {
+    /// Validates the controls for a VM run, refusing those a VM does not enforce yet.
+    pub fn validate(
+        name: &str,
+        dir: &Path,
+        controls: &Controls,
+        command: Vec<String>,
+        accept_emulation: bool,
+        cache_dir: &Path,
+    ) -> Result<VmSpec> {
+        validate_name(name)?;
+        if command.is_empty() {
+            return Err(Error::InvalidInput("no command given after `--`".into()));
+        }
+        if !dir.is_dir() {
+            return Err(Error::InvalidInput(format!(
+                "workspace directory {} does not exist",
+                dir.display()
+            )));
+        }
+        if !controls.publish.is_empty() {
+            return Err(not_yet("--publish"));
+        }
+        if !controls.ro_bind.is_empty() {
+            return Err(not_yet("--ro-bind"));
+        }
+        if !controls.secret.is_empty() {
+            return Err(not_yet("--secret"));
+        }
+        if controls.pids.is_some() {
+            return Err(not_yet("--pids"));
+        }
+        if controls.cpuset_cpus.is_some() {
+            return Err(not_yet("--cpuset-cpus"));
+        }
+        let memory_mib = match &controls.memory {
+            Some(m) => parse_bytes(m)? >> 20,
+            None => DEFAULT_MEMORY_MIB,
+        };
+        if memory_mib < MIN_MEMORY_MIB {
+            return Err(Error::InvalidInput(format!(
+                "--memory {}: a VM needs at least {MIN_MEMORY_MIB} MiB of guest RAM",
+                controls.memory.as_deref().unwrap_or("")
+            )));
+        }
+        let cpus = match controls.cpus {
+            Some(c) if c > 0.0 && c <= f64::from(MAX_CPUS) => c.ceil() as u32,
+            Some(c) => {
+                return Err(Error::InvalidInput(format!(
+                    "--cpus {c}: a VM takes between 1 and {MAX_CPUS} CPUs"
+                )));
+            }
+            None => 1,
+        };
+        let mut env = Vec::new();
+        for e in &controls.env {
+            let (k, v) = e
+                .split_once('=')
+                .ok_or_else(|| Error::InvalidInput(format!("--env {e:?}: expected KEY=VALUE")))?;
+            let ok = !k.is_empty()
+                && !k.as_bytes()[0].is_ascii_digit()
+                && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !ok {
+                return Err(Error::InvalidInput(format!(
+                    "--env {e:?}: a name is letters, digits and _ (not starting with a digit)"
+                )));
+            }
+            env.push((k.to_string(), v.to_string()));
+        }
+        Ok(VmSpec {
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+            command,
+            env,
+            memory_mib,
+            cpus,
+            loopback: controls.net == Some(Net::Loopback),
+            accept_emulation,
+            cache_dir: cache_dir.to_path_buf(),
+        })
+    }
+
+    /// The guest's command script: the environment, then `exec` of the argv, every word
+    /// single-quoted (so any byte but NUL passes unchanged).
+    pub fn script(&self) -> String {
+        let mut s = String::from("export PATH=/bin:/sbin:/usr/bin:/usr/sbin\n");
+        for (k, v) in &self.env {
+            s.push_str(&format!("export {k}={}\n", quote(v)));
+        }
+        s.push_str("exec");
+        for w in &self.command {
+            s.push(' ');
+            s.push_str(&quote(w));
+        }
+        s.push('\n');
+        s
+    }
+
+    /// The cgroup memory limit: guest RAM, the translation cache and qemu's own.
+    pub fn host_memory_bytes(&self) -> u64 {
+        (self.memory_mib + qemu::TCG_TB_MIB + OVERHEAD_MIB) << 20
+    }
+}
+
+/// Has this process get `SIGTERM` when its parent dies (a `run` killed with `SIGKILL`
+/// ends its VM), and refuses when the parent is gone already.
+pub fn set_parent_death_signal() -> Result<()> {
+    let parent = nix::unistd::getppid();
+    crate::sys::set_parent_death_signal(nix::sys::signal::Signal::SIGTERM).map_err(|source| {
+        Error::Setup {
+            step: "vm: prctl(PR_SET_PDEATHSIG)".into(),
+            source,
+        }
+    })?;
+    if nix::unistd::getppid() != parent {
+        return Err(Error::Setup {
+            step: "vm: start".into(),
+            source: std::io::Error::other("the caller ended before the VM started"),
+        });
+    }
+    Ok(())
+}
+
+/// `w` in single quotes for `sh`.
+pub fn quote(w: &str) -> String {
+    format!("'{}'", w.replace('\'', r"'\''"))
+}
+
+/// What a VM run uses, found before anything starts.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The accelerator and isolation.
+    pub accel: AccelProbe,
+    /// qemu.
+    pub qemu: PathBuf,
+    /// virtiofsd.
+    pub virtiofsd: PathBuf,
+    /// The guest kernel.
+    pub kernel: probe::Kernel,
+    /// The initramfs and its hash.
+    pub initrd: (PathBuf, String),
+}
+
+/// Checks the host for `spec` and refuses, before any effect, what cannot run: software
+/// emulation without acceptance, a missing qemu, virtiofsd, guest kernel or busybox.
+pub fn prepare(spec: &VmSpec) -> Result<Prepared> {
+    let accel = probe::accel();
+    if accel.isolation == Isolation::NeedsValidation && !spec.accept_emulation {
+        return Err(Error::Unsupported {
+            control: "vm isolation",
+            reason: format!(
+                "{}; pass --accept-emulation (or set `[vm] accept_emulation = true` in the configuration) to run it anyway, reported as isolation: needs_validation, or run on a host with hardware KVM",
+                accel.reason
+            ),
+        });
+    }
+    let qemu = probe::qemu()?;
+    let virtiofsd = probe::virtiofsd()?;
+    let kernel = probe::kernel()?;
+    let busybox = probe::busybox()?;
+    let initrd = initramfs::cached(
+        &initramfs::Inputs {
+            busybox,
+            modules: kernel.modules.clone(),
+        },
+        &spec.cache_dir,
+    )?;
+    Ok(Prepared {
+        accel,
+        qemu,
+        virtiofsd,
+        kernel,
+        initrd,
+    })
+}
+
+/// The `vm` row of `doctor`: what a VM placement would use here, and what is missing.
+pub fn report(cache_dir: &Path) -> serde_json::Value {
+    let accel = probe::accel();
+    let qemu = probe::qemu();
+    let virtiofsd = probe::virtiofsd();
+    let kernel = probe::kernel();
+    let busybox = probe::busybox();
+    let mut missing = Vec::new();
+    let mut note = |r: &std::result::Result<PathBuf, Error>| match r {
+        Ok(p) => Some(p.clone()),
+        Err(e) => {
+            missing.push(e.to_string());
+            None
+        }
+    };
+    let qemu = note(&qemu);
+    let virtiofsd = note(&virtiofsd);
+    let busybox = note(&busybox);
+    let initrd = match (&kernel, &busybox) {
+        (Ok(k), Some(b)) => initramfs::cached(
+            &initramfs::Inputs {
+                busybox: b.clone(),
+                modules: k.modules.clone(),
+            },
+            cache_dir,
+        )
+        .map_err(|e| missing.push(e.to_string()))
+        .ok(),
+        _ => None,
+    };
+    let kernel = kernel.map_err(|e| missing.push(e.to_string())).ok();
+    serde_json::json!({
+        "accel": accel.accel,
+        "isolation": accel.isolation.as_str(),
+        "reason": accel.reason,
+        "channel": "virtio-serial (this host has no vhost-vsock)",
+        "qemu": qemu.as_ref().map(|p| serde_json::json!({"path": p, "version": probe::version_of(p)})),
+        "virtiofsd": virtiofsd.as_ref().map(|p| serde_json::json!({"path": p, "version": probe::version_of(p)})),
+        "kernel": kernel.as_ref().map(|k| serde_json::json!({"path": k.image, "version": k.version, "blake3": probe::file_hash(&k.image)})),
+        "initramfs": initrd.as_ref().map(|(p, h)| serde_json::json!({"path": p, "blake3": h})),
+        "missing": missing,
+        "available": missing.is_empty(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn controls() -> Controls {
+        Controls::default()
+    }
+
+    #[test]
+    fn refuses_what_a_vm_does_not_enforce_yet() {
+        let d = tempfile::tempdir().unwrap();
+        let mut c = controls();
+        c.publish = vec![3000];
+        let e = VmSpec::validate("w", d.path(), &c, vec!["true".into()], true, d.path())
+            .unwrap_err();
+        assert_eq!(e.kind(), crate::Kind::Unsupported);
+        let mut c = controls();
+        c.memory = Some("64m".into());
+        let e = VmSpec::validate("w", d.path(), &c, vec!["true".into()], true, d.path())
+            .unwrap_err();
+        assert_eq!(e.kind(), crate::Kind::InvalidInput);
+    }
+
+    #[test]
+    fn script_quotes_every_word() {
+        let d = tempfile::tempdir().unwrap();
+        let mut c = controls();
+        c.env = vec!["A=it's".into()];
+        let s = VmSpec::validate(
+            "w",
+            d.path(),
+            &c,
+            vec!["sh".into(), "-c".into(), "echo 'x' $A".into()],
+            true,
+            d.path(),
+        )
+        .unwrap();
+        let script = s.script();
+        assert!(script.contains(r"export A='it'\''s'"), "{script}");
+        assert!(script.ends_with("exec 'sh' '-c' 'echo '\\''x'\\'' $A'\n"), "{script}");
+    }
+}

@@ -1,0 +1,187 @@
+//! The command lines of one VM's two host processes: `virtiofsd` serving the workspace
+//! and `qemu-system-x86_64 -M microvm` running the guest.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use super::probe::Accel;
+
+/// The virtio-fs tag the guest mounts at `/workspace`.
+pub const FS_TAG: &str = "workspace";
+/// The virtio-serial ports, host socket file names and guest port names.
+pub const PORTS: [(&str, &str); 3] = [
+    ("ctl.sock", "cowspace.ctl"),
+    ("stdout.sock", "cowspace.stdout"),
+    ("stderr.sock", "cowspace.stderr"),
+];
+/// TCG's translation cache (qemu defaults to 1 GiB; the cgroup limit counts it).
+pub const TCG_TB_MIB: u64 = 128;
+
+/// The files of one VM in its run directory.
+#[derive(Debug, Clone)]
+pub struct RunFiles {
+    /// The per-run directory.
+    pub dir: PathBuf,
+}
+
+impl RunFiles {
+    /// virtiofsd's vhost-user socket.
+    pub fn fs_sock(&self) -> PathBuf {
+        self.dir.join("fs.sock")
+    }
+    /// The guest's serial console (kernel messages, `/init`'s failures).
+    pub fn console(&self) -> PathBuf {
+        self.dir.join("console.log")
+    }
+    /// The host end of a virtio-serial port.
+    pub fn port(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+}
+
+/// `virtiofsd` sharing `workspace` (chroot sandbox inside the helper's confinement, no
+/// caching in the guest so the host sees every write at once, no `--tag`: qemu 7.1–8.0
+/// crash on it).
+pub fn virtiofsd_args(files: &RunFiles, workspace: &Path) -> Vec<OsString> {
+    let mut shared = OsString::from("--shared-dir=");
+    shared.push(workspace);
+    let mut sock = OsString::from("--socket-path=");
+    sock.push(files.fs_sock());
+    vec![
+        sock,
+        shared,
+        "--sandbox=chroot".into(),
+        "--cache=never".into(),
+        "--inode-file-handles=never".into(),
+        "--announce-submounts".into(),
+        "--log-level=error".into(),
+    ]
+}
+
+/// What the guest is given.
+#[derive(Debug, Clone)]
+pub struct Machine<'a> {
+    /// The accelerator.
+    pub accel: Accel,
+    /// Guest RAM in MiB.
+    pub memory_mib: u64,
+    /// Virtual CPUs.
+    pub cpus: u32,
+    /// Kernel image.
+    pub kernel: &'a Path,
+    /// Initramfs.
+    pub initrd: &'a Path,
+    /// Bring the guest's loopback interface up.
+    pub loopback: bool,
+}
+
+/// `qemu-system-x86_64` for `m`, its devices wired to `files`.
+pub fn qemu_args(m: &Machine<'_>, files: &RunFiles) -> Vec<OsString> {
+    let mut a: Vec<OsString> = Vec::new();
+    let mut push = |s: String| a.push(s.into());
+    // ACPI on: the Debian kernel finds virtio-mmio devices only through the DSDT.
+    push("-M".into());
+    push("microvm,acpi=on,isa-serial=on,x-option-roms=off,rtc=on,memory-backend=mem".into());
+    match m.accel {
+        Accel::Kvm => {
+            push("-accel".into());
+            push("kvm".into());
+            push("-cpu".into());
+            push("host".into());
+        }
+        Accel::Tcg => {
+            push("-accel".into());
+            push(format!("tcg,thread=multi,tb-size={TCG_TB_MIB}"));
+            push("-cpu".into());
+            push("max".into());
+        }
+    }
+    push("-smp".into());
+    push(m.cpus.to_string());
+    push("-m".into());
+    push(format!("{}M", m.memory_mib));
+    push("-object".into());
+    push(format!(
+        "memory-backend-memfd,id=mem,size={}M,share=on",
+        m.memory_mib
+    ));
+    for s in [
+        "-nodefaults",
+        "-no-user-config",
+        "-nographic",
+        "-no-reboot",
+        "-sandbox",
+        "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+        "-nic",
+        "none",
+    ] {
+        push(s.into());
+    }
+    let mut append = String::from("console=ttyS0 quiet reboot=t panic=-1 rdinit=/init");
+    if m.loopback {
+        append.push_str(" cowspace.net=loopback");
+    }
+    a.push("-kernel".into());
+    a.push(m.kernel.as_os_str().to_owned());
+    a.push("-initrd".into());
+    a.push(m.initrd.as_os_str().to_owned());
+    a.push("-append".into());
+    a.push(append.into());
+    a.push("-serial".into());
+    a.push(path_opt("file:", &files.console()));
+    a.push("-chardev".into());
+    a.push(path_opt("socket,id=fs0,path=", &files.fs_sock()));
+    a.push("-device".into());
+    a.push(format!("vhost-user-fs-device,chardev=fs0,tag={FS_TAG},queue-size=1024").into());
+    a.push("-device".into());
+    a.push("virtio-serial-device,max_ports=4".into());
+    for (i, (file, name)) in PORTS.iter().enumerate() {
+        a.push("-chardev".into());
+        let mut c = OsString::from(format!("socket,id=p{i},server=on,wait=off,path="));
+        c.push(files.port(file));
+        a.push(c);
+        a.push("-device".into());
+        a.push(format!("virtserialport,chardev=p{i},name={name}").into());
+    }
+    a
+}
+
+fn path_opt(prefix: &str, p: &Path) -> OsString {
+    let mut s = OsString::from(prefix);
+    s.push(p);
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcg_line_caps_the_translation_cache_and_sandboxes_qemu() {
+        let files = RunFiles {
+            dir: "/run/x".into(),
+        };
+        let m = Machine {
+            accel: Accel::Tcg,
+            memory_mib: 256,
+            cpus: 1,
+            kernel: Path::new("/k"),
+            initrd: Path::new("/i"),
+            loopback: false,
+        };
+        let line: Vec<String> = qemu_args(&m, &files)
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        let joined = line.join(" ");
+        assert!(joined.contains(&format!("tb-size={TCG_TB_MIB}")));
+        assert!(joined.contains("-sandbox on,"));
+        assert!(joined.contains("size=256M,share=on"));
+        assert!(joined.contains("-nic none"));
+        assert!(!joined.contains("cowspace.net=loopback"));
+        assert!(!virtiofsd_args(&files, Path::new("/w")).iter().any(|a| a
+            .to_str()
+            .unwrap()
+            .starts_with("--tag")));
+    }
+}

@@ -1,0 +1,314 @@
+//! `mountctl run --vm` end to end, as root, under whatever accelerator the host has (TCG
+//! in CI, accepted with `--accept-emulation`): the command runs in the guest (its
+//! kernel, its command line, a qemu process in a cgroup of its own for the run), its
+//! stdout, stderr and exit status come back byte for byte, what it writes is what
+//! `diff` and `commit` see; refusals start nothing; a `kill -9` of `mountctl` takes the
+//! VM down and `sweep` leaves nothing.
+//!
+//! Few tests, because every boot under TCG costs seconds. Skips with a reason when not
+//! root or when qemu, virtiofsd or the guest kernel are missing (`scripts/setup.sh`
+//! installs them); fails instead under `CI=true`. Each test's runtime root ([`WsRoot`])
+//! removes its workspaces and detaches leftover mounts when dropped; [`Bg`] kills a
+//! background run; the VM's processes die with their helper.
+//!
+//! Run: `cargo build --workspace --bins && CI=true cargo test -p cowspace-tests --test e2e vm::`.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cowspace_tests::{mountctl_bin, write_file};
+use serde_json::Value;
+
+use crate::sandbox::support as sandbox_support;
+use crate::workspaces::support::{WsRoot, kill9, require_root};
+
+/// How long a test waits for something a VM does (a boot under TCG takes seconds).
+const VM_WAIT: Duration = Duration::from_secs(120);
+
+/// Skips (or fails under CI) when the host lacks what a VM run needs.
+macro_rules! require_vm {
+    () => {
+        require_root!();
+        let vm = doctor_vm();
+        if vm["available"] != true {
+            let why = format!("no VM placement here: {}", vm["missing"]);
+            if std::env::var("CI").as_deref() == Ok("true") {
+                panic!("vm e2e test cannot run under CI=true: {why}");
+            }
+            eprintln!("SKIPPED: {why}");
+            return;
+        }
+    };
+}
+
+/// The `vm` row of `mountctl doctor --json` (in a throwaway root).
+fn doctor_vm() -> Value {
+    let r = WsRoot::new();
+    let out = r.t.json(["doctor"]).ok();
+    out.json()["vm"].clone()
+}
+
+/// A runtime root with one workspace `w1` of `a.txt`, `d/x`.
+fn setup() -> WsRoot {
+    sandbox_support::helper();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    write_file(&src.join("a.txt"), "hello\n");
+    write_file(&src.join("d/x"), "x\n");
+    let snap = r.import(&src, &["--ref", "t/main"]);
+    r.create(&snap, &["--name", "w1"]);
+    r
+}
+
+/// `mountctl --root ROOT run w1 --vm ARGS...` (not started).
+fn vm_cmd(r: &WsRoot, args: &[&str]) -> Command {
+    let mut c = Command::new(mountctl_bin());
+    c.arg("--root")
+        .arg(r.root())
+        .args(["run", "w1", "--vm"])
+        .args(args)
+        .env("COWSPACE_SANDBOX_HELPER", sandbox_support::helper())
+        .env_remove("COWSPACE_ROOT")
+        .stdin(Stdio::null());
+    c
+}
+
+/// The accelerator is software emulation here (the usual case: CI, this host).
+fn emulated() -> bool {
+    !Path::new("/sys/module/kvm_intel").exists() && !Path::new("/sys/module/kvm_amd").exists()
+}
+
+/// Host processes whose command line contains `needle`.
+fn procs_with(needle: &str) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(c) = std::fs::read(e.path().join("cmdline")) {
+            let text = String::from_utf8_lossy(&c).replace('\0', " ");
+            if text.contains(needle) && pid != std::process::id() {
+                out.push((pid, text));
+            }
+        }
+    }
+    out
+}
+
+/// What a VM run of root `r` leaves on the host: its qemu and virtiofsd processes, its
+/// per-run directories, its cgroups.
+fn vm_leftovers(r: &WsRoot) -> Vec<String> {
+    let state = r.root().join("run/sandbox");
+    let mut left: Vec<String> = procs_with(&state.display().to_string())
+        .into_iter()
+        .filter(|(_, c)| c.contains("qemu-system") || c.contains("virtiofsd"))
+        .map(|(p, c)| format!("process {p}: {c}"))
+        .collect();
+    if let Ok(d) = std::fs::read_dir(state.join("vm")) {
+        left.extend(d.flatten().map(|e| format!("run dir {}", e.path().display())));
+    }
+    for h in ["/sys/fs/cgroup/cowspace", "/sys/fs/cgroup/memory/cowspace"] {
+        if let Ok(d) = std::fs::read_dir(h) {
+            left.extend(
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("vm-w1."))
+                    .map(|e| format!("cgroup {}", e.path().display())),
+            );
+        }
+    }
+    left
+}
+
+/// A `mountctl run --vm` in the background, killed and reaped when dropped.
+struct Bg(Option<Child>);
+
+impl Bg {
+    fn pid(&self) -> u32 {
+        self.0.as_ref().map_or(0, Child::id)
+    }
+    fn wait(&mut self) -> std::process::Output {
+        let mut c = self.0.take().expect("running");
+        let deadline = Instant::now() + VM_WAIT;
+        while c.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!("the VM run did not end within {VM_WAIT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        c.wait_with_output().unwrap()
+    }
+}
+
+impl Drop for Bg {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Waits until a qemu of root `r` runs; gives its pid and command line.
+fn wait_for_qemu(r: &WsRoot, bg: &mut Bg) -> (u32, String) {
+    let state = r.root().join("run/sandbox").display().to_string();
+    let deadline = Instant::now() + VM_WAIT;
+    loop {
+        if let Some(q) = procs_with(&state)
+            .into_iter()
+            .find(|(_, c)| c.starts_with("/usr/bin/qemu-system") || c.contains("qemu-system-x86_64 "))
+        {
+            return q;
+        }
+        if let Some(st) = bg.0.as_mut().unwrap().try_wait().unwrap() {
+            let out = bg.0.take().unwrap().wait_with_output().unwrap();
+            panic!(
+                "the run ended ({st}) before a qemu was seen: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert!(Instant::now() < deadline, "no qemu within {VM_WAIT:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The guest's command: identity, a nonce, binary output on both streams, the three
+/// kinds of change, then it waits for the host's `go` file (so the test sees qemu
+/// running) and exits 3.
+const GUEST: &str = concat!(
+    "uname -r; cat /proc/cmdline; echo \"nonce=$1\"; ",
+    "printf 'bin\\000\\001\\377\\n'; printf 'to-stderr\\000\\n' >&2; ",
+    "printf 'new\\000\\377' > new.bin; echo more >> a.txt; rm d/x; ",
+    "until [ -e go ]; do sleep 0.05; done; rm go; exit 3",
+);
+
+#[test]
+fn vm_run_is_in_the_guest_and_its_writes_are_the_workspace_s() {
+    require_vm!();
+    let r = setup();
+    let path = r.status("w1")["path"].as_str().unwrap().to_string();
+    let nonce = format!("{:x}", std::process::id() as u64 * 7919 + 0xc0ffee);
+    let mut c = vm_cmd(&r, &["--accept-emulation", "--", "sh", "-c", GUEST, "sh", &nonce]);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut bg = Bg(Some(c.spawn().expect("start mountctl run --vm")));
+    // A qemu runs for this run, in a cgroup of its own with a memory limit.
+    let (qemu, cmdline) = wait_for_qemu(&r, &mut bg);
+    assert!(cmdline.contains("microvm"), "{cmdline}");
+    assert!(!cmdline.contains(&nonce), "the nonce went by the command line: {cmdline}");
+    let cg = std::fs::read_to_string(format!("/proc/{qemu}/cgroup")).unwrap();
+    assert!(cg.contains("/cowspace/vm-w1."), "{cg}");
+    write_file(&Path::new(&path).join("go"), "");
+    let out = bg.wait();
+    let stdout = out.stdout.clone();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
+    let text = String::from_utf8_lossy(&stdout).into_owned();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() >= 4, "stdout {text:?}\nstderr {stderr}");
+    // The guest's kernel and command line, not the host's.
+    let host_kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let guest_kernel = doctor_vm()["kernel"]["version"].as_str().unwrap().to_string();
+    assert_eq!(lines[0], guest_kernel);
+    assert_ne!(lines[0], host_kernel.trim());
+    let host_cmdline = std::fs::read_to_string("/proc/cmdline").unwrap();
+    assert!(lines[1].contains("rdinit=/init") && lines[1].contains("reboot=t"), "{}", lines[1]);
+    assert_ne!(lines[1], host_cmdline.trim());
+    assert_eq!(lines[2], format!("nonce={nonce}"));
+    // Byte for byte, each stream on its own.
+    let tail = format!("{}\n{}\n{}\nbin\0\x01", lines[0], lines[1], lines[2]);
+    assert!(stdout.starts_with(tail.as_bytes()));
+    assert!(stdout.ends_with(b"\x01\xff\n"), "{stdout:?}");
+    let own: Vec<&str> = stderr
+        .lines()
+        .filter(|l| !l.starts_with("sandbox-helper: "))
+        .collect();
+    assert_eq!(own, ["to-stderr\0"], "{stderr}");
+    assert!(stderr.contains("isolation: needs_validation") || !emulated(), "{stderr}");
+    assert!(!text.contains("to-stderr"));
+    // What the guest wrote is the workspace's, exactly.
+    assert_eq!(std::fs::read(Path::new(&path).join("new.bin")).unwrap(), b"new\0\xff");
+    assert_eq!(
+        std::fs::read_to_string(Path::new(&path).join("a.txt")).unwrap(),
+        "hello\nmore\n"
+    );
+    let diff = r.t.run(["diff", "w1"]).ok();
+    assert_eq!(diff.stdout, "M a.txt\nD d/x\nA new.bin\n");
+    let (snap, _, _) = r.commit("w1", &[]);
+    let show = r.t.run(["show", &snap]).ok();
+    assert!(show.stdout.contains("new.bin") && !show.stdout.contains(" d/x"), "{}", show.stdout);
+    assert_eq!(vm_leftovers(&r), Vec::<String>::new());
+    r.remove("w1");
+    r.assert_clean();
+}
+
+#[test]
+fn vm_refusals_start_nothing() {
+    require_vm!();
+    let r = setup();
+    let refused = |c: &mut Command| {
+        let o = c.output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(o.status.code(), Some(7), "{err}");
+        assert_eq!(o.stdout, b"", "{err}");
+        assert!(!r.root().join("cache/vm").exists(), "an initramfs was built: {err}");
+        assert_eq!(vm_leftovers(&r), Vec::<String>::new());
+        err
+    };
+    if emulated() {
+        // Software emulation is no isolation boundary: refused unless accepted.
+        let err = refused(&mut vm_cmd(&r, &["--", "touch", "ran"]));
+        assert!(err.contains("TCG") && err.contains("--accept-emulation"), "{err}");
+    }
+    // A missing guest kernel is named, with the command that installs it.
+    let missing = r.t.path("no-such-vmlinuz-1.0");
+    let err = refused(
+        vm_cmd(&r, &["--accept-emulation", "--", "touch", "ran"])
+            .env("COWSPACE_VM_KERNEL", &missing),
+    );
+    assert!(err.contains(&missing.display().to_string()) && err.contains("setup.sh"), "{err}");
+    // A control the VM does not enforce yet is refused by name.
+    let err = refused(&mut vm_cmd(
+        &r,
+        &["--accept-emulation", "--publish", "3000", "--", "touch", "ran"],
+    ));
+    assert!(err.contains("--publish"), "{err}");
+    let path = r.status("w1")["path"].as_str().unwrap().to_string();
+    assert!(!Path::new(&path).join("ran").exists(), "a refused command ran");
+    assert_eq!(r.t.run(["diff", "w1"]).ok().stdout, "");
+    r.remove("w1");
+    r.assert_clean();
+}
+
+#[test]
+fn vm_run_killed_takes_its_vm_down_and_sweep_leaves_nothing() {
+    require_vm!();
+    let r = setup();
+    let mut c = vm_cmd(
+        &r,
+        &["--accept-emulation", "--", "sh", "-c", "until [ -e go ]; do sleep 0.05; done"],
+    );
+    c.stdout(Stdio::null()).stderr(Stdio::piped());
+    let mut bg = Bg(Some(c.spawn().expect("start mountctl run --vm")));
+    let (qemu, _) = wait_for_qemu(&r, &mut bg);
+    let helper = r.status("w1")["sandbox_pid"].as_u64().expect("the run's helper");
+    kill9(bg.pid());
+    let _ = bg.wait();
+    // The helper got SIGTERM when its caller died and ended the VM.
+    let deadline = Instant::now() + VM_WAIT;
+    let gone = |pid: u64| !Path::new(&format!("/proc/{pid}")).exists();
+    while !(gone(qemu.into()) && gone(helper)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(gone(qemu.into()), "qemu {qemu} outlived its run");
+    assert!(gone(helper), "the helper {helper} outlived its run");
+    r.t.run(["sweep"]).ok();
+    let deadline = Instant::now() + VM_WAIT;
+    while !vm_leftovers(&r).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(vm_leftovers(&r), Vec::<String>::new());
+    assert!(r.status("w1")["sandbox_pid"].is_null(), "{}", r.status("w1"));
+    r.remove("w1");
+    r.assert_clean();
+}
