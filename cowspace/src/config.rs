@@ -134,8 +134,7 @@ pub fn default_paths() -> Vec<PathBuf> {
     out
 }
 
-const KNOWN: &str =
-    "root; [create] materializer, lower; [sandbox] net, memory, pids, cpus, cpuset_cpus; [vm] accept_emulation";
+const KNOWN: &str = "root; [create] materializer, lower; [sandbox] net, memory, pids, cpus, cpuset_cpus; [vm] accept_emulation";
 
 fn env(name: &'static str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())

@@ -336,7 +336,11 @@ impl Runtime {
         match vm {
             // The VM shares the host's own mount of the workspace through virtio-fs.
             Some(v) => {
-                cmd.args(crate::vm::helper_flags(o, v, &self.store().layout().cache()));
+                cmd.args(crate::vm::helper_flags(
+                    o,
+                    v,
+                    &self.store().layout().cache(),
+                ));
             }
             None => {
                 cmd.args(self.helper_flags(&rec, o));

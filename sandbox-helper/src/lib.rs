@@ -69,9 +69,9 @@ pub mod share;
 pub mod spec;
 mod sys;
 pub mod syscall;
-pub mod vm;
 #[cfg(test)]
 mod testing;
+pub mod vm;
 
 pub use error::{Error, Kind, Result};
 pub use run::{Options, Outcome, Published, Ready, run, start};

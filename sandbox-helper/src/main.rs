@@ -183,7 +183,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::VmProbe { cache_dir } => {
-            println!("{}", sandbox_helper::vm::report(&cache_dir_or_default(cache_dir)));
+            println!(
+                "{}",
+                sandbox_helper::vm::report(&cache_dir_or_default(cache_dir))
+            );
             ExitCode::SUCCESS
         }
         Command::VmRun(args) => {

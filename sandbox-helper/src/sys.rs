@@ -418,12 +418,12 @@ mod tests {
 
 /// Makes `cmd`'s child a confined VM process: an empty signal mask, `SIGKILL` when this
 /// process dies (`PR_SET_PDEATHSIG`, so no VM outlives a killed helper), its own process
-/// group, and a member of the cgroup whose `cgroup.procs` is `procs` from before its first
-/// instruction (so guest RAM is charged to it).
+/// group, and a member of the cgroups whose `cgroup.procs` files are `procs` (one per
+/// hierarchy) from before its first instruction (so guest RAM is charged to them).
 /// The caller keeps `procs` open until the spawn returned.
-pub fn vm_child_pre_exec(cmd: &mut std::process::Command, procs: Option<BorrowedFd<'_>>) {
+pub fn vm_child_pre_exec(cmd: &mut std::process::Command, procs: &[BorrowedFd<'_>]) {
     use std::os::unix::process::CommandExt;
-    let procs = procs.map(|f| f.as_raw_fd());
+    let procs: Vec<RawFd> = procs.iter().map(|f| f.as_raw_fd()).collect();
     // SAFETY: the closure runs in the forked child before exec and calls only
     // async-signal-safe functions (sigprocmask, prctl, setpgid, write) on its own state;
     // `procs` stays open in the parent until the spawn returned (the caller's promise),
@@ -435,13 +435,20 @@ pub fn vm_child_pre_exec(cmd: &mut std::process::Command, procs: Option<Borrowed
             if libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
                 return Err(io::Error::last_os_error());
             }
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
                 return Err(io::Error::last_os_error());
             }
             if libc::setpgid(0, 0) != 0 {
                 return Err(io::Error::last_os_error());
             }
-            if let Some(fd) = procs {
+            for &fd in &procs {
                 let zero = b"0";
                 if libc::write(fd, zero.as_ptr().cast(), zero.len()) != 1 {
                     return Err(io::Error::last_os_error());

@@ -17,11 +17,8 @@ pub fn run(ctx: &Ctx, a: RunArgs) -> anyhow::Result<ExitCode> {
     let opts =
         cowspace::sandbox::with_defaults(SandboxOptions::from(a.sandbox), &ctx.config.sandbox());
     let code = if a.vm {
-        let accept = a.accept_emulation
-            || ctx
-                .config
-                .vm_accept_emulation()
-                .is_some_and(|s| s.value);
+        let accept =
+            a.accept_emulation || ctx.config.vm_accept_emulation().is_some_and(|s| s.value);
         let v = cowspace::vm::VmRun {
             accept_emulation: accept,
         };

@@ -131,7 +131,16 @@ pub fn build(inputs: &Inputs) -> Result<(Vec<u8>, String)> {
         modules.push((name, read_input(&inputs.modules.join(rel))?));
     }
     let mut a = Cpio::default();
-    for d in ["bin", "dev", "lib", "lib/modules", "proc", "root", "sys", "tmp"] {
+    for d in [
+        "bin",
+        "dev",
+        "lib",
+        "lib/modules",
+        "proc",
+        "root",
+        "sys",
+        "tmp",
+    ] {
         a.dir(d);
     }
     a.dir("workspace");

@@ -68,8 +68,7 @@ pub struct VmSpec {
 fn not_yet(what: &'static str) -> Error {
     Error::Unsupported {
         control: what,
-        reason: "not supported by the VM placement yet; leave it out, or run without --vm"
-            .into(),
+        reason: "not supported by the VM placement yet; leave it out, or run without --vm".into(),
     }
 }
 
@@ -307,13 +306,13 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let mut c = controls();
         c.publish = vec![3000];
-        let e = VmSpec::validate("w", d.path(), &c, vec!["true".into()], true, d.path())
-            .unwrap_err();
+        let e =
+            VmSpec::validate("w", d.path(), &c, vec!["true".into()], true, d.path()).unwrap_err();
         assert_eq!(e.kind(), crate::Kind::Unsupported);
         let mut c = controls();
         c.memory = Some("64m".into());
-        let e = VmSpec::validate("w", d.path(), &c, vec!["true".into()], true, d.path())
-            .unwrap_err();
+        let e =
+            VmSpec::validate("w", d.path(), &c, vec!["true".into()], true, d.path()).unwrap_err();
         assert_eq!(e.kind(), crate::Kind::InvalidInput);
     }
 
@@ -333,6 +332,9 @@ mod tests {
         .unwrap();
         let script = s.script();
         assert!(script.contains(r"export A='it'\''s'"), "{script}");
-        assert!(script.ends_with("exec 'sh' '-c' 'echo '\\''x'\\'' $A'\n"), "{script}");
+        assert!(
+            script.ends_with("exec 'sh' '-c' 'echo '\\''x'\\'' $A'\n"),
+            "{script}"
+        );
     }
 }

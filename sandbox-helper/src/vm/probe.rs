@@ -251,6 +251,21 @@ pub fn kernel() -> Result<Kernel> {
     })
 }
 
+/// The host's TSC frequency in kHz (the first `cpu MHz` of `/proc/cpuinfo`), which is
+/// the guest's under TCG (qemu reads the host's time stamp counter for the guest's).
+pub fn host_tsc_khz() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mhz: f64 = info
+        .lines()
+        .find(|l| l.starts_with("cpu MHz"))?
+        .split(':')
+        .nth(1)?
+        .trim()
+        .parse()
+        .ok()?;
+    (mhz > 0.0).then(|| (mhz * 1000.0).round() as u64)
+}
+
 /// The first line `BIN --version` prints, if it runs.
 pub fn version_of(bin: &Path) -> Option<String> {
     let out = std::process::Command::new(bin)
@@ -288,9 +303,6 @@ mod tests {
         assert!(p.reason.contains("kvm_pvm"), "{}", p.reason);
         std::fs::create_dir(d.path().join("kvm_amd")).unwrap();
         let p = accel_at(d.path(), &kvm);
-        assert_eq!(
-            (p.accel, p.isolation),
-            (Accel::Kvm, Isolation::Hypervisor)
-        );
+        assert_eq!((p.accel, p.isolation), (Accel::Kvm, Isolation::Hypervisor));
     }
 }

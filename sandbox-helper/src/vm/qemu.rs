@@ -73,6 +73,10 @@ pub struct Machine<'a> {
     pub initrd: &'a Path,
     /// Bring the guest's loopback interface up.
     pub loopback: bool,
+    /// The guest's TSC frequency, given to the kernel under TCG (`tsc_early_khz=`): its
+    /// own calibration against the emulated PIT is timed, fails on a loaded host, and
+    /// the boot then hangs.
+    pub tsc_khz: Option<u64>,
 }
 
 /// `qemu-system-x86_64` for `m`, its devices wired to `files`.
@@ -121,6 +125,9 @@ pub fn qemu_args(m: &Machine<'_>, files: &RunFiles) -> Vec<OsString> {
     if m.loopback {
         append.push_str(" cowspace.net=loopback");
     }
+    if let (Accel::Tcg, Some(khz)) = (m.accel, m.tsc_khz) {
+        append.push_str(&format!(" tsc_early_khz={khz}"));
+    }
     a.push("-kernel".into());
     a.push(m.kernel.as_os_str().to_owned());
     a.push("-initrd".into());
@@ -168,6 +175,7 @@ mod tests {
             kernel: Path::new("/k"),
             initrd: Path::new("/i"),
             loopback: false,
+            tsc_khz: Some(2_600_000),
         };
         let line: Vec<String> = qemu_args(&m, &files)
             .into_iter()
@@ -179,9 +187,11 @@ mod tests {
         assert!(joined.contains("size=256M,share=on"));
         assert!(joined.contains("-nic none"));
         assert!(!joined.contains("cowspace.net=loopback"));
-        assert!(!virtiofsd_args(&files, Path::new("/w")).iter().any(|a| a
-            .to_str()
-            .unwrap()
-            .starts_with("--tag")));
+        assert!(joined.contains("tsc_early_khz=2600000"));
+        assert!(
+            !virtiofsd_args(&files, Path::new("/w"))
+                .iter()
+                .any(|a| a.to_str().unwrap().starts_with("--tag"))
+        );
     }
 }

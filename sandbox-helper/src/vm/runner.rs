@@ -115,7 +115,7 @@ fn spawn(
     bin: &Path,
     args: &[std::ffi::OsString],
     log: &Path,
-    procs: &fs::File,
+    procs: &[fs::File],
     what: &str,
 ) -> Result<Reaped> {
     let out = fs::File::create(log).map_err(|source| Error::StateDir {
@@ -133,7 +133,8 @@ fn spawn(
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err);
-    sys::vm_child_pre_exec(&mut cmd, Some(procs.as_fd()));
+    let fds: Vec<_> = procs.iter().map(AsFd::as_fd).collect();
+    sys::vm_child_pre_exec(&mut cmd, &fds);
     let child = cmd.spawn().map_err(|source| Error::Setup {
         step: format!("vm: start {what} ({})", bin.display()),
         source,
@@ -165,8 +166,13 @@ fn wait_for(path: &Path, child: &mut Reaped, ms: u64, files: &RunFiles, what: &s
 }
 
 fn connect(path: &Path, files: &RunFiles) -> Result<UnixStream> {
-    UnixStream::connect(path)
-        .map_err(|e| vm_failed("connect to a qemu port", files, format!("{}: {e}", path.display())))
+    UnixStream::connect(path).map_err(|e| {
+        vm_failed(
+            "connect to a qemu port",
+            files,
+            format!("{}: {e}", path.display()),
+        )
+    })
 }
 
 /// Copies `from` to `to` until EOF (qemu closing the port), then flushes.
@@ -195,7 +201,12 @@ pub fn run(
     }
     // The signals that end the VM are taken by one thread; everything this thread starts
     // gets an empty mask back before exec.
-    let signals = SigSet::from_iter([Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT]);
+    let signals = SigSet::from_iter([
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ]);
     signals.thread_block().map_err(|e| Error::Setup {
         step: "vm: block signals".into(),
         source: e.into(),
@@ -206,15 +217,20 @@ pub fn run(
     };
     let placements = cgroup::require(cgroup_root, &limits)?;
     let group = cgroup::Group::create(&placements, &format!("vm-{}", spec.name), &limits)?;
-    let procs_path = group.dirs()[0].join("cgroup.procs");
-    let procs = fs::OpenOptions::new()
-        .write(true)
-        .open(&procs_path)
-        .map_err(|source| Error::Cgroup {
-            step: "open cgroup.procs",
-            path: procs_path.clone(),
-            source,
-        })?;
+    let mut procs = Vec::new();
+    for d in group.dirs() {
+        let path = d.join("cgroup.procs");
+        procs.push(
+            fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(|source| Error::Cgroup {
+                    step: "open cgroup.procs",
+                    path: path.clone(),
+                    source,
+                })?,
+        );
+    }
     let dir = runs_dir(state_dir).join(format!("{}.{}", spec.name, std::process::id()));
     fs::create_dir_all(&dir).map_err(|source| Error::StateDir {
         path: dir.clone(),
@@ -230,7 +246,13 @@ pub fn run(
         &procs,
         "virtiofsd",
     )?;
-    wait_for(&files.fs_sock(), &mut fsd, VIRTIOFSD_START_MS, &files, "virtiofsd")?;
+    wait_for(
+        &files.fs_sock(),
+        &mut fsd,
+        VIRTIOFSD_START_MS,
+        &files,
+        "virtiofsd",
+    )?;
     let machine = Machine {
         accel: prep.accel.accel,
         memory_mib: spec.memory_mib,
@@ -238,6 +260,7 @@ pub fn run(
         kernel: &prep.kernel.image,
         initrd: &prep.initrd.0,
         loopback: spec.loopback,
+        tsc_khz: super::probe::host_tsc_khz(),
     };
     let started = Instant::now();
     let mut vm = spawn(
@@ -256,7 +279,10 @@ pub fn run(
         std::thread::spawn(move || {
             if let Ok(sig) = signals.wait() {
                 got.store(sig as i32, Ordering::SeqCst);
-                let _ = kill(Pid::from_raw(victim.load(Ordering::SeqCst)), Signal::SIGKILL);
+                let _ = kill(
+                    Pid::from_raw(victim.load(Ordering::SeqCst)),
+                    Signal::SIGKILL,
+                );
             }
         });
     }
@@ -273,16 +299,21 @@ pub fn run(
     };
 
     let _ = ctl.set_read_timeout(Some(Duration::from_millis(BOOT_TIMEOUT_MS)));
-    let mut reader = BufReader::new(ctl.try_clone().map_err(|e| {
-        vm_failed("control port", &files, e.to_string())
-    })?);
+    let mut reader = BufReader::new(
+        ctl.try_clone()
+            .map_err(|e| vm_failed("control port", &files, e.to_string()))?,
+    );
     let line = read_line(&mut reader);
     if let Some(code) = interrupted(&got) {
         return Ok(VmOutcome { code, boot_ms: 0 });
     }
     let line = line.map_err(|e| vm_failed("boot the guest", &files, e))?;
     if line != "ready" {
-        return Err(vm_failed("boot the guest", &files, format!("the guest said {line:?}")));
+        return Err(vm_failed(
+            "boot the guest",
+            &files,
+            format!("the guest said {line:?}"),
+        ));
     }
     let boot_ms = started.elapsed().as_millis() as u64;
     on_ready(&VmReady {
@@ -301,7 +332,13 @@ pub fn run(
     let status = status.map_err(|e| vm_failed("run the command", &files, e))?;
     let code = match status.strip_prefix("exit ").map(str::parse::<u8>) {
         Some(Ok(code)) => code,
-        _ => return Err(vm_failed("run the command", &files, format!("the guest said {status:?}"))),
+        _ => {
+            return Err(vm_failed(
+                "run the command",
+                &files,
+                format!("the guest said {status:?}"),
+            ));
+        }
     };
     let _ = ctl.write_all(b"bye\n");
     let deadline = Instant::now() + Duration::from_millis(QEMU_EXIT_MS);
@@ -324,8 +361,15 @@ fn read_line(r: &mut BufReader<UnixStream>) -> std::result::Result<String, Strin
     match r.by_ref().take(MAX_CTL_LINE_BYTES).read_line(&mut line) {
         Ok(0) => Err("qemu ended (the guest closed the control port)".into()),
         Ok(_) => Ok(line.trim_end_matches('\n').to_string()),
-        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-            Err(format!("no answer from the guest within {BOOT_TIMEOUT_MS} ms"))
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            Err(format!(
+                "no answer from the guest within {BOOT_TIMEOUT_MS} ms"
+            ))
         }
         Err(e) => Err(e.to_string()),
     }

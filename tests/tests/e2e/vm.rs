@@ -49,24 +49,25 @@ fn doctor_vm() -> Value {
     out.json()["vm"].clone()
 }
 
-/// A runtime root with one workspace `w1` of `a.txt`, `d/x`.
-fn setup() -> WsRoot {
+/// A runtime root with one workspace `name` of `a.txt`, `d/x` (a name per test: the
+/// tests run at once, and leftovers are found by name).
+fn setup(name: &str) -> WsRoot {
     sandbox_support::helper();
     let r = WsRoot::new();
     let src = r.t.path("src");
     write_file(&src.join("a.txt"), "hello\n");
     write_file(&src.join("d/x"), "x\n");
     let snap = r.import(&src, &["--ref", "t/main"]);
-    r.create(&snap, &["--name", "w1"]);
+    r.create(&snap, &["--name", name]);
     r
 }
 
-/// `mountctl --root ROOT run w1 --vm ARGS...` (not started).
-fn vm_cmd(r: &WsRoot, args: &[&str]) -> Command {
+/// `mountctl --root ROOT run WS --vm ARGS...` (not started).
+fn vm_cmd(r: &WsRoot, ws: &str, args: &[&str]) -> Command {
     let mut c = Command::new(mountctl_bin());
     c.arg("--root")
         .arg(r.root())
-        .args(["run", "w1", "--vm"])
+        .args(["run", ws, "--vm"])
         .args(args)
         .env("COWSPACE_SANDBOX_HELPER", sandbox_support::helper())
         .env_remove("COWSPACE_ROOT")
@@ -98,7 +99,7 @@ fn procs_with(needle: &str) -> Vec<(u32, String)> {
 
 /// What a VM run of root `r` leaves on the host: its qemu and virtiofsd processes, its
 /// per-run directories, its cgroups.
-fn vm_leftovers(r: &WsRoot) -> Vec<String> {
+fn vm_leftovers(r: &WsRoot, ws: &str) -> Vec<String> {
     let state = r.root().join("run/sandbox");
     let mut left: Vec<String> = procs_with(&state.display().to_string())
         .into_iter()
@@ -106,13 +107,20 @@ fn vm_leftovers(r: &WsRoot) -> Vec<String> {
         .map(|(p, c)| format!("process {p}: {c}"))
         .collect();
     if let Ok(d) = std::fs::read_dir(state.join("vm")) {
-        left.extend(d.flatten().map(|e| format!("run dir {}", e.path().display())));
+        left.extend(
+            d.flatten()
+                .map(|e| format!("run dir {}", e.path().display())),
+        );
     }
     for h in ["/sys/fs/cgroup/cowspace", "/sys/fs/cgroup/memory/cowspace"] {
         if let Ok(d) = std::fs::read_dir(h) {
             left.extend(
                 d.flatten()
-                    .filter(|e| e.file_name().to_string_lossy().starts_with("vm-w1."))
+                    .filter(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .starts_with(&format!("vm-{ws}."))
+                    })
                     .map(|e| format!("cgroup {}", e.path().display())),
             );
         }
@@ -155,10 +163,9 @@ fn wait_for_qemu(r: &WsRoot, bg: &mut Bg) -> (u32, String) {
     let state = r.root().join("run/sandbox").display().to_string();
     let deadline = Instant::now() + VM_WAIT;
     loop {
-        if let Some(q) = procs_with(&state)
-            .into_iter()
-            .find(|(_, c)| c.starts_with("/usr/bin/qemu-system") || c.contains("qemu-system-x86_64 "))
-        {
+        if let Some(q) = procs_with(&state).into_iter().find(|(_, c)| {
+            c.starts_with("/usr/bin/qemu-system") || c.contains("qemu-system-x86_64 ")
+        }) {
             return q;
         }
         if let Some(st) = bg.0.as_mut().unwrap().try_wait().unwrap() {
@@ -185,19 +192,43 @@ const GUEST: &str = concat!(
 
 #[test]
 fn vm_run_is_in_the_guest_and_its_writes_are_the_workspace_s() {
+    const WS: &str = "vmguest";
     require_vm!();
-    let r = setup();
-    let path = r.status("w1")["path"].as_str().unwrap().to_string();
+    let r = setup(WS);
+    let path = r.status(WS)["path"].as_str().unwrap().to_string();
     let nonce = format!("{:x}", std::process::id() as u64 * 7919 + 0xc0ffee);
-    let mut c = vm_cmd(&r, &["--accept-emulation", "--", "sh", "-c", GUEST, "sh", &nonce]);
+    let mut c = vm_cmd(
+        &r,
+        WS,
+        &["--accept-emulation", "--", "sh", "-c", GUEST, "sh", &nonce],
+    );
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut bg = Bg(Some(c.spawn().expect("start mountctl run --vm")));
     // A qemu runs for this run, in a cgroup of its own with a memory limit.
     let (qemu, cmdline) = wait_for_qemu(&r, &mut bg);
     assert!(cmdline.contains("microvm"), "{cmdline}");
-    assert!(!cmdline.contains(&nonce), "the nonce went by the command line: {cmdline}");
+    assert!(
+        !cmdline.contains(&nonce),
+        "the nonce went by the command line: {cmdline}"
+    );
     let cg = std::fs::read_to_string(format!("/proc/{qemu}/cgroup")).unwrap();
-    assert!(cg.contains("/cowspace/vm-w1."), "{cg}");
+    // In the memory controller's hierarchy (v1) or the unified one (v2), with a limit.
+    let mine = format!("/cowspace/vm-{WS}.");
+    let line = cg
+        .lines()
+        .find(|l| (l.contains(":memory:") || l.starts_with("0::")) && l.contains(&mine))
+        .unwrap_or_else(|| panic!("qemu is not in the run's memory cgroup: {cg}"));
+    let rel = line.splitn(3, ':').nth(2).unwrap();
+    let limit = ["memory/", ""]
+        .iter()
+        .find_map(|h| {
+            let d = Path::new("/sys/fs/cgroup").join(h).join(&rel[1..]);
+            std::fs::read_to_string(d.join("memory.limit_in_bytes"))
+                .or_else(|_| std::fs::read_to_string(d.join("memory.max")))
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no memory limit for {line}"));
+    assert!(limit.trim().parse::<u64>().unwrap() >= 256 << 20, "{limit}");
     write_file(&Path::new(&path).join("go"), "");
     let out = bg.wait();
     let stdout = out.stdout.clone();
@@ -208,11 +239,18 @@ fn vm_run_is_in_the_guest_and_its_writes_are_the_workspace_s() {
     assert!(lines.len() >= 4, "stdout {text:?}\nstderr {stderr}");
     // The guest's kernel and command line, not the host's.
     let host_kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let guest_kernel = doctor_vm()["kernel"]["version"].as_str().unwrap().to_string();
+    let guest_kernel = doctor_vm()["kernel"]["version"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert_eq!(lines[0], guest_kernel);
     assert_ne!(lines[0], host_kernel.trim());
     let host_cmdline = std::fs::read_to_string("/proc/cmdline").unwrap();
-    assert!(lines[1].contains("rdinit=/init") && lines[1].contains("reboot=t"), "{}", lines[1]);
+    assert!(
+        lines[1].contains("rdinit=/init") && lines[1].contains("reboot=t"),
+        "{}",
+        lines[1]
+    );
     assert_ne!(lines[1], host_cmdline.trim());
     assert_eq!(lines[2], format!("nonce={nonce}"));
     // Byte for byte, each stream on its own.
@@ -224,74 +262,115 @@ fn vm_run_is_in_the_guest_and_its_writes_are_the_workspace_s() {
         .filter(|l| !l.starts_with("sandbox-helper: "))
         .collect();
     assert_eq!(own, ["to-stderr\0"], "{stderr}");
-    assert!(stderr.contains("isolation: needs_validation") || !emulated(), "{stderr}");
+    assert!(
+        stderr.contains("isolation: needs_validation") || !emulated(),
+        "{stderr}"
+    );
     assert!(!text.contains("to-stderr"));
     // What the guest wrote is the workspace's, exactly.
-    assert_eq!(std::fs::read(Path::new(&path).join("new.bin")).unwrap(), b"new\0\xff");
+    assert_eq!(
+        std::fs::read(Path::new(&path).join("new.bin")).unwrap(),
+        b"new\0\xff"
+    );
     assert_eq!(
         std::fs::read_to_string(Path::new(&path).join("a.txt")).unwrap(),
         "hello\nmore\n"
     );
-    let diff = r.t.run(["diff", "w1"]).ok();
+    let diff = r.t.run(["diff", WS]).ok();
     assert_eq!(diff.stdout, "M a.txt\nD d/x\nA new.bin\n");
-    let (snap, _, _) = r.commit("w1", &[]);
+    let (snap, _, _) = r.commit(WS, &[]);
     let show = r.t.run(["show", &snap]).ok();
-    assert!(show.stdout.contains("new.bin") && !show.stdout.contains(" d/x"), "{}", show.stdout);
-    assert_eq!(vm_leftovers(&r), Vec::<String>::new());
-    r.remove("w1");
+    assert!(
+        show.stdout.contains("new.bin") && !show.stdout.contains(" d/x"),
+        "{}",
+        show.stdout
+    );
+    assert_eq!(vm_leftovers(&r, WS), Vec::<String>::new());
+    r.remove(WS);
     r.assert_clean();
 }
 
 #[test]
 fn vm_refusals_start_nothing() {
+    const WS: &str = "vmrefuse";
     require_vm!();
-    let r = setup();
+    let r = setup(WS);
     let refused = |c: &mut Command| {
         let o = c.output().unwrap();
         let err = String::from_utf8_lossy(&o.stderr).into_owned();
         assert_eq!(o.status.code(), Some(7), "{err}");
         assert_eq!(o.stdout, b"", "{err}");
-        assert!(!r.root().join("cache/vm").exists(), "an initramfs was built: {err}");
-        assert_eq!(vm_leftovers(&r), Vec::<String>::new());
+        assert!(
+            !r.root().join("cache/vm").exists(),
+            "an initramfs was built: {err}"
+        );
+        assert_eq!(vm_leftovers(&r, WS), Vec::<String>::new());
         err
     };
     if emulated() {
         // Software emulation is no isolation boundary: refused unless accepted.
-        let err = refused(&mut vm_cmd(&r, &["--", "touch", "ran"]));
-        assert!(err.contains("TCG") && err.contains("--accept-emulation"), "{err}");
+        let err = refused(&mut vm_cmd(&r, WS, &["--", "touch", "ran"]));
+        assert!(
+            err.contains("TCG") && err.contains("--accept-emulation"),
+            "{err}"
+        );
     }
     // A missing guest kernel is named, with the command that installs it.
     let missing = r.t.path("no-such-vmlinuz-1.0");
     let err = refused(
-        vm_cmd(&r, &["--accept-emulation", "--", "touch", "ran"])
+        vm_cmd(&r, WS, &["--accept-emulation", "--", "touch", "ran"])
             .env("COWSPACE_VM_KERNEL", &missing),
     );
-    assert!(err.contains(&missing.display().to_string()) && err.contains("setup.sh"), "{err}");
+    assert!(
+        err.contains(&missing.display().to_string()) && err.contains("setup.sh"),
+        "{err}"
+    );
     // A control the VM does not enforce yet is refused by name.
     let err = refused(&mut vm_cmd(
         &r,
-        &["--accept-emulation", "--publish", "3000", "--", "touch", "ran"],
+        WS,
+        &[
+            "--accept-emulation",
+            "--publish",
+            "3000",
+            "--",
+            "touch",
+            "ran",
+        ],
     ));
     assert!(err.contains("--publish"), "{err}");
-    let path = r.status("w1")["path"].as_str().unwrap().to_string();
-    assert!(!Path::new(&path).join("ran").exists(), "a refused command ran");
-    assert_eq!(r.t.run(["diff", "w1"]).ok().stdout, "");
-    r.remove("w1");
+    let path = r.status(WS)["path"].as_str().unwrap().to_string();
+    assert!(
+        !Path::new(&path).join("ran").exists(),
+        "a refused command ran"
+    );
+    assert_eq!(r.t.run(["diff", WS]).ok().stdout, "");
+    r.remove(WS);
     r.assert_clean();
 }
 
 #[test]
 fn vm_run_killed_takes_its_vm_down_and_sweep_leaves_nothing() {
+    const WS: &str = "vmkill";
     require_vm!();
-    let r = setup();
+    let r = setup(WS);
     let mut c = vm_cmd(
         &r,
-        &["--accept-emulation", "--", "sh", "-c", "until [ -e go ]; do sleep 0.05; done"],
+        WS,
+        &[
+            "--accept-emulation",
+            "--",
+            "sh",
+            "-c",
+            "until [ -e go ]; do sleep 0.05; done",
+        ],
     );
     c.stdout(Stdio::null()).stderr(Stdio::piped());
     let mut bg = Bg(Some(c.spawn().expect("start mountctl run --vm")));
     let (qemu, _) = wait_for_qemu(&r, &mut bg);
-    let helper = r.status("w1")["sandbox_pid"].as_u64().expect("the run's helper");
+    let helper = r.status(WS)["sandbox_pid"]
+        .as_u64()
+        .expect("the run's helper");
     kill9(bg.pid());
     let _ = bg.wait();
     // The helper got SIGTERM when its caller died and ended the VM.
@@ -304,11 +383,11 @@ fn vm_run_killed_takes_its_vm_down_and_sweep_leaves_nothing() {
     assert!(gone(helper), "the helper {helper} outlived its run");
     r.t.run(["sweep"]).ok();
     let deadline = Instant::now() + VM_WAIT;
-    while !vm_leftovers(&r).is_empty() && Instant::now() < deadline {
+    while !vm_leftovers(&r, WS).is_empty() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(vm_leftovers(&r), Vec::<String>::new());
-    assert!(r.status("w1")["sandbox_pid"].is_null(), "{}", r.status("w1"));
-    r.remove("w1");
+    assert_eq!(vm_leftovers(&r, WS), Vec::<String>::new());
+    assert!(r.status(WS)["sandbox_pid"].is_null(), "{}", r.status(WS));
+    r.remove(WS);
     r.assert_clean();
 }
