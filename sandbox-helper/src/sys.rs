@@ -399,23 +399,6 @@ pub fn tiocsti(fd: BorrowedFd<'_>, byte: u8) -> io::Result<()> {
     check(ret as libc::c_long).map(drop)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn open_tree_clone_refuses_a_path_through_a_symlink() {
-        let tmp = tempfile::tempdir().unwrap();
-        std::fs::create_dir_all(tmp.path().join("real/sub")).unwrap();
-        std::os::unix::fs::symlink(tmp.path().join("real"), tmp.path().join("link")).unwrap();
-        let err = open_tree_clone(&tmp.path().join("link/sub")).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
-        let err = open_path_no_symlinks(&tmp.path().join("link")).unwrap_err();
-        assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
-        assert!(open_path_no_symlinks(&tmp.path().join("real/sub")).is_ok());
-    }
-}
-
 /// Makes `cmd`'s child a confined VM process: an empty signal mask, `SIGKILL` when this
 /// process dies (`PR_SET_PDEATHSIG`, so no VM outlives a killed helper), its own process
 /// group, and a member of the cgroups whose `cgroup.procs` files are `procs` (one per
@@ -465,4 +448,21 @@ pub fn set_parent_death_signal(sig: Signal) -> io::Result<()> {
     // SAFETY: plain prctl with integer arguments on the calling process.
     check(unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, sig as libc::c_ulong, 0, 0, 0) }.into())
         .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_tree_clone_refuses_a_path_through_a_symlink() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("real/sub")).unwrap();
+        std::os::unix::fs::symlink(tmp.path().join("real"), tmp.path().join("link")).unwrap();
+        let err = open_tree_clone(&tmp.path().join("link/sub")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
+        let err = open_path_no_symlinks(&tmp.path().join("link")).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP), "{err}");
+        assert!(open_path_no_symlinks(&tmp.path().join("real/sub")).is_ok());
+    }
 }
