@@ -369,6 +369,19 @@ mod tests {
     }
 
     #[test]
+    fn vm_accept_emulation_is_read_and_a_wrong_type_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let f = write(d.path(), "c.toml", "[vm]\naccept_emulation = true\n");
+        let c = Config::from_files(std::slice::from_ref(&f)).unwrap();
+        let s = c.vm_accept_emulation().unwrap();
+        assert_eq!((s.value, s.origin), (true, Origin::File(f)));
+        assert!(Config::default().vm_accept_emulation().is_none());
+        let bad = write(d.path(), "b.toml", "[vm]\naccept_emulation = \"yes\"\n");
+        let e = Config::from_files(&[bad]).unwrap_err().to_string();
+        assert!(e.contains("accept_emulation"), "{e}");
+    }
+
+    #[test]
     fn a_later_file_overrides_an_earlier_one_key_by_key() {
         let d = tempfile::tempdir().unwrap();
         let sys = write(
