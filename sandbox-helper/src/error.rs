@@ -66,6 +66,16 @@ pub enum Error {
         /// What the host lacks.
         reason: String,
     },
+    /// A VM run cannot be placed on this host (software emulation not accepted, a
+    /// missing qemu, virtiofsd, guest kernel or busybox, or a control a VM does not
+    /// enforce yet); nothing was started.
+    #[error("unsupported: vm placement: {what}: {reason}")]
+    VmUnavailable {
+        /// What is missing or refused, e.g. `guest kernel`, `isolation`.
+        what: &'static str,
+        /// Why, and the fix.
+        reason: String,
+    },
     /// All uid ranges or ports are leased by running sandboxes.
     #[error("busy: {0}")]
     Busy(String),
@@ -186,7 +196,7 @@ impl Error {
     pub fn kind(&self) -> Kind {
         match self {
             Error::InvalidInput(_) => Kind::InvalidInput,
-            Error::Unsupported { .. } => Kind::Unsupported,
+            Error::Unsupported { .. } | Error::VmUnavailable { .. } => Kind::Unsupported,
             Error::Busy(_) | Error::HostBusy { .. } => Kind::Busy,
             Error::NotRunning { .. } => Kind::NotFound,
             Error::AlreadyRunning { .. } => Kind::Exists,
@@ -207,6 +217,9 @@ impl Error {
             Error::Unsupported { .. } => Some(
                 "run `sandbox-helper probe` to see which controls this host can enforce; \
                  drop the control or fix the host (the helper never runs without it)",
+            ),
+            Error::VmUnavailable { .. } => Some(
+                "`mountctl doctor` shows what a VM run would use on this host and what is missing",
             ),
             Error::Busy(_) => Some("wait for other sandboxes to end"),
             Error::HostBusy { .. } => Some(

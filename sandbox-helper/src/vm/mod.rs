@@ -66,9 +66,9 @@ pub struct VmSpec {
 }
 
 fn not_yet(what: &'static str) -> Error {
-    Error::Unsupported {
-        control: what,
-        reason: "not supported by the VM placement yet; leave it out, or run without --vm".into(),
+    Error::VmUnavailable {
+        what,
+        reason: "not enforced in a VM yet; leave it out, or run without --vm".into(),
     }
 }
 
@@ -220,8 +220,8 @@ pub struct Prepared {
 pub fn prepare(spec: &VmSpec) -> Result<Prepared> {
     let accel = probe::accel();
     if accel.isolation == Isolation::NeedsValidation && !spec.accept_emulation {
-        return Err(Error::Unsupported {
-            control: "vm isolation",
+        return Err(Error::VmUnavailable {
+            what: "isolation",
             reason: format!(
                 "{}; pass --accept-emulation (or set `[vm] accept_emulation = true` in the configuration) to run it anyway, reported as isolation: needs_validation, or run on a host with hardware KVM",
                 accel.reason

@@ -109,10 +109,7 @@ pub fn accel() -> AccelProbe {
 }
 
 fn missing(what: &'static str, reason: String) -> Error {
-    Error::Unsupported {
-        control: what,
-        reason,
-    }
+    Error::VmUnavailable { what, reason }
 }
 
 fn on_path(name: &str) -> Option<PathBuf> {
@@ -145,7 +142,7 @@ pub fn qemu() -> Result<PathBuf> {
     tool(
         QEMU_ENV,
         "qemu-system-x86_64",
-        "vm (qemu)",
+        "qemu",
         "install it with `apt-get install qemu-system-x86`",
     )
 }
@@ -155,7 +152,7 @@ pub fn virtiofsd() -> Result<PathBuf> {
     tool(
         VIRTIOFSD_ENV,
         "virtiofsd",
-        "vm (virtiofsd)",
+        "virtiofsd",
         "install it with `apt-get install libcap-ng-dev libseccomp-dev && cargo install virtiofsd --locked`",
     )
 }
@@ -165,7 +162,7 @@ pub fn busybox() -> Result<PathBuf> {
     tool(
         BUSYBOX_ENV,
         "busybox",
-        "vm (busybox)",
+        "busybox",
         "install it with `apt-get install busybox-static`",
     )
 }
@@ -189,7 +186,7 @@ pub fn kernel() -> Result<Kernel> {
             let p = PathBuf::from(p);
             if !p.is_file() {
                 return Err(missing(
-                    "vm (guest kernel)",
+                    "guest kernel",
                     format!("{KERNEL_ENV}={} does not exist; {KERNEL_FIX}", p.display()),
                 ));
             }
@@ -213,7 +210,7 @@ pub fn kernel() -> Result<Kernel> {
             found.sort();
             found.pop().ok_or_else(|| {
                 missing(
-                    "vm (guest kernel)",
+                    "guest kernel",
                     format!("no guest kernel in {}/boot; {KERNEL_FIX}", dir.display()),
                 )
             })?
@@ -237,7 +234,7 @@ pub fn kernel() -> Result<Kernel> {
     let modules = root.join("lib/modules").join(&version).join("kernel");
     if !modules.is_dir() {
         return Err(missing(
-            "vm (guest kernel modules)",
+            "guest kernel modules",
             format!(
                 "no modules for {version} at {}; {KERNEL_FIX}",
                 modules.display()

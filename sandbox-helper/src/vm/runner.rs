@@ -194,8 +194,8 @@ pub fn run(
     on_ready: impl FnOnce(&VmReady),
 ) -> Result<VmOutcome> {
     if prep.accel.isolation == Isolation::NeedsValidation && !spec.accept_emulation {
-        return Err(Error::Unsupported {
-            control: "vm isolation",
+        return Err(Error::VmUnavailable {
+            what: "isolation",
             reason: prep.accel.reason.clone(),
         });
     }

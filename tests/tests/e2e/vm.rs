@@ -325,6 +325,15 @@ fn vm_refusals_start_nothing() {
         err.contains(&missing.display().to_string()) && err.contains("setup.sh"),
         "{err}"
     );
+    // So is a missing qemu.
+    let err = refused(
+        vm_cmd(&r, WS, &["--accept-emulation", "--", "touch", "ran"])
+            .env("COWSPACE_VM_QEMU", r.t.path("no-qemu")),
+    );
+    assert!(
+        err.contains("qemu") && err.contains("apt-get install qemu-system-x86"),
+        "{err}"
+    );
     // A control the VM does not enforce yet is refused by name.
     let err = refused(&mut vm_cmd(
         &r,
