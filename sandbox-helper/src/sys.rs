@@ -404,11 +404,17 @@ pub fn tiocsti(fd: BorrowedFd<'_>, byte: u8) -> io::Result<()> {
 /// group, and a member of the cgroups whose `cgroup.procs` files are `procs` (one per
 /// hierarchy) from before its first instruction (so guest RAM is charged to them).
 /// The caller keeps `procs` open until the spawn returned.
-pub fn vm_child_pre_exec(cmd: &mut std::process::Command, procs: &[BorrowedFd<'_>]) {
+/// `unshare` (`CLONE_NEW*` flags, 0 for none) gives it namespaces of its own.
+pub fn vm_child_pre_exec(
+    cmd: &mut std::process::Command,
+    procs: &[BorrowedFd<'_>],
+    unshare: libc::c_int,
+) {
     use std::os::unix::process::CommandExt;
     let procs: Vec<RawFd> = procs.iter().map(|f| f.as_raw_fd()).collect();
     // SAFETY: the closure runs in the forked child before exec and calls only
-    // async-signal-safe functions (sigprocmask, prctl, setpgid, write) on its own state;
+    // async-signal-safe functions (sigprocmask, prctl, setpgid, write, unshare) on its
+    // own state;
     // `procs` stays open in the parent until the spawn returned (the caller's promise),
     // so the child's inherited copy of it is valid.
     unsafe {
@@ -429,6 +435,9 @@ pub fn vm_child_pre_exec(cmd: &mut std::process::Command, procs: &[BorrowedFd<'_
                 return Err(io::Error::last_os_error());
             }
             if libc::setpgid(0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if unshare != 0 && libc::unshare(unshare) != 0 {
                 return Err(io::Error::last_os_error());
             }
             for &fd in &procs {

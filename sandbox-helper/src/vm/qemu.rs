@@ -39,9 +39,9 @@ impl RunFiles {
     }
 }
 
-/// `virtiofsd` sharing `workspace` (chroot sandbox inside the helper's confinement, no
-/// caching in the guest so the host sees every write at once, no `--tag`: qemu 7.1–8.0
-/// crash on it).
+/// `virtiofsd` sharing `workspace` (in its own mount, pid and network namespaces with
+/// the workspace as its root, so it reaches nothing else of the host; no caching in the
+/// guest so the host sees every write at once; no `--tag`: qemu 7.1–8.0 crash on it).
 pub fn virtiofsd_args(files: &RunFiles, workspace: &Path) -> Vec<OsString> {
     let mut shared = OsString::from("--shared-dir=");
     shared.push(workspace);
@@ -50,7 +50,7 @@ pub fn virtiofsd_args(files: &RunFiles, workspace: &Path) -> Vec<OsString> {
     vec![
         sock,
         shared,
-        "--sandbox=chroot".into(),
+        "--sandbox=namespace".into(),
         "--cache=never".into(),
         "--inode-file-handles=never".into(),
         "--announce-submounts".into(),

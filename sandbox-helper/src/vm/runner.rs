@@ -117,6 +117,7 @@ fn spawn(
     log: &Path,
     procs: &[fs::File],
     what: &str,
+    unshare: libc::c_int,
 ) -> Result<Reaped> {
     let out = fs::File::create(log).map_err(|source| Error::StateDir {
         path: log.to_path_buf(),
@@ -134,7 +135,7 @@ fn spawn(
         .stdout(out)
         .stderr(err);
     let fds: Vec<_> = procs.iter().map(AsFd::as_fd).collect();
-    sys::vm_child_pre_exec(&mut cmd, &fds);
+    sys::vm_child_pre_exec(&mut cmd, &fds, unshare);
     let child = cmd.spawn().map_err(|source| Error::Setup {
         step: format!("vm: start {what} ({})", bin.display()),
         source,
@@ -245,6 +246,8 @@ pub fn run(
         &files.dir.join("virtiofsd.log"),
         &procs,
         "virtiofsd",
+        // It makes its own mount, pid and network namespaces (`--sandbox=namespace`).
+        0,
     )?;
     wait_for(
         &files.fs_sock(),
@@ -269,6 +272,9 @@ pub fn run(
         &files.dir.join("qemu.log"),
         &procs,
         "qemu",
+        // No network (the guest has none) and no host System V IPC; its sockets are
+        // paths, which work across network namespaces.
+        libc::CLONE_NEWNET | libc::CLONE_NEWIPC,
     )?;
     drop(procs);
     let qemu_pid = vm.0.id() as i32;

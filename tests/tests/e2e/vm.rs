@@ -180,11 +180,15 @@ fn wait_for_qemu(r: &WsRoot, bg: &mut Bg) -> (u32, String) {
     }
 }
 
-/// The guest's command: identity, a nonce, binary output on both streams, the three
+/// The guest's command ($1 a nonce, $2 the runtime root, $3 the test's host pid):
+/// identity, the nonce, whether the host's root or processes show, binary output on both
+/// streams, the three
 /// kinds of change, then it waits for the host's `go` file (so the test sees qemu
 /// running) and exits 3.
 const GUEST: &str = concat!(
     "uname -r; cat /proc/cmdline; echo \"nonce=$1\"; ",
+    "for p in \"$2\" \"$2/registry.db\"; do [ -e \"$p\" ] && echo \"VISIBLE $p\"; done; ",
+    "grep -qs e2e /proc/$3/cmdline && echo \"VISIBLE host pid $3\"; ",
     "printf 'bin\\000\\001\\377\\n'; printf 'to-stderr\\000\\n' >&2; ",
     "printf 'new\\000\\377' > new.bin; echo more >> a.txt; rm d/x; ",
     "until [ -e go ]; do sleep 0.05; done; rm go; exit 3",
@@ -196,11 +200,23 @@ fn vm_run_is_in_the_guest_and_its_writes_are_the_workspace_s() {
     require_vm!();
     let r = setup(WS);
     let path = r.status(WS)["path"].as_str().unwrap().to_string();
+    let root = r.root().canonicalize().unwrap().display().to_string();
+    let me = std::process::id().to_string();
     let nonce = format!("{:x}", std::process::id() as u64 * 7919 + 0xc0ffee);
     let mut c = vm_cmd(
         &r,
         WS,
-        &["--accept-emulation", "--", "sh", "-c", GUEST, "sh", &nonce],
+        &[
+            "--accept-emulation",
+            "--",
+            "sh",
+            "-c",
+            GUEST,
+            "sh",
+            &nonce,
+            &root,
+            &me,
+        ],
     );
     c.stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut bg = Bg(Some(c.spawn().expect("start mountctl run --vm")));
@@ -229,6 +245,12 @@ fn vm_run_is_in_the_guest_and_its_writes_are_the_workspace_s() {
         })
         .unwrap_or_else(|| panic!("no memory limit for {line}"));
     assert!(limit.trim().parse::<u64>().unwrap() >= 256 << 20, "{limit}");
+    // qemu has no network namespace of the host's.
+    assert_ne!(
+        std::fs::read_link(format!("/proc/{qemu}/ns/net")).unwrap(),
+        std::fs::read_link("/proc/self/ns/net").unwrap(),
+        "qemu runs in the host's network namespace"
+    );
     write_file(&Path::new(&path).join("go"), "");
     let out = bg.wait();
     let stdout = out.stdout.clone();
@@ -267,6 +289,7 @@ fn vm_run_is_in_the_guest_and_its_writes_are_the_workspace_s() {
         "{stderr}"
     );
     assert!(!text.contains("to-stderr"));
+    assert!(!text.contains("VISIBLE"), "{text}");
     // What the guest wrote is the workspace's, exactly.
     assert_eq!(
         std::fs::read(Path::new(&path).join("new.bin")).unwrap(),
