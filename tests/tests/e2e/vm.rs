@@ -186,7 +186,8 @@ fn wait_for_qemu(r: &WsRoot, bg: &mut Bg) -> (u32, String) {
 /// kinds of change, then it waits for the host's `go` file (so the test sees qemu
 /// running) and exits 3.
 const GUEST: &str = concat!(
-    "uname -r; cat /proc/cmdline; echo \"nonce=$1\"; ",
+    "uname -r; cat /proc/cmdline; echo \"nonce=$1\"; echo \"env=$COWSPACE_T\"; ",
+    "awk '/MemTotal/ {print $2}' /proc/meminfo; ",
     "for p in \"$2\" \"$2/registry.db\"; do [ -e \"$p\" ] && echo \"VISIBLE $p\"; done; ",
     "grep -qs e2e /proc/$3/cmdline && echo \"VISIBLE host pid $3\"; ",
     "printf 'bin\\000\\001\\377\\n'; printf 'to-stderr\\000\\n' >&2; ",
@@ -208,6 +209,8 @@ fn vm_run_is_in_the_guest_and_its_writes_are_the_workspace_s() {
         WS,
         &[
             "--accept-emulation",
+            "--memory=320m",
+            "--env=COWSPACE_T=it's \"quoted\" $x",
             "--",
             "sh",
             "-c",
@@ -258,7 +261,7 @@ fn vm_run_is_in_the_guest_and_its_writes_are_the_workspace_s() {
     assert_eq!(out.status.code(), Some(3), "stderr: {stderr}");
     let text = String::from_utf8_lossy(&stdout).into_owned();
     let lines: Vec<&str> = text.lines().collect();
-    assert!(lines.len() >= 4, "stdout {text:?}\nstderr {stderr}");
+    assert!(lines.len() >= 6, "stdout {text:?}\nstderr {stderr}");
     // The guest's kernel and command line, not the host's.
     let host_kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     let guest_kernel = doctor_vm()["kernel"]["version"]
@@ -276,7 +279,11 @@ fn vm_run_is_in_the_guest_and_its_writes_are_the_workspace_s() {
     assert_ne!(lines[1], host_cmdline.trim());
     assert_eq!(lines[2], format!("nonce={nonce}"));
     // Byte for byte, each stream on its own.
-    let tail = format!("{}\n{}\n{}\nbin\0\x01", lines[0], lines[1], lines[2]);
+    // --env passed as given, --memory the guest's RAM (less what the kernel keeps).
+    assert_eq!(lines[3], "env=it's \"quoted\" $x");
+    let kib: u64 = lines[4].parse().unwrap();
+    assert!(kib <= 320 << 10 && kib > 256 << 10, "MemTotal {kib} KiB");
+    let tail = format!("{}\nbin\0\x01", lines[..5].join("\n"));
     assert!(stdout.starts_with(tail.as_bytes()));
     assert!(stdout.ends_with(b"\x01\xff\n"), "{stdout:?}");
     let own: Vec<&str> = stderr
