@@ -30,7 +30,6 @@ use crate::checkout;
 use crate::error::{Error, Result};
 use crate::materializer::{self, LowerKind, Materializer, MaterializerKind, Materializers};
 use crate::registry::{Creator, Record, Registry, Status, now};
-use crate::served::{PLAIN_VIEW_DIR, VIEW_DIR};
 use crate::upper;
 
 mod claims;
@@ -386,13 +385,13 @@ impl Runtime {
     /// The directory of `snapshot` in the daemon's views: the plain view
     /// (`run/view-plain`, no xattr round trips) when the snapshot is known to have no
     /// xattrs, else the full view (`run/view`). Found once per snapshot (see
-    /// [`crate::view::plain`]); an unknown answer is the full view. A running daemon
+    /// [`crate::plain`]); an unknown answer is the full view. A running daemon
     /// without a plain view (an older build) serves it from its full view.
     fn view_path(&self, snapshot: &SnapshotId) -> PathBuf {
-        let run = self.store.layout().run();
-        let full = run.join(VIEW_DIR).join(snapshot.to_hex());
+        let layout = self.store.layout();
+        let full = layout.view().join(snapshot.to_hex());
         let plain = match crate::plain::has_xattrs(&self.store, snapshot) {
-            Ok(false) => run.join(PLAIN_VIEW_DIR).join(snapshot.to_hex()),
+            Ok(false) => layout.plain_view().join(snapshot.to_hex()),
             Ok(true) => return full,
             Err(e) => {
                 tracing::warn!(snapshot = %snapshot.to_hex(), "whether the snapshot has xattrs: {e}; the full view serves it");
