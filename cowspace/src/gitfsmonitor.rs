@@ -178,11 +178,10 @@ fn answer_for(rt: &Runtime, rec: &Record, token: &str) -> Result<Answer> {
     if !tokens.iter().any(|t| t == token) {
         return Ok(everything(Some(rec)));
     }
-    let base: SnapshotId = rec.snapshot.parse()?;
     let changes = rt
         .materializers()
         .get(rec.materializer)
-        .changes(rt.store(), &base, rec)?;
+        .changes(&crate::materializer::WorkspaceCtx::new(rt.store(), rec))?;
     Ok(Answer {
         token: token.to_string(),
         paths: Some(named_paths(rt, snap.root, &changes)?),

@@ -28,7 +28,9 @@ use serde::Serialize;
 
 use crate::checkout;
 use crate::error::{Error, Result};
-use crate::materializer::{self, LowerKind, Materializer, MaterializerKind, Materializers};
+use crate::materializer::{
+    self, LowerKind, Materializer, MaterializerKind, Materializers, WorkspaceCtx,
+};
 use crate::registry::{Creator, Record, Registry, Status, now};
 use crate::upper;
 
@@ -173,9 +175,19 @@ impl Runtime {
         })
     }
 
+    /// Imports into this runtime root as `mountctl import` does ([`crate::import`]).
+    pub fn import(&self, req: crate::import::ImportRequest<'_>) -> Result<crate::import::Imported> {
+        crate::import::import(self.store.root(), req)
+    }
+
     /// The materializers this runtime makes workspaces with.
     pub fn materializers(&self) -> &Materializers {
         &self.materializers
+    }
+
+    /// What a materializer works on for workspace `rec`.
+    pub(crate) fn cx<'a>(&'a self, rec: &'a Record) -> WorkspaceCtx<'a> {
+        WorkspaceCtx::new(&self.store, rec)
     }
 
     /// The materializer of workspace `rec`.
@@ -327,14 +339,14 @@ impl Runtime {
             } else if lower_kind == LowerKind::Native {
                 // Held until the overlay holds the image (see `release_native`).
                 let _shared = crate::native::ensure(&self.store, &snapshot)?;
-                return mat.mount(&rec);
+                return mat.mount(&self.cx(&rec));
             } else if lower_kind != materializer::fuse::LOWER_KIND {
                 checkout::ensure_checkout(&self.store, &snapshot)?;
             }
-            mat.mount(&rec)
+            mat.mount(&self.cx(&rec))
         })();
         if let Err(e) = made {
-            let _ = mat.unmount(&rec, true);
+            let _ = mat.unmount(&self.cx(&rec), true);
             if o.path.is_some() {
                 let _ = fs::remove_dir(&rec.path);
             }
