@@ -37,11 +37,21 @@ for back in 20 5 1; do
 done
 if [ -n "$older" ]; then
   run import . --git "$older" --ref demo/older --message "$older"
-  json stats | python3 -c '
+  json stats > "$work/stats.json"
+  json snapshots > "$work/snapshots.json"
+  json refs > "$work/refs.json"
+  python3 - "$work" "$older" <<'PY' >&2
 import json, sys
-s = json.load(sys.stdin)
-print(f"two versions: {s[\"logical_bytes\"]/2**20:.1f} MiB of files, {s[\"stored_bytes\"]/2**20:.1f} MiB stored "
-      f"({s[\"logical_bytes\"]/max(s[\"stored_bytes\"],1):.1f}x smaller; dedup {s[\"dedup_ratio\"]:.2f}x, compression {s[\"compression_ratio\"]:.2f}x)")' >&2
+work, older = sys.argv[1], sys.argv[2]
+stats = json.load(open(f"{work}/stats.json"))
+refs = json.load(open(f"{work}/refs.json"))
+sizes = {s["snapshot"]: s["bytes"] for s in json.load(open(f"{work}/snapshots.json"))}
+files = sizes[refs["demo/main"]] + sizes[refs["demo/older"]]
+mib = lambda n: n / 2**20
+print(f"this tree and {older} from git: {mib(files):.1f} MiB of files in the two, "
+      f"{mib(stats['stored_bytes']):.1f} MiB stored for everything imported so far "
+      f"({files / max(stats['stored_bytes'], 1):.2f}x smaller)")
+PY
 else
   echo "(no git history here: the older version is left out)" >&2
 fi

@@ -41,7 +41,7 @@ pub fn checkout_path(store: &Store, snapshot: &SnapshotId) -> PathBuf {
 pub fn lock(store: &Store, exclusive: bool) -> Result<fs::File> {
     let dir = store.layout().cache();
     fs::create_dir_all(&dir).map_err(Error::io("create directory", &dir))?;
-    crate::lockfile::lock(&dir.join("checkouts.lock"), exclusive)
+    crate::lockfile::lock(&store.layout().checkouts_lock(), exclusive)
 }
 
 /// The blob-cache file of `content` with permission bits `mode` (made if missing).

@@ -159,7 +159,6 @@ pub fn fsd_program() -> PathBuf {
 /// runs. Gives the paths detached.
 pub fn detach_dead_views(root: &Path) -> Vec<PathBuf> {
     let layout = Layout::new(root);
-    let run = layout.run();
     // No lock file: no daemon ever ran here, so no view was mounted.
     if !layout.daemon_lock().exists() {
         return Vec::new();
@@ -168,7 +167,7 @@ pub fn detach_dead_views(root: &Path) -> Vec<PathBuf> {
         return Vec::new();
     };
     let mut out = Vec::new();
-    for dir in [crate::served::VIEW_DIR, crate::served::PLAIN_VIEW_DIR].map(|d| run.join(d)) {
+    for dir in [layout.view(), layout.plain_view()] {
         if crate::mounts::is_mounted(&dir).unwrap_or(false)
             && crate::mounts::unmount_lazy(&dir).is_ok()
         {

@@ -178,11 +178,10 @@ fn answer_for(rt: &Runtime, rec: &Record, token: &str) -> Result<Answer> {
     if !tokens.iter().any(|t| t == token) {
         return Ok(everything(Some(rec)));
     }
-    let base: SnapshotId = rec.snapshot.parse()?;
     let changes = rt
         .materializers()
         .get(rec.materializer)
-        .changes(rt.store(), &base, rec)?;
+        .changes(&crate::materializer::WorkspaceCtx::new(rt.store(), rec))?;
     Ok(Answer {
         token: token.to_string(),
         paths: Some(named_paths(rt, snap.root, &changes)?),
@@ -311,7 +310,7 @@ pub fn sandbox_setup(
 /// valid entries were right then, and everything changed since is in the upper layer).
 /// Then an entry stays valid unless the index marked it dirty or the hook would name it
 /// now (git's rules: a name, or everything under a directory); every other entry gets
-/// the time 0 ([`gitindex::Rewritten::unracy_unverified`]). The token is new, so it can
+/// the time 0 ([`cowspace_store::import::gitindex::Rewritten::unracy_unverified`]). The token is new, so it can
 /// only be the capture's.
 pub fn capture_index(rt: &Runtime, rec: &Record) -> Result<Option<CapturedIndex>> {
     use cowspace_store::import::gitindex;

@@ -9,11 +9,6 @@ use cowspace_store::{Entry, Kind, SnapshotId, TreeId};
 
 use crate::error::{Error, Result};
 
-/// Where the daemon mounts the full view, under `<root>/run/`.
-pub const VIEW_DIR: &str = "view";
-/// Where the daemon mounts the plain view (no xattrs), under `<root>/run/`.
-pub const PLAIN_VIEW_DIR: &str = "view-plain";
-
 /// The source a fuse workspace's mount carries: this prefix, then its private directory.
 pub const WS_SOURCE_PREFIX: &str = "cowspace:";
 /// The FUSE subtype of workspace mounts (`fuse.cowspace-ws` in the mount table).

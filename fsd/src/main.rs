@@ -20,7 +20,7 @@ use cowspace::runtime::Runtime;
 use cowspace::{mounts, registry::Status};
 use cowspace_fsd::control::{Server, root_owner};
 use cowspace_fsd::cow::OpenMode;
-use cowspace_fsd::view::{PLAIN_VIEW_DIR, ReadMode, VIEW_DIR, ViewMount, ViewOptions};
+use cowspace_fsd::view::{ReadMode, ViewMount, ViewOptions};
 use cowspace_store::{Store, StoreConfig};
 
 #[derive(Debug, Parser)]
@@ -168,8 +168,8 @@ fn run(args: Args) -> Result<()> {
     }
 
     // The views. A stale mount (an earlier daemon that died) is detached first.
-    let view_dir = run_dir.join(VIEW_DIR);
-    let plain_dir = run_dir.join(PLAIN_VIEW_DIR);
+    let layout = cowspace_store::layout::Layout::new(&root);
+    let (view_dir, plain_dir) = (layout.view(), layout.plain_view());
     for dir in [&view_dir, &plain_dir] {
         if mounts::is_mounted(dir)? {
             tracing::warn!(path = %dir.display(), "detaching a stale snapshot view");

@@ -92,6 +92,18 @@ impl Layout {
     pub fn sandbox_state(&self) -> PathBuf {
         self.root.join("run/sandbox")
     }
+    /// Where the daemon mounts the full view of every snapshot.
+    pub fn view(&self) -> PathBuf {
+        self.root.join("run/view")
+    }
+    /// Where the daemon mounts the plain view (snapshots without xattrs).
+    pub fn plain_view(&self) -> PathBuf {
+        self.root.join("run/view-plain")
+    }
+    /// Held shared while a create finds its checkout, exclusively while gc prunes.
+    pub fn checkouts_lock(&self) -> PathBuf {
+        self.root.join("cache/checkouts.lock")
+    }
     /// Every directory `init` creates.
     pub fn dirs(&self) -> Vec<PathBuf> {
         vec![

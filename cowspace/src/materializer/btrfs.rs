@@ -20,8 +20,7 @@ use cowspace_store::{SnapshotId, Store};
 
 use crate::error::{Error, Result};
 use crate::materializer::fulltree::{self, Fill, Stamps};
-use crate::materializer::{ChangesLiveIn, Materializer, MaterializerKind};
-use crate::registry::Record;
+use crate::materializer::{ChangesLiveIn, Materializer, MaterializerKind, WorkspaceCtx};
 
 /// The inode number of every btrfs subvolume's root directory
 /// (`BTRFS_FIRST_FREE_OBJECTID`).
@@ -142,7 +141,8 @@ pub fn prune_bases(
 /// Makes the read-only base subvolume of `rec`'s snapshot (and its stamps) unless it
 /// exists, and returns the bases' lock, held: the caller snapshots the base before a
 /// prune may delete it. Serialised so two creates do not build it twice.
-fn ensure_base(rec: &Record) -> Result<fs::File> {
+fn ensure_base(cx: &WorkspaceCtx<'_>) -> Result<fs::File> {
+    let rec = cx.rec;
     let subvol = rec.lower.clone();
     let stamps = base_stamps(&subvol);
     let dir = subvol.parent().expect("subvolumes have a parent");
@@ -154,9 +154,8 @@ fn ensure_base(rec: &Record) -> Result<fs::File> {
         // Made by hand or by an older build without stamps: start again.
         delete_subvolume(&subvol)?;
     }
-    let store = fulltree::store_of(rec)?;
-    let snapshot: SnapshotId = rec.snapshot.parse()?;
-    let checkout = crate::checkout::ensure_checkout(&store, &snapshot)?;
+    let (store, snapshot) = (cx.store, cx.base()?);
+    let checkout = crate::checkout::ensure_checkout(store, &snapshot)?;
     let tmp = dir.join(crate::tmpname::unique(&format!(
         ".tmp-{}",
         snapshot.short()
@@ -166,7 +165,7 @@ fn ensure_base(rec: &Record) -> Result<fs::File> {
     }
     create_subvolume(&tmp)?;
     let built = (|| {
-        let rows = fulltree::build(&store, &snapshot, &checkout, &tmp, Fill::Clone)?;
+        let rows = fulltree::build(store, &snapshot, &checkout, &tmp, Fill::Clone)?;
         Stamps::write(&rows, &stamps)?;
         let f = fs::File::open(&tmp).map_err(Error::io("open", &tmp))?;
         crate::sys::btrfs_set_readonly(&f).map_err(Error::io("make read-only", &tmp))?;
@@ -220,9 +219,10 @@ impl Materializer for Btrfs {
         }
     }
 
-    fn mount(&self, rec: &Record) -> Result<()> {
+    fn mount(&self, cx: &WorkspaceCtx<'_>) -> Result<()> {
+        let rec = cx.rec;
         if !fulltree::made(rec) {
-            let _base_lock = ensure_base(rec)?;
+            let _base_lock = ensure_base(cx)?;
             let tree = fulltree::tree_dir(rec);
             if let Ok(m) = fs::symlink_metadata(&tree) {
                 // A snapshot left by an interrupted create.

@@ -14,8 +14,7 @@ use cowspace_store::{SnapshotId, Store};
 
 use crate::error::Result;
 use crate::materializer::fulltree::{self, Fill};
-use crate::materializer::{ChangesLiveIn, Materializer, MaterializerKind, reflink};
-use crate::registry::Record;
+use crate::materializer::{ChangesLiveIn, Materializer, MaterializerKind, WorkspaceCtx, reflink};
 
 /// The copying materializers: `Copied(Fill::Copy)` is `copy`, `Copied(Fill::Clone)` is
 /// `reflink`.
@@ -51,8 +50,9 @@ impl Materializer for Copied {
         fulltree::checkout_lower(self.kind(), store, snapshot, asked)
     }
 
-    fn mount(&self, rec: &Record) -> Result<()> {
-        fulltree::make_copied(rec, self.0)?;
+    fn mount(&self, cx: &WorkspaceCtx<'_>) -> Result<()> {
+        let rec = cx.rec;
+        fulltree::make_copied(cx, self.0)?;
         fulltree::show(rec)
     }
 

@@ -25,9 +25,10 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt
 use std::path::{Path, PathBuf};
 
 use cowspace_store::import::dir::read_xattrs;
-use cowspace_store::{Kind, SnapshotId, Store, StoreConfig, TreeId};
+use cowspace_store::{Kind, SnapshotId, Store, TreeId};
 
 use crate::error::{Error, Result};
+use crate::materializer::WorkspaceCtx;
 use crate::mounts;
 use crate::registry::Record;
 use crate::upper::{BaseTrees, UpperChange};
@@ -194,21 +195,6 @@ pub enum Fill {
     Clone,
     /// A plain byte copy (read and write; no `copy_file_range`, which may clone).
     Copy,
-}
-
-/// The runtime root's store, opened from a workspace record (`<root>/workspaces/<id>`).
-pub fn store_of(rec: &Record) -> Result<Store> {
-    let root = rec
-        .private_dir
-        .parent()
-        .and_then(Path::parent)
-        .ok_or_else(|| {
-            Error::Invalid(format!(
-                "{} is not under a runtime root",
-                rec.private_dir.display()
-            ))
-        })?;
-    Ok(Store::open(root, StoreConfig::default())?)
 }
 
 /// Fills the existing empty directory `dest` with the snapshot, taking file contents from
@@ -668,11 +654,10 @@ pub fn diff(
 }
 
 /// The capture of a full-tree workspace into `ed` (an editor of its base).
-pub fn capture(ed: &mut cowspace_store::Editor<'_>, rec: &Record) -> Result<()> {
-    let store = store_of(rec)?;
-    let base: SnapshotId = rec.snapshot.parse()?;
+pub fn capture(cx: &WorkspaceCtx<'_>, ed: &mut cowspace_store::Editor<'_>) -> Result<()> {
+    let rec = cx.rec;
     let stamps = Stamps::load(&stamps_path(rec))?;
-    let changes = changes(&store, &base, &tree_dir(rec), &stamps)?;
+    let changes = changes(cx.store, &cx.base()?, &tree_dir(rec), &stamps)?;
     crate::upper::capture_changes(ed, changes)
 }
 
@@ -723,7 +708,8 @@ pub fn checkout_lower(
 /// Makes `<private_dir>/tree` a copy of the checkout `rec.lower` (cloned or copied) and
 /// writes its stamps, unless a previous mount made it completely (recover). A partial
 /// tree left by a crash is removed first.
-pub fn make_copied(rec: &Record, fill: Fill) -> Result<()> {
+pub fn make_copied(cx: &WorkspaceCtx<'_>, fill: Fill) -> Result<()> {
+    let rec = cx.rec;
     if made(rec) {
         return Ok(());
     }
@@ -733,8 +719,6 @@ pub fn make_copied(rec: &Record, fill: Fill) -> Result<()> {
     fs::create_dir_all(&rec.private_dir)
         .map_err(Error::io("create directory", &rec.private_dir))?;
     fs::create_dir(&tree).map_err(Error::io("create directory", &tree))?;
-    let store = store_of(rec)?;
-    let snapshot: SnapshotId = rec.snapshot.parse()?;
-    let stamps = build(&store, &snapshot, &rec.lower, &tree, fill)?;
+    let stamps = build(cx.store, &cx.base()?, &rec.lower, &tree, fill)?;
     Stamps::write(&stamps, &stamps_path(rec))
 }

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use cowspace_store::{SnapshotId, Store};
 
 use crate::error::{Error, Result};
-use crate::materializer::{ChangesLiveIn, Materializer, MaterializerKind, unmount_path};
+use crate::materializer::{
+    ChangesLiveIn, Materializer, MaterializerKind, WorkspaceCtx, unmount_path,
+};
 use crate::registry::Record;
 
 /// The `lower_kind` of fuse workspaces: the daemon reads the snapshot from the store.
@@ -46,7 +48,7 @@ impl Fuse {
         if let Some(host) = &self.host {
             return host.finish_copies(rec);
         }
-        let root = Self::root_of(rec)?;
+        let root = store.root();
         if crate::daemon::ping(root) {
             let resp = crate::daemon::request(
                 root,
@@ -81,14 +83,6 @@ impl Fuse {
             )));
         }
         Ok(())
-    }
-
-    /// The runtime root of a workspace (`<root>/workspaces/<id>`).
-    fn root_of(rec: &Record) -> Result<&Path> {
-        rec.private_dir
-            .parent()
-            .and_then(Path::parent)
-            .ok_or_else(|| Error::Invalid(format!("odd private dir {}", rec.private_dir.display())))
     }
 }
 
@@ -131,11 +125,12 @@ impl Materializer for Fuse {
         }
     }
 
-    fn mount(&self, rec: &Record) -> Result<()> {
+    fn mount(&self, cx: &WorkspaceCtx<'_>) -> Result<()> {
+        let rec = cx.rec;
         if let Some(host) = &self.host {
             return host.mount(rec);
         }
-        let root = Self::root_of(rec)?;
+        let root = cx.store.root();
         let req = serde_json::json!({"op": "mount_workspace", "args": {"workspace": rec.id}});
         // The daemon usually runs (create started it): asked at once, and started only
         // when nothing answers (mounting is idempotent, so asking again is safe).
@@ -153,25 +148,25 @@ impl Materializer for Fuse {
         Ok(())
     }
 
-    fn unmount(&self, rec: &Record, force: bool) -> Result<()> {
+    fn unmount(&self, cx: &WorkspaceCtx<'_>, force: bool) -> Result<()> {
+        let rec = cx.rec;
         unmount_path(rec, force)?;
         // The daemon lets go of the session (it ended with the mount).
         if let Some(host) = &self.host {
             host.unmount(&rec.id);
-        } else if let Ok(root) = Self::root_of(rec)
-            && crate::daemon::ping(root)
-        {
+        } else if crate::daemon::ping(cx.store.root()) {
             let _ = crate::daemon::request(
-                root,
+                cx.store.root(),
                 &serde_json::json!({"op": "unmount_workspace", "args": {"workspace": rec.id}}),
             );
         }
         Ok(())
     }
 
-    fn unmount_for_removal(&self, rec: &Record, force: bool) -> Result<()> {
+    fn unmount_for_removal(&self, cx: &WorkspaceCtx<'_>, force: bool) -> Result<()> {
+        let rec = cx.rec;
         let Some(host) = self.host.as_ref().filter(|_| crate::mounts::deferring()) else {
-            return self.unmount(rec, force);
+            return self.unmount(cx, force);
         };
         let clone = super::unmount_path_keeping_superblock(rec, force)?;
         // Aborting the connection ends the session while the clone still holds the
@@ -191,7 +186,8 @@ impl Materializer for Fuse {
         Ok(())
     }
 
-    fn is_mounted(&self, rec: &Record) -> Result<bool> {
+    fn is_mounted(&self, cx: &WorkspaceCtx<'_>) -> Result<bool> {
+        let rec = cx.rec;
         // A mount whose daemon died is still in the table but answers ENOTCONN.
         Ok(crate::mounts::is_mounted(&rec.path)? && nix::sys::statfs::statfs(&rec.path).is_ok())
     }
@@ -200,8 +196,8 @@ impl Materializer for Fuse {
         ChangesLiveIn::Upper
     }
 
-    fn settle(&self, store: &Store, rec: &Record) -> Result<()> {
-        self.finish_copies(store, rec)
+    fn settle(&self, cx: &WorkspaceCtx<'_>) -> Result<()> {
+        self.finish_copies(cx.store, cx.rec)
     }
 
     fn served_by_daemon(&self) -> bool {

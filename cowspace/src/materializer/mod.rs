@@ -127,6 +127,24 @@ pub enum ChangesLiveIn {
     Own,
 }
 
+/// What a materializer works on: the runtime root's store and one workspace's record.
+#[derive(Clone, Copy)]
+pub struct WorkspaceCtx<'a> {
+    pub store: &'a Store,
+    pub rec: &'a Record,
+}
+
+impl<'a> WorkspaceCtx<'a> {
+    pub fn new(store: &'a Store, rec: &'a Record) -> WorkspaceCtx<'a> {
+        WorkspaceCtx { store, rec }
+    }
+
+    /// The snapshot the workspace was made from.
+    pub fn base(&self) -> Result<SnapshotId> {
+        Ok(self.rec.snapshot.parse()?)
+    }
+}
+
 /// How one kind of workspace is made, changed into a snapshot, and unmade.
 pub trait Materializer: Send + Sync {
     fn kind(&self) -> MaterializerKind;
@@ -156,25 +174,25 @@ pub trait Materializer: Send + Sync {
 
     /// Makes the workspace appear at `rec.path`, using `rec.lower` and private state under
     /// `rec.private_dir`. Creates no state outside those.
-    fn mount(&self, rec: &Record) -> Result<()>;
+    fn mount(&self, cx: &WorkspaceCtx<'_>) -> Result<()>;
 
     /// Makes the workspace disappear from `rec.path`, keeping its private state.
     /// Processes using it make this `Busy` unless `force`.
-    fn unmount(&self, rec: &Record, force: bool) -> Result<()> {
-        unmount_path(rec, force)
+    fn unmount(&self, cx: &WorkspaceCtx<'_>, force: bool) -> Result<()> {
+        unmount_path(cx.rec, force)
     }
 
     /// [`Materializer::unmount`] for a removal: where the mount's teardown costs time
     /// (evicting every inode a used workspace made, syncing an overlay's upper layer) and
     /// this process tears down later ([`mounts::deferring`], the daemon), the workspace
     /// leaves `rec.path` now and its superblock goes on the teardown thread.
-    fn unmount_for_removal(&self, rec: &Record, force: bool) -> Result<()> {
-        self.unmount(rec, force)
+    fn unmount_for_removal(&self, cx: &WorkspaceCtx<'_>, force: bool) -> Result<()> {
+        self.unmount(cx, force)
     }
 
     /// Whether the workspace is currently usable at its path.
-    fn is_mounted(&self, rec: &Record) -> Result<bool> {
-        mounts::is_mounted(&rec.path)
+    fn is_mounted(&self, cx: &WorkspaceCtx<'_>) -> Result<bool> {
+        mounts::is_mounted(&cx.rec.path)
     }
 
     /// Where the workspace's changes are, which decides how they are diffed, committed
@@ -183,32 +201,28 @@ pub trait Materializer: Send + Sync {
 
     /// Makes the workspace's changes readable where they live before they are diffed
     /// or committed (fuse: its copy-ups in progress are finished).
-    fn settle(&self, _store: &Store, _rec: &Record) -> Result<()> {
+    fn settle(&self, _cx: &WorkspaceCtx<'_>) -> Result<()> {
         Ok(())
     }
 
     /// The workspace's changes against its base snapshot, each with the host path of
     /// the new content (for patches). Costs what changed.
-    fn diff(
-        &self,
-        store: &Store,
-        base: &SnapshotId,
-        rec: &Record,
-    ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
-        self.settle(store, rec)?;
+    fn diff(&self, cx: &WorkspaceCtx<'_>) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
+        self.settle(cx)?;
+        let base = cx.base()?;
         match self.changes_live_in() {
-            ChangesLiveIn::Upper => crate::upper::diff(store, base, &rec.upper_dir()),
-            ChangesLiveIn::FullTree => fulltree::diff(store, base, rec),
+            ChangesLiveIn::Upper => crate::upper::diff(cx.store, &base, &cx.rec.upper_dir()),
+            ChangesLiveIn::FullTree => fulltree::diff(cx.store, &base, cx.rec),
             ChangesLiveIn::Own => Err(own_changes(self.kind())),
         }
     }
 
     /// Tells `ed` (an editor of the base snapshot) every change of the workspace.
-    fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()> {
-        self.settle(ed.store(), rec)?;
+    fn capture(&self, cx: &WorkspaceCtx<'_>, ed: &mut Editor<'_>) -> Result<()> {
+        self.settle(cx)?;
         match self.changes_live_in() {
-            ChangesLiveIn::Upper => crate::upper::capture(ed, &rec.upper_dir()),
-            ChangesLiveIn::FullTree => fulltree::capture(ed, rec),
+            ChangesLiveIn::Upper => crate::upper::capture(ed, &cx.rec.upper_dir()),
+            ChangesLiveIn::FullTree => fulltree::capture(cx, ed),
             ChangesLiveIn::Own => Err(own_changes(self.kind())),
         }
     }
@@ -216,15 +230,10 @@ pub trait Materializer: Send + Sync {
     /// What changed in the workspace since it was made, as an upper layer records it,
     /// read as cheaply as the mechanism allows (the git fsmonitor asks on every `git
     /// status`). Copy-ups in progress need not be finished: paths are what counts.
-    fn changes(
-        &self,
-        store: &Store,
-        base: &SnapshotId,
-        rec: &Record,
-    ) -> Result<Vec<crate::upper::UpperChange>> {
+    fn changes(&self, cx: &WorkspaceCtx<'_>) -> Result<Vec<crate::upper::UpperChange>> {
         match self.changes_live_in() {
-            ChangesLiveIn::Upper => crate::upper::changes(&rec.upper_dir()),
-            ChangesLiveIn::FullTree => fulltree::changes_of(store, base, rec),
+            ChangesLiveIn::Upper => crate::upper::changes(&cx.rec.upper_dir()),
+            ChangesLiveIn::FullTree => fulltree::changes_of(cx.store, &cx.base()?, cx.rec),
             ChangesLiveIn::Own => Err(own_changes(self.kind())),
         }
     }
@@ -334,35 +343,25 @@ impl Materializer for NotBuilt {
             self.0.as_str()
         ))
     }
-    fn mount(&self, _: &Record) -> Result<()> {
+    fn mount(&self, _: &WorkspaceCtx<'_>) -> Result<()> {
         Err(Error::Unsupported {
             name: self.0.as_str().into(),
             why: "not available in this version".into(),
         })
     }
-    fn unmount(&self, _: &Record, _: bool) -> Result<()> {
+    fn unmount(&self, _: &WorkspaceCtx<'_>, _: bool) -> Result<()> {
         Ok(())
     }
-    fn is_mounted(&self, _: &Record) -> Result<bool> {
+    fn is_mounted(&self, _: &WorkspaceCtx<'_>) -> Result<bool> {
         Ok(false)
     }
-    fn diff(
-        &self,
-        _: &Store,
-        _: &SnapshotId,
-        _: &Record,
-    ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
+    fn diff(&self, _: &WorkspaceCtx<'_>) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
         Err(self.mount_error())
     }
-    fn capture(&self, _: &mut Editor<'_>, _: &Record) -> Result<()> {
+    fn capture(&self, _: &WorkspaceCtx<'_>, _: &mut Editor<'_>) -> Result<()> {
         Err(self.mount_error())
     }
-    fn changes(
-        &self,
-        _: &Store,
-        _: &SnapshotId,
-        _: &Record,
-    ) -> Result<Vec<crate::upper::UpperChange>> {
+    fn changes(&self, _: &WorkspaceCtx<'_>) -> Result<Vec<crate::upper::UpperChange>> {
         Err(self.mount_error())
     }
 }

@@ -9,9 +9,8 @@ use std::sync::OnceLock;
 use cowspace_store::Store;
 
 use crate::error::{Error, Result};
-use crate::materializer::{ChangesLiveIn, Materializer, MaterializerKind};
+use crate::materializer::{ChangesLiveIn, Materializer, MaterializerKind, WorkspaceCtx};
 use crate::mounts;
-use crate::registry::Record;
 
 /// The cheap check made before every create: the kernel has overlayfs and this process
 /// may mount (root). A failing mount is still reported and undone by `create`.
@@ -83,7 +82,8 @@ impl Materializer for Overlay {
         trial_mount(store)
     }
 
-    fn mount(&self, rec: &Record) -> Result<()> {
+    fn mount(&self, cx: &WorkspaceCtx<'_>) -> Result<()> {
+        let rec = cx.rec;
         // The native lower's image is mounted once per snapshot (again after a reboot).
         let data = if rec.lower_kind == crate::native::LOWER_KIND {
             crate::native::ensure_mounted(&rec.lower)?;
@@ -119,9 +119,10 @@ impl Materializer for Overlay {
         )
     }
 
-    fn unmount_for_removal(&self, rec: &Record, force: bool) -> Result<()> {
+    fn unmount_for_removal(&self, cx: &WorkspaceCtx<'_>, force: bool) -> Result<()> {
+        let rec = cx.rec;
         if !mounts::deferring() {
-            return self.unmount(rec, force);
+            return self.unmount(cx, force);
         }
         if let Some(clone) = super::unmount_path_keeping_superblock(rec, force)? {
             mounts::defer(move || drop(clone));

@@ -16,7 +16,7 @@ use cowspace_store::{Editor, SnapshotId, Store};
 
 use crate::error::{Error, Result};
 use crate::materializer::fulltree::{self, Stamps};
-use crate::materializer::{ChangesLiveIn, LowerKind, Materializer, MaterializerKind};
+use crate::materializer::{ChangesLiveIn, LowerKind, Materializer, MaterializerKind, WorkspaceCtx};
 use crate::registry::Record;
 use crate::upper::UpperChange;
 
@@ -27,10 +27,6 @@ impl PlainDir {
     /// Where an unmounted workspace's tree waits.
     fn parked(rec: &Record) -> PathBuf {
         rec.private_dir.join("plain-tree")
-    }
-
-    fn tree_changes(store: &Store, base: &SnapshotId, rec: &Record) -> Result<Vec<UpperChange>> {
-        fulltree::changes(store, base, &rec.path, &Stamps::default())
     }
 }
 
@@ -57,7 +53,8 @@ impl Materializer for PlainDir {
         Ok(Some((LowerKind::Store, store.root().join("store"))))
     }
 
-    fn mount(&self, rec: &Record) -> Result<()> {
+    fn mount(&self, cx: &WorkspaceCtx<'_>) -> Result<()> {
+        let rec = cx.rec;
         if rec.path.is_dir() {
             return Ok(());
         }
@@ -65,39 +62,32 @@ impl Materializer for PlainDir {
         if parked.is_dir() {
             return fs::rename(&parked, &rec.path).map_err(Error::io("move back", &rec.path));
         }
-        let store = fulltree::store_of(rec)?;
-        let snapshot: SnapshotId = rec.snapshot.parse()?;
-        store.export_dir(&snapshot, &rec.path)?;
+        cx.store.export_dir(&cx.base()?, &rec.path)?;
         Ok(())
     }
 
-    fn unmount(&self, rec: &Record, _force: bool) -> Result<()> {
+    fn unmount(&self, cx: &WorkspaceCtx<'_>, _force: bool) -> Result<()> {
+        let rec = cx.rec;
         if !rec.path.is_dir() {
             return Ok(());
         }
         fs::rename(&rec.path, Self::parked(rec)).map_err(Error::io("move away", &rec.path))
     }
 
-    fn is_mounted(&self, rec: &Record) -> Result<bool> {
+    fn is_mounted(&self, cx: &WorkspaceCtx<'_>) -> Result<bool> {
+        let rec = cx.rec;
         Ok(rec.path.is_dir())
     }
 
-    fn diff(
-        &self,
-        store: &Store,
-        base: &SnapshotId,
-        rec: &Record,
-    ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
-        crate::upper::diff_changes(store, base, Self::tree_changes(store, base, rec)?)
+    fn diff(&self, cx: &WorkspaceCtx<'_>) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
+        crate::upper::diff_changes(cx.store, &cx.base()?, self.changes(cx)?)
     }
 
-    fn capture(&self, ed: &mut Editor<'_>, rec: &Record) -> Result<()> {
-        let base: SnapshotId = rec.snapshot.parse()?;
-        let changes = Self::tree_changes(ed.store(), &base, rec)?;
-        crate::upper::capture_changes(ed, changes)
+    fn capture(&self, cx: &WorkspaceCtx<'_>, ed: &mut Editor<'_>) -> Result<()> {
+        crate::upper::capture_changes(ed, self.changes(cx)?)
     }
 
-    fn changes(&self, store: &Store, base: &SnapshotId, rec: &Record) -> Result<Vec<UpperChange>> {
-        Self::tree_changes(store, base, rec)
+    fn changes(&self, cx: &WorkspaceCtx<'_>) -> Result<Vec<UpperChange>> {
+        fulltree::changes(cx.store, &cx.base()?, &cx.rec.path, &Stamps::default())
     }
 }

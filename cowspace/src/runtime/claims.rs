@@ -11,8 +11,9 @@ impl Runtime {
     pub fn claim_sandbox(&self, ws: &str, pid: i32) -> Result<Record> {
         let rec = self.reg().get(ws)?;
         let mat = self.materializer_of(&rec);
-        let mounted =
-            rec.status == Status::Active && mat.is_mounted(&rec)? && lower_alive(&rec.lower);
+        let mounted = rec.status == Status::Active
+            && mat.is_mounted(&self.cx(&rec))?
+            && lower_alive(&rec.lower);
         if !mounted {
             let status = if rec.status == Status::Active {
                 "active but not mounted (its mount or lower layer is gone)".to_string()
@@ -97,7 +98,7 @@ impl Runtime {
             return Ok(());
         }
         let mat = self.materializer_of(&rec);
-        mat.mount(&rec)
+        mat.mount(&self.cx(&rec))
     }
 
     /// Forgets the sandbox `helper_pid` of `ws` (it ended): no sandbox, no ports.

@@ -17,7 +17,7 @@ impl Runtime {
     ) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
         let rec = self.usable(ws, "diff")?;
         let base: SnapshotId = rec.snapshot.parse()?;
-        let mut changes = self.materializer_of(&rec).diff(&self.store, &base, &rec)?;
+        let mut changes = self.materializer_of(&rec).diff(&self.cx(&rec))?;
         if let Some(mut filter) = self.change_filter(&base, include_excluded)? {
             let mut failed = None;
             changes.retain(|(c, _)| {
@@ -89,7 +89,7 @@ impl Runtime {
         if !o.allow_empty {
             ed.unless_same_as(previous);
         }
-        mat.capture(&mut ed, &rec)?;
+        mat.capture(&self.cx(&rec), &mut ed)?;
         // git's index, carried on with a token the capture's workspaces vouch for
         // (docs/git.md); read from a file of the private directory, gone after.
         let index_copy = rec.private_dir.join("capture-git-index");

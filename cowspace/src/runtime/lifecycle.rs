@@ -74,7 +74,7 @@ impl Runtime {
         made_by: Option<crate::registry::Creator>,
     ) -> Result<()> {
         let mat = self.materializer_of(rec);
-        if let Err(e) = mat.unmount_for_removal(rec, force) {
+        if let Err(e) = mat.unmount_for_removal(&self.cx(rec), force) {
             // Still mounted: back to active, as it was, so nothing is half-removed.
             if matches!(e, Error::Busy { .. }) {
                 rec.creator = made_by;
@@ -89,7 +89,7 @@ impl Runtime {
             crate::mounts::unmount(&rec.path),
             Err(nix::Error::EINVAL | nix::Error::ENOENT)
         ) {
-            mat.unmount(rec, force)?;
+            mat.unmount(&self.cx(rec), force)?;
         }
         if !rec.path.starts_with(&rec.private_dir) {
             let _ = fs::remove_dir(&rec.path);
@@ -310,7 +310,10 @@ impl Runtime {
     pub fn recover(&self, ws: &str) -> Result<Record> {
         let mut rec = self.reg().get(ws)?;
         let mat = self.materializer_of(&rec);
-        if rec.status == Status::Active && mat.is_mounted(&rec)? && lower_alive(&rec.lower) {
+        if rec.status == Status::Active
+            && mat.is_mounted(&self.cx(&rec))?
+            && lower_alive(&rec.lower)
+        {
             return Ok(rec);
         }
         if !matches!(rec.status, Status::Active | Status::Stopped) {
@@ -320,7 +323,7 @@ impl Runtime {
                 op: "recover",
             });
         }
-        if mat.is_mounted(&rec)? {
+        if mat.is_mounted(&self.cx(&rec))? {
             crate::mounts::unmount_lazy(&rec.path)?;
         }
         let snapshot: SnapshotId = rec.snapshot.parse()?;
@@ -339,7 +342,7 @@ impl Runtime {
         // Overlay needs an empty work directory after an unclean stop.
         let work = rec.work_dir();
         checkout::remove_tree(&work);
-        mat.mount(&rec)?;
+        mat.mount(&self.cx(&rec))?;
         rec.diagnostics.push(format!("recovered at {}", now()));
         self.reg().set_status(&mut rec, Status::Active)?;
         Ok(rec)

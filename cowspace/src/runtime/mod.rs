@@ -28,9 +28,10 @@ use serde::Serialize;
 
 use crate::checkout;
 use crate::error::{Error, Result};
-use crate::materializer::{self, LowerKind, Materializer, MaterializerKind, Materializers};
+use crate::materializer::{
+    self, LowerKind, Materializer, MaterializerKind, Materializers, WorkspaceCtx,
+};
 use crate::registry::{Creator, Record, Registry, Status, now};
-use crate::served::{PLAIN_VIEW_DIR, VIEW_DIR};
 use crate::upper;
 
 mod claims;
@@ -174,9 +175,19 @@ impl Runtime {
         })
     }
 
+    /// Imports into this runtime root as `mountctl import` does ([`crate::import`]).
+    pub fn import(&self, req: crate::import::ImportRequest<'_>) -> Result<crate::import::Imported> {
+        crate::import::import(self.store.root(), req)
+    }
+
     /// The materializers this runtime makes workspaces with.
     pub fn materializers(&self) -> &Materializers {
         &self.materializers
+    }
+
+    /// What a materializer works on for workspace `rec`.
+    pub(crate) fn cx<'a>(&'a self, rec: &'a Record) -> WorkspaceCtx<'a> {
+        WorkspaceCtx::new(&self.store, rec)
     }
 
     /// The materializer of workspace `rec`.
@@ -328,14 +339,14 @@ impl Runtime {
             } else if lower_kind == LowerKind::Native {
                 // Held until the overlay holds the image (see `release_native`).
                 let _shared = crate::native::ensure(&self.store, &snapshot)?;
-                return mat.mount(&rec);
+                return mat.mount(&self.cx(&rec));
             } else if lower_kind != materializer::fuse::LOWER_KIND {
                 checkout::ensure_checkout(&self.store, &snapshot)?;
             }
-            mat.mount(&rec)
+            mat.mount(&self.cx(&rec))
         })();
         if let Err(e) = made {
-            let _ = mat.unmount(&rec, true);
+            let _ = mat.unmount(&self.cx(&rec), true);
             if o.path.is_some() {
                 let _ = fs::remove_dir(&rec.path);
             }
@@ -386,13 +397,13 @@ impl Runtime {
     /// The directory of `snapshot` in the daemon's views: the plain view
     /// (`run/view-plain`, no xattr round trips) when the snapshot is known to have no
     /// xattrs, else the full view (`run/view`). Found once per snapshot (see
-    /// [`crate::view::plain`]); an unknown answer is the full view. A running daemon
+    /// [`crate::plain`]); an unknown answer is the full view. A running daemon
     /// without a plain view (an older build) serves it from its full view.
     fn view_path(&self, snapshot: &SnapshotId) -> PathBuf {
-        let run = self.store.layout().run();
-        let full = run.join(VIEW_DIR).join(snapshot.to_hex());
+        let layout = self.store.layout();
+        let full = layout.view().join(snapshot.to_hex());
         let plain = match crate::plain::has_xattrs(&self.store, snapshot) {
-            Ok(false) => run.join(PLAIN_VIEW_DIR).join(snapshot.to_hex()),
+            Ok(false) => layout.plain_view().join(snapshot.to_hex()),
             Ok(true) => return full,
             Err(e) => {
                 tracing::warn!(snapshot = %snapshot.to_hex(), "whether the snapshot has xattrs: {e}; the full view serves it");

@@ -109,7 +109,11 @@ fn the_double_keeps_its_state_across_an_unmount_and_recover() {
     let rec = create(&rt, &snap);
     fs::write(rec.path.join("new.txt"), "written\n").unwrap();
     let m = rt.materializers().get(MaterializerKind::Copy);
-    m.unmount(&rec, false).unwrap();
+    m.unmount(
+        &cowspace::materializer::WorkspaceCtx::new(rt.store(), &rec),
+        false,
+    )
+    .unwrap();
     assert!(!rec.path.exists());
     // Sweep sees the workspace gone from its path and stops it; recover brings it back.
     let report = rt.sweep().unwrap();

@@ -109,8 +109,6 @@ use self::fs::ViewFs;
 pub use self::inode::{INO_CONTEXT, INO_LIMIT, InodeKey};
 pub use crate::fusecore::TTL as ENTRY_TTL;
 
-pub use cowspace::served::{PLAIN_VIEW_DIR, VIEW_DIR};
-
 /// File system name shown in the mount table.
 pub const VIEW_FSNAME: &str = "cowspace";
 /// File system subtype shown in the mount table (`fuse.cowspace-view`).
