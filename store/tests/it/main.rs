@@ -12,6 +12,7 @@ mod gc;
 mod import_git;
 mod import_tar;
 mod laws;
+mod layering;
 mod open;
 mod pipeline;
 mod repack;

@@ -233,3 +233,46 @@ fn a_reader_lets_go_of_the_packs_a_repack_elsewhere_deleted() {
     exports_intact(&reader, &snaps[..1], tmp.path(), "after");
     assert_eq!(deleted_packs_held(&root), Vec::<String>::new());
 }
+
+/// A repack never copies an object it could not verify, nor drops the pack holding it:
+/// that pack stays (named in `kept_damaged`), fsck still names the object, and every
+/// other snapshot exports as imported from the merged packs.
+#[test]
+fn repack_keeps_a_pack_holding_an_object_it_cannot_verify() {
+    use std::os::unix::fs::FileExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("root");
+    let store = Store::init(&root, StoreConfig::default()).unwrap();
+    let mut snaps = tiny_imports(&store, tmp.path());
+    // Damage the one object only the fifth import stored: its `n.txt`.
+    let (bad_snap, _) = snaps.remove(5);
+    let id = match store.lookup(&bad_snap, "n.txt").unwrap() {
+        cowspace_store::browse::Found::Leaf(e) => e.hash,
+        other => panic!("n.txt is not a file: {other:?}"),
+    };
+    let loc = store.locate(&id).unwrap().expect("stored");
+    let pack = root
+        .join("store/packs")
+        .join(format!("{}.pack", loc.pack.as_str()));
+    let f = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&pack)
+        .unwrap();
+    let at = loc.offset + u64::from(loc.stored_len) / 2;
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    b[0] ^= 0x5a;
+    f.write_all_at(&b, at).unwrap();
+    drop(f);
+
+    let r = store.repack(RepackOptions::default()).unwrap();
+    assert_eq!(r.kept_damaged, vec![loc.pack.as_str().to_string()], "{r:?}");
+    assert!(pack.is_file(), "the damaged object's pack was removed");
+    let f = store.fsck().unwrap();
+    assert!(
+        f.corrupt.iter().any(|p| p.id == hex::encode(id)),
+        "fsck no longer names the damaged object: {f:?}"
+    );
+    exports_intact(&store, &snaps, tmp.path(), "around-damage");
+}
