@@ -166,14 +166,30 @@ fn wait_for(path: &Path, child: &mut Reaped, ms: u64, files: &RunFiles, what: &s
     Ok(())
 }
 
-fn connect(path: &Path, files: &RunFiles) -> Result<UnixStream> {
-    UnixStream::connect(path).map_err(|e| {
-        vm_failed(
-            "connect to a qemu port",
-            files,
-            format!("{}: {e}", path.display()),
-        )
-    })
+/// Connects to one of qemu's port sockets. qemu binds a socket before it listens on it,
+/// so a socket that exists may still refuse for a moment: refusals are retried until
+/// `QEMU_START_MS` has passed, or qemu has exited.
+fn connect(path: &Path, qemu: &mut Reaped, files: &RunFiles) -> Result<UnixStream> {
+    let deadline = Instant::now() + Duration::from_millis(QEMU_START_MS);
+    loop {
+        match UnixStream::connect(path) {
+            Ok(s) => return Ok(s),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && Instant::now() < deadline
+                    && !matches!(qemu.0.try_wait(), Ok(Some(_))) =>
+            {
+                std::thread::sleep(Duration::from_millis(POLL_MS));
+            }
+            Err(e) => {
+                return Err(vm_failed(
+                    "connect to a qemu port",
+                    files,
+                    format!("{}: {e}", path.display()),
+                ));
+            }
+        }
+    }
 }
 
 /// Copies `from` to `to` until EOF (qemu closing the port), then flushes.
@@ -295,9 +311,9 @@ pub fn run(
     for (file, _) in qemu::PORTS {
         wait_for(&files.port(file), &mut vm, QEMU_START_MS, &files, "qemu")?;
     }
-    let out = connect(&files.port(qemu::PORTS[1].0), &files)?;
-    let err = connect(&files.port(qemu::PORTS[2].0), &files)?;
-    let mut ctl = connect(&files.port(qemu::PORTS[0].0), &files)?;
+    let out = connect(&files.port(qemu::PORTS[1].0), &mut vm, &files)?;
+    let err = connect(&files.port(qemu::PORTS[2].0), &mut vm, &files)?;
+    let mut ctl = connect(&files.port(qemu::PORTS[0].0), &mut vm, &files)?;
     let relays = [relay(out, std::io::stdout()), relay(err, std::io::stderr())];
     let interrupted = |got: &AtomicI32| match got.load(Ordering::SeqCst) {
         0 => None,
