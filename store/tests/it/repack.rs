@@ -239,7 +239,6 @@ fn a_reader_lets_go_of_the_packs_a_repack_elsewhere_deleted() {
 /// other snapshot exports as imported from the merged packs.
 #[test]
 fn repack_keeps_a_pack_holding_an_object_it_cannot_verify() {
-    use std::os::unix::fs::FileExt;
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("root");
     let store = Store::init(&root, StoreConfig::default()).unwrap();
@@ -254,17 +253,7 @@ fn repack_keeps_a_pack_holding_an_object_it_cannot_verify() {
     let pack = root
         .join("store/packs")
         .join(format!("{}.pack", loc.pack.as_str()));
-    let f = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&pack)
-        .unwrap();
-    let at = loc.offset + u64::from(loc.stored_len) / 2;
-    let mut b = [0u8; 1];
-    f.read_exact_at(&mut b, at).unwrap();
-    b[0] ^= 0x5a;
-    f.write_all_at(&b, at).unwrap();
-    drop(f);
+    common::flip_object(&store, &root, &id);
 
     let r = store.repack(RepackOptions::default()).unwrap();
     assert_eq!(r.kept_damaged, vec![loc.pack.as_str().to_string()], "{r:?}");

@@ -7,7 +7,6 @@
 use crate::common;
 
 use std::fs;
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use cowspace_store::browse::Found;
@@ -70,21 +69,7 @@ impl Fixture {
 
     /// Flips a byte in the middle of an object's stored bytes.
     fn flip(&self, id: &[u8; 32]) {
-        let loc = self.store.locate(id).unwrap().expect("stored");
-        let pack = self
-            .root
-            .join("store/packs")
-            .join(format!("{}.pack", loc.pack.as_str()));
-        let f = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&pack)
-            .unwrap();
-        let at = loc.offset + u64::from(loc.stored_len) / 2;
-        let mut b = [0u8; 1];
-        f.read_exact_at(&mut b, at).unwrap();
-        b[0] ^= 0x5a;
-        f.write_all_at(&b, at).unwrap();
+        common::flip_object(&self.store, &self.root, id);
     }
 
     /// Reopens the store (as a new process would) and checks it, expecting `id` among

@@ -74,3 +74,22 @@ pub fn sorted_names(dir: &Path) -> Vec<std::ffi::OsString> {
     names.sort();
     names
 }
+
+/// Flips a byte in the middle of object `id`'s stored bytes, in its pack under `root`.
+pub fn flip_object(store: &cowspace_store::Store, root: &Path, id: &[u8; 32]) {
+    use std::os::unix::fs::FileExt;
+    let loc = store.locate(id).unwrap().expect("stored");
+    let pack = root
+        .join("store/packs")
+        .join(format!("{}.pack", loc.pack.as_str()));
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&pack)
+        .unwrap();
+    let at = loc.offset + u64::from(loc.stored_len) / 2;
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    b[0] ^= 0x5a;
+    f.write_all_at(&b, at).unwrap();
+}
