@@ -53,6 +53,46 @@ pub fn with_defaults(mut o: SandboxOptions, d: &crate::config::SandboxDefaults) 
     o
 }
 
+/// `o` as the helper's flags (`--flag=VALUE`), the same for a namespace sandbox and a VM
+/// (which refuses by name what it does not enforce yet). `env` and `binds` are the
+/// runtime's own, passed before the user's so that the user's win.
+pub(crate) fn control_flags(
+    o: &SandboxOptions,
+    env: Vec<String>,
+    binds: Vec<String>,
+) -> Vec<String> {
+    let mut a = Vec::new();
+    if let Some(net) = &o.net {
+        a.push(format!("--net={}", net.as_str()));
+    }
+    if let Some(m) = &o.memory {
+        a.push(format!("--memory={m}"));
+    }
+    if let Some(p) = o.pids {
+        a.push(format!("--pids={p}"));
+    }
+    if let Some(c) = o.cpus {
+        a.push(format!("--cpus={c}"));
+    }
+    if let Some(c) = &o.cpuset_cpus {
+        a.push(format!("--cpuset-cpus={c}"));
+    }
+    a.extend(o.publish.iter().map(|p| format!("--publish={p}")));
+    a.extend(
+        env.into_iter()
+            .chain(o.env.iter().cloned())
+            .map(|e| format!("--env={e}")),
+    );
+    a.extend(
+        binds
+            .into_iter()
+            .chain(o.ro_bind.iter().cloned())
+            .map(|b| format!("--ro-bind={b}")),
+    );
+    a.extend(o.secret.iter().map(|s| format!("--secret={s}")));
+    a
+}
+
 /// The `sandbox-helper` binary: `$COWSPACE_SANDBOX_HELPER`, else the one next to the
 /// running program.
 pub fn helper_path() -> Result<PathBuf> {
@@ -241,36 +281,13 @@ impl Runtime {
     /// fsmonitor hook's set-up for an overlay or fuse workspace first (the caller's
     /// `--env` may override it).
     fn helper_flags(&self, rec: &Record, o: &SandboxOptions) -> Vec<String> {
-        let mut a = Vec::new();
-        if let Some(net) = &o.net {
-            a.push(format!("--net={}", net.as_str()));
-        }
-        if let Some(m) = &o.memory {
-            a.push(format!("--memory={m}"));
-        }
-        if let Some(p) = o.pids {
-            a.push(format!("--pids={p}"));
-        }
-        if let Some(c) = o.cpus {
-            a.push(format!("--cpus={c}"));
-        }
-        if let Some(c) = &o.cpuset_cpus {
-            a.push(format!("--cpuset-cpus={c}"));
-        }
-        for p in &o.publish {
-            a.push(format!("--publish={p}"));
-        }
-        if self.materializer_of(rec).upper_dir(rec).is_some()
-            && let Some((env, binds)) =
-                crate::gitfsmonitor::sandbox_setup(self, rec, "/.cowspace/upper", "/workspace")
-        {
-            a.extend(env.into_iter().map(|e| format!("--env={e}")));
-            a.extend(binds.into_iter().map(|b| format!("--ro-bind={b}")));
-        }
-        a.extend(o.env.iter().map(|e| format!("--env={e}")));
-        a.extend(o.ro_bind.iter().map(|b| format!("--ro-bind={b}")));
-        a.extend(o.secret.iter().map(|s| format!("--secret={s}")));
-        a
+        let (env, binds) = if self.materializer_of(rec).upper_dir(rec).is_some() {
+            crate::gitfsmonitor::sandbox_setup(self, rec, "/.cowspace/upper", "/workspace")
+                .unwrap_or_default()
+        } else {
+            Default::default()
+        };
+        control_flags(o, env, binds)
     }
 
     /// Runs `command` in a one-shot sandbox of `ws` (start, the command, stop) with this

@@ -167,29 +167,33 @@ fn walk(dir: &Path, prefix: &[u8], lower: Option<&[u8]>, out: &mut Vec<UpperChan
                 path,
                 target: target.as_os_str().as_bytes().to_vec(),
             });
-        } else if ft.is_fifo() {
-            out.push(UpperChange::Special {
-                path,
-                kind: Kind::Fifo,
-                mode: meta.mode() & 0o7777,
-                rdev: 0,
-            });
-        } else if ft.is_char_device() || ft.is_block_device() {
-            let kind = if ft.is_char_device() {
-                Kind::CharDevice
-            } else {
-                Kind::BlockDevice
-            };
-            out.push(UpperChange::Special {
-                path,
-                kind,
-                mode: meta.mode() & 0o7777,
-                rdev: meta.rdev(),
-            });
+        } else if let Some(special) = special_change(path, &meta) {
+            out.push(special);
         }
         // Sockets cannot be stored; they are left out of diffs and commits.
     }
     Ok(())
+}
+
+/// The change a fifo or device node at `path` (its metadata `meta`) makes; `None` for
+/// anything else (sockets cannot be stored and are left out, as overlay leaves them).
+pub(crate) fn special_change(path: Vec<u8>, meta: &fs::Metadata) -> Option<UpperChange> {
+    let ft = meta.file_type();
+    let (kind, rdev) = if ft.is_fifo() {
+        (Kind::Fifo, 0)
+    } else if ft.is_char_device() {
+        (Kind::CharDevice, meta.rdev())
+    } else if ft.is_block_device() {
+        (Kind::BlockDevice, meta.rdev())
+    } else {
+        return None;
+    };
+    Some(UpperChange::Special {
+        path,
+        kind,
+        mode: meta.mode() & 0o7777,
+        rdev,
+    })
 }
 
 /// Base trees looked up by path, loading each directory once.

@@ -32,27 +32,11 @@ pub(crate) fn helper_flags(o: &SandboxOptions, v: &VmRun, cache: &Path) -> Vec<O
     if v.accept_emulation {
         a.push("--accept-emulation".into());
     }
-    if let Some(net) = &o.net {
-        a.push(format!("--net={}", net.as_str()).into());
-    }
-    if let Some(m) = &o.memory {
-        a.push(format!("--memory={m}").into());
-    }
-    if let Some(p) = o.pids {
-        a.push(format!("--pids={p}").into());
-    }
-    if let Some(c) = o.cpus {
-        a.push(format!("--cpus={c}").into());
-    }
-    if let Some(c) = &o.cpuset_cpus {
-        a.push(format!("--cpuset-cpus={c}").into());
-    }
-    for p in &o.publish {
-        a.push(format!("--publish={p}").into());
-    }
-    a.extend(o.env.iter().map(|e| format!("--env={e}").into()));
-    a.extend(o.ro_bind.iter().map(|b| format!("--ro-bind={b}").into()));
-    a.extend(o.secret.iter().map(|s| format!("--secret={s}").into()));
+    a.extend(
+        crate::sandbox::control_flags(o, Vec::new(), Vec::new())
+            .into_iter()
+            .map(OsString::from),
+    );
     a
 }
 

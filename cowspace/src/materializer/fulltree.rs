@@ -21,7 +21,7 @@ use std::ffi::OsStr;
 use std::fs;
 use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use cowspace_store::import::dir::read_xattrs;
@@ -590,25 +590,8 @@ impl Walk<'_, '_> {
                     path: cpath,
                     target: target.as_os_str().as_bytes().to_vec(),
                 });
-            } else if ft.is_fifo() {
-                self.out.push(UpperChange::Special {
-                    path: cpath,
-                    kind: Kind::Fifo,
-                    mode,
-                    rdev: 0,
-                });
-            } else if ft.is_char_device() || ft.is_block_device() {
-                let kind = if ft.is_char_device() {
-                    Kind::CharDevice
-                } else {
-                    Kind::BlockDevice
-                };
-                self.out.push(UpperChange::Special {
-                    path: cpath,
-                    kind,
-                    mode,
-                    rdev: m.rdev(),
-                });
+            } else if let Some(special) = crate::upper::special_change(cpath, &m) {
+                self.out.push(special);
             }
             // Sockets cannot be stored; they are left out, as overlay leaves them out.
         }

@@ -115,6 +115,10 @@ fn missing(what: &'static str, reason: String) -> Error {
 fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     let mut dirs: Vec<PathBuf> = std::env::split_paths(&path).collect();
+    // Where `cargo install` (scripts/test.sh) puts virtiofsd.
+    if let Some(cargo) = std::env::var_os("CARGO_HOME") {
+        dirs.push(Path::new(&cargo).join("bin"));
+    }
     if let Some(home) = std::env::var_os("HOME") {
         dirs.push(Path::new(&home).join(".cargo/bin"));
     }
