@@ -48,6 +48,12 @@ pub enum Error {
     },
     #[error("the daemon: {0}")]
     Daemon(String),
+    #[error("remote ref {name} on {remote}: {why}")]
+    RemoteRef {
+        remote: String,
+        name: String,
+        why: String,
+    },
     /// An error the daemon answered a request with, as it said it.
     #[error("{message}")]
     Answered {
@@ -82,7 +88,7 @@ impl Error {
             Error::Answered { kind, .. } => *kind,
             Error::Unsupported { .. } => ErrorKind::Unsupported,
             Error::Invalid(_) => ErrorKind::InvalidInput,
-            Error::WrongState { .. } => ErrorKind::Conflict,
+            Error::WrongState { .. } | Error::RemoteRef { .. } => ErrorKind::Conflict,
             Error::Io { source, .. } if source.kind() == io::ErrorKind::NotFound => {
                 ErrorKind::NotFound
             }
@@ -99,6 +105,10 @@ impl Error {
         Some(match self {
             Error::Store(e) => return e.hint(),
             Error::Answered { hint, .. } => return hint.clone(),
+            Error::RemoteRef { remote, name, .. } => format!(
+                "`mountctl pull {remote}/{name}` (or `mountctl fetch`), commit on top of it and \
+                 push again; `push --force` replaces it"
+            ),
             Error::NoWorkspace(_) => "`mountctl list` shows the workspaces of this root".into(),
             Error::NameTaken(_) => "pick another --name, or remove the existing workspace".into(),
             Error::PathExists(_) => "give a --path that does not exist yet".into(),

@@ -18,6 +18,7 @@ pub mod import;
 pub mod materializer;
 pub mod ops;
 pub mod registry;
+pub mod remote;
 pub mod runtime;
 pub mod sandbox;
 pub mod vm;

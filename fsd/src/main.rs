@@ -128,6 +128,7 @@ fn finish_copies(args: &Args, upper: &std::path::Path) -> Result<()> {
         .clone()
         .unwrap_or_else(cowspace_store::layout::default_root);
     let store = Store::open(&root, StoreConfig::default())?;
+    cowspace::remote::attach(&store);
     let n = cowspace_fsd::cow::lazy::finish_records(upper, &store)
         .with_context(|| format!("finish copy-ups in {}", upper.display()))?;
     tracing::debug!(files = n, upper = %upper.display(), "copy-ups finished");
@@ -139,6 +140,8 @@ fn run(args: Args) -> Result<()> {
     let config = cowspace::config::Config::load()?;
     let root = config.root(args.root.clone()).value;
     let store = Arc::new(Store::open(&root, StoreConfig::default())?);
+    // File contents of snapshots read from a remote are fetched at their first read.
+    cowspace::remote::attach(&store);
     // The server of fuse workspaces, registered with the runtime: its materializer then
     // serves them here instead of asking a daemon.
     let host = cowspace_fsd::cow::new_host(

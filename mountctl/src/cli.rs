@@ -87,6 +87,34 @@ pub enum Command {
     Repack(RepackArgs),
     /// Logical and stored bytes, dedup and compression ratios.
     Stats,
+    /// Remotes: S3-compatible object stores that hosts share snapshots through.
+    #[command(subcommand)]
+    Remote(RemoteCommand),
+    /// Upload a snapshot (or a ref and its snapshot) to a remote.
+    Push {
+        /// A ref (moved on the remote by compare-and-swap) or a snapshot id.
+        snapshot: String,
+        /// The remote (default: the first one added).
+        #[arg(long, value_name = "NAME")]
+        remote: Option<String>,
+        /// Move the remote ref even when it is at a snapshot this one does not descend from.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Bring a snapshot (or a remote ref) and all its file contents here.
+    Pull {
+        /// A remote ref (`REF`, or `REMOTE/REF`) or a full snapshot id.
+        snapshot: String,
+        /// The remote (default: the first one added).
+        #[arg(long, value_name = "NAME")]
+        remote: Option<String>,
+    },
+    /// Bring every ref of a remote here as REMOTE/REF, with its snapshot's metadata only.
+    Fetch {
+        /// The remote (default: the first one added).
+        #[arg(long, value_name = "NAME")]
+        remote: Option<String>,
+    },
     /// Create a workspace: a writable copy-on-write view of a snapshot.
     Create(CreateArgs),
     /// List workspaces.
@@ -384,6 +412,41 @@ pub struct FsckArgs {
     /// With --repair: wait for running imports instead of failing as busy.
     #[arg(long, requires = "repair")]
     pub wait: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RemoteCommand {
+    /// Add a remote (credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or ~/.aws/credentials).
+    Add {
+        /// Its name here.
+        name: String,
+        /// s3://BUCKET/PREFIX
+        url: String,
+        /// The S3 endpoint, e.g. http://127.0.0.1:9000 (default: AWS).
+        #[arg(long, value_name = "URL")]
+        endpoint: Option<String>,
+        /// The region (default: us-east-1).
+        #[arg(long, value_name = "REGION")]
+        region: Option<String>,
+    },
+    /// List the remotes, with what was fetched from each.
+    List,
+    /// Forget a remote (refused while a snapshot here still reads contents from it).
+    Remove {
+        /// The remote.
+        name: String,
+    },
+    /// Remove from a remote what no remote ref or pin needs (mark, then sweep a grace later).
+    Gc {
+        /// The remote (default: the first one added).
+        name: Option<String>,
+        /// Say what would be removed, remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Seconds between the mark of an unreachable object and its removal.
+        #[arg(long, value_name = "SECONDS", default_value_t = cowspace::remote::GC_GRACE_SECS)]
+        grace: i64,
+    },
 }
 
 #[derive(Debug, Args)]

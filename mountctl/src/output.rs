@@ -54,7 +54,7 @@ impl Ctx {
     }
 
     pub fn open(&self) -> anyhow::Result<cowspace_store::Store> {
-        Ok(cowspace_store::Store::open(&self.root, Default::default())?)
+        Ok(cowspace::remote::open_store(&self.root)?)
     }
 
     pub fn runtime(&self) -> anyhow::Result<cowspace::runtime::Runtime> {

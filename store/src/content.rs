@@ -23,6 +23,7 @@ impl Store {
     /// A reader over a file's content.
     pub fn content_reader(&self, id: &ContentId) -> Result<ContentReader<'_>> {
         let chunks = self.content_chunks(id)?;
+        self.prefetch(&chunks)?;
         let whole = (chunks.len() > 1).then(blake3::Hasher::new);
         Ok(ContentReader {
             store: self,

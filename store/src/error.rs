@@ -144,6 +144,12 @@ pub enum Error {
     Busy(String),
     #[error("{0}")]
     Unsupported(String),
+    #[error("remote {remote} ({object}): {why}")]
+    Remote {
+        remote: String,
+        object: String,
+        why: String,
+    },
 }
 
 impl Error {
@@ -166,7 +172,7 @@ impl Error {
             Error::Io { source, .. } if source.kind() == io::ErrorKind::NotFound => {
                 ErrorKind::NotFound
             }
-            Error::Io { .. } | Error::Db { .. } => ErrorKind::Io,
+            Error::Io { .. } | Error::Db { .. } | Error::Remote { .. } => ErrorKind::Io,
         }
     }
 
@@ -216,6 +222,11 @@ impl Error {
             } => "`mountctl snapshots` and `mountctl refs` list what exists".into(),
             Error::Ambiguous(_) => "give more hex digits of the snapshot id".into(),
             Error::Busy(_) => "wait for the other operation to finish and retry".into(),
+            Error::Remote { remote, .. } => format!(
+                "check that remote {remote} answers (`mountctl doctor`) and that the AWS \
+                 credentials in the environment are valid, then retry; nothing was changed \
+                 here, and reads work again once it answers"
+            ),
             _ => return None,
         })
     }

@@ -29,6 +29,9 @@ pub struct FsckReport {
     pub objects_checked: u64,
     pub bytes_checked: u64,
     pub packs_checked: u64,
+    /// Contents and chunks of snapshots made known by a remote that are not fetched yet
+    /// (not missing: they are read from the remote at first use).
+    pub remote_only: u64,
     /// Objects whose bytes do not match their id or cannot be decoded.
     pub corrupt: Vec<Problem>,
     /// References to objects that are not stored.
@@ -182,6 +185,8 @@ impl Store {
         let has =
             |id: &[u8; 32], want: &[ObjectKind]| kinds.get(id).is_some_and(|k| want.contains(k));
         let content_kinds = [ObjectKind::Chunk, ObjectKind::Manifest];
+        let (remote_ids, from_remote) = self.remote_ids()?;
+        let mut remote_only: std::collections::HashSet<[u8; 32]> = Default::default();
 
         // Manifests: chunks present, and the whole hashes to the content id (checked only
         // when every chunk is sound, so one damaged chunk is reported once).
@@ -191,6 +196,11 @@ impl Store {
             let mut ok = true;
             for (chunk, _) in &m.chunks {
                 if bad.contains(&chunk.to_hex()) {
+                    ok = false;
+                } else if !has(chunk.as_bytes(), &[ObjectKind::Chunk])
+                    && remote_ids.contains(chunk.as_bytes())
+                {
+                    remote_only.insert(*chunk.as_bytes());
                     ok = false;
                 } else if !has(chunk.as_bytes(), &[ObjectKind::Chunk]) {
                     // Either the chunk's row is gone or the manifest's bytes are wrong
@@ -222,6 +232,11 @@ impl Store {
                             format!("subtree {name:?} of tree {tid}"),
                         ))
                     }
+                    Kind::File | Kind::Hardlink
+                        if !has(&e.hash, &content_kinds) && remote_ids.contains(&e.hash) =>
+                    {
+                        remote_only.insert(e.hash);
+                    }
                     Kind::File | Kind::Hardlink if !has(&e.hash, &content_kinds) => {
                         report.missing.push(problem(
                             "content",
@@ -241,7 +256,8 @@ impl Store {
                     .push(problem("tree", s.root, format!("root of snapshot {sid}")));
             }
             for p in &s.parents {
-                if !has(p.as_bytes(), &[ObjectKind::Snapshot]) {
+                // A snapshot read from a remote comes without its history.
+                if !has(p.as_bytes(), &[ObjectKind::Snapshot]) && !from_remote.contains(sid) {
                     report.missing.push(problem(
                         "snapshot",
                         p,
@@ -265,6 +281,7 @@ impl Store {
                     .push(problem("snapshot", sid, format!("pinned by {holder}")));
             }
         }
+        report.remote_only = remote_only.len() as u64;
         report.suspects = self.suspects()?.iter().map(hex::encode).collect();
         report.suspects.sort();
         if !report.is_clean() {

@@ -298,6 +298,7 @@ impl Store {
                 [],
             )
             .map_err(Error::db("prune git blob ids"))?;
+            Store::prune_remote_rows(&tx, &live)?;
             tx.execute(
                 "DELETE FROM suspects WHERE id NOT IN (SELECT id FROM objects)",
                 [],

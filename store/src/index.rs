@@ -118,6 +118,36 @@ CREATE TABLE IF NOT EXISTS gitlinks (
     oid BLOB PRIMARY KEY,
     target BLOB NOT NULL
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS remotes (
+    name TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    endpoint TEXT,
+    region TEXT,
+    is_default INTEGER NOT NULL,
+    added_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS remote_objects (
+    id BLOB NOT NULL,
+    remote TEXT NOT NULL,
+    pack TEXT NOT NULL,
+    offset INTEGER NOT NULL,
+    stored_len INTEGER NOT NULL,
+    raw_len INTEGER NOT NULL,
+    codec INTEGER NOT NULL,
+    PRIMARY KEY (id, remote)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS remote_snapshots (
+    snapshot BLOB PRIMARY KEY,
+    remote TEXT NOT NULL,
+    registered_at INTEGER NOT NULL,
+    partial INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS remote_stats (
+    remote TEXT PRIMARY KEY,
+    requests INTEGER NOT NULL,
+    objects INTEGER NOT NULL,
+    bytes INTEGER NOT NULL
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS suspects (
     id BLOB PRIMARY KEY,
     kind TEXT NOT NULL,

@@ -40,6 +40,7 @@ pub mod layout;
 pub mod lock;
 pub mod pack;
 pub mod refs;
+pub mod remote;
 pub mod repack;
 pub mod repair;
 pub mod snapshot;

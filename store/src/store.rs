@@ -67,6 +67,7 @@ pub struct Store {
     pub(crate) backend: Arc<dyn PackBackend>,
     pub(crate) db: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
+    pub(crate) remote: crate::remote::LazyState,
 }
 
 impl std::fmt::Debug for Store {
@@ -142,6 +143,7 @@ impl Store {
             backend,
             db: Mutex::new(conn),
             readers: Mutex::new(Vec::new()),
+            remote: Default::default(),
         })
     }
 
@@ -177,6 +179,25 @@ impl Store {
     /// Where an object is, if stored.
     pub fn locate(&self, id: &[u8; 32]) -> Result<Option<Location>> {
         self.with_reader(|c| index::locate(c, id))
+    }
+
+    /// Where an object is; one only on a remote is fetched first (see
+    /// [`crate::remote`]).
+    pub(crate) fn locate_or_fetch(&self, id: &[u8; 32]) -> Result<Option<Location>> {
+        if let Some(l) = self.locate(id)? {
+            return Ok(Some(l));
+        }
+        self.fetch_missing(&[*id])?;
+        self.locate(id)
+    }
+
+    /// Fetches, in one batch, those of a content's chunks that are only on a remote.
+    pub(crate) fn prefetch(&self, chunks: &[(ChunkId, u32)]) -> Result<()> {
+        if chunks.len() > 1 {
+            let ids: Vec<[u8; 32]> = chunks.iter().map(|(c, _)| *c.as_bytes()).collect();
+            self.fetch_missing(&ids)?;
+        }
+        Ok(())
     }
 
     /// Whether an object (chunk, manifest, tree or snapshot) is stored.
@@ -235,7 +256,7 @@ impl Store {
     pub(crate) fn read_object(&self, id: &[u8; 32], kind: ObjectKind) -> Result<Vec<u8>> {
         let hexid = hex::encode(id);
         let loc = self
-            .locate(id)?
+            .locate_or_fetch(id)?
             .ok_or_else(|| Error::not_found(kind.as_str(), hexid.clone()))?;
         if loc.kind != kind {
             return Err(Error::not_found(kind.as_str(), hexid));
@@ -260,7 +281,7 @@ impl Store {
     /// The chunks of a file's content, in order (one chunk for small files).
     pub fn content_chunks(&self, id: &ContentId) -> Result<Vec<(ChunkId, u32)>> {
         let loc = self
-            .locate(id.as_bytes())?
+            .locate_or_fetch(id.as_bytes())?
             .ok_or_else(|| Error::not_found("content", id.to_hex()))?;
         match loc.kind {
             ObjectKind::Chunk => Ok(vec![(ChunkId::from_bytes(*id.as_bytes()), loc.raw_len)]),
@@ -281,6 +302,7 @@ impl Store {
     /// Returns the number of bytes written.
     pub fn write_content(&self, id: &ContentId, out: &mut dyn Write) -> Result<u64> {
         let chunks = self.content_chunks(id)?;
+        self.prefetch(&chunks)?;
         let mut hasher = (chunks.len() > 1).then(blake3::Hasher::new);
         let mut total = 0u64;
         for (cid, len) in &chunks {

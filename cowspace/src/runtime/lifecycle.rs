@@ -103,6 +103,9 @@ impl Runtime {
             });
         }
         self.store.unpin(&rec.id)?;
+        if let Ok(snap) = rec.snapshot.parse() {
+            crate::remote::unpin(&self.store, &snap, &rec.id);
+        }
         self.reg().set_status(rec, Status::Removed)?;
         self.release_native(rec)
     }

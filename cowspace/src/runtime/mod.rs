@@ -167,6 +167,7 @@ impl Runtime {
     /// server this way; tests put a double in).
     pub fn open_with(root: &Path, materializers: Materializers) -> Result<Runtime> {
         let store = Store::open(root, StoreConfig::default())?;
+        crate::remote::attach(&store);
         let registry = Registry::open(root)?;
         Ok(Runtime {
             store,
@@ -208,7 +209,20 @@ impl Runtime {
     /// part-way undoes what was made and records the workspace as `failed`.
     pub fn create(&self, o: &CreateOptions) -> Result<Record> {
         let started = Instant::now();
-        let snapshot = self.store.resolve(&o.snapshot)?;
+        let snapshot = match self.store.resolve(&o.snapshot) {
+            Ok(s) => s,
+            // Not here: a remote's snapshot is made known from its index alone.
+            Err(e) if e.kind() == cowspace_store::ErrorKind::NotFound => {
+                match crate::remote::resolve_lazy(&self.store, &o.snapshot)? {
+                    Some(s) => s,
+                    None => return Err(e.into()),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        };
+        // Contents still on a remote: the view reads them at first use; a native lower
+        // or a checkout would fetch every file first.
+        let partial = self.store.is_partial(&snapshot)?.is_some();
         if let Some(n) = &o.name {
             check_name(n)?;
         }
@@ -227,7 +241,9 @@ impl Runtime {
         let lower_kind = match o.lower.as_deref().unwrap_or("auto") {
             "auto" => {
                 let (lower, _) = auto_lower(&self.store, kind);
-                if lower == LowerKind::Native && self.native_later(&snapshot)? {
+                if lower == LowerKind::Native && partial {
+                    LowerKind::View
+                } else if lower == LowerKind::Native && self.native_later(&snapshot)? {
                     prepare_later = true;
                     LowerKind::View
                 } else {
@@ -323,6 +339,7 @@ impl Runtime {
         self.reg().insert(&rec)?;
         let made = (|| -> Result<()> {
             self.store.pin(&snapshot, &id)?;
+            crate::remote::pin(&self.store, &snapshot, &id)?;
             fs::create_dir_all(&private_dir)
                 .map_err(Error::io("create directory", &private_dir))?;
             if lower_kind == LowerKind::View {
@@ -352,6 +369,7 @@ impl Runtime {
             }
             checkout::remove_tree(&private_dir);
             let _ = self.store.unpin(&id);
+            crate::remote::unpin(&self.store, &snapshot, &id);
             rec.diagnostics.push(format!("create failed: {e}"));
             let _ = self.reg().set_status(&mut rec, Status::Failed);
             let _ = self.release_native(&rec);

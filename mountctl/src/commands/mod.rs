@@ -9,6 +9,7 @@ mod gc;
 mod import;
 mod init;
 mod refs;
+mod remote;
 mod repack;
 mod run;
 mod sandbox;
@@ -53,6 +54,14 @@ pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
         Command::Gc(args) => gc::run(ctx, args),
         Command::Repack(args) => repack::run(ctx, args),
         Command::Stats => stats::run(ctx),
+        Command::Remote(c) => remote::run(ctx, c),
+        Command::Push {
+            snapshot,
+            remote,
+            force,
+        } => remote::push(ctx, &snapshot, remote.as_deref(), force),
+        Command::Pull { snapshot, remote } => remote::pull(ctx, &snapshot, remote.as_deref()),
+        Command::Fetch { remote } => remote::fetch(ctx, remote.as_deref()),
         Command::Create(args) => workspace::create(ctx, args),
         Command::List { all } => workspace::list(ctx, all),
         Command::Status { workspace } => workspace::status(ctx, &workspace),
