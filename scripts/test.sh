@@ -19,4 +19,10 @@ if ! "${CARGO_HOME:-$HOME/.cargo}/bin/virtiofsd" --version 2>/dev/null \
     | grep -q "virtiofsd $virtiofsd_version\b"; then
   cargo install virtiofsd --version "$virtiofsd_version" --locked
 fi
+# moto's S3 server, the real S3-compatible server the remote tests run on 127.0.0.1
+# (tests/tests/e2e/remote.rs): from PyPI, once.
+moto_version=5.2.1
+if ! python3 -c "import moto.server, moto; assert moto.__version__ == '$moto_version'" 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check "moto[server]==$moto_version"
+fi
 cargo xtask check

@@ -2,6 +2,7 @@
 
 mod crash;
 mod longlived;
+mod remote;
 mod run;
 mod sandbox;
 mod store_cli;

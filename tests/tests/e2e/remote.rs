@@ -1,0 +1,584 @@
+//! Remotes end to end against a real S3-compatible server on 127.0.0.1 (moto's server,
+//! installed by `scripts/test.sh`): two runtime roots stand for two hosts. Host A imports
+//! and pushes; host B, empty, makes a workspace of the remote snapshot at once, runs
+//! `git status`, reads files and builds, fetching only what it reads, and its commit
+//! pushed back is pulled by A intact. Faults go through [`Proxy`], a TCP relay in the test
+//! that can stop answering, or cut the connection at the first request for a given key:
+//! a push cut before its index leaves nothing a reader takes for a snapshot, a remote
+//! that is down gives a clear error and reads work again once it is back, a damaged
+//! remote object is `corrupt` and never served, and of two hosts moving one ref exactly
+//! one wins.
+//!
+//! The server and the relay are killed (by pid) when a test ends, also when it fails.
+//! Skips with a reason when moto is missing or not root; fails under `CI=true`.
+//!
+//! Run: `cargo build --workspace --bins && CI=true cargo test -p cowspace-tests --test e2e remote::`.
+
+use std::ffi::OsStr;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cowspace_tests::{Out, noise, scan_tree, write_file};
+use serde_json::Value;
+
+use crate::workspaces::support::{WsRoot, require_root};
+
+const BUCKET: &str = "chunks";
+
+/// Skips (or fails under CI) without a server to test against.
+macro_rules! require_s3 {
+    () => {{
+        require_root!();
+        match S3Server::start() {
+            Ok(s) => s,
+            Err(why) => {
+                if std::env::var("CI").as_deref() == Ok("true") {
+                    panic!("remote e2e test cannot run under CI=true: {why}");
+                }
+                eprintln!("SKIPPED: {why}");
+                return;
+            }
+        }
+    }};
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// One HTTP/1.1 request with `Connection: close`: (status, body).
+fn http(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the server");
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    s.write_all(body).unwrap();
+    let mut resp = Vec::new();
+    s.read_to_end(&mut resp).unwrap();
+    let head_end = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP response");
+    let head = String::from_utf8_lossy(&resp[..head_end]).to_string();
+    let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let mut body = resp[head_end + 4..].to_vec();
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = unchunk(&body);
+    }
+    (status, body)
+}
+
+fn unchunk(mut b: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
+            break;
+        };
+        let n = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&b[eol + 2..eol + 2 + n]);
+        b = &b[eol + 2 + n + 2..];
+    }
+    out
+}
+
+/// `moto_server` on a free port of 127.0.0.1, with the bucket made; killed on drop.
+struct S3Server {
+    child: Child,
+    port: u16,
+    _log: tempfile::NamedTempFile,
+}
+
+impl S3Server {
+    fn start() -> Result<S3Server, String> {
+        let port = free_port();
+        let log = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
+        let child = Command::new("python3")
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.reopen().map_err(|e| e.to_string())?)
+            .stderr(log.reopen().map_err(|e| e.to_string())?)
+            .spawn()
+            .map_err(|e| {
+                format!("cannot start python3 -m moto.server ({e}): `pip install 'moto[server]'`")
+            })?;
+        let mut s = S3Server {
+            child,
+            port,
+            _log: log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline || s.child.try_wait().ok().flatten().is_some() {
+                return Err(
+                    "moto's server did not listen within 60 s (is moto[server] installed?)".into(),
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let (status, body) = http(port, "PUT", &format!("/{BUCKET}"), b"");
+        assert!(
+            status < 300,
+            "create bucket: {status} {}",
+            String::from_utf8_lossy(&body)
+        );
+        s.port = port;
+        Ok(s)
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Keys below `prefix` (a ListObjectsV2 page is enough for these tests).
+    fn keys(&self, prefix: &str) -> Vec<String> {
+        let (status, body) = http(
+            self.port,
+            "GET",
+            &format!("/{BUCKET}?list-type=2&max-keys=1000&prefix={prefix}"),
+            b"",
+        );
+        assert_eq!(status, 200);
+        let text = String::from_utf8_lossy(&body).to_string();
+        text.split("<Key>")
+            .skip(1)
+            .filter_map(|s| s.split("</Key>").next())
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl S3Server {
+    /// Flips bytes all through every object below `prefix` (with boto3, a signed client:
+    /// moto refuses unsigned object reads).
+    fn damage_objects(&self, prefix: &str) {
+        let script = format!(
+            "import boto3\n\
+             s3 = boto3.client('s3', endpoint_url='{}', aws_access_key_id='test',\n\
+                 aws_secret_access_key='test', region_name='us-east-1')\n\
+             n = 0\n\
+             for o in s3.list_objects_v2(Bucket='{BUCKET}', Prefix='{prefix}').get('Contents', []):\n\
+             \x20   b = bytearray(s3.get_object(Bucket='{BUCKET}', Key=o['Key'])['Body'].read())\n\
+             \x20   for i in range(100, len(b), 997):\n\
+             \x20       b[i] ^= 0x55\n\
+             \x20   s3.put_object(Bucket='{BUCKET}', Key=o['Key'], Body=bytes(b))\n\
+             \x20   n += 1\n\
+             assert n > 0, 'nothing to damage'\n",
+            self.endpoint()
+        );
+        let out = Command::new("python3")
+            .args(["-c", &script])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "damage objects: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A TCP relay to the server that can stop answering (`down`) or cut everything at the
+/// first request whose bytes hold a pattern (`cut_at`).
+struct Proxy {
+    port: u16,
+    up: Arc<AtomicBool>,
+    cut: Arc<Mutex<Option<Vec<u8>>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Proxy {
+    fn new(backend: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        listener.set_nonblocking(true).unwrap();
+        let up = Arc::new(AtomicBool::new(true));
+        let cut: Arc<Mutex<Option<Vec<u8>>>> = Arc::new(Mutex::new(None));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (u, c, s) = (up.clone(), cut.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        if !u.load(Ordering::SeqCst) {
+                            drop(client);
+                            continue;
+                        }
+                        client.set_nonblocking(false).unwrap();
+                        let Ok(server) = TcpStream::connect(("127.0.0.1", backend)) else {
+                            continue;
+                        };
+                        relay(client, server, u.clone(), c.clone());
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        Proxy {
+            port,
+            up,
+            cut,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::SeqCst);
+    }
+
+    fn cut_at(&self, pattern: &str) {
+        *self.cut.lock().unwrap() = Some(pattern.as_bytes().to_vec());
+    }
+}
+
+fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    up: Arc<AtomicBool>,
+    cut: Arc<Mutex<Option<Vec<u8>>>>,
+) {
+    let pipe = |mut from: TcpStream, mut to: TcpStream, scan: bool| {
+        let up = up.clone();
+        let cut = cut.clone();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut tail: Vec<u8> = Vec::new();
+            loop {
+                let n = match from.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                let pattern = if scan {
+                    cut.lock().unwrap().clone()
+                } else {
+                    None
+                };
+                if let Some(p) = pattern {
+                    tail.extend_from_slice(&buf[..n]);
+                    if tail.windows(p.len()).any(|w| w == p.as_slice()) {
+                        up.store(false, Ordering::SeqCst);
+                        *cut.lock().unwrap() = None;
+                    }
+                    let keep = tail.len().saturating_sub(p.len());
+                    tail.drain(..keep);
+                }
+                if !up.load(Ordering::SeqCst) || to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            let _ = from.shutdown(Shutdown::Both);
+            let _ = to.shutdown(Shutdown::Both);
+        });
+    };
+    let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+    pipe(client, server, true);
+    pipe(s2, c2, false);
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.up.store(false, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A host: a runtime root with AWS credentials in its `$HOME` and remote `origin`.
+fn host(endpoint: &str, prefix: &str) -> WsRoot {
+    let r = WsRoot::new();
+    write_file(
+        &r.t.scratch().join(".aws/credentials"),
+        "[default]\naws_access_key_id = test\naws_secret_access_key = test\n",
+    );
+    let url = format!("s3://{BUCKET}/{prefix}");
+    r.t.run(["remote", "add", "origin", &url, "--endpoint", endpoint])
+        .ok();
+    r
+}
+
+fn fetched(r: &WsRoot) -> Value {
+    let v = r.t.json(["remote", "list"]).ok().json();
+    v[0]["fetched"].clone()
+}
+
+fn unique_prefix(what: &str) -> String {
+    format!("{what}-{}-{}", std::process::id(), free_port())
+}
+
+/// A small project: 30 text files, a 2 MB binary no test reads, a build script, and a
+/// git repository of it all.
+fn project(r: &WsRoot) -> PathBuf {
+    let src = r.t.path("src");
+    for i in 0..30u64 {
+        let text: String = noise(i, 6000 + i as usize * 100)
+            .iter()
+            .map(|b| char::from(b'a' + b % 26))
+            .collect();
+        write_file(&src.join(format!("src/f{i:02}.txt")), format!("{text}\n"));
+    }
+    write_file(&src.join("big.bin"), noise(99, 2 * 1024 * 1024));
+    write_file(
+        &src.join("build.sh"),
+        "mkdir -p out && cat src/f0*.txt > out/all.txt && wc -c < out/all.txt > out/size\n",
+    );
+    let git = |args: &[&str]| {
+        let out = Command::new("git")
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@e",
+                "-c",
+                "init.defaultBranch=main",
+            ])
+            .args(args)
+            .current_dir(&src)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("HOME", r.t.scratch())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    git(&["init", "-q"]);
+    git(&["add", "-A"]);
+    git(&["commit", "-qm", "first"]);
+    src
+}
+
+fn sh(dir: &Path, script: &str) -> std::process::Output {
+    Command::new("sh")
+        .args(["-c", script])
+        .current_dir(dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn remote_two_hosts_lazy_workspace_reads_only_what_it_uses_and_commits_back() {
+    let s3 = require_s3!();
+    let prefix = unique_prefix("fleet");
+    let a = host(&s3.endpoint(), &prefix);
+    let src = project(&a);
+    a.import(&src, &["--ref", "proj/main"]);
+    let pushed = a.t.json(["push", "proj/main"]).ok().json();
+    assert!(pushed["chunks_uploaded"].as_u64().unwrap() > 30, "{pushed}");
+    assert_eq!(pushed["ref_moved"], true);
+    // The same push again uploads nothing.
+    let again = a.t.json(["push", "proj/main"]).ok().json();
+    assert_eq!(again["chunks_uploaded"], 0, "{again}");
+
+    // Host B never saw the snapshot.
+    let b = host(&s3.endpoint(), &prefix);
+    let ws = b.create("proj/main", &[]);
+    assert_eq!(ws.json["lower_kind"], "view", "{}", ws.json);
+    assert_eq!(
+        b.t.refs().get("origin/proj/main").map(String::as_str),
+        pushed["snapshot"].as_str()
+    );
+    let status = sh(&ws.path, "git status --porcelain");
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&status.stdout),
+        "",
+        "a fresh workspace is clean"
+    );
+    let mut read_bytes = 0u64;
+    for i in 0..20 {
+        let rel = format!("src/f{i:02}.txt");
+        let got = std::fs::read(ws.path.join(&rel)).unwrap();
+        assert_eq!(got, std::fs::read(src.join(&rel)).unwrap(), "{rel}");
+        read_bytes += got.len() as u64;
+    }
+    let git_bytes: u64 = scan_tree(&src.join(".git"))
+        .keys()
+        .filter_map(|p| std::fs::metadata(src.join(".git").join(p)).ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .sum();
+    let f = fetched(&b);
+    let bytes = f["bytes"].as_u64().unwrap();
+    assert!(bytes > 0, "{f}");
+    assert!(
+        bytes <= 2 * (read_bytes + git_bytes),
+        "fetched {bytes} bytes for {read_bytes} bytes of files and {git_bytes} of .git: {f}"
+    );
+    assert!(
+        bytes < 2 * 1024 * 1024,
+        "the unread big.bin was fetched: {f}"
+    );
+
+    // A second workspace reads the same files without fetching them again.
+    let ws2 = b.create("proj/main", &[]);
+    for i in 0..20 {
+        std::fs::read(ws2.path.join(format!("src/f{i:02}.txt"))).unwrap();
+    }
+    assert_eq!(fetched(&b)["objects"], f["objects"], "fetched twice");
+
+    // Build, commit and push back; A pulls it intact.
+    let built = sh(&ws.path, "sh build.sh");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    write_file(&ws.path.join("src/f03.txt"), "changed on host B\n");
+    b.commit(&ws.id, &["--ref", "proj/main"]);
+    let back = b.t.json(["push", "proj/main"]).ok().json();
+    assert_eq!(back["ref_moved"], true, "{back}");
+    assert!(back["chunks_reused"].as_u64().unwrap() > 0, "{back}");
+    let pulled = a.t.json(["pull", "proj/main"]).ok().json();
+    assert_eq!(pulled["snapshot"], back["snapshot"], "{pulled}");
+    let export = a.t.path("export");
+    a.t.run([
+        OsStr::new("export"),
+        OsStr::new("proj/main"),
+        export.as_os_str(),
+    ])
+    .ok();
+    assert_eq!(
+        std::fs::read_to_string(export.join("src/f03.txt")).unwrap(),
+        "changed on host B\n"
+    );
+    let expected = std::fs::read_to_string(ws.path.join("out/size")).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(export.join("out/size")).unwrap(),
+        expected
+    );
+    assert_eq!(
+        std::fs::read(export.join("big.bin")).unwrap(),
+        std::fs::read(src.join("big.bin")).unwrap()
+    );
+    a.t.run(["fsck"]).ok();
+    b.t.run(["fsck"]).ok();
+}
+
+#[test]
+fn remote_faults_never_give_half_a_snapshot_or_wrong_bytes() {
+    let s3 = require_s3!();
+    let proxy = Proxy::new(s3.port);
+    let prefix = unique_prefix("faults");
+    let a = host(&proxy.endpoint(), &prefix);
+    let src = project(&a);
+    let snap = a.import(&src, &["--ref", "proj/main"]);
+
+    // A push cut when it writes the index: no reader takes anything for a snapshot.
+    proxy.cut_at("/snapshots/");
+    let err = a.t.json(["push", "proj/main"]).error(1, "io");
+    assert!(err["message"].as_str().unwrap().contains("origin"), "{err}");
+    proxy.set_up(true);
+    assert!(s3.keys(&format!("{prefix}/snapshots/")).is_empty());
+    assert!(
+        !s3.keys(&format!("{prefix}/packs/")).is_empty(),
+        "the packs went first"
+    );
+    let b = host(&proxy.endpoint(), &prefix);
+    b.create_out("proj/main", &[]).error(3, "not_found");
+    b.create_out(&snap, &[]).error(3, "not_found");
+    // A later push completes it, uploading only what did not arrive.
+    let done = a.t.json(["push", "proj/main"]).ok().json();
+    assert_eq!(done["chunks_uploaded"], 0, "{done}");
+    let ws = b.create("proj/main", &[]);
+    assert_eq!(
+        std::fs::read(ws.path.join("src/f00.txt")).unwrap(),
+        std::fs::read(src.join("src/f00.txt")).unwrap()
+    );
+
+    // The remote down during a lazy read: an error, and the same read works once it is back.
+    proxy.set_up(false);
+    let failed = sh(&ws.path, "cat src/f01.txt > /dev/null");
+    assert!(
+        !failed.status.success(),
+        "a read with the remote down succeeded"
+    );
+    proxy.set_up(true);
+    assert_eq!(
+        std::fs::read(ws.path.join("src/f01.txt")).unwrap(),
+        std::fs::read(src.join("src/f01.txt")).unwrap()
+    );
+
+    // A damaged pack on the server: its chunks are corrupt, never served.
+    s3.damage_objects(&format!("{prefix}/packs/"));
+    let bad = sh(&ws.path, "cat src/f25.txt");
+    assert!(!bad.status.success(), "damaged bytes were served");
+    assert!(
+        !String::from_utf8_lossy(&bad.stdout).contains('\u{0}'),
+        "some damaged bytes came through"
+    );
+    let e = b.t.json(["pull", "proj/main"]).error(8, "corrupt");
+    assert!(
+        e["message"].as_str().unwrap().contains("remote origin"),
+        "{e}"
+    );
+    b.t.run(["fsck"]).ok();
+
+    // Two hosts moving one ref at once: exactly one wins, the other is a conflict.
+    let c = host(&proxy.endpoint(), &prefix);
+    let other = c.t.path("other");
+    write_file(&other.join("x"), "another tree\n");
+    c.import(&other, &["--ref", "race"]);
+    a.t.run(["ref", "set", "race", &snap]).ok();
+    let (ra, rc) = std::thread::scope(|s| {
+        let ha = s.spawn(|| a.t.run(["push", "race"]));
+        let hc = s.spawn(|| c.t.run(["push", "race"]));
+        (ha.join().unwrap(), hc.join().unwrap())
+    });
+    let codes = [ra.code, rc.code];
+    assert!(
+        codes.contains(&0) && codes.contains(&6),
+        "codes {codes:?}: {ra:?} {rc:?}"
+    );
+    let loser: &Out = if ra.code == 6 { &ra } else { &rc };
+    assert!(
+        loser.stderr.contains("conflict") || loser.stderr.contains("moved"),
+        "{}",
+        loser.stderr
+    );
+}
