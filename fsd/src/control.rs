@@ -263,6 +263,28 @@ impl Server {
                     req["args"]["path"].as_str().unwrap_or(""),
                 )?,
                 "stats" => cowspace::ops::stats(rt.store())?,
+                "remotes" => cowspace::remote::list_json(rt.store())?,
+                "push" => json!(cowspace::remote::push(
+                    rt.store(),
+                    req["args"]["remote"].as_str(),
+                    &str_arg(req, "snapshot")?,
+                    req["args"]["force"].as_bool().unwrap_or(false),
+                )?),
+                "pull" => json!(cowspace::remote::pull(
+                    rt.store(),
+                    req["args"]["remote"].as_str(),
+                    &str_arg(req, "snapshot")?,
+                )?),
+                "fetch" => json!(cowspace::remote::fetch(
+                    rt.store(),
+                    req["args"]["remote"].as_str()
+                )?),
+                "remote_gc" => json!(cowspace::remote::gc::gc(
+                    rt.store(),
+                    req["args"]["remote"].as_str(),
+                    req["args"]["dry_run"].as_bool().unwrap_or(false),
+                    req["args"]["grace"].as_i64(),
+                )?),
                 "gc" => rt.gc(&args::<cowspace::ops::GcRequest>(req)?)?.to_json(),
                 "export" => {
                     caller.may_name_host_paths("export")?;

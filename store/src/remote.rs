@@ -232,10 +232,7 @@ impl SnapshotIndex {
     }
 
     /// The metadata records: (id, kind, codec, raw_len, stored bytes).
-    pub fn meta_records(
-        &self,
-        key: &str,
-    ) -> Result<Vec<(ObjectKind, [u8; 32], Codec, u32, Vec<u8>)>> {
+    pub fn meta_records(&self, key: &str) -> Result<Vec<MetaRecord>> {
         let bad = |why: &str| Error::corrupt("remote index", key, why.to_string());
         let b = &self.meta;
         if b.len() < PACK_MAGIC.len() || &b[..PACK_MAGIC.len()] != PACK_MAGIC {
@@ -263,6 +260,12 @@ impl SnapshotIndex {
         Ok(out)
     }
 }
+
+/// One metadata record of an index: kind, id, codec, raw length, stored bytes.
+pub type MetaRecord = (ObjectKind, [u8; 32], Codec, u32, Vec<u8>);
+
+/// A remote object and the ids (with locations) wanted from it.
+type ByObject<'a> = BTreeMap<(&'a str, &'a str), Vec<&'a ([u8; 32], RemoteLoc)>>;
 
 /// Appends one pack record to `out` (a remote pack or an index's metadata).
 pub fn push_record(
@@ -929,7 +932,7 @@ impl Store {
         if rows.is_empty() {
             return Ok(FetchCounters::default());
         }
-        let mut by_object: BTreeMap<(&str, &str), Vec<&([u8; 32], RemoteLoc)>> = BTreeMap::new();
+        let mut by_object: ByObject<'_> = BTreeMap::new();
         for r in rows {
             by_object
                 .entry((r.1.remote.as_str(), r.1.key.as_str()))

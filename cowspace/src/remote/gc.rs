@@ -91,12 +91,11 @@ pub fn gc(
         } else if key.starts_with("snapshots/") {
             report.indexes += 1;
             candidates.push((key.clone(), *size));
-        } else if key.starts_with("gc/marks/") {
-            if let Some((b, _)) = c.get(key)?
-                && let Ok(m) = serde_json::from_slice::<Mark>(&b)
-            {
-                marks.push((key.clone(), m));
-            }
+        } else if key.starts_with("gc/marks/")
+            && let Some((b, _)) = c.get(key)?
+            && let Ok(m) = serde_json::from_slice::<Mark>(&b)
+        {
+            marks.push((key.clone(), m));
         }
     }
     let mut reachable: HashSet<String> = HashSet::new();

@@ -150,6 +150,18 @@ pub fn add(
     Ok(store.add_remote(&cfg)?)
 }
 
+/// `remote list`: every remote with what this root fetched from it (the CLI's `--json`
+/// and the control socket's `remotes` answer).
+pub fn list_json(store: &Store) -> Result<serde_json::Value> {
+    let mut rows = Vec::new();
+    for r in store.remotes()? {
+        let mut v = serde_json::to_value(&r).expect("json");
+        v["fetched"] = serde_json::to_value(store.fetch_counters(&r.name)?).expect("json");
+        rows.push(v);
+    }
+    Ok(serde_json::Value::Array(rows))
+}
+
 /// What a push did.
 #[derive(Debug, Serialize)]
 pub struct PushReport {

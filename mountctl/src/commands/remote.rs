@@ -32,25 +32,29 @@ pub fn run(ctx: &Ctx, c: RemoteCommand) -> anyhow::Result<ExitCode> {
             });
         }
         RemoteCommand::List => {
-            let mut rows = Vec::new();
-            let mut text = String::new();
-            for r in store.remotes()? {
-                let f = store.fetch_counters(&r.name)?;
-                text.push_str(&format!(
-                    "{}{}\t{}\t{}\tfetched {} objects ({}) in {} requests\n",
-                    r.name,
-                    if r.default { " (default)" } else { "" },
-                    r.url,
-                    r.endpoint.as_deref().unwrap_or("-"),
-                    f.objects,
-                    bytes(f.bytes),
-                    f.requests
-                ));
-                let mut v = serde_json::to_value(&r)?;
-                v["fetched"] = serde_json::to_value(f)?;
-                rows.push(v);
-            }
-            ctx.emit(serde_json::Value::Array(rows), || text);
+            let v = remote::list_json(&store)?;
+            let text: String = v
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| {
+                    format!(
+                        "{}{}\t{}\t{}\tfetched {} objects ({}) in {} requests\n",
+                        r["name"].as_str().unwrap_or_default(),
+                        if r["default"] == true {
+                            " (default)"
+                        } else {
+                            ""
+                        },
+                        r["url"].as_str().unwrap_or_default(),
+                        r["endpoint"].as_str().unwrap_or("-"),
+                        r["fetched"]["objects"],
+                        bytes(r["fetched"]["bytes"].as_u64().unwrap_or(0)),
+                        r["fetched"]["requests"]
+                    )
+                })
+                .collect();
+            ctx.emit(v, || text);
         }
         RemoteCommand::Remove { name } => {
             store.remove_remote(&name)?;

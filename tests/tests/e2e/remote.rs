@@ -85,10 +85,7 @@ fn http(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
 
 fn unchunk(mut b: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    loop {
-        let Some(eol) = b.windows(2).position(|w| w == b"\r\n") else {
-            break;
-        };
+    while let Some(eol) = b.windows(2).position(|w| w == b"\r\n") {
         let n = usize::from_str_radix(String::from_utf8_lossy(&b[..eol]).trim(), 16).unwrap_or(0);
         if n == 0 {
             break;
@@ -581,4 +578,92 @@ fn remote_faults_never_give_half_a_snapshot_or_wrong_bytes() {
         "{}",
         loser.stderr
     );
+}
+
+#[test]
+fn remote_gc_removes_only_what_no_ref_or_pin_needs_a_grace_after_marking_it() {
+    let s3 = require_s3!();
+    let prefix = unique_prefix("gc");
+    let a = host(&s3.endpoint(), &prefix);
+    let src = a.t.path("src");
+    write_file(&src.join("common.txt"), noise(1, 40_000));
+    write_file(&src.join("v.txt"), "one\n");
+    let v1 = a.import(&src, &["--ref", "proj/main"]);
+    a.t.run(["push", "proj/main"]).ok();
+    write_file(&src.join("v.txt"), "two\n");
+    let v2 = a.import(&src, &[]);
+    a.t.run(["ref", "set", "proj/main", &v2, "--force"]).ok();
+    a.t.run(["push", "proj/main", "--force"]).ok();
+    // Pushed by id only: nothing names it.
+    write_file(&src.join("only-v3.txt"), noise(3, 50_000));
+    let v3 = a.import(&src, &[]);
+    a.t.run(["push", &v3]).ok();
+
+    // Host B reads v1 lazily: its workspace pins v1 on the remote.
+    let b = host(&s3.endpoint(), &prefix);
+    let ws = b.create(&v1, &[]);
+    assert_eq!(
+        std::fs::read_to_string(ws.path.join("v.txt")).unwrap(),
+        "one\n"
+    );
+    let listed = b.socket("remotes", serde_json::json!({}));
+    assert_eq!(listed[0]["name"], "origin", "{listed}");
+    assert!(
+        listed[0]["fetched"]["objects"].as_u64().unwrap() > 0,
+        "{listed}"
+    );
+
+    let index = |s: &str| format!("snapshots/{s}.index");
+    let gc = |who: &WsRoot| who.t.json(["remote", "gc", "--grace", "0"]).ok().json();
+    let first = gc(&a);
+    assert!(first["deleted"].as_array().unwrap().is_empty(), "{first}");
+    let unreachable: Vec<String> = serde_json::from_value(first["unreachable"].clone()).unwrap();
+    assert!(unreachable.contains(&index(&v3)), "{first}");
+    assert!(
+        !unreachable.contains(&index(&v1)) && !unreachable.contains(&index(&v2)),
+        "{first}"
+    );
+    assert!(
+        first["marked"].as_u64().unwrap() >= 2,
+        "v3's index and its pack: {first}"
+    );
+    // A dry run deletes nothing; the next run deletes what its mark named.
+    let dry =
+        a.t.json(["remote", "gc", "--grace", "0", "--dry-run"])
+            .ok()
+            .json();
+    assert!(!dry["deleted"].as_array().unwrap().is_empty(), "{dry}");
+    assert!(s3.keys(&format!("{prefix}/{}", index(&v3))).len() == 1);
+    let second = gc(&a);
+    let deleted: Vec<String> = serde_json::from_value(second["deleted"].clone()).unwrap();
+    assert!(deleted.contains(&index(&v3)), "{second}");
+    assert!(s3.keys(&format!("{prefix}/{}", index(&v3))).is_empty());
+    assert_eq!(
+        s3.keys(&format!("{prefix}/{}", index(&v1))).len(),
+        1,
+        "the pin keeps v1"
+    );
+
+    // The workspace goes, and its pin with it: v1 goes a mark later.
+    b.remove(&ws.id);
+    gc(&a);
+    let last = gc(&a);
+    let deleted: Vec<String> = serde_json::from_value(last["deleted"].clone()).unwrap();
+    assert!(deleted.contains(&index(&v1)), "{last}");
+    // What the ref needs is whole: a fresh host pulls it.
+    let c = host(&s3.endpoint(), &prefix);
+    let pulled = c.t.json(["pull", "proj/main"]).ok().json();
+    assert_eq!(pulled["snapshot"], v2.as_str());
+    let export = c.t.path("export");
+    c.t.run([
+        OsStr::new("export"),
+        OsStr::new("proj/main"),
+        export.as_os_str(),
+    ])
+    .ok();
+    assert_eq!(
+        std::fs::read(export.join("common.txt")).unwrap(),
+        noise(1, 40_000)
+    );
+    c.t.run(["fsck"]).ok();
 }
