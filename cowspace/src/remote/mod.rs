@@ -162,6 +162,28 @@ pub fn list_json(store: &Store) -> Result<serde_json::Value> {
     Ok(serde_json::Value::Array(rows))
 }
 
+/// `doctor`'s `remotes` row: whether each remote answers one listing request, and how
+/// fast.
+pub fn doctor(store: &Store) -> serde_json::Value {
+    let Ok(remotes) = store.remotes() else {
+        return serde_json::json!([]);
+    };
+    let rows: Vec<serde_json::Value> = remotes
+        .iter()
+        .map(|r| {
+            let t = Instant::now();
+            let answer = Client::open(r).and_then(|c| c.probe());
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            serde_json::json!({
+                "name": r.name, "url": r.url, "endpoint": r.endpoint, "default": r.default,
+                "answers": answer.is_ok(), "ms": ms,
+                "why": answer.err().map(|e| e.to_string()),
+            })
+        })
+        .collect();
+    serde_json::Value::Array(rows)
+}
+
 /// What a push did.
 #[derive(Debug, Serialize)]
 pub struct PushReport {

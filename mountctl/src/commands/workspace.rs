@@ -335,11 +335,25 @@ pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .collect();
     // What a `run --vm` would use here, and whether its hypervisor isolates.
     let vm = sandbox_helper::vm::report(&store.layout().cache().join("vm"));
+    // Which remotes answer, and how fast.
+    let remotes = cowspace::remote::doctor(&store);
     ctx.emit(
-        json!({"materializers": rows, "auto": auto, "lower": lowers, "git_fsmonitor": hook, "hints": hints, "vm": vm}),
+        json!({"materializers": rows, "auto": auto, "lower": lowers, "git_fsmonitor": hook, "hints": hints, "vm": vm, "remotes": remotes}),
         || {
             let mut s = String::new();
             s.push_str(&vm_line(&vm));
+            for r in remotes.as_array().into_iter().flatten() {
+                s.push_str(&format!(
+                    "remote {} ({}): {}\n",
+                    r["name"].as_str().unwrap_or(""),
+                    r["url"].as_str().unwrap_or(""),
+                    if r["answers"] == true {
+                        format!("answers in {:.1} ms", r["ms"].as_f64().unwrap_or(0.0))
+                    } else {
+                        format!("does not answer: {}", r["why"].as_str().unwrap_or(""))
+                    }
+                ));
+            }
             for r in &rows {
                 s.push_str(&format!(
                     "{:<8} {}\n",

@@ -606,6 +606,8 @@ fn remote_gc_removes_only_what_no_ref_or_pin_needs_a_grace_after_marking_it() {
         std::fs::read_to_string(ws.path.join("v.txt")).unwrap(),
         "one\n"
     );
+    let doctor = b.t.json(["doctor"]).ok().json();
+    assert_eq!(doctor["remotes"][0]["answers"], true, "{}", doctor["remotes"]);
     let listed = b.socket("remotes", serde_json::json!({}));
     assert_eq!(listed[0]["name"], "origin", "{listed}");
     assert!(
