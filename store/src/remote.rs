@@ -300,10 +300,13 @@ pub(crate) struct LazyState {
     fetcher: RwLock<Option<Arc<dyn RemoteFetch>>>,
     /// Whether the index has any remote object rows (no lookup on reads otherwise).
     any: AtomicBool,
-    checked: AtomicBool,
+    checked_at: Mutex<Option<std::time::Instant>>,
     inflight: Mutex<HashSet<[u8; 32]>>,
     done: Condvar,
 }
+
+/// How long a "no remote objects" answer is trusted, in ms.
+const RECHECK_MS: u128 = 1000;
 
 /// Ids a lazy fetch asks for in one batch, at most.
 const FETCH_BATCH: usize = 4096;
@@ -318,18 +321,55 @@ impl Store {
             .unwrap_or_else(|p| p.into_inner()) = Some(f);
     }
 
-    fn has_remote_objects(&self) -> Result<bool> {
-        if !self.remote.checked.load(Ordering::Acquire) {
-            let any = self.with_reader(|c| {
-                c.query_row("SELECT EXISTS (SELECT 1 FROM remote_objects)", [], |r| {
-                    r.get::<_, bool>(0)
-                })
-                .map_err(Error::db("look up remote objects"))
-            })?;
-            self.remote.any.store(any, Ordering::Release);
-            self.remote.checked.store(true, Ordering::Release);
+    /// Whether any object is known to be on a remote. Once true it stays true for this
+    /// open store; a false answer is looked up again after [`RECHECK_MS`] (another
+    /// process may have made a remote snapshot known meanwhile).
+    pub fn has_remote_objects(&self) -> Result<bool> {
+        if self.remote.any.load(Ordering::Acquire) {
+            return Ok(true);
         }
-        Ok(self.remote.any.load(Ordering::Acquire))
+        {
+            let at = self
+                .remote
+                .checked_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if at.is_some_and(|t| t.elapsed().as_millis() < RECHECK_MS) {
+                return Ok(false);
+            }
+        }
+        self.has_remote_objects_now()
+    }
+
+    fn has_remote_objects_now(&self) -> Result<bool> {
+        let any = self.with_reader(|c| {
+            c.query_row("SELECT EXISTS (SELECT 1 FROM remote_objects)", [], |r| {
+                r.get::<_, bool>(0)
+            })
+            .map_err(Error::db("look up remote objects"))
+        })?;
+        if any {
+            self.remote.any.store(true, Ordering::Release);
+        }
+        *self
+            .remote
+            .checked_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
+        Ok(any)
+    }
+
+    /// Whether some of `chunks` is only on a remote (no lookups when no object is).
+    pub fn has_remote_only(&self, chunks: &[(crate::id::ChunkId, u32)]) -> Result<bool> {
+        if !self.has_remote_objects()? {
+            return Ok(false);
+        }
+        for (c, _) in chunks {
+            if !self.contains(c.as_bytes())? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// The remotes this root knows, the default first.
@@ -763,7 +803,6 @@ impl Store {
             Ok(())
         })?;
         self.remote.any.store(true, Ordering::Release);
-        self.remote.checked.store(true, Ordering::Release);
         Ok(missing)
     }
 
@@ -810,7 +849,10 @@ impl Store {
     /// stored, or on no remote, are left alone (the caller's lookup then reports them).
     /// Concurrent callers wanting the same ids wait for one fetch.
     pub(crate) fn fetch_missing(&self, ids: &[[u8; 32]]) -> Result<FetchCounters> {
-        if ids.is_empty() || !self.has_remote_objects()? {
+        // Only on a miss: looked up every time (a snapshot may have become known since).
+        if ids.is_empty()
+            || !(self.remote.any.load(Ordering::Acquire) || self.has_remote_objects_now()?)
+        {
             return Ok(FetchCounters::default());
         }
         let Some(fetcher) = self

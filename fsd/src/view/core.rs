@@ -68,6 +68,17 @@ impl TreeCache {
 }
 
 /// The read-only snapshot view over one store.
+/// Files at least this large whose content is partly on a remote are read by range
+/// ([`ViewCore::remote_chunks`]); smaller ones come whole into the blob cache at open.
+pub const RANGE_READ_MIN_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The chunks of a file and where each starts.
+pub struct Chunked {
+    chunks: Vec<(cowspace_store::ChunkId, u32)>,
+    starts: Vec<u64>,
+    size: u64,
+}
+
 pub struct ViewCore {
     pub store: Arc<Store>,
     pub table: InodeTable,
@@ -353,6 +364,70 @@ impl ViewCore {
                 OpenBlobError::Store(e) => errno_of_store("materialise blob", &e),
                 OpenBlobError::Io(e) => errno_of_blob_io("open blob", e),
             })
+    }
+
+    /// The chunks of a large file whose content is still partly on a remote: its reads
+    /// are served from the chunks they cover, fetched as read, instead of bringing the
+    /// whole file into the blob cache at its open. `None` for everything else.
+    pub fn remote_chunks(&self, content: &ContentId) -> Result<Option<Arc<Chunked>>, Errno> {
+        // The common case, a root with no remote: nothing to look up.
+        if !self.store.has_remote_objects().unwrap_or(false) {
+            return Ok(None);
+        }
+        let chunks = self
+            .store
+            .content_chunks(content)
+            .map_err(|e| errno_of_store("read manifest", &e))?;
+        let size: u64 = chunks.iter().map(|(_, n)| u64::from(*n)).sum();
+        if size < RANGE_READ_MIN_BYTES
+            || !self
+                .store
+                .has_remote_only(&chunks)
+                .map_err(|e| errno_of_store("look up chunks", &e))?
+        {
+            return Ok(None);
+        }
+        let mut starts = Vec::with_capacity(chunks.len());
+        let mut at = 0u64;
+        for (_, n) in &chunks {
+            starts.push(at);
+            at += u64::from(*n);
+        }
+        Ok(Some(Arc::new(Chunked {
+            chunks,
+            starts,
+            size,
+        })))
+    }
+
+    /// Reads `size` bytes at `offset` of a [`Chunked`] file: the chunks covering the
+    /// range are fetched in one batch, each verified against its id.
+    pub fn read_chunked(&self, c: &Chunked, offset: u64, size: u32) -> Result<Vec<u8>, Errno> {
+        if offset >= c.size {
+            return Ok(Vec::new());
+        }
+        let end = (offset + u64::from(size)).min(c.size);
+        let first = c.starts.partition_point(|s| *s <= offset) - 1;
+        let last = c.starts.partition_point(|s| *s < end);
+        let ids: Vec<[u8; 32]> = c.chunks[first..last]
+            .iter()
+            .map(|(id, _)| *id.as_bytes())
+            .collect();
+        self.store
+            .fetch_objects(&ids)
+            .map_err(|e| errno_of_store("fetch chunks", &e))?;
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        for i in first..last {
+            let data = self
+                .store
+                .chunk(&c.chunks[i].0)
+                .map_err(|e| errno_of_store("read chunk", &e))?;
+            let (s, e) = (c.starts[i], c.starts[i] + data.len() as u64);
+            let from = offset.max(s) - s;
+            let to = end.min(e) - s;
+            out.extend_from_slice(&data[from as usize..to as usize]);
+        }
+        Ok(out)
     }
 
     /// Whether a time is the view's fixed time (for tests).

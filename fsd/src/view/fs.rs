@@ -32,6 +32,8 @@ enum OpenFile {
     /// Held only to keep the kernel's backing file registered while the open lives.
     Backed(#[allow(dead_code)] Arc<BackingId>),
     Plain(Arc<File>),
+    /// A large file still partly on a remote, read by range ([`ViewCore::remote_chunks`]).
+    Chunked(Arc<super::core::Chunked>),
 }
 
 /// Blob-cache files kept open for [`ReadMode::Cached`] reads, which carry no handle.
@@ -43,6 +45,8 @@ struct Handles {
     files: Mutex<HashMap<u64, OpenFile>>,
     /// By inode, for reads without a handle ([`ReadMode::Cached`]); cleared when full.
     blobs: Mutex<HashMap<u64, Arc<File>>>,
+    /// By inode, for reads without a handle: read by range, or not (`None`).
+    lazy: Mutex<HashMap<u64, Option<Arc<super::core::Chunked>>>>,
     /// One `BackingId` per inode while it has live passthrough opens (the kernel refuses
     /// two different backing files for one inode).
     backing: Mutex<HashMap<u64, Weak<BackingId>>>,
@@ -71,6 +75,25 @@ impl ViewFs {
     }
 
     /// The blob-cache file of a file node, for a read that came without a handle.
+    /// For reads without a handle: the chunks of `ino` when it is read by range
+    /// ([`ViewCore::remote_chunks`]), found once per inode.
+    fn chunked_of(&self, ino: u64) -> Result<Option<Arc<super::core::Chunked>>, Errno> {
+        if let Some(c) = lock(&self.handles.lazy).get(&ino) {
+            return Ok(c.clone());
+        }
+        let node = self.core.node(ino)?;
+        let NodeKind::File { content } = &node.kind else {
+            return Ok(None);
+        };
+        let c = self.core.remote_chunks(content)?;
+        let mut lazy = lock(&self.handles.lazy);
+        if lazy.len() >= OPEN_BLOBS_MAX {
+            lazy.clear();
+        }
+        lazy.insert(ino, c.clone());
+        Ok(c)
+    }
+
     fn blob_of(&self, ino: u64) -> Result<Arc<File>, Errno> {
         if let Some(f) = lock(&self.handles.blobs).get(&ino) {
             return Ok(Arc::clone(f));
@@ -218,6 +241,18 @@ impl Filesystem for ViewFs {
             _ => return reply.error(Errno::EINVAL),
         };
         self.core.counters.opens.fetch_add(1, Ordering::Relaxed);
+        match self.core.remote_chunks(&content) {
+            Ok(Some(c)) => {
+                let fh = self.handles.next();
+                lock(&self.handles.files).insert(fh, OpenFile::Chunked(c));
+                return reply.opened(
+                    FileHandle(fh),
+                    FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+                );
+            }
+            Ok(None) => {}
+            Err(e) => return reply.error(e),
+        }
         if self.mode == ReadMode::Cached {
             // "Not implemented": from now on the kernel opens and closes the view's files
             // without asking, and keeps their pages cached between opens (its default
@@ -272,9 +307,32 @@ impl Filesystem for ViewFs {
         self.core.counters.reads.fetch_add(1, Ordering::Relaxed);
         let held = match lock(&self.handles.files).get(&fh.0) {
             Some(OpenFile::Plain(f)) => Some(Arc::clone(f)),
+            Some(OpenFile::Chunked(_)) => None,
             Some(OpenFile::Backed(_)) => return reply.error(Errno::EBADF),
             None => None,
         };
+        let chunked = match lock(&self.handles.files).get(&fh.0) {
+            Some(OpenFile::Chunked(c)) => Some(Arc::clone(c)),
+            _ if held.is_none() && fh.0 == 0 && !lock(&self.handles.blobs).contains_key(&ino.0) => {
+                match self.chunked_of(ino.0) {
+                    Ok(c) => c,
+                    Err(e) => return reply.error(e),
+                }
+            }
+            _ => None,
+        };
+        if let Some(c) = chunked {
+            return match self.core.read_chunked(&c, offset, size) {
+                Ok(data) => {
+                    self.core
+                        .counters
+                        .read_bytes
+                        .fetch_add(data.len() as u64, Ordering::Relaxed);
+                    reply.data(&data)
+                }
+                Err(e) => reply.error(e),
+            };
+        }
         let file = match held {
             Some(f) => f,
             // Opens carry no handle in `Cached` mode.

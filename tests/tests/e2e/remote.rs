@@ -353,6 +353,7 @@ fn project(r: &WsRoot) -> PathBuf {
         write_file(&src.join(format!("src/f{i:02}.txt")), format!("{text}\n"));
     }
     write_file(&src.join("big.bin"), noise(99, 2 * 1024 * 1024));
+    write_file(&src.join("large.bin"), noise(98, 6 * 1024 * 1024));
     write_file(
         &src.join("build.sh"),
         "mkdir -p out && cat src/f0*.txt > out/all.txt && wc -c < out/all.txt > out/size\n",
@@ -452,7 +453,31 @@ fn remote_two_hosts_lazy_workspace_reads_only_what_it_uses_and_commits_back() {
         "the unread big.bin was fetched: {f}"
     );
 
+    // A large file read in the middle: only the chunks the range covers come over.
+    let before = fetched(&b)["bytes"].as_u64().unwrap();
+    let part = sh(
+        &ws.path,
+        "dd if=large.bin bs=65536 skip=48 count=2 status=none | od -An -tx1 | head -c 200",
+    );
+    let want = &noise(98, 6 * 1024 * 1024)[48 * 65536..50 * 65536];
+    let got = {
+        use std::io::{Seek, SeekFrom};
+        let mut f = std::fs::File::open(ws.path.join("large.bin")).unwrap();
+        f.seek(SeekFrom::Start(48 * 65536)).unwrap();
+        let mut buf = vec![0u8; 2 * 65536];
+        f.read_exact(&mut buf).unwrap();
+        buf
+    };
+    assert!(part.status.success());
+    assert_eq!(got, want, "a range of large.bin");
+    let grew = fetched(&b)["bytes"].as_u64().unwrap() - before;
+    assert!(
+        grew > 0 && grew < 1024 * 1024,
+        "reading 128 KiB of a 6 MiB file fetched {grew} bytes"
+    );
+
     // A second workspace reads the same files without fetching them again.
+    let f = fetched(&b);
     let ws2 = b.create("proj/main", &[]);
     for i in 0..20 {
         std::fs::read(ws2.path.join(format!("src/f{i:02}.txt"))).unwrap();
@@ -607,7 +632,11 @@ fn remote_gc_removes_only_what_no_ref_or_pin_needs_a_grace_after_marking_it() {
         "one\n"
     );
     let doctor = b.t.json(["doctor"]).ok().json();
-    assert_eq!(doctor["remotes"][0]["answers"], true, "{}", doctor["remotes"]);
+    assert_eq!(
+        doctor["remotes"][0]["answers"], true,
+        "{}",
+        doctor["remotes"]
+    );
     let listed = b.socket("remotes", serde_json::json!({}));
     assert_eq!(listed[0]["name"], "origin", "{listed}");
     assert!(
