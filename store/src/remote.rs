@@ -1120,30 +1120,25 @@ impl Store {
     }
 }
 
-fn insert_remote_rows(
-    tx: &rusqlite::Connection,
-    remote: &str,
-    rows: &[([u8; 32], RemoteLoc)],
-) -> Result<()> {
-    let mut st = tx
-        .prepare_cached(
-            "INSERT OR REPLACE INTO remote_objects (id, remote, pack, offset, stored_len, raw_len, codec) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        )
-        .map_err(Error::db("record remote objects"))?;
-    for (id, l) in rows {
-        st.execute(params![
-            &id[..],
-            remote,
-            l.key,
-            l.offset as i64,
-            l.stored_len,
-            l.raw_len,
-            l.codec as u8
-        ])
-        .map_err(Error::db("record remote objects"))?;
-    }
-    Ok(())
+fn insert_remote_rows(tx: &rusqlite::Connection, remote: &str, rows: &[([u8; 32], RemoteLoc)]) -> Result<()> {
+    let mut sorted: Vec<&([u8; 32], RemoteLoc)> = rows.iter().collect();
+    sorted.sort_unstable_by_key(|r| r.0);
+    crate::store::insert_many(
+        tx,
+        "INSERT OR REPLACE INTO remote_objects (id, remote, pack, offset, stored_len, raw_len, codec)",
+        7,
+        &sorted,
+        |st, i, (id, l)| {
+            st.raw_bind_parameter(i, &id[..])?;
+            st.raw_bind_parameter(i + 1, remote)?;
+            st.raw_bind_parameter(i + 2, l.key.as_str())?;
+            st.raw_bind_parameter(i + 3, l.offset as i64)?;
+            st.raw_bind_parameter(i + 4, l.stored_len)?;
+            st.raw_bind_parameter(i + 5, l.raw_len)?;
+            st.raw_bind_parameter(i + 6, l.codec as u8)
+        },
+    )
+    .map_err(Error::db("record remote objects"))
 }
 
 #[cfg(test)]
