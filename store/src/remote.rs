@@ -1120,7 +1120,11 @@ impl Store {
     }
 }
 
-fn insert_remote_rows(tx: &rusqlite::Connection, remote: &str, rows: &[([u8; 32], RemoteLoc)]) -> Result<()> {
+fn insert_remote_rows(
+    tx: &rusqlite::Connection,
+    remote: &str,
+    rows: &[([u8; 32], RemoteLoc)],
+) -> Result<()> {
     let mut sorted: Vec<&([u8; 32], RemoteLoc)> = rows.iter().collect();
     sorted.sort_unstable_by_key(|r| r.0);
     crate::store::insert_many(

@@ -72,11 +72,19 @@ impl TreeCache {
 /// ([`ViewCore::remote_chunks`]); smaller ones come whole into the blob cache at open.
 pub const RANGE_READ_MIN_BYTES: u64 = 4 * 1024 * 1024;
 
-/// The chunks of a file and where each starts.
+/// The most a sequential reader of a [`Chunked`] file gets fetched ahead of its reads.
+pub const READ_AHEAD_MAX_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The chunks of a file and where each starts, with the read-ahead of a sequential
+/// reader: each read that starts where the last one ended doubles the window (up to
+/// [`READ_AHEAD_MAX_BYTES`]); any other read closes it (a random reader, git reading
+/// objects out of a pack, gets only the chunks it reads).
 pub struct Chunked {
     chunks: Vec<(cowspace_store::ChunkId, u32)>,
     starts: Vec<u64>,
     size: u64,
+    next: std::sync::atomic::AtomicU64,
+    window: std::sync::atomic::AtomicU64,
 }
 
 pub struct ViewCore {
@@ -397,6 +405,8 @@ impl ViewCore {
             chunks,
             starts,
             size,
+            next: u64::MAX.into(),
+            window: 0.into(),
         })))
     }
 
@@ -406,10 +416,22 @@ impl ViewCore {
         if offset >= c.size {
             return Ok(Vec::new());
         }
+        use std::sync::atomic::Ordering::Relaxed;
         let end = (offset + u64::from(size)).min(c.size);
+        let window = if c.next.swap(end, Relaxed) == offset {
+            let w = (c.window.load(Relaxed) * 2).clamp(256 * 1024, READ_AHEAD_MAX_BYTES);
+            c.window.store(w, Relaxed);
+            w
+        } else {
+            c.window.store(0, Relaxed);
+            0
+        };
         let first = c.starts.partition_point(|s| *s <= offset) - 1;
         let last = c.starts.partition_point(|s| *s < end);
-        let ids: Vec<[u8; 32]> = c.chunks[first..last]
+        let ahead = c
+            .starts
+            .partition_point(|s| *s < (end + window).min(c.size));
+        let ids: Vec<[u8; 32]> = c.chunks[first..ahead.max(last)]
             .iter()
             .map(|(id, _)| *id.as_bytes())
             .collect();
