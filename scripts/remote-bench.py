@@ -11,6 +11,8 @@ in one run, on three fresh runtime roots standing for three hosts:
   - host B, empty: `create` of the remote ref (ms, the metadata fetch is the index),
     the first `git status` in it (when TREE is a git checkout), reading FILES files, and
     the bytes fetched for all that, beside the zstd -3 size of the files read;
+  - host D, empty: `fetch` (the metadata fetch alone), then `create` twice (the first
+    starts the daemon);
   - host C, empty: `pull` of the ref (time), beside downloading the one tar.zst object.
 One JSON object on stdout. Everything is removed at the end, also after an error.
 """
@@ -122,6 +124,12 @@ def main():
                              capture_output=True, text=True, check=True)
         read_zst = int(zst.stdout.strip())
 
+        # The same on another fresh host, in two steps: the metadata fetch, then the create.
+        D = host("D")
+        fetch_ms, _ = timed(lambda: run(mc, D, "fetch"))
+        dcreate_ms, dws = timed(lambda: run(mc, D, "create", "origin/bench/main"))
+        dcreate2_ms, dws2 = timed(lambda: run(mc, D, "create", "origin/bench/main"))
+
         C = host("C")
         pull_ms, pull = timed(lambda: run(mc, C, "pull", "bench/main"))
         got = os.path.join(tmp, "got.tar.zst")
@@ -139,6 +147,8 @@ def main():
                      "read_zstd3_bytes": read_zst, "fetched": fetched,
                      "fetched_for_reads_bytes": fetched["bytes"] - after_git["bytes"],
                      "fetched_for_reads_ratio": (fetched["bytes"] - after_git["bytes"]) / max(1, read_zst)},
+            "two_steps": {"fetch_ms": fetch_ms, "create_ms": dws.get("ms"), "create_wall_ms": dcreate_ms,
+                          "second_create_ms": dws2.get("ms"), "second_create_wall_ms": dcreate2_ms},
             "pull": {"ms": pull_ms, "fetched": pull["fetched"]},
             "baseline_get_one_object_ms": get_ms,
             "pull_ratio": pull_ms / get_ms,
