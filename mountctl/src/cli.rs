@@ -439,6 +439,17 @@ pub struct StartArgs {
     pub workspace: String,
     #[command(flatten)]
     pub sandbox: SandboxFlags,
+    /// Start the sandbox in a qemu micro-VM (the workspace shared at /workspace by
+    /// virtio-fs; `exec`, `status` and `stop` work the same); refused (exit 7) where
+    /// qemu, virtiofsd or the guest kernel are missing (see `mountctl doctor`). --memory
+    /// is guest RAM there.
+    #[arg(long)]
+    pub vm: bool,
+    /// With --vm on a host without hardware KVM: run under qemu's software emulation,
+    /// which is no isolation boundary (the status says isolation: needs_validation);
+    /// refused without it. Also `[vm] accept_emulation = true` in the configuration.
+    #[arg(long, requires = "vm")]
+    pub accept_emulation: bool,
 }
 
 #[derive(Debug, Args)]

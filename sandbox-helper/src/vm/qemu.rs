@@ -8,12 +8,11 @@ use super::probe::Accel;
 
 /// The virtio-fs tag the guest mounts at `/workspace`.
 pub const FS_TAG: &str = "workspace";
-/// The virtio-serial ports, host socket file names and guest port names.
-pub const PORTS: [(&str, &str); 3] = [
-    ("ctl.sock", "cowspace.ctl"),
-    ("stdout.sock", "cowspace.stdout"),
-    ("stderr.sock", "cowspace.stderr"),
-];
+/// The one virtio-serial port: its host socket's file name and its name in the guest
+/// (the guest agent's channel, [`super::proto`]).
+pub const AGENT_PORT: (&str, &str) = ("agent.sock", "cowspace.agent");
+/// The guest's address on qemu's user network (`--publish`).
+pub const GUEST_ADDR: &str = "10.0.2.15";
 /// TCG's translation cache (qemu defaults to 1 GiB; the cgroup limit counts it).
 pub const TCG_TB_MIB: u64 = 128;
 
@@ -33,9 +32,9 @@ impl RunFiles {
     pub fn console(&self) -> PathBuf {
         self.dir.join("console.log")
     }
-    /// The host end of a virtio-serial port.
-    pub fn port(&self, file: &str) -> PathBuf {
-        self.dir.join(file)
+    /// The host end of the agent's virtio-serial port.
+    pub fn agent(&self) -> PathBuf {
+        self.dir.join(AGENT_PORT.0)
     }
 }
 
@@ -58,6 +57,19 @@ pub fn virtiofsd_args(files: &RunFiles, workspace: &Path) -> Vec<OsString> {
     ]
 }
 
+/// A guest's network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestNet {
+    /// No interface at all (`--net none`).
+    None,
+    /// Only `lo` (`--net loopback`).
+    Loopback,
+    /// `lo`, and `eth0` on qemu's user network with `restrict=on` (the guest reaches
+    /// nothing outside), each (host port, guest port) forwarded from 127.0.0.1 of the
+    /// host (`--publish`).
+    Published(Vec<(u16, u16)>),
+}
+
 /// What the guest is given.
 #[derive(Debug, Clone)]
 pub struct Machine<'a> {
@@ -71,8 +83,8 @@ pub struct Machine<'a> {
     pub kernel: &'a Path,
     /// Initramfs.
     pub initrd: &'a Path,
-    /// Bring the guest's loopback interface up.
-    pub loopback: bool,
+    /// The guest's network.
+    pub net: GuestNet,
     /// The guest's TSC frequency, given to the kernel under TCG (`tsc_early_khz=`): its
     /// own calibration against the emulated PIT is timed, fails on a loaded host, and
     /// the boot then hangs.
@@ -116,14 +128,31 @@ pub fn qemu_args(m: &Machine<'_>, files: &RunFiles) -> Vec<OsString> {
         "-no-reboot",
         "-sandbox",
         "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-        "-nic",
-        "none",
     ] {
         push(s.into());
     }
     let mut append = String::from("console=ttyS0 quiet reboot=t panic=-1 rdinit=/init");
-    if m.loopback {
-        append.push_str(" cowspace.net=loopback");
+    match &m.net {
+        GuestNet::None | GuestNet::Loopback => {
+            push("-nic".into());
+            push("none".into());
+            if m.net == GuestNet::Loopback {
+                append.push_str(" cowspace.net=loopback");
+            }
+        }
+        GuestNet::Published(fwd) => {
+            let mut n = String::from("user,id=n0,restrict=on");
+            for (host, guest) in fwd {
+                n.push_str(&format!(
+                    ",hostfwd=tcp:127.0.0.1:{host}-{GUEST_ADDR}:{guest}"
+                ));
+            }
+            push("-netdev".into());
+            push(n);
+            push("-device".into());
+            push("virtio-net-device,netdev=n0".into());
+            append.push_str(" cowspace.net=user");
+        }
     }
     if let (Accel::Tcg, Some(khz)) = (m.accel, m.tsc_khz) {
         append.push_str(&format!(" tsc_early_khz={khz}"));
@@ -141,15 +170,14 @@ pub fn qemu_args(m: &Machine<'_>, files: &RunFiles) -> Vec<OsString> {
     a.push("-device".into());
     a.push(format!("vhost-user-fs-device,chardev=fs0,tag={FS_TAG},queue-size=1024").into());
     a.push("-device".into());
-    a.push("virtio-serial-device,max_ports=4".into());
-    for (i, (file, name)) in PORTS.iter().enumerate() {
-        a.push("-chardev".into());
-        let mut c = OsString::from(format!("socket,id=p{i},server=on,wait=off,path="));
-        c.push(files.port(file));
-        a.push(c);
-        a.push("-device".into());
-        a.push(format!("virtserialport,chardev=p{i},name={name}").into());
-    }
+    a.push("virtio-serial-device,max_ports=2".into());
+    a.push("-chardev".into());
+    a.push(path_opt(
+        "socket,id=agent,server=on,wait=off,path=",
+        &files.agent(),
+    ));
+    a.push("-device".into());
+    a.push(format!("virtserialport,chardev=agent,name={}", AGENT_PORT.1).into());
     a
 }
 
@@ -174,7 +202,7 @@ mod tests {
             cpus: 1,
             kernel: Path::new("/k"),
             initrd: Path::new("/i"),
-            loopback: false,
+            net: GuestNet::None,
             tsc_khz: Some(2_600_000),
         };
         let line: Vec<String> = qemu_args(&m, &files)
@@ -188,6 +216,23 @@ mod tests {
         assert!(joined.contains("-nic none"));
         assert!(!joined.contains("cowspace.net=loopback"));
         assert!(joined.contains("tsc_early_khz=2600000"));
+        assert!(joined.contains("name=cowspace.agent"));
+        let published = Machine {
+            net: GuestNet::Published(vec![(20001, 3000)]),
+            ..m.clone()
+        };
+        let joined: String = qemu_args(&published, &files)
+            .into_iter()
+            .map(|s| s.into_string().unwrap() + " ")
+            .collect();
+        assert!(
+            joined.contains(
+                "-netdev user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:20001-10.0.2.15:3000 "
+            ),
+            "{joined}"
+        );
+        assert!(!joined.contains("-nic none"));
+        assert!(joined.contains("cowspace.net=user"));
         assert!(
             !virtiofsd_args(&files, Path::new("/w"))
                 .iter()
