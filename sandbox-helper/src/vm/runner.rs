@@ -35,6 +35,8 @@ const QEMU_EXIT_MS: u64 = 10_000;
 const SHUTDOWN_MS: u64 = 10_000;
 /// Most bytes of a log quoted in an error.
 const MAX_LOG_TAIL_BYTES: usize = 2048;
+/// Pause between looks whether a long-lived VM's virtiofsd still runs.
+const WATCH_MS: u64 = 100;
 /// Pause between polls for a socket or an exit.
 const POLL_MS: u64 = 5;
 
@@ -273,6 +275,14 @@ impl Booted {
         self.group.destroy()?;
         Ok(oom)
     }
+}
+
+/// Whether process `pid` (a child of this one) runs: neither gone nor a zombie.
+fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
+    })
 }
 
 /// The guest's network for `spec`, with the host ports leased for its `--publish`.
@@ -632,8 +642,31 @@ pub fn start(
         status.clone(),
         cgroups,
     );
+    // A virtiofsd that dies leaves the guest without its workspace: the VM ends too.
+    let ending = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let (ending, fsd, qemu) = (ending.clone(), booted.virtiofsd_pid(), booted.qemu_pid());
+        std::thread::Builder::new()
+            .name("virtiofsd-watch".into())
+            .spawn(move || {
+                while !ending.load(Ordering::SeqCst) {
+                    if !running(fsd) {
+                        if !ending.load(Ordering::SeqCst) {
+                            let _ = kill(Pid::from_raw(qemu), Signal::SIGKILL);
+                        }
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(WATCH_MS));
+                }
+            })
+            .map_err(|source| Error::Setup {
+                step: "vm: watch virtiofsd".into(),
+                source,
+            })?;
+    }
     on_ready(&status);
     booted.wait_qemu();
+    ending.store(true, Ordering::SeqCst);
     backend.stopping.store(true, Ordering::SeqCst);
     let oom_kills = booted.free();
     drop(listener);
