@@ -416,7 +416,7 @@ pub struct GcArgs {
 pub enum SandboxCommand {
     /// Start a sandbox for the workspace; returns once it is ready. It runs until
     /// `sandbox stop` (or `remove`); its processes outlive the commands that start them.
-    Start(StartArgs),
+    Start(Box<StartArgs>),
     /// Stop the workspace's sandbox: every process in it is killed, its cgroups, ports
     /// and uid range are freed.
     Stop {

@@ -12,7 +12,7 @@ use crate::output::Ctx;
 pub fn run(ctx: &Ctx, c: SandboxCommand) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
     match c {
-        SandboxCommand::Start(a) => start(ctx, &rt, a),
+        SandboxCommand::Start(a) => start(ctx, &rt, *a),
         SandboxCommand::Stop { workspace } => {
             let v = rt.sandbox_stop(&workspace)?;
             ctx.confirm(v.clone(), || {
