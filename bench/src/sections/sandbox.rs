@@ -468,7 +468,10 @@ impl SandboxSection {
         let accel = vm["accel"].as_str().unwrap_or("?").to_string();
         if !self.notes.iter().any(|n| n.contains("VM methods")) {
             self.notes.push(format!(
-                "VM methods: accelerator {accel}, isolation {}: {}. Under software emulation                  (tcg) the figures describe emulation, not the product. The boots are slow                  methods (`--slow-runs` each); `mountctl exec` goes into one running VM                  (`sandbox start vmlive --vm`, 256 MiB, 1 vCPU).",
+                "VM methods: accelerator {accel}, isolation {}: {}. Under software emulation \
+                 (tcg) the figures describe emulation, not the product. The boots are slow \
+                 methods (`--slow-runs` each); `mountctl exec` goes into one running VM \
+                 (`sandbox start vmlive --vm`, 256 MiB, 1 vCPU).",
                 vm["isolation"].as_str().unwrap_or("?"),
                 vm["reason"].as_str().unwrap_or("")
             ));
