@@ -549,7 +549,10 @@ fn skip(id: &'static str, why: String) -> Prepared {
         "nsenter" => ("nsenter -t INIT -a /bin/true", Role::Baseline),
         "bwrap" => ("bwrap --unshare-all", Role::Baseline),
         "vm-start" => ("mountctl sandbox start WS --vm (to ready)", Role::Cowspace),
-        "vm-exec" => ("mountctl exec WS -- /bin/true (a running VM)", Role::Cowspace),
+        "vm-exec" => (
+            "mountctl exec WS -- /bin/true (a running VM)",
+            Role::Cowspace,
+        ),
         "vm-run" => ("mountctl run WS --vm -- /bin/true", Role::Cowspace),
         _ => ("unshare -Urmnpf", Role::Baseline),
     };

@@ -11,7 +11,8 @@
 //! - two VMs publishing the same guest port: two host ports, each reaching its own
 //!   server started in the background by an exec and checked by a second one; memory
 //!   exhaustion in one guest is contained (the guest OOM-kills, the VM goes on);
-//! - `kill -9` of qemu, virtiofsd and the keeper: `sweep` leaves nothing.
+//! - `kill -9` of qemu, virtiofsd and the keeper (the first VM started through the
+//!   control socket): `sweep` leaves nothing.
 //!
 //! Few VMs, because every boot under TCG costs seconds. Skips with a reason when not
 //! root or when qemu, virtiofsd or the guest kernel are missing; fails instead under
@@ -469,7 +470,21 @@ fn vm_sandbox_kill9_of_qemu_virtiofsd_or_keeper_then_sweep_leaves_nothing() {
     require_vm!();
     let r = setup(WS);
     for victim in ["qemu_pid", "virtiofsd_pid", "keeper_pid"] {
-        let v = start_vm(&r, WS, &[]);
+        // The first through the control socket, as a runtime in another language would.
+        let v = if victim == "qemu_pid" {
+            r.t.run(["daemon", "start"]).ok();
+            let v = r.socket(
+                "sandbox_start",
+                serde_json::json!({"workspace": WS, "vm": true, "accept_emulation": true}),
+            );
+            assert_eq!(v["provider"], "vm", "{v}");
+            let st = r.t.json(["sandbox", "status", WS]).ok().json();
+            check_record(&st);
+            assert_eq!(st["qemu_pid"], v["qemu_pid"], "{st}");
+            v
+        } else {
+            start_vm(&r, WS, &[])
+        };
         assert_eq!(exec_sh(&r, WS, "echo up"), "up\n");
         let pid = v[victim].as_u64().unwrap() as u32;
         kill9(pid);
