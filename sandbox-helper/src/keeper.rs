@@ -154,6 +154,9 @@ pub(crate) trait Backend: Send + Sync {
     fn no_tty(&self) -> Option<&'static str> {
         None
     }
+    /// Winds the sandbox down before `stop` kills what is left (a VM's guest ends its
+    /// processes and unmounts the workspace); returns when done or given up.
+    fn wind_down(&self) {}
 }
 
 /// The namespace sandbox's init as a [`Backend`] (the protocol of [`crate::serve`]).
@@ -413,6 +416,7 @@ fn serve_client(conn: &OwnedFd, shared: &Arc<Shared>) {
                     .unwrap_or_else(|e| e.into_inner())
                     .push(c);
             }
+            shared.backend.wind_down();
             let _ = kill(shared.init_pid, Signal::SIGKILL);
         }
         Some("exec") => exec(conn, shared, &req["request"], fds),

@@ -21,6 +21,8 @@ use super::proto::{ExecMsg, Frame, MAX_DATA_BYTES, WINDOW_BYTES, kind};
 use crate::keeper::{Backend, InitMsg};
 use crate::serve::ExecRequest;
 
+/// How long `stop` waits for the guest to shut down before qemu is killed.
+const STOP_SHUTDOWN_MS: u64 = 5_000;
 /// How often a stdin pump looks whether its exec ended while its stdin is quiet.
 const STDIN_POLL_MS: u16 = 100;
 
@@ -381,6 +383,15 @@ impl Backend for VmBackend {
 
     fn no_tty(&self) -> Option<&'static str> {
         Some("a pseudo-terminal (-t) is not available in a VM sandbox yet; leave -t out")
+    }
+
+    fn wind_down(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        // The guest ends its processes, unmounts the workspace (all it wrote is on the
+        // host) and powers off; a guest that does not answer is killed all the same.
+        let _ = self
+            .channel
+            .shutdown(Duration::from_millis(STOP_SHUTDOWN_MS));
     }
 }
 

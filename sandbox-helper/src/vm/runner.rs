@@ -508,8 +508,18 @@ pub fn run(
             source,
         })
     };
+    // A terminal is not passed: the VM has none for the command, and this process,
+    // in a process group of its own, must not read the caller's (SIGTTIN).
+    let stdin = if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        OwnedFd::from(fs::File::open("/dev/null").map_err(|source| Error::Setup {
+            step: "vm: open /dev/null".into(),
+            source,
+        })?)
+    } else {
+        dup(std::io::stdin().as_fd())?
+    };
     let stdio = [
-        dup(std::io::stdin().as_fd())?,
+        stdin,
         dup(std::io::stdout().as_fd())?,
         dup(std::io::stderr().as_fd())?,
     ];
