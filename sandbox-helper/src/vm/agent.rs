@@ -10,7 +10,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -42,6 +42,9 @@ struct StdinCredit {
 struct Stream {
     events: Sender<Event>,
     stdin: Arc<StdinCredit>,
+    /// The output credit the guest holds: output beyond it is dropped, so a guest that
+    /// ignores the protocol cannot queue unbounded memory in the keeper.
+    output: Arc<AtomicU64>,
 }
 
 /// An open channel to a running guest agent.
@@ -110,10 +113,20 @@ impl Channel {
             if f.kind == kind::WINDOW {
                 if let Some(n) = f.as_i32() {
                     let mut st = s.stdin.state.lock().unwrap_or_else(|e| e.into_inner());
-                    st.0 += u64::from(n as u32);
+                    st.0 = st.0.saturating_add(u64::from(n as u32)).min(WINDOW_BYTES);
                     s.stdin.cv.notify_all();
                 }
                 continue;
+            }
+            if matches!(f.kind, kind::STDOUT | kind::STDERR) {
+                let n = f.payload.len() as u64;
+                let within = s
+                    .output
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(n))
+                    .is_ok();
+                if !within {
+                    continue;
+                }
             }
             let _ = s.events.send(Event::Frame(f));
         }
@@ -143,6 +156,7 @@ impl Channel {
             state: Mutex::new((WINDOW_BYTES, false)),
             cv: Condvar::new(),
         });
+        let output = Arc::new(AtomicU64::new(WINDOW_BYTES));
         self.streams
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -151,6 +165,7 @@ impl Channel {
                 Stream {
                     events: etx,
                     stdin: credit.clone(),
+                    output: output.clone(),
                 },
             );
         if let Err(e) = self.send(&Frame::new(stream, kind::EXEC, msg.encode())) {
@@ -162,7 +177,7 @@ impl Channel {
         std::thread::Builder::new()
             .name("vm-exec".into())
             .spawn(move || {
-                ch.relay(stream, erx, stdin, stdout, stderr, credit, tx);
+                ch.relay(stream, erx, [stdin, stdout, stderr], (credit, output), tx);
             })?;
         Ok(())
     }
@@ -180,15 +195,12 @@ impl Channel {
 
     /// One exec's life on the host: its output written to the client's descriptors,
     /// credit given back for it, its stdin pumped once it started.
-    #[allow(clippy::too_many_arguments)]
     fn relay(
         self: &Arc<Self>,
         stream: u32,
         events: std::sync::mpsc::Receiver<Event>,
-        stdin: OwnedFd,
-        stdout: OwnedFd,
-        stderr: OwnedFd,
-        credit: Arc<StdinCredit>,
+        [stdin, stdout, stderr]: [OwnedFd; 3],
+        (credit, output): (Arc<StdinCredit>, Arc<AtomicU64>),
         tx: Sender<InitMsg>,
     ) {
         let mut out = File::from(stdout);
@@ -228,6 +240,7 @@ impl Channel {
                     // A client that went away loses the output; the guest still gets
                     // its credit back, so the exec never blocks on it.
                     let _ = to.write_all(&f.payload);
+                    output.fetch_add(f.payload.len() as u64, Ordering::SeqCst);
                     let _ = self.send(&Frame::int(stream, kind::WINDOW, f.payload.len() as i32));
                 }
                 kind::EXIT => {
