@@ -224,6 +224,24 @@ mod tests {
     }
 
     #[test]
+    fn the_agent_is_a_static_x86_64_executable() {
+        let a = AGENT;
+        assert_eq!(&a[..4], b"\x7fELF");
+        assert_eq!(a[4], 2, "64-bit");
+        assert_eq!(u16::from_le_bytes([a[18], a[19]]), 62, "x86-64");
+        let le64 = |at: usize| u64::from_le_bytes(a[at..at + 8].try_into().unwrap());
+        let le16 = |at: usize| u16::from_le_bytes([a[at], a[at + 1]]) as usize;
+        let (phoff, phentsize, phnum) = (le64(0x20) as usize, le16(0x36), le16(0x38));
+        assert!(phnum > 0);
+        for i in 0..phnum {
+            let at = phoff + i * phentsize;
+            let p_type = u32::from_le_bytes(a[at..at + 4].try_into().unwrap());
+            // PT_INTERP (3): a dynamic loader the initramfs does not have.
+            assert_ne!(p_type, 3, "the guest agent asks for a dynamic loader");
+        }
+    }
+
+    #[test]
     fn same_inputs_same_bytes() {
         let d = tempfile::tempdir().unwrap();
         let m = d.path().join("mods");
