@@ -26,7 +26,7 @@ use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use proto::{ExecMsg, Frame, MAX_DATA_BYTES, WINDOW_BYTES, kind};
+use proto::{ExecMsg, Frame, MAX_DATA_BYTES, WINDOW_BYTES, kind, parse_secret};
 
 /// How long an exec's output pipes are still read after its process ended, before
 /// `EXIT` is sent anyway (a background process may hold them for ever).
@@ -37,6 +37,10 @@ const MAX_EXECS: usize = 1024;
 const SHUTDOWN_WAIT_MS: u64 = 2_000;
 /// Where the workspace is mounted.
 const WORKSPACE: &str = "/workspace";
+/// Where secrets are (a tmpfs of their own, read-only once they are written).
+const SECRETS: &str = "/run/secrets";
+/// The size of the secrets' tmpfs.
+const SECRETS_TMPFS: &str = "mode=0700,size=8m";
 
 /// The only `unsafe` code: the few libc calls std has no safe form of.
 #[allow(unsafe_code)]
@@ -49,6 +53,58 @@ mod sys {
         fn sync();
         fn umount2(target: *const c_char, flags: c_int) -> c_int;
         fn reboot(howto: c_int) -> c_int;
+        fn mount(
+            source: *const c_char,
+            target: *const c_char,
+            fstype: *const c_char,
+            flags: std::ffi::c_ulong,
+            data: *const std::ffi::c_void,
+        ) -> c_int;
+    }
+
+    const MS_RDONLY: std::ffi::c_ulong = 1;
+    const MS_NOSUID: std::ffi::c_ulong = 2;
+    const MS_NODEV: std::ffi::c_ulong = 4;
+    const MS_NOEXEC: std::ffi::c_ulong = 8;
+    const MS_REMOUNT: std::ffi::c_ulong = 32;
+
+    /// A tmpfs at `target` (nosuid, nodev, noexec) with `opts`; true when mounted.
+    pub fn mount_tmpfs(target: &str, opts: &str) -> bool {
+        let (Ok(t), Ok(o), Ok(fs)) = (
+            CString::new(target),
+            CString::new(opts),
+            CString::new("tmpfs"),
+        ) else {
+            return false;
+        };
+        // SAFETY: every pointer is a NUL-terminated string that outlives the call.
+        unsafe {
+            mount(
+                fs.as_ptr(),
+                t.as_ptr(),
+                fs.as_ptr(),
+                MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                o.as_ptr().cast(),
+            ) == 0
+        }
+    }
+
+    /// Remounts the tmpfs at `target` read-only; true when done.
+    pub fn remount_read_only(target: &str) -> bool {
+        let Ok(t) = CString::new(target) else {
+            return false;
+        };
+        // SAFETY: `t` is a NUL-terminated string that outlives the call; the other
+        // pointers are null, which remount takes.
+        unsafe {
+            mount(
+                std::ptr::null(),
+                t.as_ptr(),
+                std::ptr::null(),
+                MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                std::ptr::null(),
+            ) == 0
+        }
     }
 
     /// Waits for any child: (pid, status as a shell reports it: the exit code, or 128 +
@@ -206,7 +262,40 @@ fn handle(agent: &Arc<Agent>, f: Frame) {
             }
         }
         kind::SHUTDOWN => shutdown(agent),
+        kind::SECRET => put_secret(&f.payload),
+        kind::SEAL_SECRETS if !sys::remount_read_only(SECRETS) => {
+            eprintln!("cowspace-guest-agent: remounting {SECRETS} read-only failed");
+        }
         _ => {}
+    }
+}
+
+/// Appends a piece of a secret to its file (the tmpfs made at the first).
+fn put_secret(payload: &[u8]) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let Some((name, bytes)) = parse_secret(payload) else {
+        return;
+    };
+    // The host checked the name; a slash or a dot start would leave the directory.
+    if name.is_empty() || name.starts_with('.') || name.contains('/') {
+        return;
+    }
+    let dir = std::path::Path::new(SECRETS);
+    if !dir.is_dir() {
+        let made = std::fs::create_dir_all(dir).is_ok() && sys::mount_tmpfs(SECRETS, SECRETS_TMPFS);
+        if !made {
+            eprintln!("cowspace-guest-agent: making {SECRETS} failed");
+            return;
+        }
+    }
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o400)
+        .open(dir.join(&name))
+        .and_then(|mut f| f.write_all(bytes));
+    if let Err(e) = written {
+        eprintln!("cowspace-guest-agent: {SECRETS}/{name}: {e}");
     }
 }
 

@@ -303,6 +303,7 @@ fn cache_dir_or_default(d: Option<PathBuf>) -> PathBuf {
 fn vm_spec(args: VmRunArgs) -> Result<sandbox_helper::vm::VmSpec, Error> {
     let cache_dir = cache_dir_or_default(args.cache_dir);
     let r = args.run;
+    let state_dir = state_dir_or_default(r.state_dir.clone());
     let controls = sandbox_helper::spec::Controls {
         net: r.net.as_deref().map(str::parse::<Net>).transpose()?,
         memory: r.memory,
@@ -321,6 +322,7 @@ fn vm_spec(args: VmRunArgs) -> Result<sandbox_helper::vm::VmSpec, Error> {
         r.command,
         args.accept_emulation,
         &cache_dir,
+        &state_dir,
     )
 }
 

@@ -113,6 +113,45 @@ pub struct Secret {
     pub contents: Vec<u8>,
 }
 
+/// Reads `--secret NAME=HOSTFILE` entries: unique names of `[A-Za-z0-9_.-]` not starting
+/// with a dot, regular files of at most [`MAX_SECRET_BYTES`] outside `state_dir`.
+pub fn read_secrets(entries: &[String], state_dir: &Path) -> Result<Vec<Secret>> {
+    let mut secrets: Vec<Secret> = Vec::new();
+    for entry in entries {
+        let (name, file) = entry.split_once('=').ok_or_else(|| {
+            Error::InvalidInput(format!("--secret {entry:?}: expected NAME=HOSTFILE"))
+        })?;
+        let name_ok = !name.is_empty()
+            && name.len() <= MAX_NAME_BYTES
+            && !name.starts_with('.')
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !name_ok || secrets.iter().any(|s| s.name == name) {
+            return Err(Error::InvalidInput(format!(
+                "--secret {name:?}: a unique name of [A-Za-z0-9_.-], not starting with a dot"
+            )));
+        }
+        let path = std::fs::canonicalize(file)
+            .map_err(|e| Error::InvalidInput(format!("--secret {name}: {file:?}: {e}")))?;
+        refuse_overlap(&path, state_dir, "--secret")?;
+        let meta = std::fs::metadata(&path)
+            .map_err(|e| Error::InvalidInput(format!("--secret {name}: {file:?}: {e}")))?;
+        if !meta.is_file() || meta.len() > MAX_SECRET_BYTES {
+            return Err(Error::InvalidInput(format!(
+                "--secret {name}: {file:?} must be a regular file of at most {MAX_SECRET_BYTES} bytes"
+            )));
+        }
+        let contents = std::fs::read(&path)
+            .map_err(|e| Error::InvalidInput(format!("--secret {name}: {file:?}: {e}")))?;
+        secrets.push(Secret {
+            name: name.to_string(),
+            contents,
+        });
+    }
+    Ok(secrets)
+}
+
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Secret({:?}, {} bytes)", self.name, self.contents.len())
@@ -419,39 +458,7 @@ impl Spec {
             ro_binds.push(RoBind { source, target });
         }
 
-        let mut secrets: Vec<Secret> = Vec::new();
-        for entry in &input.controls.secret {
-            let (name, file) = entry.split_once('=').ok_or_else(|| {
-                Error::InvalidInput(format!("--secret {entry:?}: expected NAME=HOSTFILE"))
-            })?;
-            let name_ok = !name.is_empty()
-                && name.len() <= MAX_NAME_BYTES
-                && !name.starts_with('.')
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-            if !name_ok || secrets.iter().any(|s| s.name == name) {
-                return Err(Error::InvalidInput(format!(
-                    "--secret {name:?}: a unique name of [A-Za-z0-9_.-], not starting with a dot"
-                )));
-            }
-            let path = std::fs::canonicalize(file)
-                .map_err(|e| Error::InvalidInput(format!("--secret {name}: {file:?}: {e}")))?;
-            refuse_overlap(&path, state_dir, "--secret")?;
-            let meta = std::fs::metadata(&path)
-                .map_err(|e| Error::InvalidInput(format!("--secret {name}: {file:?}: {e}")))?;
-            if !meta.is_file() || meta.len() > MAX_SECRET_BYTES {
-                return Err(Error::InvalidInput(format!(
-                    "--secret {name}: {file:?} must be a regular file of at most {MAX_SECRET_BYTES} bytes"
-                )));
-            }
-            let contents = std::fs::read(&path)
-                .map_err(|e| Error::InvalidInput(format!("--secret {name}: {file:?}: {e}")))?;
-            secrets.push(Secret {
-                name: name.to_string(),
-                contents,
-            });
-        }
+        let secrets = read_secrets(&input.controls.secret, state_dir)?;
 
         Ok(Spec {
             name: input.name,

@@ -293,6 +293,30 @@ impl Channel {
         let _ = self.send(&Frame::new(stream, kind::STDIN_EOF, Vec::new()));
     }
 
+    /// Gives the guest the files of its `/run/secrets` (in pieces of at most
+    /// [`MAX_DATA_BYTES`]) and makes the directory read-only. Sent before any exec, on
+    /// the ordered channel, so every command finds them.
+    pub fn put_secrets(&self, secrets: &[crate::spec::Secret]) -> std::io::Result<()> {
+        if secrets.is_empty() {
+            return Ok(());
+        }
+        for s in secrets {
+            // An empty file is one frame without bytes.
+            let mut pieces: Vec<&[u8]> = s.contents.chunks(MAX_DATA_BYTES).collect();
+            if pieces.is_empty() {
+                pieces.push(&[]);
+            }
+            for p in pieces {
+                self.send(&Frame::new(
+                    0,
+                    kind::SECRET,
+                    super::proto::secret_payload(&s.name, p),
+                ))?;
+            }
+        }
+        self.send(&Frame::new(0, kind::SEAL_SECRETS, Vec::new()))
+    }
+
     /// Forwards signal `sig` to the process of exec `stream`.
     pub fn signal(&self, stream: u32, sig: i32) {
         let _ = self.send(&Frame::int(stream, kind::SIGNAL, sig));

@@ -66,6 +66,8 @@ pub struct VmSpec {
     pub publish: Vec<u16>,
     /// The caller accepts software emulation (`--accept-emulation`).
     pub accept_emulation: bool,
+    /// `--secret`: files of the guest's `/run/secrets` (a read-only tmpfs).
+    pub secrets: Vec<crate::spec::Secret>,
     /// Where initramfs images are cached.
     pub cache_dir: PathBuf,
 }
@@ -79,6 +81,7 @@ fn not_yet(what: &'static str) -> Error {
 
 impl VmSpec {
     /// Validates the controls for a VM run, refusing those a VM does not enforce yet.
+    /// `state_dir` is the helper's (no secret may come from there).
     pub fn validate(
         name: &str,
         dir: &Path,
@@ -86,6 +89,7 @@ impl VmSpec {
         command: Vec<String>,
         accept_emulation: bool,
         cache_dir: &Path,
+        state_dir: &Path,
     ) -> Result<VmSpec> {
         validate_name(name)?;
         if command.is_empty() {
@@ -110,9 +114,6 @@ impl VmSpec {
         }
         if !controls.ro_bind.is_empty() {
             return Err(not_yet("--ro-bind"));
-        }
-        if !controls.secret.is_empty() {
-            return Err(not_yet("--secret"));
         }
         if controls.pids.is_some() {
             return Err(not_yet("--pids"));
@@ -165,6 +166,7 @@ impl VmSpec {
             publish,
             accept_emulation,
             cache_dir: cache_dir.to_path_buf(),
+            secrets: crate::spec::read_secrets(&controls.secret, state_dir)?,
         })
     }
 
@@ -299,13 +301,29 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let mut c = controls();
         c.ro_bind = vec!["/a:/b".into()];
-        let e =
-            VmSpec::validate("w", d.path(), &c, vec!["true".into()], true, d.path()).unwrap_err();
+        let e = VmSpec::validate(
+            "w",
+            d.path(),
+            &c,
+            vec!["true".into()],
+            true,
+            d.path(),
+            d.path(),
+        )
+        .unwrap_err();
         assert_eq!(e.kind(), crate::Kind::Unsupported);
         let mut c = controls();
         c.memory = Some("64m".into());
-        let e =
-            VmSpec::validate("w", d.path(), &c, vec!["true".into()], true, d.path()).unwrap_err();
+        let e = VmSpec::validate(
+            "w",
+            d.path(),
+            &c,
+            vec!["true".into()],
+            true,
+            d.path(),
+            d.path(),
+        )
+        .unwrap_err();
         assert_eq!(e.kind(), crate::Kind::InvalidInput);
     }
 }

@@ -60,6 +60,11 @@ pub mod kind {
     pub const SHUTDOWN: u8 = 12;
     /// guest → host, stream 0: the workspace is synced and unmounted.
     pub const BYE: u8 = 13;
+    /// host → guest, stream 0, before any exec: bytes appended to the secret file
+    /// `/run/secrets/NAME` (payload: u32 name length, the name, the bytes).
+    pub const SECRET: u8 = 14;
+    /// host → guest, stream 0, after the secrets: `/run/secrets` becomes read-only.
+    pub const SEAL_SECRETS: u8 = 15;
 }
 
 /// One frame.
@@ -173,6 +178,21 @@ impl Cursor<'_> {
     }
 }
 
+/// A `SECRET` payload: a piece of file `name`'s contents.
+pub fn secret_payload(name: &str, bytes: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(4 + name.len() + bytes.len());
+    put(&mut b, name);
+    b.extend_from_slice(bytes);
+    b
+}
+
+/// The name and bytes of a `SECRET` payload.
+pub fn parse_secret(b: &[u8]) -> Option<(String, &[u8])> {
+    let mut c = Cursor(b);
+    let name = c.str()?;
+    Some((name, c.0))
+}
+
 impl ExecMsg {
     /// `u32 argc, argv…, u32 envc, (key, value)…, workdir`, each string a u32 length and
     /// its UTF-8 bytes.
@@ -244,6 +264,16 @@ mod tests {
         let mut big = wire.clone();
         big[5..9].copy_from_slice(&((MAX_PAYLOAD_BYTES as u32) + 1).to_le_bytes());
         assert!(Frame::read_from(&mut &big[..]).is_err());
+    }
+
+    #[test]
+    fn secret_payloads_round_trip() {
+        let p = secret_payload("api-token", b"s3\0cr3t");
+        assert_eq!(
+            parse_secret(&p),
+            Some(("api-token".into(), &b"s3\0cr3t"[..]))
+        );
+        assert_eq!(parse_secret(&p[..3]), None);
     }
 
     #[test]

@@ -408,6 +408,9 @@ pub fn boot(
         }
     };
     let boot_ms = started.elapsed().as_millis() as u64;
+    channel
+        .put_secrets(&spec.secrets)
+        .map_err(|e| vm_failed("give the guest its secrets", &files, e.to_string()))?;
     Ok(Booted {
         channel,
         vm,

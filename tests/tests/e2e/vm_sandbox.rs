@@ -3,7 +3,8 @@
 //! whatever accelerator the host has (TCG in CI, accepted with `--accept-emulation`).
 //!
 //! - one VM: refused without acceptance (exit 7, nothing started); the status says
-//!   `provider: vm` and why isolation needs validation; execs run in the guest with
+//!   `provider: vm` and why isolation needs validation; a `--secret` is a read-only
+//!   file of the guest's `/run/secrets`; execs run in the guest with
 //!   stdin, stdout, stderr and exit status (127, 128 + N), a forwarded signal, two execs
 //!   that can only finish together, a background process that outlives its exec; with
 //!   `--net none` the guest has only `lo` and reaches nothing of the host; what it
@@ -225,7 +226,23 @@ fn vm_sandbox_runs_execs_as_a_namespace_sandbox_does() {
         assert_eq!(leftovers_of(&r, WS), Vec::<String>::new());
         assert!(r.status(WS)["sandbox_pid"].is_null());
     }
-    let v = start_vm(&r, WS, &["--net", "none", "--env", "COWSPACE_T=it's"]);
+    // A secret larger than one frame, with every byte value.
+    let secret: Vec<u8> = cowspace_tests::noise(7, 100_000);
+    let secret_file = r.t.path("api-token");
+    std::fs::write(&secret_file, &secret).unwrap();
+    let secret_flag = format!("api-token={}", secret_file.display());
+    let v = start_vm(
+        &r,
+        WS,
+        &[
+            "--net",
+            "none",
+            "--env",
+            "COWSPACE_T=it's",
+            "--secret",
+            &secret_flag,
+        ],
+    );
     assert_eq!(v["ports"], serde_json::json!({}), "{v}");
     assert_eq!(v["limits"]["memory_bytes"], 256u64 << 20, "{v}");
     r.t.json(["sandbox", "start", WS, "--vm", "--accept-emulation"])
@@ -240,6 +257,26 @@ fn vm_sandbox_runs_execs_as_a_namespace_sandbox_does() {
     let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     assert_ne!(release.trim(), host.trim());
     assert_eq!(release.trim(), st["guest_kernel"], "{st}");
+
+    // The secret is a read-only file of /run/secrets, in no status.
+    let o = exec_cmd(&r, WS, false, &["cat", "/run/secrets/api-token"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.stdout == secret, "the secret came back changed");
+    assert_eq!(
+        exec_sh(
+            &r,
+            WS,
+            "stat -c %a /run/secrets/api-token; touch /run/secrets/new 2>/dev/null || echo read-only"
+        ),
+        "400\nread-only\n"
+    );
 
     // stdin, stdout, stderr and the exit status, byte for byte.
     let mut c = exec_cmd(
