@@ -113,6 +113,23 @@ pub struct Secret {
     pub contents: Vec<u8>,
 }
 
+/// `--cpuset-cpus`: a CPU list of this host's online CPUs, in the kernel's format.
+pub fn parse_cpuset(text: Option<&str>) -> Result<Option<String>> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let cpus = crate::cgroup::cpuset::parse_list(text)
+        .map_err(|e| Error::InvalidInput(format!("--cpuset-cpus {text:?}: {e}")))?;
+    let online = crate::cgroup::cpuset::online()?;
+    if let Some(missing) = cpus.iter().find(|c| !online.contains(c)) {
+        return Err(Error::InvalidInput(format!(
+            "--cpuset-cpus {text:?}: this host has no CPU {missing} online (its CPUs: {})",
+            crate::cgroup::cpuset::format_list(&online)
+        )));
+    }
+    Ok(Some(crate::cgroup::cpuset::format_list(&cpus)))
+}
+
 /// Reads `--secret NAME=HOSTFILE` entries: unique names of `[A-Za-z0-9_.-]` not starting
 /// with a dot, regular files of at most [`MAX_SECRET_BYTES`] outside `state_dir`.
 pub fn read_secrets(entries: &[String], state_dir: &Path) -> Result<Vec<Secret>> {
@@ -350,22 +367,7 @@ impl Spec {
             return Err(Error::InvalidInput("--publish 0: not a port".into()));
         }
 
-        let cpuset = match &input.controls.cpuset_cpus {
-            None => None,
-            Some(text) => {
-                let cpus = crate::cgroup::cpuset::parse_list(text)
-                    .map_err(|e| Error::InvalidInput(format!("--cpuset-cpus {text:?}: {e}")))?;
-                let online = crate::cgroup::cpuset::online()?;
-                if let Some(missing) = cpus.iter().find(|c| !online.contains(c)) {
-                    return Err(Error::InvalidInput(format!(
-                        "--cpuset-cpus {text:?}: this host has no CPU {missing} online (its \
-                         CPUs: {})",
-                        crate::cgroup::cpuset::format_list(&online)
-                    )));
-                }
-                Some(crate::cgroup::cpuset::format_list(&cpus))
-            }
-        };
+        let cpuset = parse_cpuset(input.controls.cpuset_cpus.as_deref())?;
         let limits = Limits {
             memory_bytes: input
                 .controls

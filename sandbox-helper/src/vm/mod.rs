@@ -68,6 +68,8 @@ pub struct VmSpec {
     pub accept_emulation: bool,
     /// `--secret`: files of the guest's `/run/secrets` (a read-only tmpfs).
     pub secrets: Vec<crate::spec::Secret>,
+    /// `--cpuset-cpus`: the host CPUs qemu and virtiofsd run on (the cgroup's cpuset).
+    pub cpuset: Option<String>,
     /// Where initramfs images are cached.
     pub cache_dir: PathBuf,
 }
@@ -118,9 +120,6 @@ impl VmSpec {
         if controls.pids.is_some() {
             return Err(not_yet("--pids"));
         }
-        if controls.cpuset_cpus.is_some() {
-            return Err(not_yet("--cpuset-cpus"));
-        }
         let memory_mib = match &controls.memory {
             Some(m) => parse_bytes(m)? >> 20,
             None => DEFAULT_MEMORY_MIB,
@@ -167,6 +166,7 @@ impl VmSpec {
             accept_emulation,
             cache_dir: cache_dir.to_path_buf(),
             secrets: crate::spec::read_secrets(&controls.secret, state_dir)?,
+            cpuset: crate::spec::parse_cpuset(controls.cpuset_cpus.as_deref())?,
         })
     }
 

@@ -316,6 +316,7 @@ pub fn boot(
     }
     let limits = Limits {
         memory_bytes: Some(spec.host_memory_bytes()),
+        cpuset: spec.cpuset.clone(),
         ..Limits::default()
     };
     let placements = cgroup::require(cgroup_root, &limits)?;
@@ -609,11 +610,15 @@ pub fn start(
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let cgroups = booted.cgroups();
+    let host = cgroup::read_back(&cgroups);
     let mut limits = serde_json::json!({
         "memory_bytes": spec.memory_mib << 20,
         "cpus": spec.cpus,
-        "host_memory_bytes": cgroup::read_back(&cgroups)["memory_bytes"],
+        "host_memory_bytes": host["memory_bytes"],
     });
+    if spec.cpuset.is_some() {
+        limits["cpuset_cpus"] = host["cpuset_cpus"].clone();
+    }
     if limits["host_memory_bytes"].is_null() {
         limits["host_memory_bytes"] = serde_json::json!(spec.host_memory_bytes());
     }

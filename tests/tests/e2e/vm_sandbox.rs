@@ -11,7 +11,8 @@
 //!   writes is the workspace's; stop leaves no process, cgroup or run directory;
 //! - two VMs publishing the same guest port: two host ports, each reaching its own
 //!   server started in the background by an exec and checked by a second one; memory
-//!   exhaustion in one guest is contained (the guest OOM-kills, the VM goes on);
+//!   exhaustion in one guest is contained (the guest OOM-kills, the VM goes on); the
+//!   other's qemu and virtiofsd run on the CPUs of its `--cpuset-cpus`;
 //! - `kill -9` of qemu, virtiofsd and the keeper (the first VM started through the
 //!   control socket): `sweep` leaves nothing.
 //!
@@ -436,7 +437,10 @@ fn vm_sandboxes_publish_one_guest_port_on_two_host_ports_and_contain_memory() {
             .stderr(Stdio::piped());
         c.spawn().expect("sandbox start")
     };
-    let (ca, cb) = (start(A, &["--memory", "256m"]), start(B, &[]));
+    let (ca, cb) = (
+        start(A, &["--memory", "256m"]),
+        start(B, &["--cpuset-cpus", "0"]),
+    );
     let parse = |c: Child| {
         let o = c.wait_with_output().unwrap();
         assert_eq!(
@@ -459,6 +463,16 @@ fn vm_sandboxes_publish_one_guest_port_on_two_host_ports_and_contain_memory() {
         "{ea}"
     );
     assert_eq!(va["net"], "published", "{va}");
+    // B's qemu and virtiofsd run on host CPU 0 only (the cgroup's cpuset).
+    assert_eq!(vb["limits"]["cpuset_cpus"], "0", "{vb}");
+    for k in ["qemu_pid", "virtiofsd_pid"] {
+        let st = std::fs::read_to_string(format!("/proc/{}/status", vb[k])).unwrap();
+        let allowed = st
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(str::trim);
+        assert_eq!(allowed, Some("0"), "{k}: {st}");
+    }
     for (ws, p) in [(A, pa), (B, pb)] {
         // Started in the background by one exec, checked by a second one inside, then
         // reached from the host through the published port.
