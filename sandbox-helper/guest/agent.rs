@@ -26,7 +26,7 @@ use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use proto::{ExecMsg, Frame, MAX_DATA_BYTES, WINDOW_BYTES, kind, parse_secret};
+use proto::{ExecMsg, Frame, MAX_DATA_BYTES, WINDOW_BYTES, kind, parse_mount, parse_secret};
 
 /// How long an exec's output pipes are still read after its process ended, before
 /// `EXIT` is sent anyway (a background process may hold them for ever).
@@ -85,6 +85,28 @@ mod sys {
                 fs.as_ptr(),
                 MS_NOSUID | MS_NODEV | MS_NOEXEC,
                 o.as_ptr().cast(),
+            ) == 0
+        }
+    }
+
+    /// Mounts virtio-fs `tag` read-only (nosuid, nodev) at `target`; true when mounted.
+    pub fn mount_virtiofs_ro(tag: &str, target: &str) -> bool {
+        let (Ok(t), Ok(d), Ok(fs)) = (
+            CString::new(target),
+            CString::new(tag),
+            CString::new("virtiofs"),
+        ) else {
+            return false;
+        };
+        // SAFETY: every pointer is a NUL-terminated string that outlives the call; the
+        // data pointer is null.
+        unsafe {
+            mount(
+                d.as_ptr(),
+                t.as_ptr(),
+                fs.as_ptr(),
+                MS_RDONLY | MS_NOSUID | MS_NODEV,
+                std::ptr::null(),
             ) == 0
         }
     }
@@ -263,6 +285,16 @@ fn handle(agent: &Arc<Agent>, f: Frame) {
         }
         kind::SHUTDOWN => shutdown(agent),
         kind::SECRET => put_secret(&f.payload),
+        kind::MOUNT_RO => {
+            if let Some((tag, target)) = parse_mount(&f.payload) {
+                let made = target.starts_with('/')
+                    && std::fs::create_dir_all(&target).is_ok()
+                    && sys::mount_virtiofs_ro(&tag, &target);
+                if !made {
+                    eprintln!("cowspace-guest-agent: mounting {tag} at {target} failed");
+                }
+            }
+        }
         kind::SEAL_SECRETS if !sys::remount_read_only(SECRETS) => {
             eprintln!("cowspace-guest-agent: remounting {SECRETS} read-only failed");
         }

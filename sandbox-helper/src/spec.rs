@@ -113,6 +113,39 @@ pub struct Secret {
     pub contents: Vec<u8>,
 }
 
+/// Reads `--ro-bind SRC:DST` entries: each source taken as given, never through a
+/// symlink ([`bind_source`]), not the host root, outside `state_dir`; each target
+/// normalized and not one the sandbox reserves.
+pub fn read_ro_binds(entries: &[String], state_dir: &Path) -> Result<Vec<RoBind>> {
+    let mut ro_binds = Vec::new();
+    for entry in entries {
+        let (src, dst) = entry
+            .split_once(':')
+            .ok_or_else(|| Error::InvalidInput(format!("--ro-bind {entry:?}: expected SRC:DST")))?;
+        let source = bind_source(entry, src)?;
+        if source == Path::new("/") {
+            return Err(Error::InvalidInput(
+                "--ro-bind of the host root refused".into(),
+            ));
+        }
+        refuse_overlap(&source, state_dir, "--ro-bind")?;
+        let target = normalize_target(dst)
+            .ok_or_else(|| Error::InvalidInput(format!("--ro-bind {entry:?}: bad target")))?;
+        if RESERVED_TARGETS
+            .iter()
+            .any(|r| target == Path::new(r) || target.starts_with(r))
+            || target == Path::new("/")
+        {
+            return Err(Error::InvalidInput(format!(
+                "--ro-bind {entry:?}: {} is reserved by the sandbox",
+                target.display()
+            )));
+        }
+        ro_binds.push(RoBind { source, target });
+    }
+    Ok(ro_binds)
+}
+
 /// `--cpuset-cpus`: a CPU list of this host's online CPUs, in the kernel's format.
 pub fn parse_cpuset(text: Option<&str>) -> Result<Option<String>> {
     let Some(text) = text else {
@@ -433,32 +466,7 @@ impl Spec {
             env.insert(k.to_string(), v.to_string());
         }
 
-        let mut ro_binds = Vec::new();
-        for entry in &input.controls.ro_bind {
-            let (src, dst) = entry.split_once(':').ok_or_else(|| {
-                Error::InvalidInput(format!("--ro-bind {entry:?}: expected SRC:DST"))
-            })?;
-            let source = bind_source(entry, src)?;
-            if source == Path::new("/") {
-                return Err(Error::InvalidInput(
-                    "--ro-bind of the host root refused".into(),
-                ));
-            }
-            refuse_overlap(&source, state_dir, "--ro-bind")?;
-            let target = normalize_target(dst)
-                .ok_or_else(|| Error::InvalidInput(format!("--ro-bind {entry:?}: bad target")))?;
-            if RESERVED_TARGETS
-                .iter()
-                .any(|r| target == Path::new(r) || target.starts_with(r))
-                || target == Path::new("/")
-            {
-                return Err(Error::InvalidInput(format!(
-                    "--ro-bind {entry:?}: {} is reserved by the sandbox",
-                    target.display()
-                )));
-            }
-            ro_binds.push(RoBind { source, target });
-        }
+        let ro_binds = read_ro_binds(&input.controls.ro_bind, state_dir)?;
 
         let secrets = read_secrets(&input.controls.secret, state_dir)?;
 

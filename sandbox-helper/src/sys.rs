@@ -405,18 +405,27 @@ pub fn tiocsti(fd: BorrowedFd<'_>, byte: u8) -> io::Result<()> {
 /// hierarchy) from before its first instruction (so guest RAM is charged to them).
 /// The caller keeps `procs` open until the spawn returned.
 /// `unshare` (`CLONE_NEW*` flags, 0 for none) gives it namespaces of its own.
+/// `attach` (a detached mount, from [`open_tree_clone`], and a directory) is attached
+/// there in a mount namespace of the child's own, made private first so that nothing of
+/// it reaches the host's.
 pub fn vm_child_pre_exec(
     cmd: &mut std::process::Command,
     procs: &[BorrowedFd<'_>],
     unshare: libc::c_int,
-) {
+    attach: Option<(BorrowedFd<'_>, &Path)>,
+) -> io::Result<()> {
     use std::os::unix::process::CommandExt;
     let procs: Vec<RawFd> = procs.iter().map(|f| f.as_raw_fd()).collect();
+    let attach = match attach {
+        Some((fd, target)) => Some((fd.as_raw_fd(), cpath(target)?)),
+        None => None,
+    };
     // SAFETY: the closure runs in the forked child before exec and calls only
-    // async-signal-safe functions (sigprocmask, prctl, setpgid, write, unshare) on its
-    // own state;
-    // `procs` stays open in the parent until the spawn returned (the caller's promise),
-    // so the child's inherited copy of it is valid.
+    // async-signal-safe functions (sigprocmask, prctl, setpgid, write, unshare, mount,
+    // move_mount) on its own state;
+    // `procs` and the detached mount stay open in the parent until the spawn returned
+    // (the caller's promise), so the child's inherited copies of them are valid; the
+    // target is a NUL-terminated string owned by the closure.
     unsafe {
         cmd.pre_exec(move || {
             let mut none: libc::sigset_t = std::mem::zeroed();
@@ -440,6 +449,32 @@ pub fn vm_child_pre_exec(
             if unshare != 0 && libc::unshare(unshare) != 0 {
                 return Err(io::Error::last_os_error());
             }
+            if let Some((tree, target)) = &attach {
+                if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                if libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                if libc::syscall(
+                    libc::SYS_move_mount,
+                    *tree,
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    target.as_ptr(),
+                    MOVE_MOUNT_F_EMPTY_PATH,
+                ) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            }
             for &fd in &procs {
                 let zero = b"0";
                 if libc::write(fd, zero.as_ptr().cast(), zero.len()) != 1 {
@@ -449,6 +484,7 @@ pub fn vm_child_pre_exec(
             Ok(())
         });
     }
+    Ok(())
 }
 
 /// Safe wrapper for `prctl(PR_SET_PDEATHSIG, sig)` on this process: `sig` is delivered

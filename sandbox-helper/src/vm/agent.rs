@@ -293,6 +293,18 @@ impl Channel {
         let _ = self.send(&Frame::new(stream, kind::STDIN_EOF, Vec::new()));
     }
 
+    /// Has the guest mount each (tag, target) read-only; before any exec.
+    pub fn mount_ro(&self, mounts: &[(String, String)]) -> std::io::Result<()> {
+        for (tag, target) in mounts {
+            self.send(&Frame::new(
+                0,
+                kind::MOUNT_RO,
+                super::proto::mount_payload(tag, target),
+            ))?;
+        }
+        Ok(())
+    }
+
     /// Gives the guest the files of its `/run/secrets` (in pieces of at most
     /// [`MAX_DATA_BYTES`]) and makes the directory read-only. Sent before any exec, on
     /// the ordered channel, so every command finds them.

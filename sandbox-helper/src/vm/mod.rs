@@ -42,6 +42,9 @@ pub const DEFAULT_MEMORY_MIB: u64 = 256;
 pub const MIN_MEMORY_MIB: u64 = 128;
 /// Most virtual CPUs.
 pub const MAX_CPUS: u32 = 64;
+/// Most `--ro-bind` of a VM (microvm has eight virtio-mmio slots: the workspace, the
+/// agent's port, the network and these).
+pub const MAX_RO_BINDS: usize = 4;
 /// What qemu and virtiofsd use beside guest RAM and the translation cache.
 pub const OVERHEAD_MIB: u64 = 256;
 
@@ -70,6 +73,8 @@ pub struct VmSpec {
     pub secrets: Vec<crate::spec::Secret>,
     /// `--cpuset-cpus`: the host CPUs qemu and virtiofsd run on (the cgroup's cpuset).
     pub cpuset: Option<String>,
+    /// `--ro-bind`: host directories shown read-only in the guest.
+    pub ro_binds: Vec<crate::spec::RoBind>,
     /// Where initramfs images are cached.
     pub cache_dir: PathBuf,
 }
@@ -114,8 +119,17 @@ impl VmSpec {
         if publish.contains(&0) {
             return Err(Error::InvalidInput("--publish 0: not a port".into()));
         }
-        if !controls.ro_bind.is_empty() {
-            return Err(not_yet("--ro-bind"));
+        let ro_binds = crate::spec::read_ro_binds(&controls.ro_bind, state_dir)?;
+        if ro_binds.len() > MAX_RO_BINDS {
+            return Err(Error::InvalidInput(format!(
+                "more than {MAX_RO_BINDS} --ro-bind for a VM (each is a virtio-fs device)"
+            )));
+        }
+        if let Some(b) = ro_binds.iter().find(|b| !b.source.is_dir()) {
+            return Err(Error::InvalidInput(format!(
+                "--ro-bind {}: a VM binds directories only (virtio-fs shares a directory)",
+                b.source.display()
+            )));
         }
         if controls.pids.is_some() {
             return Err(not_yet("--pids"));
@@ -167,6 +181,7 @@ impl VmSpec {
             cache_dir: cache_dir.to_path_buf(),
             secrets: crate::spec::read_secrets(&controls.secret, state_dir)?,
             cpuset: crate::spec::parse_cpuset(controls.cpuset_cpus.as_deref())?,
+            ro_binds,
         })
     }
 
@@ -300,7 +315,7 @@ mod tests {
     fn refuses_what_a_vm_does_not_enforce_yet() {
         let d = tempfile::tempdir().unwrap();
         let mut c = controls();
-        c.ro_bind = vec!["/a:/b".into()];
+        c.pids = Some(10);
         let e = VmSpec::validate(
             "w",
             d.path(),

@@ -65,6 +65,9 @@ pub mod kind {
     pub const SECRET: u8 = 14;
     /// host → guest, stream 0, after the secrets: `/run/secrets` becomes read-only.
     pub const SEAL_SECRETS: u8 = 15;
+    /// host → guest, stream 0, before any exec: mount the virtio-fs tag read-only at
+    /// the path (payload: two strings, tag then path).
+    pub const MOUNT_RO: u8 = 16;
 }
 
 /// One frame.
@@ -186,6 +189,21 @@ pub fn secret_payload(name: &str, bytes: &[u8]) -> Vec<u8> {
     b
 }
 
+/// A `MOUNT_RO` payload.
+pub fn mount_payload(tag: &str, target: &str) -> Vec<u8> {
+    let mut b = Vec::new();
+    put(&mut b, tag);
+    put(&mut b, target);
+    b
+}
+
+/// The tag and target of a `MOUNT_RO` payload.
+pub fn parse_mount(b: &[u8]) -> Option<(String, String)> {
+    let mut c = Cursor(b);
+    let r = (c.str()?, c.str()?);
+    c.0.is_empty().then_some(r)
+}
+
 /// The name and bytes of a `SECRET` payload.
 pub fn parse_secret(b: &[u8]) -> Option<(String, &[u8])> {
     let mut c = Cursor(b);
@@ -274,6 +292,9 @@ mod tests {
             Some(("api-token".into(), &b"s3\0cr3t"[..]))
         );
         assert_eq!(parse_secret(&p[..3]), None);
+        let m = mount_payload("ro0", "/cache");
+        assert_eq!(parse_mount(&m), Some(("ro0".into(), "/cache".into())));
+        assert_eq!(parse_mount(&m[..m.len() - 1]), None);
     }
 
     #[test]

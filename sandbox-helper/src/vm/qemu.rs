@@ -32,6 +32,15 @@ impl RunFiles {
     pub fn console(&self) -> PathBuf {
         self.dir.join("console.log")
     }
+    /// The vhost-user socket of read-only bind `i`'s virtiofsd.
+    pub fn ro_sock(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("ro{i}.sock"))
+    }
+    /// Where read-only bind `i`'s source is attached for its virtiofsd (in a mount
+    /// namespace of that virtiofsd's own; an empty directory on the host).
+    pub fn ro_dir(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("ro{i}"))
+    }
     /// The host end of the agent's virtio-serial port.
     pub fn agent(&self) -> PathBuf {
         self.dir.join(AGENT_PORT.0)
@@ -42,11 +51,26 @@ impl RunFiles {
 /// the workspace as its root, so it reaches nothing else of the host; no caching in the
 /// guest so the host sees every write at once; no `--tag`: qemu 7.1–8.0 crash on it).
 pub fn virtiofsd_args(files: &RunFiles, workspace: &Path) -> Vec<OsString> {
+    share_args(&files.fs_sock(), workspace, false)
+}
+
+/// `virtiofsd` serving read-only bind `i` (`--readonly`), its source attached at
+/// [`RunFiles::ro_dir`].
+pub fn ro_virtiofsd_args(files: &RunFiles, i: usize) -> Vec<OsString> {
+    share_args(&files.ro_sock(i), &files.ro_dir(i), true)
+}
+
+/// The virtio-fs tag of read-only bind `i`.
+pub fn ro_tag(i: usize) -> String {
+    format!("ro{i}")
+}
+
+fn share_args(sock_path: &Path, dir: &Path, readonly: bool) -> Vec<OsString> {
     let mut shared = OsString::from("--shared-dir=");
-    shared.push(workspace);
+    shared.push(dir);
     let mut sock = OsString::from("--socket-path=");
-    sock.push(files.fs_sock());
-    vec![
+    sock.push(sock_path);
+    let mut a = vec![
         sock,
         shared,
         "--sandbox=namespace".into(),
@@ -54,7 +78,11 @@ pub fn virtiofsd_args(files: &RunFiles, workspace: &Path) -> Vec<OsString> {
         "--inode-file-handles=never".into(),
         "--announce-submounts".into(),
         "--log-level=error".into(),
-    ]
+    ];
+    if readonly {
+        a.push("--readonly".into());
+    }
+    a
 }
 
 /// A guest's network.
@@ -85,6 +113,8 @@ pub struct Machine<'a> {
     pub initrd: &'a Path,
     /// The guest's network.
     pub net: GuestNet,
+    /// Read-only binds (one more virtio-fs device each, tag [`ro_tag`]).
+    pub ro_binds: usize,
     /// The guest's TSC frequency, given to the kernel under TCG (`tsc_early_khz=`): its
     /// own calibration against the emulated PIT is timed, fails on a loaded host, and
     /// the boot then hangs.
@@ -169,6 +199,21 @@ pub fn qemu_args(m: &Machine<'_>, files: &RunFiles) -> Vec<OsString> {
     a.push(path_opt("socket,id=fs0,path=", &files.fs_sock()));
     a.push("-device".into());
     a.push(format!("vhost-user-fs-device,chardev=fs0,tag={FS_TAG},queue-size=1024").into());
+    for i in 0..m.ro_binds {
+        a.push("-chardev".into());
+        a.push(path_opt(
+            &format!("socket,id=ro{i},path="),
+            &files.ro_sock(i),
+        ));
+        a.push("-device".into());
+        a.push(
+            format!(
+                "vhost-user-fs-device,chardev=ro{i},tag={},queue-size=1024",
+                ro_tag(i)
+            )
+            .into(),
+        );
+    }
     a.push("-device".into());
     a.push("virtio-serial-device,max_ports=2".into());
     a.push("-chardev".into());
@@ -203,6 +248,7 @@ mod tests {
             kernel: Path::new("/k"),
             initrd: Path::new("/i"),
             net: GuestNet::None,
+            ro_binds: 0,
             tsc_khz: Some(2_600_000),
         };
         let line: Vec<String> = qemu_args(&m, &files)

@@ -124,6 +124,7 @@ fn spawn(
     procs: &[fs::File],
     what: &str,
     unshare: libc::c_int,
+    attach: Option<(std::os::fd::BorrowedFd<'_>, &Path)>,
 ) -> Result<Reaped> {
     let out = fs::File::create(log).map_err(|source| Error::StateDir {
         path: log.to_path_buf(),
@@ -141,7 +142,10 @@ fn spawn(
         .stdout(out)
         .stderr(err);
     let fds: Vec<_> = procs.iter().map(AsFd::as_fd).collect();
-    sys::vm_child_pre_exec(&mut cmd, &fds, unshare);
+    sys::vm_child_pre_exec(&mut cmd, &fds, unshare, attach).map_err(|source| Error::Setup {
+        step: format!("vm: prepare {what}"),
+        source,
+    })?;
     let child = cmd.spawn().map_err(|source| Error::Setup {
         step: format!("vm: start {what} ({})", bin.display()),
         source,
@@ -206,6 +210,7 @@ pub struct Booted {
     /// qemu (dropped first: the fields drop in order).
     vm: Reaped,
     fsd: Reaped,
+    ro_fsds: Vec<Reaped>,
     group: cgroup::Group,
     _dir: RunDirGuard,
     files: RunFiles,
@@ -271,6 +276,10 @@ impl Booted {
         self.wait_qemu();
         let _ = self.fsd.0.kill();
         let _ = self.fsd.0.wait();
+        for d in &mut self.ro_fsds {
+            let _ = d.0.kill();
+            let _ = d.0.wait();
+        }
         let oom = self.group.oom_kills().unwrap_or(0);
         self.group.destroy()?;
         Ok(oom)
@@ -351,6 +360,7 @@ pub fn boot(
         "virtiofsd",
         // It makes its own mount, pid and network namespaces (`--sandbox=namespace`).
         0,
+        None,
     )?;
     wait_for(
         &files.fs_sock(),
@@ -359,6 +369,47 @@ pub fn boot(
         &files,
         "virtiofsd",
     )?;
+    // One read-only virtiofsd per --ro-bind: the source, opened without following a
+    // symlink, attached (read-only) in a mount namespace of that virtiofsd's own.
+    let mut ro_fsds = Vec::new();
+    for (i, b) in spec.ro_binds.iter().enumerate() {
+        let tree = sys::open_tree_clone(&b.source).map_err(|source| Error::DetachedMount {
+            path: b.source.clone(),
+            source,
+        })?;
+        sys::mount_setattr(
+            std::os::fd::AsFd::as_fd(&tree),
+            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+            None,
+        )
+        .map_err(|source| Error::DetachedMount {
+            path: b.source.clone(),
+            source,
+        })?;
+        let at = files.ro_dir(i);
+        fs::create_dir(&at).map_err(|source| Error::StateDir {
+            path: at.clone(),
+            source,
+        })?;
+        let mut d = spawn(
+            &prep.virtiofsd,
+            &qemu::ro_virtiofsd_args(&files, i),
+            &files.dir.join(format!("virtiofsd-ro{i}.log")),
+            &procs,
+            "virtiofsd",
+            0,
+            Some((std::os::fd::AsFd::as_fd(&tree), &at)),
+        )?;
+        drop(tree);
+        wait_for(
+            &files.ro_sock(i),
+            &mut d,
+            VIRTIOFSD_START_MS,
+            &files,
+            "virtiofsd",
+        )?;
+        ro_fsds.push(d);
+    }
     // qemu binds the published ports itself, on the host's 127.0.0.1: their listeners
     // go now (the port locks stay held, so no other sandbox is given them).
     let ports: Vec<_> = leases.into_iter().map(|l| l.into_held()).collect();
@@ -370,6 +421,7 @@ pub fn boot(
         kernel: &prep.kernel.image,
         initrd: &prep.initrd.0,
         net: net.clone(),
+        ro_binds: spec.ro_binds.len(),
         tsc_khz: super::probe::host_tsc_khz(),
     };
     let unshare = match net {
@@ -388,6 +440,7 @@ pub fn boot(
         &procs,
         "qemu",
         unshare,
+        None,
     )?;
     drop(procs);
     on_qemu(vm.0.id() as i32);
@@ -409,13 +462,27 @@ pub fn boot(
         }
     };
     let boot_ms = started.elapsed().as_millis() as u64;
+    let mounts: Vec<(String, String)> = spec
+        .ro_binds
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (qemu::ro_tag(i), b.target.display().to_string()))
+        .collect();
     channel
-        .put_secrets(&spec.secrets)
-        .map_err(|e| vm_failed("give the guest its secrets", &files, e.to_string()))?;
+        .mount_ro(&mounts)
+        .and_then(|()| channel.put_secrets(&spec.secrets))
+        .map_err(|e| {
+            vm_failed(
+                "give the guest its binds and secrets",
+                &files,
+                e.to_string(),
+            )
+        })?;
     Ok(Booted {
         channel,
         vm,
         fsd,
+        ro_fsds,
         group,
         _dir: dir_guard,
         files,

@@ -4,7 +4,9 @@
 //!
 //! - one VM: refused without acceptance (exit 7, nothing started); the status says
 //!   `provider: vm` and why isolation needs validation; a `--secret` is a read-only
-//!   file of the guest's `/run/secrets`; execs run in the guest with
+//!   file of the guest's `/run/secrets`; a `--ro-bind` directory is read-only in the
+//!   guest and copied from into the workspace (a source through a symlink refused);
+//!   execs run in the guest with
 //!   stdin, stdout, stderr and exit status (127, 128 + N), a forwarded signal, two execs
 //!   that can only finish together, a background process that outlives its exec; with
 //!   `--net none` the guest has only `lo` and reaches nothing of the host; what it
@@ -232,6 +234,24 @@ fn vm_sandbox_runs_execs_as_a_namespace_sandbox_does() {
     let secret_file = r.t.path("api-token");
     std::fs::write(&secret_file, &secret).unwrap();
     let secret_flag = format!("api-token={}", secret_file.display());
+    // A read-only shared cache (and a link to it, which is refused as a source).
+    let cache = r.t.path("cache");
+    cowspace_tests::write_file(&cache.join("pkg/index.js"), "module.exports = 42;\n");
+    let link = r.t.path("cache-link");
+    std::os::unix::fs::symlink(&cache, &link).unwrap();
+    let refused = r.t.json([
+        "sandbox",
+        "start",
+        WS,
+        "--vm",
+        "--accept-emulation",
+        "--ro-bind",
+        &format!("{}:/deps", link.display()),
+    ]);
+    let e = refused.error(9, "invalid_input");
+    assert!(e["message"].as_str().unwrap().contains("symlink"), "{e}");
+    assert_eq!(leftovers_of(&r, WS), Vec::<String>::new());
+    let bind_flag = format!("{}:/deps/cache", cache.display());
     let v = start_vm(
         &r,
         WS,
@@ -242,6 +262,8 @@ fn vm_sandbox_runs_execs_as_a_namespace_sandbox_does() {
             "COWSPACE_T=it's",
             "--secret",
             &secret_flag,
+            "--ro-bind",
+            &bind_flag,
         ],
     );
     assert_eq!(v["ports"], serde_json::json!({}), "{v}");
@@ -278,6 +300,31 @@ fn vm_sandbox_runs_execs_as_a_namespace_sandbox_does() {
         ),
         "400\nread-only\n"
     );
+
+    // The bind: readable, not writable, copied into the workspace ("an install"); its
+    // source is attached only in its virtiofsd's own mount namespace, never the host's.
+    assert_eq!(
+        exec_sh(
+            &r,
+            WS,
+            "cat /deps/cache/pkg/index.js; touch /deps/cache/x 2>/dev/null || echo read-only; \
+             mkdir -p node_modules && cp -r /deps/cache/pkg node_modules/"
+        ),
+        "module.exports = 42;\nread-only\n"
+    );
+    let ws_dir = std::path::PathBuf::from(v["path"].as_str().unwrap());
+    assert_eq!(
+        std::fs::read_to_string(ws_dir.join("node_modules/pkg/index.js")).unwrap(),
+        "module.exports = 42;\n"
+    );
+    assert!(!cache.join("x").exists());
+    let state = r.root().join("run/sandbox").display().to_string();
+    let host_mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !host_mounts.contains(&state),
+        "a mount of the VM's run directory on the host: {host_mounts}"
+    );
+    exec_sh(&r, WS, "rm -r node_modules");
 
     // stdin, stdout, stderr and the exit status, byte for byte.
     let mut c = exec_cmd(
