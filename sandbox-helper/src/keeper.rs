@@ -19,7 +19,6 @@
 //! - status: one object (see [`Status`]). stop: `{"stopped":true,"oom_kills":N}` once
 //!   every process is gone and the sandbox's cgroups, ports and mounts are freed.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -38,7 +37,10 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
-use crate::serve::{self, ExecRequest, le_i32, recv_msg, send_msg, tag, unframe};
+use crate::serve::{self, ExecRequest, recv_msg, send_msg};
+
+mod init_backend;
+pub(crate) use init_backend::InitBackend;
 
 /// Most clients connected to one keeper at once.
 pub const MAX_CLIENTS: usize = 512;
@@ -159,74 +161,6 @@ pub(crate) trait Backend: Send + Sync {
     fn wind_down(&self) {}
 }
 
-/// The namespace sandbox's init as a [`Backend`] (the protocol of [`crate::serve`]).
-pub(crate) struct InitBackend {
-    init: OwnedFd,
-    init_pid: Pid,
-    write: Mutex<()>,
-    pending: Mutex<HashMap<u64, Sender<InitMsg>>>,
-}
-
-impl InitBackend {
-    /// Serves `init`'s answers on a thread of its own.
-    pub(crate) fn start(init: OwnedFd, init_pid: Pid) -> Arc<InitBackend> {
-        let b = Arc::new(InitBackend {
-            init,
-            init_pid,
-            write: Mutex::new(()),
-            pending: Mutex::new(HashMap::new()),
-        });
-        let reader = b.clone();
-        std::thread::Builder::new()
-            .name("init-reader".into())
-            .spawn(move || read_init(&reader))
-            .expect("spawn the init reader");
-        b
-    }
-
-    fn to_init(&self, msg: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
-        let _w = self.write.lock().unwrap_or_else(|e| e.into_inner());
-        send_msg(self.init.as_raw_fd(), msg, fds)
-    }
-}
-
-impl Backend for InitBackend {
-    fn exec(
-        &self,
-        id: u64,
-        req: &ExecRequest,
-        stdio: Vec<OwnedFd>,
-        tx: Sender<InitMsg>,
-    ) -> std::io::Result<()> {
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, tx);
-        let body = serde_json::to_vec(req).expect("serialize a request");
-        let raw: Vec<RawFd> = stdio.iter().map(|f| f.as_raw_fd()).collect();
-        let sent = self.to_init(&serve::frame(tag::EXEC, id, &body), &raw);
-        if sent.is_err() {
-            self.pending
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id);
-        }
-        sent
-    }
-
-    fn signal(&self, id: u64, sig: i32) {
-        let _ = self.to_init(&serve::frame(tag::SIGNAL, id, &sig.to_le_bytes()), &[]);
-    }
-
-    fn running(&self) -> usize {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    fn processes(&self) -> Option<usize> {
-        Some(count_processes(self.init_pid))
-    }
-}
-
 /// What every connection thread shares.
 struct Shared {
     name: String,
@@ -315,41 +249,6 @@ fn stop_on_signal(init: Pid) {
             let _ = kill(init, Signal::SIGKILL);
             return;
         }
-    }
-}
-
-fn read_init(shared: &InitBackend) {
-    loop {
-        let (msg, mut fds) = match recv_msg(shared.init.as_raw_fd(), 1) {
-            Ok((m, _)) if m.is_empty() => break,
-            Ok(x) => x,
-            Err(_) => break,
-        };
-        let Some((t, id, rest)) = unframe(&msg) else {
-            continue;
-        };
-        let m = match t {
-            tag::STARTED => InitMsg::Started(le_i32(rest).unwrap_or(0), fds.pop()),
-            tag::FAILED => InitMsg::Failed(
-                le_i32(rest).unwrap_or(libc::EIO),
-                rest.get(4).copied().unwrap_or(2),
-            ),
-            tag::DONE => InitMsg::Done(le_i32(rest).unwrap_or(1)),
-            _ => continue,
-        };
-        let done = matches!(m, InitMsg::Failed(..) | InitMsg::Done(_));
-        let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(tx) = pending.get(&id) {
-            let _ = tx.send(m);
-        }
-        if done {
-            pending.remove(&id);
-        }
-    }
-    // Init is gone: every exec waiting learns it.
-    let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
-    for (_, tx) in pending.drain() {
-        let _ = tx.send(InitMsg::Gone);
     }
 }
 
@@ -602,26 +501,6 @@ fn status(shared: &Shared) -> Value {
     v["execs_running"] = json!(shared.backend.running());
     v["name"] = json!(shared.name);
     v
-}
-
-/// Processes in the sandbox's pid namespace (init included).
-fn count_processes(init: Pid) -> usize {
-    let Ok(ns) = std::fs::read_link(format!("/proc/{init}/ns/pid")) else {
-        return 0;
-    };
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .filter(|e| std::fs::read_link(e.path().join("ns/pid")).is_ok_and(|n| n == ns))
-        .count()
 }
 
 /// A connection to a running sandbox's keeper (the client side).

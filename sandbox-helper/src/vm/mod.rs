@@ -23,6 +23,7 @@
 
 pub mod agent;
 pub mod initramfs;
+mod keep;
 pub mod probe;
 pub mod proto;
 pub mod qemu;
@@ -30,8 +31,9 @@ mod runner;
 
 use std::path::{Path, PathBuf};
 
+pub use keep::start;
 pub use probe::{Accel, AccelProbe, Isolation};
-pub use runner::{Booted, VmOutcome, VmReady, boot, reap_stale, run, start};
+pub use runner::{Booted, VmOutcome, VmReady, boot, reap_stale, run};
 
 use crate::error::{Error, Result};
 use crate::spec::{Controls, Net, parse_bytes, validate_name};

@@ -1,5 +1,5 @@
-//! Booting one VM ([`boot`]), running one command in it ([`run`]) or keeping it as a
-//! long-lived sandbox ([`start`]), and tearing it down.
+//! Booting one VM ([`boot`]), running one command in it ([`run`]), and tearing it down
+//! ([`super::start`] keeps one as a long-lived sandbox).
 
 use std::fs;
 use std::os::fd::{AsFd, OwnedFd};
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{SigSet, Signal, kill};
 use nix::unistd::Pid;
 
-use super::agent::{Channel, VmBackend};
+use super::agent::Channel;
 use super::probe::Isolation;
 use super::qemu::{self, GuestNet, Machine, RunFiles};
 use super::{Prepared, VmSpec};
@@ -35,8 +35,6 @@ const QEMU_EXIT_MS: u64 = 10_000;
 const SHUTDOWN_MS: u64 = 10_000;
 /// Most bytes of a log quoted in an error.
 const MAX_LOG_TAIL_BYTES: usize = 2048;
-/// Pause between looks whether a long-lived VM's virtiofsd still runs.
-const WATCH_MS: u64 = 100;
 /// Pause between polls for a socket or an exit.
 const POLL_MS: u64 = 5;
 
@@ -249,7 +247,7 @@ impl Booted {
     }
 
     /// Waits until qemu has exited (stopped from outside, or the guest powered off).
-    fn wait_qemu(&mut self) {
+    pub(super) fn wait_qemu(&mut self) {
         while let Err(e) = self.vm.0.wait() {
             if e.kind() != std::io::ErrorKind::Interrupted {
                 break;
@@ -270,7 +268,7 @@ impl Booted {
     }
 
     /// Frees what is left once qemu ended (or ends it).
-    fn free(mut self) -> Result<u64> {
+    pub(super) fn free(mut self) -> Result<u64> {
         // The port leases go with `self`, after qemu.
         let _ = self.vm.0.kill();
         self.wait_qemu();
@@ -287,7 +285,7 @@ impl Booted {
 }
 
 /// Whether process `pid` (a child of this one) runs: neither gone nor a zombie.
-fn running(pid: i32) -> bool {
+pub(super) fn running(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
         s.rsplit_once(") ")
             .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
@@ -295,7 +293,7 @@ fn running(pid: i32) -> bool {
 }
 
 /// The guest's network for `spec`, with the host ports leased for its `--publish`.
-fn guest_net(spec: &VmSpec, leases: &[crate::alloc::HeldPort]) -> GuestNet {
+pub(super) fn guest_net(spec: &VmSpec, leases: &[crate::alloc::HeldPort]) -> GuestNet {
     if !leases.is_empty() {
         GuestNet::Published(leases.iter().map(|l| (l.host, l.internal)).collect())
     } else if spec.loopback {
@@ -493,7 +491,7 @@ pub fn boot(
 }
 
 /// The environment every command in the guest starts from: `PATH`, `HOME`, `--env`.
-fn base_env(spec: &VmSpec) -> Vec<(String, String)> {
+pub(super) fn base_env(spec: &VmSpec) -> Vec<(String, String)> {
     let mut env = vec![
         (
             "PATH".to_string(),
@@ -507,7 +505,7 @@ fn base_env(spec: &VmSpec) -> Vec<(String, String)> {
 
 /// The signals that end a VM, blocked in the calling thread (every thread started
 /// later inherits the mask; qemu and virtiofsd get an empty one back before exec).
-fn block_stop_signals() -> Result<SigSet> {
+pub(super) fn block_stop_signals() -> Result<SigSet> {
     let signals = SigSet::from_iter([
         Signal::SIGINT,
         Signal::SIGTERM,
@@ -646,120 +644,6 @@ pub fn run(
     Ok(VmOutcome {
         code,
         boot_ms,
-        oom_kills,
-    })
-}
-
-/// Starts a long-lived VM sandbox for `spec` and keeps it until it is stopped: the
-/// keeper's socket ([`crate::keeper`]) serves execs (through the guest agent), status
-/// and stop; `on_ready` gets the status once the guest is up (the caller announces it
-/// and detaches). `stop` (or SIGTERM, SIGINT, SIGHUP) ends qemu; this returns once
-/// qemu, virtiofsd, the cgroup, the run directory and the port leases are gone.
-pub fn start(
-    spec: &VmSpec,
-    prep: &Prepared,
-    state_dir: &Path,
-    cgroup_root: &Path,
-    on_ready: impl FnOnce(&serde_json::Value),
-) -> Result<VmOutcome> {
-    // Blocked before any thread starts: the keeper's signal thread takes them.
-    let _ = block_stop_signals()?;
-    let listener = crate::keeper::listen_on(state_dir, &spec.name)?;
-    let leases = crate::alloc::lease_ports(state_dir, &spec.name, &spec.publish)?;
-    let mut booted = boot(spec, prep, state_dir, cgroup_root, leases, |_| {})?;
-    let ports: serde_json::Map<String, serde_json::Value> = booted
-        .ports
-        .iter()
-        .map(|l| (l.internal.to_string(), l.host.into()))
-        .collect();
-    let started_at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let cgroups = booted.cgroups();
-    let host = cgroup::read_back(&cgroups);
-    let mut limits = serde_json::json!({
-        "memory_bytes": spec.memory_mib << 20,
-        "cpus": spec.cpus,
-        "host_memory_bytes": host["memory_bytes"],
-    });
-    if spec.cpuset.is_some() {
-        limits["cpuset_cpus"] = host["cpuset_cpus"].clone();
-    }
-    if limits["host_memory_bytes"].is_null() {
-        limits["host_memory_bytes"] = serde_json::json!(spec.host_memory_bytes());
-    }
-    let net = match guest_net(spec, &booted.ports) {
-        GuestNet::None => "none",
-        GuestNet::Loopback => "loopback",
-        GuestNet::Published(_) => "published",
-    };
-    let status = serde_json::json!({
-        "name": spec.name,
-        "provider": "vm",
-        "isolation": prep.accel.isolation.as_str(),
-        "reason": prep.accel.reason,
-        "accel": prep.accel.accel,
-        "keeper_pid": std::process::id(),
-        "init_pid": booted.qemu_pid(),
-        "qemu_pid": booted.qemu_pid(),
-        "virtiofsd_pid": booted.virtiofsd_pid(),
-        "ports": ports,
-        "net": net,
-        "limits": limits,
-        "cgroups": cgroups,
-        "started_at": started_at,
-        "boot_ms": booted.boot_ms,
-        "guest_kernel": booted.guest_release,
-        "kernel": prep.kernel.image,
-        "initramfs_blake3": prep.initrd.1,
-        "workspace": spec.dir,
-    });
-    let backend = Arc::new(VmBackend {
-        channel: booted.channel.clone(),
-        env: base_env(spec),
-        stopping: std::sync::atomic::AtomicBool::new(false),
-    });
-    let stopped = crate::keeper::serve(
-        &listener,
-        backend.clone(),
-        Pid::from_raw(booted.qemu_pid()),
-        status.clone(),
-        cgroups,
-    );
-    // A virtiofsd that dies leaves the guest without its workspace: the VM ends too.
-    let ending = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    {
-        let (ending, fsd, qemu) = (ending.clone(), booted.virtiofsd_pid(), booted.qemu_pid());
-        std::thread::Builder::new()
-            .name("virtiofsd-watch".into())
-            .spawn(move || {
-                while !ending.load(Ordering::SeqCst) {
-                    if !running(fsd) {
-                        if !ending.load(Ordering::SeqCst) {
-                            let _ = kill(Pid::from_raw(qemu), Signal::SIGKILL);
-                        }
-                        return;
-                    }
-                    std::thread::sleep(Duration::from_millis(WATCH_MS));
-                }
-            })
-            .map_err(|source| Error::Setup {
-                step: "vm: watch virtiofsd".into(),
-                source,
-            })?;
-    }
-    on_ready(&status);
-    booted.wait_qemu();
-    ending.store(true, Ordering::SeqCst);
-    backend.stopping.store(true, Ordering::SeqCst);
-    let oom_kills = booted.free();
-    drop(listener);
-    let oom_kills = oom_kills?;
-    stopped.reply(oom_kills);
-    Ok(VmOutcome {
-        code: 0,
-        boot_ms: 0,
         oom_kills,
     })
 }
