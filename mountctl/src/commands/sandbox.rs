@@ -39,7 +39,10 @@ pub fn run(ctx: &Ctx, c: SandboxCommand) -> anyhow::Result<ExitCode> {
                             v["name"].as_str().unwrap_or("-"),
                             v["state"].as_str().unwrap_or("-"),
                             v["init_pid"],
-                            v["processes"],
+                            // A VM's processes are the guest's: the host does not count them.
+                            v["processes"]
+                                .as_u64()
+                                .map_or_else(|| "-".to_string(), |n| n.to_string()),
                             ports(&v["ports"]),
                         )
                     })
