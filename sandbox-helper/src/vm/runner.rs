@@ -123,6 +123,7 @@ fn spawn(
     what: &str,
     unshare: libc::c_int,
     attach: Option<(std::os::fd::BorrowedFd<'_>, &Path)>,
+    writable_only: Option<&Path>,
 ) -> Result<Reaped> {
     let out = fs::File::create(log).map_err(|source| Error::StateDir {
         path: log.to_path_buf(),
@@ -140,9 +141,11 @@ fn spawn(
         .stdout(out)
         .stderr(err);
     let fds: Vec<_> = procs.iter().map(AsFd::as_fd).collect();
-    sys::vm_child_pre_exec(&mut cmd, &fds, unshare, attach).map_err(|source| Error::Setup {
-        step: format!("vm: prepare {what}"),
-        source,
+    sys::vm_child_pre_exec(&mut cmd, &fds, unshare, attach, writable_only).map_err(|source| {
+        Error::Setup {
+            step: format!("vm: prepare {what}"),
+            source,
+        }
     })?;
     let child = cmd.spawn().map_err(|source| Error::Setup {
         step: format!("vm: start {what} ({})", bin.display()),
@@ -359,6 +362,7 @@ pub fn boot(
         // It makes its own mount, pid and network namespaces (`--sandbox=namespace`).
         0,
         None,
+        None,
     )?;
     wait_for(
         &files.fs_sock(),
@@ -397,6 +401,7 @@ pub fn boot(
             "virtiofsd",
             0,
             Some((std::os::fd::AsFd::as_fd(&tree), &at)),
+            None,
         )?;
         drop(tree);
         wait_for(
@@ -439,6 +444,9 @@ pub fn boot(
         "qemu",
         unshare,
         None,
+        // qemu writes nothing of the host but its run directory (sockets, the console
+        // log): every other mount is read-only in a mount namespace of its own.
+        Some(&files.dir),
     )?;
     drop(procs);
     on_qemu(vm.0.id() as i32);

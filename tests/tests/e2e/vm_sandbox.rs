@@ -3,7 +3,8 @@
 //! whatever accelerator the host has (TCG in CI, accepted with `--accept-emulation`).
 //!
 //! - one VM: refused without acceptance (exit 7, nothing started); the status says
-//!   `provider: vm` and why isolation needs validation; a `--secret` is a read-only
+//!   `provider: vm` and why isolation needs validation; qemu sees every mount read-only
+//!   but its run directory; a `--secret` is a read-only
 //!   file of the guest's `/run/secrets`; a `--ro-bind` directory is read-only in the
 //!   guest and copied from into the workspace (a source through a symlink refused);
 //!   execs run in the guest with
@@ -270,6 +271,28 @@ fn vm_sandbox_runs_execs_as_a_namespace_sandbox_does() {
     assert_eq!(v["limits"]["memory_bytes"], 256u64 << 20, "{v}");
     r.t.json(["sandbox", "start", WS, "--vm", "--accept-emulation"])
         .error(4, "exists");
+    // qemu writes nothing of the host but its run directory: in its mount namespace
+    // every mount is read-only but that one.
+    let mounts = std::fs::read_to_string(format!("/proc/{}/mountinfo", v["qemu_pid"])).unwrap();
+    let opts_of = |point: &str| {
+        mounts
+            .lines()
+            .map(|l| l.split(' ').collect::<Vec<_>>())
+            .find(|f| f.get(4) == Some(&point))
+            .and_then(|f| f.get(5).map(|o| o.to_string()))
+            .unwrap_or_else(|| panic!("no mount at {point} for qemu: {mounts}"))
+    };
+    assert!(opts_of("/").starts_with("ro"), "{mounts}");
+    let run_dir = format!("/{WS}.{}", v["keeper_pid"]);
+    let run_dir = format!("{}{run_dir}", r.root().join("run/sandbox/vm").display());
+    assert!(opts_of(&run_dir).starts_with("rw"), "{mounts}");
+    for l in mounts.lines() {
+        let f: Vec<&str> = l.split(' ').collect();
+        assert!(
+            f[4] == run_dir || f[5].starts_with("ro"),
+            "a writable mount for qemu: {l}"
+        );
+    }
     let st = r.t.json(["sandbox", "status", WS]).ok().json();
     check_record(&st);
     assert_eq!(st["init_pid"], v["init_pid"], "{st}");
