@@ -115,15 +115,24 @@ fn vm_failed(step: &str, files: &RunFiles, why: String) -> Error {
     }
 }
 
+/// The namespaces a VM process is started in (see [`sys::vm_child_pre_exec`]).
+#[derive(Default)]
+struct Confine<'a> {
+    /// `CLONE_NEW*` flags.
+    unshare: libc::c_int,
+    /// A detached mount to attach, and where, in a mount namespace of its own.
+    attach: Option<(std::os::fd::BorrowedFd<'a>, &'a Path)>,
+    /// Every mount read-only but this directory.
+    writable_only: Option<&'a Path>,
+}
+
 fn spawn(
     bin: &Path,
     args: &[std::ffi::OsString],
     log: &Path,
     procs: &[fs::File],
     what: &str,
-    unshare: libc::c_int,
-    attach: Option<(std::os::fd::BorrowedFd<'_>, &Path)>,
-    writable_only: Option<&Path>,
+    confine: Confine<'_>,
 ) -> Result<Reaped> {
     let out = fs::File::create(log).map_err(|source| Error::StateDir {
         path: log.to_path_buf(),
@@ -141,6 +150,11 @@ fn spawn(
         .stdout(out)
         .stderr(err);
     let fds: Vec<_> = procs.iter().map(AsFd::as_fd).collect();
+    let Confine {
+        unshare,
+        attach,
+        writable_only,
+    } = confine;
     sys::vm_child_pre_exec(&mut cmd, &fds, unshare, attach, writable_only).map_err(|source| {
         Error::Setup {
             step: format!("vm: prepare {what}"),
@@ -360,9 +374,7 @@ pub fn boot(
         &procs,
         "virtiofsd",
         // It makes its own mount, pid and network namespaces (`--sandbox=namespace`).
-        0,
-        None,
-        None,
+        Confine::default(),
     )?;
     wait_for(
         &files.fs_sock(),
@@ -399,9 +411,10 @@ pub fn boot(
             &files.dir.join(format!("virtiofsd-ro{i}.log")),
             &procs,
             "virtiofsd",
-            0,
-            Some((std::os::fd::AsFd::as_fd(&tree), &at)),
-            None,
+            Confine {
+                attach: Some((std::os::fd::AsFd::as_fd(&tree), &at)),
+                ..Confine::default()
+            },
         )?;
         drop(tree);
         wait_for(
@@ -442,11 +455,14 @@ pub fn boot(
         &files.dir.join("qemu.log"),
         &procs,
         "qemu",
-        unshare,
-        None,
-        // qemu writes nothing of the host but its run directory (sockets, the console
-        // log): every other mount is read-only in a mount namespace of its own.
-        Some(&files.dir),
+        Confine {
+            unshare,
+            attach: None,
+            // qemu writes nothing of the host but its run directory (sockets, the
+            // console log): every other mount is read-only in a mount namespace of its
+            // own.
+            writable_only: Some(&files.dir),
+        },
     )?;
     drop(procs);
     on_qemu(vm.0.id() as i32);
