@@ -365,6 +365,13 @@ pub fn boot(
         source,
     })?;
     let dir_guard = RunDirGuard(dir.clone());
+    // Root's alone: its sockets (the agent's channel, virtiofsd's) are nobody else's.
+    fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).map_err(
+        |source| Error::StateDir {
+            path: dir.clone(),
+            source,
+        },
+    )?;
     let files = RunFiles { dir };
 
     let mut fsd = spawn(

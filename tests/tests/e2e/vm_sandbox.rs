@@ -286,6 +286,10 @@ fn vm_sandbox_runs_execs_as_a_namespace_sandbox_does() {
     let run_dir = format!("/{WS}.{}", v["keeper_pid"]);
     let run_dir = format!("{}{run_dir}", r.root().join("run/sandbox/vm").display());
     assert!(opts_of(&run_dir).starts_with("rw"), "{mounts}");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&run_dir).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o700, "the run directory is open to others");
     for l in mounts.lines() {
         let f: Vec<&str> = l.split(' ').collect();
         assert!(
@@ -561,6 +565,18 @@ fn vm_sandboxes_publish_one_guest_port_on_two_host_ports_and_contain_memory() {
         assert_eq!(inside, format!("reply from {ws}\n"));
         assert_eq!(reply_on(p), format!("reply from {ws}\n"));
     }
+    // A publishing guest reaches nothing of the host (qemu's `restrict=on`).
+    let host = TcpListener::bind("127.0.0.1:0").unwrap();
+    host.set_nonblocking(true).unwrap();
+    let hp = host.local_addr().unwrap().port();
+    let probe = exec_sh(
+        &r,
+        A,
+        &format!("echo x | nc -w 2 10.0.2.2 {hp} && echo REACHED; true"),
+    );
+    assert!(!probe.contains("REACHED"), "{probe}");
+    assert!(host.accept().is_err(), "the guest reached a host listener");
+
     // The guest of A runs out of memory: its kernel kills the hog, the VM goes on.
     let hog = exec(&r, A, &["sh", "-c", "tail /dev/zero"]);
     assert_eq!(hog.code, 137, "{hog:?}");
