@@ -5,7 +5,8 @@ set -euo pipefail
 
 pkgs=(git tar zstd gzip xz-utils fuse3 fuse-overlayfs btrfs-progs xfsprogs bubblewrap
       iproute2 iputils-ping kmod procps psmisc util-linux python3 gcc make pkg-config libssl-dev
-      qemu-system-x86 busybox-static libcap-ng-dev libseccomp-dev)
+      qemu-system-x86 busybox-static libcap-ng-dev libseccomp-dev
+      libc6-dev)  # libc.a: sandbox-helper's build links the guest agent statically
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -174,6 +174,16 @@ impl Runtime {
     /// Starts a long-lived sandbox for workspace `ws` and returns its status once it is
     /// ready (`exists` when one runs already). The workspace stays mounted at its path.
     pub fn sandbox_start(&self, ws: &str, o: &SandboxOptions) -> Result<Value> {
+        self.start_sandbox(ws, o, None)
+    }
+
+    /// [`Runtime::sandbox_start`] of a namespace sandbox (`vm` None) or a VM.
+    pub(crate) fn start_sandbox(
+        &self,
+        ws: &str,
+        o: &SandboxOptions,
+        vm: Option<&crate::vm::VmRun>,
+    ) -> Result<Value> {
         let helper = helper_path()?;
         let me = std::process::id() as i32;
         let rec = self.claim_sandbox(ws, me).map_err(|e| match e {
@@ -186,7 +196,7 @@ impl Runtime {
             },
             other => other,
         })?;
-        let result = self.spawn_keeper(&helper, &rec, o, me);
+        let result = self.spawn_keeper(&helper, &rec, o, vm, me);
         if result.is_err() {
             let _ = self.release_sandbox(&rec.id, me);
             // The helper may have taken the host's overlay away before it failed.
@@ -200,6 +210,7 @@ impl Runtime {
         helper: &Path,
         rec: &Record,
         o: &SandboxOptions,
+        vm: Option<&crate::vm::VmRun>,
         me: i32,
     ) -> Result<Value> {
         let (ready_read, ready_write) =
@@ -212,12 +223,24 @@ impl Runtime {
         let mut cmd = Command::new(helper);
         // Every value as `--flag=VALUE`: a value that starts with `-` is never read as an
         // option by the privileged helper.
-        cmd.arg("start")
+        cmd.arg(if vm.is_some() { "vm-start" } else { "start" })
             .arg(flag("--dir", rec.path.as_os_str()))
             .arg(format!("--name={}", sandbox_name(rec)))
             .arg(flag("--state-dir", self.sandbox_state_dir().as_os_str()))
             .arg(format!("--ready-fd={}", ready_write.as_raw_fd()));
-        cmd.args(self.helper_flags(rec, o));
+        match vm {
+            // The VM shares the host's own mount of the workspace through virtio-fs.
+            Some(v) => {
+                cmd.args(crate::vm::helper_flags(
+                    o,
+                    v,
+                    &self.store().layout().cache(),
+                ));
+            }
+            None => {
+                cmd.args(self.helper_flags(rec, o));
+            }
+        }
         cmd.arg("--");
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -1,4 +1,6 @@
-//! One-shot VM runs of workspaces (`mountctl run WS --vm -- CMD`).
+//! VM placements of workspaces: one-shot runs (`mountctl run WS --vm -- CMD`) and
+//! long-lived VM sandboxes (`mountctl sandbox start WS --vm`, then `exec`, `status`,
+//! `stop` as for any sandbox: the helper's keeper serves them alike).
 //!
 //! The privileged work is `sandbox-helper vm-run`'s ([`sandbox_helper::vm`]): it finds
 //! qemu, virtiofsd, the guest kernel and the initramfs (cached under
@@ -55,5 +57,12 @@ impl Runtime {
         json: bool,
     ) -> Result<u8> {
         self.one_shot(ws, o, command, json, Some(v))
+    }
+
+    /// Starts a long-lived VM sandbox of workspace `ws` and returns its status once the
+    /// guest is up (`provider: "vm"`, `isolation` with its reason). Refused as
+    /// [`Runtime::vm_run`] is, before anything starts; `exists` when a sandbox runs.
+    pub fn vm_start(&self, ws: &str, o: &SandboxOptions, v: &VmRun) -> Result<serde_json::Value> {
+        self.start_sandbox(ws, o, Some(v))
     }
 }

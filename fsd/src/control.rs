@@ -228,7 +228,18 @@ impl Server {
                         args::<crate::sandbox::SandboxOptions>(req)?,
                         &self.config.sandbox(),
                     );
-                    rt.sandbox_start(&ws, &o)?
+                    // `vm: true` places it in a micro-VM; software emulation runs only
+                    // when `accept_emulation` (or the configuration) accepts it.
+                    if req["args"]["vm"].as_bool() == Some(true) {
+                        let accept = req["args"]["accept_emulation"].as_bool() == Some(true)
+                            || self.config.vm_accept_emulation().is_some_and(|s| s.value);
+                        let v = cowspace::vm::VmRun {
+                            accept_emulation: accept,
+                        };
+                        rt.vm_start(&ws, &o, &v)?
+                    } else {
+                        rt.sandbox_start(&ws, &o)?
+                    }
                 }
                 "sandbox_stop" => rt.sandbox_stop(&ws_arg(req)?)?,
                 "sandbox_status" => rt.sandbox_status(&ws_arg(req)?)?,

@@ -479,7 +479,7 @@ pub struct GcArgs {
 pub enum SandboxCommand {
     /// Start a sandbox for the workspace; returns once it is ready. It runs until
     /// `sandbox stop` (or `remove`); its processes outlive the commands that start them.
-    Start(StartArgs),
+    Start(Box<StartArgs>),
     /// Stop the workspace's sandbox: every process in it is killed, its cgroups, ports
     /// and uid range are freed.
     Stop {
@@ -502,6 +502,17 @@ pub struct StartArgs {
     pub workspace: String,
     #[command(flatten)]
     pub sandbox: SandboxFlags,
+    /// Start the sandbox in a qemu micro-VM (the workspace shared at /workspace by
+    /// virtio-fs; `exec`, `status` and `stop` work the same); refused (exit 7) where
+    /// qemu, virtiofsd or the guest kernel are missing (see `mountctl doctor`). --memory
+    /// is guest RAM there.
+    #[arg(long)]
+    pub vm: bool,
+    /// With --vm on a host without hardware KVM: run under qemu's software emulation,
+    /// which is no isolation boundary (the status says isolation: needs_validation);
+    /// refused without it. Also `[vm] accept_emulation = true` in the configuration.
+    #[arg(long, requires = "vm")]
+    pub accept_emulation: bool,
 }
 
 #[derive(Debug, Args)]

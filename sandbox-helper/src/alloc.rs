@@ -53,6 +53,29 @@ pub struct PortLease {
     _lock: Flock<File>,
 }
 
+/// A leased host port whose listener was closed, for a forwarder that binds the port
+/// itself (qemu's `hostfwd`): the lock stays, so no other sandbox is given the port.
+#[derive(Debug)]
+pub struct HeldPort {
+    /// The port inside the sandbox.
+    pub internal: u16,
+    /// The host port on 127.0.0.1.
+    pub host: u16,
+    _lock: Flock<File>,
+}
+
+impl PortLease {
+    /// Closes the listener and keeps the lease.
+    pub fn into_held(self) -> HeldPort {
+        drop(self.listener);
+        HeldPort {
+            internal: self.internal,
+            host: self.host,
+            _lock: self._lock,
+        }
+    }
+}
+
 fn start_index(key: impl Hash, modulo: u64) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     key.hash(&mut h);

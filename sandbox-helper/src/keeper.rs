@@ -19,7 +19,6 @@
 //! - status: one object (see [`Status`]). stop: `{"stopped":true,"oom_kills":N}` once
 //!   every process is gone and the sandbox's cgroups, ports and mounts are freed.
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -38,7 +37,10 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
-use crate::serve::{self, ExecRequest, le_i32, recv_msg, send_msg, tag, unframe};
+use crate::serve::{self, ExecRequest, recv_msg, send_msg};
+
+mod init_backend;
+pub(crate) use init_backend::InitBackend;
 
 /// Most clients connected to one keeper at once.
 pub const MAX_CLIENTS: usize = 512;
@@ -117,22 +119,53 @@ pub fn listen_on(state: &Path, name: &str) -> Result<Listener> {
     })
 }
 
-/// What init told the keeper about one exec.
+/// What the sandbox told the keeper about one exec.
 #[derive(Debug)]
-enum InitMsg {
+pub(crate) enum InitMsg {
+    /// Started: its pid inside, and the pseudo-terminal's master when asked for.
     Started(i32, Option<OwnedFd>),
+    /// Not started: errno, and what failed (0 the command, 1 the working directory, 2
+    /// the request).
     Failed(i32, u8),
+    /// Ended with this status (128 + N when killed by signal N).
     Done(i32),
+    /// The sandbox is gone.
     Gone,
+}
+
+/// Where a keeper's execs run: the namespace sandbox's init ([`InitBackend`]), or a
+/// VM's guest agent (`vm::agent::VmBackend`). Everything else of the keeper (the
+/// socket, its protocol, status and stop) is the same for both.
+pub(crate) trait Backend: Send + Sync {
+    /// Starts exec `id` with the client's stdin, stdout and stderr (none for a
+    /// pseudo-terminal); what becomes of it is sent to `tx`. An error: it was not sent.
+    fn exec(
+        &self,
+        id: u64,
+        req: &ExecRequest,
+        stdio: Vec<OwnedFd>,
+        tx: Sender<InitMsg>,
+    ) -> std::io::Result<()>;
+    /// Forwards signal `sig` to exec `id`'s process.
+    fn signal(&self, id: u64, sig: i32);
+    /// Execs started and not ended.
+    fn running(&self) -> usize;
+    /// Processes in the sandbox (init included), where the host can count them.
+    fn processes(&self) -> Option<usize>;
+    /// Why `-t` is refused, where it is.
+    fn no_tty(&self) -> Option<&'static str> {
+        None
+    }
+    /// Winds the sandbox down before `stop` kills what is left (a VM's guest ends its
+    /// processes and unmounts the workspace); returns when done or given up.
+    fn wind_down(&self) {}
 }
 
 /// What every connection thread shares.
 struct Shared {
     name: String,
-    init: OwnedFd,
+    backend: Arc<dyn Backend>,
     init_pid: Pid,
-    write: Mutex<()>,
-    pending: Mutex<HashMap<u64, Sender<InitMsg>>>,
     next_id: AtomicU64,
     clients: AtomicUsize,
     stop_waiters: Mutex<Vec<OwnedFd>>,
@@ -140,45 +173,31 @@ struct Shared {
     cgroups: Vec<PathBuf>,
 }
 
-impl Shared {
-    fn to_init(&self, msg: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
-        let _w = self.write.lock().unwrap_or_else(|e| e.into_inner());
-        send_msg(self.init.as_raw_fd(), msg, fds)
-    }
-}
-
 /// A long-lived sandbox's status, as `{"op":"status"}` answers it.
 pub type Status = Value;
 
-/// Serves the sandbox until its init ends (stopped, or killed from outside). `status`
-/// is the static part of the status answer (name, ports, limits, ...). Returns once
-/// init has ended; the caller then frees the sandbox and calls [`Stopped::reply`].
+/// Serves the sandbox's execs through `backend` until it ends (stopped, or killed from
+/// outside): `init_pid` is the host process whose `SIGKILL` ends it (the namespace
+/// sandbox's init; a VM's qemu), and the caller's to wait for. `status` is the static
+/// part of the status answer (name, ports, limits, ...). Returns at once; once the
+/// sandbox has ended, the caller frees it and calls [`Stopped::reply`].
 pub(crate) fn serve(
     listener: &Listener,
-    init: OwnedFd,
+    backend: Arc<dyn Backend>,
     init_pid: Pid,
     status: Value,
     cgroups: Vec<PathBuf>,
 ) -> Stopped {
     let shared = Arc::new(Shared {
         name: status["name"].as_str().unwrap_or_default().to_string(),
-        init,
+        backend,
         init_pid,
-        write: Mutex::new(()),
-        pending: Mutex::new(HashMap::new()),
         next_id: AtomicU64::new(1),
         clients: AtomicUsize::new(0),
         stop_waiters: Mutex::new(Vec::new()),
         status,
         cgroups,
     });
-    {
-        let shared = shared.clone();
-        std::thread::Builder::new()
-            .name("init-reader".into())
-            .spawn(move || read_init(&shared))
-            .expect("spawn the init reader");
-    }
     {
         let shared = shared.clone();
         let lsock = listener.sock.try_clone().expect("clone the listener");
@@ -230,41 +249,6 @@ fn stop_on_signal(init: Pid) {
             let _ = kill(init, Signal::SIGKILL);
             return;
         }
-    }
-}
-
-fn read_init(shared: &Shared) {
-    loop {
-        let (msg, mut fds) = match recv_msg(shared.init.as_raw_fd(), 1) {
-            Ok((m, _)) if m.is_empty() => break,
-            Ok(x) => x,
-            Err(_) => break,
-        };
-        let Some((t, id, rest)) = unframe(&msg) else {
-            continue;
-        };
-        let m = match t {
-            tag::STARTED => InitMsg::Started(le_i32(rest).unwrap_or(0), fds.pop()),
-            tag::FAILED => InitMsg::Failed(
-                le_i32(rest).unwrap_or(libc::EIO),
-                rest.get(4).copied().unwrap_or(2),
-            ),
-            tag::DONE => InitMsg::Done(le_i32(rest).unwrap_or(1)),
-            _ => continue,
-        };
-        let done = matches!(m, InitMsg::Failed(..) | InitMsg::Done(_));
-        let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(tx) = pending.get(&id) {
-            let _ = tx.send(m);
-        }
-        if done {
-            pending.remove(&id);
-        }
-    }
-    // Init is gone: every exec waiting learns it.
-    let mut pending = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
-    for (_, tx) in pending.drain() {
-        let _ = tx.send(InitMsg::Gone);
     }
 }
 
@@ -331,6 +315,7 @@ fn serve_client(conn: &OwnedFd, shared: &Arc<Shared>) {
                     .unwrap_or_else(|e| e.into_inner())
                     .push(c);
             }
+            shared.backend.wind_down();
             let _ = kill(shared.init_pid, Signal::SIGKILL);
         }
         Some("exec") => exec(conn, shared, &req["request"], fds),
@@ -389,35 +374,26 @@ fn exec(conn: &OwnedFd, shared: &Arc<Shared>, request: &Value, fds: Vec<OwnedFd>
         let _ = reply(conn, &error_json("invalid_input", &e, 9));
         return;
     }
+    if let (Some(why), Some(_)) = (shared.backend.no_tty(), req.tty) {
+        let _ = reply(conn, &error_json("unsupported", why, 7));
+        return;
+    }
     let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
     let (tx, rx) = channel();
-    shared
-        .pending
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(id, tx);
-    let body = serde_json::to_vec(&req).expect("serialize a request");
-    let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
-    if let Err(e) = shared.to_init(&serve::frame(tag::EXEC, id, &body), &raw) {
-        shared
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
+    if let Err(e) = shared.backend.exec(id, &req, fds, tx) {
         let _ = reply(
             conn,
             &error_json("io", &format!("the sandbox is stopping: {e}"), 1),
         );
         return;
     }
-    drop(fds);
     let cmd = req.argv[0].clone();
     match rx.recv() {
         Ok(InitMsg::Started(pid, master)) => {
             let msg = json!({"started": pid}).to_string();
             let master_raw: Vec<RawFd> = master.iter().map(|m| m.as_raw_fd()).collect();
             if send_msg(conn.as_raw_fd(), msg.as_bytes(), &master_raw).is_err() {
-                let _ = shared.to_init(&serve::frame(tag::SIGNAL, id, &9i32.to_le_bytes()), &[]);
+                shared.backend.signal(id, 9);
             }
             drop(master);
         }
@@ -474,7 +450,7 @@ fn exec(conn: &OwnedFd, shared: &Arc<Shared>, request: &Value, fds: Vec<OwnedFd>
                         },
                         Err(_) => 9,
                     };
-                    let _ = shared.to_init(&serve::frame(tag::SIGNAL, id, &sig.to_le_bytes()), &[]);
+                    shared.backend.signal(id, sig);
                     if sig == 9 {
                         return;
                     }
@@ -500,7 +476,7 @@ fn read_trim(p: &Path) -> Option<String> {
 /// The live part of the status: processes, memory, OOM kills, execs running.
 fn status(shared: &Shared) -> Value {
     let mut v = shared.status.clone();
-    let procs = count_processes(shared.init_pid);
+    let procs = shared.backend.processes();
     let mut memory = None;
     let mut oom = None;
     for d in &shared.cgroups {
@@ -522,35 +498,9 @@ fn status(shared: &Shared) -> Value {
     v["processes"] = json!(procs);
     v["memory_bytes"] = json!(memory);
     v["oom_kills"] = json!(oom.unwrap_or(0));
-    v["execs_running"] = json!(
-        shared
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
-    );
+    v["execs_running"] = json!(shared.backend.running());
     v["name"] = json!(shared.name);
     v
-}
-
-/// Processes in the sandbox's pid namespace (init included).
-fn count_processes(init: Pid) -> usize {
-    let Ok(ns) = std::fs::read_link(format!("/proc/{init}/ns/pid")) else {
-        return 0;
-    };
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
-    entries
-        .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-        })
-        .filter(|e| std::fs::read_link(e.path().join("ns/pid")).is_ok_and(|n| n == ns))
-        .count()
 }
 
 /// A connection to a running sandbox's keeper (the client side).

@@ -26,6 +26,10 @@ enum Command {
     /// Run CMD in a qemu micro-VM with WORKSPACE_DIR shared at /workspace (virtio-fs);
     /// exits with CMD's status.
     VmRun(Box<VmRunArgs>),
+    /// Start a long-lived sandbox in a qemu micro-VM with WORKSPACE_DIR shared at
+    /// /workspace (this process stays as its keeper, detached from the caller once the
+    /// guest is up); `exec`, `status` and `stop` work as for `start`.
+    VmStart(Box<VmRunArgs>),
     /// Print what a VM placement would use on this host as one JSON object.
     VmProbe {
         /// Where initramfs images are cached (default $COWSPACE_ROOT/cache/vm).
@@ -193,6 +197,10 @@ fn main() -> ExitCode {
             let json = args.run.json;
             finish(vm_run_cmd(*args), json)
         }
+        Command::VmStart(args) => {
+            let json = args.run.json;
+            finish(vm_start_cmd(*args), json)
+        }
         Command::Probe { json, cgroup_root } => probe_cmd(json, &cgroup_root),
         Command::Exec {
             name,
@@ -291,17 +299,11 @@ fn cache_dir_or_default(d: Option<PathBuf>) -> PathBuf {
     })
 }
 
-/// Runs CMD in a VM; the ready line (accelerator, isolation and why, boot time, pids)
-/// goes to --ready-fd or, with --json, stdout; a `needs_validation` note to stderr.
-fn vm_run_cmd(args: VmRunArgs) -> Result<u8, Error> {
-    use sandbox_helper::vm;
-    // Killed with the caller: SIGTERM ends the VM, so no VM outlives its `run`.
-    sandbox_helper::vm::set_parent_death_signal()?;
-    let state_dir = state_dir_or_default(args.run.state_dir.clone());
+/// The validated VM spec of `vm-run`'s or `vm-start`'s flags.
+fn vm_spec(args: VmRunArgs) -> Result<sandbox_helper::vm::VmSpec, Error> {
     let cache_dir = cache_dir_or_default(args.cache_dir);
-    let mut ready_out = open_ready_fd(args.run.ready_fd)?;
-    let json = args.run.json;
     let r = args.run;
+    let state_dir = state_dir_or_default(r.state_dir.clone());
     let controls = sandbox_helper::spec::Controls {
         net: r.net.as_deref().map(str::parse::<Net>).transpose()?,
         memory: r.memory,
@@ -313,16 +315,83 @@ fn vm_run_cmd(args: VmRunArgs) -> Result<u8, Error> {
         ro_bind: r.ro_bind,
         secret: r.secret,
     };
-    let spec = vm::VmSpec::validate(
+    sandbox_helper::vm::VmSpec::validate(
         &r.name,
         &r.dir,
         &controls,
         r.command,
         args.accept_emulation,
         &cache_dir,
-    )?;
+        &state_dir,
+    )
+}
+
+/// Starts a long-lived VM sandbox; prints (or writes to --ready-fd) its status once the
+/// guest is up, then detaches from the caller's stdio and keeps it until it stops.
+fn vm_start_cmd(args: VmRunArgs) -> Result<u8, Error> {
+    use sandbox_helper::vm;
+    if !args.run.command.is_empty() {
+        return Err(Error::InvalidInput(
+            "vm-start takes no command (run commands with `exec`)".into(),
+        ));
+    }
+    let state_dir = state_dir_or_default(args.run.state_dir.clone());
+    let cgroup_root = args.run.cgroup_root.clone();
+    let mut ready_out = open_ready_fd(args.run.ready_fd)?;
+    let name = args.run.name.clone();
+    let mut args = args;
+    // Validated with a placeholder command: a sandbox's commands come with each exec.
+    args.run.command = vec!["true".into()];
+    let spec = vm_spec(args)?;
     let prep = vm::prepare(&spec)?;
-    let outcome = vm::run(&spec, &prep, &state_dir, &r.cgroup_root, |ready| {
+    let log = sandbox_helper::keeper::paths(&state_dir, &name)
+        .1
+        .with_extension("log");
+    let outcome = vm::start(&spec, &prep, &state_dir, &cgroup_root, |status| {
+        if let Some(p) = status["ports"].as_object() {
+            for (internal, host) in p {
+                eprintln!("published {internal} -> 127.0.0.1:{host}");
+            }
+        }
+        eprintln!(
+            "sandbox-helper: {}: vm up in {} ms (accel {}); isolation: {}: {}",
+            spec.name,
+            status["boot_ms"],
+            prep.accel.accel.as_str(),
+            prep.accel.isolation.as_str(),
+            prep.accel.reason
+        );
+        match ready_out.take() {
+            Some(mut out) => {
+                use std::io::Write;
+                let _ = writeln!(out, "{status}");
+            }
+            None => println!("{status}"),
+        }
+        detach_stdio(&log);
+    })?;
+    if outcome.oom_kills > 0 {
+        eprintln!(
+            "sandbox-helper: {}: the kernel OOM-killed {} host process(es) of the VM at the memory limit",
+            spec.name, outcome.oom_kills
+        );
+    }
+    Ok(0)
+}
+
+/// Runs CMD in a VM; the ready line (accelerator, isolation and why, boot time, pids)
+/// goes to --ready-fd or, with --json, stdout; a `needs_validation` note to stderr.
+fn vm_run_cmd(args: VmRunArgs) -> Result<u8, Error> {
+    use sandbox_helper::vm;
+    // Killed with the caller: SIGTERM ends the VM, so no VM outlives its `run`.
+    sandbox_helper::vm::set_parent_death_signal()?;
+    let state_dir = state_dir_or_default(args.run.state_dir.clone());
+    let cgroup_root = args.run.cgroup_root.clone();
+    let mut ready_out = open_ready_fd(args.run.ready_fd)?;
+    let json = args.run.json;
+    let spec = vm_spec(args)?;
+    let prep = vm::prepare(&spec)?;
+    let outcome = vm::run(&spec, &prep, &state_dir, &cgroup_root, |ready| {
         eprintln!(
             "sandbox-helper: {}: vm up in {} ms (accel {}, qemu pid {}); isolation: {}: {}",
             spec.name,

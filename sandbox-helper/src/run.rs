@@ -480,7 +480,7 @@ pub fn start(
     let init_sock = live.ours.try_clone().map_err(Error::Sync)?;
     let stopped = crate::keeper::serve(
         &listener,
-        init_sock,
+        crate::keeper::InitBackend::start(init_sock, pid),
         pid,
         status.clone(),
         live.ready.cgroups.clone(),

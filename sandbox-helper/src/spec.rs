@@ -113,6 +113,95 @@ pub struct Secret {
     pub contents: Vec<u8>,
 }
 
+/// Reads `--ro-bind SRC:DST` entries: each source taken as given, never through a
+/// symlink ([`bind_source`]), not the host root, outside `state_dir`; each target
+/// normalized and not one the sandbox reserves.
+pub fn read_ro_binds(entries: &[String], state_dir: &Path) -> Result<Vec<RoBind>> {
+    let mut ro_binds = Vec::new();
+    for entry in entries {
+        let (src, dst) = entry
+            .split_once(':')
+            .ok_or_else(|| Error::InvalidInput(format!("--ro-bind {entry:?}: expected SRC:DST")))?;
+        let source = bind_source(entry, src)?;
+        if source == Path::new("/") {
+            return Err(Error::InvalidInput(
+                "--ro-bind of the host root refused".into(),
+            ));
+        }
+        refuse_overlap(&source, state_dir, "--ro-bind")?;
+        let target = normalize_target(dst)
+            .ok_or_else(|| Error::InvalidInput(format!("--ro-bind {entry:?}: bad target")))?;
+        if RESERVED_TARGETS
+            .iter()
+            .any(|r| target == Path::new(r) || target.starts_with(r))
+            || target == Path::new("/")
+        {
+            return Err(Error::InvalidInput(format!(
+                "--ro-bind {entry:?}: {} is reserved by the sandbox",
+                target.display()
+            )));
+        }
+        ro_binds.push(RoBind { source, target });
+    }
+    Ok(ro_binds)
+}
+
+/// `--cpuset-cpus`: a CPU list of this host's online CPUs, in the kernel's format.
+pub fn parse_cpuset(text: Option<&str>) -> Result<Option<String>> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let cpus = crate::cgroup::cpuset::parse_list(text)
+        .map_err(|e| Error::InvalidInput(format!("--cpuset-cpus {text:?}: {e}")))?;
+    let online = crate::cgroup::cpuset::online()?;
+    if let Some(missing) = cpus.iter().find(|c| !online.contains(c)) {
+        return Err(Error::InvalidInput(format!(
+            "--cpuset-cpus {text:?}: this host has no CPU {missing} online (its CPUs: {})",
+            crate::cgroup::cpuset::format_list(&online)
+        )));
+    }
+    Ok(Some(crate::cgroup::cpuset::format_list(&cpus)))
+}
+
+/// Reads `--secret NAME=HOSTFILE` entries: unique names of `[A-Za-z0-9_.-]` not starting
+/// with a dot, regular files of at most [`MAX_SECRET_BYTES`] outside `state_dir`.
+pub fn read_secrets(entries: &[String], state_dir: &Path) -> Result<Vec<Secret>> {
+    let mut secrets: Vec<Secret> = Vec::new();
+    for entry in entries {
+        let (name, file) = entry.split_once('=').ok_or_else(|| {
+            Error::InvalidInput(format!("--secret {entry:?}: expected NAME=HOSTFILE"))
+        })?;
+        let name_ok = !name.is_empty()
+            && name.len() <= MAX_NAME_BYTES
+            && !name.starts_with('.')
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !name_ok || secrets.iter().any(|s| s.name == name) {
+            return Err(Error::InvalidInput(format!(
+                "--secret {name:?}: a unique name of [A-Za-z0-9_.-], not starting with a dot"
+            )));
+        }
+        let path = std::fs::canonicalize(file)
+            .map_err(|e| Error::InvalidInput(format!("--secret {name}: {file:?}: {e}")))?;
+        refuse_overlap(&path, state_dir, "--secret")?;
+        let meta = std::fs::metadata(&path)
+            .map_err(|e| Error::InvalidInput(format!("--secret {name}: {file:?}: {e}")))?;
+        if !meta.is_file() || meta.len() > MAX_SECRET_BYTES {
+            return Err(Error::InvalidInput(format!(
+                "--secret {name}: {file:?} must be a regular file of at most {MAX_SECRET_BYTES} bytes"
+            )));
+        }
+        let contents = std::fs::read(&path)
+            .map_err(|e| Error::InvalidInput(format!("--secret {name}: {file:?}: {e}")))?;
+        secrets.push(Secret {
+            name: name.to_string(),
+            contents,
+        });
+    }
+    Ok(secrets)
+}
+
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Secret({:?}, {} bytes)", self.name, self.contents.len())
@@ -311,22 +400,7 @@ impl Spec {
             return Err(Error::InvalidInput("--publish 0: not a port".into()));
         }
 
-        let cpuset = match &input.controls.cpuset_cpus {
-            None => None,
-            Some(text) => {
-                let cpus = crate::cgroup::cpuset::parse_list(text)
-                    .map_err(|e| Error::InvalidInput(format!("--cpuset-cpus {text:?}: {e}")))?;
-                let online = crate::cgroup::cpuset::online()?;
-                if let Some(missing) = cpus.iter().find(|c| !online.contains(c)) {
-                    return Err(Error::InvalidInput(format!(
-                        "--cpuset-cpus {text:?}: this host has no CPU {missing} online (its \
-                         CPUs: {})",
-                        crate::cgroup::cpuset::format_list(&online)
-                    )));
-                }
-                Some(crate::cgroup::cpuset::format_list(&cpus))
-            }
-        };
+        let cpuset = parse_cpuset(input.controls.cpuset_cpus.as_deref())?;
         let limits = Limits {
             memory_bytes: input
                 .controls
@@ -392,66 +466,9 @@ impl Spec {
             env.insert(k.to_string(), v.to_string());
         }
 
-        let mut ro_binds = Vec::new();
-        for entry in &input.controls.ro_bind {
-            let (src, dst) = entry.split_once(':').ok_or_else(|| {
-                Error::InvalidInput(format!("--ro-bind {entry:?}: expected SRC:DST"))
-            })?;
-            let source = bind_source(entry, src)?;
-            if source == Path::new("/") {
-                return Err(Error::InvalidInput(
-                    "--ro-bind of the host root refused".into(),
-                ));
-            }
-            refuse_overlap(&source, state_dir, "--ro-bind")?;
-            let target = normalize_target(dst)
-                .ok_or_else(|| Error::InvalidInput(format!("--ro-bind {entry:?}: bad target")))?;
-            if RESERVED_TARGETS
-                .iter()
-                .any(|r| target == Path::new(r) || target.starts_with(r))
-                || target == Path::new("/")
-            {
-                return Err(Error::InvalidInput(format!(
-                    "--ro-bind {entry:?}: {} is reserved by the sandbox",
-                    target.display()
-                )));
-            }
-            ro_binds.push(RoBind { source, target });
-        }
+        let ro_binds = read_ro_binds(&input.controls.ro_bind, state_dir)?;
 
-        let mut secrets: Vec<Secret> = Vec::new();
-        for entry in &input.controls.secret {
-            let (name, file) = entry.split_once('=').ok_or_else(|| {
-                Error::InvalidInput(format!("--secret {entry:?}: expected NAME=HOSTFILE"))
-            })?;
-            let name_ok = !name.is_empty()
-                && name.len() <= MAX_NAME_BYTES
-                && !name.starts_with('.')
-                && name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
-            if !name_ok || secrets.iter().any(|s| s.name == name) {
-                return Err(Error::InvalidInput(format!(
-                    "--secret {name:?}: a unique name of [A-Za-z0-9_.-], not starting with a dot"
-                )));
-            }
-            let path = std::fs::canonicalize(file)
-                .map_err(|e| Error::InvalidInput(format!("--secret {name}: {file:?}: {e}")))?;
-            refuse_overlap(&path, state_dir, "--secret")?;
-            let meta = std::fs::metadata(&path)
-                .map_err(|e| Error::InvalidInput(format!("--secret {name}: {file:?}: {e}")))?;
-            if !meta.is_file() || meta.len() > MAX_SECRET_BYTES {
-                return Err(Error::InvalidInput(format!(
-                    "--secret {name}: {file:?} must be a regular file of at most {MAX_SECRET_BYTES} bytes"
-                )));
-            }
-            let contents = std::fs::read(&path)
-                .map_err(|e| Error::InvalidInput(format!("--secret {name}: {file:?}: {e}")))?;
-            secrets.push(Secret {
-                name: name.to_string(),
-                contents,
-            });
-        }
+        let secrets = read_secrets(&input.controls.secret, state_dir)?;
 
         Ok(Spec {
             name: input.name,

@@ -405,18 +405,43 @@ pub fn tiocsti(fd: BorrowedFd<'_>, byte: u8) -> io::Result<()> {
 /// hierarchy) from before its first instruction (so guest RAM is charged to them).
 /// The caller keeps `procs` open until the spawn returned.
 /// `unshare` (`CLONE_NEW*` flags, 0 for none) gives it namespaces of its own.
+/// `attach` (a detached mount, from [`open_tree_clone`], and a directory) is attached
+/// there in a mount namespace of the child's own, made private first so that nothing of
+/// it reaches the host's. `writable_only` (a directory) gives the child a mount namespace
+/// of its own in which every mount is read-only but that directory.
 pub fn vm_child_pre_exec(
     cmd: &mut std::process::Command,
     procs: &[BorrowedFd<'_>],
     unshare: libc::c_int,
-) {
+    attach: Option<(BorrowedFd<'_>, &Path)>,
+    writable_only: Option<&Path>,
+) -> io::Result<()> {
     use std::os::unix::process::CommandExt;
     let procs: Vec<RawFd> = procs.iter().map(|f| f.as_raw_fd()).collect();
+    let attach = match attach {
+        Some((fd, target)) => Some((fd.as_raw_fd(), cpath(target)?)),
+        None => None,
+    };
+    let writable_only = writable_only.map(cpath).transpose()?;
+    let read_only = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    let writable = MountAttr {
+        attr_set: 0,
+        attr_clr: MOUNT_ATTR_RDONLY,
+        propagation: 0,
+        userns_fd: 0,
+    };
     // SAFETY: the closure runs in the forked child before exec and calls only
-    // async-signal-safe functions (sigprocmask, prctl, setpgid, write, unshare) on its
-    // own state;
-    // `procs` stays open in the parent until the spawn returned (the caller's promise),
-    // so the child's inherited copy of it is valid.
+    // async-signal-safe functions (sigprocmask, prctl, setpgid, write, unshare, mount,
+    // move_mount, mount_setattr) on its own state (the `struct mount_attr`s are the
+    // closure's, their size passed);
+    // `procs` and the detached mount stay open in the parent until the spawn returned
+    // (the caller's promise), so the child's inherited copies of them are valid; the
+    // target is a NUL-terminated string owned by the closure.
     unsafe {
         cmd.pre_exec(move || {
             let mut none: libc::sigset_t = std::mem::zeroed();
@@ -440,6 +465,65 @@ pub fn vm_child_pre_exec(
             if unshare != 0 && libc::unshare(unshare) != 0 {
                 return Err(io::Error::last_os_error());
             }
+            if let Some((tree, target)) = &attach {
+                if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                if libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                if libc::syscall(
+                    libc::SYS_move_mount,
+                    *tree,
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    target.as_ptr(),
+                    MOVE_MOUNT_F_EMPTY_PATH,
+                ) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if let Some(dir) = &writable_only {
+                if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let mount = |src: *const libc::c_char, dst: *const libc::c_char, flags| {
+                    libc::mount(src, dst, std::ptr::null(), flags, std::ptr::null())
+                };
+                if mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                ) != 0
+                    || mount(dir.as_ptr(), dir.as_ptr(), libc::MS_BIND) != 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+                for (path, attr, flags) in [
+                    (c"/".as_ptr(), &read_only, libc::AT_RECURSIVE),
+                    (dir.as_ptr(), &writable, 0),
+                ] {
+                    if libc::syscall(
+                        libc::SYS_mount_setattr,
+                        libc::AT_FDCWD,
+                        path,
+                        flags as libc::c_uint,
+                        attr as *const MountAttr,
+                        std::mem::size_of::<MountAttr>(),
+                    ) != 0
+                    {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
+            }
             for &fd in &procs {
                 let zero = b"0";
                 if libc::write(fd, zero.as_ptr().cast(), zero.len()) != 1 {
@@ -449,6 +533,7 @@ pub fn vm_child_pre_exec(
             Ok(())
         });
     }
+    Ok(())
 }
 
 /// Safe wrapper for `prctl(PR_SET_PDEATHSIG, sig)` on this process: `sig` is delivered

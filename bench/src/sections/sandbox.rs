@@ -3,7 +3,9 @@
 //! /bin/true` into a running sandbox, beside `bwrap --unshare-all --unshare-user …
 //! /bin/true`, `unshare -Urmnpf /bin/true` and `nsenter -t INIT -a /bin/true` into the
 //! same running sandbox (the floor for an exec), alternating one at a time
-//! (`--fast-loop` per method).
+//! (`--fast-loop` per method). With a VM placement available: `sandbox start WS --vm`
+//! to ready, `exec WS -- /bin/true` into a running VM and `run WS --vm -- /bin/true`,
+//! the accelerator in their labels (the boots are slow methods: `--slow-runs` each).
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -24,6 +26,9 @@ const IDS: &[&str] = &[
     "nsenter",
     "bwrap",
     "unshare",
+    "vm-start",
+    "vm-exec",
+    "vm-run",
 ];
 
 pub struct SandboxSection {
@@ -84,12 +89,14 @@ fn bwrap_args(ws: &std::path::Path) -> Vec<std::ffi::OsString> {
 
 struct Start {
     id: &'static str,
-    label: &'static str,
+    label: String,
     role: Role,
     shown: String,
     cmd: Vec<std::ffi::OsString>,
     /// Run after each timed start, untimed (`sandbox stop` after `sandbox start`).
     after: Option<Box<Start>>,
+    /// Runs only `--slow-runs` rounds (a VM boot).
+    slow: bool,
 }
 
 impl Start {
@@ -119,10 +126,14 @@ impl Method for Start {
     fn info(&self) -> MethodInfo {
         MethodInfo {
             id: self.id,
-            label: self.label.into(),
+            label: self.label.clone(),
             role: self.role,
             command: self.shown.clone(),
         }
+    }
+
+    fn slow(&self) -> bool {
+        self.slow
     }
 
     fn run_once(&mut self, ctx: &Ctx, _round: usize) -> Result<Sample> {
@@ -244,11 +255,12 @@ impl Section for SandboxSection {
                         cmd.shrink_to_fit();
                         Start {
                             id,
-                            label: "mountctl run WS -- /bin/true",
+                            label: "mountctl run WS -- /bin/true".into(),
                             role: Role::Cowspace,
                             shown: "mountctl --root ROOT run WS -- /bin/true".into(),
                             cmd,
                             after: None,
+                            slow: false,
                         }
                     }
                     (Err(why), _) | (_, Err(why)) => {
@@ -275,13 +287,21 @@ impl Section for SandboxSection {
                     cmd.extend(bwrap_args(&bind));
                     Start {
                         id,
-                        label: "bwrap --unshare-all",
+                        label: "bwrap --unshare-all".into(),
                         role: Role::Baseline,
                         shown: "bwrap --unshare-all --unshare-user --die-with-parent --new-session --ro-bind /usr /usr --symlink usr/bin /bin --symlink usr/sbin /sbin --symlink usr/lib /lib --symlink usr/lib64 /lib64 --proc /proc --dev /dev --tmpfs /tmp --bind WS /workspace /bin/true".into(),
                         cmd,
                         after: None,
+                        slow: false,
                     }
                 }
+                "vm-start" | "vm-exec" | "vm-run" => match self.vm(ctx, id) {
+                    Ok(start) => start,
+                    Err(why) => {
+                        out.push(skip(id, why));
+                        continue;
+                    }
+                },
                 _ => {
                     let Some(u) = proc::which("unshare") else {
                         out.push(skip(id, "unshare not found on PATH (util-linux)".into()));
@@ -289,11 +309,12 @@ impl Section for SandboxSection {
                     };
                     Start {
                         id,
-                        label: "unshare -Urmnpf",
+                        label: "unshare -Urmnpf".into(),
                         role: Role::Baseline,
                         shown: "unshare -Urmnpf /bin/true".into(),
                         cmd: vec![u.into_os_string(), "-Urmnpf".into(), "/bin/true".into()],
                         after: None,
+                        slow: false,
                     }
                 }
             };
@@ -355,19 +376,21 @@ impl SandboxSection {
             let root = self.workspace(ctx, "cycle")?;
             return Ok(Start {
                 id,
-                label: "mountctl sandbox start WS (to ready)",
+                label: "mountctl sandbox start WS (to ready)".into(),
                 role: Role::Cowspace,
                 shown: "mountctl --root ROOT sandbox start WS (then `sandbox stop WS`, untimed)"
                     .into(),
                 cmd: base(&root, &["-q", "sandbox", "start", "cycle"]),
                 after: Some(Box::new(Start {
                     id,
-                    label: "",
+                    label: String::new(),
                     role: Role::Cowspace,
                     shown: "mountctl sandbox stop WS".into(),
                     cmd: base(&root, &["-q", "sandbox", "stop", "cycle"]),
                     after: None,
+                    slow: false,
                 })),
+                slow: false,
             });
         }
         // exec and nsenter share one running sandbox.
@@ -398,17 +421,18 @@ impl SandboxSection {
         Ok(if id == "mountctl-exec" {
             Start {
                 id,
-                label: "mountctl exec WS -- /bin/true",
+                label: "mountctl exec WS -- /bin/true".into(),
                 role: Role::Cowspace,
                 shown: "mountctl --root ROOT exec WS -- /bin/true".into(),
                 cmd: base(&root, &["exec", "live", "--", "/bin/true"]),
                 after: None,
+                slow: false,
             }
         } else {
             let n = proc::which("nsenter").ok_or("nsenter not found on PATH (util-linux)")?;
             Start {
                 id,
-                label: "nsenter -t INIT -a /bin/true",
+                label: "nsenter -t INIT -a /bin/true".into(),
                 role: Role::Baseline,
                 shown: "nsenter -t INIT_PID -a /bin/true (into the running sandbox)".into(),
                 cmd: vec![
@@ -419,7 +443,100 @@ impl SandboxSection {
                     "/bin/true".into(),
                 ],
                 after: None,
+                slow: false,
             }
+        })
+    }
+
+    /// The VM methods: refused (skipped with why) where `doctor` finds no VM placement.
+    /// Software emulation is accepted: the label and a note name the accelerator.
+    fn vm(&mut self, ctx: &Ctx, id: &'static str) -> std::result::Result<Start, String> {
+        let mc = ctx.mountctl.clone()?;
+        let name = match id {
+            "vm-start" => "vmcycle",
+            "vm-exec" => "vmlive",
+            _ => "vmrun",
+        };
+        let root = self.workspace(ctx, name)?;
+        let vm = mc
+            .json(&root, &["doctor".as_ref()])
+            .map_err(|e| format!("mountctl doctor failed: {e:#}"))?["vm"]
+            .clone();
+        if vm["available"] != true {
+            return Err(format!("no VM placement here: {}", vm["missing"]));
+        }
+        let accel = vm["accel"].as_str().unwrap_or("?").to_string();
+        if !self.notes.iter().any(|n| n.contains("VM methods")) {
+            self.notes.push(format!(
+                "VM methods: accelerator {accel}, isolation {}: {}. Under software emulation \
+                 (tcg) the figures describe emulation, not the product. The boots are slow \
+                 methods (`--slow-runs` each); `mountctl exec` goes into one running VM \
+                 (`sandbox start vmlive --vm`, 256 MiB, 1 vCPU).",
+                vm["isolation"].as_str().unwrap_or("?"),
+                vm["reason"].as_str().unwrap_or("")
+            ));
+        }
+        let base = |args: &[&str]| -> Vec<std::ffi::OsString> {
+            let mut v: Vec<std::ffi::OsString> =
+                vec![mc.path.clone().into(), "--root".into(), root.clone().into()];
+            v.extend(args.iter().map(Into::into));
+            v
+        };
+        let accept = "--accept-emulation";
+        Ok(match id {
+            "vm-start" => Start {
+                id,
+                label: format!("mountctl sandbox start WS --vm (to ready; accel {accel})"),
+                role: Role::Cowspace,
+                shown: "mountctl --root ROOT sandbox start WS --vm --accept-emulation (then `sandbox stop WS`, untimed)".into(),
+                cmd: base(&["-q", "sandbox", "start", name, "--vm", accept]),
+                after: Some(Box::new(Start {
+                    id,
+                    label: String::new(),
+                    role: Role::Cowspace,
+                    shown: "mountctl sandbox stop WS".into(),
+                    cmd: base(&["-q", "sandbox", "stop", name]),
+                    after: None,
+                    slow: false,
+                })),
+                slow: true,
+            },
+            "vm-exec" => {
+                let running = mc
+                    .json(&root, &["sandbox".as_ref(), "status".as_ref(), name.as_ref()])
+                    .is_ok();
+                if !running {
+                    mc.json(
+                        &root,
+                        &[
+                            "sandbox".as_ref(),
+                            "start".as_ref(),
+                            name.as_ref(),
+                            "--vm".as_ref(),
+                            accept.as_ref(),
+                        ],
+                    )
+                    .map_err(|e| format!("starting the VM failed: {e:#}"))?;
+                }
+                Start {
+                    id,
+                    label: format!("mountctl exec WS -- /bin/true (a running VM; accel {accel})"),
+                    role: Role::Cowspace,
+                    shown: "mountctl --root ROOT exec WS -- /bin/true (WS's VM running)".into(),
+                    cmd: base(&["exec", name, "--", "/bin/true"]),
+                    after: None,
+                    slow: false,
+                }
+            }
+            _ => Start {
+                id,
+                label: format!("mountctl run WS --vm -- /bin/true (accel {accel})"),
+                role: Role::Cowspace,
+                shown: "mountctl --root ROOT run WS --vm --accept-emulation -- /bin/true".into(),
+                cmd: base(&["run", name, "--vm", accept, "--", "/bin/true"]),
+                after: None,
+                slow: true,
+            },
         })
     }
 }
@@ -431,6 +548,12 @@ fn skip(id: &'static str, why: String) -> Prepared {
         "mountctl-exec" => ("mountctl exec WS -- /bin/true", Role::Cowspace),
         "nsenter" => ("nsenter -t INIT -a /bin/true", Role::Baseline),
         "bwrap" => ("bwrap --unshare-all", Role::Baseline),
+        "vm-start" => ("mountctl sandbox start WS --vm (to ready)", Role::Cowspace),
+        "vm-exec" => (
+            "mountctl exec WS -- /bin/true (a running VM)",
+            Role::Cowspace,
+        ),
+        "vm-run" => ("mountctl run WS --vm -- /bin/true", Role::Cowspace),
         _ => ("unshare -Urmnpf", Role::Baseline),
     };
     Prepared::Skipped(

@@ -12,7 +12,7 @@ use crate::output::Ctx;
 pub fn run(ctx: &Ctx, c: SandboxCommand) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
     match c {
-        SandboxCommand::Start(a) => start(ctx, &rt, a),
+        SandboxCommand::Start(a) => start(ctx, &rt, *a),
         SandboxCommand::Stop { workspace } => {
             let v = rt.sandbox_stop(&workspace)?;
             ctx.confirm(v.clone(), || {
@@ -39,7 +39,10 @@ pub fn run(ctx: &Ctx, c: SandboxCommand) -> anyhow::Result<ExitCode> {
                             v["name"].as_str().unwrap_or("-"),
                             v["state"].as_str().unwrap_or("-"),
                             v["init_pid"],
-                            v["processes"],
+                            // A VM's processes are the guest's: the host does not count them.
+                            v["processes"]
+                                .as_u64()
+                                .map_or_else(|| "-".to_string(), |n| n.to_string()),
                             ports(&v["ports"]),
                         )
                     })
@@ -68,6 +71,8 @@ fn describe(v: &Value) -> String {
         "state",
         "provider",
         "isolation",
+        "reason",
+        "accel",
         "init_pid",
         "host_uid_base",
         "net",
@@ -90,7 +95,16 @@ fn describe(v: &Value) -> String {
 fn start(ctx: &Ctx, rt: &cowspace::runtime::Runtime, a: StartArgs) -> anyhow::Result<ExitCode> {
     let opts =
         cowspace::sandbox::with_defaults(SandboxOptions::from(a.sandbox), &ctx.config.sandbox());
-    let v = rt.sandbox_start(&a.workspace, &opts)?;
+    let v = if a.vm {
+        let accept =
+            a.accept_emulation || ctx.config.vm_accept_emulation().is_some_and(|s| s.value);
+        let vm = cowspace::vm::VmRun {
+            accept_emulation: accept,
+        };
+        rt.vm_start(&a.workspace, &opts, &vm)?
+    } else {
+        rt.sandbox_start(&a.workspace, &opts)?
+    };
     // The helper's notes (published ports) go to stderr, as `run` prints them.
     if let Some(m) = v["messages"].as_array() {
         for line in m.iter().filter_map(Value::as_str) {

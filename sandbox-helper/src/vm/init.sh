@@ -1,10 +1,10 @@
 #!/bin/busybox sh
-# cowspace guest init (pid 1 of the VM). Loads the virtio modules, mounts the workspace
-# (virtio-fs tag `workspace`) at /workspace, then talks to the host over three
-# virtio-serial ports: on `cowspace.ctl` it writes `ready`, reads the command script
-# (a decimal byte count on one line, then that many bytes), runs it with stdout on
-# `cowspace.stdout` and stderr on `cowspace.stderr`, syncs and unmounts the workspace,
-# writes `exit N`, waits for the host's `bye`, and reboots (which ends qemu).
+# cowspace guest init (the VM's first pid 1). Loads the virtio modules, mounts the
+# workspace (virtio-fs tag `workspace`) at /workspace, brings up the network the kernel
+# command line asks for (`cowspace.net=loopback`: lo; `cowspace.net=user`: lo and eth0
+# at 10.0.2.15/24, qemu's user network, reachable only through the published ports),
+# then becomes the guest agent, which serves the host over the virtio-serial port
+# `cowspace.agent` until the host shuts the VM down.
 /bin/busybox mount -t proc proc /proc
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -14,7 +14,6 @@ mkdir -p /tmp /workspace /root
 mount -t tmpfs tmp /tmp
 fail() {
     echo "cowspace-init: $*" >/dev/ttyS0
-    [ -n "$CTL" ] && echo "error $*" >&3
     sync
     reboot -f
 }
@@ -28,23 +27,30 @@ port() {
     return 1
 }
 tries=0
-until CTL=$(port cowspace.ctl) && OUT=$(port cowspace.stdout) && ERR=$(port cowspace.stderr); do
+until AGENT=$(port cowspace.agent); do
     tries=$((tries + 1))
-    [ $tries -gt 200 ] && fail "the virtio-serial ports did not appear"
+    [ $tries -gt 200 ] && fail "the virtio-serial port cowspace.agent did not appear"
     sleep 0.05
 done
-exec 3<>"$CTL"
 mount -t virtiofs workspace /workspace || fail "mount -t virtiofs workspace /workspace"
-case " $(cat /proc/cmdline) " in *" cowspace.net=loopback "*) ip link set lo up || fail "ip link set lo up" ;; esac
-echo ready >&3
-read -r n <&3 || fail "no command from the host"
-dd bs=1 count="$n" of=/tmp/cmd.sh <&3 2>/dev/null || fail "reading the command"
-cd /workspace
-HOME=/root sh /tmp/cmd.sh </dev/null >"$OUT" 2>"$ERR"
-st=$?
+case " $(cat /proc/cmdline) " in
+*" cowspace.net=loopback "*)
+    ip link set lo up || fail "ip link set lo up"
+    ;;
+*" cowspace.net=user "*)
+    ip link set lo up || fail "ip link set lo up"
+    for m in failover net_failover virtio_net; do
+        insmod /lib/modules/$m.ko || fail "insmod $m.ko"
+    done
+    tries=0
+    until [ -e /sys/class/net/eth0 ]; do
+        tries=$((tries + 1))
+        [ $tries -gt 200 ] && fail "the network device eth0 did not appear"
+        sleep 0.05
+    done
+    ip addr add 10.0.2.15/24 dev eth0 || fail "ip addr add 10.0.2.15/24 dev eth0"
+    ip link set eth0 up || fail "ip link set eth0 up"
+    ;;
+esac
 cd /
-sync
-umount /workspace || fail "umount /workspace"
-echo "exit $st" >&3
-read -r bye <&3
-reboot -f
+exec /bin/cowspace-agent "$AGENT"

@@ -1,8 +1,9 @@
-//! The guest's initramfs: busybox, our `/init` and the virtio modules, written as a
+//! The guest's initramfs: busybox, our `/init`, the guest agent and the virtio modules
+//! (network ones included, loaded only for a VM that publishes ports), written as a
 //! `newc` cpio archive by [`Cpio`] (no cpio binary), byte for byte the same for the same
 //! inputs, and cached under `<cache>/<hash>/initrd.cpio` where `<hash>` is the BLAKE3 of
-//! every input ([`FORMAT_VERSION`], the init script, busybox, each module's name and
-//! bytes). A change of any input makes a new directory; an existing one is reused.
+//! the archive (every input: [`FORMAT_VERSION`], the init script, the agent, busybox,
+//! each module's name and bytes). A change of any input makes a new directory; an existing one is reused.
 
 use std::fs;
 use std::io::Write;
@@ -11,17 +12,25 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 
 /// Bumped when the archive's layout changes, so old cache entries are not reused.
-pub const FORMAT_VERSION: &str = "cowspace-initramfs-1";
-/// The guest's pid 1.
+pub const FORMAT_VERSION: &str = "cowspace-initramfs-2";
+/// The guest's first pid 1: sets up, then `exec`s the agent.
 pub const INIT_SCRIPT: &str = include_str!("init.sh");
-/// The modules `/init` loads, in load order (each needs the ones before it).
-pub const MODULES: [(&str, &str); 6] = [
+/// The guest agent (`guest/agent.rs`), linked statically by the build script.
+pub const AGENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/cowspace-guest-agent"));
+/// Where the agent is in the guest.
+pub const AGENT_PATH: &str = "bin/cowspace-agent";
+/// The modules in the image, in load order (each needs the ones before it); `/init`
+/// loads the last three (the network) only when the kernel command line asks for it.
+pub const MODULES: [(&str, &str); 9] = [
     ("virtio_ring", "drivers/virtio/virtio_ring.ko"),
     ("virtio", "drivers/virtio/virtio.ko"),
     ("virtio_mmio", "drivers/virtio/virtio_mmio.ko"),
     ("fuse", "fs/fuse/fuse.ko"),
     ("virtiofs", "fs/fuse/virtiofs.ko"),
     ("virtio_console", "drivers/char/virtio_console.ko"),
+    ("failover", "net/core/failover.ko"),
+    ("net_failover", "drivers/net/net_failover.ko"),
+    ("virtio_net", "drivers/net/virtio_net.ko"),
 ];
 /// Largest input file taken into the archive (busybox is ~2 MiB, modules far less).
 pub const MAX_INPUT_BYTES: u64 = 64 << 20;
@@ -147,6 +156,7 @@ pub fn build(inputs: &Inputs) -> Result<(Vec<u8>, String)> {
     a.char_dev("dev/console", 0o600, 5, 1);
     a.file("init", 0o755, INIT_SCRIPT.as_bytes());
     a.file("bin/busybox", 0o755, &busybox);
+    a.file(AGENT_PATH, 0o755, AGENT);
     for (name, bytes) in &modules {
         a.file(&format!("lib/modules/{name}.ko"), 0o644, bytes);
     }
@@ -211,6 +221,24 @@ mod tests {
             at = (data_at + size).next_multiple_of(4);
         }
         assert_eq!(names, ["bin", "bin/x", "TRAILER!!!"]);
+    }
+
+    #[test]
+    fn the_agent_is_a_static_x86_64_executable() {
+        let a = AGENT;
+        assert_eq!(&a[..4], b"\x7fELF");
+        assert_eq!(a[4], 2, "64-bit");
+        assert_eq!(u16::from_le_bytes([a[18], a[19]]), 62, "x86-64");
+        let le64 = |at: usize| u64::from_le_bytes(a[at..at + 8].try_into().unwrap());
+        let le16 = |at: usize| u16::from_le_bytes([a[at], a[at + 1]]) as usize;
+        let (phoff, phentsize, phnum) = (le64(0x20) as usize, le16(0x36), le16(0x38));
+        assert!(phnum > 0);
+        for i in 0..phnum {
+            let at = phoff + i * phentsize;
+            let p_type = u32::from_le_bytes(a[at..at + 4].try_into().unwrap());
+            // PT_INTERP (3): a dynamic loader the initramfs does not have.
+            assert_ne!(p_type, 3, "the guest agent asks for a dynamic loader");
+        }
     }
 
     #[test]

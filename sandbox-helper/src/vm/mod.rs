@@ -1,34 +1,39 @@
-//! VM placement: a command run in a qemu `microvm` guest with the workspace shared in by
-//! virtio-fs, its stdout, stderr and exit status brought back over virtio-serial.
+//! VM placement: commands run in a qemu `microvm` guest with the workspace shared in by
+//! virtio-fs, talked to over one virtio-serial port by a guest agent of ours.
 //!
 //! Everything is found and checked before anything starts ([`prepare`]): the accelerator
 //! (software emulation runs only when the caller accepted it: it is no isolation
 //! boundary), qemu, virtiofsd, the guest kernel and its modules, busybox; then the
-//! initramfs is taken from its cache or built. [`run`] starts `virtiofsd` and qemu in a
-//! cgroup of their own whose memory limit covers guest RAM and qemu's overhead, each
-//! killed if the helper dies, and talks to the guest's `/init` over three ports
-//! ([`qemu::PORTS`]):
+//! initramfs (busybox, `/init`, the agent, the modules) is taken from its cache or
+//! built. [`boot`] starts `virtiofsd` and qemu in a cgroup of their own whose memory
+//! limit covers guest RAM and qemu's overhead, each killed if the helper dies, and waits
+//! for the agent's `READY` on the port `cowspace.agent` ([`qemu::AGENT_PORT`]).
 //!
-//! - `cowspace.ctl`: the guest writes `ready\n` once the workspace is mounted; the host
-//!   answers with the command script's length in bytes on one line and then the script;
-//!   the guest writes `exit N\n` (or `error WHAT\n`) once the command ended and the
-//!   workspace was synced and unmounted; the host answers `bye\n`; the guest reboots,
-//!   which ends qemu (`reboot=t`, `-no-reboot`).
-//! - `cowspace.stdout`, `cowspace.stderr`: the command's raw output, copied byte for byte
-//!   to the helper's own stdout and stderr until qemu closes them.
+//! The agent (`guest/agent.rs`) is the guest's pid 1 after `/init`; the frames it
+//! exchanges with the host are [`proto`]'s: execs with stdin, stdout, stderr, signals
+//! and exit status, several at once, each flow-controlled on its own. [`run`] runs one
+//! command with the helper's own standard streams and shuts the guest down; [`start`]
+//! keeps the VM as a long-lived sandbox behind the same keeper socket as a namespace
+//! sandbox ([`crate::keeper`], through [`agent::VmBackend`]).
 //!
-//! The host connects to the output ports before the control port, and the guest's first
-//! write to the control port blocks until the host is connected, so no output is lost.
+//! The guest has no network interface but `lo` unless ports are published; then
+//! `eth0` is on qemu's user network with `restrict=on` (nothing outside is reachable
+//! from the guest) and each published port is forwarded from a leased 127.0.0.1 port
+//! of the host (`hostfwd`).
 
+pub mod agent;
 pub mod initramfs;
+mod keep;
 pub mod probe;
+pub mod proto;
 pub mod qemu;
 mod runner;
 
 use std::path::{Path, PathBuf};
 
+pub use keep::start;
 pub use probe::{Accel, AccelProbe, Isolation};
-pub use runner::{VmOutcome, VmReady, reap_stale, run};
+pub use runner::{Booted, VmOutcome, VmReady, boot, reap_stale, run};
 
 use crate::error::{Error, Result};
 use crate::spec::{Controls, Net, parse_bytes, validate_name};
@@ -39,6 +44,9 @@ pub const DEFAULT_MEMORY_MIB: u64 = 256;
 pub const MIN_MEMORY_MIB: u64 = 128;
 /// Most virtual CPUs.
 pub const MAX_CPUS: u32 = 64;
+/// Most `--ro-bind` of a VM (microvm has eight virtio-mmio slots: the workspace, the
+/// agent's port, the network and these).
+pub const MAX_RO_BINDS: usize = 4;
 /// What qemu and virtiofsd use beside guest RAM and the translation cache.
 pub const OVERHEAD_MIB: u64 = 256;
 
@@ -57,10 +65,18 @@ pub struct VmSpec {
     pub memory_mib: u64,
     /// Virtual CPUs (`--cpus`, rounded up).
     pub cpus: u32,
-    /// `--net loopback` (the guest has no other interface in either case).
+    /// `--net loopback` (without `--publish` the guest has no other interface).
     pub loopback: bool,
+    /// `--publish`: guest ports forwarded from a unique 127.0.0.1 host port each.
+    pub publish: Vec<u16>,
     /// The caller accepts software emulation (`--accept-emulation`).
     pub accept_emulation: bool,
+    /// `--secret`: files of the guest's `/run/secrets` (a read-only tmpfs).
+    pub secrets: Vec<crate::spec::Secret>,
+    /// `--cpuset-cpus`: the host CPUs qemu and virtiofsd run on (the cgroup's cpuset).
+    pub cpuset: Option<String>,
+    /// `--ro-bind`: host directories shown read-only in the guest.
+    pub ro_binds: Vec<crate::spec::RoBind>,
     /// Where initramfs images are cached.
     pub cache_dir: PathBuf,
 }
@@ -74,6 +90,7 @@ fn not_yet(what: &'static str) -> Error {
 
 impl VmSpec {
     /// Validates the controls for a VM run, refusing those a VM does not enforce yet.
+    /// `state_dir` is the helper's (no secret may come from there).
     pub fn validate(
         name: &str,
         dir: &Path,
@@ -81,6 +98,7 @@ impl VmSpec {
         command: Vec<String>,
         accept_emulation: bool,
         cache_dir: &Path,
+        state_dir: &Path,
     ) -> Result<VmSpec> {
         validate_name(name)?;
         if command.is_empty() {
@@ -92,20 +110,31 @@ impl VmSpec {
                 dir.display()
             )));
         }
-        if !controls.publish.is_empty() {
-            return Err(not_yet("--publish"));
+        if controls.net == Some(Net::None) && !controls.publish.is_empty() {
+            return Err(Error::InvalidInput(
+                "--publish needs a network inside: use --net loopback (or leave --net out)".into(),
+            ));
         }
-        if !controls.ro_bind.is_empty() {
-            return Err(not_yet("--ro-bind"));
+        let mut publish = controls.publish.clone();
+        publish.sort_unstable();
+        publish.dedup();
+        if publish.contains(&0) {
+            return Err(Error::InvalidInput("--publish 0: not a port".into()));
         }
-        if !controls.secret.is_empty() {
-            return Err(not_yet("--secret"));
+        let ro_binds = crate::spec::read_ro_binds(&controls.ro_bind, state_dir)?;
+        if ro_binds.len() > MAX_RO_BINDS {
+            return Err(Error::InvalidInput(format!(
+                "more than {MAX_RO_BINDS} --ro-bind for a VM (each is a virtio-fs device)"
+            )));
+        }
+        if let Some(b) = ro_binds.iter().find(|b| !b.source.is_dir()) {
+            return Err(Error::InvalidInput(format!(
+                "--ro-bind {}: a VM binds directories only (virtio-fs shares a directory)",
+                b.source.display()
+            )));
         }
         if controls.pids.is_some() {
             return Err(not_yet("--pids"));
-        }
-        if controls.cpuset_cpus.is_some() {
-            return Err(not_yet("--cpuset-cpus"));
         }
         let memory_mib = match &controls.memory {
             Some(m) => parse_bytes(m)? >> 20,
@@ -149,25 +178,13 @@ impl VmSpec {
             memory_mib,
             cpus,
             loopback: controls.net == Some(Net::Loopback),
+            publish,
             accept_emulation,
             cache_dir: cache_dir.to_path_buf(),
+            secrets: crate::spec::read_secrets(&controls.secret, state_dir)?,
+            cpuset: crate::spec::parse_cpuset(controls.cpuset_cpus.as_deref())?,
+            ro_binds,
         })
-    }
-
-    /// The guest's command script: the environment, then `exec` of the argv, every word
-    /// single-quoted (so any byte but NUL passes unchanged).
-    pub fn script(&self) -> String {
-        let mut s = String::from("export PATH=/bin:/sbin:/usr/bin:/usr/sbin\n");
-        for (k, v) in &self.env {
-            s.push_str(&format!("export {k}={}\n", quote(v)));
-        }
-        s.push_str("exec");
-        for w in &self.command {
-            s.push(' ');
-            s.push_str(&quote(w));
-        }
-        s.push('\n');
-        s
     }
 
     /// The cgroup memory limit: guest RAM, the translation cache and qemu's own.
@@ -193,11 +210,6 @@ pub fn set_parent_death_signal() -> Result<()> {
         });
     }
     Ok(())
-}
-
-/// `w` in single quotes for `sh`.
-pub fn quote(w: &str) -> String {
-    format!("'{}'", w.replace('\'', r"'\''"))
 }
 
 /// What a VM run uses, found before anything starts.
@@ -305,36 +317,30 @@ mod tests {
     fn refuses_what_a_vm_does_not_enforce_yet() {
         let d = tempfile::tempdir().unwrap();
         let mut c = controls();
-        c.publish = vec![3000];
-        let e =
-            VmSpec::validate("w", d.path(), &c, vec!["true".into()], true, d.path()).unwrap_err();
-        assert_eq!(e.kind(), crate::Kind::Unsupported);
-        let mut c = controls();
-        c.memory = Some("64m".into());
-        let e =
-            VmSpec::validate("w", d.path(), &c, vec!["true".into()], true, d.path()).unwrap_err();
-        assert_eq!(e.kind(), crate::Kind::InvalidInput);
-    }
-
-    #[test]
-    fn script_quotes_every_word() {
-        let d = tempfile::tempdir().unwrap();
-        let mut c = controls();
-        c.env = vec!["A=it's".into()];
-        let s = VmSpec::validate(
+        c.pids = Some(10);
+        let e = VmSpec::validate(
             "w",
             d.path(),
             &c,
-            vec!["sh".into(), "-c".into(), "echo 'x' $A".into()],
+            vec!["true".into()],
             true,
             d.path(),
+            d.path(),
         )
-        .unwrap();
-        let script = s.script();
-        assert!(script.contains(r"export A='it'\''s'"), "{script}");
-        assert!(
-            script.ends_with("exec 'sh' '-c' 'echo '\\''x'\\'' $A'\n"),
-            "{script}"
-        );
+        .unwrap_err();
+        assert_eq!(e.kind(), crate::Kind::Unsupported);
+        let mut c = controls();
+        c.memory = Some("64m".into());
+        let e = VmSpec::validate(
+            "w",
+            d.path(),
+            &c,
+            vec!["true".into()],
+            true,
+            d.path(),
+            d.path(),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind(), crate::Kind::InvalidInput);
     }
 }

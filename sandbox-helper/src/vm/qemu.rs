@@ -8,12 +8,11 @@ use super::probe::Accel;
 
 /// The virtio-fs tag the guest mounts at `/workspace`.
 pub const FS_TAG: &str = "workspace";
-/// The virtio-serial ports, host socket file names and guest port names.
-pub const PORTS: [(&str, &str); 3] = [
-    ("ctl.sock", "cowspace.ctl"),
-    ("stdout.sock", "cowspace.stdout"),
-    ("stderr.sock", "cowspace.stderr"),
-];
+/// The one virtio-serial port: its host socket's file name and its name in the guest
+/// (the guest agent's channel, [`super::proto`]).
+pub const AGENT_PORT: (&str, &str) = ("agent.sock", "cowspace.agent");
+/// The guest's address on qemu's user network (`--publish`).
+pub const GUEST_ADDR: &str = "10.0.2.15";
 /// TCG's translation cache (qemu defaults to 1 GiB; the cgroup limit counts it).
 pub const TCG_TB_MIB: u64 = 128;
 
@@ -33,9 +32,18 @@ impl RunFiles {
     pub fn console(&self) -> PathBuf {
         self.dir.join("console.log")
     }
-    /// The host end of a virtio-serial port.
-    pub fn port(&self, file: &str) -> PathBuf {
-        self.dir.join(file)
+    /// The vhost-user socket of read-only bind `i`'s virtiofsd.
+    pub fn ro_sock(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("ro{i}.sock"))
+    }
+    /// Where read-only bind `i`'s source is attached for its virtiofsd (in a mount
+    /// namespace of that virtiofsd's own; an empty directory on the host).
+    pub fn ro_dir(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("ro{i}"))
+    }
+    /// The host end of the agent's virtio-serial port.
+    pub fn agent(&self) -> PathBuf {
+        self.dir.join(AGENT_PORT.0)
     }
 }
 
@@ -43,11 +51,26 @@ impl RunFiles {
 /// the workspace as its root, so it reaches nothing else of the host; no caching in the
 /// guest so the host sees every write at once; no `--tag`: qemu 7.1–8.0 crash on it).
 pub fn virtiofsd_args(files: &RunFiles, workspace: &Path) -> Vec<OsString> {
+    share_args(&files.fs_sock(), workspace, false)
+}
+
+/// `virtiofsd` serving read-only bind `i` (`--readonly`), its source attached at
+/// [`RunFiles::ro_dir`].
+pub fn ro_virtiofsd_args(files: &RunFiles, i: usize) -> Vec<OsString> {
+    share_args(&files.ro_sock(i), &files.ro_dir(i), true)
+}
+
+/// The virtio-fs tag of read-only bind `i`.
+pub fn ro_tag(i: usize) -> String {
+    format!("ro{i}")
+}
+
+fn share_args(sock_path: &Path, dir: &Path, readonly: bool) -> Vec<OsString> {
     let mut shared = OsString::from("--shared-dir=");
-    shared.push(workspace);
+    shared.push(dir);
     let mut sock = OsString::from("--socket-path=");
-    sock.push(files.fs_sock());
-    vec![
+    sock.push(sock_path);
+    let mut a = vec![
         sock,
         shared,
         "--sandbox=namespace".into(),
@@ -55,7 +78,24 @@ pub fn virtiofsd_args(files: &RunFiles, workspace: &Path) -> Vec<OsString> {
         "--inode-file-handles=never".into(),
         "--announce-submounts".into(),
         "--log-level=error".into(),
-    ]
+    ];
+    if readonly {
+        a.push("--readonly".into());
+    }
+    a
+}
+
+/// A guest's network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuestNet {
+    /// No interface at all (`--net none`).
+    None,
+    /// Only `lo` (`--net loopback`).
+    Loopback,
+    /// `lo`, and `eth0` on qemu's user network with `restrict=on` (the guest reaches
+    /// nothing outside), each (host port, guest port) forwarded from 127.0.0.1 of the
+    /// host (`--publish`).
+    Published(Vec<(u16, u16)>),
 }
 
 /// What the guest is given.
@@ -71,8 +111,10 @@ pub struct Machine<'a> {
     pub kernel: &'a Path,
     /// Initramfs.
     pub initrd: &'a Path,
-    /// Bring the guest's loopback interface up.
-    pub loopback: bool,
+    /// The guest's network.
+    pub net: GuestNet,
+    /// Read-only binds (one more virtio-fs device each, tag [`ro_tag`]).
+    pub ro_binds: usize,
     /// The guest's TSC frequency, given to the kernel under TCG (`tsc_early_khz=`): its
     /// own calibration against the emulated PIT is timed, fails on a loaded host, and
     /// the boot then hangs.
@@ -116,14 +158,31 @@ pub fn qemu_args(m: &Machine<'_>, files: &RunFiles) -> Vec<OsString> {
         "-no-reboot",
         "-sandbox",
         "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
-        "-nic",
-        "none",
     ] {
         push(s.into());
     }
     let mut append = String::from("console=ttyS0 quiet reboot=t panic=-1 rdinit=/init");
-    if m.loopback {
-        append.push_str(" cowspace.net=loopback");
+    match &m.net {
+        GuestNet::None | GuestNet::Loopback => {
+            push("-nic".into());
+            push("none".into());
+            if m.net == GuestNet::Loopback {
+                append.push_str(" cowspace.net=loopback");
+            }
+        }
+        GuestNet::Published(fwd) => {
+            let mut n = String::from("user,id=n0,restrict=on");
+            for (host, guest) in fwd {
+                n.push_str(&format!(
+                    ",hostfwd=tcp:127.0.0.1:{host}-{GUEST_ADDR}:{guest}"
+                ));
+            }
+            push("-netdev".into());
+            push(n);
+            push("-device".into());
+            push("virtio-net-device,netdev=n0".into());
+            append.push_str(" cowspace.net=user");
+        }
     }
     if let (Accel::Tcg, Some(khz)) = (m.accel, m.tsc_khz) {
         append.push_str(&format!(" tsc_early_khz={khz}"));
@@ -140,16 +199,30 @@ pub fn qemu_args(m: &Machine<'_>, files: &RunFiles) -> Vec<OsString> {
     a.push(path_opt("socket,id=fs0,path=", &files.fs_sock()));
     a.push("-device".into());
     a.push(format!("vhost-user-fs-device,chardev=fs0,tag={FS_TAG},queue-size=1024").into());
-    a.push("-device".into());
-    a.push("virtio-serial-device,max_ports=4".into());
-    for (i, (file, name)) in PORTS.iter().enumerate() {
+    for i in 0..m.ro_binds {
         a.push("-chardev".into());
-        let mut c = OsString::from(format!("socket,id=p{i},server=on,wait=off,path="));
-        c.push(files.port(file));
-        a.push(c);
+        a.push(path_opt(
+            &format!("socket,id=ro{i},path="),
+            &files.ro_sock(i),
+        ));
         a.push("-device".into());
-        a.push(format!("virtserialport,chardev=p{i},name={name}").into());
+        a.push(
+            format!(
+                "vhost-user-fs-device,chardev=ro{i},tag={},queue-size=1024",
+                ro_tag(i)
+            )
+            .into(),
+        );
     }
+    a.push("-device".into());
+    a.push("virtio-serial-device,max_ports=2".into());
+    a.push("-chardev".into());
+    a.push(path_opt(
+        "socket,id=agent,server=on,wait=off,path=",
+        &files.agent(),
+    ));
+    a.push("-device".into());
+    a.push(format!("virtserialport,chardev=agent,name={}", AGENT_PORT.1).into());
     a
 }
 
@@ -174,7 +247,8 @@ mod tests {
             cpus: 1,
             kernel: Path::new("/k"),
             initrd: Path::new("/i"),
-            loopback: false,
+            net: GuestNet::None,
+            ro_binds: 0,
             tsc_khz: Some(2_600_000),
         };
         let line: Vec<String> = qemu_args(&m, &files)
@@ -188,6 +262,23 @@ mod tests {
         assert!(joined.contains("-nic none"));
         assert!(!joined.contains("cowspace.net=loopback"));
         assert!(joined.contains("tsc_early_khz=2600000"));
+        assert!(joined.contains("name=cowspace.agent"));
+        let published = Machine {
+            net: GuestNet::Published(vec![(20001, 3000)]),
+            ..m.clone()
+        };
+        let joined: String = qemu_args(&published, &files)
+            .into_iter()
+            .map(|s| s.into_string().unwrap() + " ")
+            .collect();
+        assert!(
+            joined.contains(
+                "-netdev user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:20001-10.0.2.15:3000 "
+            ),
+            "{joined}"
+        );
+        assert!(!joined.contains("-nic none"));
+        assert!(joined.contains("cowspace.net=user"));
         assert!(
             !virtiofsd_args(&files, Path::new("/w"))
                 .iter()

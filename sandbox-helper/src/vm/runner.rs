@@ -1,8 +1,8 @@
-//! Starting, talking to and tearing down one VM (see the protocol in [`super`]).
+//! Booting one VM ([`boot`]), running one command in it ([`run`]), and tearing it down
+//! ([`super::start`] keeps one as a long-lived sandbox).
 
 use std::fs;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -13,11 +13,13 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{SigSet, Signal, kill};
 use nix::unistd::Pid;
 
+use super::agent::Channel;
 use super::probe::Isolation;
-use super::qemu::{self, Machine, RunFiles};
+use super::qemu::{self, GuestNet, Machine, RunFiles};
 use super::{Prepared, VmSpec};
 use crate::cgroup;
 use crate::error::{Error, Result};
+use crate::keeper::InitMsg;
 use crate::spec::Limits;
 use crate::sys;
 
@@ -27,10 +29,10 @@ const VIRTIOFSD_START_MS: u64 = 10_000;
 const QEMU_START_MS: u64 = 10_000;
 /// How long the guest may take from qemu's start to `ready` (TCG boots in seconds).
 const BOOT_TIMEOUT_MS: u64 = 60_000;
-/// How long qemu may take to end after `bye`.
+/// How long qemu may take to end after the guest's `BYE`.
 const QEMU_EXIT_MS: u64 = 10_000;
-/// Longest control line read from the guest.
-const MAX_CTL_LINE_BYTES: u64 = 4096;
+/// How long the guest may take to end its processes and unmount the workspace.
+const SHUTDOWN_MS: u64 = 10_000;
 /// Most bytes of a log quoted in an error.
 const MAX_LOG_TAIL_BYTES: usize = 2048;
 /// Pause between polls for a socket or an exit.
@@ -47,13 +49,15 @@ pub struct VmReady {
     pub virtiofsd_pid: i32,
 }
 
-/// How a VM run ended.
+/// How a VM run ended (or, for [`start`], the sandbox: `code` 0).
 #[derive(Debug, Clone)]
 pub struct VmOutcome {
     /// The command's exit status (128 + N when the helper got signal N).
     pub code: u8,
     /// From qemu's start to the guest's `ready`.
     pub boot_ms: u64,
+    /// Processes the kernel OOM-killed in the host cgroup (qemu's, not the guest's).
+    pub oom_kills: u64,
 }
 
 /// Kills and reaps a child on drop.
@@ -111,13 +115,24 @@ fn vm_failed(step: &str, files: &RunFiles, why: String) -> Error {
     }
 }
 
+/// The namespaces a VM process is started in (see [`sys::vm_child_pre_exec`]).
+#[derive(Default)]
+struct Confine<'a> {
+    /// `CLONE_NEW*` flags.
+    unshare: libc::c_int,
+    /// A detached mount to attach, and where, in a mount namespace of its own.
+    attach: Option<(std::os::fd::BorrowedFd<'a>, &'a Path)>,
+    /// Every mount read-only but this directory.
+    writable_only: Option<&'a Path>,
+}
+
 fn spawn(
     bin: &Path,
     args: &[std::ffi::OsString],
     log: &Path,
     procs: &[fs::File],
     what: &str,
-    unshare: libc::c_int,
+    confine: Confine<'_>,
 ) -> Result<Reaped> {
     let out = fs::File::create(log).map_err(|source| Error::StateDir {
         path: log.to_path_buf(),
@@ -135,7 +150,17 @@ fn spawn(
         .stdout(out)
         .stderr(err);
     let fds: Vec<_> = procs.iter().map(AsFd::as_fd).collect();
-    sys::vm_child_pre_exec(&mut cmd, &fds, unshare);
+    let Confine {
+        unshare,
+        attach,
+        writable_only,
+    } = confine;
+    sys::vm_child_pre_exec(&mut cmd, &fds, unshare, attach, writable_only).map_err(|source| {
+        Error::Setup {
+            step: format!("vm: prepare {what}"),
+            source,
+        }
+    })?;
     let child = cmd.spawn().map_err(|source| Error::Setup {
         step: format!("vm: start {what} ({})", bin.display()),
         source,
@@ -166,7 +191,7 @@ fn wait_for(path: &Path, child: &mut Reaped, ms: u64, files: &RunFiles, what: &s
     Ok(())
 }
 
-/// Connects to one of qemu's port sockets. qemu binds a socket before it listens on it,
+/// Connects to qemu's port socket. qemu binds a socket before it listens on it,
 /// so a socket that exists may still refuse for a moment: refusals are retried until
 /// `QEMU_START_MS` has passed, or qemu has exited.
 fn connect(path: &Path, qemu: &mut Reaped, files: &RunFiles) -> Result<UnixStream> {
@@ -192,44 +217,130 @@ fn connect(path: &Path, qemu: &mut Reaped, files: &RunFiles) -> Result<UnixStrea
     }
 }
 
-/// Copies `from` to `to` until EOF (qemu closing the port), then flushes.
-fn relay(mut from: UnixStream, mut to: impl Write + Send + 'static) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let _ = std::io::copy(&mut from, &mut to);
-        let _ = to.flush();
+/// A booted VM: its processes, cgroup, run directory and agent channel. Dropping it
+/// kills qemu and virtiofsd and removes the cgroup and the run directory.
+pub struct Booted {
+    /// The agent's channel.
+    pub channel: Arc<Channel>,
+    /// qemu (dropped first: the fields drop in order).
+    vm: Reaped,
+    fsd: Reaped,
+    ro_fsds: Vec<Reaped>,
+    group: cgroup::Group,
+    _dir: RunDirGuard,
+    files: RunFiles,
+    /// From qemu's start to the agent's `READY`.
+    pub boot_ms: u64,
+    /// The guest kernel's release, as the agent read it.
+    pub guest_release: String,
+    /// The published ports' leases (held until the VM is gone).
+    pub ports: Vec<crate::alloc::HeldPort>,
+}
+
+impl std::fmt::Debug for Booted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Booted")
+            .field("qemu", &self.vm.0.id())
+            .finish()
+    }
+}
+
+impl Booted {
+    /// qemu's pid.
+    pub fn qemu_pid(&self) -> i32 {
+        self.vm.0.id() as i32
+    }
+    /// virtiofsd's pid.
+    pub fn virtiofsd_pid(&self) -> i32 {
+        self.fsd.0.id() as i32
+    }
+    /// The cgroup directories of qemu and virtiofsd.
+    pub fn cgroups(&self) -> Vec<PathBuf> {
+        self.group
+            .dirs()
+            .into_iter()
+            .map(Path::to_path_buf)
+            .collect()
+    }
+
+    /// Waits until qemu has exited (stopped from outside, or the guest powered off).
+    pub(super) fn wait_qemu(&mut self) {
+        while let Err(e) = self.vm.0.wait() {
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                break;
+            }
+        }
+    }
+
+    /// Shuts the guest down (its processes ended, the workspace synced and unmounted),
+    /// waits for qemu, then frees everything: virtiofsd, the cgroup, the run directory.
+    fn shut_down(mut self) -> Result<u64> {
+        if self.channel.shutdown(Duration::from_millis(SHUTDOWN_MS)) {
+            let deadline = Instant::now() + Duration::from_millis(QEMU_EXIT_MS);
+            while self.vm.0.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(POLL_MS));
+            }
+        }
+        self.free()
+    }
+
+    /// Frees what is left once qemu ended (or ends it).
+    pub(super) fn free(mut self) -> Result<u64> {
+        // The port leases go with `self`, after qemu.
+        let _ = self.vm.0.kill();
+        self.wait_qemu();
+        let _ = self.fsd.0.kill();
+        let _ = self.fsd.0.wait();
+        for d in &mut self.ro_fsds {
+            let _ = d.0.kill();
+            let _ = d.0.wait();
+        }
+        let oom = self.group.oom_kills().unwrap_or(0);
+        self.group.destroy()?;
+        Ok(oom)
+    }
+}
+
+/// Whether process `pid` (a child of this one) runs: neither gone nor a zombie.
+pub(super) fn running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(") ")
+            .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
     })
 }
 
-/// Runs `spec` in a VM with `prep` (from [`super::prepare`]), its per-run files under
-/// `state_dir/vm/`, its cgroup under `cgroup_root`. `on_ready` is told once the guest is
-/// up. SIGINT, SIGTERM, SIGHUP and SIGQUIT to the helper end the VM (exit 128 + N).
-pub fn run(
+/// The guest's network for `spec`, with the host ports leased for its `--publish`.
+pub(super) fn guest_net(spec: &VmSpec, leases: &[crate::alloc::HeldPort]) -> GuestNet {
+    if !leases.is_empty() {
+        GuestNet::Published(leases.iter().map(|l| (l.host, l.internal)).collect())
+    } else if spec.loopback {
+        GuestNet::Loopback
+    } else {
+        GuestNet::None
+    }
+}
+
+/// Boots a VM for `spec` with `prep`: its cgroup under `cgroup_root`, its run directory
+/// under `state_dir/vm/`, virtiofsd, qemu, and the agent's channel once the guest said
+/// `READY`. `leases` are the host ports of `--publish`: their listeners are closed just
+/// before qemu starts (qemu binds the ports itself); [`Booted`] holds their locks.
+pub fn boot(
     spec: &VmSpec,
     prep: &Prepared,
     state_dir: &Path,
     cgroup_root: &Path,
-    on_ready: impl FnOnce(&VmReady),
-) -> Result<VmOutcome> {
+    leases: Vec<crate::alloc::PortLease>,
+    on_qemu: impl FnOnce(i32),
+) -> Result<Booted> {
     if prep.accel.isolation == Isolation::NeedsValidation && !spec.accept_emulation {
         return Err(Error::VmUnavailable {
             what: "isolation",
             reason: prep.accel.reason.clone(),
         });
     }
-    // The signals that end the VM are taken by one thread; everything this thread starts
-    // gets an empty mask back before exec.
-    let signals = SigSet::from_iter([
-        Signal::SIGINT,
-        Signal::SIGTERM,
-        Signal::SIGHUP,
-        Signal::SIGQUIT,
-    ]);
-    signals.thread_block().map_err(|e| Error::Setup {
-        step: "vm: block signals".into(),
-        source: e.into(),
-    })?;
     let limits = Limits {
         memory_bytes: Some(spec.host_memory_bytes()),
+        cpuset: spec.cpuset.clone(),
         ..Limits::default()
     };
     let placements = cgroup::require(cgroup_root, &limits)?;
@@ -253,7 +364,14 @@ pub fn run(
         path: dir.clone(),
         source,
     })?;
-    let _dir_guard = RunDirGuard(dir.clone());
+    let dir_guard = RunDirGuard(dir.clone());
+    // Root's alone: its sockets (the agent's channel, virtiofsd's) are nobody else's.
+    fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).map_err(
+        |source| Error::StateDir {
+            path: dir.clone(),
+            source,
+        },
+    )?;
     let files = RunFiles { dir };
 
     let mut fsd = spawn(
@@ -263,7 +381,7 @@ pub fn run(
         &procs,
         "virtiofsd",
         // It makes its own mount, pid and network namespaces (`--sandbox=namespace`).
-        0,
+        Confine::default(),
     )?;
     wait_for(
         &files.fs_sock(),
@@ -272,14 +390,70 @@ pub fn run(
         &files,
         "virtiofsd",
     )?;
+    // One read-only virtiofsd per --ro-bind: the source, opened without following a
+    // symlink, attached (read-only) in a mount namespace of that virtiofsd's own.
+    let mut ro_fsds = Vec::new();
+    for (i, b) in spec.ro_binds.iter().enumerate() {
+        let tree = sys::open_tree_clone(&b.source).map_err(|source| Error::DetachedMount {
+            path: b.source.clone(),
+            source,
+        })?;
+        sys::mount_setattr(
+            std::os::fd::AsFd::as_fd(&tree),
+            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+            None,
+        )
+        .map_err(|source| Error::DetachedMount {
+            path: b.source.clone(),
+            source,
+        })?;
+        let at = files.ro_dir(i);
+        fs::create_dir(&at).map_err(|source| Error::StateDir {
+            path: at.clone(),
+            source,
+        })?;
+        let mut d = spawn(
+            &prep.virtiofsd,
+            &qemu::ro_virtiofsd_args(&files, i),
+            &files.dir.join(format!("virtiofsd-ro{i}.log")),
+            &procs,
+            "virtiofsd",
+            Confine {
+                attach: Some((std::os::fd::AsFd::as_fd(&tree), &at)),
+                ..Confine::default()
+            },
+        )?;
+        drop(tree);
+        wait_for(
+            &files.ro_sock(i),
+            &mut d,
+            VIRTIOFSD_START_MS,
+            &files,
+            "virtiofsd",
+        )?;
+        ro_fsds.push(d);
+    }
+    // qemu binds the published ports itself, on the host's 127.0.0.1: their listeners
+    // go now (the port locks stay held, so no other sandbox is given them).
+    let ports: Vec<_> = leases.into_iter().map(|l| l.into_held()).collect();
+    let net = guest_net(spec, &ports);
     let machine = Machine {
         accel: prep.accel.accel,
         memory_mib: spec.memory_mib,
         cpus: spec.cpus,
         kernel: &prep.kernel.image,
         initrd: &prep.initrd.0,
-        loopback: spec.loopback,
+        net: net.clone(),
+        ro_binds: spec.ro_binds.len(),
         tsc_khz: super::probe::host_tsc_khz(),
+    };
+    let unshare = match net {
+        // No network at all (the guest has none) and no host System V IPC; its sockets
+        // are paths, which work across network namespaces.
+        GuestNet::None | GuestNet::Loopback => libc::CLONE_NEWNET | libc::CLONE_NEWIPC,
+        // The forwarded ports are the host's: qemu stays in its network namespace, and
+        // `restrict=on` keeps the guest from reaching out through it.
+        GuestNet::Published(_) => libc::CLONE_NEWIPC,
     };
     let started = Instant::now();
     let mut vm = spawn(
@@ -288,111 +462,219 @@ pub fn run(
         &files.dir.join("qemu.log"),
         &procs,
         "qemu",
-        // No network (the guest has none) and no host System V IPC; its sockets are
-        // paths, which work across network namespaces.
-        libc::CLONE_NEWNET | libc::CLONE_NEWIPC,
+        Confine {
+            unshare,
+            attach: None,
+            // qemu writes nothing of the host but its run directory (sockets, the
+            // console log): every other mount is read-only in a mount namespace of its
+            // own.
+            writable_only: Some(&files.dir),
+        },
     )?;
     drop(procs);
-    let qemu_pid = vm.0.id() as i32;
-    let victim = Arc::new(AtomicI32::new(qemu_pid));
+    on_qemu(vm.0.id() as i32);
+    wait_for(&files.agent(), &mut vm, QEMU_START_MS, &files, "qemu")?;
+    let sock = connect(&files.agent(), &mut vm, &files)?;
+    let (channel, guest_release) = match Channel::open(sock, Duration::from_millis(BOOT_TIMEOUT_MS))
+    {
+        Ok(x) => x,
+        Err(e) => {
+            let why = if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) {
+                format!("no word from the guest agent within {BOOT_TIMEOUT_MS} ms")
+            } else {
+                e.to_string()
+            };
+            return Err(vm_failed("boot the guest", &files, why));
+        }
+    };
+    let boot_ms = started.elapsed().as_millis() as u64;
+    let mounts: Vec<(String, String)> = spec
+        .ro_binds
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (qemu::ro_tag(i), b.target.display().to_string()))
+        .collect();
+    channel
+        .mount_ro(&mounts)
+        .and_then(|()| channel.put_secrets(&spec.secrets))
+        .map_err(|e| {
+            vm_failed(
+                "give the guest its binds and secrets",
+                &files,
+                e.to_string(),
+            )
+        })?;
+    Ok(Booted {
+        channel,
+        vm,
+        fsd,
+        ro_fsds,
+        group,
+        _dir: dir_guard,
+        files,
+        boot_ms,
+        guest_release,
+        ports,
+    })
+}
+
+/// The environment every command in the guest starts from: `PATH`, `HOME`, `--env`.
+pub(super) fn base_env(spec: &VmSpec) -> Vec<(String, String)> {
+    let mut env = vec![
+        (
+            "PATH".to_string(),
+            "/bin:/sbin:/usr/bin:/usr/sbin".to_string(),
+        ),
+        ("HOME".to_string(), "/root".to_string()),
+    ];
+    env.extend(spec.env.iter().cloned());
+    env
+}
+
+/// The signals that end a VM, blocked in the calling thread (every thread started
+/// later inherits the mask; qemu and virtiofsd get an empty one back before exec).
+pub(super) fn block_stop_signals() -> Result<SigSet> {
+    let signals = SigSet::from_iter([
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ]);
+    signals.thread_block().map_err(|e| Error::Setup {
+        step: "vm: block signals".into(),
+        source: e.into(),
+    })?;
+    Ok(signals)
+}
+
+/// Runs `spec` in a VM with `prep` (from [`super::prepare`]), its per-run files under
+/// `state_dir/vm/`, its cgroup under `cgroup_root`, with this process's stdin, stdout
+/// and stderr. `on_ready` is told once the guest is up. SIGINT, SIGTERM, SIGHUP and
+/// SIGQUIT to the helper end the VM (exit 128 + N).
+pub fn run(
+    spec: &VmSpec,
+    prep: &Prepared,
+    state_dir: &Path,
+    cgroup_root: &Path,
+    on_ready: impl FnOnce(&VmReady),
+) -> Result<VmOutcome> {
+    let signals = block_stop_signals()?;
+    let victim = Arc::new(AtomicI32::new(0));
     let got = Arc::new(AtomicI32::new(0));
     {
         let (victim, got) = (victim.clone(), got.clone());
         std::thread::spawn(move || {
             if let Ok(sig) = signals.wait() {
                 got.store(sig as i32, Ordering::SeqCst);
-                let _ = kill(
-                    Pid::from_raw(victim.load(Ordering::SeqCst)),
-                    Signal::SIGKILL,
-                );
+                let pid = victim.load(Ordering::SeqCst);
+                if pid > 0 {
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+                }
             }
         });
     }
-    for (file, _) in qemu::PORTS {
-        wait_for(&files.port(file), &mut vm, QEMU_START_MS, &files, "qemu")?;
-    }
-    let out = connect(&files.port(qemu::PORTS[1].0), &mut vm, &files)?;
-    let err = connect(&files.port(qemu::PORTS[2].0), &mut vm, &files)?;
-    let mut ctl = connect(&files.port(qemu::PORTS[0].0), &mut vm, &files)?;
-    let relays = [relay(out, std::io::stdout()), relay(err, std::io::stderr())];
     let interrupted = |got: &AtomicI32| match got.load(Ordering::SeqCst) {
         0 => None,
         s => Some(128u8.saturating_add(s as u8)),
     };
-
-    let _ = ctl.set_read_timeout(Some(Duration::from_millis(BOOT_TIMEOUT_MS)));
-    let mut reader = BufReader::new(
-        ctl.try_clone()
-            .map_err(|e| vm_failed("control port", &files, e.to_string()))?,
-    );
-    let line = read_line(&mut reader);
-    if let Some(code) = interrupted(&got) {
-        return Ok(VmOutcome { code, boot_ms: 0 });
-    }
-    let line = line.map_err(|e| vm_failed("boot the guest", &files, e))?;
-    if line != "ready" {
-        return Err(vm_failed(
-            "boot the guest",
-            &files,
-            format!("the guest said {line:?}"),
-        ));
-    }
-    let boot_ms = started.elapsed().as_millis() as u64;
-    on_ready(&VmReady {
-        boot_ms,
-        qemu_pid,
-        virtiofsd_pid: fsd.0.id() as i32,
+    let booted = boot(spec, prep, state_dir, cgroup_root, Vec::new(), |pid| {
+        victim.store(pid, Ordering::SeqCst);
     });
-    let script = spec.script();
-    ctl.write_all(format!("{}\n{script}", script.len()).as_bytes())
-        .map_err(|e| vm_failed("send the command", &files, e.to_string()))?;
-    let _ = ctl.set_read_timeout(None);
-    let status = read_line(&mut reader);
-    if let Some(code) = interrupted(&got) {
-        return Ok(VmOutcome { code, boot_ms });
-    }
-    let status = status.map_err(|e| vm_failed("run the command", &files, e))?;
-    let code = match status.strip_prefix("exit ").map(str::parse::<u8>) {
-        Some(Ok(code)) => code,
-        _ => {
-            return Err(vm_failed(
-                "run the command",
-                &files,
-                format!("the guest said {status:?}"),
-            ));
+    let booted = match booted {
+        Ok(b) => b,
+        Err(e) => {
+            return match interrupted(&got) {
+                Some(code) => Ok(VmOutcome {
+                    code,
+                    boot_ms: 0,
+                    oom_kills: 0,
+                }),
+                None => Err(e),
+            };
         }
     };
-    let _ = ctl.write_all(b"bye\n");
-    let deadline = Instant::now() + Duration::from_millis(QEMU_EXIT_MS);
-    while vm.0.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(POLL_MS));
-    }
-    // Ends qemu if it did not end by itself, so the output ports close.
-    drop(vm);
-    for r in relays {
-        let _ = r.join();
-    }
-    drop(fsd);
-    drop(group);
-    Ok(VmOutcome { code, boot_ms })
-}
-
-/// One line from the guest (without its newline), or why there is none.
-fn read_line(r: &mut BufReader<UnixStream>) -> std::result::Result<String, String> {
-    let mut line = String::new();
-    match r.by_ref().take(MAX_CTL_LINE_BYTES).read_line(&mut line) {
-        Ok(0) => Err("qemu ended (the guest closed the control port)".into()),
-        Ok(_) => Ok(line.trim_end_matches('\n').to_string()),
-        Err(e)
-            if matches!(
-                e.kind(),
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-            ) =>
-        {
-            Err(format!(
-                "no answer from the guest within {BOOT_TIMEOUT_MS} ms"
-            ))
+    let boot_ms = booted.boot_ms;
+    on_ready(&VmReady {
+        boot_ms,
+        qemu_pid: booted.qemu_pid(),
+        virtiofsd_pid: booted.virtiofsd_pid(),
+    });
+    let dup = |fd: std::os::fd::BorrowedFd<'_>| -> Result<OwnedFd> {
+        fd.try_clone_to_owned().map_err(|source| Error::Setup {
+            step: "vm: pass the standard streams on".into(),
+            source,
+        })
+    };
+    // A terminal is not passed: the VM has none for the command, and this process,
+    // in a process group of its own, must not read the caller's (SIGTTIN).
+    let stdin = if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        OwnedFd::from(fs::File::open("/dev/null").map_err(|source| Error::Setup {
+            step: "vm: open /dev/null".into(),
+            source,
+        })?)
+    } else {
+        dup(std::io::stdin().as_fd())?
+    };
+    let stdio = [
+        stdin,
+        dup(std::io::stdout().as_fd())?,
+        dup(std::io::stderr().as_fd())?,
+    ];
+    let (tx, rx) = std::sync::mpsc::channel();
+    let msg = super::proto::ExecMsg {
+        argv: spec.command.clone(),
+        env: base_env(spec),
+        workdir: "/workspace".into(),
+    };
+    booted
+        .channel
+        .exec(1, &msg, stdio, tx)
+        .map_err(|e| vm_failed("send the command", &booted.files, e.to_string()))?;
+    let mut code = None;
+    while let Ok(m) = rx.recv() {
+        match m {
+            InitMsg::Started(..) => continue,
+            InitMsg::Done(c) => code = Some(c.clamp(0, 255) as u8),
+            InitMsg::Failed(errno, what) => {
+                let err = std::io::Error::from_raw_os_error(errno);
+                let cmd = &spec.command[0];
+                code = Some(match (what, errno) {
+                    (0, libc::ENOENT) => {
+                        eprintln!("sandbox-helper: {cmd}: command not found in the VM");
+                        127
+                    }
+                    _ => {
+                        eprintln!("sandbox-helper: {cmd}: {err}");
+                        126
+                    }
+                });
+            }
+            InitMsg::Gone => {}
         }
-        Err(e) => Err(e.to_string()),
+        break;
     }
+    if let Some(c) = interrupted(&got) {
+        let oom_kills = booted.free()?;
+        return Ok(VmOutcome {
+            code: c,
+            boot_ms,
+            oom_kills,
+        });
+    }
+    let Some(code) = code else {
+        return Err(vm_failed(
+            "run the command",
+            &booted.files,
+            "qemu ended before the command did".into(),
+        ));
+    };
+    let oom_kills = booted.shut_down()?;
+    Ok(VmOutcome {
+        code,
+        boot_ms,
+        oom_kills,
+    })
 }

@@ -7,4 +7,5 @@ mod run;
 mod sandbox;
 mod store_cli;
 mod vm;
+mod vm_sandbox;
 mod workspaces;

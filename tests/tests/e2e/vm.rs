@@ -21,16 +21,16 @@ use cowspace_tests::{mountctl_bin, write_file};
 use serde_json::Value;
 
 use crate::sandbox::support as sandbox_support;
-use crate::workspaces::support::{WsRoot, kill9, require_root};
+use crate::workspaces::support::{WsRoot, kill9};
 
 /// How long a test waits for something a VM does (a boot under TCG takes seconds).
-const VM_WAIT: Duration = Duration::from_secs(120);
+pub(crate) const VM_WAIT: Duration = Duration::from_secs(120);
 
 /// Skips (or fails under CI) when the host lacks what a VM run needs.
-macro_rules! require_vm {
+macro_rules! require_vm_ {
     () => {
-        require_root!();
-        let vm = doctor_vm();
+        crate::workspaces::support::require_root!();
+        let vm = crate::vm::doctor_vm();
         if vm["available"] != true {
             let why = format!("no VM placement here: {}", vm["missing"]);
             if std::env::var("CI").as_deref() == Ok("true") {
@@ -41,9 +41,10 @@ macro_rules! require_vm {
         }
     };
 }
+pub(crate) use require_vm_ as require_vm;
 
 /// The `vm` row of `mountctl doctor --json` (in a throwaway root).
-fn doctor_vm() -> Value {
+pub(crate) fn doctor_vm() -> Value {
     let r = WsRoot::new();
     let out = r.t.json(["doctor"]).ok();
     out.json()["vm"].clone()
@@ -51,7 +52,7 @@ fn doctor_vm() -> Value {
 
 /// A runtime root with one workspace `name` of `a.txt`, `d/x` (a name per test: the
 /// tests run at once, and leftovers are found by name).
-fn setup(name: &str) -> WsRoot {
+pub(crate) fn setup(name: &str) -> WsRoot {
     sandbox_support::helper();
     let r = WsRoot::new();
     let src = r.t.path("src");
@@ -76,12 +77,12 @@ fn vm_cmd(r: &WsRoot, ws: &str, args: &[&str]) -> Command {
 }
 
 /// The accelerator is software emulation here (the usual case: CI, this host).
-fn emulated() -> bool {
+pub(crate) fn emulated() -> bool {
     !Path::new("/sys/module/kvm_intel").exists() && !Path::new("/sys/module/kvm_amd").exists()
 }
 
 /// Host processes whose command line contains `needle`.
-fn procs_with(needle: &str) -> Vec<(u32, String)> {
+pub(crate) fn procs_with(needle: &str) -> Vec<(u32, String)> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
@@ -99,7 +100,7 @@ fn procs_with(needle: &str) -> Vec<(u32, String)> {
 
 /// What a VM run of root `r` leaves on the host: its qemu and virtiofsd processes, its
 /// per-run directories, its cgroups.
-fn vm_leftovers(r: &WsRoot, ws: &str) -> Vec<String> {
+pub(crate) fn vm_leftovers(r: &WsRoot, ws: &str) -> Vec<String> {
     let state = r.root().join("run/sandbox");
     let mut left: Vec<String> = procs_with(&state.display().to_string())
         .into_iter()
@@ -368,16 +369,9 @@ fn vm_refusals_start_nothing() {
     let err = refused(&mut vm_cmd(
         &r,
         WS,
-        &[
-            "--accept-emulation",
-            "--publish",
-            "3000",
-            "--",
-            "touch",
-            "ran",
-        ],
+        &["--accept-emulation", "--pids", "64", "--", "touch", "ran"],
     ));
-    assert!(err.contains("--publish"), "{err}");
+    assert!(err.contains("--pids"), "{err}");
     let path = r.status(WS)["path"].as_str().unwrap().to_string();
     assert!(
         !Path::new(&path).join("ran").exists(),
