@@ -223,7 +223,8 @@ pub struct RunArgs {
     /// With --vm on a host without hardware KVM: run under qemu's software emulation,
     /// which is no isolation boundary (the run says isolation: needs_validation);
     /// refused without it. Also `[vm] accept_emulation = true` in the configuration.
-    #[arg(long, requires = "vm")]
+    /// `--allow-unvalidated-isolation` is another name for it.
+    #[arg(long, requires = "vm", visible_alias = "allow-unvalidated-isolation")]
     pub accept_emulation: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
@@ -511,7 +512,8 @@ pub struct StartArgs {
     /// With --vm on a host without hardware KVM: run under qemu's software emulation,
     /// which is no isolation boundary (the status says isolation: needs_validation);
     /// refused without it. Also `[vm] accept_emulation = true` in the configuration.
-    #[arg(long, requires = "vm")]
+    /// `--allow-unvalidated-isolation` is another name for it.
+    #[arg(long, requires = "vm", visible_alias = "allow-unvalidated-isolation")]
     pub accept_emulation: bool,
 }
 
