@@ -28,7 +28,7 @@ use crate::lock::StoreLock;
 use crate::pack::{Codec, PACK_MAGIC, RECORD_HEADER_BYTES, record_header};
 use crate::snapshot::now_secs;
 use crate::store::{Store, verify};
-use crate::tree::Kind;
+use crate::tree::{Kind, Reader};
 use crate::writer::{NewObject, PackWriter};
 
 /// Reads byte ranges of objects on remotes (the network side, outside the store).
@@ -109,37 +109,6 @@ const INDEX_VERSION: u8 = 1;
 /// Bytes of one chunk entry of an index.
 const INDEX_CHUNK_BYTES: usize = 32 + 4 + 8 + 4 + 4 + 1;
 
-struct Reader<'a> {
-    b: &'a [u8],
-    at: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let s = self.b.get(self.at..self.at.checked_add(n)?)?;
-        self.at += n;
-        Some(s)
-    }
-    fn u8(&mut self) -> Option<u8> {
-        self.take(1).map(|s| s[0])
-    }
-    fn u16(&mut self) -> Option<u16> {
-        self.take(2)
-            .map(|s| u16::from_le_bytes(s.try_into().expect("2")))
-    }
-    fn u32(&mut self) -> Option<u32> {
-        self.take(4)
-            .map(|s| u32::from_le_bytes(s.try_into().expect("4")))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        self.take(8)
-            .map(|s| u64::from_le_bytes(s.try_into().expect("8")))
-    }
-    fn id(&mut self) -> Option<[u8; 32]> {
-        self.take(32).map(|s| s.try_into().expect("32"))
-    }
-}
-
 impl SnapshotIndex {
     /// The encoding (`docs/store-format.md`): ends with the BLAKE3 of what precedes it.
     pub fn encode(&self) -> Vec<u8> {
@@ -181,37 +150,38 @@ impl SnapshotIndex {
         if blake3::hash(body).as_bytes() != sum {
             return Err(bad("its checksum does not match (damaged or cut short)"));
         }
-        let mut r = Reader { b: body, at: 0 };
-        if r.take(8) != Some(&INDEX_MAGIC[..]) {
+        let mut r = Reader::new(body);
+        let short = |_| bad("cut short");
+        if r.take(8).ok() != Some(&INDEX_MAGIC[..]) {
             return Err(bad("not a snapshot index"));
         }
-        if r.u8() != Some(INDEX_VERSION) {
+        if r.u8().ok() != Some(INDEX_VERSION) {
             return Err(bad("unknown index version"));
         }
-        let snapshot = SnapshotId::from_bytes(r.id().ok_or_else(|| bad("cut short"))?);
+        let snapshot = SnapshotId::from_bytes(r.id().map_err(short)?);
         if &snapshot != expect {
             return Err(bad(&format!("it is the index of {}", snapshot.to_hex())));
         }
-        let n = r.u32().ok_or_else(|| bad("cut short"))?;
+        let n = r.u32().map_err(short)?;
         let mut packs = Vec::new();
         for _ in 0..n {
-            let len = r.u16().ok_or_else(|| bad("cut short"))? as usize;
-            let k = r.take(len).ok_or_else(|| bad("cut short"))?;
+            let len = r.u16().map_err(short)? as usize;
+            let k = r.take(len).map_err(short)?;
             packs.push(String::from_utf8(k.to_vec()).map_err(|_| bad("a pack key is not UTF-8"))?);
         }
-        let meta_len = r.u64().ok_or_else(|| bad("cut short"))? as usize;
-        let meta = r.take(meta_len).ok_or_else(|| bad("cut short"))?.to_vec();
-        let n = r.u32().ok_or_else(|| bad("cut short"))?;
+        let meta_len = r.u64().map_err(short)? as usize;
+        let meta = r.take(meta_len).map_err(short)?.to_vec();
+        let n = r.u32().map_err(short)?;
         let mut chunks = Vec::with_capacity(n as usize);
         for _ in 0..n {
             let c = (|| {
                 Some(IndexChunk {
-                    id: r.id()?,
-                    pack: r.u32()?,
-                    offset: r.u64()?,
-                    stored_len: r.u32()?,
-                    raw_len: r.u32()?,
-                    codec: Codec::from_u8(r.u8()?)?,
+                    id: r.id().ok()?,
+                    pack: r.u32().ok()?,
+                    offset: r.u64().ok()?,
+                    stored_len: r.u32().ok()?,
+                    raw_len: r.u32().ok()?,
+                    codec: Codec::from_u8(r.u8().ok()?)?,
                 })
             })()
             .ok_or_else(|| bad("a chunk entry is cut short or has an unknown codec"))?;
@@ -220,7 +190,7 @@ impl SnapshotIndex {
             }
             chunks.push(c);
         }
-        if r.at != body.len() {
+        if !r.at_end() {
             return Err(bad("stray bytes after the chunk table"));
         }
         Ok(SnapshotIndex {
@@ -238,15 +208,12 @@ impl SnapshotIndex {
         if b.len() < PACK_MAGIC.len() || &b[..PACK_MAGIC.len()] != PACK_MAGIC {
             return Err(bad("its metadata is not a pack"));
         }
-        let mut r = Reader {
-            b,
-            at: PACK_MAGIC.len(),
-        };
+        let mut r = Reader::new(&b[PACK_MAGIC.len()..]);
         let mut out = Vec::new();
-        while r.at < b.len() {
+        while !r.at_end() {
             let h = r
                 .take(RECORD_HEADER_BYTES as usize)
-                .ok_or_else(|| bad("a metadata record is cut short"))?;
+                .map_err(|_| bad("a metadata record is cut short"))?;
             let kind = ObjectKind::from_u8(h[0]).ok_or_else(|| bad("unknown object kind"))?;
             let codec = Codec::from_u8(h[1]).ok_or_else(|| bad("unknown codec"))?;
             let stored_len = u32::from_le_bytes(h[4..8].try_into().expect("4"));
@@ -254,7 +221,7 @@ impl SnapshotIndex {
             let id: [u8; 32] = h[12..44].try_into().expect("32");
             let stored = r
                 .take(stored_len as usize)
-                .ok_or_else(|| bad("a metadata record is cut short"))?;
+                .map_err(|_| bad("a metadata record is cut short"))?;
             out.push((kind, id, codec, raw_len, stored.to_vec()));
         }
         Ok(out)

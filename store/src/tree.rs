@@ -327,29 +327,40 @@ impl Tree {
     }
 }
 
-struct Reader<'a> {
+/// Reads little-endian fields off a byte string front to back (trees, remote indexes).
+pub(crate) struct Reader<'a> {
     bytes: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Reader<'a> {
+        Reader { bytes, pos: 0 }
+    }
+    /// Whether every byte was read.
+    pub(crate) fn at_end(&self) -> bool {
+        self.pos == self.bytes.len()
+    }
+    pub(crate) fn id(&mut self) -> std::result::Result<[u8; 32], String> {
+        Ok(self.take(32)?.try_into().unwrap())
+    }
+    pub(crate) fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len());
         let end = end.ok_or_else(|| "truncated".to_string())?;
         let s = &self.bytes[self.pos..end];
         self.pos = end;
         Ok(s)
     }
-    fn u8(&mut self) -> std::result::Result<u8, String> {
+    pub(crate) fn u8(&mut self) -> std::result::Result<u8, String> {
         Ok(self.take(1)?[0])
     }
-    fn u16(&mut self) -> std::result::Result<u16, String> {
+    pub(crate) fn u16(&mut self) -> std::result::Result<u16, String> {
         Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
     }
-    fn u32(&mut self) -> std::result::Result<u32, String> {
+    pub(crate) fn u32(&mut self) -> std::result::Result<u32, String> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
     }
-    fn u64(&mut self) -> std::result::Result<u64, String> {
+    pub(crate) fn u64(&mut self) -> std::result::Result<u64, String> {
         Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
     }
 }
