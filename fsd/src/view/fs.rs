@@ -36,6 +36,12 @@ enum OpenFile {
     Chunked(Arc<super::core::Chunked>),
 }
 
+/// Where a read's bytes come from.
+enum Source {
+    Blob(Arc<File>),
+    Chunks(Arc<super::core::Chunked>),
+}
+
 /// Blob-cache files kept open for [`ReadMode::Cached`] reads, which carry no handle.
 const OPEN_BLOBS_MAX: usize = 256;
 
@@ -45,8 +51,8 @@ struct Handles {
     files: Mutex<HashMap<u64, OpenFile>>,
     /// By inode, for reads without a handle ([`ReadMode::Cached`]); cleared when full.
     blobs: Mutex<HashMap<u64, Arc<File>>>,
-    /// By inode, for reads without a handle: read by range, or not (`None`).
-    lazy: Mutex<HashMap<u64, Option<Arc<super::core::Chunked>>>>,
+    /// By inode, for reads without a handle: the files read by range; cleared when full.
+    lazy: Mutex<HashMap<u64, Arc<super::core::Chunked>>>,
     /// One `BackingId` per inode while it has live passthrough opens (the kernel refuses
     /// two different backing files for one inode).
     backing: Mutex<HashMap<u64, Weak<BackingId>>>,
@@ -75,23 +81,27 @@ impl ViewFs {
     }
 
     /// The blob-cache file of a file node, for a read that came without a handle.
-    /// For reads without a handle: the chunks of `ino` when it is read by range
-    /// ([`ViewCore::remote_chunks`]), found once per inode.
-    fn chunked_of(&self, ino: u64) -> Result<Option<Arc<super::core::Chunked>>, Errno> {
+    /// For reads without a handle: the blob file of `ino`, or its chunks when it is read
+    /// by range ([`ViewCore::remote_chunks`]); each found once per inode.
+    fn source_of(&self, ino: u64) -> Result<Source, Errno> {
+        if let Some(f) = lock(&self.handles.blobs).get(&ino) {
+            return Ok(Source::Blob(Arc::clone(f)));
+        }
         if let Some(c) = lock(&self.handles.lazy).get(&ino) {
-            return Ok(c.clone());
+            return Ok(Source::Chunks(Arc::clone(c)));
         }
         let node = self.core.node(ino)?;
-        let NodeKind::File { content } = &node.kind else {
-            return Ok(None);
-        };
-        let c = self.core.remote_chunks(content)?;
-        let mut lazy = lock(&self.handles.lazy);
-        if lazy.len() >= OPEN_BLOBS_MAX {
-            lazy.clear();
+        if let NodeKind::File { content } = &node.kind
+            && let Some(c) = self.core.remote_chunks(content)?
+        {
+            let mut lazy = lock(&self.handles.lazy);
+            if lazy.len() >= OPEN_BLOBS_MAX {
+                lazy.clear();
+            }
+            lazy.insert(ino, Arc::clone(&c));
+            return Ok(Source::Chunks(c));
         }
-        lazy.insert(ino, c.clone());
-        Ok(c)
+        self.blob_of(ino).map(Source::Blob)
     }
 
     fn blob_of(&self, ino: u64) -> Result<Arc<File>, Errno> {
@@ -306,41 +316,34 @@ impl Filesystem for ViewFs {
     ) {
         self.core.counters.reads.fetch_add(1, Ordering::Relaxed);
         let held = match lock(&self.handles.files).get(&fh.0) {
-            Some(OpenFile::Plain(f)) => Some(Arc::clone(f)),
-            Some(OpenFile::Chunked(_)) => None,
+            Some(OpenFile::Plain(f)) => Some(Source::Blob(Arc::clone(f))),
+            Some(OpenFile::Chunked(c)) => Some(Source::Chunks(Arc::clone(c))),
             Some(OpenFile::Backed(_)) => return reply.error(Errno::EBADF),
             None => None,
         };
-        let chunked = match lock(&self.handles.files).get(&fh.0) {
-            Some(OpenFile::Chunked(c)) => Some(Arc::clone(c)),
-            _ if held.is_none() && fh.0 == 0 && !lock(&self.handles.blobs).contains_key(&ino.0) => {
-                match self.chunked_of(ino.0) {
-                    Ok(c) => c,
-                    Err(e) => return reply.error(e),
-                }
-            }
-            _ => None,
-        };
-        if let Some(c) = chunked {
-            return match self.core.read_chunked(&c, offset, size) {
-                Ok(data) => {
-                    self.core
-                        .counters
-                        .read_bytes
-                        .fetch_add(data.len() as u64, Ordering::Relaxed);
-                    reply.data(&data)
-                }
-                Err(e) => reply.error(e),
-            };
-        }
-        let file = match held {
-            Some(f) => f,
+        let source = match held {
+            Some(s) => s,
             // Opens carry no handle in `Cached` mode.
-            None if fh.0 == 0 => match self.blob_of(ino.0) {
-                Ok(f) => f,
+            None if fh.0 == 0 => match self.source_of(ino.0) {
+                Ok(s) => s,
                 Err(e) => return reply.error(e),
             },
             None => return reply.error(Errno::EBADF),
+        };
+        let file = match source {
+            Source::Blob(f) => f,
+            Source::Chunks(c) => {
+                return match self.core.read_chunked(&c, offset, size) {
+                    Ok(data) => {
+                        self.core
+                            .counters
+                            .read_bytes
+                            .fetch_add(data.len() as u64, Ordering::Relaxed);
+                        reply.data(&data)
+                    }
+                    Err(e) => reply.error(e),
+                };
+            }
         };
         with_read_buffer(size, |buf| {
             match crate::blobfiles::read_full_at(&file, buf, offset) {
