@@ -1030,9 +1030,14 @@ impl Store {
             return Err(e);
         }
         let pending = writer.finish()?;
-        let counts2 = counts.clone();
+        let mut total = FetchCounters::default();
+        for c in counts.values() {
+            total.requests += c.requests;
+            total.objects += c.objects;
+            total.bytes += c.bytes;
+        }
         self.commit(pending, move |tx| {
-            for (remote, c) in &counts2 {
+            for (remote, c) in &counts {
                 tx.execute(
                     "INSERT INTO remote_stats (remote, requests, objects, bytes) VALUES (?1, ?2, ?3, ?4) \
                      ON CONFLICT (remote) DO UPDATE SET requests = requests + ?2, \
@@ -1043,12 +1048,6 @@ impl Store {
             }
             Ok(())
         })?;
-        let mut total = FetchCounters::default();
-        for c in counts.values() {
-            total.requests += c.requests;
-            total.objects += c.objects;
-            total.bytes += c.bytes;
-        }
         Ok(total)
     }
 

@@ -603,25 +603,20 @@ pub fn fetch(store: &Store, remote: Option<&str>) -> Result<Vec<FetchedRef>> {
 /// when some of its contents are only there.
 pub fn pin(store: &Store, snap: &SnapshotId, holder: &str) -> Result<()> {
     if let Some(remote) = store.is_partial(snap)? {
-        client(store, Some(&remote))?.put_if_absent_pin(&pin_key(snap, holder))?;
+        // A pin that is there already is this workspace's: nothing to do.
+        client(store, Some(&remote))?.put_new(&pin_key(snap, holder), b"{}".to_vec())?;
     }
     Ok(())
 }
 
-/// Drops the remote pin of workspace `holder` (best effort: remote gc reports pins whose
-/// workspace is gone only as pins; `remote gc --drop-pins-of HOST` is not needed since a
-/// holder is a workspace id, unique).
+/// Drops the remote pin of workspace `holder`, when its snapshot came from a remote. Best
+/// effort: a remote that does not answer keeps the pin (and what it needs) until it is
+/// deleted by hand; the failure is logged.
 pub fn unpin(store: &Store, snap: &SnapshotId, holder: &str) {
     let Ok(Some(remote)) = store.remote_of(snap) else {
         return;
     };
     if let Err(e) = client(store, Some(&remote)).and_then(|c| c.delete(&pin_key(snap, holder))) {
         tracing::warn!(snapshot = %snap.to_hex(), "dropping the remote pin of workspace {holder}: {e}");
-    }
-}
-
-impl Client {
-    fn put_if_absent_pin(&self, key: &str) -> Result<()> {
-        self.put_new(key, b"{}".to_vec()).map(|_| ())
     }
 }
