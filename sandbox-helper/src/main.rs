@@ -361,13 +361,7 @@ fn vm_start_cmd(args: VmRunArgs) -> Result<u8, Error> {
             prep.accel.isolation.as_str(),
             prep.accel.reason
         );
-        match ready_out.take() {
-            Some(mut out) => {
-                use std::io::Write;
-                let _ = writeln!(out, "{status}");
-            }
-            None => println!("{status}"),
-        }
+        announce(&mut ready_out, &status);
         detach_stdio(&log);
     })?;
     if outcome.oom_kills > 0 {
@@ -418,13 +412,7 @@ fn vm_run_cmd(args: VmRunArgs) -> Result<u8, Error> {
                 "memory_mib": spec.memory_mib,
                 "cpus": spec.cpus,
             });
-            match ready_out.take() {
-                Some(mut out) => {
-                    use std::io::Write;
-                    let _ = writeln!(out, "{line}");
-                }
-                None => println!("{line}"),
-            }
+            announce(&mut ready_out, &line);
         }
     })?;
     Ok(outcome.code)
@@ -489,13 +477,7 @@ fn start_cmd(args: RunArgs) -> Result<u8, Error> {
         for p in &ready.published {
             eprintln!("published {} -> 127.0.0.1:{}", p.internal, p.host);
         }
-        match ready_out.take() {
-            Some(mut out) => {
-                use std::io::Write;
-                let _ = writeln!(out, "{status}");
-            }
-            None => println!("{status}"),
-        }
+        announce(&mut ready_out, &status);
         // From here on the keeper talks to nobody on the caller's stdio: a caller that
         // reads our output to its end must not wait for the sandbox to stop.
         detach_stdio(&log);
@@ -551,6 +533,18 @@ fn spec_input(args: RunArgs, keep: bool) -> Result<SpecInput, Error> {
 }
 
 /// The `--ready-fd` descriptor, opened for writing through /proc (no unsafe here).
+/// Writes the ready line once: to the `--ready-fd` descriptor (which then closes), else
+/// to stdout. A caller that stopped listening does not stop the sandbox.
+fn announce(ready_out: &mut Option<std::fs::File>, line: &dyn std::fmt::Display) {
+    match ready_out.take() {
+        Some(mut out) => {
+            use std::io::Write;
+            let _ = writeln!(out, "{line}");
+        }
+        None => println!("{line}"),
+    }
+}
+
 fn open_ready_fd(fd: Option<i32>) -> Result<Option<std::fs::File>, Error> {
     fd.map(|fd| {
         std::fs::OpenOptions::new()
@@ -593,14 +587,7 @@ fn run_cmd(args: RunArgs) -> Result<u8, Error> {
                 "init_pid": ready.init_pid,
                 "host_mount": ready.host_mount.as_str(),
             });
-            match ready_out.take() {
-                Some(mut out) => {
-                    use std::io::Write;
-                    // The caller may have stopped listening; the run goes on.
-                    let _ = writeln!(out, "{line}");
-                }
-                None => println!("{line}"),
-            }
+            announce(&mut ready_out, &line);
         }
     })?;
     if outcome.oom_kills > 0 {
