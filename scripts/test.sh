@@ -23,6 +23,9 @@ fi
 # (tests/tests/e2e/remote.rs): from PyPI, once.
 moto_version=5.2.1
 if ! python3 -c "import moto.server, moto; assert moto.__version__ == '$moto_version'" 2>/dev/null; then
-  python3 -m pip install --quiet --disable-pip-version-check "moto[server]==$moto_version"
+  # A Debian python3 is "externally managed": there pip needs --break-system-packages.
+  python3 -m pip install --quiet --disable-pip-version-check "moto[server]==$moto_version" \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages \
+         "moto[server]==$moto_version"
 fi
 cargo xtask check
