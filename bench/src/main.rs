@@ -126,6 +126,7 @@ fn all_sections() -> Vec<Box<dyn Section>> {
         Box::new(sections::import::ImportSection::new()),
         Box::new(sections::materialize::MaterializeSection::new()),
         Box::new(sections::sandbox::SandboxSection::new()),
+        Box::new(sections::remote::RemoteSection::new()),
     ]
 }
 

@@ -16,6 +16,8 @@ pub static LOCATED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 #[derive(Debug, Clone)]
 pub struct Mountctl {
     pub path: PathBuf,
+    /// Environment every run of it gets (a remote's credentials).
+    pub env: Vec<(String, String)>,
 }
 
 impl Mountctl {
@@ -32,6 +34,7 @@ impl Mountctl {
             return if p.is_file() {
                 Ok(Self {
                     path: p.to_path_buf(),
+                    env: Vec::new(),
                 })
             } else {
                 Err(format!("--mountctl {} does not exist", p.display()))
@@ -43,10 +46,16 @@ impl Mountctl {
         {
             let p = dir.join("mountctl");
             if p.is_file() {
-                return Ok(Self { path: p });
+                return Ok(Self {
+                    path: p,
+                    env: Vec::new(),
+                });
             }
         }
-        proc::which("mountctl").map(|path| Self { path }).ok_or_else(|| {
+        proc::which("mountctl").map(|path| Self {
+            path,
+            env: Vec::new(),
+        }).ok_or_else(|| {
             "mountctl not found next to bench or on PATH (build it: cargo build --release -p mountctl, or pass --mountctl PATH)".to_string()
         })
     }
@@ -54,7 +63,14 @@ impl Mountctl {
     pub fn command(&self, root: &Path) -> Command {
         let mut c = Command::new(&self.path);
         c.arg("--root").arg(root).arg("--json");
+        c.envs(self.env.iter().map(|(k, v)| (k, v)));
         c
+    }
+
+    /// The same binary, with `key=value` in the environment of every run.
+    pub fn with_env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
     }
 
     /// Runs `mountctl --root ROOT --json ARGS…` and parses its one JSON object.

@@ -172,6 +172,42 @@ fn quick_run_end_to_end() {
     }
     let sandbox = methods(&run, "sandbox");
     assert!(!sandbox.is_empty());
+    // Remotes: against moto's server, which CI installs; elsewhere a skip says why.
+    let remote = methods(&run, "remote");
+    let lazy = method(&remote, "lazy");
+    if lazy["status"] == "ok" || std::env::var("CI").as_deref() == Ok("true") {
+        for id in [
+            "push",
+            "tar-zstd-put",
+            "lazy",
+            "fetch-create",
+            "pull",
+            "get-one-object",
+        ] {
+            assert_eq!(
+                method(&remote, id)["status"],
+                "ok",
+                "{}",
+                method(&remote, id)
+            );
+        }
+        let s = &lazy["summary"];
+        assert!(s["usable_s"]["median"].as_f64().unwrap() > 0.0, "{s}");
+        assert!(s["metadata_bytes"]["median"].as_f64().unwrap() > 0.0, "{s}");
+        // Reads fetch something, and not the whole tree.
+        let reads = s["reads_fetched_bytes"]["median"].as_f64().unwrap();
+        assert!(reads > 0.0, "{s}");
+        let pulled = method(&remote, "pull")["summary"]["download_bytes"]["median"]
+            .as_f64()
+            .unwrap();
+        assert!(reads < pulled / 10.0, "reads fetched {reads} of {pulled}");
+        let pushed = method(&remote, "push")["summary"]["upload_bytes"]["median"]
+            .as_f64()
+            .unwrap();
+        assert!(pushed > 0.0);
+    } else {
+        eprintln!("NOTE: remote section not measured: {}", lazy["reason"]);
+    }
 
     // No leftovers: the work directory is empty and nothing is mounted below tmp.
     let left: Vec<_> = std::fs::read_dir(&work)

@@ -8,6 +8,7 @@
 
 pub mod import;
 pub mod materialize;
+pub mod remote;
 pub mod sandbox;
 
 use std::collections::BTreeMap;
