@@ -28,4 +28,11 @@ if ! python3 -c "import moto.server, moto; assert moto.__version__ == '$moto_ver
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages \
          "moto[server]==$moto_version"
 fi
+# s3s-fs, the second S3 server the remote tests run on (it checks SigV4 signatures and
+# keeps objects as files across restarts): built into ~/.cargo/bin once, like pjdfstest.
+# 0.14.1 is the newest release that builds with this toolchain.
+s3s_version=0.14.1
+if ! "${CARGO_HOME:-$HOME/.cargo}/bin/s3s-fs" --version 2>/dev/null | grep -q "$s3s_version"; then
+  cargo install s3s-fs --version "$s3s_version" --features binary --locked
+fi
 cargo xtask check

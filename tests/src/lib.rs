@@ -131,8 +131,21 @@ where
         .map(|a| a.to_string_lossy().into_owned())
         .collect::<Vec<_>>()
         .join(" ");
+    let out = program_command(program, &args, env)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot start `{cmdline}`: {e}"));
+    Out::from_output(cmdline, out)
+}
+
+/// `program args…` with the environment every test run gets (no cowspace variables of
+/// the caller's, the empty config file, no system git config) plus `env`.
+pub fn program_command<S: AsRef<OsStr>>(
+    program: &Path,
+    args: &[S],
+    env: &[(&str, &OsStr)],
+) -> Command {
     let mut cmd = Command::new(program);
-    cmd.args(&args)
+    cmd.args(args)
         .env_remove("COWSPACE_ROOT")
         .env_remove("COWSPACE_MATERIALIZER")
         .env_remove("COWSPACE_LOWER")
@@ -142,10 +155,7 @@ where
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot start `{cmdline}`: {e}"));
-    Out::from_output(cmdline, out)
+    cmd
 }
 
 /// A runtime root in its own temporary directory, with room beside it for sources and
@@ -213,6 +223,25 @@ impl TestRoot {
         run_program(
             &mountctl_bin(),
             all,
+            &[("HOME", self.tmp.path().as_os_str())],
+        )
+    }
+
+    /// `mountctl --root ROOT args...` as a command to start (in the background, say),
+    /// with the environment [`TestRoot::run`] gives.
+    pub fn command<I, S>(&self, args: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let all: Vec<_> = [OsStr::new("--root"), self.root.as_os_str()]
+            .into_iter()
+            .map(|s| s.to_owned())
+            .chain(args.into_iter().map(|a| a.as_ref().to_owned()))
+            .collect();
+        program_command(
+            &mountctl_bin(),
+            &all,
             &[("HOME", self.tmp.path().as_os_str())],
         )
     }

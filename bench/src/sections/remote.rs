@@ -50,6 +50,8 @@ const KEY_ID: &str = "bench";
 const SECRET: &str = "bench-secret";
 /// Part size of the baseline's multipart upload.
 const PART_BYTES: usize = 16 << 20;
+/// How long one request of the baseline may take.
+const REQUEST_SECS: u64 = 600;
 /// How long the server may take to listen.
 const SERVER_START_SECS: u64 = 60;
 
@@ -151,6 +153,10 @@ impl Client {
             .with_access_key_id(KEY_ID)
             .with_secret_access_key(SECRET)
             .with_virtual_hosted_style_request(false)
+            // A part of a large upload to a busy test server may take a while.
+            .with_client_options(
+                object_store::ClientOptions::new().with_timeout(Duration::from_secs(REQUEST_SECS)),
+            )
             .build()?;
         Ok(Self { rt, s3 })
     }

@@ -9,8 +9,14 @@
 //! remote object is `corrupt` and never served, and of two hosts moving one ref exactly
 //! one wins.
 //!
-//! The server and the relay are killed (by pid) when a test ends, also when it fails.
-//! Skips with a reason when moto is missing or not root; fails under `CI=true`.
+//! A second server, `s3s-fs` (installed by `scripts/test.sh`), checks SigV4 signatures
+//! and keeps objects as files across restarts: there wrong keys are refused, and the
+//! server is really killed (`kill -9`) while a push has its index request in flight,
+//! then restarted from its files; a later push completes it without sending the packs
+//! again, and the two-host round trip works on it.
+//!
+//! The servers and the relay are killed (by pid) when a test ends, also when it fails.
+//! Skips with a reason when a server is missing or not root; fails under `CI=true`.
 //!
 //! Run: `cargo build --workspace --bins && CI=true cargo test -p cowspace-tests --test e2e remote::`.
 
@@ -206,12 +212,158 @@ impl Drop for S3Server {
     }
 }
 
+/// `s3s-fs` (the s3s project's file-system server, installed by `scripts/test.sh`): a
+/// second S3 implementation that checks SigV4 signatures and keeps objects as files in
+/// `dir/BUCKET/` across restarts. Killed (by pid) on drop; `kill` and `restart` for the
+/// fault tests. Its conditional create is not atomic (check, then rename), so no race
+/// test runs on it.
+struct S3sFs {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+    log: tempfile::NamedTempFile,
+}
+
+const S3S_KEY: &str = "cowspace-test-key";
+const S3S_SECRET: &str = "cowspace-test-secret";
+
+fn find_s3s_fs() -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    if let Some(h) = std::env::var_os("CARGO_HOME") {
+        dirs.push(Path::new(&h).join("bin"));
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        dirs.push(Path::new(&h).join(".cargo/bin"));
+    }
+    dirs.into_iter()
+        .map(|d| d.join("s3s-fs"))
+        .find(|p| p.is_file())
+}
+
+impl S3sFs {
+    fn start() -> Result<S3sFs, String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        std::fs::create_dir(dir.path().join(BUCKET)).map_err(|e| e.to_string())?;
+        let mut s = S3sFs {
+            child: None,
+            port: free_port(),
+            dir,
+            log: tempfile::NamedTempFile::new().map_err(|e| e.to_string())?,
+        };
+        s.spawn()?;
+        Ok(s)
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let bin = find_s3s_fs().ok_or(
+            "s3s-fs not found on PATH or in ~/.cargo/bin: cargo install s3s-fs --version 0.14.1 \
+             --features binary --locked",
+        )?;
+        let child = Command::new(bin)
+            .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
+            .args(["--access-key", S3S_KEY, "--secret-key", S3S_SECRET])
+            .arg(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(self.log.reopen().map_err(|e| e.to_string())?)
+            .stderr(self.log.reopen().map_err(|e| e.to_string())?)
+            .spawn()
+            .map_err(|e| format!("cannot start s3s-fs: {e}"))?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+                .is_some();
+            if Instant::now() > deadline || exited {
+                return Err(format!(
+                    "s3s-fs did not listen on 127.0.0.1:{} within 30 s: {}",
+                    self.port,
+                    std::fs::read_to_string(self.log.path()).unwrap_or_default()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    }
+
+    /// `kill -9` of the server, waited for.
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The server again, on the same port and directory.
+    fn restart(&mut self) {
+        self.kill();
+        self.spawn().expect("s3s-fs restarts");
+    }
+
+    /// The object keys below `prefix`, from the server's directory (files, not the
+    /// server's own temporary or metadata files).
+    fn keys(&self, prefix: &str) -> Vec<String> {
+        let base = self.dir.path().join(BUCKET);
+        if !base.join(prefix).exists() {
+            return Vec::new();
+        }
+        scan_tree(&base.join(prefix))
+            .keys()
+            .filter(|p| base.join(prefix).join(p).is_file())
+            .map(|p| format!("{prefix}/{}", p))
+            .collect()
+    }
+}
+
+impl Drop for S3sFs {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A process this test started, killed (by pid) and reaped if the test ends first.
+struct KillOnDrop(Option<Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Skips (or fails under CI) without s3s-fs.
+macro_rules! require_s3s {
+    () => {{
+        require_root!();
+        match S3sFs::start() {
+            Ok(s) => s,
+            Err(why) => {
+                if std::env::var("CI").as_deref() == Ok("true") {
+                    panic!("remote e2e test cannot run under CI=true: {why}");
+                }
+                eprintln!("SKIPPED: {why}");
+                return;
+            }
+        }
+    }};
+}
+
 /// A TCP relay to the server that can stop answering (`down`) or cut everything at the
 /// first request whose bytes hold a pattern (`cut_at`).
 struct Proxy {
     port: u16,
     up: Arc<AtomicBool>,
     cut: Arc<Mutex<Option<Vec<u8>>>>,
+    /// Set when the cut pattern was seen in `hold` mode: that request goes no further,
+    /// its connection stays open (the server still has it in flight).
+    hold: Arc<AtomicBool>,
+    held: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -224,7 +376,10 @@ impl Proxy {
         let up = Arc::new(AtomicBool::new(true));
         let cut: Arc<Mutex<Option<Vec<u8>>>> = Arc::new(Mutex::new(None));
         let stop = Arc::new(AtomicBool::new(false));
+        let hold = Arc::new(AtomicBool::new(false));
+        let held = Arc::new(AtomicBool::new(false));
         let (u, c, s) = (up.clone(), cut.clone(), stop.clone());
+        let (h, hd) = (hold.clone(), held.clone());
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
                 match listener.accept() {
@@ -237,7 +392,7 @@ impl Proxy {
                         let Ok(server) = TcpStream::connect(("127.0.0.1", backend)) else {
                             continue;
                         };
-                        relay(client, server, u.clone(), c.clone());
+                        relay(client, server, u.clone(), c.clone(), h.clone(), hd.clone());
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
                 }
@@ -247,6 +402,8 @@ impl Proxy {
             port,
             up,
             cut,
+            hold,
+            held,
             stop,
             thread: Some(thread),
         }
@@ -263,6 +420,25 @@ impl Proxy {
     fn cut_at(&self, pattern: &str) {
         *self.cut.lock().unwrap() = Some(pattern.as_bytes().to_vec());
     }
+
+    /// Like `cut_at`, but the request is held (neither forwarded further nor closed)
+    /// while the server keeps its connection; `held()` says when that happened.
+    fn hold_at(&self, pattern: &str) {
+        self.hold.store(true, Ordering::SeqCst);
+        self.cut_at(pattern);
+    }
+
+    fn held(&self) -> bool {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Back to relaying everything.
+    fn release(&self) {
+        self.hold.store(false, Ordering::SeqCst);
+        self.held.store(false, Ordering::SeqCst);
+        *self.cut.lock().unwrap() = None;
+        self.set_up(true);
+    }
 }
 
 fn relay(
@@ -270,10 +446,13 @@ fn relay(
     server: TcpStream,
     up: Arc<AtomicBool>,
     cut: Arc<Mutex<Option<Vec<u8>>>>,
+    hold: Arc<AtomicBool>,
+    held: Arc<AtomicBool>,
 ) {
     let pipe = |mut from: TcpStream, mut to: TcpStream, scan: bool| {
         let up = up.clone();
         let cut = cut.clone();
+        let (hold, held) = (hold.clone(), held.clone());
         std::thread::spawn(move || {
             let mut buf = vec![0u8; 64 * 1024];
             let mut tail: Vec<u8> = Vec::new();
@@ -290,8 +469,15 @@ fn relay(
                 if let Some(p) = pattern {
                     tail.extend_from_slice(&buf[..n]);
                     if tail.windows(p.len()).any(|w| w == p.as_slice()) {
-                        up.store(false, Ordering::SeqCst);
                         *cut.lock().unwrap() = None;
+                        if hold.load(Ordering::SeqCst) {
+                            // Nothing more of this request goes on. This thread's copies
+                            // of the two sockets close, the other direction's keep the
+                            // connection open until the server ends it.
+                            held.store(true, Ordering::SeqCst);
+                            return;
+                        }
+                        up.store(false, Ordering::SeqCst);
                     }
                     let keep = tail.len().saturating_sub(p.len());
                     tail.drain(..keep);
@@ -321,10 +507,14 @@ impl Drop for Proxy {
 
 /// A host: a runtime root with AWS credentials in its `$HOME` and remote `origin`.
 fn host(endpoint: &str, prefix: &str) -> WsRoot {
+    host_with_keys(endpoint, prefix, "test", "test")
+}
+
+fn host_with_keys(endpoint: &str, prefix: &str, key: &str, secret: &str) -> WsRoot {
     let r = WsRoot::new();
     write_file(
         &r.t.scratch().join(".aws/credentials"),
-        "[default]\naws_access_key_id = test\naws_secret_access_key = test\n",
+        format!("[default]\naws_access_key_id = {key}\naws_secret_access_key = {secret}\n"),
     );
     let url = format!("s3://{BUCKET}/{prefix}");
     r.t.run(["remote", "add", "origin", &url, "--endpoint", endpoint])
@@ -696,4 +886,128 @@ fn remote_gc_removes_only_what_no_ref_or_pin_needs_a_grace_after_marking_it() {
         noise(1, 40_000)
     );
     c.t.run(["fsck"]).ok();
+}
+
+#[test]
+fn remote_on_a_signing_persistent_server_wrong_keys_refused_and_a_kill_mid_push_completed_later() {
+    let mut s3 = require_s3s!();
+    let proxy = Proxy::new(s3.port);
+    let prefix = unique_prefix("s3s");
+
+    // SigV4 is checked: with the wrong secret, `remote add` is refused, naming the
+    // remote and the credentials, and records nothing; nothing lands on the server.
+    let w = WsRoot::new();
+    write_file(
+        &w.t.scratch().join(".aws/credentials"),
+        format!("[default]\naws_access_key_id = {S3S_KEY}\naws_secret_access_key = wrong\n"),
+    );
+    let url = format!("s3://{BUCKET}/{prefix}");
+    let e =
+        w.t.json([
+            "remote",
+            "add",
+            "origin",
+            &url,
+            "--endpoint",
+            &proxy.endpoint(),
+        ])
+        .error(1, "io");
+    let msg = e["message"].as_str().unwrap();
+    assert!(
+        msg.contains("remote origin") && msg.contains("SignatureDoesNotMatch"),
+        "{e}"
+    );
+    assert!(
+        e["hint"].as_str().unwrap_or("").contains("credentials"),
+        "{e}"
+    );
+    assert_eq!(
+        w.t.json(["remote", "list"]).ok().json(),
+        serde_json::json!([])
+    );
+    assert!(s3.keys(&prefix).is_empty(), "{:?}", s3.keys(&prefix));
+
+    // The server killed (kill -9) while a push has its index request in flight.
+    let a = host_with_keys(&proxy.endpoint(), &prefix, S3S_KEY, S3S_SECRET);
+    let src = project(&a);
+    a.import(&src, &["--ref", "proj/main"]);
+    proxy.hold_at("/snapshots/");
+    let mut push = KillOnDrop(Some(
+        a.t.command(["--json", "push", "proj/main"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    ));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !proxy.held() {
+        assert!(
+            Instant::now() < deadline,
+            "the push never reached its index"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    s3.kill();
+    let out = push.0.take().unwrap().wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Back, from its files: the packs are there, no index and no ref, so a reader sees
+    // no snapshot.
+    s3.restart();
+    proxy.release();
+    assert!(
+        !s3.keys(&format!("{prefix}/packs")).is_empty(),
+        "the packs went first"
+    );
+    assert!(s3.keys(&format!("{prefix}/snapshots")).is_empty());
+    assert!(s3.keys(&format!("{prefix}/refs")).is_empty());
+    let b = host_with_keys(&proxy.endpoint(), &prefix, S3S_KEY, S3S_SECRET);
+    b.create_out("proj/main", &[]).error(3, "not_found");
+    // A later push completes it; the packs kept across the restart are not sent again.
+    let done = a.t.json(["push", "proj/main"]).ok().json();
+    assert_eq!(done["chunks_uploaded"], 0, "{done}");
+    assert_eq!(done["ref_moved"], true, "{done}");
+
+    // Host B: a lazy workspace, git status, reads; its commit back on A, intact.
+    let ws = b.create("proj/main", &[]);
+    let status = sh(&ws.path, "git status --porcelain");
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&status.stdout), "");
+    for i in 0..5 {
+        let rel = format!("src/f{i:02}.txt");
+        assert_eq!(
+            std::fs::read(ws.path.join(&rel)).unwrap(),
+            std::fs::read(src.join(&rel)).unwrap(),
+            "{rel}"
+        );
+    }
+    write_file(&ws.path.join("src/f04.txt"), "changed on host B\n");
+    b.commit(&ws.id, &["--ref", "proj/main"]);
+    b.t.run(["push", "proj/main"]).ok();
+    a.t.run(["pull", "proj/main"]).ok();
+    let export = a.t.path("export");
+    a.t.run([
+        OsStr::new("export"),
+        OsStr::new("proj/main"),
+        export.as_os_str(),
+    ])
+    .ok();
+    assert_eq!(
+        std::fs::read_to_string(export.join("src/f04.txt")).unwrap(),
+        "changed on host B\n"
+    );
+    assert_eq!(
+        std::fs::read(export.join("large.bin")).unwrap(),
+        std::fs::read(src.join("large.bin")).unwrap()
+    );
+    a.t.run(["fsck"]).ok();
+    b.t.run(["fsck"]).ok();
 }
