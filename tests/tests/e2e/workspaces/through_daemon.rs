@@ -143,14 +143,25 @@ fn the_fast_path_and_the_full_command_line_answer_alike() {
             }
         }
         for json in [&["--json"][..], &[]] {
-            let with = |args: &[&str]| [json, args].concat();
+            fn joined<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
+                [a, b].concat()
+            }
             assert_eq!(
-                same(&with(&["status", &a]), &with(&["status", "--", &a])),
+                same(
+                    &joined(json, &["status", &a]),
+                    &joined(json, &["status", "--", &a])
+                ),
                 0
             );
-            assert_eq!(same(&with(&["list"]), &with(&["list", "--"])), 0);
+            assert_eq!(
+                same(&joined(json, &["list"]), &joined(json, &["list", "--"])),
+                0
+            );
             for op in ["status", "remove", "create"] {
-                let code = same(&with(&[op, "no-such"]), &with(&[op, "--", "no-such"]));
+                let code = same(
+                    &joined(json, &[op, "no-such"]),
+                    &joined(json, &[op, "--", "no-such"]),
+                );
                 assert_eq!(code, 3, "{op} no-such");
             }
         }
@@ -174,6 +185,11 @@ fn the_fast_path_and_the_full_command_line_answer_alike() {
         assert_eq!((&*full_q.stdout, &*full_q.stderr), ("", ""));
         if daemon {
             r.t.run(["daemon", "stop"]).ok();
+            // It lets go of the socket and the lock first, then exits: awaited, not timed.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            while !r.fsd_pids().is_empty() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
         }
     }
     r.assert_clean();
