@@ -2,7 +2,7 @@
 """What a workspace's create and remove cost through `mountctl`, against the control socket.
 
 Usage (root): scripts/cli-latency.py TREE [--rounds 30] [--concurrent 64] [--lower native]
-             [--mountctl PATH]
+             [--mountctl PATH] [--baseline PATH] [--batches 1]
 
 Imports TREE into a temporary runtime root (untimed, with an empty configuration), then,
 in one run, times `create` + `remove` of one workspace ROUNDS times each way:
@@ -13,6 +13,12 @@ in one run, times `create` + `remove` of one workspace ROUNDS times each way:
 Then CONCURRENT creates at once, through `mountctl` and through the socket (wall time of
 the batch), and their removals. Medians and 90th percentiles in ms; one JSON object on
 stdout. Everything is removed at the end, also after an error.
+
+With --baseline PATH (another build of `mountctl`, say main's), every round times that
+one too, in alternation with --mountctl and the socket (keys `baseline-in-process`,
+`baseline-through-daemon`, `concurrent-N.baseline_wall_ms`), so the two builds meet the
+same load on a noisy machine; --batches repeats the concurrent batches (alternating)
+and gives the median of each.
 """
 
 import argparse
@@ -51,8 +57,11 @@ def main():
     p.add_argument("--lower", default="native")
     here = os.path.dirname(os.path.abspath(__file__))
     p.add_argument("--mountctl", default=os.path.join(here, "../target/release/mountctl"))
+    p.add_argument("--baseline", help="another mountctl, timed in alternation")
+    p.add_argument("--batches", type=int, default=1)
     a = p.parse_args()
     mc = os.path.abspath(a.mountctl)
+    base_mc = os.path.abspath(a.baseline) if a.baseline else None
     tmp = tempfile.mkdtemp(prefix="cowspace-cli-latency-")
     root = os.path.join(tmp, "root")
     conf = os.path.join(tmp, "config.toml")
@@ -69,10 +78,10 @@ def main():
         first = run(mc, root, "create", "base", "--lower", a.lower)
         run(mc, root, "remove", first["id"])
 
-        def cli_round():
-            c, v = timed(lambda: run(mc, root, "create", "base", "--lower", a.lower))
+        def cli_round(m):
+            c, v = timed(lambda: run(m, root, "create", "base", "--lower", a.lower))
             made.append(v["id"])
-            r, _ = timed(lambda: run(mc, root, "remove", v["id"]))
+            r, _ = timed(lambda: run(m, root, "remove", v["id"]))
             made.remove(v["id"])
             return c, r
 
@@ -83,14 +92,25 @@ def main():
             made.remove(v["id"])
             return c, r
 
-        for name, f in [("cli-in-process", cli_round), (None, None),
-                        ("cli-through-daemon", cli_round), ("socket", sock_round)]:
-            if name is None:
-                run(mc, root, "daemon", "start")
-                continue
-            rounds = [f() for _ in range(a.rounds)]
-            out[name] = {"create": summary([c for c, _ in rounds]),
-                         "remove": summary([r for _, r in rounds])}
+        def phase(ways):
+            """ROUNDS rounds of each (name, round) in `ways`, alternating."""
+            rounds = {name: [] for name, _ in ways}
+            for _ in range(a.rounds):
+                for name, f in ways:
+                    rounds[name].append(f())
+            for name, rs in rounds.items():
+                out[name] = {"create": summary([c for c, _ in rs]),
+                             "remove": summary([r for _, r in rs])}
+
+        def clis(mode):
+            ways = [(f"cli-{mode}", lambda: cli_round(mc))]
+            if base_mc:
+                ways.append((f"baseline-{mode}", lambda: cli_round(base_mc)))
+            return ways
+
+        phase(clis("in-process"))
+        run(mc, root, "daemon", "start")
+        phase(clis("through-daemon") + [("socket", sock_round)])
 
         def batch(create):
             with concurrent.futures.ThreadPoolExecutor(a.concurrent) as ex:
@@ -102,14 +122,23 @@ def main():
                 list(ex.map(lambda i: run(mc, root, "remove", i), ids))
             for i in ids:
                 made.remove(i)
-            return round(wall, 1)
+            return wall
 
-        out[f"concurrent-{a.concurrent}"] = {
-            "cli_wall_ms": batch(lambda: run(mc, root, "create", "base", "--lower", a.lower)["id"]),
-            "socket_wall_ms": batch(lambda: socket_call(root, "create", {"snapshot": "base", "lower": a.lower})["id"]),
-        }
-        c = out[f"concurrent-{a.concurrent}"]
+        batches = [("cli_wall_ms", lambda: run(mc, root, "create", "base", "--lower", a.lower)["id"])]
+        if base_mc:
+            batches.append(("baseline_wall_ms",
+                            lambda: run(base_mc, root, "create", "base", "--lower", a.lower)["id"]))
+        batches.append(("socket_wall_ms",
+                        lambda: socket_call(root, "create", {"snapshot": "base", "lower": a.lower})["id"]))
+        walls = {name: [] for name, _ in batches}
+        for _ in range(a.batches):
+            for name, create in batches:
+                walls[name].append(batch(create))
+        c = out[f"concurrent-{a.concurrent}"] = {
+            name: round(statistics.median(ws), 1) for name, ws in walls.items()}
         c["ratio"] = round(c["cli_wall_ms"] / c["socket_wall_ms"], 2)
+        if base_mc:
+            c["baseline_ratio"] = round(c["baseline_wall_ms"] / c["socket_wall_ms"], 2)
     finally:
         for ws in made:
             subprocess.run([mc, "--root", root, "remove", "--force", ws], capture_output=True)

@@ -5,6 +5,7 @@
 mod cli;
 mod commands;
 mod docs;
+mod fast;
 mod output;
 
 use std::io::IsTerminal;
@@ -17,6 +18,11 @@ use crate::cli::Cli;
 use crate::output::{Ctx, report_error, usage_error};
 
 fn main() -> ExitCode {
+    // `create`, `remove`, `list`, `status` while the daemon runs: no clap, no logging.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if let Some(code) = fast::run(&args) {
+        return code;
+    }
     let json_requested = std::env::args().any(|a| a == "--json");
     let cli = match Cli::try_parse() {
         Ok(c) => c,

@@ -16,7 +16,7 @@ mod sandbox;
 mod show;
 mod snapshots;
 mod stats;
-mod workspace;
+pub(crate) mod workspace;
 
 use std::process::ExitCode;
 

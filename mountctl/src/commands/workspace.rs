@@ -64,33 +64,51 @@ fn through_daemon(
     Ok(cowspace::daemon::ask(&ctx.root, op, args)?)
 }
 
-pub fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<ExitCode> {
+/// A create's options as the daemon and the runtime take them.
+fn create_options(ctx: &Ctx, a: &CreateArgs) -> anyhow::Result<CreateOptions> {
     // The daemon's working directory is not this one.
-    let path = match a.path {
+    let path = match &a.path {
         Some(p) if p.is_relative() => Some(std::env::current_dir()?.join(p)),
-        p => p,
+        p => p.clone(),
     };
-    let opts = CreateOptions {
-        snapshot: a.snapshot.unwrap_or_default(),
-        name: a.name,
-        materializer: Some(ctx.config.materializer(a.materializer).value),
-        lower: Some(ctx.config.lower(a.lower).value),
+    Ok(CreateOptions {
+        snapshot: a.snapshot.clone().unwrap_or_default(),
+        name: a.name.clone(),
+        materializer: Some(ctx.config.materializer(a.materializer.clone()).value),
+        lower: Some(ctx.config.lower(a.lower.clone()).value),
         path,
-        worker: a.worker,
-    };
-    // (A path that is not UTF-8 cannot travel in JSON: such a create is made here.)
-    if a.from_git.is_none()
-        && let Ok(args) = serde_json::to_value(&opts)
-        && let Some(v) = through_daemon(ctx, "create", args)?
-    {
-        let text = format!(
-            "{} {}",
-            v["id"].as_str().unwrap_or_default(),
-            v["path"].as_str().unwrap_or_default()
-        );
-        ctx.emit(v, || text);
-        return Ok(ExitCode::SUCCESS);
+        worker: a.worker.clone(),
+    })
+}
+
+/// `create` through the root's daemon: `None` when no daemon answers (nothing was sent
+/// then), or when the create is one made here.
+pub fn create_through_daemon(ctx: &Ctx, a: &CreateArgs) -> anyhow::Result<Option<ExitCode>> {
+    if a.from_git.is_some() {
+        return Ok(None);
     }
+    let opts = create_options(ctx, a)?;
+    // (A path that is not UTF-8 cannot travel in JSON: such a create is made here.)
+    let Ok(args) = serde_json::to_value(&opts) else {
+        return Ok(None);
+    };
+    let Some(v) = through_daemon(ctx, "create", args)? else {
+        return Ok(None);
+    };
+    let text = format!(
+        "{} {}",
+        v["id"].as_str().unwrap_or_default(),
+        v["path"].as_str().unwrap_or_default()
+    );
+    ctx.emit(v, || text);
+    Ok(Some(ExitCode::SUCCESS))
+}
+
+pub fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<ExitCode> {
+    if let Some(code) = create_through_daemon(ctx, &a)? {
+        return Ok(code);
+    }
+    let opts = create_options(ctx, &a)?;
     let rt = ctx.runtime()?;
     let rec = match &a.from_git {
         Some(dir) => rt.create_from_git(dir, cowspace::fromgit::Dirty::parse(&a.dirty)?, &opts)?,
@@ -102,24 +120,48 @@ pub fn create(ctx: &Ctx, a: CreateArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn list(ctx: &Ctx, all: bool) -> anyhow::Result<ExitCode> {
-    let recs: Vec<Record> = match through_daemon(ctx, "list", json!({"all": all}))? {
-        Some(v) => serde_json::from_value(v)?,
-        None => ctx.runtime()?.list(all)?,
-    };
+fn print_list(ctx: &Ctx, recs: &[Record]) -> ExitCode {
     ctx.emit(json!(recs), || {
         recs.iter().map(|r| line(r) + "\n").collect()
     });
-    Ok(ExitCode::SUCCESS)
+    ExitCode::SUCCESS
+}
+
+/// `list` through the root's daemon: `None` when no daemon answers.
+pub fn list_through_daemon(ctx: &Ctx, all: bool) -> anyhow::Result<Option<ExitCode>> {
+    let Some(v) = through_daemon(ctx, "list", json!({"all": all}))? else {
+        return Ok(None);
+    };
+    let recs: Vec<Record> = serde_json::from_value(v)?;
+    Ok(Some(print_list(ctx, &recs)))
+}
+
+pub fn list(ctx: &Ctx, all: bool) -> anyhow::Result<ExitCode> {
+    if let Some(code) = list_through_daemon(ctx, all)? {
+        return Ok(code);
+    }
+    Ok(print_list(ctx, &ctx.runtime()?.list(all)?))
+}
+
+fn print_status(ctx: &Ctx, r: &Record) -> ExitCode {
+    ctx.emit(json!(r), || describe(r));
+    ExitCode::SUCCESS
+}
+
+/// `status` through the root's daemon: `None` when no daemon answers.
+pub fn status_through_daemon(ctx: &Ctx, ws: &str) -> anyhow::Result<Option<ExitCode>> {
+    let Some(v) = through_daemon(ctx, "status", json!({"workspace": ws}))? else {
+        return Ok(None);
+    };
+    let r: Record = serde_json::from_value(v)?;
+    Ok(Some(print_status(ctx, &r)))
 }
 
 pub fn status(ctx: &Ctx, ws: &str) -> anyhow::Result<ExitCode> {
-    let r: Record = match through_daemon(ctx, "status", json!({"workspace": ws}))? {
-        Some(v) => serde_json::from_value(v)?,
-        None => ctx.runtime()?.status(ws)?,
-    };
-    ctx.emit(json!(r), || describe(&r));
-    Ok(ExitCode::SUCCESS)
+    if let Some(code) = status_through_daemon(ctx, ws)? {
+        return Ok(code);
+    }
+    Ok(print_status(ctx, &ctx.runtime()?.status(ws)?))
 }
 
 pub fn diff(ctx: &Ctx, ws: &str, patch: bool, include_excluded: bool) -> anyhow::Result<ExitCode> {
@@ -202,19 +244,31 @@ fn unreferenced_note(r: &cowspace_store::ImportReport, grace: i64) -> String {
     )
 }
 
-pub fn remove(ctx: &Ctx, ws: &str, force: bool) -> anyhow::Result<ExitCode> {
-    let t = std::time::Instant::now();
-    // Through a running daemon when there is one: the teardown of a used mount then
-    // does not hold up this command.
-    let r = match cowspace::daemon::remove(&ctx.root, ws, force)? {
-        Some(r) => r,
-        None => ctx.runtime()?.remove(ws, force)?,
-    };
+fn print_removed(ctx: &Ctx, r: &Record, t: std::time::Instant) -> ExitCode {
     let ms = t.elapsed().as_secs_f64() * 1e3;
     ctx.confirm(r.removed_json(ms), || {
         format!("removed {} in {ms:.1} ms", r.id)
     });
-    Ok(ExitCode::SUCCESS)
+    ExitCode::SUCCESS
+}
+
+/// `remove` through the root's daemon: `None` when no daemon answers (or none that can).
+/// The teardown of a used mount then does not hold up this command.
+pub fn remove_through_daemon(ctx: &Ctx, ws: &str, force: bool) -> anyhow::Result<Option<ExitCode>> {
+    let t = std::time::Instant::now();
+    let Some(r) = cowspace::daemon::remove(&ctx.root, ws, force)? else {
+        return Ok(None);
+    };
+    Ok(Some(print_removed(ctx, &r, t)))
+}
+
+pub fn remove(ctx: &Ctx, ws: &str, force: bool) -> anyhow::Result<ExitCode> {
+    let t = std::time::Instant::now();
+    if let Some(code) = remove_through_daemon(ctx, ws, force)? {
+        return Ok(code);
+    }
+    let r = ctx.runtime()?.remove(ws, force)?;
+    Ok(print_removed(ctx, &r, t))
 }
 
 pub fn sweep(ctx: &Ctx) -> anyhow::Result<ExitCode> {

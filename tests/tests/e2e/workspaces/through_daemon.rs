@@ -95,3 +95,102 @@ fn the_cli_creates_through_a_running_daemon_and_in_process_without_one() {
     r.t.run(["daemon", "stop"]).ok();
     r.assert_clean();
 }
+
+/// `mountctl`'s fast path (`mountctl/src/fast.rs`) takes `create`, `remove`, `list` and
+/// `status` while the daemon runs and reads no `--`; with a `--` the same command goes
+/// to the full command line. Both give the same output and exit code, answers and
+/// errors alike, with the daemon and without it.
+#[test]
+fn the_fast_path_and_the_full_command_line_answer_alike() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base_tree(&src);
+    let base = r.import(&src, &[]);
+    let same = |fast: &[&str], full: &[&str]| {
+        let (a, b) = (r.t.run(fast), r.t.run(full));
+        assert_eq!(
+            (a.code, &a.stdout, &a.stderr),
+            (b.code, &b.stdout, &b.stderr),
+            "`{}` and `{}` differ",
+            a.cmdline,
+            b.cmdline
+        );
+        a.code
+    };
+    let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
+    // A create on the full command line (asserting success), by its JSON.
+    let create_full = |name: &str| {
+        let args = ["create", "--lower", "checkout", "--name", name, "--", &base];
+        let v = r.t.json(args).ok().json();
+        let id = v["id"].as_str().expect("id").to_string();
+        r.track(&id);
+        (id, v)
+    };
+    for daemon in [true, false] {
+        if daemon {
+            r.t.run(["daemon", "start"]).ok();
+        }
+        let pids = cowspace_tests::fsd_pids_of(r.root());
+        assert_eq!(pids.len(), usize::from(daemon), "{pids:?}");
+        let (a, b) = (format!("a-{daemon}"), format!("b-{daemon}"));
+        let fast = r.create(&base, &["--lower", "checkout", "--name", &a]);
+        let (full, full_json) = create_full(&b);
+        assert_eq!(keys(&fast.json), keys(&full_json));
+        if daemon {
+            for ws in [&fast.id, &full] {
+                assert_eq!(creator_pid(&r, ws), pids[0], "{ws}: not the daemon's");
+            }
+        }
+        for json in [&["--json"][..], &[]] {
+            fn joined<'a>(a: &[&'a str], b: &[&'a str]) -> Vec<&'a str> {
+                [a, b].concat()
+            }
+            assert_eq!(
+                same(
+                    &joined(json, &["status", &a]),
+                    &joined(json, &["status", "--", &a])
+                ),
+                0
+            );
+            assert_eq!(
+                same(&joined(json, &["list"]), &joined(json, &["list", "--"])),
+                0
+            );
+            for op in ["status", "remove", "create"] {
+                let code = same(
+                    &joined(json, &[op, "no-such"]),
+                    &joined(json, &[op, "--", "no-such"]),
+                );
+                assert_eq!(code, 3, "{op} no-such");
+            }
+        }
+        let (x, y) = (
+            r.t.json(["remove", &fast.id]).ok().json(),
+            r.t.json(["remove", "--", &full]).ok().json(),
+        );
+        assert_eq!(keys(&x), keys(&y));
+        assert_eq!(
+            (x["id"].as_str(), y["id"].as_str()),
+            (Some(&*fast.id), Some(&*full))
+        );
+        // -q silences the confirmation on both paths.
+        let q1 = r.create(&base, &["--lower", "checkout"]);
+        let (q2, _) = create_full(&format!("q-{daemon}"));
+        let (fast_q, full_q) = (
+            r.t.run(["-q", "remove", &q1.id]).ok(),
+            r.t.run(["-q", "remove", "--", &q2]).ok(),
+        );
+        assert_eq!((&*fast_q.stdout, &*fast_q.stderr), ("", ""));
+        assert_eq!((&*full_q.stdout, &*full_q.stderr), ("", ""));
+        if daemon {
+            r.t.run(["daemon", "stop"]).ok();
+            // It lets go of the socket and the lock first, then exits: awaited, not timed.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            while !r.fsd_pids().is_empty() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    }
+    r.assert_clean();
+}
