@@ -147,7 +147,6 @@ impl Client {
             .build()?;
         let s3 = AmazonS3Builder::new()
             .with_endpoint(endpoint)
-            .with_allow_http(true)
             .with_bucket_name(BUCKET)
             .with_region("us-east-1")
             .with_access_key_id(KEY_ID)
@@ -155,7 +154,9 @@ impl Client {
             .with_virtual_hosted_style_request(false)
             // A part of a large upload to a busy test server may take a while.
             .with_client_options(
-                object_store::ClientOptions::new().with_timeout(Duration::from_secs(REQUEST_SECS)),
+                object_store::ClientOptions::new()
+                    .with_allow_http(true)
+                    .with_timeout(Duration::from_secs(REQUEST_SECS)),
             )
             .build()?;
         Ok(Self { rt, s3 })
