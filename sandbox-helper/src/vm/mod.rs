@@ -23,6 +23,7 @@
 
 pub mod agent;
 pub mod initramfs;
+pub mod jail;
 mod keep;
 pub mod probe;
 pub mod proto;
