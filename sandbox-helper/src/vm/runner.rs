@@ -500,6 +500,8 @@ pub fn boot(
         net: net.clone(),
         ro_binds: spec.ro_binds.len(),
         tsc_khz: super::probe::host_tsc_khz(),
+        pids: spec.pids,
+        label: &files.dir,
     };
     let unshare = match net {
         // No network at all (the guest has none), no host System V IPC, a host name of

@@ -411,6 +411,7 @@ fn reply_on(port: u16) -> String {
 #[test]
 fn vm_sandbox_runs_execs_as_a_namespace_sandbox_does() {
     const WS: &str = "vmkeep";
+    const PIDS: u64 = 24;
     require_vm!();
     let r = setup(WS);
     if emulated() {
@@ -469,13 +470,49 @@ fn vm_sandbox_runs_execs_as_a_namespace_sandbox_does() {
             &secret_flag,
             "--ro-bind",
             &bind_flag,
+            "--pids",
+            &PIDS.to_string(),
         ],
     );
+    assert_eq!(v["limits"]["pids"], PIDS, "{v}");
     assert_eq!(v["ports"], serde_json::json!({}), "{v}");
     assert_eq!(v["limits"]["memory_bytes"], 256u64 << 20, "{v}");
     r.t.json(["sandbox", "start", WS, "--vm", "--accept-emulation"])
         .error(4, "exists");
     assert_qemu_confined(&r, WS, &v, &other);
+
+    // --pids in the guest: a fork bomb (a shell starting sleeps until it cannot) is
+    // stopped at the limit; once its processes end, a later exec forks again.
+    let bomb = exec(
+        &r,
+        WS,
+        &[
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 500 ]; do sleep 3 & i=$((i+1)); done; echo escaped",
+        ],
+    );
+    assert_eq!(bomb.code, 2, "{bomb:?}");
+    assert!(bomb.stderr.contains("can't fork"), "{bomb:?}");
+    assert!(!bomb.stdout.contains("escaped"), "{bomb:?}");
+    let cg = "/sys/fs/cgroup/sandbox";
+    let after = exec_sh(
+        &r,
+        WS,
+        &format!(
+            "read max < {cg}/pids.max; read now < {cg}/pids.current; \
+             while read k n; do [ $k = max ] && hit=$n; done < {cg}/pids.events; \
+             echo \"$max $now $hit\"; \
+             until read c < {cg}/pids.current && [ $c -le 1 ]; do :; done; \
+             echo \"$(echo forked)\""
+        ),
+    );
+    let (line, forked) = after.split_once('\n').unwrap();
+    let f: Vec<u64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
+    assert_eq!(f[0], PIDS, "{after}");
+    assert!(f[1] <= PIDS, "more processes than --pids: {after}");
+    assert!(f[2] > 0, "no fork was refused at the limit: {after}");
+    assert_eq!(forked, "forked\n");
     let st = r.t.json(["sandbox", "status", WS]).ok().json();
     check_record(&st);
     assert_eq!(st["init_pid"], v["init_pid"], "{st}");
