@@ -3,8 +3,12 @@
 //! whatever accelerator the host has (TCG in CI, accepted with `--accept-emulation`).
 //!
 //! - one VM: refused without acceptance (exit 7, nothing started); the status says
-//!   `provider: vm` and why isolation needs validation; qemu sees every mount read-only
-//!   but its run directory; a `--secret` is a read-only
+//!   `provider: vm` and why isolation needs validation; qemu, crossed from the host
+//!   while a second workspace exists, is an unprivileged uid without capabilities, with
+//!   no_new_privs and seccomp, in a root of its own where neither that workspace, its
+//!   own, the runtime root nor the store can be opened, every mount read-only but its
+//!   run directory, and virtiofsd's server has only the workspace as its root; a fork
+//!   bomb stops at `--pids` and a later exec forks again; a `--secret` is a read-only
 //!   file of the guest's `/run/secrets`; a `--ro-bind` directory is read-only in the
 //!   guest and copied from into the workspace (a source through a symlink refused);
 //!   execs run in the guest with
