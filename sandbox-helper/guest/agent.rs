@@ -39,6 +39,8 @@ const SHUTDOWN_WAIT_MS: u64 = 2_000;
 const WORKSPACE: &str = "/workspace";
 /// Where secrets are (a tmpfs of their own, read-only once they are written).
 const SECRETS: &str = "/run/secrets";
+/// The `cgroup.procs` of the cgroup every exec joins under `--pids` (made by `/init`).
+const SANDBOX_CGROUP: &str = "/sys/fs/cgroup/sandbox/cgroup.procs";
 /// The size of the secrets' tmpfs.
 const SECRETS_TMPFS: &str = "mode=0700,size=8m";
 
@@ -53,6 +55,7 @@ mod sys {
         fn sync();
         fn umount2(target: *const c_char, flags: c_int) -> c_int;
         fn reboot(howto: c_int) -> c_int;
+        fn write(fd: c_int, buf: *const std::ffi::c_void, count: usize) -> isize;
         fn mount(
             source: *const c_char,
             target: *const c_char,
@@ -170,6 +173,26 @@ mod sys {
         unsafe { umount2(c.as_ptr(), 0) == 0 }
     }
 
+    /// Has `cmd`'s child join the cgroup whose `cgroup.procs` is `procs` before it
+    /// execs (so every process it starts counts against that cgroup's limits); a
+    /// refused write fails the spawn.
+    pub fn join_cgroup_on_exec(cmd: &mut std::process::Command, procs: &std::fs::File) {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let fd = procs.as_raw_fd();
+        // SAFETY: the closure runs between fork and exec and calls only write(2), on an
+        // fd the agent keeps open for its whole life, from a static buffer.
+        unsafe {
+            cmd.pre_exec(move || {
+                let zero = b"0";
+                if write(fd, zero.as_ptr().cast(), zero.len()) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+
     /// `reboot(RB_AUTOBOOT)`: with `reboot=t` and qemu's `-no-reboot`, qemu exits.
     pub fn restart() -> ! {
         // SAFETY: plain system call; it does not return when it succeeds.
@@ -197,6 +220,8 @@ struct Exec {
 
 struct Agent {
     port: Mutex<File>,
+    /// `cgroup.procs` of the sandbox's cgroup (`--pids`), which every exec joins.
+    cgroup: Option<File>,
     execs: Mutex<HashMap<u32, Exec>>,
     /// Signalled when a child is started (the reaper waits for one when there is none).
     started: Condvar,
@@ -227,8 +252,14 @@ fn main() {
         }
     };
     let mut input = port.try_clone().expect("clone the port");
+    // Made by /init when the VM has `--pids`; its absence then is /init's failure.
+    let cgroup = std::fs::OpenOptions::new()
+        .write(true)
+        .open(SANDBOX_CGROUP)
+        .ok();
     let agent = Arc::new(Agent {
         port: Mutex::new(port),
+        cgroup,
         execs: Mutex::new(HashMap::new()),
         started: Condvar::new(),
     });
@@ -352,7 +383,11 @@ fn start(agent: &Arc<Agent>, stream: u32, payload: &[u8]) {
         drop(execs);
         return failed(agent, stream, 11, 2);
     }
-    let spawned = Command::new(&m.argv[0])
+    let mut cmd = Command::new(&m.argv[0]);
+    if let Some(procs) = &agent.cgroup {
+        sys::join_cgroup_on_exec(&mut cmd, procs);
+    }
+    let spawned = cmd
         .args(&m.argv[1..])
         .env_clear()
         .envs(m.env.iter().map(|(k, v)| (k, v)))

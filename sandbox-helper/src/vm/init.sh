@@ -52,5 +52,17 @@ case " $(cat /proc/cmdline) " in
     ip link set eth0 up || fail "ip link set eth0 up"
     ;;
 esac
+# --pids: every exec joins /sys/fs/cgroup/sandbox (the agent does it), whose pids.max
+# is the limit; the agent itself stays outside, so a fork bomb cannot starve it.
+for word in $(cat /proc/cmdline); do
+    case "$word" in
+    cowspace.pids=*)
+        mount -t cgroup2 none /sys/fs/cgroup || fail "mount -t cgroup2"
+        echo +pids > /sys/fs/cgroup/cgroup.subtree_control || fail "enable the pids controller"
+        mkdir /sys/fs/cgroup/sandbox || fail "mkdir /sys/fs/cgroup/sandbox"
+        echo "${word#cowspace.pids=}" > /sys/fs/cgroup/sandbox/pids.max || fail "set pids.max"
+        ;;
+    esac
+done
 cd /
 exec /bin/cowspace-agent "$AGENT"

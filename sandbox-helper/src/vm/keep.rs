@@ -54,6 +54,9 @@ pub fn start(
         "cpus": spec.cpus,
         "host_memory_bytes": host["memory_bytes"],
     });
+    if let Some(p) = spec.pids {
+        limits["pids"] = serde_json::json!(p);
+    }
     if spec.cpuset.is_some() {
         limits["cpuset_cpus"] = host["cpuset_cpus"].clone();
     }

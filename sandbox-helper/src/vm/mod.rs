@@ -23,6 +23,7 @@
 
 pub mod agent;
 pub mod initramfs;
+pub mod jail;
 mod keep;
 pub mod probe;
 pub mod proto;
@@ -77,15 +78,11 @@ pub struct VmSpec {
     pub cpuset: Option<String>,
     /// `--ro-bind`: host directories shown read-only in the guest.
     pub ro_binds: Vec<crate::spec::RoBind>,
+    /// `--pids`: most processes and threads of the sandbox at once, in the guest (a
+    /// cgroup of the guest's own, which every exec joins; the agent is not in it).
+    pub pids: Option<u64>,
     /// Where initramfs images are cached.
     pub cache_dir: PathBuf,
-}
-
-fn not_yet(what: &'static str) -> Error {
-    Error::VmUnavailable {
-        what,
-        reason: "not enforced in a VM yet; leave it out, or run without --vm".into(),
-    }
 }
 
 impl VmSpec {
@@ -133,8 +130,13 @@ impl VmSpec {
                 b.source.display()
             )));
         }
-        if controls.pids.is_some() {
-            return Err(not_yet("--pids"));
+        if let Some(p) = controls.pids
+            && p < crate::spec::MIN_PIDS
+        {
+            return Err(Error::InvalidInput(format!(
+                "--pids {p}: at least {} (the command counts)",
+                crate::spec::MIN_PIDS
+            )));
         }
         let memory_mib = match &controls.memory {
             Some(m) => parse_bytes(m)? >> 20,
@@ -184,6 +186,7 @@ impl VmSpec {
             secrets: crate::spec::read_secrets(&controls.secret, state_dir)?,
             cpuset: crate::spec::parse_cpuset(controls.cpuset_cpus.as_deref())?,
             ro_binds,
+            pids: controls.pids,
         })
     }
 
@@ -243,6 +246,12 @@ pub fn prepare(spec: &VmSpec) -> Result<Prepared> {
     let qemu = probe::qemu()?;
     let virtiofsd = probe::virtiofsd()?;
     let kernel = probe::kernel()?;
+    if spec.pids.is_some() {
+        probe::pids_controller(&kernel).map_err(|reason| Error::VmUnavailable {
+            what: "--pids",
+            reason,
+        })?;
+    }
     let busybox = probe::busybox()?;
     let initrd = initramfs::cached(
         &initramfs::Inputs {
@@ -314,10 +323,10 @@ mod tests {
     }
 
     #[test]
-    fn refuses_what_a_vm_does_not_enforce_yet() {
+    fn refuses_what_a_vm_does_not_enforce() {
         let d = tempfile::tempdir().unwrap();
         let mut c = controls();
-        c.pids = Some(10);
+        c.pids = Some(1);
         let e = VmSpec::validate(
             "w",
             d.path(),
@@ -328,7 +337,19 @@ mod tests {
             d.path(),
         )
         .unwrap_err();
-        assert_eq!(e.kind(), crate::Kind::Unsupported);
+        assert_eq!(e.kind(), crate::Kind::InvalidInput);
+        c.pids = Some(16);
+        let ok = VmSpec::validate(
+            "w",
+            d.path(),
+            &c,
+            vec!["true".into()],
+            true,
+            d.path(),
+            d.path(),
+        )
+        .unwrap();
+        assert_eq!(ok.pids, Some(16));
         let mut c = controls();
         c.memory = Some("64m".into());
         let e = VmSpec::validate(

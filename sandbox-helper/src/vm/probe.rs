@@ -252,6 +252,41 @@ pub fn kernel() -> Result<Kernel> {
     })
 }
 
+/// Whether `kernel` can limit the sandbox's processes: its `boot/config-<version>`
+/// (beside the image) says `CONFIG_CGROUPS=y` and `CONFIG_CGROUP_PIDS=y` (the guest
+/// mounts cgroup2 and enables `pids` there). The reason it cannot, otherwise.
+pub fn pids_controller(kernel: &Kernel) -> std::result::Result<(), String> {
+    let config = kernel
+        .image
+        .with_file_name(format!("config-{}", kernel.version));
+    let text = std::fs::read_to_string(&config).map_err(|e| {
+        format!(
+            "the guest kernel's configuration {} cannot be read ({e}): whether it has the cgroup pids controller is unknown",
+            config.display()
+        )
+    })?;
+    config_has_pids(&text).map_err(|missing| {
+        format!(
+            "the guest kernel {} has no cgroup pids controller ({missing} is not set in {}); leave --pids out or use a kernel with it",
+            kernel.version,
+            config.display()
+        )
+    })
+}
+
+/// The first of the options `--pids` needs that the kernel configuration `text` lacks.
+pub fn config_has_pids(text: &str) -> std::result::Result<(), &'static str> {
+    for opt in ["CONFIG_CGROUPS", "CONFIG_CGROUP_PIDS"] {
+        let set = text
+            .lines()
+            .any(|l| l.strip_prefix(opt).is_some_and(|rest| rest == "=y"));
+        if !set {
+            return Err(opt);
+        }
+    }
+    Ok(())
+}
+
 /// The host's TSC frequency in kHz (the first `cpu MHz` of `/proc/cpuinfo`), which is
 /// the guest's under TCG (qemu reads the host's time stamp counter for the guest's).
 pub fn host_tsc_khz() -> Option<u64> {
@@ -305,5 +340,22 @@ mod tests {
         std::fs::create_dir(d.path().join("kvm_amd")).unwrap();
         let p = accel_at(d.path(), &kvm);
         assert_eq!((p.accel, p.isolation), (Accel::Kvm, Isolation::Hypervisor));
+    }
+
+    #[test]
+    fn pids_need_cgroups_and_the_pids_controller_built_in() {
+        assert_eq!(
+            config_has_pids("CONFIG_CGROUPS=y\nCONFIG_CGROUP_PIDS=y\n"),
+            Ok(())
+        );
+        assert_eq!(
+            config_has_pids("CONFIG_CGROUPS=y\n# CONFIG_CGROUP_PIDS is not set\n"),
+            Err("CONFIG_CGROUP_PIDS")
+        );
+        assert_eq!(
+            config_has_pids("CONFIG_CGROUPS=y\nCONFIG_CGROUP_PIDS=m\n"),
+            Err("CONFIG_CGROUP_PIDS")
+        );
+        assert_eq!(config_has_pids(""), Err("CONFIG_CGROUPS"));
     }
 }

@@ -119,6 +119,11 @@ pub struct Machine<'a> {
     /// own calibration against the emulated PIT is timed, fails on a loaded host, and
     /// the boot then hangs.
     pub tsc_khz: Option<u64>,
+    /// `--pids`: the guest's limit on the sandbox's processes (`cowspace.pids=N`).
+    pub pids: Option<u64>,
+    /// The guest's name (`-name`): the host path of the run directory, so that the
+    /// host's process list says whose qemu it is (qemu's own paths are its root's).
+    pub label: &'a Path,
 }
 
 /// `qemu-system-x86_64` for `m`, its devices wired to `files`.
@@ -151,6 +156,9 @@ pub fn qemu_args(m: &Machine<'_>, files: &RunFiles) -> Vec<OsString> {
         "memory-backend-memfd,id=mem,size={}M,share=on",
         m.memory_mib
     ));
+    push("-name".into());
+    // A comma ends an option's value unless doubled.
+    push(m.label.to_string_lossy().replace(',', ",,"));
     for s in [
         "-nodefaults",
         "-no-user-config",
@@ -183,6 +191,9 @@ pub fn qemu_args(m: &Machine<'_>, files: &RunFiles) -> Vec<OsString> {
             push("virtio-net-device,netdev=n0".into());
             append.push_str(" cowspace.net=user");
         }
+    }
+    if let Some(n) = m.pids {
+        append.push_str(&format!(" cowspace.pids={n}"));
     }
     if let (Accel::Tcg, Some(khz)) = (m.accel, m.tsc_khz) {
         append.push_str(&format!(" tsc_early_khz={khz}"));
@@ -250,6 +261,8 @@ mod tests {
             net: GuestNet::None,
             ro_binds: 0,
             tsc_khz: Some(2_600_000),
+            pids: None,
+            label: Path::new("/var/lib/x,y/run"),
         };
         let line: Vec<String> = qemu_args(&m, &files)
             .into_iter()
@@ -262,6 +275,8 @@ mod tests {
         assert!(joined.contains("-nic none"));
         assert!(!joined.contains("cowspace.net=loopback"));
         assert!(joined.contains("tsc_early_khz=2600000"));
+        assert!(!joined.contains("cowspace.pids"));
+        assert!(joined.contains("-name /var/lib/x,,y/run "), "{joined}");
         assert!(joined.contains("name=cowspace.agent"));
         let published = Machine {
             net: GuestNet::Published(vec![(20001, 3000)]),
@@ -279,6 +294,15 @@ mod tests {
         );
         assert!(!joined.contains("-nic none"));
         assert!(joined.contains("cowspace.net=user"));
+        let limited = Machine {
+            pids: Some(32),
+            ..m.clone()
+        };
+        let joined: String = qemu_args(&limited, &files)
+            .into_iter()
+            .map(|s| s.into_string().unwrap() + " ")
+            .collect();
+        assert!(joined.contains(" cowspace.pids=32 "), "{joined}");
         assert!(
             !virtiofsd_args(&files, Path::new("/w"))
                 .iter()

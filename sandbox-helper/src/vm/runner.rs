@@ -14,6 +14,7 @@ use nix::sys::signal::{SigSet, Signal, kill};
 use nix::unistd::Pid;
 
 use super::agent::Channel;
+use super::jail;
 use super::probe::Isolation;
 use super::qemu::{self, GuestNet, Machine, RunFiles};
 use super::{Prepared, VmSpec};
@@ -97,6 +98,14 @@ pub fn reap_stale(state_dir: &Path) {
     }
 }
 
+/// Gives `path` (of the run directory) to qemu's uid and gid.
+fn give_qemu(path: &Path, id: u32) -> Result<()> {
+    std::os::unix::fs::chown(path, Some(id), Some(id)).map_err(|source| Error::Setup {
+        step: format!("vm: give {} to qemu's uid {id}", path.display()),
+        source,
+    })
+}
+
 fn tail(path: &Path) -> String {
     let s = fs::read(path).unwrap_or_default();
     let from = s.len().saturating_sub(MAX_LOG_TAIL_BYTES);
@@ -122,8 +131,8 @@ struct Confine<'a> {
     unshare: libc::c_int,
     /// A detached mount to attach, and where, in a mount namespace of its own.
     attach: Option<(std::os::fd::BorrowedFd<'a>, &'a Path)>,
-    /// Every mount read-only but this directory.
-    writable_only: Option<&'a Path>,
+    /// A minimal root of its own and an unprivileged uid ([`super::jail`]).
+    jail: Option<sys::Jail>,
 }
 
 fn spawn(
@@ -153,17 +162,25 @@ fn spawn(
     let Confine {
         unshare,
         attach,
-        writable_only,
+        jail,
     } = confine;
-    sys::vm_child_pre_exec(&mut cmd, &fds, unshare, attach, writable_only).map_err(|source| {
+    sys::vm_child_pre_exec(&mut cmd, &fds, unshare, attach, jail).map_err(|source| {
         Error::Setup {
             step: format!("vm: prepare {what}"),
             source,
         }
     })?;
-    let child = cmd.spawn().map_err(|source| Error::Setup {
-        step: format!("vm: start {what} ({})", bin.display()),
-        source,
+    let child = cmd.spawn().map_err(|source| {
+        // A step of the confinement that failed in the child named itself in the log.
+        let said = tail(log);
+        Error::Setup {
+            step: if said.is_empty() {
+                format!("vm: start {what} ({})", bin.display())
+            } else {
+                format!("vm: start {what} ({}): {said}", bin.display())
+            },
+            source,
+        }
     })?;
     Ok(Reaped(child))
 }
@@ -228,6 +245,8 @@ pub struct Booted {
     ro_fsds: Vec<Reaped>,
     group: cgroup::Group,
     _dir: RunDirGuard,
+    /// qemu's uid and gid (held until qemu is gone: no other sandbox is given them).
+    _ids: crate::alloc::IdLease,
     files: RunFiles,
     /// From qemu's start to the agent's `READY`.
     pub boot_ms: u64,
@@ -365,13 +384,18 @@ pub fn boot(
         source,
     })?;
     let dir_guard = RunDirGuard(dir.clone());
-    // Root's alone: its sockets (the agent's channel, virtiofsd's) are nobody else's.
+    // qemu runs as a host uid of its own, leased like a namespace sandbox's range (two
+    // VMs never share one, so neither can signal, trace or read the other), and owns
+    // its run directory alone: the sockets it creates and connects to, its console log.
+    let ids = crate::alloc::lease_ids(state_dir, &format!("vm-{}", spec.name))?;
+    let qemu_id = ids.base();
     fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).map_err(
         |source| Error::StateDir {
             path: dir.clone(),
             source,
         },
     )?;
+    give_qemu(&dir, qemu_id)?;
     let files = RunFiles { dir };
 
     let mut fsd = spawn(
@@ -390,6 +414,7 @@ pub fn boot(
         &files,
         "virtiofsd",
     )?;
+    give_qemu(&files.fs_sock(), qemu_id)?;
     // One read-only virtiofsd per --ro-bind: the source, opened without following a
     // symlink, attached (read-only) in a mount namespace of that virtiofsd's own.
     let mut ro_fsds = Vec::new();
@@ -431,44 +456,77 @@ pub fn boot(
             &files,
             "virtiofsd",
         )?;
+        give_qemu(&files.ro_sock(i), qemu_id)?;
         ro_fsds.push(d);
     }
     // qemu binds the published ports itself, on the host's 127.0.0.1: their listeners
     // go now (the port locks stay held, so no other sandbox is given them).
     let ports: Vec<_> = leases.into_iter().map(|l| l.into_held()).collect();
     let net = guest_net(spec, &ports);
+    // qemu's minimal root: the paths on its command line are that root's.
+    let plan = jail::plan(
+        Path::new("/"),
+        &jail::Needs {
+            qemu: &prep.qemu,
+            kernel: &prep.kernel.image,
+            initrd: &prep.initrd.0,
+            run_dir: &files.dir,
+            kvm: prep.accel.accel == super::probe::Accel::Kvm,
+        },
+    )
+    .map_err(|e| Error::Setup {
+        step: format!("vm: plan qemu's root: {} {}", e.what, e.path.display()),
+        source: e.source,
+    })?;
+    let stage = files.dir.join("root");
+    fs::create_dir(&stage).map_err(|source| Error::StateDir {
+        path: stage.clone(),
+        source,
+    })?;
+    let qemu_jail =
+        sys::Jail::new(&plan, &stage, qemu_id, qemu_id).map_err(|source| Error::Setup {
+            step: "vm: prepare qemu's root".into(),
+            source,
+        })?;
+    let qemu_files = RunFiles {
+        dir: jail::RUN_DIR.into(),
+    };
     let machine = Machine {
         accel: prep.accel.accel,
         memory_mib: spec.memory_mib,
         cpus: spec.cpus,
-        kernel: &prep.kernel.image,
-        initrd: &prep.initrd.0,
+        kernel: Path::new(jail::KERNEL),
+        initrd: Path::new(jail::INITRD),
         net: net.clone(),
         ro_binds: spec.ro_binds.len(),
         tsc_khz: super::probe::host_tsc_khz(),
+        pids: spec.pids,
+        label: &files.dir,
     };
     let unshare = match net {
-        // No network at all (the guest has none) and no host System V IPC; its sockets
-        // are paths, which work across network namespaces.
-        GuestNet::None | GuestNet::Loopback => libc::CLONE_NEWNET | libc::CLONE_NEWIPC,
+        // No network at all (the guest has none), no host System V IPC, a host name of
+        // its own; its sockets are paths, which work across network namespaces.
+        GuestNet::None | GuestNet::Loopback => {
+            libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS
+        }
         // The forwarded ports are the host's: qemu stays in its network namespace, and
         // `restrict=on` keeps the guest from reaching out through it.
-        GuestNet::Published(_) => libc::CLONE_NEWIPC,
+        GuestNet::Published(_) => libc::CLONE_NEWIPC | libc::CLONE_NEWUTS,
     };
     let started = Instant::now();
     let mut vm = spawn(
         &prep.qemu,
-        &qemu::qemu_args(&machine, &files),
+        &qemu::qemu_args(&machine, &qemu_files),
         &files.dir.join("qemu.log"),
         &procs,
         "qemu",
         Confine {
             unshare,
             attach: None,
-            // qemu writes nothing of the host but its run directory (sockets, the
-            // console log): every other mount is read-only in a mount namespace of its
-            // own.
-            writable_only: Some(&files.dir),
+            // qemu sees nothing of the host but its libraries, firmware, the guest's
+            // kernel and initramfs (read-only) and its run directory, as an
+            // unprivileged uid without capabilities.
+            jail: Some(qemu_jail),
         },
     )?;
     drop(procs);
@@ -514,6 +572,7 @@ pub fn boot(
         ro_fsds,
         group,
         _dir: dir_guard,
+        _ids: ids,
         files,
         boot_ms,
         guest_release,

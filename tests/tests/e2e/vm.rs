@@ -365,13 +365,26 @@ fn vm_refusals_start_nothing() {
         err.contains("qemu") && err.contains("apt-get install qemu-system-x86"),
         "{err}"
     );
-    // A control the VM does not enforce yet is refused by name.
-    let err = refused(&mut vm_cmd(
-        &r,
-        WS,
-        &["--accept-emulation", "--pids", "64", "--", "touch", "ran"],
-    ));
-    assert!(err.contains("--pids"), "{err}");
+    // --pids with a guest kernel that has no pids controller is refused, naming why.
+    let kdir = r.t.path("kernel");
+    std::fs::create_dir_all(kdir.join("lib/modules/9.9-nopids/kernel")).unwrap();
+    cowspace_tests::write_file(&kdir.join("boot/vmlinuz-9.9-nopids"), "not a kernel");
+    cowspace_tests::write_file(
+        &kdir.join("boot/config-9.9-nopids"),
+        "CONFIG_CGROUPS=y\n# CONFIG_CGROUP_PIDS is not set\n",
+    );
+    let err = refused(
+        vm_cmd(
+            &r,
+            WS,
+            &["--accept-emulation", "--pids", "64", "--", "touch", "ran"],
+        )
+        .env("COWSPACE_VM_KERNEL", kdir.join("boot/vmlinuz-9.9-nopids")),
+    );
+    assert!(
+        err.contains("--pids") && err.contains("CONFIG_CGROUP_PIDS"),
+        "{err}"
+    );
     let path = r.status(WS)["path"].as_str().unwrap().to_string();
     assert!(
         !Path::new(&path).join("ran").exists(),

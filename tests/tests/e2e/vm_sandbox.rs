@@ -3,8 +3,12 @@
 //! whatever accelerator the host has (TCG in CI, accepted with `--accept-emulation`).
 //!
 //! - one VM: refused without acceptance (exit 7, nothing started); the status says
-//!   `provider: vm` and why isolation needs validation; qemu sees every mount read-only
-//!   but its run directory; a `--secret` is a read-only
+//!   `provider: vm` and why isolation needs validation; qemu, crossed from the host
+//!   while a second workspace exists, is an unprivileged uid without capabilities, with
+//!   no_new_privs and seccomp, in a root of its own where neither that workspace, its
+//!   own, the runtime root nor the store can be opened, every mount read-only but its
+//!   run directory, and virtiofsd's server has only the workspace as its root; a fork
+//!   bomb stops at `--pids` and a later exec forks again; a `--secret` is a read-only
 //!   file of the guest's `/run/secrets`; a `--ro-bind` directory is read-only in the
 //!   guest and copied from into the workspace (a source through a symlink refused);
 //!   execs run in the guest with
@@ -194,6 +198,202 @@ fn assert_vm_gone(r: &WsRoot, ws: &str, v: &Value) {
     assert!(r.status(ws)["sandbox_pid"].is_null(), "{}", r.status(ws));
 }
 
+/// The fields of `/proc/PID/status` named `key` (the words after `key:`).
+fn status_field(pid: u64, key: &str) -> Vec<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status: {status}"))
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// Opening `path` (a host path) through process `pid`'s root fails with ENOENT: the
+/// path is not in its view of the file system.
+#[track_caller]
+fn not_in_root_of(pid: u64, path: &std::path::Path, what: &str) {
+    let through = format!("/proc/{pid}/root{}", path.display());
+    let err = std::fs::File::open(&through).expect_err(&format!("{what} is visible to {pid}"));
+    assert_eq!(
+        err.raw_os_error(),
+        Some(libc::ENOENT),
+        "{what} at {through}: {err}"
+    );
+}
+
+/// Every path below `dir`, not crossing into `skip` (big read-only system trees).
+fn walk(dir: &std::path::Path, skip: &[std::path::PathBuf], out: &mut Vec<std::path::PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        out.push(p.clone());
+        let is_dir = e.file_type().is_ok_and(|t| t.is_dir());
+        if is_dir && !skip.contains(&p) {
+            walk(&p, skip, out);
+        }
+    }
+}
+
+/// While VM `v` runs, beside the other workspace `other` of the same root: qemu is an
+/// unprivileged uid without capabilities, with no_new_privs and its seccomp filter, in
+/// a root of its own holding nothing of the runtime root, the store or another
+/// workspace; virtiofsd's server sees only the workspace it serves.
+#[track_caller]
+fn assert_qemu_confined(r: &WsRoot, ws: &str, v: &Value, other: &crate::workspaces::support::Ws) {
+    let qemu = v["qemu_pid"].as_u64().unwrap();
+    for key in ["Uid", "Gid"] {
+        let ids = status_field(qemu, key);
+        assert_eq!(ids.len(), 4, "{key}: {ids:?}");
+        assert!(
+            ids.iter().all(|i| i != "0" && *i == ids[0]),
+            "qemu's {key} is {ids:?}"
+        );
+    }
+    assert_eq!(status_field(qemu, "Groups"), Vec::<String>::new());
+    for key in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
+        assert_eq!(
+            status_field(qemu, key),
+            vec!["0000000000000000"],
+            "qemu's {key}"
+        );
+    }
+    assert_eq!(status_field(qemu, "NoNewPrivs"), vec!["1"]);
+    assert_eq!(
+        status_field(qemu, "Seccomp"),
+        vec!["2"],
+        "qemu's -sandbox is off"
+    );
+    for ns in ["mnt", "ipc", "uts", "net"] {
+        assert_ne!(
+            std::fs::read_link(format!("/proc/{qemu}/ns/{ns}")).unwrap(),
+            std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap(),
+            "qemu is in the host's {ns} namespace"
+        );
+    }
+    // Try to cross: the other workspace's file, the runtime root, the store, the
+    // registry, this VM's own workspace, through qemu's root.
+    let other_file = other.path.join("other-secret");
+    assert_eq!(std::fs::read_to_string(&other_file).unwrap(), "not yours\n");
+    let ws_dir = std::path::PathBuf::from(v["path"].as_str().unwrap());
+    for (path, what) in [
+        (other_file.clone(), "the other workspace's file"),
+        (other.path.clone(), "the other workspace"),
+        (r.root().to_path_buf(), "the runtime root"),
+        (r.root().join("store"), "the store"),
+        (r.root().join("registry.db"), "the registry"),
+        (
+            ws_dir.join("a.txt"),
+            "the workspace (qemu reaches it only through virtiofsd)",
+        ),
+        (std::path::PathBuf::from("/etc/passwd"), "/etc"),
+        (
+            std::path::PathBuf::from("/proc/1/root"),
+            "the host's processes",
+        ),
+    ] {
+        assert!(
+            std::fs::symlink_metadata(&path).is_ok(),
+            "{} is not there on the host",
+            path.display()
+        );
+        not_in_root_of(qemu, &path, what);
+    }
+    // Its whole tree (the system directories aside): nothing under the runtime root's
+    // or a workspace's name, only the run directory writable.
+    let root = std::path::PathBuf::from(format!("/proc/{qemu}/root"));
+    let mut seen = Vec::new();
+    walk(&root, &[root.join("usr")], &mut seen);
+    let names: Vec<String> = seen
+        .iter()
+        .map(|p| format!("/{}", p.strip_prefix(&root).unwrap().display()))
+        .collect();
+    let top: std::collections::BTreeSet<&str> = names
+        .iter()
+        .filter(|n| n.matches('/').count() == 1)
+        .map(String::as_str)
+        .collect();
+    for t in &top {
+        assert!(
+            [
+                "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/dev", "/vm",
+                "/run"
+            ]
+            .contains(t),
+            "{t} in qemu's root: {names:?}"
+        );
+    }
+    for n in &names {
+        assert!(
+            !n.contains("other-secret")
+                && !n.contains("registry.db")
+                && !n.contains("cowspace-e2e"),
+            "{n} in qemu's root"
+        );
+    }
+    assert!(
+        names.contains(&"/run/vm/agent.sock".to_string()),
+        "{names:?}"
+    );
+    let mounts = std::fs::read_to_string(format!("/proc/{qemu}/mountinfo")).unwrap();
+    for l in mounts.lines() {
+        let f: Vec<&str> = l.split(' ').collect();
+        assert!(
+            f[4] == "/run/vm" || f[5].starts_with("ro"),
+            "a writable mount for qemu: {l}"
+        );
+    }
+    // The run directory: qemu's alone.
+    let run_dir = format!(
+        "{}/{}.{}",
+        r.root().join("run/sandbox/vm").display(),
+        ws,
+        v["keeper_pid"]
+    );
+    let meta = std::fs::metadata(&run_dir).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+        0o700,
+        "the run directory is open to others"
+    );
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::uid(&meta).to_string(),
+        status_field(qemu, "Uid")[0]
+    );
+    // virtiofsd: the process serving the guest (the child of the one started, in pid
+    // and mount namespaces of its own) has the workspace as its root.
+    let fsd = v["virtiofsd_pid"].as_u64().unwrap();
+    let children =
+        std::fs::read_to_string(format!("/proc/{fsd}/task/{fsd}/children")).unwrap_or_default();
+    let server: u64 = children
+        .split_whitespace()
+        .next()
+        .unwrap_or_else(|| panic!("virtiofsd {fsd} has no server process"))
+        .parse()
+        .unwrap();
+    assert!(
+        std::path::Path::new(&format!("/proc/{server}/root/a.txt")).exists(),
+        "virtiofsd's server does not have the workspace as its root"
+    );
+    for (path, what) in [
+        (other_file, "the other workspace's file"),
+        (other.path.clone(), "the other workspace"),
+        (r.root().to_path_buf(), "the runtime root"),
+        (r.root().join("store"), "the store"),
+        (std::path::PathBuf::from("/etc/passwd"), "/etc"),
+    ] {
+        not_in_root_of(server, &path, what);
+    }
+    assert_ne!(
+        std::fs::read_link(format!("/proc/{server}/ns/pid")).unwrap(),
+        std::fs::read_link("/proc/self/ns/pid").unwrap(),
+        "virtiofsd's server is in the host's pid namespace"
+    );
+}
+
 /// Connects to 127.0.0.1:`port` until something answers with a line (qemu accepts on a
 /// forwarded port before the guest's server listens, then closes); gives the answer.
 #[track_caller]
@@ -215,6 +415,7 @@ fn reply_on(port: u16) -> String {
 #[test]
 fn vm_sandbox_runs_execs_as_a_namespace_sandbox_does() {
     const WS: &str = "vmkeep";
+    const PIDS: u64 = 24;
     require_vm!();
     let r = setup(WS);
     if emulated() {
@@ -253,6 +454,14 @@ fn vm_sandbox_runs_execs_as_a_namespace_sandbox_does() {
     assert!(e["message"].as_str().unwrap().contains("symlink"), "{e}");
     assert_eq!(leftovers_of(&r, WS), Vec::<String>::new());
     let bind_flag = format!("{}:/deps/cache", cache.display());
+    // A second workspace of the same root, with a file of its own: no process of the
+    // VM may reach it.
+    let other = r.create("t/main", &["--name", "vmkeep-other"]);
+    cowspace_tests::write_file(
+        &other.path.join("other-secret"),
+        "not yours
+",
+    );
     let v = start_vm(
         &r,
         WS,
@@ -265,38 +474,49 @@ fn vm_sandbox_runs_execs_as_a_namespace_sandbox_does() {
             &secret_flag,
             "--ro-bind",
             &bind_flag,
+            "--pids",
+            &PIDS.to_string(),
         ],
     );
+    assert_eq!(v["limits"]["pids"], PIDS, "{v}");
     assert_eq!(v["ports"], serde_json::json!({}), "{v}");
     assert_eq!(v["limits"]["memory_bytes"], 256u64 << 20, "{v}");
     r.t.json(["sandbox", "start", WS, "--vm", "--accept-emulation"])
         .error(4, "exists");
-    // qemu writes nothing of the host but its run directory: in its mount namespace
-    // every mount is read-only but that one.
-    let mounts = std::fs::read_to_string(format!("/proc/{}/mountinfo", v["qemu_pid"])).unwrap();
-    let opts_of = |point: &str| {
-        mounts
-            .lines()
-            .map(|l| l.split(' ').collect::<Vec<_>>())
-            .find(|f| f.get(4) == Some(&point))
-            .and_then(|f| f.get(5).map(|o| o.to_string()))
-            .unwrap_or_else(|| panic!("no mount at {point} for qemu: {mounts}"))
-    };
-    assert!(opts_of("/").starts_with("ro"), "{mounts}");
-    let run_dir = format!("/{WS}.{}", v["keeper_pid"]);
-    let run_dir = format!("{}{run_dir}", r.root().join("run/sandbox/vm").display());
-    assert!(opts_of(&run_dir).starts_with("rw"), "{mounts}");
-    let mode = std::os::unix::fs::PermissionsExt::mode(
-        &std::fs::metadata(&run_dir).unwrap().permissions(),
+    assert_qemu_confined(&r, WS, &v, &other);
+
+    // --pids in the guest: a fork bomb (a shell starting sleeps until it cannot) is
+    // stopped at the limit; once its processes end, a later exec forks again.
+    let bomb = exec(
+        &r,
+        WS,
+        &[
+            "sh",
+            "-c",
+            "i=0; while [ $i -lt 500 ]; do sleep 3 & i=$((i+1)); done; echo escaped",
+        ],
     );
-    assert_eq!(mode & 0o777, 0o700, "the run directory is open to others");
-    for l in mounts.lines() {
-        let f: Vec<&str> = l.split(' ').collect();
-        assert!(
-            f[4] == run_dir || f[5].starts_with("ro"),
-            "a writable mount for qemu: {l}"
-        );
-    }
+    assert_eq!(bomb.code, 2, "{bomb:?}");
+    assert!(bomb.stderr.contains("can't fork"), "{bomb:?}");
+    assert!(!bomb.stdout.contains("escaped"), "{bomb:?}");
+    let cg = "/sys/fs/cgroup/sandbox";
+    let after = exec_sh(
+        &r,
+        WS,
+        &format!(
+            "read max < {cg}/pids.max; read now < {cg}/pids.current; \
+             while read k n; do [ $k = max ] && hit=$n; done < {cg}/pids.events; \
+             echo \"$max $now $hit\"; \
+             until read c < {cg}/pids.current && [ $c -le 1 ]; do :; done; \
+             echo \"$(echo forked)\""
+        ),
+    );
+    let (line, forked) = after.split_once('\n').unwrap();
+    let f: Vec<u64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
+    assert_eq!(f[0], PIDS, "{after}");
+    assert!(f[1] <= PIDS, "more processes than --pids: {after}");
+    assert!(f[2] > 0, "no fork was refused at the limit: {after}");
+    assert_eq!(forked, "forked\n");
     let st = r.t.json(["sandbox", "status", WS]).ok().json();
     check_record(&st);
     assert_eq!(st["init_pid"], v["init_pid"], "{st}");
@@ -480,6 +700,7 @@ fn vm_sandbox_runs_execs_as_a_namespace_sandbox_does() {
     assert_vm_gone(&r, WS, &v);
     r.t.json(["exec", WS, "--", "true"]).code(3);
     r.remove(WS);
+    r.remove("vmkeep-other");
     r.assert_clean();
 }
 
