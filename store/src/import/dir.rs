@@ -623,6 +623,7 @@ impl Walk {
                     path: abs.to_path_buf(),
                     at: Some((fd, at.name)),
                     xattrs: true,
+                    git_loose: false,
                 };
                 ingest.submit(job, meta.len())?;
                 (Slot::Pending(i), vec![])

@@ -6,6 +6,7 @@ pub mod exclude;
 pub mod git;
 pub mod gitdir;
 pub mod gitindex;
+pub(crate) mod gitloose;
 mod refresh;
 pub mod tar;
 
