@@ -1,8 +1,9 @@
-//! Import of a git revision, read with the `git` program alone.
+//! Import of a git revision, read with the `git` program (and loose objects directly).
 //!
 //! `git rev-parse --verify REV^{commit}` resolves the revision; `git ls-tree -r -z
-//! --full-tree COMMIT` lists every tracked path with its mode and object id;
-//! the contents come from one long-running `git cat-file --batch`, fed object ids by a
+//! --full-tree COMMIT` lists every tracked path with its mode and object id; blobs that
+//! are loose objects are read by the ingest workers themselves ([`gitloose`], all cores);
+//! the other contents come from one long-running `git cat-file --batch`, fed object ids by a
 //! writer thread while this thread reads the answers (so neither pipe can fill up and
 //! stall the other side) and streams each blob into the ingest pipeline. No working
 //! tree or index is read or touched; bare repositories work. A blob whose content the
