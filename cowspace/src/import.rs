@@ -65,7 +65,13 @@ pub fn import(root: &Path, req: ImportRequest<'_>) -> Result<Imported> {
     // Whether the snapshot has any xattr is recorded now, while its trees are fresh, so
     // its first workspace does not walk them to pick its view. A failure only leaves
     // that walk to the first workspace.
-    let _ = crate::plain::has_xattrs(&store, &report.snapshot);
+    match report.has_xattrs {
+        // (The import wrote every tree: no walk of them is needed.)
+        Some(has) => crate::plain::record_import(&store, &report.snapshot, has),
+        None => {
+            let _ = crate::plain::has_xattrs(&store, &report.snapshot);
+        }
+    }
     notes.extend(report.warnings.iter().map(|w| format!("warning: {w}")));
     Ok(Imported { report, notes })
 }

@@ -56,6 +56,18 @@ pub fn has_xattrs(store: &Store, snapshot: &SnapshotId) -> cowspace_store::Resul
     Ok(found)
 }
 
+/// Records what an import that wrote every tree of `snapshot` saw (`has`: any entry with
+/// an extended attribute), so that nothing walks its trees to find it again; a marker
+/// already there stands. As in [`has_xattrs`], a marker that cannot be written is logged.
+pub fn record_import(store: &Store, snapshot: &SnapshotId, has: bool) {
+    if recorded(store, snapshot).is_some() {
+        return;
+    }
+    if let Err(e) = record(store, snapshot, has) {
+        tracing::warn!(snapshot = %snapshot.to_hex(), "record whether the snapshot has xattrs: {e}");
+    }
+}
+
 fn walk(store: &Store, snapshot: &SnapshotId) -> cowspace_store::Result<bool> {
     let snap = store.snapshot(snapshot)?;
     if !snap.root_xattrs.is_empty() {
@@ -145,6 +157,26 @@ mod tests {
             fs::read_to_string(marker_path(&store, &snap)).unwrap(),
             "some\n"
         );
+    }
+
+    /// What an import saw of xattrs is what a walk of its trees finds.
+    #[test]
+    fn an_imports_own_answer_is_the_walks() {
+        for with in [false, true] {
+            let (tmp, store, _) = store_with(|src| {
+                if with {
+                    xattr::set(src.join("a/b/f"), "user.deep", b"v").unwrap();
+                }
+            });
+            // (A second import: the first one's snapshot has the same trees.)
+            let src = tmp.path().join("src");
+            fs::write(src.join("new"), b"n").unwrap();
+            let r = store.import_dir(&src, &ImportOptions::new()).unwrap();
+            assert_eq!(r.has_xattrs, Some(with));
+            assert_eq!(walk(&store, &r.snapshot).unwrap(), with);
+            record_import(&store, &r.snapshot, with);
+            assert_eq!(recorded(&store, &r.snapshot), Some(with));
+        }
     }
 
     #[test]

@@ -106,7 +106,7 @@ pub struct Editor<'s> {
 }
 
 /// Stat-cache rows: a path under a source root, its stamp, its content.
-pub type StatRows = Vec<(Vec<u8>, crate::statcache::Stamp, crate::ContentId)>;
+pub type StatRows = Vec<crate::statcache::Row>;
 
 impl std::fmt::Debug for Editor<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

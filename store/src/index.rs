@@ -97,6 +97,7 @@ CREATE TABLE IF NOT EXISTS statcache (
     mtime_ns INTEGER NOT NULL,
     ctime_ns INTEGER NOT NULL,
     content BLOB NOT NULL,
+    xattrs BLOB,
     PRIMARY KEY (root, path)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS blobcache (
@@ -237,6 +238,7 @@ pub fn open(path: &Path) -> Result<Connection> {
         Some(v) if v == FORMAT_VERSION.to_string() => {
             conn.execute_batch(ADDED_SCHEMA)
                 .map_err(Error::db("add tables to the schema"))?;
+            crate::statcache::add_xattrs_column(&conn)?;
             Ok(conn)
         }
         found => Err(Error::FormatVersion {

@@ -93,6 +93,9 @@ pub(crate) struct FileJob {
     pub at: Option<(Arc<File>, OsString)>,
     /// Also read its recorded extended attributes (from the open file).
     pub xattrs: bool,
+    /// The file is a git loose object: what is stored is the blob it holds, inflated
+    /// here (see [`crate::import::gitloose`]).
+    pub git_loose: bool,
 }
 
 type FileResult = (usize, Result<(FileContent, Xattrs)>);
@@ -372,28 +375,52 @@ impl Ctx {
                 .open(path)
                 .map_err(Error::io("open", path))?,
         };
+        if job.git_loose {
+            return Ok((self.store_git_loose(file, path)?, Vec::new()));
+        }
         let xattrs = match job.xattrs {
             true => crate::xattrs::read_file_xattrs(&file, path)?,
             false => Vec::new(),
         };
-        Ok((self.store_open_file(file, path)?, xattrs))
+        let size_hint = file.metadata().map(|m| m.len()).unwrap_or(0);
+        Ok((self.store_read(&file, size_hint, path)?, xattrs))
     }
 
-    fn store_open_file(&mut self, file: File, path: &PathBuf) -> Result<FileContent> {
-        let mut first = Vec::with_capacity(
-            file.metadata()
-                .map(|m| m.len().min(SINGLE_CHUNK_MAX_BYTES) as usize + 1)
-                .unwrap_or(0),
-        );
-        let mut limited = (&file).take(SINGLE_CHUNK_MAX_BYTES + 1);
-        limited
+    /// Stores the blob a git loose object holds; its length and zlib checksum are
+    /// checked before the content is reported.
+    fn store_git_loose(&mut self, file: File, path: &PathBuf) -> Result<FileContent> {
+        let mut blob = crate::import::gitloose::Blob::open(file, path)?;
+        let size = blob.size();
+        let content = self
+            .store_read(&mut blob, size, path)
+            .map_err(|e| match e {
+                // (A stream that fails to inflate is a corrupt object, as git says.)
+                Error::Io { source, .. } => {
+                    crate::import::gitloose::corrupt(path, source.to_string())
+                }
+                e => e,
+            })?;
+        blob.finish(content.size)?;
+        Ok(content)
+    }
+
+    /// Stores everything `r` yields (about `size_hint` bytes); read errors name `path`.
+    fn store_read(
+        &mut self,
+        mut r: impl Read,
+        size_hint: u64,
+        path: &PathBuf,
+    ) -> Result<FileContent> {
+        let mut first = Vec::with_capacity(size_hint.min(SINGLE_CHUNK_MAX_BYTES) as usize + 1);
+        (&mut r)
+            .take(SINGLE_CHUNK_MAX_BYTES + 1)
             .read_to_end(&mut first)
             .map_err(Error::io("read", path))?;
         if first.len() as u64 <= SINGLE_CHUNK_MAX_BYTES {
             return self.store_small(first);
         }
         // FastCDC reads into its own buffer: no second buffer in between.
-        self.store_stream(first, file).map_err(|e| match e {
+        self.store_stream(first, r).map_err(|e| match e {
             Error::Io { step, source, .. } => Error::Io {
                 step,
                 path: path.clone(),
@@ -578,6 +605,7 @@ impl<'s> Ingest<'s> {
             path,
             at: None,
             xattrs: false,
+            git_loose: false,
         };
         self.submit(job, size)
     }

@@ -6,6 +6,12 @@
 //! timestamps could repeat after a later change within the same clock tick), so a hit is
 //! trustworthy. `gc` removes rows whose content it deletes, so every row names a stored
 //! object.
+//!
+//! A row also keeps the file's recorded xattrs (`xattrs`, [`encode_xattrs`]), so a hit
+//! costs no `llistxattr` either: setting or removing an xattr changes the file's ctime,
+//! which is in the stamp. A row without them (`NULL`: written by an older program, or
+//! by a path that did not read them) is a hit for the content only; its xattrs are read
+//! from the file.
 
 use std::collections::HashMap;
 
@@ -13,6 +19,7 @@ use rusqlite::{Connection, params};
 
 use crate::error::{Error, Result};
 use crate::id::ContentId;
+use crate::xattrs::Xattrs;
 
 /// Files modified less than this long before an import started are re-read next time.
 pub const RACY_MARGIN_NS: i64 = 1_000_000_000;
@@ -45,14 +52,85 @@ impl Stamp {
     }
 }
 
+/// What the cache knows of one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cached {
+    pub stamp: Stamp,
+    pub content: ContentId,
+    /// Its recorded xattrs, sorted; `None` when the row does not say.
+    pub xattrs: Option<Xattrs>,
+}
+
 /// The cached stamps of one source root.
-pub type Entries = HashMap<Vec<u8>, (Stamp, ContentId)>;
+pub type Entries = HashMap<Vec<u8>, Cached>;
+
+/// One row to record: path, stamp, content and (when read) xattrs.
+pub type Row = (Vec<u8>, Stamp, ContentId, Option<Xattrs>);
+
+/// Longest xattr list a row keeps; a longer one is not kept (read from the file).
+pub const MAX_CACHED_XATTR_BYTES: usize = 64 * 1024;
+
+/// Encodes xattrs for the `xattrs` column: per pair, the name's length (u32 LE), the
+/// name, the value's length (u32 LE), the value. No xattrs: zero bytes (not `NULL`).
+pub fn encode_xattrs(x: &Xattrs) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, value) in x {
+        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        out.extend_from_slice(name);
+        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        out.extend_from_slice(value);
+    }
+    out
+}
+
+/// Decodes [`encode_xattrs`]; `None` for bytes it did not make (the row then does not
+/// say, and the file's xattrs are read).
+pub fn decode_xattrs(mut b: &[u8]) -> Option<Xattrs> {
+    fn field<'a>(b: &mut &'a [u8]) -> Option<&'a [u8]> {
+        let (len, rest) = b.split_first_chunk::<4>()?;
+        let len = u32::from_le_bytes(*len) as usize;
+        if rest.len() < len {
+            return None;
+        }
+        let (f, rest) = rest.split_at(len);
+        *b = rest;
+        Some(f)
+    }
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let name = field(&mut b)?.to_vec();
+        let value = field(&mut b)?.to_vec();
+        out.push((name, value));
+    }
+    // Sorted and unique, as they were recorded.
+    out.windows(2).all(|w| w[0].0 < w[1].0).then_some(out)
+}
+
+/// Adds the `xattrs` column to a stat cache made before it (idempotent; two programs
+/// opening at once may both try, and one finds it added).
+pub(crate) fn add_xattrs_column(conn: &Connection) -> Result<()> {
+    let has = |conn: &Connection| -> Result<bool> {
+        let mut stmt = conn
+            .prepare("SELECT 1 FROM pragma_table_info('statcache') WHERE name = 'xattrs'")
+            .map_err(Error::db("read stat cache columns"))?;
+        stmt.exists([])
+            .map_err(Error::db("read stat cache columns"))
+    };
+    if has(conn)? {
+        return Ok(());
+    }
+    match conn.execute_batch("ALTER TABLE statcache ADD COLUMN xattrs BLOB") {
+        Ok(()) => Ok(()),
+        Err(_) if has(conn)? => Ok(()),
+        Err(e) => Err(Error::db("add the stat cache's xattrs column")(e)),
+    }
+}
 
 /// Loads every entry of `root`.
 pub fn load(conn: &Connection, root: &str) -> Result<Entries> {
     let mut stmt = conn
         .prepare(
-            "SELECT path, dev, ino, size, mtime_ns, ctime_ns, content FROM statcache WHERE root = ?1",
+            "SELECT path, dev, ino, size, mtime_ns, ctime_ns, content, xattrs FROM statcache WHERE root = ?1",
         )
         .map_err(Error::db("read stat cache"))?;
     let rows = stmt
@@ -67,33 +145,40 @@ pub fn load(conn: &Connection, root: &str) -> Result<Entries> {
                     ctime_ns: r.get(5)?,
                 },
                 r.get::<_, Vec<u8>>(6)?,
+                r.get::<_, Option<Vec<u8>>>(7)?,
             ))
         })
         .map_err(Error::db("read stat cache"))?;
     let mut out = HashMap::new();
     for row in rows {
-        let (path, stamp, content) = row.map_err(Error::db("read stat cache"))?;
-        out.insert(path, (stamp, ContentId::from_slice(&content)?));
+        let (path, stamp, content, xattrs) = row.map_err(Error::db("read stat cache"))?;
+        let cached = Cached {
+            stamp,
+            content: ContentId::from_slice(&content)?,
+            xattrs: xattrs.and_then(|x| decode_xattrs(&x)),
+        };
+        out.insert(path, cached);
     }
     Ok(out)
 }
 
 /// Records new stamps and forgets paths that are gone; call inside the import's commit.
-pub fn apply(
-    conn: &Connection,
-    root: &str,
-    upserts: &[(Vec<u8>, Stamp, ContentId)],
-    deletes: &[Vec<u8>],
-) -> Result<()> {
+pub fn apply(conn: &Connection, root: &str, upserts: &[Row], deletes: &[Vec<u8>]) -> Result<()> {
     // Key order (root, path): appends to the B-tree rather than random inserts.
-    let mut order: Vec<&(Vec<u8>, Stamp, ContentId)> = upserts.iter().collect();
-    order.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let mut order: Vec<(&Row, Option<Vec<u8>>)> = upserts
+        .iter()
+        .map(|r| {
+            let x = r.3.as_ref().map(encode_xattrs);
+            (r, x.filter(|x| x.len() <= MAX_CACHED_XATTR_BYTES))
+        })
+        .collect();
+    order.sort_unstable_by(|a, b| a.0.0.cmp(&b.0.0));
     crate::store::insert_many(
         conn,
-        "INSERT OR REPLACE INTO statcache (root, path, dev, ino, size, mtime_ns, ctime_ns, content)",
-        8,
+        "INSERT OR REPLACE INTO statcache (root, path, dev, ino, size, mtime_ns, ctime_ns, content, xattrs)",
+        9,
         &order,
-        |st, i, (path, s, id)| {
+        |st, i, ((path, s, id, _), x)| {
             st.raw_bind_parameter(i, root)?;
             st.raw_bind_parameter(i + 1, path)?;
             st.raw_bind_parameter(i + 2, s.dev as i64)?;
@@ -101,7 +186,8 @@ pub fn apply(
             st.raw_bind_parameter(i + 4, s.size as i64)?;
             st.raw_bind_parameter(i + 5, s.mtime_ns)?;
             st.raw_bind_parameter(i + 6, s.ctime_ns)?;
-            st.raw_bind_parameter(i + 7, &id.as_bytes()[..])
+            st.raw_bind_parameter(i + 7, &id.as_bytes()[..])?;
+            st.raw_bind_parameter(i + 8, x.as_deref())
         },
     )
     .map_err(Error::db("update stat cache"))?;
@@ -113,4 +199,37 @@ pub fn apply(
             .map_err(Error::db("update stat cache"))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xattrs_encode_and_decode_back_and_anything_else_says_nothing() {
+        let none: Xattrs = vec![];
+        assert_eq!(encode_xattrs(&none), Vec::<u8>::new());
+        assert_eq!(decode_xattrs(&[]), Some(none));
+        let some: Xattrs = vec![
+            (b"security.capability".to_vec(), vec![1, 2, 3]),
+            (b"user.a".to_vec(), vec![]),
+            (b"user.b".to_vec(), b"v".to_vec()),
+        ];
+        let enc = encode_xattrs(&some);
+        assert_eq!(decode_xattrs(&enc), Some(some.clone()));
+        // Cut short: nothing, or (cut between two pairs) the pairs before the cut.
+        for cut in 1..enc.len() {
+            if let Some(got) = decode_xattrs(&enc[..cut]) {
+                assert!(
+                    got.len() < some.len() && some.starts_with(&got),
+                    "cut at {cut}"
+                );
+            }
+        }
+        // Not sorted, or a name twice: not what was recorded.
+        let unsorted: Xattrs = vec![some[1].clone(), some[0].clone()];
+        assert_eq!(decode_xattrs(&encode_xattrs(&unsorted)), None);
+        let twice: Xattrs = vec![some[1].clone(), some[1].clone()];
+        assert_eq!(decode_xattrs(&encode_xattrs(&twice)), None);
+    }
 }

@@ -242,21 +242,25 @@ impl Builder {
         Some(node)
     }
 
-    /// Writes every tree through `ingest` and returns the root id, root mode and counts.
-    /// `slots` holds the contents that arrived for pending files.
+    /// Writes every tree through `ingest` and returns the root id, root mode, counts and
+    /// whether any entry (or the root) has an xattr. `slots` holds the contents that
+    /// arrived for pending files.
     pub fn write(
         &self,
         ingest: &mut Ingest<'_>,
         slots: &[Option<FileContent>],
-    ) -> Result<(TreeId, u32, Counts)> {
+    ) -> Result<(TreeId, u32, Counts, bool)> {
         // Pass 1: the primary path of each link group (first in depth-first order).
         let mut primaries: HashMap<u64, Vec<u8>> = HashMap::new();
         if self.has_links {
             collect_primaries(&self.root, &[], &mut primaries);
         }
-        let mut counts = Counts::default();
-        let id = write_node(&self.root, ingest, slots, &primaries, &[], &mut counts, 0)?;
-        Ok((id, self.root_mode, counts))
+        let mut tally = Tally {
+            counts: Counts::default(),
+            xattrs: !self.root_xattrs.is_empty(),
+        };
+        let id = write_node(&self.root, ingest, slots, &primaries, &[], &mut tally, 0)?;
+        Ok((id, self.root_mode, tally.counts, tally.xattrs))
     }
 }
 
@@ -295,13 +299,20 @@ fn content_of(
     }
 }
 
+/// What writing the trees counted: the snapshot's counts, and whether any entry has an
+/// xattr.
+struct Tally {
+    counts: Counts,
+    xattrs: bool,
+}
+
 fn write_node(
     node: &Node,
     ingest: &mut Ingest<'_>,
     slots: &[Option<FileContent>],
     primaries: &HashMap<u64, Vec<u8>>,
     path: &[u8],
-    counts: &mut Counts,
+    tally: &mut Tally,
     depth: usize,
 ) -> Result<TreeId> {
     let Node::Dir { children, .. } = node else {
@@ -324,10 +335,10 @@ fn write_node(
                     slots,
                     primaries,
                     &child_path(),
-                    counts,
+                    tally,
                     depth + 1,
                 )?;
-                counts.dirs += 1;
+                tally.counts.dirs += 1;
                 Entry {
                     name: name.clone(),
                     kind: Kind::Dir,
@@ -348,12 +359,12 @@ fn write_node(
                 let primary = link_group.and_then(|g| primaries.get(&g));
                 let (kind, data) = match primary {
                     Some(p) if *p != child_path() => {
-                        counts.hardlinks += 1;
+                        tally.counts.hardlinks += 1;
                         (Kind::Hardlink, p.clone())
                     }
                     _ => {
-                        counts.files += 1;
-                        counts.bytes += c.size;
+                        tally.counts.files += 1;
+                        tally.counts.bytes += c.size;
                         (Kind::File, vec![])
                     }
                 };
@@ -368,7 +379,7 @@ fn write_node(
                 }
             }
             Node::Leaf(Item::Symlink { target, xattrs }) => {
-                counts.symlinks += 1;
+                tally.counts.symlinks += 1;
                 Entry::symlink(name.clone(), target.clone(), xattrs.clone())
             }
             Node::Leaf(Item::Special { kind, mode, rdev }) => {
@@ -376,6 +387,7 @@ fn write_node(
             }
             Node::Leaf(Item::Dir { .. }) => unreachable!("directories are nodes"),
         };
+        tally.xattrs |= !entry.xattrs.is_empty();
         entries.push(entry);
     }
     let mut tree = Tree { entries };

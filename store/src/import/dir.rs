@@ -114,6 +114,8 @@ impl Store {
             builder: Builder::new(meta.mode() & 0o7777),
             slots: Vec::new(),
             slot_info: Vec::new(),
+            slot_xattrs: Vec::new(),
+            refill: Vec::new(),
             links: HashMap::new(),
             next_group: 0,
             excluded: 0,
@@ -172,9 +174,10 @@ impl Store {
                 && c.size == stamp.size
                 && !stamp.is_racy(started_ns)
             {
-                upserts.push((path, stamp, c.id));
+                upserts.push((path, stamp, c.id, walk.slot_xattrs[i].take()));
             }
         }
+        upserts.extend(walk.refill.drain(..).filter(|r| !r.1.is_racy(started_ns)));
         // (`seen` is kept only when there is a cache to prune.)
         let seen: std::collections::HashSet<&[u8]> =
             walk.seen.iter().map(|p| p.as_slice()).collect();
@@ -277,6 +280,10 @@ struct Walk {
     slots: Vec<Option<FileContent>>,
     /// For files read: their relative path and stamp (for the stat cache).
     slot_info: Vec<Option<(Vec<u8>, Stamp)>>,
+    /// For files read: the xattrs read with them (for the stat cache).
+    slot_xattrs: Vec<Option<crate::xattrs::Xattrs>>,
+    /// Stat cache hits whose row had no xattrs: the row again, with the xattrs read.
+    refill: Vec<statcache::Row>,
     /// (dev, ino) of multiply-linked files -> (link group, content slot, first path).
     links: HashMap<(u64, u64), LinkSeen>,
     next_group: u64,
@@ -596,20 +603,32 @@ impl Walk {
                 return self.builder.insert(&comps, item);
             }
         }
-        // A file read by the workers has its xattrs read there too, from the open file.
+        // A file read by the workers has its xattrs read there too, from the open file;
+        // a hit takes them from the cache when its row has them.
         let (slot, xattrs) = match cache.get(&rel_path) {
-            Some((s, id)) if *s == stamp => {
+            Some(c) if c.stamp == stamp => {
                 self.files_done += 1;
-                let known = Slot::Known(FileContent {
-                    id: *id,
-                    size: s.size,
-                });
-                (known, read_xattrs(abs)?)
+                let known = FileContent {
+                    id: c.content,
+                    size: stamp.size,
+                };
+                let xattrs = match &c.xattrs {
+                    Some(x) => x.clone(),
+                    None => {
+                        let x = read_xattrs(abs)?;
+                        // The row is given them for the next import.
+                        self.refill
+                            .push((rel_path.clone(), stamp, known.id, Some(x.clone())));
+                        x
+                    }
+                };
+                (Slot::Known(known), xattrs)
             }
             _ => {
                 let i = self.slots.len();
                 self.slots.push(None);
                 self.slot_info.push(Some((rel_path, stamp)));
+                self.slot_xattrs.push(None);
                 let fd = match at.fd {
                     Some(fd) => fd.clone(),
                     None => {
@@ -623,6 +642,7 @@ impl Walk {
                     path: abs.to_path_buf(),
                     at: Some((fd, at.name)),
                     xattrs: true,
+                    git_loose: false,
                 };
                 ingest.submit(job, meta.len())?;
                 (Slot::Pending(i), vec![])
@@ -662,8 +682,9 @@ impl Walk {
             && let Some(Some((rel_path, _))) = self.slot_info.get(slot)
         {
             let comps: Vec<Vec<u8>> = rel_path.split(|&b| b == b'/').map(<[u8]>::to_vec).collect();
-            self.builder.set_xattrs(&comps, xattrs);
+            self.builder.set_xattrs(&comps, xattrs.clone());
         }
+        self.slot_xattrs[slot] = Some(xattrs);
         self.files_done += 1;
         self.bytes_done += c.size;
         if let Some(p) = &opts.progress {

@@ -1,8 +1,9 @@
-//! Import of a git revision, read with the `git` program alone.
+//! Import of a git revision, read with the `git` program (and loose objects directly).
 //!
 //! `git rev-parse --verify REV^{commit}` resolves the revision; `git ls-tree -r -z
-//! --full-tree COMMIT` lists every tracked path with its mode and object id;
-//! the contents come from one long-running `git cat-file --batch`, fed object ids by a
+//! --full-tree COMMIT` lists every tracked path with its mode and object id; blobs that
+//! are loose objects are read by the ingest workers themselves ([`gitloose`], all cores);
+//! the other contents come from one long-running `git cat-file --batch`, fed object ids by a
 //! writer thread while this thread reads the answers (so neither pipe can fill up and
 //! stall the other side) and streams each blob into the ingest pipeline. No working
 //! tree or index is read or touched; bare repositories work. A blob whose content the
@@ -26,9 +27,10 @@ use std::time::Instant;
 use crate::error::{Error, Result};
 use crate::import::builder::{Builder, Item, Slot};
 use crate::import::exclude::Excluder;
+use crate::import::gitloose;
 use crate::import::tar::{PathFilter, split_member};
 use crate::import::{Finish, ImportOptions, ImportReport, Progress};
-use crate::ingest::{FileContent, Ingest};
+use crate::ingest::{FileContent, FileJob, Ingest};
 use crate::lock::StoreLock;
 use crate::snapshot::Source;
 use crate::store::Store;
@@ -426,8 +428,52 @@ impl Store {
         let mut ingest = Ingest::start(self)?;
         let total = planned.len() as u64;
         let mut bytes_done = 0u64;
-        let mut cat = CatFile::start(&repo, order.iter().map(|(o, _)| o.clone()).collect())?;
-        for (i, (oid, listed)) in order.iter().enumerate() {
+        let mut files_done = 0u64;
+        let mut done = |bytes: u64| {
+            files_done += 1;
+            bytes_done += bytes;
+            if let Some(p) = &opts.progress {
+                p(Progress {
+                    files_done,
+                    files_total: total,
+                    bytes_done,
+                });
+            }
+        };
+        // Loose blobs are read on the ingest workers (see `gitloose`); what is not
+        // loose, or vanished meanwhile (a concurrent `git gc` packed it), and every
+        // symlink target come from `git cat-file`.
+        if let Some(objects) = object_dir(&repo) {
+            let files_only = order.iter().enumerate().filter_map(|(i, (o, _))| {
+                let u = uses[o];
+                (u.file && !u.link).then_some((i, o.as_str()))
+            });
+            for f in gitloose::find(&objects, files_only) {
+                let job = FileJob {
+                    slot: f.index,
+                    path: f.path,
+                    at: Some((f.dir, f.name)),
+                    xattrs: false,
+                    git_loose: true,
+                };
+                ingest.submit(job, 0)?;
+                while let Some((i, r)) = ingest.next_result(false) {
+                    loose_arrived(&order[i].0, r, &mut contents, &mut done)?;
+                }
+            }
+            while let Some((i, r)) = ingest.next_result(true) {
+                loose_arrived(&order[i].0, r, &mut contents, &mut done)?;
+            }
+        }
+        let rest: Vec<&(String, Option<u64>)> = order
+            .iter()
+            .filter(|(o, _)| {
+                let u = uses[o];
+                (u.file && !contents.contains_key(o)) || (u.link && !targets.contains_key(o))
+            })
+            .collect();
+        let mut cat = CatFile::start(&repo, rest.iter().map(|(o, _)| o.clone()).collect())?;
+        for (oid, listed) in rest {
             let size = cat.next_blob(oid)?;
             if let Some(listed) = listed
                 && size != *listed
@@ -466,14 +512,7 @@ impl Store {
                 contents.insert(oid.clone(), c);
             }
             cat.end_blob()?;
-            bytes_done += size;
-            if let Some(p) = &opts.progress {
-                p(Progress {
-                    files_done: i as u64 + 1,
-                    files_total: total,
-                    bytes_done,
-                });
-            }
+            done(size);
         }
         cat.finish()?;
         let learned: Vec<(Vec<u8>, FileContent)> = order
@@ -536,6 +575,44 @@ impl Store {
             record_blobs(tx, &learned)?;
             record_links(tx, &learned_links)
         })
+    }
+}
+
+/// The object directory of `repo` (its common one, for a linked worktree); `None` when
+/// git does not say (every object is then read through `git cat-file`).
+fn object_dir(repo: &Path) -> Option<PathBuf> {
+    let args = [
+        "rev-parse",
+        "--path-format=absolute",
+        "--git-path",
+        "objects",
+    ];
+    let out = run(repo, "find objects", &args).ok()?;
+    let dir = PathBuf::from(String::from_utf8(out).ok()?.trim_end_matches('\n'));
+    dir.is_absolute().then_some(dir)
+}
+
+/// Takes the result of a loose blob `oid` read by a worker: its content, or nothing
+/// when the object vanished before it was opened (it is then read through `git
+/// cat-file`, where a concurrent `git gc` has put it).
+fn loose_arrived(
+    oid: &str,
+    r: Result<(FileContent, crate::ingest::Xattrs)>,
+    contents: &mut HashMap<String, FileContent>,
+    done: &mut impl FnMut(u64),
+) -> Result<()> {
+    match r {
+        Ok((c, _)) => {
+            contents.insert(oid.to_string(), c);
+            done(c.size);
+            Ok(())
+        }
+        Err(Error::Io {
+            step: "open",
+            source,
+            ..
+        }) if source.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
     }
 }
 

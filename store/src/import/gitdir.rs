@@ -292,7 +292,7 @@ impl crate::Store {
             .into_iter()
             .filter_map(|(path, stamp, n)| {
                 let c = contents.get(n).copied().flatten()?;
-                (c.size == stamp.size).then_some((path, stamp, c.id))
+                (c.size == stamp.size).then_some((path, stamp, c.id, None))
             })
             .collect();
         ed.record_stat_cache(root_key, rows);
@@ -367,10 +367,10 @@ fn put_tree(ed: &mut crate::Editor<'_>, root: &Path, part: Part, known: &mut Kno
                 let xattrs = crate::xattrs::read_xattrs(&abs)?;
                 let stamp = Stamp::of(&meta);
                 match known.cache.get(&path) {
-                    Some((s, id)) if *s == stamp => {
+                    Some(c) if c.stamp == stamp => {
                         let content = crate::FileContent {
-                            id: *id,
-                            size: s.size,
+                            id: c.content,
+                            size: stamp.size,
                         };
                         ed.put_stored_file(&path, content, meta.mode(), xattrs)?;
                     }

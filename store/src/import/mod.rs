@@ -6,6 +6,7 @@ pub mod exclude;
 pub mod git;
 pub mod gitdir;
 pub mod gitindex;
+pub(crate) mod gitloose;
 mod refresh;
 pub mod tar;
 
@@ -125,6 +126,10 @@ pub struct ImportReport {
     /// compressed again; see [`crate::adopt`]). Absent when none.
     #[serde(skip_serializing_if = "crate::adopt::Adopted::is_none")]
     pub resumed: crate::adopt::Adopted,
+    /// Whether any entry of the snapshot (or its root) has an extended attribute, when
+    /// the import saw every entry (it wrote every tree); `None` when not known.
+    #[serde(skip)]
+    pub has_xattrs: Option<bool>,
 }
 
 /// What a session wrote and read, for its report.
@@ -178,6 +183,7 @@ impl ImportReport {
             unchanged: false,
             pinned_by: None,
             resumed: Default::default(),
+            has_xattrs: None,
         }
     }
 }
@@ -206,7 +212,8 @@ impl Finish<'_> {
         mut ingest: Ingest<'_>,
         extra: impl FnOnce(&Transaction<'_>) -> Result<()>,
     ) -> Result<ImportReport> {
-        let (root, root_mode, mut counts) = self.builder.write(&mut ingest, &self.slots)?;
+        let (root, root_mode, mut counts, has_xattrs) =
+            self.builder.write(&mut ingest, &self.slots)?;
         counts.excluded = self.excluded;
         let parent = match &self.opts.ref_name {
             Some(name) => store.get_ref(name)?,
@@ -242,6 +249,7 @@ impl Finish<'_> {
         Ok(ImportReport {
             warnings: self.warnings,
             resumed: self.resumed,
+            has_xattrs: Some(has_xattrs),
             ..ImportReport::new(id, snap, ref_name, wrote)
         })
     }

@@ -82,7 +82,8 @@ impl Read for Tee {
 /// The decompressed archive stream.
 enum Decoded {
     Plain(BufReader<Tee>),
-    Gzip(flate2::read::MultiGzDecoder<BufReader<Tee>>),
+    // (Boxed: zlib-rs's inflate state is some 2 KiB larger than the others.)
+    Gzip(Box<flate2::read::MultiGzDecoder<BufReader<Tee>>>),
     Zstd(zstd::stream::read::Decoder<'static, BufReader<BufReader<Tee>>>),
 }
 
@@ -91,7 +92,7 @@ impl Decoded {
         let raw = BufReader::with_capacity(READ_BUFFER_BYTES, tee);
         Ok(match c {
             Compression::None => Decoded::Plain(raw),
-            Compression::Gzip => Decoded::Gzip(flate2::read::MultiGzDecoder::new(raw)),
+            Compression::Gzip => Decoded::Gzip(Box::new(flate2::read::MultiGzDecoder::new(raw))),
             Compression::Zstd => Decoded::Zstd(zstd::stream::read::Decoder::new(raw)?),
         })
     }

@@ -400,3 +400,113 @@ fn a_store_without_git_blob_ids_gets_the_table_when_opened() {
     assert_eq!(again.files_read, 0, "{again:?}");
     assert_eq!(again.root, first.root);
 }
+
+/// The fresh store, import and file listing of `commit` of `repo`.
+fn imported(dir: &Path, repo: &Path, commit: &str) -> (cowspace_store::ImportReport, Vec<String>) {
+    let store = Store::init(&dir.join("root"), StoreConfig::default()).unwrap();
+    let r = store
+        .import_git(repo, commit, &ImportOptions::new())
+        .unwrap();
+    let out = dir.join("out");
+    store.export_dir(&r.snapshot, &out).unwrap();
+    (r, listing(&out))
+}
+
+/// Loose blobs are read without git (`gitloose`), packed ones through `git cat-file`:
+/// a repository with every object loose, one with every object packed and one with
+/// some of each give the same tree, read the same number of blobs, and a second import
+/// reads none.
+#[test]
+fn loose_packed_and_mixed_repositories_import_to_the_same_tree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let repo = tmp.path().join("repo");
+    let (_, c2) = make_repo(home, &repo);
+    let loose_dir = repo.join(".git/objects");
+    let packed = tmp.path().join("packed.git");
+    sh(
+        home,
+        &format!("git clone -q --bare --no-local {} {}", q(&repo), q(&packed)),
+    );
+    sh(home, &format!("git -C {} repack -q -a -d", q(&packed)));
+    let loose_in = |objects: &Path| -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = fs::read_dir(objects)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.file_name().unwrap().len() == 2)
+            .flat_map(|d| fs::read_dir(d).unwrap().map(|e| e.unwrap().path()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert!(!loose_in(&loose_dir).is_empty());
+    assert!(loose_in(&packed.join("objects")).is_empty(), "all packed");
+    // Mixed: the loose repository with its pack added and every other loose object gone.
+    let mixed = tmp.path().join("mixed");
+    sh(home, &format!("cp -a {} {}", q(&repo), q(&mixed)));
+    sh(
+        home,
+        &format!(
+            "cp {}/objects/pack/* {}/.git/objects/pack/",
+            q(&packed),
+            q(&mixed)
+        ),
+    );
+    for p in loose_in(&mixed.join(".git/objects")).iter().step_by(2) {
+        fs::remove_file(p).unwrap();
+    }
+
+    let (want, want_files) = imported(&tmp.path().join("a"), &repo, &c2);
+    for (name, r) in [("packed", &packed), ("mixed", &mixed)] {
+        let (got, files) = imported(&tmp.path().join(name), r, &c2);
+        assert_eq!(got.root, want.root, "{name}");
+        assert_eq!(files, want_files, "{name}");
+        assert_eq!(got.files_read, want.files_read, "{name}");
+        assert_eq!(got.objects_written, want.objects_written, "{name}");
+    }
+    let store = Store::open(&tmp.path().join("mixed/root"), StoreConfig::default()).unwrap();
+    let again = store
+        .import_git(&mixed, &c2, &ImportOptions::new())
+        .unwrap();
+    assert_eq!((again.files_read, again.root), (0, want.root));
+}
+
+/// A damaged loose object fails the import as git would (invalid input naming the
+/// object), and nothing of the import is left in the store.
+#[test]
+fn a_corrupt_loose_object_fails_the_import_and_stores_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let repo = tmp.path().join("repo");
+    let (_, c2) = make_repo(home, &repo);
+    let root = tmp.path().join("root");
+    let store = Store::init(&root, StoreConfig::default()).unwrap();
+    // One good import first, so the store is not trivially empty.
+    let other = tmp.path().join("other");
+    fs::create_dir(&other).unwrap();
+    fs::write(other.join("f"), "other\n").unwrap();
+    store.import_dir(&other, &ImportOptions::new()).unwrap();
+    let before_ids = store.snapshot_ids().unwrap();
+    let before_packs = common::pack_files(&root).len();
+
+    // The blob only the second commit has, and the large one (chunked as it is read).
+    for blob in ["src/lib/new.rs", "big.bin"] {
+        let oid = sh(home, &format!("git -C {} rev-parse {c2}:{blob}", q(&repo)));
+        let obj = repo.join(".git/objects").join(&oid[..2]).join(&oid[2..]);
+        let good = fs::read(&obj).unwrap();
+        let mut bad = good.clone();
+        let at = bad.len() - 8;
+        bad[at] ^= 0x55;
+        fs::set_permissions(&obj, fs::Permissions::from_mode(0o644)).unwrap();
+        fs::write(&obj, &bad).unwrap();
+        let e = store
+            .import_git(&repo, &c2, &ImportOptions::new())
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput, "{blob}: {e}");
+        assert!(e.to_string().contains(&oid[2..]), "{blob}: {e}");
+        assert_eq!(store.snapshot_ids().unwrap(), before_ids, "{blob}");
+        assert_eq!(common::pack_files(&root).len(), before_packs, "{blob}");
+        fs::write(&obj, &good).unwrap();
+    }
+    store.import_git(&repo, &c2, &ImportOptions::new()).unwrap();
+}

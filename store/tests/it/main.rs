@@ -18,3 +18,4 @@ mod pipeline;
 mod repack;
 mod repair;
 mod roundtrip;
+mod statcache;

@@ -1,0 +1,116 @@
+//! The stat cache keeps each file's xattrs: a re-import of an unchanged tree reads
+//! neither contents nor xattrs and makes the same tree; a changed xattr (which changes
+//! the file's ctime) is seen; a row without xattrs, as older programs write them, and a
+//! store whose stat cache has no xattrs column still import to the same tree.
+
+use std::fs;
+use std::path::Path;
+
+use cowspace_store::{ImportOptions, Store, StoreConfig};
+
+/// A small tree with xattrs on a file and on a directory.
+fn make_tree(src: &Path) {
+    fs::create_dir_all(src.join("a/b")).unwrap();
+    fs::write(src.join("a/b/x"), "x\n").unwrap();
+    fs::write(src.join("a/y"), "y\n").unwrap();
+    fs::write(src.join("z"), "z\n").unwrap();
+    xattr::set(src.join("a/b/x"), "user.one", b"1").unwrap();
+    xattr::set(src.join("a/b/x"), "user.two", b"").unwrap();
+    xattr::set(src.join("a"), "user.dir", b"d").unwrap();
+}
+
+/// Lets the tree's changes grow old enough for the stat cache to record them (a file
+/// changed within a second of an import's start is not recorded).
+fn settle() {
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+}
+
+fn import(store: &Store, src: &Path) -> cowspace_store::ImportReport {
+    store.import_dir(src, &ImportOptions::new()).unwrap()
+}
+
+fn xattrs_column(root: &Path) -> Vec<Option<Vec<u8>>> {
+    let conn = rusqlite::Connection::open(root.join("store/index.db")).unwrap();
+    let mut st = conn
+        .prepare("SELECT xattrs FROM statcache ORDER BY path")
+        .unwrap();
+    st.query_map([], |r| r.get(0))
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect()
+}
+
+#[test]
+fn cached_xattrs_give_the_same_tree_and_a_changed_xattr_is_seen() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    make_tree(&src);
+    settle();
+    let root = tmp.path().join("root");
+    let store = Store::init(&root, StoreConfig::default()).unwrap();
+    let first = import(&store, &src);
+    let column = xattrs_column(&root);
+    assert_eq!(column.len(), 3);
+    assert!(column.iter().all(Option::is_some), "{column:?}");
+
+    let again = import(&store, &src);
+    assert_eq!((again.files_read, again.root), (0, first.root));
+    let x = store.tree(&again.root).unwrap();
+    let a = x.entries.iter().find(|e| e.name == b"a").unwrap();
+    assert_eq!(a.xattrs, vec![(b"user.dir".to_vec(), b"d".to_vec())]);
+
+    // A changed xattr: the ctime moves, the file's row does not match, the change is in.
+    xattr::set(src.join("a/b/x"), "user.one", b"changed").unwrap();
+    let changed = import(&store, &src);
+    assert_ne!(changed.root, first.root);
+    assert_eq!(changed.files_read, 1);
+    let out = tmp.path().join("out");
+    store.export_dir(&changed.snapshot, &out).unwrap();
+    assert_eq!(
+        xattr::get(out.join("a/b/x"), "user.one").unwrap().unwrap(),
+        b"changed"
+    );
+    // A removed one too.
+    settle();
+    import(&store, &src);
+    xattr::remove(src.join("a/b/x"), "user.two").unwrap();
+    let removed = import(&store, &src);
+    let out = tmp.path().join("out2");
+    store.export_dir(&removed.snapshot, &out).unwrap();
+    assert_eq!(xattr::get(out.join("a/b/x"), "user.two").unwrap(), None);
+    assert!(xattr::get(out.join("a/b/x"), "user.one").unwrap().is_some());
+}
+
+#[test]
+fn rows_without_xattrs_and_a_cache_without_the_column_import_the_same_tree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    make_tree(&src);
+    settle();
+    let root = tmp.path().join("root");
+    let first = {
+        let store = Store::init(&root, StoreConfig::default()).unwrap();
+        import(&store, &src)
+    };
+    // Rows as an older program writes them: no xattrs. A hit for the content only, and
+    // the rows get their xattrs.
+    let conn = rusqlite::Connection::open(root.join("store/index.db")).unwrap();
+    conn.execute_batch("UPDATE statcache SET xattrs = NULL")
+        .unwrap();
+    let store = Store::open(&root, StoreConfig::default()).unwrap();
+    let again = import(&store, &src);
+    assert_eq!((again.files_read, again.root), (0, first.root));
+    assert!(xattrs_column(&root).iter().all(Option::is_some));
+    drop(store);
+
+    // A stat cache made before the column: opening adds it, and nothing is read again.
+    conn.execute_batch("ALTER TABLE statcache DROP COLUMN xattrs")
+        .unwrap();
+    let store = Store::open(&root, StoreConfig::default()).unwrap();
+    let old = import(&store, &src);
+    assert_eq!((old.files_read, old.root), (0, first.root));
+    assert!(xattrs_column(&root).iter().all(Option::is_some));
+    // (Opening again finds the column there.)
+    drop(store);
+    Store::open(&root, StoreConfig::default()).unwrap();
+}
