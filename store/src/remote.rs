@@ -277,6 +277,8 @@ const RECHECK_MS: u128 = 1000;
 
 /// Ids a lazy fetch asks for in one batch, at most.
 const FETCH_BATCH: usize = 4096;
+/// Batches a pull fetches at once (each on its own thread, with its own pack).
+const PULL_THREADS: usize = 4;
 
 impl Store {
     /// Registers the network side that reads remote objects (see [`RemoteFetch`]).
@@ -783,9 +785,40 @@ impl Store {
                 missing.push(*c);
             }
         }
+        // Batches on several threads: one waits for its ranges while another
+        // decompresses and hashes what it got (each batch is its own pack and commit).
+        let batches: Vec<&[[u8; 32]]> = missing.chunks(FETCH_BATCH).collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let threads = PULL_THREADS.min(batches.len()).max(1);
+        let results: Vec<Result<FetchCounters>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| -> Result<FetchCounters> {
+                        let mut t = FetchCounters::default();
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            let Some(batch) = batches.get(i) else {
+                                return Ok(t);
+                            };
+                            let got = self.fetch_missing(batch).inspect_err(|_| {
+                                // The others stop at their next batch.
+                                next.store(batches.len(), Ordering::Relaxed);
+                            })?;
+                            t.requests += got.requests;
+                            t.objects += got.objects;
+                            t.bytes += got.bytes;
+                        }
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
         let mut total = FetchCounters::default();
-        for batch in missing.chunks(FETCH_BATCH) {
-            let got = self.fetch_missing(batch)?;
+        for r in results {
+            let got = r?;
             total.requests += got.requests;
             total.objects += got.objects;
             total.bytes += got.bytes;
