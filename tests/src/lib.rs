@@ -137,6 +137,21 @@ where
     Out::from_output(cmdline, out)
 }
 
+/// The program `name` on `PATH`, else in `$CARGO_HOME/bin` or `~/.cargo/bin` (where
+/// `scripts/test.sh` installs the test servers and suites).
+pub fn find_program(name: &str) -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect())
+        .unwrap_or_default();
+    if let Some(h) = std::env::var_os("CARGO_HOME") {
+        dirs.push(Path::new(&h).join("bin"));
+    }
+    if let Some(h) = std::env::var_os("HOME") {
+        dirs.push(Path::new(&h).join(".cargo/bin"));
+    }
+    dirs.into_iter().map(|d| d.join(name)).find(|p| p.is_file())
+}
+
 /// `program args…` with the environment every test run gets (no cowspace variables of
 /// the caller's, the empty config file, no system git config) plus `env`.
 pub fn program_command<S: AsRef<OsStr>>(
@@ -210,19 +225,28 @@ impl TestRoot {
         self.tmp.path()
     }
 
+    /// `--root ROOT args...`.
+    fn with_root<I, S>(&self, args: I) -> Vec<std::ffi::OsString>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        [OsStr::new("--root"), self.root.as_os_str()]
+            .into_iter()
+            .map(|s| s.to_owned())
+            .chain(args.into_iter().map(|a| a.as_ref().to_owned()))
+            .collect()
+    }
+
     /// `mountctl --root ROOT args...`.
     pub fn run<I, S>(&self, args: I) -> Out
     where
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let all = [OsStr::new("--root"), self.root.as_os_str()]
-            .into_iter()
-            .map(|s| s.to_owned())
-            .chain(args.into_iter().map(|a| a.as_ref().to_owned()));
         run_program(
             &mountctl_bin(),
-            all,
+            self.with_root(args),
             &[("HOME", self.tmp.path().as_os_str())],
         )
     }
@@ -234,14 +258,9 @@ impl TestRoot {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let all: Vec<_> = [OsStr::new("--root"), self.root.as_os_str()]
-            .into_iter()
-            .map(|s| s.to_owned())
-            .chain(args.into_iter().map(|a| a.as_ref().to_owned()))
-            .collect();
         program_command(
             &mountctl_bin(),
-            &all,
+            &self.with_root(args),
             &[("HOME", self.tmp.path().as_os_str())],
         )
     }
@@ -252,14 +271,9 @@ impl TestRoot {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let all: Vec<_> = [OsStr::new("--root"), self.root.as_os_str()]
-            .into_iter()
-            .map(|s| s.to_owned())
-            .chain(args.into_iter().map(|a| a.as_ref().to_owned()))
-            .collect();
         let mut e = vec![("HOME", self.tmp.path().as_os_str())];
         e.extend_from_slice(env);
-        run_program(&mountctl_bin(), all, &e)
+        run_program(&mountctl_bin(), self.with_root(args), &e)
     }
 
     /// `mountctl --root ROOT --json args...`.

@@ -163,18 +163,7 @@ fn find_pjdfstest() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("PJDFSTEST").filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(p));
     }
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
-    if let Some(h) = std::env::var_os("CARGO_HOME") {
-        dirs.push(Path::new(&h).join("bin"));
-    }
-    if let Some(h) = std::env::var_os("HOME") {
-        dirs.push(Path::new(&h).join(".cargo/bin"));
-    }
-    dirs.into_iter()
-        .map(|d| d.join("pjdfstest"))
-        .find(|p| p.is_file())
+    cowspace_tests::find_program("pjdfstest")
 }
 
 /// Whether `getent DB NAME` finds an entry.

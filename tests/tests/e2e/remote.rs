@@ -227,21 +227,6 @@ struct S3sFs {
 const S3S_KEY: &str = "cowspace-test-key";
 const S3S_SECRET: &str = "cowspace-test-secret";
 
-fn find_s3s_fs() -> Option<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect())
-        .unwrap_or_default();
-    if let Some(h) = std::env::var_os("CARGO_HOME") {
-        dirs.push(Path::new(&h).join("bin"));
-    }
-    if let Some(h) = std::env::var_os("HOME") {
-        dirs.push(Path::new(&h).join(".cargo/bin"));
-    }
-    dirs.into_iter()
-        .map(|d| d.join("s3s-fs"))
-        .find(|p| p.is_file())
-}
-
 impl S3sFs {
     fn start() -> Result<S3sFs, String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
@@ -257,7 +242,7 @@ impl S3sFs {
     }
 
     fn spawn(&mut self) -> Result<(), String> {
-        let bin = find_s3s_fs().ok_or(
+        let bin = cowspace_tests::find_program("s3s-fs").ok_or(
             "s3s-fs not found on PATH or in ~/.cargo/bin: cargo install s3s-fs --version 0.14.1 \
              --features binary --locked",
         )?;
@@ -585,6 +570,31 @@ fn sh(dir: &Path, script: &str) -> std::process::Output {
         .unwrap()
 }
 
+/// B's change to `rel` in workspace `ws`, committed as `proj/main` and pushed; A pulls
+/// it and exports it: the export, after checking that the pull got B's snapshot and the
+/// file its new text.
+fn commit_back(a: &WsRoot, b: &WsRoot, ws: &Path, ws_id: &str, rel: &str) -> PathBuf {
+    write_file(&ws.join(rel), "changed on host B\n");
+    b.commit(ws_id, &["--ref", "proj/main"]);
+    let back = b.t.json(["push", "proj/main"]).ok().json();
+    assert_eq!(back["ref_moved"], true, "{back}");
+    assert!(back["chunks_reused"].as_u64().unwrap() > 0, "{back}");
+    let pulled = a.t.json(["pull", "proj/main"]).ok().json();
+    assert_eq!(pulled["snapshot"], back["snapshot"], "{pulled}");
+    let export = a.t.path("export");
+    a.t.run([
+        OsStr::new("export"),
+        OsStr::new("proj/main"),
+        export.as_os_str(),
+    ])
+    .ok();
+    assert_eq!(
+        std::fs::read_to_string(export.join(rel)).unwrap(),
+        "changed on host B\n"
+    );
+    export
+}
+
 #[test]
 fn remote_two_hosts_lazy_workspace_reads_only_what_it_uses_and_commits_back() {
     let s3 = require_s3!();
@@ -681,24 +691,7 @@ fn remote_two_hosts_lazy_workspace_reads_only_what_it_uses_and_commits_back() {
         "{}",
         String::from_utf8_lossy(&built.stderr)
     );
-    write_file(&ws.path.join("src/f03.txt"), "changed on host B\n");
-    b.commit(&ws.id, &["--ref", "proj/main"]);
-    let back = b.t.json(["push", "proj/main"]).ok().json();
-    assert_eq!(back["ref_moved"], true, "{back}");
-    assert!(back["chunks_reused"].as_u64().unwrap() > 0, "{back}");
-    let pulled = a.t.json(["pull", "proj/main"]).ok().json();
-    assert_eq!(pulled["snapshot"], back["snapshot"], "{pulled}");
-    let export = a.t.path("export");
-    a.t.run([
-        OsStr::new("export"),
-        OsStr::new("proj/main"),
-        export.as_os_str(),
-    ])
-    .ok();
-    assert_eq!(
-        std::fs::read_to_string(export.join("src/f03.txt")).unwrap(),
-        "changed on host B\n"
-    );
+    let export = commit_back(&a, &b, &ws.path, &ws.id, "src/f03.txt");
     let expected = std::fs::read_to_string(ws.path.join("out/size")).unwrap();
     assert_eq!(
         std::fs::read_to_string(export.join("out/size")).unwrap(),
@@ -989,21 +982,7 @@ fn remote_on_a_signing_persistent_server_wrong_keys_refused_and_a_kill_mid_push_
             "{rel}"
         );
     }
-    write_file(&ws.path.join("src/f04.txt"), "changed on host B\n");
-    b.commit(&ws.id, &["--ref", "proj/main"]);
-    b.t.run(["push", "proj/main"]).ok();
-    a.t.run(["pull", "proj/main"]).ok();
-    let export = a.t.path("export");
-    a.t.run([
-        OsStr::new("export"),
-        OsStr::new("proj/main"),
-        export.as_os_str(),
-    ])
-    .ok();
-    assert_eq!(
-        std::fs::read_to_string(export.join("src/f04.txt")).unwrap(),
-        "changed on host B\n"
-    );
+    let export = commit_back(&a, &b, &ws.path, &ws.id, "src/f04.txt");
     assert_eq!(
         std::fs::read(export.join("large.bin")).unwrap(),
         std::fs::read(src.join("large.bin")).unwrap()
