@@ -211,12 +211,13 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
         fail(sock, "unblock signals for the command", e);
     }
     let spec = ctx.spec;
-    let child = Command::new(&spec.command[0])
-        .args(&spec.command[1..])
+    let mut cmd = Command::new(&spec.command[0]);
+    cmd.args(&spec.command[1..])
         .env_clear()
         .envs(&spec.env)
-        .current_dir("/workspace")
-        .spawn();
+        .current_dir("/workspace");
+    sys::first_command_pre_exec(&mut cmd);
+    let child = cmd.spawn();
     if let Err(e) = signals.thread_block() {
         fail(sock, "block signals in init", e);
     }

@@ -290,16 +290,74 @@ pub fn adopt_received_fd(fd: RawFd) -> OwnedFd {
     unsafe { OwnedFd::from_raw_fd(fd) }
 }
 
+/// Every signal's disposition back to the default, in a child between fork and exec.
+/// A signal ignored by whoever started the helper (a background job of a
+/// non-interactive shell has SIGINT and SIGQUIT ignored, `nohup` SIGHUP) would stay
+/// ignored across exec: the sandbox's commands start as a fresh login would, with none.
+/// Async-signal-safe (the raw `rt_sigaction` system call: glibc's wrappers refuse the
+/// real-time signals it reserves, which a launcher may have ignored too); SIGKILL and
+/// SIGSTOP cannot change and are skipped.
+fn default_dispositions() {
+    /// The kernel's `struct sigaction` on x86_64 and aarch64: handler, flags, restorer,
+    /// a 64-bit mask.
+    #[repr(C)]
+    struct KernelSigaction {
+        handler: usize,
+        flags: u64,
+        restorer: usize,
+        mask: u64,
+    }
+    let dfl = KernelSigaction {
+        handler: libc::SIG_DFL,
+        flags: 0,
+        restorer: 0,
+        mask: 0,
+    };
+    for sig in 1..=64 {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: rt_sigaction reads one kernel `struct sigaction` (`dfl`, which lives
+        // across the call, its mask size passed as 8 bytes) and writes nothing (no old
+        // action asked for); SIG_DFL installs no handler.
+        unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                &dfl as *const KernelSigaction,
+                std::ptr::null_mut::<KernelSigaction>(),
+                8usize,
+            );
+        }
+    }
+}
+
+/// Prepares the sandbox's first command (spawned by its init): every signal's
+/// disposition the default.
+pub fn first_command_pre_exec(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and makes only the
+    // async-signal-safe `rt_sigaction` system call.
+    unsafe {
+        cmd.pre_exec(|| {
+            default_dispositions();
+            Ok(())
+        });
+    }
+}
+
 /// Prepares `cmd` (spawned by the sandbox init for an exec) to start like the sandbox's
-/// first command: every signal unblocked (init keeps them blocked for its signalfd), a
-/// new session, and, when `controlling_tty`, its stdin (a pseudo-terminal slave) as the
-/// session's controlling terminal.
+/// first command: every signal unblocked (init keeps them blocked for its signalfd) and
+/// at its default disposition, a new session, and, when `controlling_tty`, its stdin (a
+/// pseudo-terminal slave) as the session's controlling terminal.
 pub fn exec_pre_exec(cmd: &mut std::process::Command, controlling_tty: bool) {
     use std::os::unix::process::CommandExt;
     // SAFETY: the closure runs in the forked child before exec and calls only
-    // async-signal-safe functions (sigprocmask, setsid, ioctl) on its own state.
+    // async-signal-safe functions (rt_sigaction, sigprocmask, setsid, ioctl) on its own
+    // state.
     unsafe {
         cmd.pre_exec(move || {
+            default_dispositions();
             let mut none: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut none);
             if libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {

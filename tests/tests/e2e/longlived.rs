@@ -1347,7 +1347,22 @@ fn longlived_exec_tty_gives_a_sandbox_terminal_with_the_size_and_ctrl_c() {
     require_root!();
     let (r, snap) = setup();
     let ws = r.create(&snap, &["--name", "tty"]);
-    start(&r, "tty", &[]);
+    // Started as a background job of a non-interactive shell is (SIGINT and SIGQUIT
+    // ignored, and SIGHUP as by nohup): the sandbox's commands must not inherit that.
+    let mut args = vec![std::ffi::OsString::from("-c")];
+    args.push("trap '' INT QUIT HUP; exec \"$@\"".into());
+    args.push("sh".into());
+    args.push(cowspace_tests::mountctl_bin().into());
+    args.extend(["--root".into(), r.root().as_os_str().to_owned()]);
+    args.extend(["--json", "sandbox", "start", "tty"].map(std::ffi::OsString::from));
+    let started = cowspace_tests::run_program(
+        std::path::Path::new("/bin/sh"),
+        &args,
+        &[("HOME", r.t.scratch().as_os_str())],
+    );
+    assert_eq!(started.ok().json()["state"], "running");
+    let ignored = exec_sh(&r, "tty", "grep SigIgn /proc/self/status");
+    assert_eq!(ignored.trim(), "SigIgn:\t0000000000000000", "{ignored}");
     let o = Command::new(PY)
         .args(["-c", TTY_DRIVER])
         .arg(cowspace_tests::mountctl_bin())
