@@ -329,8 +329,9 @@ fn wait_ok(mut child: Child, what: &str) -> Result<()> {
 }
 
 pub struct RemoteSection {
+    /// The hosts; dropped before `server` (fields drop in order), so their daemons stop
+    /// while the server still answers.
     shared: Option<Arc<Shared>>,
-    // Dropped after `shared` (field order): the hosts' daemons stop before the server.
     server: Option<Server>,
     notes: Vec<String>,
 }
@@ -342,14 +343,6 @@ impl RemoteSection {
             server: None,
             notes: Vec::new(),
         }
-    }
-}
-
-impl Drop for RemoteSection {
-    fn drop(&mut self) {
-        // Hosts first (their daemons may be reading from the server), then the server.
-        self.shared = None;
-        self.server = None;
     }
 }
 
@@ -629,7 +622,12 @@ impl Section for RemoteSection {
             metric("upload_s", "upload", "s", Lower),
             metric("upload_bytes", "uploaded", "bytes", Lower),
             metric("usable_s", "fresh host: usable workspace", "s", Lower),
-            metric("metadata_bytes", "metadata fetched", "bytes", Lower),
+            metric(
+                "metadata_bytes",
+                "metadata fetched (the snapshot's index, one GET)",
+                "bytes",
+                Lower,
+            ),
             metric("fetch_s", "fetch, metadata only", "s", Lower),
             metric("later_create_s", "a later create", "s", Lower),
             metric("git_status_s", "first git status", "s", Lower),
