@@ -38,16 +38,33 @@ impl StoreLock {
             file.lock()
                 .map_err(Error::io("lock store", store.layout().lock()))?;
         } else {
-            match file.try_lock() {
-                Ok(()) => {}
-                Err(std::fs::TryLockError::WouldBlock) => {
-                    return Err(Error::Busy("an import or another gc is running".into()));
-                }
-                Err(std::fs::TryLockError::Error(e)) => {
-                    return Err(Error::io("lock store", store.layout().lock())(e));
+            let mut tries = 0;
+            loop {
+                match file.try_lock() {
+                    Ok(()) => break,
+                    Err(std::fs::TryLockError::WouldBlock) if tries < RELEASE_RETRIES => {
+                        tries += 1;
+                        std::thread::sleep(RELEASE_PAUSE);
+                    }
+                    Err(std::fs::TryLockError::WouldBlock) => {
+                        return Err(Error::Busy("an import or another gc is running".into()));
+                    }
+                    Err(std::fs::TryLockError::Error(e)) => {
+                        return Err(Error::io("lock store", store.layout().lock())(e));
+                    }
                 }
             }
         }
         Ok(StoreLock { _file: file })
     }
 }
+
+/// How long a non-waiting exclusive lock keeps trying before it says `Busy`: 40 × 5 ms.
+///
+/// A `flock` belongs to the open file description, and `fork` copies the descriptor into
+/// the child, where it lives until the child's `exec` closes it (`O_CLOEXEC`). So a lock
+/// this process has just released can still be held, for the moment between a fork and
+/// an exec, by a child another thread is starting (`git`, `tar`, a helper). A real holder,
+/// an import, holds it far longer than this, and still gets `Busy`.
+const RELEASE_RETRIES: u32 = 40;
+const RELEASE_PAUSE: std::time::Duration = std::time::Duration::from_millis(5);

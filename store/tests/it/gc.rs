@@ -169,3 +169,49 @@ fn an_edit_pinned_for_a_holder_survives_gc_until_the_holder_unpins() {
     assert!(store.snapshot(&r.snapshot).is_err());
     assert!(store.fsck().unwrap().is_clean());
 }
+
+/// A lock this process released is free for gc even while another thread is starting
+/// child processes, each of which holds a copy of every descriptor between its fork and
+/// its exec (the CI failure of `repack_refuses_while_an_import_holds_the_store`).
+#[test]
+fn a_released_lock_is_free_for_gc_while_children_are_being_started() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let uid = std::os::unix::fs::MetadataExt::uid(&fs::metadata("/proc/self").unwrap());
+    let spawner = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut started = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // Setting the uid (to our own) makes std fork and exec rather than
+                // posix_spawn, as a helper start does: the widest window there is.
+                std::os::unix::process::CommandExt::uid(
+                    &mut std::process::Command::new("true"),
+                    uid,
+                )
+                .status()
+                .unwrap();
+                started += 1;
+            }
+            started
+        })
+    };
+    let mut busy = 0;
+    for _ in 0..2000 {
+        let held = cowspace_store::lock::StoreLock::shared(&store).unwrap();
+        drop(held);
+        match cowspace_store::lock::StoreLock::exclusive(&store, false) {
+            Ok(_) => {}
+            Err(e) if e.kind() == cowspace_store::ErrorKind::Busy => busy += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let started = spawner.join().unwrap();
+    assert!(started > 0, "the spawner started no child");
+    assert_eq!(
+        busy, 0,
+        "a released lock was reported busy {busy} times in 2000"
+    );
+}
