@@ -4,8 +4,10 @@
 //! network, so no process reaches it but the host's keeper through qemu.
 //!
 //! The frames are [`proto`]'s (the keeper's own definitions, compiled into this binary
-//! too). For each `EXEC` it starts the command with three pipes and copies them to and
-//! from frames of that exec's stream, within the credit the other side gives; it reaps
+//! too). For each `EXEC` it starts the command with three pipes (or, for `-t`, a
+//! pseudo-terminal of the guest's devpts, the command its session leader) and copies
+//! them to and from frames of that exec's stream, within the credit the other side
+//! gives; it reaps
 //! every process (orphans come to pid 1) and sends `EXIT` once the command ended and its
 //! output was read to its end (or [`OUTPUT_DRAIN_MS`] passed, for output pipes kept
 //! open by processes it left in the background, which keep running). `SHUTDOWN` kills
@@ -21,12 +23,14 @@ mod proto;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Write};
-use std::process::{ChildStdin, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use proto::{ExecMsg, Frame, MAX_DATA_BYTES, WINDOW_BYTES, kind, parse_mount, parse_secret};
+use proto::{
+    ExecMsg, Frame, MAX_DATA_BYTES, WINDOW_BYTES, kind, parse_mount, parse_secret, parse_size,
+};
 
 /// How long an exec's output pipes are still read after its process ended, before
 /// `EXIT` is sent anyway (a background process may hold them for ever).
@@ -63,6 +67,73 @@ mod sys {
             flags: std::ffi::c_ulong,
             data: *const std::ffi::c_void,
         ) -> c_int;
+    }
+
+    unsafe extern "C" {
+        fn ioctl(fd: c_int, request: std::ffi::c_ulong, ...) -> c_int;
+        fn setsid() -> c_int;
+    }
+
+    const TIOCSPTLCK: std::ffi::c_ulong = 0x4004_5431;
+    const TIOCGPTN: std::ffi::c_ulong = 0x8004_5430;
+    const TIOCSWINSZ: std::ffi::c_ulong = 0x5414;
+    const TIOCSCTTY: std::ffi::c_ulong = 0x540E;
+    const O_NOCTTY: i32 = 0o400;
+
+    /// A new pseudo-terminal of the guest's devpts, of this size: (master, slave).
+    pub fn open_pty(rows: u16, cols: u16) -> std::io::Result<(std::fs::File, std::fs::File)> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        let open = |path: &str| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(O_NOCTTY)
+                .open(path)
+        };
+        let master = open("/dev/ptmx")?;
+        let mut unlock: c_int = 0;
+        let mut n: u32 = 0;
+        // SAFETY: TIOCSPTLCK reads one int and TIOCGPTN writes one unsigned int, each
+        // through a pointer to a live local of that type.
+        unsafe {
+            if ioctl(master.as_raw_fd(), TIOCSPTLCK, &mut unlock as *mut c_int) != 0
+                || ioctl(master.as_raw_fd(), TIOCGPTN, &mut n as *mut u32) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        let slave = open(&format!("/dev/pts/{n}"))?;
+        set_size(&master, rows, cols)?;
+        Ok((master, slave))
+    }
+
+    /// Sets a terminal's window size (`TIOCSWINSZ`; the foreground gets `SIGWINCH`).
+    pub fn set_size(tty: &std::fs::File, rows: u16, cols: u16) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let ws: [u16; 4] = [rows, cols, 0, 0];
+        // SAFETY: TIOCSWINSZ reads one `struct winsize` (four u16) from the pointer,
+        // which points at `ws`.
+        if unsafe { ioctl(tty.as_raw_fd(), TIOCSWINSZ, ws.as_ptr()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Has `cmd`'s child start a session whose controlling terminal is its stdin (the
+    /// pseudo-terminal's slave), so Ctrl-C and job control work as on a terminal.
+    pub fn session_on_stdin(cmd: &mut std::process::Command) {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the closure runs between fork and exec and calls only setsid(2) and
+        // ioctl(2) on descriptor 0, both async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                if setsid() < 0 || ioctl(0, TIOCSCTTY, 0 as c_int) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
     }
 
     const MS_RDONLY: std::ffi::c_ulong = 1;
@@ -216,6 +287,8 @@ struct Exec {
     stdin: Option<Sender<Option<Vec<u8>>>>,
     credit: Arc<Credit>,
     readers: Arc<(Mutex<u32>, Condvar)>,
+    /// The pseudo-terminal's master, for an exec started with one.
+    terminal: Option<Arc<File>>,
 }
 
 struct Agent {
@@ -314,6 +387,15 @@ fn handle(agent: &Arc<Agent>, f: Frame) {
                 e.credit.cv.notify_all();
             }
         }
+        kind::RESIZE => {
+            let execs = agent.execs.lock().unwrap_or_else(|e| e.into_inner());
+            if let (Some(t), Some((rows, cols))) = (
+                execs.get(&f.stream).and_then(|e| e.terminal.as_ref()),
+                parse_size(&f.payload),
+            ) {
+                let _ = sys::set_size(t, rows, cols);
+            }
+        }
         kind::SHUTDOWN => shutdown(agent),
         kind::SECRET => put_secret(&f.payload),
         kind::MOUNT_RO => {
@@ -387,15 +469,38 @@ fn start(agent: &Arc<Agent>, stream: u32, payload: &[u8]) {
     if let Some(procs) = &agent.cgroup {
         sys::join_cgroup_on_exec(&mut cmd, procs);
     }
-    let spawned = cmd
-        .args(&m.argv[1..])
+    cmd.args(&m.argv[1..])
         .env_clear()
         .envs(m.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&m.workdir)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn();
+        .current_dir(&m.workdir);
+    let mut terminal = None;
+    if let Some((rows, cols)) = m.tty {
+        let slave = match sys::open_pty(rows, cols) {
+            Ok((master, slave)) => {
+                terminal = Some(master);
+                slave
+            }
+            Err(e) => {
+                drop(execs);
+                return failed(agent, stream, e.raw_os_error().unwrap_or(5), 2);
+            }
+        };
+        let (Ok(a), Ok(b)) = (slave.try_clone(), slave.try_clone()) else {
+            drop(execs);
+            return failed(agent, stream, 24, 2);
+        };
+        cmd.stdin(Stdio::from(a))
+            .stdout(Stdio::from(b))
+            .stderr(Stdio::from(slave));
+        sys::session_on_stdin(&mut cmd);
+    } else {
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+    }
+    let spawned = cmd.spawn();
+    // The slave's copies are the child's now: its master reads end when they close.
+    drop(cmd);
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {
@@ -408,11 +513,35 @@ fn start(agent: &Arc<Agent>, stream: u32, payload: &[u8]) {
         state: Mutex::new((WINDOW_BYTES, false)),
         cv: Condvar::new(),
     });
-    let readers = Arc::new((Mutex::new(0u32), Condvar::new()));
     let (tx, rx) = channel();
-    let stdin = child.stdin.take().expect("piped stdin");
-    let out = child.stdout.take().expect("piped stdout");
-    let err = child.stderr.take().expect("piped stderr");
+    // Output comes from two pipes, or from one terminal (which counts as both readers).
+    type Streams = (Box<dyn Write + Send>, Vec<(Box<dyn Read + Send>, u8)>, u32);
+    let streams: Streams = match &terminal {
+        None => (
+            Box::new(child.stdin.take().expect("piped stdin")),
+            vec![
+                (
+                    Box::new(child.stdout.take().expect("piped stdout")),
+                    kind::STDOUT,
+                ),
+                (
+                    Box::new(child.stderr.take().expect("piped stderr")),
+                    kind::STDERR,
+                ),
+            ],
+            0,
+        ),
+        Some(master) => {
+            let (Ok(w), Ok(r)) = (master.try_clone(), master.try_clone()) else {
+                sys::signal(pid, 9);
+                drop(execs);
+                return failed(agent, stream, 24, 2);
+            };
+            (Box::new(w), vec![(Box::new(r), kind::STDOUT)], 1)
+        }
+    };
+    let (stdin, outputs, done_readers) = streams;
+    let readers = Arc::new((Mutex::new(done_readers), Condvar::new()));
     execs.insert(
         stream,
         Exec {
@@ -420,6 +549,7 @@ fn start(agent: &Arc<Agent>, stream: u32, payload: &[u8]) {
             stdin: Some(tx),
             credit: credit.clone(),
             readers: readers.clone(),
+            terminal: terminal.map(Arc::new),
         },
     );
     // Sent before the reaper can see the exit (it needs this lock).
@@ -432,10 +562,7 @@ fn start(agent: &Arc<Agent>, stream: u32, payload: &[u8]) {
         let agent = agent.clone();
         std::thread::spawn(move || feed_stdin(&agent, stream, stdin, rx));
     }
-    for (mut r, k) in [
-        (Box::new(out) as Box<dyn Read + Send>, kind::STDOUT),
-        (Box::new(err) as Box<dyn Read + Send>, kind::STDERR),
-    ] {
+    for (mut r, k) in outputs {
         let (agent, credit, readers) = (agent.clone(), credit.clone(), readers.clone());
         std::thread::spawn(move || {
             let mut buf = vec![0u8; MAX_DATA_BYTES];
@@ -469,7 +596,7 @@ fn start(agent: &Arc<Agent>, stream: u32, payload: &[u8]) {
 fn feed_stdin(
     agent: &Agent,
     stream: u32,
-    mut stdin: ChildStdin,
+    mut stdin: Box<dyn Write + Send>,
     rx: std::sync::mpsc::Receiver<Option<Vec<u8>>>,
 ) {
     let mut open = true;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
-use super::proto::{ExecMsg, Frame, MAX_DATA_BYTES, WINDOW_BYTES, kind};
+use super::proto::{ExecMsg, Frame, MAX_DATA_BYTES, WINDOW_BYTES, kind, size_payload};
 use crate::keeper::{Backend, InitMsg};
 use crate::serve::ExecRequest;
 
@@ -150,6 +150,21 @@ impl Channel {
         stdio: [OwnedFd; 3],
         tx: Sender<InitMsg>,
     ) -> std::io::Result<()> {
+        self.exec_with(stream, msg, stdio, None, tx)
+    }
+
+    /// [`Channel::exec`] for a command on a pseudo-terminal in the guest (`msg.tty`):
+    /// `stdio` is the slave of a host pseudo-terminal in raw mode, whose `master` goes to
+    /// the client with the start; the guest's terminal does the line discipline, and a
+    /// new size of the host's terminal is passed on to it.
+    fn exec_with(
+        self: &Arc<Self>,
+        stream: u32,
+        msg: &ExecMsg,
+        stdio: [OwnedFd; 3],
+        master: Option<OwnedFd>,
+        tx: Sender<InitMsg>,
+    ) -> std::io::Result<()> {
         assert_ne!(stream, 0, "stream 0 is the VM's own");
         let (etx, erx) = channel();
         let credit = Arc::new(StdinCredit {
@@ -174,10 +189,12 @@ impl Channel {
         }
         let [stdin, stdout, stderr] = stdio;
         let ch = self.clone();
+        let tty = msg.tty;
         std::thread::Builder::new()
             .name("vm-exec".into())
             .spawn(move || {
-                ch.relay(stream, erx, [stdin, stdout, stderr], (credit, output), tx);
+                let stdio = [stdin, stdout, stderr];
+                ch.relay(stream, erx, stdio, (credit, output), (master, tty), tx);
             })?;
         Ok(())
     }
@@ -201,6 +218,7 @@ impl Channel {
         events: std::sync::mpsc::Receiver<Event>,
         [stdin, stdout, stderr]: [OwnedFd; 3],
         (credit, output): (Arc<StdinCredit>, Arc<AtomicU64>),
+        (mut master, tty): (Option<OwnedFd>, Option<(u16, u16)>),
         tx: Sender<InitMsg>,
     ) {
         let mut out = File::from(stdout);
@@ -216,12 +234,12 @@ impl Channel {
             };
             match f.kind {
                 kind::STARTED => {
-                    let _ = tx.send(InitMsg::Started(f.as_i32().unwrap_or(0), None));
+                    let _ = tx.send(InitMsg::Started(f.as_i32().unwrap_or(0), master.take()));
                     if let Some(fd) = stdin.take() {
                         let (ch, credit) = (self.clone(), credit.clone());
                         let _ = std::thread::Builder::new()
                             .name("vm-stdin".into())
-                            .spawn(move || ch.pump_stdin(stream, fd, &credit));
+                            .spawn(move || ch.pump_stdin(stream, fd, &credit, tty));
                     }
                 }
                 kind::FAILED => {
@@ -256,13 +274,26 @@ impl Channel {
     }
 
     /// Sends what the client gives on stdin, within the guest's credit, then `STDIN_EOF`.
-    /// Ends early when the exec ended.
-    fn pump_stdin(&self, stream: u32, fd: OwnedFd, credit: &StdinCredit) {
+    /// Ends early when the exec ended. For a pseudo-terminal (`tty`: the size the guest
+    /// was given), `fd` is the host terminal's slave, and each new size it gets (the
+    /// client sets it on the master) is sent as `RESIZE`, within [`STDIN_POLL_MS`].
+    fn pump_stdin(&self, stream: u32, fd: OwnedFd, credit: &StdinCredit, tty: Option<(u16, u16)>) {
         let mut f = File::from(fd);
         let mut buf = vec![0u8; MAX_DATA_BYTES];
+        let mut size = tty;
         loop {
             if credit.state.lock().unwrap_or_else(|e| e.into_inner()).1 {
                 return;
+            }
+            if let Some(was) = size
+                && let Ok(now) = crate::sys::window_size(f.as_fd())
+                && now != was
+            {
+                size = Some(now);
+                let resize = Frame::new(stream, kind::RESIZE, size_payload(now.0, now.1));
+                if self.send(&resize).is_err() {
+                    return;
+                }
             }
             let mut pfd = [PollFd::new(f.as_fd(), PollFlags::POLLIN)];
             match poll(&mut pfd, PollTimeout::from(STDIN_POLL_MS)) {
@@ -405,15 +436,28 @@ impl Backend for VmBackend {
             return Err(std::io::Error::other("the VM is shutting down"));
         }
         let stream = u32::try_from(id).map_err(|_| std::io::Error::other("too many execs"))?;
-        let stdio: [OwnedFd; 3] = stdio
-            .try_into()
-            .map_err(|_| std::io::Error::other("expected three descriptors"))?;
+        let (stdio, master) = match req.tty {
+            Some((rows, cols)) => {
+                let (master, slave) = host_pty(rows, cols)?;
+                (
+                    [slave.try_clone()?, slave.try_clone()?, slave],
+                    Some(master),
+                )
+            }
+            None => (
+                stdio
+                    .try_into()
+                    .map_err(|_| std::io::Error::other("expected three descriptors"))?,
+                None,
+            ),
+        };
         let msg = ExecMsg {
             argv: req.argv.clone(),
             env: merged_env(&self.env, &req.env),
             workdir: req.workdir.clone().unwrap_or_else(|| "/workspace".into()),
+            tty: req.tty,
         };
-        self.channel.exec(stream, &msg, stdio, tx)
+        self.channel.exec_with(stream, &msg, stdio, master, tx)
     }
 
     fn signal(&self, id: u64, sig: i32) {
@@ -430,10 +474,6 @@ impl Backend for VmBackend {
         None
     }
 
-    fn no_tty(&self) -> Option<&'static str> {
-        Some("a pseudo-terminal (-t) is not available in a VM sandbox yet; leave -t out")
-    }
-
     fn wind_down(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         // The guest ends its processes, unmounts the workspace (all it wrote is on the
@@ -442,6 +482,28 @@ impl Backend for VmBackend {
             .channel
             .shutdown(Duration::from_millis(STOP_SHUTDOWN_MS));
     }
+}
+
+/// A host pseudo-terminal of this size for a VM exec with `-t`: (master, slave), both
+/// close-on-exec, the slave in raw mode so bytes pass through it unchanged (the guest's
+/// own terminal echoes, translates and turns Ctrl-C into a signal).
+fn host_pty(rows: u16, cols: u16) -> std::io::Result<(OwnedFd, OwnedFd)> {
+    use nix::fcntl::{FcntlArg, FdFlag, fcntl};
+    use nix::sys::termios::{SetArg, cfmakeraw, tcgetattr, tcsetattr};
+    let size = nix::pty::Winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(Some(&size), None)?;
+    for fd in [&pty.master, &pty.slave] {
+        fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))?;
+    }
+    let mut t = tcgetattr(&pty.slave)?;
+    cfmakeraw(&mut t);
+    tcsetattr(&pty.slave, SetArg::TCSANOW, &t)?;
+    Ok((pty.master, pty.slave))
 }
 
 #[cfg(test)]
@@ -456,5 +518,23 @@ mod tests {
             &[s("A", "2"), s("B", "3")],
         );
         assert_eq!(env, [s("PATH", "/bin"), s("A", "2"), s("B", "3")]);
+    }
+
+    #[test]
+    fn a_host_terminal_for_a_vm_exec_passes_bytes_unchanged_and_shows_its_size() {
+        let (master, slave) = host_pty(30, 100).unwrap();
+        assert_eq!(crate::sys::window_size(slave.as_fd()).unwrap(), (30, 100));
+        let (mut m, mut sl) = (File::from(master), File::from(slave));
+        // Raw: no echo, no CR added, Ctrl-C is a byte.
+        sl.write_all(b"a\nb").unwrap();
+        let mut got = [0u8; 3];
+        m.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"a\nb");
+        m.write_all(b"\x03x\n").unwrap();
+        let mut got = [0u8; 3];
+        sl.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"\x03x\n");
+        crate::sys::set_window_size(m.as_fd(), 40, 120).unwrap();
+        assert_eq!(crate::sys::window_size(sl.as_fd()).unwrap(), (40, 120));
     }
 }

@@ -10,6 +10,8 @@
 export PATH=/bin
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev
+mkdir -p /dev/pts
+mount -t devpts -o ptmxmode=0666,mode=0620 devpts /dev/pts
 mkdir -p /tmp /workspace /root
 mount -t tmpfs tmp /tmp
 fail() {

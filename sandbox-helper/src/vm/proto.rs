@@ -68,6 +68,9 @@ pub mod kind {
     /// host → guest, stream 0, before any exec: mount the virtio-fs tag read-only at
     /// the path (payload: two strings, tag then path).
     pub const MOUNT_RO: u8 = 16;
+    /// host → guest: the terminal of an exec started with a pseudo-terminal has a new
+    /// size (payload: u16 rows, u16 columns).
+    pub const RESIZE: u8 = 17;
 }
 
 /// One frame.
@@ -158,6 +161,25 @@ pub struct ExecMsg {
     pub env: Vec<(String, String)>,
     /// The working directory.
     pub workdir: String,
+    /// A pseudo-terminal of this size (rows, columns) as the command's stdin, stdout
+    /// and stderr, instead of three pipes; its output all comes as `STDOUT`.
+    pub tty: Option<(u16, u16)>,
+}
+
+/// A `RESIZE` payload.
+pub fn size_payload(rows: u16, cols: u16) -> Vec<u8> {
+    let mut b = rows.to_le_bytes().to_vec();
+    b.extend_from_slice(&cols.to_le_bytes());
+    b
+}
+
+/// The (rows, columns) of a `RESIZE` payload.
+pub fn parse_size(b: &[u8]) -> Option<(u16, u16)> {
+    let b: [u8; 4] = b.try_into().ok()?;
+    Some((
+        u16::from_le_bytes([b[0], b[1]]),
+        u16::from_le_bytes([b[2], b[3]]),
+    ))
 }
 
 fn put(b: &mut Vec<u8>, s: &str) {
@@ -213,7 +235,7 @@ pub fn parse_secret(b: &[u8]) -> Option<(String, &[u8])> {
 
 impl ExecMsg {
     /// `u32 argc, argv…, u32 envc, (key, value)…, workdir`, each string a u32 length and
-    /// its UTF-8 bytes.
+    /// its UTF-8 bytes; then, for a pseudo-terminal only, its size as a `RESIZE` payload.
     pub fn encode(&self) -> Vec<u8> {
         let mut b = Vec::new();
         b.extend_from_slice(&(self.argv.len() as u32).to_le_bytes());
@@ -226,6 +248,9 @@ impl ExecMsg {
             put(&mut b, v);
         }
         put(&mut b, &self.workdir);
+        if let Some((rows, cols)) = self.tty {
+            b.extend_from_slice(&size_payload(rows, cols));
+        }
         b
     }
 
@@ -246,7 +271,16 @@ impl ExecMsg {
             .map(|_| Some((c.str()?, c.str()?)))
             .collect::<Option<Vec<_>>>()?;
         let workdir = c.str()?;
-        c.0.is_empty().then_some(ExecMsg { argv, env, workdir })
+        let tty = match c.0 {
+            [] => None,
+            rest => Some(parse_size(rest)?),
+        };
+        Some(ExecMsg {
+            argv,
+            env,
+            workdir,
+            tty,
+        })
     }
 }
 
@@ -303,13 +337,23 @@ mod tests {
             argv: vec!["sh".into(), "-c".into(), "echo 'x' \0?".into()],
             env: vec![("A".into(), "it's".into()), ("EMPTY".into(), String::new())],
             workdir: "/workspace/d".into(),
+            tty: None,
         };
         let b = m.encode();
-        assert_eq!(ExecMsg::decode(&b), Some(m));
+        assert_eq!(ExecMsg::decode(&b).as_ref(), Some(&m));
         assert_eq!(ExecMsg::decode(&b[..b.len() - 1]), None);
         let mut extra = b.clone();
         extra.push(0);
         assert_eq!(ExecMsg::decode(&extra), None);
         assert_eq!(ExecMsg::decode(&[255, 255, 255, 255]), None);
+        let t = ExecMsg {
+            tty: Some((24, 80)),
+            ..m
+        };
+        let b = t.encode();
+        assert_eq!(ExecMsg::decode(&b), Some(t));
+        assert_eq!(ExecMsg::decode(&b[..b.len() - 1]), None);
+        assert_eq!(parse_size(&size_payload(50, 132)), Some((50, 132)));
+        assert_eq!(parse_size(&[1, 2, 3]), None);
     }
 }

@@ -687,6 +687,7 @@ pub fn run(
         argv: spec.command.clone(),
         env: base_env(spec),
         workdir: "/workspace".into(),
+        tty: None,
     };
     booted
         .channel
