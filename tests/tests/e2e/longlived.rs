@@ -1312,18 +1312,20 @@ fn longlived_exec_escape_cases() {
     r.assert_clean();
 }
 
-/// `exec -t` under a pseudo-terminal of 30 rows and 100 columns (made by Python's `pty`):
-/// the command's stdin is a terminal of the sandbox's own, of that size, and a Ctrl-C
-/// typed at the outer terminal reaches it (exit 130).
-const TTY_DRIVER: &str = r#"
+/// `exec -t` under a pseudo-terminal of 30 rows and 100 columns (made by Python's
+/// `pty`), which becomes 40 by 120 once the command is ready; the command waits to see
+/// the new size, then a Ctrl-C is typed. Bounded by its own deadline.
+pub(crate) const TTY_DRIVER: &str = r#"
 import os, pty, sys, fcntl, termios, struct, time, select
 mountctl, root, ws = sys.argv[1], sys.argv[2], sys.argv[3]
+script = ("tty; stty size; echo ready; "
+          "until [ \"$(stty size)\" = '40 120' ]; do sleep 0.1; done; "
+          "echo resized; sleep 60; echo not-interrupted")
 pid, fd = pty.fork()
 if pid == 0:
     fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
-    os.execv(mountctl, [mountctl, "--root", root, "exec", "-t", ws, "--",
-                        "sh", "-c", "tty; stty size; echo ready; sleep 60; echo not-interrupted"])
-out, sent, deadline = b"", False, time.time() + 60
+    os.execv(mountctl, [mountctl, "--root", root, "exec", "-t", ws, "--", "sh", "-c", script])
+out, resized, sent, deadline = b"", False, False, time.time() + 120
 while time.time() < deadline:
     r, _, _ = select.select([fd], [], [], 0.2)
     if r:
@@ -1334,7 +1336,10 @@ while time.time() < deadline:
         if not d:
             break
         out += d
-    if b"ready" in out and not sent:
+    if b"ready" in out and not resized:
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        resized = True
+    if b"resized" in out and not sent:
         os.write(fd, b"\x03")
         sent = True
 _, status = os.waitpid(pid, 0)
@@ -1376,6 +1381,7 @@ fn longlived_exec_tty_gives_a_sandbox_terminal_with_the_size_and_ctrl_c() {
         out.contains("30 100"),
         "the window size did not pass: {out}"
     );
+    assert!(out.contains("resized"), "the new size did not pass: {out}");
     assert!(
         !out.contains("not-interrupted"),
         "Ctrl-C did not reach it: {out}"

@@ -44,41 +44,6 @@ use serde_json::Value;
 use crate::vm::{VM_WAIT, emulated, procs_with, require_vm, setup, vm_leftovers};
 use crate::workspaces::support::{WsRoot, alive, kill9};
 
-/// `exec -t` under a pseudo-terminal of 30 rows and 100 columns (made by Python's
-/// `pty`), which becomes 40 by 120 once the command is ready; the command waits to see
-/// the new size, then a Ctrl-C is typed. Bounded by its own deadline.
-const VM_TTY_DRIVER: &str = r#"
-import os, pty, sys, fcntl, termios, struct, time, select
-mountctl, root, ws = sys.argv[1], sys.argv[2], sys.argv[3]
-script = ("tty; stty size; echo ready; "
-          "until [ \"$(stty size)\" = '40 120' ]; do sleep 0.1; done; "
-          "echo resized; sleep 60; echo not-interrupted")
-pid, fd = pty.fork()
-if pid == 0:
-    fcntl.ioctl(0, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
-    os.execv(mountctl, [mountctl, "--root", root, "exec", "-t", ws, "--", "sh", "-c", script])
-out, resized, sent, deadline = b"", False, False, time.time() + 120
-while time.time() < deadline:
-    r, _, _ = select.select([fd], [], [], 0.2)
-    if r:
-        try:
-            d = os.read(fd, 4096)
-        except OSError:
-            break
-        if not d:
-            break
-        out += d
-    if b"ready" in out and not resized:
-        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-        resized = True
-    if b"resized" in out and not sent:
-        os.write(fd, b"\x03")
-        sent = True
-_, status = os.waitpid(pid, 0)
-print(out.decode(errors="replace"))
-print("exit", os.waitstatus_to_exitcode(status))
-"#;
-
 /// `mountctl exec WS [-i] -- CMD...` as a command not yet started.
 fn exec_cmd(r: &WsRoot, ws: &str, stdin: bool, cmd: &[&str]) -> Command {
     let mut c = Command::new(mountctl_bin());
@@ -695,7 +660,7 @@ fn vm_sandbox_runs_execs_as_a_namespace_sandbox_does() {
     // `exec -t`: a terminal of the guest's own, of the outer terminal's size, resized
     // while the command runs; Ctrl-C typed at the outer terminal interrupts it.
     let o = Command::new("python3")
-        .args(["-c", VM_TTY_DRIVER])
+        .args(["-c", crate::longlived::TTY_DRIVER])
         .arg(mountctl_bin())
         .arg(r.t.root())
         .arg(WS)
