@@ -325,43 +325,27 @@ mod tests {
     #[test]
     fn refuses_what_a_vm_does_not_enforce() {
         let d = tempfile::tempdir().unwrap();
+        let validate = |c: &Controls| {
+            VmSpec::validate(
+                "w",
+                d.path(),
+                c,
+                vec!["true".into()],
+                true,
+                d.path(),
+                d.path(),
+            )
+        };
         let mut c = controls();
         c.pids = Some(1);
-        let e = VmSpec::validate(
-            "w",
-            d.path(),
-            &c,
-            vec!["true".into()],
-            true,
-            d.path(),
-            d.path(),
-        )
-        .unwrap_err();
+        let e = validate(&c).unwrap_err();
         assert_eq!(e.kind(), crate::Kind::InvalidInput);
         c.pids = Some(16);
-        let ok = VmSpec::validate(
-            "w",
-            d.path(),
-            &c,
-            vec!["true".into()],
-            true,
-            d.path(),
-            d.path(),
-        )
-        .unwrap();
+        let ok = validate(&c).unwrap();
         assert_eq!(ok.pids, Some(16));
         let mut c = controls();
         c.memory = Some("64m".into());
-        let e = VmSpec::validate(
-            "w",
-            d.path(),
-            &c,
-            vec!["true".into()],
-            true,
-            d.path(),
-            d.path(),
-        )
-        .unwrap_err();
+        let e = validate(&c).unwrap_err();
         assert_eq!(e.kind(), crate::Kind::InvalidInput);
     }
 }

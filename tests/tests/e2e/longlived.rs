@@ -1315,7 +1315,7 @@ fn longlived_exec_escape_cases() {
 /// `exec -t` under a pseudo-terminal of 30 rows and 100 columns (made by Python's
 /// `pty`), which becomes 40 by 120 once the command is ready; the command waits to see
 /// the new size, then a Ctrl-C is typed. Bounded by its own deadline.
-pub(crate) const TTY_DRIVER: &str = r#"
+const TTY_DRIVER: &str = r#"
 import os, pty, sys, fcntl, termios, struct, time, select
 mountctl, root, ws = sys.argv[1], sys.argv[2], sys.argv[3]
 script = ("tty; stty size; echo ready; "
@@ -1347,6 +1347,31 @@ print(out.decode(errors="replace"))
 print("exit", os.waitstatus_to_exitcode(status))
 "#;
 
+/// Runs [`TTY_DRIVER`] on sandbox `ws` of runtime root `root` and checks what it saw: a
+/// terminal inside, of the outer size, resized while the command ran, and Ctrl-C
+/// ending it with 130.
+pub(crate) fn assert_exec_tty(root: &std::path::Path, ws: &str) {
+    let o = Command::new(PY)
+        .args(["-c", TTY_DRIVER])
+        .arg(cowspace_tests::mountctl_bin())
+        .arg(root)
+        .arg(ws)
+        .output()
+        .expect("run python3");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("/dev/pts/"), "no terminal inside: {out}");
+    assert!(
+        out.contains("30 100"),
+        "the window size did not pass: {out}"
+    );
+    assert!(out.contains("resized"), "the new size did not pass: {out}");
+    assert!(
+        !out.contains("not-interrupted"),
+        "Ctrl-C did not reach it: {out}"
+    );
+    assert!(out.contains("exit 130"), "{out}");
+}
+
 #[test]
 fn longlived_exec_tty_gives_a_sandbox_terminal_with_the_size_and_ctrl_c() {
     require_root!();
@@ -1368,25 +1393,7 @@ fn longlived_exec_tty_gives_a_sandbox_terminal_with_the_size_and_ctrl_c() {
     assert_eq!(started.ok().json()["state"], "running");
     let ignored = exec_sh(&r, "tty", "grep SigIgn /proc/self/status");
     assert_eq!(ignored.trim(), "SigIgn:\t0000000000000000", "{ignored}");
-    let o = Command::new(PY)
-        .args(["-c", TTY_DRIVER])
-        .arg(cowspace_tests::mountctl_bin())
-        .arg(r.root())
-        .arg("tty")
-        .output()
-        .expect("run python3");
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("/dev/pts/"), "no terminal inside: {out}");
-    assert!(
-        out.contains("30 100"),
-        "the window size did not pass: {out}"
-    );
-    assert!(out.contains("resized"), "the new size did not pass: {out}");
-    assert!(
-        !out.contains("not-interrupted"),
-        "Ctrl-C did not reach it: {out}"
-    );
-    assert!(out.contains("exit 130"), "{out}");
+    assert_exec_tty(r.root(), "tty");
     // Without -t no terminal is passed, even from one: stdin is /dev/null.
     let plain = exec(&r, "tty", &["sh", "-c", "tty || true"]).ok().stdout;
     assert!(plain.contains("not a tty"), "{plain}");

@@ -659,25 +659,7 @@ fn vm_sandbox_runs_execs_as_a_namespace_sandbox_does() {
 
     // `exec -t`: a terminal of the guest's own, of the outer terminal's size, resized
     // while the command runs; Ctrl-C typed at the outer terminal interrupts it.
-    let o = Command::new("python3")
-        .args(["-c", crate::longlived::TTY_DRIVER])
-        .arg(mountctl_bin())
-        .arg(r.t.root())
-        .arg(WS)
-        .output()
-        .expect("run python3");
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("/dev/pts/"), "no terminal inside: {out}");
-    assert!(
-        out.contains("30 100"),
-        "the window size did not pass: {out}"
-    );
-    assert!(out.contains("resized"), "the new size did not pass: {out}");
-    assert!(
-        !out.contains("not-interrupted"),
-        "Ctrl-C did not reach it: {out}"
-    );
-    assert!(out.contains("exit 130"), "{out}");
+    crate::longlived::assert_exec_tty(r.t.root(), WS);
 
     // A background process outlives the exec that started it.
     exec_sh(&r, WS, "sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/bg.pid");
