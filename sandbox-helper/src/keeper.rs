@@ -152,10 +152,6 @@ pub(crate) trait Backend: Send + Sync {
     fn running(&self) -> usize;
     /// Processes in the sandbox (init included), where the host can count them.
     fn processes(&self) -> Option<usize>;
-    /// Why `-t` is refused, where it is.
-    fn no_tty(&self) -> Option<&'static str> {
-        None
-    }
     /// Winds the sandbox down before `stop` kills what is left (a VM's guest ends its
     /// processes and unmounts the workspace); returns when done or given up.
     fn wind_down(&self) {}
@@ -372,10 +368,6 @@ fn exec(conn: &OwnedFd, shared: &Arc<Shared>, request: &Value, fds: Vec<OwnedFd>
     }
     if let Err(e) = check_stdio(&fds) {
         let _ = reply(conn, &error_json("invalid_input", &e, 9));
-        return;
-    }
-    if let (Some(why), Some(_)) = (shared.backend.no_tty(), req.tty) {
-        let _ = reply(conn, &error_json("unsupported", why, 7));
         return;
     }
     let id = shared.next_id.fetch_add(1, Ordering::SeqCst);

@@ -142,22 +142,12 @@ impl Channel {
     }
 
     /// Starts `msg` on `stream` with `stdio` (stdin, stdout, stderr); its start, failure
-    /// and end go to `tx`, after all of its output was written to `stdio`.
+    /// and end go to `tx`, after all of its output was written to `stdio`. For a command
+    /// on a pseudo-terminal in the guest (`msg.tty`), `stdio` is the slave of a host
+    /// pseudo-terminal in raw mode, whose `master` goes to the client with the start;
+    /// the guest's terminal does the line discipline, and a new size of the host's
+    /// terminal is passed on to it.
     pub(crate) fn exec(
-        self: &Arc<Self>,
-        stream: u32,
-        msg: &ExecMsg,
-        stdio: [OwnedFd; 3],
-        tx: Sender<InitMsg>,
-    ) -> std::io::Result<()> {
-        self.exec_with(stream, msg, stdio, None, tx)
-    }
-
-    /// [`Channel::exec`] for a command on a pseudo-terminal in the guest (`msg.tty`):
-    /// `stdio` is the slave of a host pseudo-terminal in raw mode, whose `master` goes to
-    /// the client with the start; the guest's terminal does the line discipline, and a
-    /// new size of the host's terminal is passed on to it.
-    fn exec_with(
         self: &Arc<Self>,
         stream: u32,
         msg: &ExecMsg,
@@ -457,7 +447,7 @@ impl Backend for VmBackend {
             workdir: req.workdir.clone().unwrap_or_else(|| "/workspace".into()),
             tty: req.tty,
         };
-        self.channel.exec_with(stream, &msg, stdio, master, tx)
+        self.channel.exec(stream, &msg, stdio, master, tx)
     }
 
     fn signal(&self, id: u64, sig: i32) {

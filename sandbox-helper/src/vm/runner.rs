@@ -691,7 +691,7 @@ pub fn run(
     };
     booted
         .channel
-        .exec(1, &msg, stdio, tx)
+        .exec(1, &msg, stdio, None, tx)
         .map_err(|e| vm_failed("send the command", &booted.files, e.to_string()))?;
     let mut code = None;
     while let Ok(m) = rx.recv() {
