@@ -461,6 +461,7 @@ pub fn tiocsti(fd: BorrowedFd<'_>, byte: u8) -> io::Result<()> {
 /// stage (see [`crate::vm::jail`]).
 enum JailOp {
     Mkdir(CString),
+    Proc(CString),
     Symlink {
         target: CString,
         at: CString,
@@ -478,26 +479,33 @@ enum JailOp {
     },
 }
 
-/// A minimal root and an unprivileged identity for a VM process, prepared in the parent
-/// so that the child only makes syscalls on memory it already has.
+/// A minimal root, and for qemu an unprivileged identity, for a VM process, prepared in
+/// the parent so that the child only makes syscalls on memory it already has.
 pub struct Jail {
     stage: CString,
     tmpfs_opts: CString,
     ops: Vec<JailOp>,
-    uid: libc::uid_t,
-    gid: libc::gid_t,
+    /// The uid and gid to become (qemu); `None` stays root (virtiofsd, which serves
+    /// files of every owner and makes its own sandbox).
+    ids: Option<(libc::uid_t, libc::gid_t)>,
 }
 
 impl Jail {
     /// The child will assemble `plan` on a tmpfs mounted at `stage` (an empty directory
-    /// of the host), pivot into it and become `uid`:`gid`.
-    pub fn new(plan: &crate::vm::jail::Plan, stage: &Path, uid: u32, gid: u32) -> io::Result<Jail> {
+    /// of the host; the mount is the child's alone, so one stage serves every child),
+    /// pivot into it and, given `ids`, become that uid and gid.
+    pub fn new(
+        plan: &crate::vm::jail::Plan,
+        stage: &Path,
+        ids: Option<(u32, u32)>,
+    ) -> io::Result<Jail> {
         use crate::vm::jail::{Entry, staged};
         let at = |p: &Path| cpath(Path::new(&staged(stage, p)));
         let mut ops = Vec::new();
         for e in &plan.entries {
             ops.push(match e {
                 Entry::Dir(p) => JailOp::Mkdir(at(p)?),
+                Entry::Proc(p) => JailOp::Proc(at(p)?),
                 Entry::Symlink { at: p, target } => JailOp::Symlink {
                     target: cpath(target)?,
                     at: at(p)?,
@@ -525,8 +533,7 @@ impl Jail {
             tmpfs_opts: CString::new(crate::vm::jail::ROOT_TMPFS_OPTS)
                 .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
             ops,
-            uid,
-            gid,
+            ids,
         })
     }
 }
@@ -609,6 +616,21 @@ unsafe fn enter_jail(jail: &Jail, unshare: libc::c_int) -> io::Result<()> {
                         return Err(jail_failed("make a directory of the root"));
                     }
                 }
+                JailOp::Proc(at) => {
+                    if libc::mkdir(at.as_ptr(), 0o555) != 0 {
+                        return Err(jail_failed("make a directory of the root"));
+                    }
+                    if libc::mount(
+                        c"proc".as_ptr(),
+                        at.as_ptr(),
+                        c"proc".as_ptr(),
+                        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                        null.cast(),
+                    ) != 0
+                    {
+                        return Err(jail_failed("mount /proc"));
+                    }
+                }
                 JailOp::Symlink { target, at } => {
                     if libc::symlink(target.as_ptr(), at.as_ptr()) != 0 {
                         return Err(jail_failed("make a link of the root"));
@@ -620,9 +642,11 @@ unsafe fn enter_jail(jail: &Jail, unshare: libc::c_int) -> io::Result<()> {
                         return Err(jail_failed("make a device node"));
                     }
                     // mknod obeys the umask: the mode is set again.
-                    if libc::chmod(at.as_ptr(), mode) != 0
-                        || (*owned && libc::chown(at.as_ptr(), jail.uid, jail.gid) != 0)
-                    {
+                    let owner_is_not_given = match jail.ids {
+                        Some((uid, gid)) if *owned => libc::chown(at.as_ptr(), uid, gid) != 0,
+                        _ => false,
+                    };
+                    if libc::chmod(at.as_ptr(), mode) != 0 || owner_is_not_given {
                         return Err(jail_failed("give a device node its owner"));
                     }
                 }
@@ -755,15 +779,21 @@ unsafe fn drop_to(uid: libc::uid_t, gid: libc::gid_t) -> io::Result<()> {
 /// `unshare` (`CLONE_NEW*` flags, 0 for none) gives it namespaces of its own.
 /// `attach` (a detached mount, from [`open_tree_clone`], and a directory) is attached
 /// there in a mount namespace of the child's own, made private first so that nothing of
-/// it reaches the host's. `jail` puts it in a minimal root of its own (a mount
-/// namespace whose root is a tmpfs holding only the jail's entries) and gives up root
-/// for the jail's uid and gid; a failed step is named on the child's stderr.
+/// it reaches the host's; with a `jail`, the directory is the jail's (attached after the
+/// pivot). `jail` puts it in a minimal root of its own (a mount namespace whose root is
+/// a tmpfs holding only the jail's entries) and, given its ids, gives up root for them;
+/// a failed step is named on the child's stderr.
+/// `pid_ns`: the caller spawns from a thread that unshared `CLONE_NEWPID`, so the child
+/// is pid 1 of a pid namespace of its own, where `getppid()` is 0 (the parent is
+/// outside it): the check that the helper did not die before the parent-death signal
+/// was asked for cannot be made there, and a cgroup sweep ends such a child instead.
 pub fn vm_child_pre_exec(
     cmd: &mut std::process::Command,
     procs: &[BorrowedFd<'_>],
     unshare: libc::c_int,
     attach: Option<(BorrowedFd<'_>, &Path)>,
     jail: Option<Jail>,
+    pid_ns: bool,
 ) -> io::Result<()> {
     use std::os::unix::process::CommandExt;
     let procs: Vec<RawFd> = procs.iter().map(|f| f.as_raw_fd()).collect();
@@ -800,7 +830,7 @@ pub fn vm_child_pre_exec(
                     return Err(io::Error::last_os_error());
                 }
                 // The helper died before the signal was asked for: end now.
-                if libc::getppid() != parent {
+                if !pid_ns && libc::getppid() != parent {
                     libc::_exit(137);
                 }
                 Ok(())
@@ -812,7 +842,9 @@ pub fn vm_child_pre_exec(
             if jail.is_none() && unshare != 0 && libc::unshare(unshare) != 0 {
                 return Err(io::Error::last_os_error());
             }
-            if let Some((tree, target)) = &attach {
+            if let Some(jail) = &jail {
+                enter_jail(jail, unshare)?;
+            } else if attach.is_some() {
                 if libc::unshare(libc::CLONE_NEWNS) != 0 {
                     return Err(io::Error::last_os_error());
                 }
@@ -826,7 +858,9 @@ pub fn vm_child_pre_exec(
                 {
                     return Err(io::Error::last_os_error());
                 }
-                if libc::syscall(
+            }
+            if let Some((tree, target)) = &attach
+                && libc::syscall(
                     libc::SYS_move_mount,
                     *tree,
                     c"".as_ptr(),
@@ -834,12 +868,12 @@ pub fn vm_child_pre_exec(
                     target.as_ptr(),
                     MOVE_MOUNT_F_EMPTY_PATH,
                 ) != 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            if let Some(jail) = &jail {
-                enter_jail(jail, unshare)?;
+            {
+                return Err(if jail.is_some() {
+                    jail_failed("attach the shared directory")
+                } else {
+                    io::Error::last_os_error()
+                });
             }
             for &fd in &procs {
                 let zero = b"0";
@@ -847,8 +881,8 @@ pub fn vm_child_pre_exec(
                     return Err(io::Error::last_os_error());
                 }
             }
-            if let Some(jail) = &jail {
-                drop_to(jail.uid, jail.gid)?;
+            if let Some((uid, gid)) = jail.as_ref().and_then(|j| j.ids) {
+                drop_to(uid, gid)?;
                 // A change of credentials cleared the parent-death signal.
                 death_signal()?;
             }

@@ -1,6 +1,6 @@
-//! The minimal root qemu runs in: what it holds, planned from the host before anything
-//! starts, and carried out by [`crate::sys::vm_child_pre_exec`] in the child between
-//! fork and exec.
+//! The minimal roots qemu and virtiofsd run in: what they hold, planned from the host
+//! before anything starts, and carried out by [`crate::sys::vm_child_pre_exec`] in the
+//! child between fork and exec.
 //!
 //! qemu gets a mount namespace of its own whose root is a small tmpfs holding only what
 //! it opens (found with `strace -f -e trace=%file` of the command line
@@ -13,13 +13,22 @@
 //! qemu 7.2 falls back to its built-in data directory without `/proc/self/exe` and
 //! needs none of the rest. Nothing of the runtime root, the store or another
 //! workspace is in it.
+//!
+//! virtiofsd's root ([`plan_virtiofsd`]) holds the same system directories, its
+//! program, `/dev/null`, `/dev/urandom`, a read-only `/proc` of its own pid namespace,
+//! the run directory (writable: its socket) and [`SHARE_DIR`], where the directory it
+//! serves is attached; it stays root, since it serves files of every owner.
 
 use std::ffi::OsString;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-/// The run directory as qemu sees it.
+/// The run directory as qemu and virtiofsd see it.
 pub const RUN_DIR: &str = "/run/vm";
+/// Where a virtiofsd's shared directory is attached in its root.
+pub const SHARE_DIR: &str = "/share";
+/// Where a virtiofsd's sandbox mounts its `/proc`.
+pub const PROC_DIR: &str = "/proc";
 /// The guest kernel as qemu sees it.
 pub const KERNEL: &str = "/vm/vmlinuz";
 /// The initramfs as qemu sees it.
@@ -54,6 +63,9 @@ pub enum Entry {
         /// Given to qemu's uid alone (`/dev/kvm`).
         owned: bool,
     },
+    /// A fresh `proc`, read-only, of the child's own pid namespace (it shows that
+    /// namespace's processes alone), on a directory made first.
+    Proc(PathBuf),
     /// A bind mount of the host's `source` at `at` (a directory or a file, made first).
     Bind {
         /// The host path.
@@ -116,7 +128,7 @@ impl Plan {
 
     fn has(&self, at: &Path) -> bool {
         self.entries.iter().any(|e| match e {
-            Entry::Dir(p) => p == at,
+            Entry::Dir(p) | Entry::Proc(p) => p == at,
             Entry::Symlink { at: p, .. } | Entry::Device { at: p, .. } => p == at,
             Entry::Bind { at: p, .. } => p == at,
         })
@@ -156,9 +168,9 @@ fn lstat(what: &'static str, path: &Path) -> Result<std::fs::Metadata, PlanError
     })
 }
 
-/// Plans qemu's root for `needs`, looking at the host below `host` (`/`; a test's
-/// directory in unit tests) for what the system directories and devices are.
-pub fn plan(host: &Path, needs: &Needs<'_>) -> Result<Plan, PlanError> {
+/// The system directories (bound read-only, or re-made as the host's links) and
+/// `program` (bound alone when it lives outside them), under `host`.
+fn base(host: &Path, program: &Path, what: &'static str) -> Result<Plan, PlanError> {
     let on_host = |p: &str| host.join(p.trim_start_matches('/'));
     let mut plan = Plan::default();
     for d in SYSTEM_DIRS {
@@ -182,38 +194,74 @@ pub fn plan(host: &Path, needs: &Needs<'_>) -> Result<Plan, PlanError> {
             });
         }
     }
-    // A qemu outside the system directories (a build of its own) is bound alone.
-    if !plan.covers(needs.qemu) {
-        lstat("find qemu", &on_host(&needs.qemu.to_string_lossy()))?;
-        plan.parent_dir(needs.qemu);
+    // A program outside the system directories (a build of its own, `cargo install`'s
+    // `~/.cargo/bin`) is bound alone.
+    if !plan.covers(program) {
+        lstat(what, &on_host(&program.to_string_lossy()))?;
+        plan.parent_dir(program);
         plan.entries.push(Entry::Bind {
-            source: needs.qemu.to_path_buf(),
-            at: needs.qemu.to_path_buf(),
+            source: program.to_path_buf(),
+            at: program.to_path_buf(),
             file: true,
             writable: false,
         });
     }
-    plan.dir(Path::new("/dev"));
-    let kvm = needs.kvm.then_some(DEV_KVM);
-    for d in DEVICES.into_iter().chain(kvm) {
-        let meta = std::fs::metadata(on_host(d)).map_err(|source| PlanError {
-            what: "find the device",
-            path: on_host(d),
-            source,
-        })?;
-        if !meta.file_type().is_char_device() {
-            return Err(PlanError {
+    Ok(plan)
+}
+
+impl Plan {
+    /// `/dev` with `devices` (host character devices; `owned` the one given to the
+    /// jail's uid alone).
+    fn devices(
+        &mut self,
+        host: &Path,
+        devices: &[&str],
+        owned: Option<&str>,
+    ) -> Result<(), PlanError> {
+        self.dir(Path::new("/dev"));
+        for &d in devices {
+            let on_host = host.join(d.trim_start_matches('/'));
+            let meta = std::fs::metadata(&on_host).map_err(|source| PlanError {
                 what: "find the device",
-                path: on_host(d),
-                source: std::io::Error::other("not a character device"),
+                path: on_host.clone(),
+                source,
+            })?;
+            if !meta.file_type().is_char_device() {
+                return Err(PlanError {
+                    what: "find the device",
+                    path: on_host,
+                    source: std::io::Error::other("not a character device"),
+                });
+            }
+            self.entries.push(Entry::Device {
+                at: d.into(),
+                rdev: meta.rdev(),
+                owned: Some(d) == owned,
             });
         }
-        plan.entries.push(Entry::Device {
-            at: d.into(),
-            rdev: meta.rdev(),
-            owned: Some(d) == kvm,
+        Ok(())
+    }
+
+    /// The run directory, writable, at [`RUN_DIR`].
+    fn run_dir(&mut self, run_dir: &Path) {
+        let at = PathBuf::from(RUN_DIR);
+        self.parent_dir(&at);
+        self.entries.push(Entry::Bind {
+            source: run_dir.to_path_buf(),
+            at,
+            file: false,
+            writable: true,
         });
     }
+}
+
+/// Plans qemu's root for `needs`, looking at the host below `host` (`/`; a test's
+/// directory in unit tests) for what the system directories and devices are.
+pub fn plan(host: &Path, needs: &Needs<'_>) -> Result<Plan, PlanError> {
+    let mut plan = base(host, needs.qemu, "find qemu")?;
+    let kvm = needs.kvm.then_some(DEV_KVM);
+    let devices: Vec<&str> = DEVICES.into_iter().chain(kvm).collect();
+    plan.devices(host, &devices, kvm)?;
     for (source, at) in [(needs.kernel, KERNEL), (needs.initrd, INITRD)] {
         let at = PathBuf::from(at);
         plan.parent_dir(&at);
@@ -224,14 +272,23 @@ pub fn plan(host: &Path, needs: &Needs<'_>) -> Result<Plan, PlanError> {
             writable: false,
         });
     }
-    let at = PathBuf::from(RUN_DIR);
-    plan.parent_dir(&at);
-    plan.entries.push(Entry::Bind {
-        source: needs.run_dir.to_path_buf(),
-        at,
-        file: false,
-        writable: true,
-    });
+    plan.run_dir(needs.run_dir);
+    Ok(plan)
+}
+
+/// Plans a virtiofsd's root: the system directories, the program, `/dev/null` and
+/// `/dev/urandom`, a read-only `/proc` of its own pid namespace at [`PROC_DIR`] (it
+/// reads `/proc` before it enters its own sandbox, which mounts another there), the run
+/// directory (its socket) at [`RUN_DIR`], and an empty [`SHARE_DIR`] where the
+/// directory it serves is attached. From its exec to its own sandbox (which unshares a
+/// mount namespace and forks the server, whose `pivot_root` into [`SHARE_DIR`] moves
+/// both processes' roots), it sees nothing of the host but that.
+pub fn plan_virtiofsd(host: &Path, virtiofsd: &Path, run_dir: &Path) -> Result<Plan, PlanError> {
+    let mut plan = base(host, virtiofsd, "find virtiofsd")?;
+    plan.devices(host, &DEVICES, None)?;
+    plan.entries.push(Entry::Proc(PROC_DIR.into()));
+    plan.run_dir(run_dir);
+    plan.dir(Path::new(SHARE_DIR));
     Ok(plan)
 }
 
@@ -309,7 +366,7 @@ mod tests {
         // Nothing of the runtime root appears under its own name.
         for e in &p.entries {
             let at = match e {
-                Entry::Dir(a) => a,
+                Entry::Dir(a) | Entry::Proc(a) => a,
                 Entry::Symlink { at, .. } | Entry::Device { at, .. } | Entry::Bind { at, .. } => at,
             };
             assert!(!at.starts_with("/var"), "{e:?}");
@@ -318,7 +375,7 @@ mod tests {
         // Every entry's parent is made before it.
         for (i, e) in p.entries.iter().enumerate() {
             let at = match e {
-                Entry::Dir(a) => a,
+                Entry::Dir(a) | Entry::Proc(a) => a,
                 Entry::Symlink { at, .. } | Entry::Device { at, .. } | Entry::Bind { at, .. } => at,
             };
             let parent = at.parent().unwrap();
@@ -366,5 +423,40 @@ mod tests {
             Entry::Device { at, owned: true, .. } if at == Path::new(DEV_KVM))));
         assert!(p.entries.iter().any(|e| matches!(e,
             Entry::Device { at, owned: false, .. } if at == Path::new("/dev/null"))));
+    }
+
+    #[test]
+    fn virtiofsd_gets_the_system_its_program_a_proc_of_its_own_its_run_directory_and_a_share_point()
+    {
+        let h = host(true);
+        let own = Path::new("/root/.cargo/bin/virtiofsd");
+        let run = Path::new("/var/lib/cowspace/run/sandbox/vm/ws.1");
+        let err = plan_virtiofsd(h.path(), own, run).unwrap_err();
+        assert_eq!(err.what, "find virtiofsd", "{err}");
+        let on_host = h.path().join(own.strip_prefix("/").unwrap());
+        std::fs::create_dir_all(on_host.parent().unwrap()).unwrap();
+        std::fs::write(&on_host, "").unwrap();
+        let p = plan_virtiofsd(h.path(), own, run).unwrap();
+        assert_eq!(p.sources(), vec![Path::new("/usr"), own, run]);
+        let writable: Vec<_> = p
+            .entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Bind {
+                    at, writable: true, ..
+                } => Some(at.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(writable, vec![PathBuf::from(RUN_DIR)]);
+        assert!(p.entries.contains(&Entry::Proc(PROC_DIR.into())));
+        assert!(p.entries.contains(&Entry::Dir(SHARE_DIR.into())));
+        assert!(!p.has(Path::new(DEV_KVM)));
+        assert!(p.has(Path::new("/dev/null")));
+        for e in &p.entries {
+            if let Entry::Dir(a) | Entry::Proc(a) = e {
+                assert!(!a.starts_with("/var"), "{e:?}");
+            }
+        }
     }
 }

@@ -36,11 +36,6 @@ impl RunFiles {
     pub fn ro_sock(&self, i: usize) -> PathBuf {
         self.dir.join(format!("ro{i}.sock"))
     }
-    /// Where read-only bind `i`'s source is attached for its virtiofsd (in a mount
-    /// namespace of that virtiofsd's own; an empty directory on the host).
-    pub fn ro_dir(&self, i: usize) -> PathBuf {
-        self.dir.join(format!("ro{i}"))
-    }
     /// The host end of the agent's virtio-serial port.
     pub fn agent(&self) -> PathBuf {
         self.dir.join(AGENT_PORT.0)
@@ -55,9 +50,9 @@ pub fn virtiofsd_args(files: &RunFiles, workspace: &Path) -> Vec<OsString> {
 }
 
 /// `virtiofsd` serving read-only bind `i` (`--readonly`), its source attached at
-/// [`RunFiles::ro_dir`].
-pub fn ro_virtiofsd_args(files: &RunFiles, i: usize) -> Vec<OsString> {
-    share_args(&files.ro_sock(i), &files.ro_dir(i), true)
+/// `dir`.
+pub fn ro_virtiofsd_args(files: &RunFiles, i: usize, dir: &Path) -> Vec<OsString> {
+    share_args(&files.ro_sock(i), dir, true)
 }
 
 /// The virtio-fs tag of read-only bind `i`.

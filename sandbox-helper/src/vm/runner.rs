@@ -61,14 +61,63 @@ pub struct VmOutcome {
     pub oom_kills: u64,
 }
 
-/// Kills and reaps a child on drop.
-struct Reaped(Child);
+/// Kills and reaps a child on drop; then lets the thread it was started from end
+/// (a child in a pid namespace of its own, see [`spawn`]).
+struct Reaped(Child, Option<NsThread>);
 
 impl Drop for Reaped {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        // Only now may the thread that started it end.
+        drop(self.1.take());
     }
+}
+
+/// The thread a child was started from after it unshared `CLONE_NEWPID`: the child is
+/// pid 1 of a pid namespace of its own. The thread waits until dropped, because a
+/// child's parent-death signal follows the thread that forked it: its end would kill
+/// the child.
+struct NsThread {
+    keep: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for NsThread {
+    fn drop(&mut self) {
+        drop(self.keep.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Spawns `cmd` from a thread of its own that first unshares `CLONE_NEWPID` (the
+/// namespace is the thread's, for its children; no other thread's children go there).
+fn spawn_in_pid_ns(mut cmd: Command) -> std::io::Result<(Child, NsThread)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (keep, kept) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("vm-pid-ns".into())
+        .spawn(move || {
+            let spawned = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWPID)
+                .map_err(std::io::Error::from)
+                .and_then(|()| cmd.spawn());
+            let ok = spawned.is_ok();
+            let _ = tx.send(spawned);
+            if ok {
+                // Until the child is reaped (the sender is dropped).
+                let _ = kept.recv();
+            }
+        })?;
+    let ns = NsThread {
+        keep: Some(keep),
+        thread: Some(thread),
+    };
+    let child = rx
+        .recv()
+        .map_err(|_| std::io::Error::other("the spawning thread ended"))??;
+    Ok((child, ns))
 }
 
 /// Removes the run directory (sockets, logs) on drop.
@@ -131,8 +180,11 @@ struct Confine<'a> {
     unshare: libc::c_int,
     /// A detached mount to attach, and where, in a mount namespace of its own.
     attach: Option<(std::os::fd::BorrowedFd<'a>, &'a Path)>,
-    /// A minimal root of its own and an unprivileged uid ([`super::jail`]).
+    /// A minimal root of its own, and an unprivileged uid for qemu ([`super::jail`]).
     jail: Option<sys::Jail>,
+    /// pid 1 of a pid namespace of its own (qemu: it sees and can signal no other
+    /// process; virtiofsd makes its own for its server).
+    pid_ns: bool,
 }
 
 fn spawn(
@@ -163,14 +215,20 @@ fn spawn(
         unshare,
         attach,
         jail,
+        pid_ns,
     } = confine;
-    sys::vm_child_pre_exec(&mut cmd, &fds, unshare, attach, jail).map_err(|source| {
+    sys::vm_child_pre_exec(&mut cmd, &fds, unshare, attach, jail, pid_ns).map_err(|source| {
         Error::Setup {
             step: format!("vm: prepare {what}"),
             source,
         }
     })?;
-    let child = cmd.spawn().map_err(|source| {
+    let spawned = if pid_ns {
+        spawn_in_pid_ns(cmd).map(|(c, ns)| (c, Some(ns)))
+    } else {
+        cmd.spawn().map(|c| (c, None))
+    };
+    let (child, ns) = spawned.map_err(|source| {
         // A step of the confinement that failed in the child named itself in the log.
         let said = tail(log);
         Error::Setup {
@@ -182,7 +240,7 @@ fn spawn(
             source,
         }
     })?;
-    Ok(Reaped(child))
+    Ok(Reaped(child, ns))
 }
 
 /// Waits until `path` exists, failing when `child` exits first or after `ms`.
@@ -398,15 +456,57 @@ pub fn boot(
     give_qemu(&dir, qemu_id)?;
     let files = RunFiles { dir };
 
+    // Every VM process's minimal root is a tmpfs the child mounts here in a mount
+    // namespace of its own (so one stage serves them all).
+    let stage = files.dir.join("root");
+    fs::create_dir(&stage).map_err(|source| Error::StateDir {
+        path: stage.clone(),
+        source,
+    })?;
+    // virtiofsd, pid 1 of a pid namespace of its own, in a root holding only its
+    // program, libraries, run directory and the directory it serves (attached at
+    // `/share`): from its exec on it sees nothing else of the host. Its own sandbox
+    // (`--sandbox=namespace`) then unshares mount, pid and network namespaces and forks
+    // the server, whose pivot_root into `/share` moves both processes' roots.
+    let fsd_plan =
+        jail::plan_virtiofsd(Path::new("/"), &prep.virtiofsd, &files.dir).map_err(|e| {
+            Error::Setup {
+                step: format!("vm: plan virtiofsd's root: {} {}", e.what, e.path.display()),
+                source: e.source,
+            }
+        })?;
+    let fsd_jail = || {
+        sys::Jail::new(&fsd_plan, &stage, None).map_err(|source| Error::Setup {
+            step: "vm: prepare virtiofsd's root".into(),
+            source,
+        })
+    };
+    let share_at = Path::new(jail::SHARE_DIR);
+    let jailed_files = RunFiles {
+        dir: jail::RUN_DIR.into(),
+    };
+    // The workspace, opened where it is now (its path resolved once, then no link
+    // followed), attached in virtiofsd's root.
+    let workspace = fs::canonicalize(&spec.dir)
+        .and_then(|d| sys::open_tree_clone(&d))
+        .map_err(|source| Error::DetachedMount {
+            path: spec.dir.clone(),
+            source,
+        })?;
     let mut fsd = spawn(
         &prep.virtiofsd,
-        &qemu::virtiofsd_args(&files, &spec.dir),
+        &qemu::virtiofsd_args(&jailed_files, share_at),
         &files.dir.join("virtiofsd.log"),
         &procs,
         "virtiofsd",
-        // It makes its own mount, pid and network namespaces (`--sandbox=namespace`).
-        Confine::default(),
+        Confine {
+            attach: Some((std::os::fd::AsFd::as_fd(&workspace), share_at)),
+            jail: Some(fsd_jail()?),
+            pid_ns: true,
+            ..Confine::default()
+        },
     )?;
+    drop(workspace);
     wait_for(
         &files.fs_sock(),
         &mut fsd,
@@ -432,19 +532,16 @@ pub fn boot(
             path: b.source.clone(),
             source,
         })?;
-        let at = files.ro_dir(i);
-        fs::create_dir(&at).map_err(|source| Error::StateDir {
-            path: at.clone(),
-            source,
-        })?;
         let mut d = spawn(
             &prep.virtiofsd,
-            &qemu::ro_virtiofsd_args(&files, i),
+            &qemu::ro_virtiofsd_args(&jailed_files, i, share_at),
             &files.dir.join(format!("virtiofsd-ro{i}.log")),
             &procs,
             "virtiofsd",
             Confine {
-                attach: Some((std::os::fd::AsFd::as_fd(&tree), &at)),
+                attach: Some((std::os::fd::AsFd::as_fd(&tree), share_at)),
+                jail: Some(fsd_jail()?),
+                pid_ns: true,
                 ..Confine::default()
             },
         )?;
@@ -478,19 +575,11 @@ pub fn boot(
         step: format!("vm: plan qemu's root: {} {}", e.what, e.path.display()),
         source: e.source,
     })?;
-    let stage = files.dir.join("root");
-    fs::create_dir(&stage).map_err(|source| Error::StateDir {
-        path: stage.clone(),
-        source,
-    })?;
     let qemu_jail =
-        sys::Jail::new(&plan, &stage, qemu_id, qemu_id).map_err(|source| Error::Setup {
+        sys::Jail::new(&plan, &stage, Some((qemu_id, qemu_id))).map_err(|source| Error::Setup {
             step: "vm: prepare qemu's root".into(),
             source,
         })?;
-    let qemu_files = RunFiles {
-        dir: jail::RUN_DIR.into(),
-    };
     let machine = Machine {
         accel: prep.accel.accel,
         memory_mib: spec.memory_mib,
@@ -516,7 +605,7 @@ pub fn boot(
     let started = Instant::now();
     let mut vm = spawn(
         &prep.qemu,
-        &qemu::qemu_args(&machine, &qemu_files),
+        &qemu::qemu_args(&machine, &jailed_files),
         &files.dir.join("qemu.log"),
         &procs,
         "qemu",
@@ -525,8 +614,10 @@ pub fn boot(
             attach: None,
             // qemu sees nothing of the host but its libraries, firmware, the guest's
             // kernel and initramfs (read-only) and its run directory, as an
-            // unprivileged uid without capabilities.
+            // unprivileged uid without capabilities, pid 1 of a pid namespace of its
+            // own (no other process to see or signal).
             jail: Some(qemu_jail),
+            pid_ns: true,
         },
     )?;
     drop(procs);

@@ -269,13 +269,19 @@ fn assert_qemu_confined(r: &WsRoot, ws: &str, v: &Value, other: &crate::workspac
         vec!["2"],
         "qemu's -sandbox is off"
     );
-    for ns in ["mnt", "ipc", "uts", "net"] {
+    for ns in ["mnt", "ipc", "uts", "net", "pid"] {
         assert_ne!(
             std::fs::read_link(format!("/proc/{qemu}/ns/{ns}")).unwrap(),
             std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap(),
             "qemu is in the host's {ns} namespace"
         );
     }
+    // pid 1 of a pid namespace of its own: no other process to name or signal.
+    assert_eq!(
+        status_field(qemu, "NSpid").last().map(String::as_str),
+        Some("1"),
+        "qemu's NSpid"
+    );
     // Try to cross: the other workspace's file, the runtime root, the store, the
     // registry, this VM's own workspace, through qemu's root.
     let other_file = other.path.join("other-secret");
@@ -394,6 +400,46 @@ fn assert_qemu_confined(r: &WsRoot, ws: &str, v: &Value, other: &crate::workspac
         std::fs::read_link("/proc/self/ns/pid").unwrap(),
         "virtiofsd's server is in the host's pid namespace"
     );
+    // virtiofsd's first process (it only waits for the server; the server's pivot_root
+    // moved its root too, as they share a mount namespace): pid 1 of a pid namespace
+    // of its own, and both see one mount, the workspace, as their root.
+    for ns in ["mnt", "pid"] {
+        assert_ne!(
+            std::fs::read_link(format!("/proc/{fsd}/ns/{ns}")).unwrap(),
+            std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap(),
+            "virtiofsd is in the host's {ns} namespace"
+        );
+    }
+    assert_eq!(
+        status_field(fsd, "NSpid").last().map(String::as_str),
+        Some("1"),
+        "virtiofsd's NSpid"
+    );
+    for (path, what) in [
+        (
+            other.path.join("other-secret"),
+            "the other workspace's file",
+        ),
+        (other.path.clone(), "the other workspace"),
+        (r.root().to_path_buf(), "the runtime root"),
+        (r.root().join("store"), "the store"),
+        (r.root().join("registry.db"), "the registry"),
+        (std::path::PathBuf::from("/etc/passwd"), "/etc"),
+    ] {
+        not_in_root_of(fsd, &path, what);
+    }
+    for pid in [fsd, server] {
+        let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+        let points: Vec<&str> = mounts
+            .lines()
+            .map(|l| l.split(' ').nth(4).unwrap_or(""))
+            .collect();
+        assert_eq!(points, vec!["/"], "virtiofsd {pid}'s mounts: {mounts}");
+        assert!(
+            std::path::Path::new(&format!("/proc/{pid}/root/a.txt")).exists(),
+            "virtiofsd {pid}'s root is not the workspace"
+        );
+    }
 }
 
 /// Connects to 127.0.0.1:`port` until something answers with a line (qemu accepts on a
