@@ -13,7 +13,7 @@
 //! by a path that did not read them) is a hit for the content only; its xattrs are read
 //! from the file.
 
-use std::collections::HashMap;
+use std::cell::Cell;
 
 use rusqlite::{Connection, params};
 
@@ -59,10 +59,23 @@ pub struct Cached {
     pub content: ContentId,
     /// Its recorded xattrs, sorted; `None` when the row does not say.
     pub xattrs: Option<Xattrs>,
+    /// Set by an import whose walk found the path (so the rows not seen, the files
+    /// gone, are found without a second set of every path walked).
+    pub seen: Cell<bool>,
 }
 
-/// The cached stamps of one source root.
-pub type Entries = HashMap<Vec<u8>, Cached>;
+/// The cached stamps of one source root (a fast hash: the keys are paths of the
+/// walked tree, one lookup per file of a re-import).
+pub type Entries = rustc_hash::FxHashMap<Vec<u8>, Cached>;
+
+/// The paths of `entries` no walk marked [`Cached::seen`].
+pub fn unseen(entries: &Entries) -> Vec<Vec<u8>> {
+    entries
+        .iter()
+        .filter(|(_, c)| !c.seen.get())
+        .map(|(p, _)| p.clone())
+        .collect()
+}
 
 /// One row to record: path, stamp, content and (when read) xattrs.
 pub type Row = (Vec<u8>, Stamp, ContentId, Option<Xattrs>);
@@ -133,8 +146,19 @@ pub fn load(conn: &Connection, root: &str) -> Result<Entries> {
             "SELECT path, dev, ino, size, mtime_ns, ctime_ns, content, xattrs FROM statcache WHERE root = ?1",
         )
         .map_err(Error::db("read stat cache"))?;
-    let rows = stmt
-        .query_map(params![root], |r| {
+    let mut rows = stmt
+        .query(params![root])
+        .map_err(Error::db("read stat cache"))?;
+    let mut out = Entries::default();
+    // Borrowed columns: no allocation but the path's (78,000 rows for a kernel tree).
+    while let Some(r) = rows.next().map_err(Error::db("read stat cache"))? {
+        let blob = |i: usize| -> rusqlite::Result<Option<&[u8]>> {
+            Ok(match r.get_ref(i)? {
+                rusqlite::types::ValueRef::Null => None,
+                v => Some(v.as_blob()?),
+            })
+        };
+        let read = || -> rusqlite::Result<_> {
             Ok((
                 r.get::<_, Vec<u8>>(0)?,
                 Stamp {
@@ -144,18 +168,16 @@ pub fn load(conn: &Connection, root: &str) -> Result<Entries> {
                     mtime_ns: r.get(4)?,
                     ctime_ns: r.get(5)?,
                 },
-                r.get::<_, Vec<u8>>(6)?,
-                r.get::<_, Option<Vec<u8>>>(7)?,
+                blob(6)?.unwrap_or_default(),
+                blob(7)?,
             ))
-        })
-        .map_err(Error::db("read stat cache"))?;
-    let mut out = HashMap::new();
-    for row in rows {
-        let (path, stamp, content, xattrs) = row.map_err(Error::db("read stat cache"))?;
+        };
+        let (path, stamp, content, xattrs) = read().map_err(Error::db("read stat cache"))?;
         let cached = Cached {
             stamp,
-            content: ContentId::from_slice(&content)?,
-            xattrs: xattrs.and_then(|x| decode_xattrs(&x)),
+            content: ContentId::from_slice(content)?,
+            xattrs: xattrs.and_then(decode_xattrs),
+            seen: Cell::new(false),
         };
         out.insert(path, cached);
     }

@@ -65,8 +65,13 @@ pub struct Store {
     pub(crate) layout: Layout,
     pub(crate) config: StoreConfig,
     pub(crate) backend: Arc<dyn PackBackend>,
-    pub(crate) db: Mutex<Connection>,
+    /// Closed before the writer (fields drop in order): the last connection to close
+    /// checkpoints the WAL and deletes it, and only a writer can. Were a read-only one
+    /// last, the WAL would stay, and the next process to open the store would rebuild
+    /// its index with nothing marked copied, and copy (and sync) every frame of it into
+    /// the database again at its first commit: a whole cold import's worth of pages.
     readers: Mutex<Vec<Connection>>,
+    pub(crate) db: Mutex<Connection>,
     pub(crate) remote: crate::remote::LazyState,
 }
 

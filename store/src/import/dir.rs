@@ -1,7 +1,9 @@
 //! Import of a directory tree.
 //!
 //! One thread walks (one `lstat` per entry, relative to the directory being read, and
-//! `llistxattr` per directory and per file the stat cache vouches for) and hands every
+//! `llistxattr` per directory and per file the stat cache has no xattrs for; the
+//! listings of the directories it will descend into are fetched ahead on a second
+//! thread, [`crate::import::prefetch`]) and hands every
 //! file whose stat-cache stamp does not match to the ingest workers, in batches; they
 //! open it relative to its already open directory and read its xattrs from the open
 //! file. The walk and the hashing overlap. Hard links are found by (device, inode). The walk does not
@@ -24,6 +26,7 @@ use crate::error::{Error, Result};
 use crate::import::builder::{Builder, Item, Slot};
 use crate::import::exclude::Excluder;
 use crate::import::gitdir::{self, LinkedGit, Part};
+use crate::import::prefetch::{Listed, Prefetcher};
 use crate::import::refresh::{GitFiles, refreshed_index};
 use crate::import::{Finish, ImportOptions, ImportReport, Progress};
 use crate::ingest::{FileContent, FileJob, Ingest, Xattrs};
@@ -121,7 +124,6 @@ impl Store {
             excluded: 0,
             warnings: Vec::new(),
             allow_devices: opts.allow_devices,
-            seen: Vec::with_capacity(cache.len()),
             files_total: 0,
             files_done: 0,
             bytes_done: 0,
@@ -178,14 +180,7 @@ impl Store {
             }
         }
         upserts.extend(walk.refill.drain(..).filter(|r| !r.1.is_racy(started_ns)));
-        // (`seen` is kept only when there is a cache to prune.)
-        let seen: std::collections::HashSet<&[u8]> =
-            walk.seen.iter().map(|p| p.as_slice()).collect();
-        let deletes: Vec<Vec<u8>> = cache
-            .keys()
-            .filter(|p| !seen.contains(p.as_slice()))
-            .cloned()
-            .collect();
+        let deletes = statcache::unseen(&cache);
         let finish = Finish {
             builder: walk.builder,
             slots: walk.slots,
@@ -290,7 +285,6 @@ struct Walk {
     excluded: u64,
     warnings: Vec<String>,
     allow_devices: bool,
-    seen: Vec<Vec<u8>>,
     files_total: u64,
     files_done: u64,
     bytes_done: u64,
@@ -427,22 +421,23 @@ impl Walk {
         cx: &mut WalkCx<'_, '_>,
     ) -> Result<()> {
         let (excluder, cache, ingest, opts) = (&mut *cx.0, cx.1, &mut *cx.2, cx.3);
-        // Depth-first with an explicit stack: (absolute dir, relative components).
-        let mut stack: Vec<(PathBuf, Vec<Vec<u8>>)> = vec![(root.to_path_buf(), prefix.to_vec())];
-        while let Some((dir, rel)) = stack.pop() {
-            let rd = fs::read_dir(&dir).map_err(Error::io("read directory", &dir))?;
-            let mut entries = Vec::new();
-            for e in rd {
-                let e = e.map_err(Error::io("read directory", &dir))?;
-                entries.push((e.file_name(), e));
-            }
-            entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        // The listings of the directories pushed below, fetched ahead on a second thread.
+        let ahead = Prefetcher::start();
+        let mut next_id = 0u64;
+        // Depth-first with an explicit stack: (listing id, absolute dir, relative
+        // components).
+        let mut stack: Vec<(u64, PathBuf, Vec<Vec<u8>>)> =
+            vec![(next_id, root.to_path_buf(), prefix.to_vec())];
+        while let Some((id, dir, rel)) = stack.pop() {
+            let entries = ahead
+                .take(id, &dir)
+                .map_err(Error::io("read directory", &dir))?;
             // Opened when a file here must be read: the workers open files relative to it.
             let mut dir_fd: Option<Arc<fs::File>> = None;
             // A nested repository (or submodule): what it tracks is spared too.
             if !rel.is_empty()
                 && excluder.policy().default_excludes
-                && entries.iter().any(|(n, _)| n.as_bytes() == b".git")
+                && entries.iter().any(|e| e.name.as_bytes() == b".git")
             {
                 let prefix = rel.join(&b'/');
                 let tracked: Vec<Vec<u8>> = git_tracked(&dir)
@@ -451,7 +446,7 @@ impl Walk {
                     .collect();
                 excluder.set_tracked(tracked.iter().map(|p| p.as_slice()));
             }
-            for (name, entry) in entries {
+            for Listed { name, meta, xattrs } in entries {
                 let abs = dir.join(&name);
                 let mut comps = rel.clone();
                 comps.push(name.as_bytes().to_vec());
@@ -460,7 +455,7 @@ impl Walk {
                 }
                 let rel_path = comps.join(&b'/');
                 // lstat relative to the directory read (no walk of the whole path).
-                let meta = entry.metadata().map_err(Error::io("stat", &abs))?;
+                let meta = meta.map_err(Error::io("stat", &abs))?;
                 let ft = meta.file_type();
                 if excluder.excludes(&rel_path, name.as_bytes(), ft.is_dir()) {
                     self.excluded += 1;
@@ -474,7 +469,10 @@ impl Walk {
                         ));
                         continue;
                     }
-                    let xattrs = read_xattrs(&abs)?;
+                    let xattrs = match xattrs {
+                        Some(x) => x?,
+                        None => read_xattrs(&abs)?,
+                    };
                     self.builder.insert(
                         &comps,
                         Item::Dir {
@@ -482,7 +480,9 @@ impl Walk {
                             xattrs,
                         },
                     )?;
-                    stack.push((abs, comps));
+                    next_id += 1;
+                    ahead.submit(next_id, abs.clone());
+                    stack.push((next_id, abs, comps));
                 } else if ft.is_file() {
                     if part == (Part::Tree { linked: true })
                         && comps.len() > 1
@@ -583,8 +583,10 @@ impl Walk {
         opts: &ImportOptions,
     ) -> Result<()> {
         let stamp = Stamp::of(meta);
-        if !cache.is_empty() {
-            self.seen.push(rel_path.clone());
+        // Still in the tree: its row is not deleted.
+        let cached = cache.get(&rel_path);
+        if let Some(c) = cached {
+            c.seen.set(true);
         }
         self.files_total += 1;
         if meta.nlink() > 1
@@ -605,7 +607,7 @@ impl Walk {
         }
         // A file read by the workers has its xattrs read there too, from the open file;
         // a hit takes them from the cache when its row has them.
-        let (slot, xattrs) = match cache.get(&rel_path) {
+        let (slot, xattrs) = match cached {
             Some(c) if c.stamp == stamp => {
                 self.files_done += 1;
                 let known = FileContent {

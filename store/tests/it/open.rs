@@ -43,3 +43,32 @@ fn a_new_root_is_in_wal_mode_with_nothing_beside_its_index() {
         .collect();
     assert!(init_files.is_empty(), "left by init: {init_files:?}");
 }
+
+/// A store closed after an import leaves no write-ahead log: the last connection to
+/// close is its writer, which copies the log into the index and deletes it. (A log
+/// left behind is read again by the next process to open the store, which then copies
+/// every page of it into the index once more at its first commit.)
+#[test]
+fn a_store_closed_after_an_import_leaves_no_write_ahead_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    for i in 0..200 {
+        std::fs::write(src.join(format!("d/f{i}")), format!("{i}\n")).unwrap();
+    }
+    let root = tmp.path().join("root");
+    let store = Store::init(&root, StoreConfig::default()).unwrap();
+    let opts = cowspace_store::ImportOptions::new();
+    store.import_dir(&src, &opts).unwrap();
+    // The reader pool was used (the stat cache, lookups): its connections close too.
+    store.import_dir(&src, &opts).unwrap();
+    assert!(
+        root.join("store/index.db-wal").exists(),
+        "no log while open"
+    );
+    drop(store);
+    assert!(
+        !root.join("store/index.db-wal").exists(),
+        "the write-ahead log outlived the store"
+    );
+}

@@ -114,3 +114,56 @@ fn rows_without_xattrs_and_a_cache_without_the_column_import_the_same_tree() {
     drop(store);
     Store::open(&root, StoreConfig::default()).unwrap();
 }
+
+fn cached_paths(root: &Path) -> Vec<String> {
+    let conn = rusqlite::Connection::open(root.join("store/index.db")).unwrap();
+    let mut st = conn
+        .prepare("SELECT path FROM statcache ORDER BY path")
+        .unwrap();
+    st.query_map([], |r| r.get::<_, Vec<u8>>(0))
+        .unwrap()
+        .map(|r| String::from_utf8(r.unwrap()).unwrap())
+        .collect()
+}
+
+/// The rows of files gone from the tree go with the re-import that no longer finds
+/// them; every path still there keeps its row, files in directories deep in the tree
+/// (listed ahead of the walk) included. A hard-linked file has one row, its first path's
+/// (the other paths take their content from it).
+#[test]
+fn rows_go_with_the_files_gone_and_every_path_still_there_keeps_its_row() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    make_tree(&src);
+    for d in 0..40 {
+        let deep = src.join(format!("d{d:02}/e/f"));
+        fs::create_dir_all(&deep).unwrap();
+        fs::write(deep.join("g"), format!("{d}\n")).unwrap();
+    }
+    fs::hard_link(src.join("z"), src.join("a/z-link")).unwrap();
+    settle();
+    let root = tmp.path().join("root");
+    let store = Store::init(&root, StoreConfig::default()).unwrap();
+    let first = import(&store, &src);
+    let all = cached_paths(&root);
+    assert_eq!(all.len(), 3 + 40, "{all:?}");
+    assert!(all.contains(&"z".to_string()), "{all:?}");
+
+    // Unchanged: nothing read, the same tree, every row kept.
+    let again = import(&store, &src);
+    assert_eq!((again.files_read, again.root), (0, first.root));
+    assert_eq!(cached_paths(&root), all);
+
+    // A file and a whole directory gone: their rows go, the rest stay.
+    fs::remove_file(src.join("a/y")).unwrap();
+    fs::remove_dir_all(src.join("d07")).unwrap();
+    let gone = import(&store, &src);
+    assert_eq!(gone.files_read, 0);
+    let left = cached_paths(&root);
+    let expect: Vec<String> = all
+        .iter()
+        .filter(|p| !["a/y", "d07/e/f/g"].contains(&p.as_str()))
+        .cloned()
+        .collect();
+    assert_eq!(left, expect);
+}
