@@ -446,14 +446,49 @@ impl Walk {
                     .collect();
                 excluder.set_tracked(tracked.iter().map(|p| p.as_slice()));
             }
-            for Listed { name, meta, xattrs } in entries {
+            // One entry's components and relative path at a time, made in place (a
+            // re-import's walk is mostly this bookkeeping): the directory's, then its name.
+            let mut comps = rel.clone();
+            let dir_path = rel.join(&b'/');
+            let mut rel_path = Vec::new();
+            let entry_path = |rel_path: &mut Vec<u8>, name: &[u8]| {
+                rel_path.clear();
+                if !dir_path.is_empty() {
+                    rel_path.extend_from_slice(&dir_path);
+                    rel_path.push(b'/');
+                }
+                rel_path.extend_from_slice(name);
+            };
+            // The subdirectories this walk will descend into go to the lister now, so
+            // it lists them while this directory's files are looked at (the last one,
+            // which the walk pops first, first). Their listing ids, by entry.
+            let mut ids = vec![0u64; entries.len()];
+            for (i, e) in entries.iter().enumerate() {
+                let Ok(m) = &e.meta else { continue };
+                if !m.is_dir() || m.dev() != root_dev {
+                    continue;
+                }
+                comps.truncate(rel.len());
+                comps.push(e.name.as_bytes().to_vec());
+                entry_path(&mut rel_path, e.name.as_bytes());
+                if part.leaves_out(&comps[prefix.len()..])
+                    || excluder.excludes(&rel_path, e.name.as_bytes(), true)
+                {
+                    continue;
+                }
+                next_id += 1;
+                ids[i] = next_id;
+                ahead.submit(next_id, dir.join(&e.name));
+            }
+            for (i, Listed { name, meta, xattrs }) in entries.into_iter().enumerate() {
                 let abs = dir.join(&name);
-                let mut comps = rel.clone();
+                comps.truncate(rel.len());
                 comps.push(name.as_bytes().to_vec());
                 if part.leaves_out(&comps[prefix.len()..]) {
                     continue;
                 }
-                let rel_path = comps.join(&b'/');
+                entry_path(&mut rel_path, name.as_bytes());
+                let comps = comps.as_slice();
                 // lstat relative to the directory read (no walk of the whole path).
                 let meta = meta.map_err(Error::io("stat", &abs))?;
                 let ft = meta.file_type();
@@ -474,20 +509,25 @@ impl Walk {
                         None => read_xattrs(&abs)?,
                     };
                     self.builder.insert(
-                        &comps,
+                        comps,
                         Item::Dir {
                             mode: meta.mode(),
                             xattrs,
                         },
                     )?;
-                    next_id += 1;
-                    ahead.submit(next_id, abs.clone());
-                    stack.push((next_id, abs, comps));
+                    let id = match ids[i] {
+                        0 => {
+                            next_id += 1;
+                            next_id
+                        }
+                        id => id,
+                    };
+                    stack.push((id, abs, comps.to_vec()));
                 } else if ft.is_file() {
                     if part == (Part::Tree { linked: true })
                         && comps.len() > 1
                         && name.as_bytes() == b".git"
-                        && let Some(sub) = self.linked.as_ref().and_then(|l| l.nested(&abs, &comps))
+                        && let Some(sub) = self.linked.as_ref().and_then(|l| l.nested(&abs, comps))
                     {
                         // A submodule's `.git` file: made to name the snapshot's `.git`.
                         let text = sub.content.as_bytes();
@@ -498,11 +538,11 @@ impl Walk {
                             link_group: None,
                             xattrs: vec![],
                         };
-                        self.builder.insert(&comps, item)?;
+                        self.builder.insert(comps, item)?;
                         self.submodules.push(sub);
                         continue;
                     }
-                    if self.nested_repository(part, &dir, &comps) {
+                    if self.nested_repository(part, &dir, comps) {
                         continue;
                     }
                     let at = At {
@@ -510,9 +550,9 @@ impl Walk {
                         fd: &mut dir_fd,
                         name,
                     };
-                    self.file(&abs, at, comps, rel_path, &meta, cache, ingest, opts)?;
+                    self.file(&abs, at, comps, &rel_path, &meta, cache, ingest, opts)?;
                 } else if ft.is_symlink() {
-                    if self.nested_repository(part, &dir, &comps) {
+                    if self.nested_repository(part, &dir, comps) {
                         continue;
                     }
                     let target = fs::read_link(&abs).map_err(Error::io("read link", &abs))?;
@@ -524,7 +564,7 @@ impl Walk {
                         )));
                     }
                     self.builder.insert(
-                        &comps,
+                        comps,
                         Item::Symlink {
                             target,
                             xattrs: vec![],
@@ -536,7 +576,7 @@ impl Walk {
                         mode: meta.mode(),
                         rdev: 0,
                     };
-                    self.builder.insert(&comps, item)?;
+                    self.builder.insert(comps, item)?;
                 } else if ft.is_char_device() || ft.is_block_device() {
                     if !self.allow_devices {
                         return Err(Error::Invalid(format!(
@@ -554,7 +594,7 @@ impl Walk {
                         mode: meta.mode(),
                         rdev: meta.rdev(),
                     };
-                    self.builder.insert(&comps, item)?;
+                    self.builder.insert(comps, item)?;
                 } else {
                     self.warnings.push(format!(
                         "{}: a socket cannot be stored; left out",
@@ -575,8 +615,8 @@ impl Walk {
         &mut self,
         abs: &Path,
         at: At<'_>,
-        comps: Vec<Vec<u8>>,
-        rel_path: Vec<u8>,
+        comps: &[Vec<u8>],
+        rel_path: &[u8],
         meta: &fs::Metadata,
         cache: &statcache::Entries,
         ingest: &mut Ingest<'_>,
@@ -584,7 +624,7 @@ impl Walk {
     ) -> Result<()> {
         let stamp = Stamp::of(meta);
         // Still in the tree: its row is not deleted.
-        let cached = cache.get(&rel_path);
+        let cached = cache.get(rel_path);
         if let Some(c) = cached {
             c.seen.set(true);
         }
@@ -602,7 +642,7 @@ impl Walk {
                     link_group: Some(group),
                     xattrs,
                 };
-                return self.builder.insert(&comps, item);
+                return self.builder.insert(comps, item);
             }
         }
         // A file read by the workers has its xattrs read there too, from the open file;
@@ -620,7 +660,7 @@ impl Walk {
                         let x = read_xattrs(abs)?;
                         // The row is given them for the next import.
                         self.refill
-                            .push((rel_path.clone(), stamp, known.id, Some(x.clone())));
+                            .push((rel_path.to_vec(), stamp, known.id, Some(x.clone())));
                         x
                     }
                 };
@@ -629,7 +669,7 @@ impl Walk {
             _ => {
                 let i = self.slots.len();
                 self.slots.push(None);
-                self.slot_info.push(Some((rel_path, stamp)));
+                self.slot_info.push(Some((rel_path.to_vec(), stamp)));
                 self.slot_xattrs.push(None);
                 let fd = match at.fd {
                     Some(fd) => fd.clone(),
@@ -661,7 +701,7 @@ impl Walk {
             let group = self.next_group;
             self.next_group += 1;
             self.links
-                .insert((stamp.dev, stamp.ino), (group, slot, comps.clone()));
+                .insert((stamp.dev, stamp.ino), (group, slot, comps.to_vec()));
         }
         let item = Item::File {
             mode: meta.mode(),
@@ -669,7 +709,7 @@ impl Walk {
             link_group: None,
             xattrs,
         };
-        self.builder.insert(&comps, item)
+        self.builder.insert(comps, item)
     }
 
     fn arrived(
