@@ -198,13 +198,7 @@ fn base(host: &Path, program: &Path, what: &'static str) -> Result<Plan, PlanErr
     // `~/.cargo/bin`) is bound alone.
     if !plan.covers(program) {
         lstat(what, &on_host(&program.to_string_lossy()))?;
-        plan.parent_dir(program);
-        plan.entries.push(Entry::Bind {
-            source: program.to_path_buf(),
-            at: program.to_path_buf(),
-            file: true,
-            writable: false,
-        });
+        plan.bind(program, program, true, false);
     }
     Ok(plan)
 }
@@ -242,15 +236,14 @@ impl Plan {
         Ok(())
     }
 
-    /// The run directory, writable, at [`RUN_DIR`].
-    fn run_dir(&mut self, run_dir: &Path) {
-        let at = PathBuf::from(RUN_DIR);
-        self.parent_dir(&at);
+    /// A bind of the host's `source` at `at`, its parent directories made first.
+    fn bind(&mut self, source: &Path, at: &Path, file: bool, writable: bool) {
+        self.parent_dir(at);
         self.entries.push(Entry::Bind {
-            source: run_dir.to_path_buf(),
-            at,
-            file: false,
-            writable: true,
+            source: source.to_path_buf(),
+            at: at.to_path_buf(),
+            file,
+            writable,
         });
     }
 }
@@ -263,16 +256,10 @@ pub fn plan(host: &Path, needs: &Needs<'_>) -> Result<Plan, PlanError> {
     let devices: Vec<&str> = DEVICES.into_iter().chain(kvm).collect();
     plan.devices(host, &devices, kvm)?;
     for (source, at) in [(needs.kernel, KERNEL), (needs.initrd, INITRD)] {
-        let at = PathBuf::from(at);
-        plan.parent_dir(&at);
-        plan.entries.push(Entry::Bind {
-            source: source.to_path_buf(),
-            at,
-            file: true,
-            writable: false,
-        });
+        plan.bind(source, Path::new(at), true, false);
     }
-    plan.run_dir(needs.run_dir);
+    // The run directory, writable, at [`RUN_DIR`].
+    plan.bind(needs.run_dir, Path::new(RUN_DIR), false, true);
     Ok(plan)
 }
 
@@ -287,7 +274,7 @@ pub fn plan_virtiofsd(host: &Path, virtiofsd: &Path, run_dir: &Path) -> Result<P
     let mut plan = base(host, virtiofsd, "find virtiofsd")?;
     plan.devices(host, &DEVICES, None)?;
     plan.entries.push(Entry::Proc(PROC_DIR.into()));
-    plan.run_dir(run_dir);
+    plan.bind(run_dir, Path::new(RUN_DIR), false, true);
     plan.dir(Path::new(SHARE_DIR));
     Ok(plan)
 }
@@ -311,6 +298,19 @@ mod tests {
             run_dir: Path::new("/var/lib/cowspace/run/sandbox/vm/ws.1"),
             kvm,
         }
+    }
+
+    /// Where `p` binds something writable.
+    fn writable(p: &Plan) -> Vec<PathBuf> {
+        p.entries
+            .iter()
+            .filter_map(|e| match e {
+                Entry::Bind {
+                    at, writable: true, ..
+                } => Some(at.clone()),
+                _ => None,
+            })
+            .collect()
     }
 
     /// A host with merged /usr (links), or with a real /lib64 directory.
@@ -344,17 +344,7 @@ mod tests {
             vec![Path::new("/usr"), n.kernel, n.initrd, n.run_dir]
         );
         // Only the run directory is writable, and not at its host path.
-        let writable: Vec<_> = p
-            .entries
-            .iter()
-            .filter_map(|e| match e {
-                Entry::Bind {
-                    at, writable: true, ..
-                } => Some(at.clone()),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(writable, vec![PathBuf::from(RUN_DIR)]);
+        assert_eq!(writable(&p), vec![PathBuf::from(RUN_DIR)]);
         // Merged /usr: the links are links, not binds.
         assert!(p.entries.contains(&Entry::Symlink {
             at: "/lib".into(),
@@ -438,17 +428,7 @@ mod tests {
         std::fs::write(&on_host, "").unwrap();
         let p = plan_virtiofsd(h.path(), own, run).unwrap();
         assert_eq!(p.sources(), vec![Path::new("/usr"), own, run]);
-        let writable: Vec<_> = p
-            .entries
-            .iter()
-            .filter_map(|e| match e {
-                Entry::Bind {
-                    at, writable: true, ..
-                } => Some(at.clone()),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(writable, vec![PathBuf::from(RUN_DIR)]);
+        assert_eq!(writable(&p), vec![PathBuf::from(RUN_DIR)]);
         assert!(p.entries.contains(&Entry::Proc(PROC_DIR.into())));
         assert!(p.entries.contains(&Entry::Dir(SHARE_DIR.into())));
         assert!(!p.has(Path::new(DEV_KVM)));

@@ -29,15 +29,20 @@ fn import(store: &Store, src: &Path) -> cowspace_store::ImportReport {
     store.import_dir(src, &ImportOptions::new()).unwrap()
 }
 
-fn xattrs_column(root: &Path) -> Vec<Option<Vec<u8>>> {
+/// One column of every stat-cache row, in path order.
+fn column<T: rusqlite::types::FromSql>(root: &Path, name: &str) -> Vec<T> {
     let conn = rusqlite::Connection::open(root.join("store/index.db")).unwrap();
     let mut st = conn
-        .prepare("SELECT xattrs FROM statcache ORDER BY path")
+        .prepare(&format!("SELECT {name} FROM statcache ORDER BY path"))
         .unwrap();
     st.query_map([], |r| r.get(0))
         .unwrap()
         .map(|r| r.unwrap())
         .collect()
+}
+
+fn xattrs_column(root: &Path) -> Vec<Option<Vec<u8>>> {
+    column(root, "xattrs")
 }
 
 #[test]
@@ -116,13 +121,9 @@ fn rows_without_xattrs_and_a_cache_without_the_column_import_the_same_tree() {
 }
 
 fn cached_paths(root: &Path) -> Vec<String> {
-    let conn = rusqlite::Connection::open(root.join("store/index.db")).unwrap();
-    let mut st = conn
-        .prepare("SELECT path FROM statcache ORDER BY path")
-        .unwrap();
-    st.query_map([], |r| r.get::<_, Vec<u8>>(0))
-        .unwrap()
-        .map(|r| String::from_utf8(r.unwrap()).unwrap())
+    column::<Vec<u8>>(root, "path")
+        .into_iter()
+        .map(|p| String::from_utf8(p).unwrap())
         .collect()
 }
 

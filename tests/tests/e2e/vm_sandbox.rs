@@ -212,6 +212,26 @@ fn status_field(pid: u64, key: &str) -> Vec<String> {
         .collect()
 }
 
+/// Process `pid` (`what`) is in none of the host's namespaces `kinds` (those of this
+/// test), and pid 1 of its own pid namespace when `pid` is one of them.
+#[track_caller]
+fn in_namespaces_of_its_own(pid: u64, what: &str, kinds: &[&str]) {
+    for ns in kinds {
+        assert_ne!(
+            std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).unwrap(),
+            std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap(),
+            "{what} is in the host's {ns} namespace"
+        );
+    }
+    if kinds.contains(&"pid") {
+        assert_eq!(
+            status_field(pid, "NSpid").last().map(String::as_str),
+            Some("1"),
+            "{what}'s NSpid"
+        );
+    }
+}
+
 /// Opening `path` (a host path) through process `pid`'s root fails with ENOENT: the
 /// path is not in its view of the file system.
 #[track_caller]
@@ -269,19 +289,8 @@ fn assert_qemu_confined(r: &WsRoot, ws: &str, v: &Value, other: &crate::workspac
         vec!["2"],
         "qemu's -sandbox is off"
     );
-    for ns in ["mnt", "ipc", "uts", "net", "pid"] {
-        assert_ne!(
-            std::fs::read_link(format!("/proc/{qemu}/ns/{ns}")).unwrap(),
-            std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap(),
-            "qemu is in the host's {ns} namespace"
-        );
-    }
     // pid 1 of a pid namespace of its own: no other process to name or signal.
-    assert_eq!(
-        status_field(qemu, "NSpid").last().map(String::as_str),
-        Some("1"),
-        "qemu's NSpid"
-    );
+    in_namespaces_of_its_own(qemu, "qemu", &["mnt", "ipc", "uts", "net", "pid"]);
     // Try to cross: the other workspace's file, the runtime root, the store, the
     // registry, this VM's own workspace, through qemu's root.
     let other_file = other.path.join("other-secret");
@@ -403,18 +412,7 @@ fn assert_qemu_confined(r: &WsRoot, ws: &str, v: &Value, other: &crate::workspac
     // virtiofsd's first process (it only waits for the server; the server's pivot_root
     // moved its root too, as they share a mount namespace): pid 1 of a pid namespace
     // of its own, and both see one mount, the workspace, as their root.
-    for ns in ["mnt", "pid"] {
-        assert_ne!(
-            std::fs::read_link(format!("/proc/{fsd}/ns/{ns}")).unwrap(),
-            std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap(),
-            "virtiofsd is in the host's {ns} namespace"
-        );
-    }
-    assert_eq!(
-        status_field(fsd, "NSpid").last().map(String::as_str),
-        Some("1"),
-        "virtiofsd's NSpid"
-    );
+    in_namespaces_of_its_own(fsd, "virtiofsd", &["mnt", "pid"]);
     for (path, what) in [
         (
             other.path.join("other-secret"),
