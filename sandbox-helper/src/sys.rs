@@ -642,11 +642,11 @@ unsafe fn enter_jail(jail: &Jail, unshare: libc::c_int) -> io::Result<()> {
                         return Err(jail_failed("make a device node"));
                     }
                     // mknod obeys the umask: the mode is set again.
-                    let owner_is_not_given = match jail.ids {
+                    let chown_failed = match jail.ids {
                         Some((uid, gid)) if *owned => libc::chown(at.as_ptr(), uid, gid) != 0,
                         _ => false,
                     };
-                    if libc::chmod(at.as_ptr(), mode) != 0 || owner_is_not_given {
+                    if libc::chmod(at.as_ptr(), mode) != 0 || chown_failed {
                         return Err(jail_failed("give a device node its owner"));
                     }
                 }

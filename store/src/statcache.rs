@@ -146,19 +146,8 @@ pub fn load(conn: &Connection, root: &str) -> Result<Entries> {
             "SELECT path, dev, ino, size, mtime_ns, ctime_ns, content, xattrs FROM statcache WHERE root = ?1",
         )
         .map_err(Error::db("read stat cache"))?;
-    let mut rows = stmt
-        .query(params![root])
-        .map_err(Error::db("read stat cache"))?;
-    let mut out = Entries::default();
-    // Borrowed columns: no allocation but the path's (78,000 rows for a kernel tree).
-    while let Some(r) = rows.next().map_err(Error::db("read stat cache"))? {
-        let blob = |i: usize| -> rusqlite::Result<Option<&[u8]>> {
-            Ok(match r.get_ref(i)? {
-                rusqlite::types::ValueRef::Null => None,
-                v => Some(v.as_blob()?),
-            })
-        };
-        let read = || -> rusqlite::Result<_> {
+    let rows = stmt
+        .query_map(params![root], |r| {
             Ok((
                 r.get::<_, Vec<u8>>(0)?,
                 Stamp {
@@ -168,15 +157,18 @@ pub fn load(conn: &Connection, root: &str) -> Result<Entries> {
                     mtime_ns: r.get(4)?,
                     ctime_ns: r.get(5)?,
                 },
-                blob(6)?.unwrap_or_default(),
-                blob(7)?,
+                r.get::<_, Vec<u8>>(6)?,
+                r.get::<_, Option<Vec<u8>>>(7)?,
             ))
-        };
-        let (path, stamp, content, xattrs) = read().map_err(Error::db("read stat cache"))?;
+        })
+        .map_err(Error::db("read stat cache"))?;
+    let mut out = Entries::default();
+    for row in rows {
+        let (path, stamp, content, xattrs) = row.map_err(Error::db("read stat cache"))?;
         let cached = Cached {
             stamp,
-            content: ContentId::from_slice(content)?,
-            xattrs: xattrs.and_then(decode_xattrs),
+            content: ContentId::from_slice(&content)?,
+            xattrs: xattrs.and_then(|x| decode_xattrs(&x)),
             seen: Cell::new(false),
         };
         out.insert(path, cached);

@@ -434,60 +434,36 @@ impl Walk {
                 .map_err(Error::io("read directory", &dir))?;
             // Opened when a file here must be read: the workers open files relative to it.
             let mut dir_fd: Option<Arc<fs::File>> = None;
+            // The directory's relative path.
+            let dir_path = rel.join(&b'/');
             // A nested repository (or submodule): what it tracks is spared too.
             if !rel.is_empty()
                 && excluder.policy().default_excludes
                 && entries.iter().any(|e| e.name.as_bytes() == b".git")
             {
-                let prefix = rel.join(&b'/');
                 let tracked: Vec<Vec<u8>> = git_tracked(&dir)
                     .into_iter()
-                    .map(|p| [prefix.as_slice(), b"/", p.as_slice()].concat())
+                    .map(|p| [dir_path.as_slice(), b"/", p.as_slice()].concat())
                     .collect();
                 excluder.set_tracked(tracked.iter().map(|p| p.as_slice()));
             }
             // One entry's components and relative path at a time, made in place (a
             // re-import's walk is mostly this bookkeeping): the directory's, then its name.
             let mut comps = rel.clone();
-            let dir_path = rel.join(&b'/');
             let mut rel_path = Vec::new();
-            let entry_path = |rel_path: &mut Vec<u8>, name: &[u8]| {
-                rel_path.clear();
-                if !dir_path.is_empty() {
-                    rel_path.extend_from_slice(&dir_path);
-                    rel_path.push(b'/');
-                }
-                rel_path.extend_from_slice(name);
-            };
-            // The subdirectories this walk will descend into go to the lister now, so
-            // it lists them while this directory's files are looked at (the last one,
-            // which the walk pops first, first). Their listing ids, by entry.
-            let mut ids = vec![0u64; entries.len()];
-            for (i, e) in entries.iter().enumerate() {
-                let Ok(m) = &e.meta else { continue };
-                if !m.is_dir() || m.dev() != root_dev {
-                    continue;
-                }
-                comps.truncate(rel.len());
-                comps.push(e.name.as_bytes().to_vec());
-                entry_path(&mut rel_path, e.name.as_bytes());
-                if part.leaves_out(&comps[prefix.len()..])
-                    || excluder.excludes(&rel_path, e.name.as_bytes(), true)
-                {
-                    continue;
-                }
-                next_id += 1;
-                ids[i] = next_id;
-                ahead.submit(next_id, dir.join(&e.name));
-            }
-            for (i, Listed { name, meta, xattrs }) in entries.into_iter().enumerate() {
+            for Listed { name, meta, xattrs } in entries {
                 let abs = dir.join(&name);
                 comps.truncate(rel.len());
                 comps.push(name.as_bytes().to_vec());
                 if part.leaves_out(&comps[prefix.len()..]) {
                     continue;
                 }
-                entry_path(&mut rel_path, name.as_bytes());
+                rel_path.clear();
+                if !dir_path.is_empty() {
+                    rel_path.extend_from_slice(&dir_path);
+                    rel_path.push(b'/');
+                }
+                rel_path.extend_from_slice(name.as_bytes());
                 let comps = comps.as_slice();
                 // lstat relative to the directory read (no walk of the whole path).
                 let meta = meta.map_err(Error::io("stat", &abs))?;
@@ -515,14 +491,9 @@ impl Walk {
                             xattrs,
                         },
                     )?;
-                    let id = match ids[i] {
-                        0 => {
-                            next_id += 1;
-                            next_id
-                        }
-                        id => id,
-                    };
-                    stack.push((id, abs, comps.to_vec()));
+                    next_id += 1;
+                    ahead.submit(next_id, abs.clone());
+                    stack.push((next_id, abs, comps.to_vec()));
                 } else if ft.is_file() {
                     if part == (Part::Tree { linked: true })
                         && comps.len() > 1
