@@ -23,7 +23,7 @@ use crate::codec;
 use crate::error::{Error, Result};
 use crate::id::ChunkId;
 use crate::index::{self, Location, ObjectKind};
-use crate::pack::{Codec, PACK_MAGIC, PackHold, PackId, RECORD_HEADER_BYTES};
+use crate::pack::{Codec, GROUP_KIND, PACK_MAGIC, PackHold, PackId, RECORD_HEADER_BYTES};
 use crate::store::{Store, committed_packs};
 use crate::writer::{Holds, Pending, Row};
 
@@ -141,16 +141,58 @@ impl Store {
             let stored_len = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes"));
             let raw_len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
             let id: [u8; 32] = h[12..44].try_into().expect("32 bytes");
-            let (Some(kind), Some(codec)) = (ObjectKind::from_u8(h[0]), Codec::from_u8(h[1]))
-            else {
+            let group = h[0] == GROUP_KIND;
+            let kind = match group {
+                true => Some(ObjectKind::Chunk),
+                false => ObjectKind::from_u8(h[0]),
+            };
+            let (Some(kind), Some(codec)) = (kind, Codec::from_u8(h[1])) else {
                 break;
             };
             let offset = at + RECORD_HEADER_BYTES;
-            if offset + u64::from(stored_len) > len || raw_len as usize > codec::MAX_OBJECT_BYTES {
+            if offset + u64::from(stored_len) > len
+                || raw_len as usize > codec::MAX_OBJECT_BYTES
+                || codec == Codec::Part
+            {
                 break;
             }
             at = offset + u64::from(stored_len);
             end = at;
+            if group {
+                let mut stored = vec![0u8; stored_len as usize];
+                if self.backend.read_at(pack, offset, &mut stored).is_err() {
+                    break;
+                }
+                let raw = crate::group::decompress(&stored, &hex::encode(id))
+                    .ok()
+                    .filter(|raw| blake3::hash(raw).as_bytes() == &id);
+                let Some(raw) = raw else {
+                    end = offset - RECORD_HEADER_BYTES;
+                    break;
+                };
+                let before = rows.len();
+                for (part, n) in crate::group::members(&raw).unwrap_or_default() {
+                    let bytes = &raw[part as usize..(part + n) as usize];
+                    let id = *ChunkId::of(bytes).as_bytes();
+                    if !seen.insert(id) || index::contains(&conn, &id)? {
+                        continue;
+                    }
+                    let loc = Location {
+                        kind,
+                        pack: pack.clone(),
+                        offset,
+                        stored_len,
+                        raw_len: n,
+                        codec: Codec::Part,
+                        part,
+                    };
+                    rows.push(Row { id, loc });
+                }
+                if rows.len() > before {
+                    bytes += u64::from(stored_len);
+                }
+                continue;
+            }
             if kind != ObjectKind::Chunk || !seen.insert(id) || index::contains(&conn, &id)? {
                 continue;
             }
@@ -173,6 +215,7 @@ impl Store {
                 stored_len,
                 raw_len,
                 codec,
+                part: 0,
             };
             rows.push(Row { id, loc });
         }
@@ -184,11 +227,13 @@ impl Store {
             .sync_dir()
             .map_err(Error::io("sync pack directory", self.layout.packs()))?;
         let n = rows.len() as u64;
-        let bytes = rows
-            .iter()
-            .map(|r| u64::from(r.loc.stored_len))
-            .sum::<u64>()
-            .min(bytes);
+        let bytes = bytes.min(
+            Pending {
+                rows: rows.clone(),
+                ..Default::default()
+            }
+            .stored_bytes(),
+        );
         self.commit(
             Pending {
                 packs: vec![(pack.clone(), end)],

@@ -115,7 +115,8 @@ impl Store {
         let (by_kind, packs) = self.with_reader(|c| {
             let mut stmt = c
                 .prepare(
-                    "SELECT kind, COUNT(*), COALESCE(SUM(raw_len), 0), COALESCE(SUM(stored_len), 0)
+                    "SELECT kind, COUNT(*), COALESCE(SUM(raw_len), 0),
+                     COALESCE(SUM(CASE WHEN codec = 2 THEN 0 ELSE stored_len END), 0)
                      FROM objects GROUP BY kind",
                 )
                 .map_err(Error::db("count objects"))?;
@@ -131,6 +132,22 @@ impl Store {
                 .map_err(Error::db("count objects"))?
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .map_err(Error::db("count objects"))?;
+            // Group members share their group's stored bytes: counted once per group.
+            let grouped: i64 = c
+                .query_row(
+                    "SELECT COALESCE(SUM(stored_len), 0) FROM
+                     (SELECT DISTINCT pack, offset, stored_len FROM objects WHERE codec = 2)",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(Error::db("count objects"))?;
+            let rows = rows
+                .into_iter()
+                .map(|(k, n, raw, stored)| match ObjectKind::from_u8(k) {
+                    Some(ObjectKind::Chunk) => (k, n, raw, stored + grouped),
+                    _ => (k, n, raw, stored),
+                })
+                .collect::<Vec<_>>();
             Ok((rows, crate::store::committed_packs(c)?))
         })?;
         let mut s = Stats {

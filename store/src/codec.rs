@@ -38,6 +38,14 @@ thread_local! {
 pub fn decompress(codec: Codec, stored: Vec<u8>, raw_len: usize, what: &str) -> Result<Vec<u8>> {
     let out = match codec {
         Codec::Raw => stored,
+        // Its bytes are a whole group's: read through `crate::group`.
+        Codec::Part => {
+            return Err(Error::corrupt(
+                "object",
+                what,
+                "a group member's bytes were read as a whole object",
+            ));
+        }
         Codec::Zstd => DECOMPRESSOR
             .with(|d| match &mut *d.borrow_mut() {
                 Some(d) => d.decompress(&stored, raw_len),

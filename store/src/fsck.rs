@@ -68,7 +68,7 @@ impl Store {
         let (rows, packs) = self.with_reader(|c| {
             let mut stmt = c
                 .prepare(
-                    "SELECT id, kind, pack, offset, stored_len, raw_len, codec FROM objects
+                    "SELECT id, kind, pack, offset, stored_len, raw_len, codec, part FROM objects
                      ORDER BY pack, offset",
                 )
                 .map_err(Error::db("list objects"))?;
@@ -82,6 +82,7 @@ impl Store {
                         r.get::<_, u32>(4)?,
                         r.get::<_, u32>(5)?,
                         r.get::<_, u8>(6)?,
+                        r.get::<_, u32>(7)?,
                     ))
                 })
                 .map_err(Error::db("list objects"))?
@@ -119,7 +120,7 @@ impl Store {
         let mut trees: Vec<(TreeId, Tree)> = Vec::new();
         let mut manifests: Vec<(ContentId, Manifest)> = Vec::new();
         let mut snapshots: Vec<(SnapshotId, Snapshot)> = Vec::new();
-        for (id, kind, pack, offset, stored_len, raw_len, codec) in rows {
+        for (id, kind, pack, offset, stored_len, raw_len, codec, part) in rows {
             let Ok(id) = <[u8; 32]>::try_from(id.as_slice()) else {
                 report
                     .corrupt
@@ -145,6 +146,7 @@ impl Store {
                 stored_len,
                 raw_len,
                 codec,
+                part,
             };
             report.objects_checked += 1;
             report.bytes_checked += u64::from(raw_len);

@@ -14,7 +14,11 @@ use crate::error::{Error, Result};
 use crate::pack::{Codec, PackId};
 
 /// The on-disk format version this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
+/// The earlier version this build opens, upgrading it in place (format 2 added group
+/// records and the `objects.part` column; a format-1 store is a valid format-2 store
+/// once the column is there).
+pub const UPGRADABLE_FORMAT_VERSION: u32 = 1;
 /// How long a connection waits for another writer before giving up.
 pub const DB_BUSY_TIMEOUT_MS: u64 = 30_000;
 
@@ -57,6 +61,8 @@ pub struct Location {
     pub stored_len: u32,
     pub raw_len: u32,
     pub codec: Codec,
+    /// For [`Codec::Part`]: where the object starts in its group's raw bytes; 0 otherwise.
+    pub part: u32,
 }
 
 const SCHEMA: &str = "
@@ -73,7 +79,8 @@ CREATE TABLE IF NOT EXISTS objects (
     offset INTEGER NOT NULL,
     stored_len INTEGER NOT NULL,
     raw_len INTEGER NOT NULL,
-    codec INTEGER NOT NULL
+    codec INTEGER NOT NULL,
+    part INTEGER NOT NULL DEFAULT 0
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS objects_by_pack ON objects (pack);
 CREATE INDEX IF NOT EXISTS objects_by_kind ON objects (kind);
@@ -241,12 +248,46 @@ pub fn open(path: &Path) -> Result<Connection> {
             crate::statcache::add_xattrs_column(&conn)?;
             Ok(conn)
         }
+        Some(v) if v == UPGRADABLE_FORMAT_VERSION.to_string() => {
+            conn.execute_batch(ADDED_SCHEMA)
+                .map_err(Error::db("add tables to the schema"))?;
+            crate::statcache::add_xattrs_column(&conn)?;
+            upgrade_to_groups(&conn)?;
+            Ok(conn)
+        }
         found => Err(Error::FormatVersion {
             path: path.to_path_buf(),
             found: found.unwrap_or_else(|| "none".into()),
             supported: FORMAT_VERSION,
         }),
     }
+}
+
+/// Upgrades a format-1 index to format 2: the `part` column, then the version, in one
+/// immediate transaction (two programs opening the store at once: the second finds the
+/// column there and only rewrites the version). A program of format 1 refuses the store
+/// from then on, as it must: it could not read group records.
+fn upgrade_to_groups(conn: &Connection) -> Result<()> {
+    let step = "upgrade the index to format 2";
+    let tx = rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)
+        .map_err(Error::db(step))?;
+    let has: bool = tx
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('objects') WHERE name = 'part')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(Error::db(step))?;
+    if !has {
+        tx.execute_batch("ALTER TABLE objects ADD COLUMN part INTEGER NOT NULL DEFAULT 0")
+            .map_err(Error::db(step))?;
+    }
+    tx.execute(
+        "UPDATE meta SET value = ?1 WHERE key = 'format_version'",
+        params![FORMAT_VERSION.to_string()],
+    )
+    .map_err(Error::db(step))?;
+    tx.commit().map_err(Error::db(step))
 }
 
 /// Page cache of a reader connection, in KiB.
@@ -272,7 +313,7 @@ pub fn open_reader(path: &Path) -> Result<Connection> {
 pub fn locate(conn: &Connection, id: &[u8; 32]) -> Result<Option<Location>> {
     let mut stmt = conn
         .prepare_cached(
-            "SELECT kind, pack, offset, stored_len, raw_len, codec FROM objects WHERE id = ?1",
+            "SELECT kind, pack, offset, stored_len, raw_len, codec, part FROM objects WHERE id = ?1",
         )
         .map_err(Error::db("prepare object lookup"))?;
     let row = stmt
@@ -284,11 +325,12 @@ pub fn locate(conn: &Connection, id: &[u8; 32]) -> Result<Option<Location>> {
                 r.get::<_, u32>(3)?,
                 r.get::<_, u32>(4)?,
                 r.get::<_, u8>(5)?,
+                r.get::<_, u32>(6)?,
             ))
         })
         .optional()
         .map_err(Error::db("look up object"))?;
-    let Some((kind, pack, offset, stored_len, raw_len, codec)) = row else {
+    let Some((kind, pack, offset, stored_len, raw_len, codec, part)) = row else {
         return Ok(None);
     };
     let hexid = hex::encode(id);
@@ -305,6 +347,7 @@ pub fn locate(conn: &Connection, id: &[u8; 32]) -> Result<Option<Location>> {
         stored_len,
         raw_len,
         codec,
+        part,
     }))
 }
 

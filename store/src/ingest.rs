@@ -41,6 +41,7 @@ use crate::codec::{
     self, CDC_AVG_BYTES, CDC_MAX_BYTES, CDC_MIN_BYTES, Manifest, SINGLE_CHUNK_MAX_BYTES,
 };
 use crate::error::{Error, Result};
+use crate::group::Grouper;
 use crate::id::{ChunkId, ContentId};
 use crate::index::{self, ObjectKind};
 use crate::store::Store;
@@ -122,6 +123,8 @@ struct Ctx {
     /// Lookups made in the open read transaction (0: none open).
     lookups: usize,
     compressor: zstd::bulk::Compressor<'static>,
+    /// Small chunks waiting to be compressed together.
+    group: Grouper,
     claimed: Claimed,
     suspects: Suspects,
     /// Where chunks of large files are offered to the other workers.
@@ -208,6 +211,7 @@ impl Ctx {
             conn,
             lookups: 0,
             compressor,
+            group: Grouper::default(),
             claimed,
             suspects,
             offload,
@@ -277,16 +281,35 @@ impl Ctx {
                 data.len()
             )));
         }
+        if Grouper::takes(kind, data.len()) {
+            if self.group.push(id, data) {
+                self.close_group()?;
+            }
+            return Ok(());
+        }
         let raw_len = data.len() as u32;
         let (codec, stored) = codec::compress(&mut self.compressor, data);
-        self.out_bytes += stored.len();
-        self.out.push(NewObject {
+        self.queue(NewObject {
             id,
             kind,
             codec,
             raw_len,
             stored,
-        });
+            members: Vec::new(),
+        })
+    }
+
+    /// Compresses the small chunks gathered so far and queues them for the writer.
+    fn close_group(&mut self) -> Result<()> {
+        for o in self.group.take(&mut self.compressor) {
+            self.queue(o)?;
+        }
+        Ok(())
+    }
+
+    fn queue(&mut self, o: NewObject) -> Result<()> {
+        self.out_bytes += o.stored.len();
+        self.out.push(o);
         if self.out_bytes >= WRITER_BATCH_BYTES {
             self.flush()?;
         }
@@ -487,6 +510,7 @@ impl Ctx {
             }
         }
         self.end_lookups()?;
+        self.close_group()?;
         self.flush()
     }
 }

@@ -32,6 +32,7 @@ pub mod error;
 pub mod export;
 pub mod fsck;
 pub mod gc;
+mod group;
 pub mod id;
 pub mod import;
 pub mod index;

@@ -7,6 +7,9 @@
 //! record  := u8:kind u8:codec u16:0 u32:stored_len u32:raw_len [32]:id stored_bytes
 //! ```
 //!
+//! A record of kind [`GROUP_KIND`] holds several small chunks compressed together (see
+//! [`crate::group`]); each of them has an index row of codec [`Codec::Part`].
+//!
 //! A pack only counts once a committed index transaction names it; a pack file that no
 //! transaction names (a crash before the commit) is an orphan that `gc` removes and
 //! `fsck` reports. Object locations in the index point at `stored_bytes`.
@@ -70,11 +73,18 @@ impl PackId {
     }
 }
 
+/// The record kind of a group: small chunks compressed together in one zstd frame
+/// ([`crate::group`]). No index row has this kind: each member's row is a chunk's.
+pub const GROUP_KIND: u8 = 5;
+
 /// How object bytes are stored in a pack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Codec {
     Raw = 0,
     Zstd = 1,
+    /// A member of a group record (index rows only): `offset` and `stored_len` are the
+    /// group's, the member is `raw_len` bytes at `part` in the group's raw bytes.
+    Part = 2,
 }
 
 impl Codec {
@@ -82,6 +92,7 @@ impl Codec {
         match b {
             0 => Some(Codec::Raw),
             1 => Some(Codec::Zstd),
+            2 => Some(Codec::Part),
             _ => None,
         }
     }

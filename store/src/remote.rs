@@ -185,7 +185,11 @@ impl SnapshotIndex {
                 })
             })()
             .ok_or_else(|| bad("a chunk entry is cut short or has an unknown codec"))?;
-            if c.pack as usize >= packs.len() || c.raw_len as usize > codec::MAX_OBJECT_BYTES {
+            // A remote holds every chunk on its own (a push unpacks groups).
+            if c.pack as usize >= packs.len()
+                || c.raw_len as usize > codec::MAX_OBJECT_BYTES
+                || c.codec == Codec::Part
+            {
                 return Err(bad("a chunk entry is out of range"));
             }
             chunks.push(c);
@@ -595,11 +599,27 @@ impl Store {
         Ok(out)
     }
 
-    /// An object's location here and its stored (compressed) bytes, as in its pack.
+    /// An object's location here and its stored (compressed) bytes, as in its pack. A
+    /// member of a group is given on its own (compressed again, its location saying so):
+    /// a remote holds every chunk on its own, so a lazy read fetches only its own bytes.
     pub fn stored_object(&self, id: &[u8; 32]) -> Result<Option<(Location, Vec<u8>)>> {
         let Some(loc) = self.locate(id)? else {
             return Ok(None);
         };
+        if loc.codec == Codec::Part {
+            let raw = self.read_located(id, &loc)?;
+            verify(loc.kind, id, &raw)?;
+            let mut c = zstd::bulk::Compressor::new(self.config.zstd_level)
+                .map_err(Error::io("start zstd", "a group member"))?;
+            let (codec, stored) = codec::compress(&mut c, raw);
+            let loc = Location {
+                stored_len: stored.len() as u32,
+                codec,
+                part: 0,
+                ..loc
+            };
+            return Ok(Some((loc, stored)));
+        }
         let mut stored = vec![0u8; loc.stored_len as usize];
         self.backend
             .read_at(&loc.pack, loc.offset, &mut stored)
@@ -725,6 +745,7 @@ impl Store {
                 codec,
                 raw_len,
                 stored,
+                members: Vec::new(),
             })?;
         }
         if !snapshot_seen {
@@ -1051,6 +1072,7 @@ impl Store {
                         codec: loc.codec,
                         raw_len: loc.raw_len,
                         stored,
+                        members: Vec::new(),
                     })?;
                 }
             }

@@ -23,10 +23,11 @@ use serde::Serialize;
 use crate::codec::Manifest;
 use crate::error::{Error, Result};
 use crate::gc::PackGone;
+use crate::group::Grouper;
 use crate::id::ContentId;
 use crate::index::ObjectKind;
 use crate::lock::StoreLock;
-use crate::pack::PackId;
+use crate::pack::{Codec, PackId};
 use crate::snapshot::now_secs;
 use crate::store::{Store, committed_packs, verify};
 use crate::writer::{NewObject, PackWriter, Pending};
@@ -173,44 +174,83 @@ impl Store {
         Ok(report)
     }
 
-    /// Every indexed object: (id, pack, stored bytes).
+    /// Every indexed object: (id, pack, stored bytes). A group's stored bytes are shared
+    /// out among its members, so what a pack's live rows add up to is what stays live.
     pub(crate) fn pack_rows(&self) -> Result<Vec<([u8; 32], PackId, u64)>> {
-        self.with_reader(|c| {
+        let rows = self.with_reader(|c| {
             let mut stmt = c
-                .prepare("SELECT id, pack, stored_len FROM objects")
+                .prepare("SELECT id, pack, offset, stored_len, codec FROM objects")
                 .map_err(Error::db("list objects"))?;
-            let rows = stmt
-                .query_map([], |r| {
-                    Ok((
-                        r.get::<_, Vec<u8>>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, i64>(2)?,
-                    ))
-                })
-                .map_err(Error::db("list objects"))?
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(Error::db("list objects"))?;
-            Ok(rows
-                .into_iter()
-                .filter_map(|(id, p, n)| {
-                    Some((
-                        <[u8; 32]>::try_from(id.as_slice()).ok()?,
-                        PackId::parse(&p)?,
-                        n as u64,
-                    ))
-                })
-                .collect())
-        })
+            stmt.query_map([], |r| {
+                Ok((
+                    r.get::<_, Vec<u8>>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, u8>(4)?,
+                ))
+            })
+            .map_err(Error::db("list objects"))?
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(Error::db("list objects"))
+        })?;
+        let part = Codec::Part as u8;
+        let mut members: HashMap<(&str, i64), u64> = HashMap::new();
+        for (_, p, off, _, codec) in &rows {
+            if *codec == part {
+                *members.entry((p.as_str(), *off)).or_default() += 1;
+            }
+        }
+        Ok(rows
+            .iter()
+            .filter_map(|(id, p, off, n, codec)| {
+                let n = *n as u64;
+                let share = match *codec == part {
+                    true => {
+                        n / members
+                            .get(&(p.as_str(), *off))
+                            .copied()
+                            .unwrap_or(1)
+                            .max(1)
+                    }
+                    false => n,
+                };
+                Some((
+                    <[u8; 32]>::try_from(id.as_slice()).ok()?,
+                    PackId::parse(p)?,
+                    share,
+                ))
+            })
+            .collect())
     }
 
     /// Copies objects, verified, into new synced packs (not yet recorded).
+    /// Members of groups are grouped again, with the other live members copied.
     pub(crate) fn copy_objects(&self, ids: impl Iterator<Item = [u8; 32]>) -> Result<Copied> {
         let mut writer = PackWriter::new(self.backend.clone());
         let mut damaged = HashSet::new();
+        let mut group = Grouper::default();
+        let mut compressor = None;
         for id in ids {
             let loc = self
                 .locate(&id)?
                 .ok_or_else(|| Error::not_found("object", hex::encode(id)))?;
+            if loc.codec == Codec::Part {
+                let raw = self
+                    .read_located(&id, &loc)
+                    .and_then(|raw| verify(loc.kind, &id, &raw).map(|()| raw));
+                let Ok(raw) = raw else {
+                    damaged.insert(loc.pack.clone());
+                    continue;
+                };
+                if group.push(id, raw)
+                    && let Err(e) = self.add_group(&mut writer, &mut group, &mut compressor)
+                {
+                    writer.abort();
+                    return Err(e);
+                }
+                continue;
+            }
             let mut stored = vec![0u8; loc.stored_len as usize];
             let sound = self
                 .backend
@@ -239,16 +279,40 @@ impl Store {
                 codec: loc.codec,
                 raw_len: loc.raw_len,
                 stored,
+                members: Vec::new(),
             };
             if let Err(e) = writer.add(obj) {
                 writer.abort();
                 return Err(e);
             }
         }
+        if let Err(e) = self.add_group(&mut writer, &mut group, &mut compressor) {
+            writer.abort();
+            return Err(e);
+        }
         Ok(Copied {
             pending: writer.finish()?,
             damaged,
         })
+    }
+
+    /// Compresses the gathered members (a compressor is made at the first group).
+    fn add_group(
+        &self,
+        writer: &mut PackWriter,
+        group: &mut Grouper,
+        compressor: &mut Option<zstd::bulk::Compressor<'static>>,
+    ) -> Result<()> {
+        if group.is_empty() {
+            return Ok(());
+        }
+        if compressor.is_none() {
+            let c = zstd::bulk::Compressor::new(self.config.zstd_level)
+                .map_err(Error::io("start zstd", "repack"))?;
+            *compressor = Some(c);
+        }
+        let c = compressor.as_mut().expect("made above");
+        group.take(c).into_iter().try_for_each(|o| writer.add(o))
     }
 
     /// Deletes pack files the index no longer names, then syncs their directory.
@@ -275,8 +339,16 @@ pub(crate) fn record_moves(tx: &Transaction<'_>, moved: &Pending) -> Result<()> 
     }
     for r in &moved.rows {
         tx.execute(
-            "UPDATE objects SET pack = ?2, offset = ?3 WHERE id = ?1",
-            params![&r.id[..], r.loc.pack.as_str(), r.loc.offset as i64],
+            "UPDATE objects SET pack = ?2, offset = ?3, stored_len = ?4, codec = ?5, part = ?6
+             WHERE id = ?1",
+            params![
+                &r.id[..],
+                r.loc.pack.as_str(),
+                r.loc.offset as i64,
+                r.loc.stored_len,
+                r.loc.codec as u8,
+                r.loc.part
+            ],
         )
         .map_err(Error::db("move object"))?;
     }

@@ -330,7 +330,7 @@ pub(crate) fn replace_suspects(tx: &Transaction<'_>, rows: &[Row]) -> Result<u64
     for r in rows.iter().filter(|r| suspects.contains(&r.id)) {
         tx.execute(
             "UPDATE objects SET kind = ?2, pack = ?3, offset = ?4, stored_len = ?5,
-             raw_len = ?6, codec = ?7 WHERE id = ?1",
+             raw_len = ?6, codec = ?7, part = ?8 WHERE id = ?1",
             params![
                 &r.id[..],
                 r.loc.kind as u8,
@@ -338,7 +338,8 @@ pub(crate) fn replace_suspects(tx: &Transaction<'_>, rows: &[Row]) -> Result<u64
                 r.loc.offset as i64,
                 r.loc.stored_len,
                 r.loc.raw_len,
-                r.loc.codec as u8
+                r.loc.codec as u8,
+                r.loc.part
             ],
         )
         .map_err(Error::db("rewrite suspect object"))?;

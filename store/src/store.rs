@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::id::{ChunkId, ContentId, SnapshotId, TreeId};
 use crate::index::{self, Location, ObjectKind};
 use crate::layout::Layout;
-use crate::pack::{self, LocalPacks, PackBackend, PackId};
+use crate::pack::{self, Codec, LocalPacks, PackBackend, PackId};
 use crate::snapshot::Snapshot;
 use crate::tree::Tree;
 use crate::writer::Pending;
@@ -212,6 +212,23 @@ impl Store {
 
     /// Reads and decompresses an object's bytes from its pack, unverified.
     pub(crate) fn read_located(&self, id: &[u8; 32], loc: &Location) -> Result<Vec<u8>> {
+        if loc.codec == Codec::Part {
+            let hexid = hex::encode(id);
+            return crate::group::read_part(
+                &loc.pack,
+                loc.offset,
+                loc.part,
+                loc.raw_len,
+                &hexid,
+                || self.read_stored(id, loc),
+            );
+        }
+        let stored = self.read_stored(id, loc)?;
+        codec::decompress(loc.codec, stored, loc.raw_len as usize, &hex::encode(id))
+    }
+
+    /// The stored bytes `loc` names (a group member's: its group's).
+    pub(crate) fn read_stored(&self, id: &[u8; 32], loc: &Location) -> Result<Vec<u8>> {
         let hexid = hex::encode(id);
         let mut stored = vec![0u8; loc.stored_len as usize];
         self.backend
@@ -231,7 +248,7 @@ impl Store {
                     }
                 }
             })?;
-        codec::decompress(loc.codec, stored, loc.raw_len as usize, &hexid)
+        Ok(stored)
     }
 
     /// Reads an object where `loc` (just looked up) says it is. When its pack is gone, a
@@ -366,8 +383,8 @@ impl Store {
             }
             insert_many(
                 &tx,
-                "INSERT OR IGNORE INTO objects (id, kind, pack, offset, stored_len, raw_len, codec)",
-                7,
+                "INSERT OR IGNORE INTO objects (id, kind, pack, offset, stored_len, raw_len, codec, part)",
+                8,
                 &pending.rows,
                 |st, i, r| {
                     st.raw_bind_parameter(i, &r.id[..])?;
@@ -376,7 +393,8 @@ impl Store {
                     st.raw_bind_parameter(i + 3, r.loc.offset as i64)?;
                     st.raw_bind_parameter(i + 4, r.loc.stored_len)?;
                     st.raw_bind_parameter(i + 5, r.loc.raw_len)?;
-                    st.raw_bind_parameter(i + 6, r.loc.codec as u8)
+                    st.raw_bind_parameter(i + 6, r.loc.codec as u8)?;
+                    st.raw_bind_parameter(i + 7, r.loc.part)
                 },
             )
             .map_err(Error::db("record objects"))?;

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::index::{Location, ObjectKind};
 use crate::pack::{
-    Codec, MAX_PACK_BYTES, PACK_MAGIC, PackBackend, PackHold, PackId, PackSink, record_header,
+    Codec, GROUP_KIND, MAX_PACK_BYTES, PACK_MAGIC, PackBackend, PackHold, PackId, PackSink,
+    record_header,
 };
 
 /// An object written in this session, to be recorded in the index.
@@ -44,19 +45,38 @@ impl std::fmt::Debug for Holds {
 }
 
 impl Pending {
-    /// Bytes stored (compressed) by this session.
+    /// Bytes stored (compressed) by this session (a group's once).
     pub fn stored_bytes(&self) -> u64 {
-        self.rows.iter().map(|r| u64::from(r.loc.stored_len)).sum()
+        let mut last = None;
+        let mut n = 0;
+        for r in &self.rows {
+            let at = (&r.loc.pack, r.loc.offset);
+            if r.loc.codec != Codec::Part || last != Some(at) {
+                n += u64::from(r.loc.stored_len);
+            }
+            last = Some(at);
+        }
+        n
     }
 }
 
-/// An object on its way into a pack.
+/// An object on its way into a pack: one object, or a group ([`crate::group`]) when it
+/// has members (then `id` is the group's, `kind` its members', `raw_len` the group's).
 pub(crate) struct NewObject {
     pub id: [u8; 32],
     pub kind: ObjectKind,
     pub codec: Codec,
     pub raw_len: u32,
     pub stored: Vec<u8>,
+    pub members: Vec<Member>,
+}
+
+/// A chunk in a group: its id, length and offset in the group's raw bytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Member {
+    pub id: [u8; 32],
+    pub len: u32,
+    pub part: u32,
 }
 
 struct OpenPack {
@@ -87,9 +107,19 @@ impl PackWriter {
         Error::io(step, self.backend.location(pack))
     }
 
-    /// Appends one object (a repeat within the session is dropped).
+    /// Appends one object or group (a repeat within the session is dropped; a group
+    /// whose members were all written already is too).
     pub fn add(&mut self, obj: NewObject) -> Result<()> {
-        if !self.seen.insert(obj.id) {
+        let members: Vec<Member> = obj
+            .members
+            .iter()
+            .filter(|m| self.seen.insert(m.id))
+            .copied()
+            .collect();
+        if obj.members.is_empty() && !self.seen.insert(obj.id) {
+            return Ok(());
+        }
+        if !obj.members.is_empty() && members.is_empty() {
             return Ok(());
         }
         if self
@@ -115,7 +145,11 @@ impl PackWriter {
         }
         let stored_len = u32::try_from(obj.stored.len())
             .map_err(|_| Error::Invalid("object larger than 4 GiB".into()))?;
-        let header = record_header(obj.kind as u8, obj.codec, stored_len, obj.raw_len, &obj.id);
+        let kind = match obj.members.is_empty() {
+            true => obj.kind as u8,
+            false => GROUP_KIND,
+        };
+        let header = record_header(kind, obj.codec, stored_len, obj.raw_len, &obj.id);
         let location = {
             let p = self.current.as_ref().expect("a pack is open");
             self.backend.location(&p.id)
@@ -130,15 +164,30 @@ impl PackWriter {
         p.sink.write_all(&obj.stored).map_err(io)?;
         let offset = p.len + header.len() as u64;
         p.len = offset + u64::from(stored_len);
-        let loc = Location {
-            kind: obj.kind,
-            pack: p.id.clone(),
-            offset,
-            stored_len,
-            raw_len: obj.raw_len,
-            codec: obj.codec,
-        };
-        self.pending.rows.push(Row { id: obj.id, loc });
+        if obj.members.is_empty() {
+            let loc = Location {
+                kind: obj.kind,
+                pack: p.id.clone(),
+                offset,
+                stored_len,
+                raw_len: obj.raw_len,
+                codec: obj.codec,
+                part: 0,
+            };
+            self.pending.rows.push(Row { id: obj.id, loc });
+        }
+        for m in members {
+            let loc = Location {
+                kind: obj.kind,
+                pack: p.id.clone(),
+                offset,
+                stored_len,
+                raw_len: m.len,
+                codec: Codec::Part,
+                part: m.part,
+            };
+            self.pending.rows.push(Row { id: m.id, loc });
+        }
         Ok(())
     }
 

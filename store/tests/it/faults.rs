@@ -106,7 +106,7 @@ fn failed_pack_writes_leave_the_store_unchanged() {
     let first = good.import_dir(&a, &opts).unwrap();
 
     // Fail at many points of the second import's pack writes, then once at fsync.
-    let budgets = [0u64, 10, 100, 5_000, 50_000, 120_000];
+    let budgets = [0u64, 10, 100, 5_000, 50_000, 100_000];
     for (i, budget) in budgets.iter().map(|b| Some(*b)).chain([None]).enumerate() {
         let faulty = Arc::new(Faulty {
             inner: LocalPacks::new(root.join("store/packs")),

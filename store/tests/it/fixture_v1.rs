@@ -47,6 +47,15 @@ fn a_store_of_the_first_release_reads_back_as_it_was_written() {
     unpack(tmp.path());
     let root = tmp.path().join("root");
     let store = Store::open(&root, StoreConfig::default()).unwrap();
+    let version: String = rusqlite::Connection::open(root.join("store/index.db"))
+        .unwrap()
+        .query_row(
+            "SELECT value FROM meta WHERE key = 'format_version'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(version, "2", "opening upgrades the store to format 2");
     let report = store.fsck().unwrap();
     assert!(
         report.is_clean() && report.orphan_packs.is_empty(),
@@ -103,5 +112,33 @@ fn a_store_of_the_first_release_reads_back_as_it_was_written() {
     assert_eq!(
         fs::read_to_string(second.join("sub/new.txt")).unwrap(),
         "new in the second\n"
+    );
+
+    // The upgraded store takes groups beside its format-1 records.
+    let more = tmp.path().join("more");
+    fs::create_dir(&more).unwrap();
+    for i in 0..50 {
+        fs::write(
+            more.join(format!("{i}.txt")),
+            format!("{i}\n").repeat(i + 1),
+        )
+        .unwrap();
+    }
+    let r = store
+        .import_dir(&more, &cowspace_store::ImportOptions::new())
+        .unwrap();
+    assert!(store.fsck().unwrap().is_clean());
+    let out = tmp.path().join("more-out");
+    store.export_dir(&r.snapshot, &out).unwrap();
+    assert_eq!(common::listing(&more), common::listing(&out));
+    drop(store);
+    // Opened again, as format 2 now, it reads the same.
+    let again = Store::open(&root, StoreConfig::default()).unwrap();
+    again
+        .export_dir(&snaps[0].1, &tmp.path().join("first-again"))
+        .unwrap();
+    assert_eq!(
+        common::listing(&tmp.path().join("first")),
+        common::listing(&tmp.path().join("first-again"))
     );
 }

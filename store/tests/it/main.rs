@@ -9,6 +9,7 @@ mod edit;
 mod faults;
 mod fixture_v1;
 mod gc;
+mod groups;
 mod import_git;
 mod import_tar;
 mod laws;
