@@ -9,16 +9,17 @@
 //! raw := u32:count (u32:len)*count member_bytes*
 //! ```
 //!
-//! Each member is a chunk of at most [`GROUP_MEMBER_MAX_BYTES`]; a group is closed once
-//! its members reach [`GROUP_BYTES`], so reading a small file decompresses at most about
-//! 96 KiB. A member's index row points at the group's record (`offset`, `stored_len`),
+//! Two kinds of group are written: small chunks (each at most [`GROUP_MEMBER_MAX_BYTES`],
+//! from any files a worker reads) until they reach [`GROUP_BYTES`], so reading a small
+//! file decompresses at most about 96 KiB; and runs of the new chunks of one large file,
+//! up to [`RUN_BYTES`] (reading in such a file decompresses at most about 1.25 MiB). A member's index row points at the group's record (`offset`, `stored_len`),
 //! with codec [`Codec::Part`] and `part`, the member's offset in the raw bytes. Member ids
 //! are not in the record: a chunk's id is the hash of its bytes, so adoption and checks
 //! compute them.
 //!
-//! Reads keep the last group decompressed on each thread ([`read_part`]): the members of
-//! a group are usually read one after another (a directory's files, a workspace's
-//! checkout, `fsck` in pack order), and decompress it once.
+//! Reads keep the last few groups decompressed on each thread ([`read_part`]): the
+//! members of a group are usually read close together (a directory's files, a
+//! workspace's checkout, `fsck` in pack order), and decompress it once.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -29,22 +30,43 @@ use crate::index::ObjectKind;
 use crate::pack::{Codec, PackId};
 use crate::writer::{Member, NewObject};
 
-/// Chunks up to this size are grouped.
+/// Chunks up to this size are grouped with other small chunks.
 pub const GROUP_MEMBER_MAX_BYTES: usize = 32 * 1024;
-/// A group is closed once its members hold this many bytes.
+/// A group of small chunks is closed once its members hold this many bytes.
 pub const GROUP_BYTES: usize = 64 * 1024;
+/// The new chunks of one large file are grouped in runs of this many bytes (its chunks
+/// are at most 256 KiB): a large file's chunks compressed one by one lose the context
+/// the file has across them (the Linux tree's files over 256 KiB: 35.3 MiB in 64 KiB
+/// pieces, 24.6 MiB in 1 MiB pieces).
+pub const RUN_BYTES: usize = 1024 * 1024;
 /// The largest raw group a reader accepts (members, table and slack), so a damaged
 /// frame header cannot make a reader allocate much.
-const MAX_GROUP_RAW_BYTES: usize = 1024 * 1024;
+const MAX_GROUP_RAW_BYTES: usize = 2 * 1024 * 1024;
 
 /// Chunks waiting to be compressed as one group, by one worker.
-#[derive(Default)]
 pub(crate) struct Grouper {
     members: Vec<([u8; 32], Vec<u8>)>,
     bytes: usize,
+    /// The group is full at this many bytes.
+    limit: usize,
+}
+
+impl Default for Grouper {
+    /// A grouper of small chunks.
+    fn default() -> Grouper {
+        Grouper::new(GROUP_BYTES)
+    }
 }
 
 impl Grouper {
+    pub fn new(limit: usize) -> Grouper {
+        Grouper {
+            members: Vec::new(),
+            bytes: 0,
+            limit,
+        }
+    }
+
     /// Whether an object of this kind and size goes into a group.
     pub fn takes(kind: ObjectKind, len: usize) -> bool {
         kind == ObjectKind::Chunk && len <= GROUP_MEMBER_MAX_BYTES
@@ -54,7 +76,22 @@ impl Grouper {
     pub fn push(&mut self, id: [u8; 32], data: Vec<u8>) -> bool {
         self.bytes += data.len();
         self.members.push((id, data));
-        self.bytes >= GROUP_BYTES
+        self.bytes >= self.limit
+    }
+
+    /// What was added, uncompressed (to be compressed elsewhere).
+    pub fn take_raw(&mut self) -> Vec<([u8; 32], Vec<u8>)> {
+        self.bytes = 0;
+        std::mem::take(&mut self.members)
+    }
+
+    /// A grouper holding these chunks (a run taken elsewhere), to compress them.
+    pub fn of(members: Vec<([u8; 32], Vec<u8>)>) -> Grouper {
+        Grouper {
+            bytes: members.iter().map(|(_, d)| d.len()).sum(),
+            members,
+            limit: usize::MAX,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -157,17 +194,19 @@ pub(crate) fn decompress(stored: &[u8], what: &str) -> Result<Vec<u8>> {
     Ok(raw)
 }
 
-/// The group last decompressed on this thread: (pack, offset of its stored bytes) and
-/// its raw bytes.
-type Cached = Option<((PackId, u64), Arc<Vec<u8>>)>;
+/// Groups decompressed last on this thread, newest first: (pack, offset of the stored
+/// bytes) and the raw bytes. A few, not one: readers on several threads take a
+/// snapshot's files in turns, and an import's workers interleave their groups.
+type Recent = std::collections::VecDeque<((PackId, u64), Arc<Vec<u8>>)>;
+const RECENT_GROUPS: usize = 4;
 
 thread_local! {
-    static LAST: RefCell<Cached> = const { RefCell::new(None) };
+    static RECENT: RefCell<Recent> = const { RefCell::new(Recent::new()) };
 }
 
-/// A group member's bytes: from this thread's last group when it is the same, otherwise
-/// from `stored()` (the group record's stored bytes), decompressed and kept. Unverified,
-/// like every `read_located`.
+/// A group member's bytes: from this thread's recent groups when its group is one of
+/// them, otherwise from `stored()` (the group record's stored bytes), decompressed and
+/// kept. Unverified, like every `read_located`.
 pub(crate) fn read_part(
     pack: &PackId,
     offset: u64,
@@ -176,15 +215,21 @@ pub(crate) fn read_part(
     what: &str,
     stored: impl FnOnce() -> Result<Vec<u8>>,
 ) -> Result<Vec<u8>> {
-    let hit = LAST.with(|l| match &*l.borrow() {
-        Some(((p, o), raw)) if p == pack && *o == offset => Some(raw.clone()),
-        _ => None,
+    let hit = RECENT.with(|r| {
+        r.borrow()
+            .iter()
+            .find(|((p, o), _)| p == pack && *o == offset)
+            .map(|(_, raw)| raw.clone())
     });
     let raw = match hit {
         Some(raw) => raw,
         None => {
             let raw = Arc::new(decompress(&stored()?, what)?);
-            LAST.with(|l| *l.borrow_mut() = Some(((pack.clone(), offset), raw.clone())));
+            RECENT.with(|r| {
+                let mut r = r.borrow_mut();
+                r.truncate(RECENT_GROUPS - 1);
+                r.push_front(((pack.clone(), offset), raw.clone()));
+            });
             raw
         }
     };

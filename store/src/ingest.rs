@@ -11,11 +11,13 @@
 //! Files go to the workers in batches (up to [`FILES_PER_BATCH`] files or
 //! [`BATCH_BYTES`]), so a small file costs no channel hand-off of its own. A worker reads
 //! a file, hashes it and, for a file larger than one chunk, cuts it with FastCDC and
-//! hashes every chunk; it then offers each new chunk to the shared *objects* queue, which
-//! every worker serves before taking more files, so the compression of one large file is
-//! spread over all cores. When that queue is full the worker compresses the chunk itself
-//! (never blocking on its own peers, so the queues cannot deadlock). Trees, snapshots and
-//! the chunks of streamed content go through the same queue from the caller.
+//! hashes every chunk; it then offers the new chunks, in runs of up to 1 MiB compressed
+//! as one group (`crate::group`), to the shared *objects* queue, which every worker
+//! serves before taking more files, so the compression of one large file is spread over
+//! all cores. When that queue is full the worker compresses the run itself (never
+//! blocking on its own peers, so the queues cannot deadlock). Small chunks are gathered
+//! per worker into groups of 64 KiB. Trees, snapshots and the chunks of streamed content
+//! go through the same queue from the caller.
 //!
 //! Every stage returns its `Result`; the first error wins and the session's packs are
 //! removed. An object already in the index, or already claimed in this session, is
@@ -41,7 +43,7 @@ use crate::codec::{
     self, CDC_AVG_BYTES, CDC_MAX_BYTES, CDC_MIN_BYTES, Manifest, SINGLE_CHUNK_MAX_BYTES,
 };
 use crate::error::{Error, Result};
-use crate::group::Grouper;
+use crate::group::{Grouper, RUN_BYTES};
 use crate::id::{ChunkId, ContentId};
 use crate::index::{self, ObjectKind};
 use crate::store::Store;
@@ -53,11 +55,11 @@ pub(crate) const FILES_PER_BATCH: usize = 32;
 pub(crate) const BATCH_BYTES: u64 = 4 * 1024 * 1024;
 /// File batches waiting for a worker, per worker (paths only: a few KiB each).
 const BATCHES_PER_WORKER: usize = 2;
-/// Object batches waiting for any worker to compress them, per worker. A batch is one
-/// chunk of a large file (at most `CDC_MAX_BYTES`, 256 KiB) or the caller's objects
-/// gathered up to [`CALLER_BATCH_BYTES`] (plus one object), so this holds about 4 MiB
-/// per worker.
-const OBJECTS_PER_WORKER: usize = 16;
+/// Object batches waiting for any worker to compress them, per worker. A batch is a run
+/// of a large file's chunks (up to [`RUN_BYTES`], 1 MiB, plus one chunk) or the caller's
+/// objects gathered up to [`CALLER_BATCH_BYTES`] (plus one object), so this holds at
+/// most about 10 MiB per worker.
+const OBJECTS_PER_WORKER: usize = 8;
 /// The caller's objects (trees, manifests, streamed chunks) go to the workers in
 /// batches of up to this many bytes...
 const CALLER_BATCH_BYTES: usize = 256 * 1024;
@@ -109,6 +111,9 @@ struct Obj {
     /// Already claimed by this session and known to be missing from the index: only
     /// compression is left to do.
     claimed: bool,
+    /// A run of claimed chunks of one large file, to compress as one group (then the
+    /// fields above are unused).
+    run: Vec<([u8; 32], Vec<u8>)>,
 }
 
 /// Objects claimed by this session (so two workers never both compress one chunk).
@@ -125,6 +130,8 @@ struct Ctx {
     compressor: zstd::bulk::Compressor<'static>,
     /// Small chunks waiting to be compressed together.
     group: Grouper,
+    /// The claimed chunks of the large file being read, not yet handed on.
+    run: Grouper,
     claimed: Claimed,
     suspects: Suspects,
     /// Where chunks of large files are offered to the other workers.
@@ -212,6 +219,7 @@ impl Ctx {
             lookups: 0,
             compressor,
             group: Grouper::default(),
+            run: Grouper::new(RUN_BYTES),
             claimed,
             suspects,
             offload,
@@ -324,29 +332,54 @@ impl Ctx {
     }
 
     fn handle(&mut self, o: Obj) -> Result<()> {
+        if !o.run.is_empty() {
+            return self.compress_run(o.run);
+        }
         match o.claimed {
             true => self.compress(o.kind, o.id, o.data),
             false => self.put(o.kind, o.id, o.data),
         }
     }
 
-    /// Stores a chunk of a multi-chunk file: hashed here, compressed by whichever worker
-    /// is free (here when none is).
+    /// Compresses a run of one large file's chunks as one group, if that pays.
+    fn compress_run(&mut self, run: Vec<([u8; 32], Vec<u8>)>) -> Result<()> {
+        for o in Grouper::of(run).take(&mut self.compressor) {
+            self.queue(o)?;
+        }
+        Ok(())
+    }
+
+    /// Stores a chunk of a multi-chunk file: hashed here; gathered with the file's next
+    /// new chunks into a run, which whichever worker is free compresses (here when none
+    /// is).
     fn put_chunk(&mut self, id: ChunkId, data: Vec<u8>) -> Result<()> {
         if !self.claim(id.as_bytes())? {
             return Ok(());
         }
+        if self.run.push(*id.as_bytes(), data) {
+            self.hand_on_run()?;
+        }
+        Ok(())
+    }
+
+    /// Offers the run gathered so far to the other workers.
+    fn hand_on_run(&mut self) -> Result<()> {
+        let run = self.run.take_raw();
+        if run.is_empty() {
+            return Ok(());
+        }
         let obj = Obj {
             kind: ObjectKind::Chunk,
-            id: *id.as_bytes(),
-            data,
+            id: [0; 32],
+            data: Vec::new(),
             claimed: true,
+            run,
         };
         match self.offload.try_send(vec![obj]) {
             Ok(()) => Ok(()),
-            Err(TrySendError::Full(v) | TrySendError::Disconnected(v)) => v
-                .into_iter()
-                .try_for_each(|o| self.compress(o.kind, o.id, o.data)),
+            Err(TrySendError::Full(v) | TrySendError::Disconnected(v)) => {
+                v.into_iter().try_for_each(|o| self.compress_run(o.run))
+            }
         }
     }
 
@@ -355,6 +388,7 @@ impl Ctx {
         let reader = io::Cursor::new(first).chain(r);
         let (id, manifest) =
             chunk_stream(reader, PathBuf::new(), |id, data| self.put_chunk(id, data))?;
+        self.hand_on_run()?;
         let size = manifest.size;
         if manifest.chunks.len() <= 1 {
             let id = match manifest.chunks.first() {
@@ -689,6 +723,7 @@ impl<'s> Ingest<'s> {
             id,
             data,
             claimed: false,
+            run: Vec::new(),
         });
         if self.objs.len() >= CALLER_BATCH_OBJECTS || self.objs_bytes >= CALLER_BATCH_BYTES {
             self.flush_objects()?;

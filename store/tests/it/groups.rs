@@ -164,3 +164,54 @@ fn a_damaged_group_names_the_members_it_spoils_and_a_reimport_repairs_them() {
     store.export_dir(&r.snapshot, &out).unwrap();
     assert_eq!(common::listing(&src), common::listing(&out));
 }
+
+/// Records of a pack: (kind, raw_len) each.
+fn records(pack: &Path) -> Vec<(u8, u32)> {
+    let bytes = fs::read(pack).unwrap();
+    let mut at = 8;
+    let mut out = Vec::new();
+    while at < bytes.len() {
+        let h = &bytes[at..at + 44];
+        let stored = u32::from_le_bytes(h[4..8].try_into().unwrap()) as usize;
+        out.push((h[0], u32::from_le_bytes(h[8..12].try_into().unwrap())));
+        at += 44 + stored;
+    }
+    out
+}
+
+#[test]
+fn a_large_file_is_compressed_in_runs_and_an_edit_adds_only_what_it_changed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    fs::create_dir(&src).unwrap();
+    // 4 MiB of text that varies (so FastCDC finds many cuts) and compresses.
+    let text: String = (0..120_000u32)
+        .map(|i| format!("#define REG_{i:06} 0x{:08x}\n", i.wrapping_mul(2654435761)))
+        .collect();
+    fs::write(src.join("regs.h"), &text).unwrap();
+    let root = tmp.path().join("root");
+    let store = Store::init(&root, StoreConfig::default()).unwrap();
+    let r = store.import_dir(&src, &ImportOptions::new()).unwrap();
+    let recs: Vec<(u8, u32)> = common::pack_files(&root)
+        .iter()
+        .flat_map(|p| records(p))
+        .collect();
+    assert!(
+        recs.iter().any(|(k, raw)| *k == 5 && *raw > 512 * 1024),
+        "the file's chunks went into runs: {recs:?}"
+    );
+    let out = tmp.path().join("out");
+    store.export_dir(&r.snapshot, &out).unwrap();
+    assert_eq!(fs::read(out.join("regs.h")).unwrap(), text.as_bytes());
+    assert!(store.fsck().unwrap().is_clean());
+
+    // One line changed in the middle: only the chunks around it are new.
+    let edited = text.replacen("#define REG_060000", "#define REG_EDITED", 1);
+    fs::write(src.join("regs.h"), &edited).unwrap();
+    let r2 = store.import_dir(&src, &ImportOptions::new()).unwrap();
+    assert!(r2.new_bytes_raw < 600 * 1024, "{r2:?}");
+    let out2 = tmp.path().join("out2");
+    store.export_dir(&r2.snapshot, &out2).unwrap();
+    assert_eq!(fs::read(out2.join("regs.h")).unwrap(), edited.as_bytes());
+    assert!(store.fsck().unwrap().is_clean());
+}
