@@ -275,6 +275,20 @@ fn files_of_every_size_around_the_inline_bound_read_back_exactly() {
         let bytes: Vec<u8> = (0..*size).map(|j| (j * 31 + i * 7) as u8).collect();
         fs::write(src.join(format!("f{i:03}-{size}")), bytes).unwrap();
     }
+    // Files near the bound with xattrs, which share the inode's block with the bytes.
+    for (i, (size, xattr)) in [
+        (bound, 100),
+        (bound - 100, 100),
+        (bound - 400, 390),
+        (512, 3000),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let p = src.join(format!("x{i}-{size}-{xattr}"));
+        fs::write(&p, vec![b'x'; size]).unwrap();
+        xattr::set(&p, "user.pad", &vec![b'v'; xattr]).unwrap();
+    }
     let snap = env.import(&src);
     let rt = Runtime::open(env.store.root()).unwrap();
     let ws = create(&rt, &snap.to_hex());
@@ -283,6 +297,11 @@ fn files_of_every_size_around_the_inline_bound_read_back_exactly() {
         assert_eq!(
             fs::read(ws.path.join(&name)).unwrap_or_else(|err| panic!("{name:?}: {err}")),
             fs::read(e.path()).unwrap(),
+            "{name:?}"
+        );
+        assert_eq!(
+            xattr::get(ws.path.join(&name), "user.pad").unwrap(),
+            xattr::get(e.path(), "user.pad").unwrap(),
             "{name:?}"
         );
     }
