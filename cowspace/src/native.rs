@@ -59,12 +59,11 @@ pub const LOWER_KIND: crate::materializer::LowerKind = crate::materializer::Lowe
 const IMAGE: &str = "image.erofs";
 /// Files up to this size, counting their xattrs' bytes, carry their bytes in the image
 /// itself: no blob file to write for them, and no redirect for the kernel to follow at
-/// their first open (48% of the Linux tree's files; bytes read from the image's page
-/// cache, one per snapshot). Below a block: the `composefs` 0.9.4 writer makes images
-/// the kernel refuses (`EUCLEAN`) for inline files of 4,096 bytes, while the inode, its
-/// xattrs and the bytes fit in one block up to here (tested around the bound, with
-/// xattrs: `fsd/tests/it/native.rs`).
-pub const INLINE_MAX: u64 = 3584;
+/// their first open (35% of the Linux tree's files; bytes read from the image's page
+/// cache, one per snapshot). 3.5 KiB (48% of the files) read no faster (1.19-1.21x
+/// overlayfs for both, `docs/BENCHMARKS.md`); the `composefs` 0.9.4 writer makes images
+/// the kernel refuses (`EUCLEAN`) for inline files of a whole 4 KiB block.
+pub const INLINE_MAX: u64 = 2048;
 const BLOBS: &str = "blobs";
 const META: &str = "meta";
 const MOUNT_LOCK: &str = "mount.lock";
