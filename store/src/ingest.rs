@@ -99,6 +99,9 @@ pub(crate) struct FileJob {
     /// The file is a git loose object: what is stored is the blob it holds, inflated
     /// here (see [`crate::import::gitloose`]).
     pub git_loose: bool,
+    /// Not a file: a git blob read from its repository's object database here (see
+    /// [`crate::import::gitpack`]); `path` names it in errors.
+    pub git_object: Option<crate::import::gitpack::Wanted>,
 }
 
 type FileResult = (usize, Result<(FileContent, Xattrs)>);
@@ -132,6 +135,8 @@ struct Ctx {
     group: Grouper,
     /// The claimed chunks of the large file being read, not yet handed on.
     run: Grouper,
+    /// This worker's handle on a git object database.
+    git: crate::import::gitpack::Reader,
     claimed: Claimed,
     suspects: Suspects,
     /// Where chunks of large files are offered to the other workers.
@@ -220,6 +225,7 @@ impl Ctx {
             compressor,
             group: Grouper::default(),
             run: Grouper::new(RUN_BYTES),
+            git: Default::default(),
             claimed,
             suspects,
             offload,
@@ -413,6 +419,14 @@ impl Ctx {
 
     fn store_file(&mut self, job: &FileJob) -> Result<(FileContent, Xattrs)> {
         let path = &job.path;
+        if let Some(w) = &job.git_object {
+            let data = self.git.blob(w)?;
+            let content = match data.len() as u64 <= SINGLE_CHUNK_MAX_BYTES {
+                true => self.store_small(data)?,
+                false => self.store_stream(data, io::empty())?,
+            };
+            return Ok((content, Vec::new()));
+        }
         let file = match &job.at {
             Some((dir, name)) => {
                 use nix::fcntl::OFlag;
@@ -664,6 +678,7 @@ impl<'s> Ingest<'s> {
             at: None,
             xattrs: false,
             git_loose: false,
+            git_object: None,
         };
         self.submit(job, size)
     }

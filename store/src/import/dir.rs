@@ -656,6 +656,7 @@ impl Walk {
                     at: Some((fd, at.name)),
                     xattrs: true,
                     git_loose: false,
+                    git_object: None,
                 };
                 ingest.submit(job, meta.len())?;
                 (Slot::Pending(i), vec![])

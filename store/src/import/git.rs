@@ -27,9 +27,9 @@ use std::time::Instant;
 use crate::error::{Error, Result};
 use crate::import::builder::{Builder, Item, Slot};
 use crate::import::exclude::Excluder;
-use crate::import::gitloose;
 use crate::import::tar::{PathFilter, split_member};
 use crate::import::{Finish, ImportOptions, ImportReport, Progress};
+use crate::import::{gitloose, gitpack};
 use crate::ingest::{FileContent, FileJob, Ingest};
 use crate::lock::StoreLock;
 use crate::snapshot::Source;
@@ -152,7 +152,7 @@ struct CatFile {
 impl CatFile {
     fn start(repo: &Path, oids: Vec<String>) -> Result<CatFile> {
         let mut child = git(repo)
-            .args(["cat-file", "--batch"])
+            .args(["cat-file", "--batch", "--buffer"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -443,18 +443,33 @@ impl Store {
         // Loose blobs are read on the ingest workers (see `gitloose`); what is not
         // loose, or vanished meanwhile (a concurrent `git gc` packed it), and every
         // symlink target come from `git cat-file`.
-        if let Some(objects) = object_dir(&repo) {
+        // Replacement objects (`git replace`) change what git reads for an id: with
+        // any, every blob is read through `git cat-file`, which applies them.
+        let replaced = !run(
+            &repo,
+            "list replacement objects",
+            &["for-each-ref", "--count=1", "refs/replace/"],
+        )?
+        .is_empty();
+        if let Some(objects) = object_dir(&repo).filter(|_| !replaced) {
             let files_only = order.iter().enumerate().filter_map(|(i, (o, _))| {
                 let u = uses[o];
                 (u.file && !u.link).then_some((i, o.as_str()))
             });
-            for f in gitloose::find(&objects, files_only) {
+            // In the tree's order, not the object directory's: an ingest worker groups
+            // the small files it reads together (`crate::group`), and a directory's
+            // files compress better together than files in the order of their ids
+            // (Linux tree: 236.4 MiB stored in id order, 223.6 MiB from the directory).
+            let mut found = gitloose::find(&objects, files_only);
+            found.sort_unstable_by_key(|f| f.index);
+            for f in found {
                 let job = FileJob {
                     slot: f.index,
                     path: f.path,
                     at: Some((f.dir, f.name)),
                     xattrs: false,
                     git_loose: true,
+                    git_object: None,
                 };
                 ingest.submit(job, 0)?;
                 while let Some((i, r)) = ingest.next_result(false) {
@@ -463,6 +478,46 @@ impl Store {
             }
             while let Some((i, r)) = ingest.next_result(true) {
                 loose_arrived(&order[i].0, r, &mut contents, &mut done)?;
+            }
+        }
+        // Files not loose (packed, or behind an alternate) are read on the ingest
+        // workers through `gix-odb` (see `gitpack`); what it cannot find is asked of
+        // `git cat-file` below.
+        let odb = object_dir(&repo)
+            .filter(|_| !replaced)
+            .and_then(|o| gitpack::Odb::open(&o));
+        if let Some(odb) = odb {
+            let packed: Vec<(usize, &String)> = order
+                .iter()
+                .enumerate()
+                .filter(|(_, (o, _))| {
+                    let u = uses[o];
+                    u.file && !u.link && !contents.contains_key(o)
+                })
+                .map(|(i, (o, _))| (i, o))
+                .collect();
+            for (i, o) in packed {
+                let Ok(oid) = gix_hash::ObjectId::from_hex(o.as_bytes()) else {
+                    continue;
+                };
+                let job = FileJob {
+                    slot: i,
+                    path: repo.join(format!("<object {o}>")),
+                    at: None,
+                    xattrs: false,
+                    git_loose: false,
+                    git_object: Some(gitpack::Wanted {
+                        odb: odb.clone(),
+                        oid,
+                    }),
+                };
+                ingest.submit(job, 0)?;
+                while let Some((i, r)) = ingest.next_result(false) {
+                    packed_arrived(&order[i].0, r, &mut contents, &mut done)?;
+                }
+            }
+            while let Some((i, r)) = ingest.next_result(true) {
+                packed_arrived(&order[i].0, r, &mut contents, &mut done)?;
             }
         }
         let rest: Vec<&(String, Option<u64>)> = order
@@ -612,6 +667,25 @@ fn loose_arrived(
             source,
             ..
         }) if source.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// A packed blob's result: stored, or left to `git cat-file` (not in the database
+/// `gix-odb` reads).
+fn packed_arrived(
+    oid: &str,
+    r: Result<(FileContent, crate::ingest::Xattrs)>,
+    contents: &mut HashMap<String, FileContent>,
+    done: &mut impl FnMut(u64),
+) -> Result<()> {
+    match r {
+        Ok((c, _)) => {
+            contents.insert(oid.to_string(), c);
+            done(c.size);
+            Ok(())
+        }
+        Err(Error::NotFound { .. }) => Ok(()),
         Err(e) => Err(e),
     }
 }

@@ -7,6 +7,7 @@ pub mod git;
 pub mod gitdir;
 pub mod gitindex;
 pub(crate) mod gitloose;
+pub(crate) mod gitpack;
 mod prefetch;
 mod refresh;
 pub mod tar;

@@ -510,3 +510,118 @@ fn a_corrupt_loose_object_fails_the_import_and_stores_nothing() {
     }
     store.import_git(&repo, &c2, &ImportOptions::new()).unwrap();
 }
+
+/// Packed blobs are read on the ingest workers (`gitpack`): blobs stored as deltas of
+/// each other, in a large file and in small ones, import as `git archive` gives them.
+#[test]
+fn packed_blobs_stored_as_deltas_import_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let repo = tmp.path().join("repo");
+    fs::create_dir_all(repo.join("d")).unwrap();
+    let text = |v: u32| -> String {
+        (0..40_000u32)
+            .map(|i| format!("line {i} of version {}\n", if i % 997 == 0 { v } else { 0 }))
+            .collect()
+    };
+    sh(home, &format!("git init -q {}", q(&repo)));
+    let mut commits = Vec::new();
+    for v in 0..3 {
+        fs::write(repo.join("large.txt"), text(v)).unwrap();
+        for i in 0..20 {
+            fs::write(
+                repo.join(format!("d/small{i}.txt")),
+                format!("small {i} {}\n", "ab".repeat(200 + v as usize)),
+            )
+            .unwrap();
+        }
+        sh(
+            home,
+            &format!("cd {} && git add -A && git commit -qm v{v}", q(&repo)),
+        );
+        commits.push(sh(home, &format!("git -C {} rev-parse HEAD", q(&repo))));
+    }
+    // Everything in one pack, with deltas (`-f` computes them afresh).
+    sh(home, &format!("git -C {} repack -q -a -d -f", q(&repo)));
+    sh(home, &format!("git -C {} prune-packed", q(&repo)));
+    let verify = sh(
+        home,
+        &format!(
+            "cd {} && git verify-pack -v .git/objects/pack/*.idx | awk '$2 == \"blob\" && NF == 7' | wc -l",
+            q(&repo)
+        ),
+    );
+    assert_ne!(verify, "0", "some blobs are deltas");
+
+    let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
+    for c in &commits {
+        let r = store.import_git(&repo, c, &ImportOptions::new()).unwrap();
+        let out = tmp.path().join(format!("out-{c}"));
+        store.export_dir(&r.snapshot, &out).unwrap();
+        let want = tmp.path().join(format!("want-{c}"));
+        fs::create_dir(&want).unwrap();
+        sh(
+            home,
+            &format!("git -C {} archive {c} | tar -x -C {}", q(&repo), q(&want)),
+        );
+        // (Modes aside: `git archive` applies its own umask, tested above.)
+        let names = |d: &Path| -> Vec<String> {
+            listing(d)
+                .iter()
+                .map(|l| l.split(' ').nth(1).unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(names(&out), names(&want), "{c}");
+        for name in names(&want) {
+            if want.join(&name).is_file() {
+                assert_eq!(
+                    fs::read(out.join(&name)).unwrap(),
+                    fs::read(want.join(&name)).unwrap(),
+                    "{c}: {name}"
+                );
+            }
+        }
+    }
+    assert!(store.fsck().unwrap().is_clean());
+}
+
+/// A blob replaced with `git replace` imports as git reads it (the replacement), whether
+/// the objects are loose or packed.
+#[test]
+fn replaced_blobs_import_as_git_reads_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path();
+    let repo = tmp.path().join("repo");
+    fs::create_dir_all(&repo).unwrap();
+    fs::write(repo.join("a.txt"), "original\n").unwrap();
+    sh(home, &format!("git init -q {}", q(&repo)));
+    sh(
+        home,
+        &format!("cd {} && git add -A && git commit -qm one", q(&repo)),
+    );
+    let old = sh(home, &format!("git -C {} rev-parse HEAD:a.txt", q(&repo)));
+    let new = sh(
+        home,
+        &format!(
+            "cd {} && printf 'replacement\\n' | git hash-object -w --stdin",
+            q(&repo)
+        ),
+    );
+    sh(home, &format!("git -C {} replace {old} {new}", q(&repo)));
+    for packed in [false, true] {
+        if packed {
+            sh(home, &format!("git -C {} repack -q -a -d", q(&repo)));
+        }
+        let dir = tmp.path().join(format!("p{packed}"));
+        let store = Store::init(&dir.join("root"), StoreConfig::default()).unwrap();
+        let r = store
+            .import_git(&repo, "HEAD", &ImportOptions::new())
+            .unwrap();
+        store.export_dir(&r.snapshot, &dir.join("out")).unwrap();
+        assert_eq!(
+            fs::read_to_string(dir.join("out/a.txt")).unwrap(),
+            "replacement\n",
+            "packed: {packed}"
+        );
+    }
+}
