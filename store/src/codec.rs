@@ -28,6 +28,30 @@ pub fn compress(compressor: &mut zstd::bulk::Compressor<'_>, data: Vec<u8>) -> (
 }
 
 thread_local! {
+    /// A compression context per thread and level, for objects compressed one at a time
+    /// outside the ingest pipeline (a group member given to a remote on its own).
+    static COMPRESSOR: std::cell::RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// [`compress`] with this thread's compression context for `level`.
+pub fn compress_at(level: i32, data: Vec<u8>) -> Result<(Codec, Vec<u8>)> {
+    COMPRESSOR.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.as_ref().is_none_or(|(l, _)| *l != level) {
+            let z = zstd::bulk::Compressor::new(level).map_err(|e| Error::Io {
+                step: "start zstd",
+                path: std::path::PathBuf::new(),
+                source: e,
+            })?;
+            *c = Some((level, z));
+        }
+        let (_, z) = c.as_mut().expect("made above");
+        Ok(compress(z, data))
+    })
+}
+
+thread_local! {
     /// A decompression context per thread, made at its first use: making one costs more
     /// than decompressing a small tree (each read of an object made one before).
     static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =

@@ -105,7 +105,8 @@ impl Grouper {
         self.bytes = 0;
         if members.len() > 1 {
             let raw = encode(members.iter().map(|(_, d)| d.as_slice()));
-            if let (Codec::Zstd, stored) = codec::compress(compressor, raw.clone()) {
+            let (id, raw_len) = (*blake3::hash(&raw).as_bytes(), raw.len() as u32);
+            if let (Codec::Zstd, stored) = codec::compress(compressor, raw) {
                 let table = 4 + 4 * members.len();
                 let mut part = table as u32;
                 let parts = members
@@ -121,10 +122,10 @@ impl Grouper {
                     })
                     .collect();
                 return vec![NewObject {
-                    id: *blake3::hash(&raw).as_bytes(),
+                    id,
                     kind: ObjectKind::Chunk,
                     codec: Codec::Zstd,
-                    raw_len: raw.len() as u32,
+                    raw_len,
                     stored,
                     members: parts,
                 }];

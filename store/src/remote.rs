@@ -609,9 +609,7 @@ impl Store {
         if loc.codec == Codec::Part {
             let raw = self.read_located(id, &loc)?;
             verify(loc.kind, id, &raw)?;
-            let mut c = zstd::bulk::Compressor::new(self.config.zstd_level)
-                .map_err(Error::io("start zstd", "a group member"))?;
-            let (codec, stored) = codec::compress(&mut c, raw);
+            let (codec, stored) = codec::compress_at(self.config.zstd_level, raw)?;
             let loc = Location {
                 stored_len: stored.len() as u32,
                 codec,
@@ -633,6 +631,38 @@ impl Store {
         )?;
         verify(loc.kind, id, &raw)?;
         Ok(Some((loc, stored)))
+    }
+
+    /// [`Store::stored_object`] of many objects, in order, on every core (each takes a
+    /// contiguous part, so the members of one group mostly go to one thread and their
+    /// group is decompressed once); the first object not stored is an error.
+    pub fn stored_objects(&self, ids: &[[u8; 32]]) -> Result<Vec<(Location, Vec<u8>)>> {
+        let threads = self.config.worker_count().clamp(1, ids.len().max(1));
+        let per = ids.len().div_ceil(threads).max(1);
+        std::thread::scope(|s| {
+            let parts: Vec<_> = ids
+                .chunks(per)
+                .map(|part| {
+                    s.spawn(move || {
+                        part.iter()
+                            .map(|id| {
+                                self.stored_object(id)?.ok_or_else(|| Error::NotFound {
+                                    what: "chunk",
+                                    name: hex::encode(id),
+                                })
+                            })
+                            .collect::<Result<Vec<_>>>()
+                    })
+                })
+                .collect();
+            let mut out = Vec::with_capacity(ids.len());
+            for p in parts {
+                out.extend(p.join().map_err(|_| {
+                    Error::Invalid("a thread reading objects for a push panicked".into())
+                })??);
+            }
+            Ok(out)
+        })
     }
 
     /// Where each of `ids` is on `remote`, as far as this root knows.

@@ -41,6 +41,8 @@ const STORE: &str = "store";
 const TAR_ZSTD: &str = "tar-zstd";
 const GIT: &str = "git-commit";
 const STORE_GIT: &str = "store-git";
+/// The same from a packed repository, as a clone is.
+const STORE_GIT_PACKED: &str = "store-git-packed";
 const STORE_REPACK: &str = "store-repack";
 /// Tiny imports before the repack of `store-repack` (as in a store fed by many small
 /// captures), and in `--quick` runs.
@@ -60,6 +62,12 @@ fn info(id: &'static str) -> MethodInfo {
             label: "cowspace store from git (mountctl import --git)".into(),
             role: Role::Cowspace,
             command: "git init/add -A -f/commit of TREE into a fresh repository (not timed); mountctl --root ROOT --json init; mountctl --root ROOT --json import REPO --git HEAD --ref bench (×3: cold, the same commit again, a commit of 100 changed files)".into(),
+        },
+        STORE_GIT_PACKED => MethodInfo {
+            id,
+            label: "cowspace store from a packed git repository (mountctl import --git)".into(),
+            role: Role::Cowspace,
+            command: "as store-git, with the repository repacked (git repack -a -d, not timed) after each commit, so every object is in a pack as in a clone".into(),
         },
         STORE_REPACK => MethodInfo {
             id,
@@ -199,7 +207,14 @@ impl Section for ImportSection {
     }
 
     fn method_ids(&self) -> Vec<&'static str> {
-        vec![STORE, STORE_GIT, STORE_REPACK, TAR_ZSTD, GIT]
+        vec![
+            STORE,
+            STORE_GIT,
+            STORE_GIT_PACKED,
+            STORE_REPACK,
+            TAR_ZSTD,
+            GIT,
+        ]
     }
 
     fn prepare(&mut self, ctx: &Ctx, selected: &dyn Fn(&str) -> bool) -> Result<Vec<Prepared>> {
@@ -248,10 +263,11 @@ impl Section for ImportSection {
                 STORE_REPACK => Box::new(StoreRepack {
                     mountctl: ctx.mountctl.clone().expect("availability checked"),
                 }),
-                STORE_GIT => Box::new(StoreGitImport {
+                STORE_GIT | STORE_GIT_PACKED => Box::new(StoreGitImport {
                     mountctl: ctx.mountctl.clone().expect("availability checked"),
                     tree: tree.clone(),
                     files: self.files.clone(),
+                    packed: id == STORE_GIT_PACKED,
                 }),
                 TAR_ZSTD => Box::new(TarZstd {
                     tree: tree.clone(),
@@ -279,7 +295,7 @@ fn availability(id: &str, ctx: &Ctx) -> std::result::Result<(), String> {
             let m = ctx.mountctl.as_ref().map_err(Clone::clone)?;
             probe_store(m, ctx.scratch)
         }
-        STORE_GIT => {
+        STORE_GIT | STORE_GIT_PACKED => {
             let m = ctx.mountctl.as_ref().map_err(Clone::clone)?;
             proc::which("git").ok_or_else(|| "git not found on PATH".to_string())?;
             probe_store(m, ctx.scratch)
@@ -495,9 +511,18 @@ struct StoreGitImport {
     mountctl: Mountctl,
     tree: PathBuf,
     files: Vec<PathBuf>,
+    /// Repack after each commit (`store-git-packed`).
+    packed: bool,
 }
 
 impl StoreGitImport {
+    fn repack(&self, gd: &Path) -> Result<()> {
+        if self.packed {
+            proc::run(git_of(gd, &self.tree).args(["repack", "-a", "-d", "-q"]))?;
+        }
+        Ok(())
+    }
+
     fn import(
         &self,
         root: &Path,
@@ -512,7 +537,10 @@ impl StoreGitImport {
 
 impl Method for StoreGitImport {
     fn info(&self) -> MethodInfo {
-        info(STORE_GIT)
+        info(match self.packed {
+            true => STORE_GIT_PACKED,
+            false => STORE_GIT,
+        })
     }
 
     fn run_once(&mut self, ctx: &Ctx, round: usize) -> Result<Sample> {
@@ -520,6 +548,7 @@ impl Method for StoreGitImport {
         let gd = dir.path().join("repo.git");
         let root = dir.path().join("root");
         commit_tree(&gd, &self.tree, "cold", true)?;
+        self.repack(&gd)?;
         self.mountctl.json(&root, &[OsStr::new("init")])?;
         ctx.prepare_cache(&gd)?;
         let logical = walk::apparent_bytes(&self.tree)?;
@@ -535,6 +564,7 @@ impl Method for StoreGitImport {
             5,
         )?;
         commit_tree(&gd, &self.tree, "changed", false)?;
+        self.repack(&gd)?;
         let (changed, t_changed) = self.import(&root, &gd, ctx, "changed")?;
         dir.remove()?;
         store_sample(

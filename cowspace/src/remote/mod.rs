@@ -37,6 +37,9 @@ use crate::error::{Error, Result};
 /// A remote pack is closed once it holds this many bytes (one PUT each; no multipart
 /// upload is ever started, so none can be left behind by an interrupted push).
 pub const REMOTE_PACK_BYTES: usize = 64 * 1024 * 1024;
+/// Chunks read (verified, and a group's members compressed on their own) at once by a
+/// push, on every core.
+const PUSH_READ_BATCH: usize = 4096;
 /// The grace period of remote gc: an object unreachable in a mark is deleted by a sweep
 /// at least this long after it, if still unreachable; a push must end within half of it.
 pub const GC_GRACE_SECS: i64 = 3600;
@@ -288,28 +291,31 @@ pub fn push(store: &Store, remote: Option<&str>, spec: &str, force: bool) -> Res
         }
         Ok(())
     };
-    for id in &absent {
-        let (loc, stored) = store.stored_object(id)?.ok_or_else(|| {
-            Error::Store(cowspace_store::Error::NotFound {
-                what: "chunk",
-                name: hex::encode(id),
-            })
-        })?;
-        let offset = buf.len() as u64 + cowspace_store::pack::RECORD_HEADER_BYTES;
-        push_record(&mut buf, loc.kind, &loc, id, &stored);
-        in_buf.push((
-            *id,
-            RemoteLoc {
-                remote: cfg.name.clone(),
-                key: String::new(),
-                offset,
-                stored_len: loc.stored_len,
-                raw_len: loc.raw_len,
-                codec: loc.codec,
-            },
-        ));
-        if buf.len() >= REMOTE_PACK_BYTES {
-            flush(&mut buf, &mut in_buf, &mut report)?;
+    // Read (and, for a group's members, compressed on their own) on every core, a
+    // batch at a time.
+    let batches = absent.chunks(PUSH_READ_BATCH).map(|b| {
+        store
+            .stored_objects(b)
+            .map(|objs| b.iter().zip(objs).collect::<Vec<_>>())
+    });
+    for batch in batches {
+        for (id, (loc, stored)) in batch? {
+            let offset = buf.len() as u64 + cowspace_store::pack::RECORD_HEADER_BYTES;
+            push_record(&mut buf, loc.kind, &loc, id, &stored);
+            in_buf.push((
+                *id,
+                RemoteLoc {
+                    remote: cfg.name.clone(),
+                    key: String::new(),
+                    offset,
+                    stored_len: loc.stored_len,
+                    raw_len: loc.raw_len,
+                    codec: loc.codec,
+                },
+            ));
+            if buf.len() >= REMOTE_PACK_BYTES {
+                flush(&mut buf, &mut in_buf, &mut report)?;
+            }
         }
     }
     flush(&mut buf, &mut in_buf, &mut report)?;
