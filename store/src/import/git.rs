@@ -473,11 +473,11 @@ impl Store {
                 };
                 ingest.submit(job, 0)?;
                 while let Some((i, r)) = ingest.next_result(false) {
-                    loose_arrived(&order[i].0, r, &mut contents, &mut done)?;
+                    blob_arrived(&order[i].0, r, &mut contents, &mut done)?;
                 }
             }
             while let Some((i, r)) = ingest.next_result(true) {
-                loose_arrived(&order[i].0, r, &mut contents, &mut done)?;
+                blob_arrived(&order[i].0, r, &mut contents, &mut done)?;
             }
         }
         // Files not loose (packed, or behind an alternate) are read on the ingest
@@ -513,11 +513,11 @@ impl Store {
                 };
                 ingest.submit(job, 0)?;
                 while let Some((i, r)) = ingest.next_result(false) {
-                    packed_arrived(&order[i].0, r, &mut contents, &mut done)?;
+                    blob_arrived(&order[i].0, r, &mut contents, &mut done)?;
                 }
             }
             while let Some((i, r)) = ingest.next_result(true) {
-                packed_arrived(&order[i].0, r, &mut contents, &mut done)?;
+                blob_arrived(&order[i].0, r, &mut contents, &mut done)?;
             }
         }
         let rest: Vec<&(String, Option<u64>)> = order
@@ -647,10 +647,11 @@ fn object_dir(repo: &Path) -> Option<PathBuf> {
     dir.is_absolute().then_some(dir)
 }
 
-/// Takes the result of a loose blob `oid` read by a worker: its content, or nothing
-/// when the object vanished before it was opened (it is then read through `git
-/// cat-file`, where a concurrent `git gc` has put it).
-fn loose_arrived(
+/// Takes the result of a blob `oid` read by a worker: its content, or nothing when it
+/// was not there (a loose object that vanished before it was opened, where a concurrent
+/// `git gc` packed it; an object `gix-odb` does not find): it is then read through `git
+/// cat-file`.
+fn blob_arrived(
     oid: &str,
     r: Result<(FileContent, crate::ingest::Xattrs)>,
     contents: &mut HashMap<String, FileContent>,
@@ -667,24 +668,6 @@ fn loose_arrived(
             source,
             ..
         }) if source.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-/// A packed blob's result: stored, or left to `git cat-file` (not in the database
-/// `gix-odb` reads).
-fn packed_arrived(
-    oid: &str,
-    r: Result<(FileContent, crate::ingest::Xattrs)>,
-    contents: &mut HashMap<String, FileContent>,
-    done: &mut impl FnMut(u64),
-) -> Result<()> {
-    match r {
-        Ok((c, _)) => {
-            contents.insert(oid.to_string(), c);
-            done(c.size);
-            Ok(())
-        }
         Err(Error::NotFound { .. }) => Ok(()),
         Err(e) => Err(e),
     }
