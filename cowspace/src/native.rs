@@ -417,7 +417,8 @@ fn build(store: &Store, snapshot: &SnapshotId, top: &Path) -> Result<()> {
             store,
             leaves: Vec::new(),
             primaries: HashMap::new(),
-            blobs: BTreeMap::new(),
+            blobs: Vec::new(),
+            blob_ids: HashSet::new(),
         };
         let mut root = Directory::new(stat(
             libc::S_IFDIR | snap.root_mode,
@@ -435,7 +436,7 @@ fn build(store: &Store, snapshot: &SnapshotId, top: &Path) -> Result<()> {
             .min(8);
         store.blob_cache().ensure_all(&items, threads)?;
         let mut list = Vec::with_capacity(b.blobs.len() * 32);
-        for id in b.blobs.keys() {
+        for (id, _) in &b.blobs {
             list.extend_from_slice(id);
         }
         let list_path = tmp.join(BLOBS);
@@ -473,7 +474,11 @@ struct Builder<'a> {
     /// Leaf of each regular file (by path), for hard links naming it.
     primaries: HashMap<Vec<u8>, LeafId>,
     /// Content id → size of every blob the image redirects to.
-    blobs: BTreeMap<[u8; 32], u64>,
+    /// The blobs the image redirects to, in the tree's order (the store keeps a
+    /// directory's small files together, so writing them in this order decompresses
+    /// each group of them once), and their set.
+    blobs: Vec<([u8; 32], u64)>,
+    blob_ids: HashSet<[u8; 32]>,
 }
 
 impl Builder<'_> {
@@ -563,7 +568,9 @@ impl Builder<'_> {
             .sum();
         let content = match e.content() {
             Some(id) if e.size + xattr_bytes > INLINE_MAX => {
-                self.blobs.insert(*id.as_bytes(), e.size);
+                if self.blob_ids.insert(*id.as_bytes()) {
+                    self.blobs.push((*id.as_bytes(), e.size));
+                }
                 RegularFile::ExternalNoVerity(BlobRef(*id.as_bytes()), e.size)
             }
             Some(id) if e.size > 0 => {

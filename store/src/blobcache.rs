@@ -21,6 +21,9 @@ use crate::id::ContentId;
 use crate::snapshot::now_secs;
 use crate::store::Store;
 
+/// Contents a thread of [`BlobCache::ensure_all`] takes at a time.
+const ENSURE_RUN: usize = 64;
+
 /// Default bound of the blob cache.
 pub const DEFAULT_BLOB_CACHE_MAX_BYTES: u64 = 16 * 1024 * 1024 * 1024;
 
@@ -80,7 +83,8 @@ impl BlobCache<'_> {
         Ok(path)
     }
 
-    /// [`BlobCache::ensure`] for many contents at once, given with their sizes: a blob of
+    /// [`BlobCache::ensure`] for many contents at once (best given in the order they were
+    /// imported), given with their sizes: a blob of
     /// the right size is taken as present (blobs appear by rename, whole); the missing
     /// ones are written on `threads` threads; the use of all is recorded in one
     /// transaction. For the preparation of a whole snapshot's blobs.
@@ -91,13 +95,18 @@ impl BlobCache<'_> {
                 .map(|_| {
                     s.spawn(|| -> Result<()> {
                         loop {
-                            let i = next.fetch_add(1, Ordering::Relaxed);
-                            let Some((id, size)) = items.get(i) else {
+                            // A run of neighbours at a time: contents stored together
+                            // (a group, `cowspace_store` format 2) are then read by one
+                            // thread, which decompresses their group once.
+                            let i = next.fetch_add(ENSURE_RUN, Ordering::Relaxed);
+                            let Some(run) = items.get(i..(i + ENSURE_RUN).min(items.len())) else {
                                 return Ok(());
                             };
-                            let path = self.path(id);
-                            if fs::metadata(&path).map(|m| m.len()).ok() != Some(*size) {
-                                self.write_blob(id, &path)?;
+                            for (id, size) in run {
+                                let path = self.path(id);
+                                if fs::metadata(&path).map(|m| m.len()).ok() != Some(*size) {
+                                    self.write_blob(id, &path)?;
+                                }
                             }
                         }
                     })
