@@ -25,7 +25,7 @@ use crate::id::ChunkId;
 use crate::index::{self, Location, ObjectKind};
 use crate::pack::{Codec, GROUP_KIND, PACK_MAGIC, PackHold, PackId, RECORD_HEADER_BYTES};
 use crate::store::{Store, committed_packs};
-use crate::writer::{Holds, Pending, Row};
+use crate::writer::{Holds, Pending, Row, stored_bytes};
 
 /// Orphan packs one import looks at, at most (the rest wait for the next import or gc).
 pub const MAX_PACKS_ADOPTED: usize = 64;
@@ -131,7 +131,6 @@ impl Store {
         let mut at = magic.len() as u64;
         let mut end = at;
         let mut seen = HashSet::new();
-        let mut bytes = 0u64;
         let conn = index::open_reader(&self.layout.index())?;
         while at + RECORD_HEADER_BYTES <= len {
             let mut h = [0u8; RECORD_HEADER_BYTES as usize];
@@ -163,17 +162,15 @@ impl Store {
                 if self.backend.read_at(pack, offset, &mut stored).is_err() {
                     break;
                 }
-                let raw = crate::group::decompress(&stored, &hex::encode(id))
+                let raw = crate::group::decompress(stored, &hex::encode(id))
                     .ok()
                     .filter(|raw| blake3::hash(raw).as_bytes() == &id);
                 let Some(raw) = raw else {
                     end = offset - RECORD_HEADER_BYTES;
                     break;
                 };
-                let before = rows.len();
                 for (part, n) in crate::group::members(&raw).unwrap_or_default() {
-                    let bytes = &raw[part as usize..(part + n) as usize];
-                    let id = *ChunkId::of(bytes).as_bytes();
+                    let id = *ChunkId::of(&raw[part as usize..(part + n) as usize]).as_bytes();
                     if !seen.insert(id) || index::contains(&conn, &id)? {
                         continue;
                     }
@@ -187,9 +184,6 @@ impl Store {
                         part,
                     };
                     rows.push(Row { id, loc });
-                }
-                if rows.len() > before {
-                    bytes += u64::from(stored_len);
                 }
                 continue;
             }
@@ -207,7 +201,6 @@ impl Store {
                 end = offset - RECORD_HEADER_BYTES;
                 break;
             }
-            bytes += u64::from(stored_len);
             let loc = Location {
                 kind,
                 pack: pack.clone(),
@@ -227,13 +220,7 @@ impl Store {
             .sync_dir()
             .map_err(Error::io("sync pack directory", self.layout.packs()))?;
         let n = rows.len() as u64;
-        let bytes = bytes.min(
-            Pending {
-                rows: rows.clone(),
-                ..Default::default()
-            }
-            .stored_bytes(),
-        );
+        let bytes = stored_bytes(&rows);
         self.commit(
             Pending {
                 packs: vec![(pack.clone(), end)],

@@ -83,11 +83,11 @@ impl BlobCache<'_> {
         Ok(path)
     }
 
-    /// [`BlobCache::ensure`] for many contents at once (best given in the order they were
-    /// imported), given with their sizes: a blob of
-    /// the right size is taken as present (blobs appear by rename, whole); the missing
-    /// ones are written on `threads` threads; the use of all is recorded in one
-    /// transaction. For the preparation of a whole snapshot's blobs.
+    /// [`BlobCache::ensure`] for many contents at once, given with their sizes (best in
+    /// the order they were imported): a blob of the right size is taken as present
+    /// (blobs appear by rename, whole); the missing ones are written on `threads` threads;
+    /// the use of all is recorded in one transaction. For the preparation of a whole
+    /// snapshot's blobs.
     pub fn ensure_all(&self, items: &[(ContentId, u64)], threads: usize) -> Result<()> {
         let next = std::sync::atomic::AtomicUsize::new(0);
         std::thread::scope(|s| {

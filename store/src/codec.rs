@@ -28,14 +28,17 @@ pub fn compress(compressor: &mut zstd::bulk::Compressor<'_>, data: Vec<u8>) -> (
 }
 
 thread_local! {
-    /// A compression context per thread and level, for objects compressed one at a time
-    /// outside the ingest pipeline (a group member given to a remote on its own).
+    /// A compression context per thread and level, for compression outside the ingest
+    /// pipeline (a group member given to a remote on its own, repack's groups).
     static COMPRESSOR: std::cell::RefCell<Option<(i32, zstd::bulk::Compressor<'static>)>> =
         const { std::cell::RefCell::new(None) };
 }
 
-/// [`compress`] with this thread's compression context for `level`.
-pub fn compress_at(level: i32, data: Vec<u8>) -> Result<(Codec, Vec<u8>)> {
+/// Runs `f` with this thread's compression context for `level` (made at its first use).
+pub fn with_compressor<T>(
+    level: i32,
+    f: impl FnOnce(&mut zstd::bulk::Compressor<'static>) -> T,
+) -> Result<T> {
     COMPRESSOR.with(|c| {
         let mut c = c.borrow_mut();
         if c.as_ref().is_none_or(|(l, _)| *l != level) {
@@ -47,7 +50,7 @@ pub fn compress_at(level: i32, data: Vec<u8>) -> Result<(Codec, Vec<u8>)> {
             *c = Some((level, z));
         }
         let (_, z) = c.as_mut().expect("made above");
-        Ok(compress(z, data))
+        Ok(f(z))
     })
 }
 

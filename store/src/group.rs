@@ -2,8 +2,8 @@
 //! a solid archive gives its small files (compressed one by one, the Linux tree's small
 //! files took 1.31× the bytes of `tar | zstd -3`).
 //!
-//! A group is one pack record of kind [`GROUP_KIND`](crate::pack::GROUP_KIND) (codec zstd, id the BLAKE3 of its
-//! raw bytes):
+//! A group is one pack record of kind [`GROUP_KIND`](crate::pack::GROUP_KIND) (codec
+//! zstd, id the BLAKE3 of its raw bytes):
 //!
 //! ```text
 //! raw := u32:count (u32:len)*count member_bytes*
@@ -12,8 +12,9 @@
 //! Two kinds of group are written: small chunks (each at most [`GROUP_MEMBER_MAX_BYTES`],
 //! from any files a worker reads) until they reach [`GROUP_BYTES`], so reading a small
 //! file decompresses at most about 96 KiB; and runs of the new chunks of one large file,
-//! up to [`RUN_BYTES`] (reading in such a file decompresses at most about 1.25 MiB). A member's index row points at the group's record (`offset`, `stored_len`),
-//! with codec [`Codec::Part`] and `part`, the member's offset in the raw bytes. Member ids
+//! up to [`RUN_BYTES`] (reading in such a file decompresses at most about 1.25 MiB). A
+//! member's index row points at the group's record (`offset`, `stored_len`), with codec
+//! [`Codec::Part`] and `part`, the member's offset in the raw bytes. Member ids
 //! are not in the record: a chunk's id is the hash of its bytes, so adoption and checks
 //! compute them.
 //!
@@ -79,74 +80,70 @@ impl Grouper {
         self.bytes >= self.limit
     }
 
-    /// What was added, uncompressed (to be compressed elsewhere).
+    /// What was added, uncompressed (to be compressed elsewhere, by [`compress`]).
     pub fn take_raw(&mut self) -> Vec<([u8; 32], Vec<u8>)> {
         self.bytes = 0;
         std::mem::take(&mut self.members)
-    }
-
-    /// A grouper holding these chunks (a run taken elsewhere), to compress them.
-    pub fn of(members: Vec<([u8; 32], Vec<u8>)>) -> Grouper {
-        Grouper {
-            bytes: members.iter().map(|(_, d)| d.len()).sum(),
-            members,
-            limit: usize::MAX,
-        }
     }
 
     pub fn is_empty(&self) -> bool {
         self.members.is_empty()
     }
 
-    /// Compresses what was added: one group record, or each chunk on its own when there
-    /// is only one or compressing them together does not pay.
+    /// Compresses what was added (see [`compress`]).
     pub fn take(&mut self, compressor: &mut zstd::bulk::Compressor<'_>) -> Vec<NewObject> {
-        let members = std::mem::take(&mut self.members);
-        self.bytes = 0;
-        if members.len() > 1 {
-            let raw = encode(members.iter().map(|(_, d)| d.as_slice()));
-            let (id, raw_len) = (*blake3::hash(&raw).as_bytes(), raw.len() as u32);
-            if let (Codec::Zstd, stored) = codec::compress(compressor, raw) {
-                let table = 4 + 4 * members.len();
-                let mut part = table as u32;
-                let parts = members
-                    .iter()
-                    .map(|(id, d)| {
-                        let m = Member {
-                            id: *id,
-                            len: d.len() as u32,
-                            part,
-                        };
-                        part += d.len() as u32;
-                        m
-                    })
-                    .collect();
-                return vec![NewObject {
-                    id,
-                    kind: ObjectKind::Chunk,
-                    codec: Codec::Zstd,
-                    raw_len,
-                    stored,
-                    members: parts,
-                }];
-            }
-        }
-        members
-            .into_iter()
-            .map(|(id, data)| {
-                let raw_len = data.len() as u32;
-                let (codec, stored) = codec::compress(compressor, data);
-                NewObject {
-                    id,
-                    kind: ObjectKind::Chunk,
-                    codec,
-                    raw_len,
-                    stored,
-                    members: Vec::new(),
-                }
-            })
-            .collect()
+        compress(self.take_raw(), compressor)
     }
+}
+
+/// Compresses chunks as one group record, or each on its own when there is only one or
+/// compressing them together does not pay.
+pub(crate) fn compress(
+    members: Vec<([u8; 32], Vec<u8>)>,
+    compressor: &mut zstd::bulk::Compressor<'_>,
+) -> Vec<NewObject> {
+    if members.len() > 1 {
+        let raw = encode(members.iter().map(|(_, d)| d.as_slice()));
+        let (id, raw_len) = (*blake3::hash(&raw).as_bytes(), raw.len() as u32);
+        if let (Codec::Zstd, stored) = codec::compress(compressor, raw) {
+            let mut part = (4 + 4 * members.len()) as u32;
+            let parts = members
+                .iter()
+                .map(|(id, d)| {
+                    let m = Member {
+                        id: *id,
+                        len: d.len() as u32,
+                        part,
+                    };
+                    part += d.len() as u32;
+                    m
+                })
+                .collect();
+            return vec![NewObject {
+                id,
+                kind: ObjectKind::Chunk,
+                codec: Codec::Zstd,
+                raw_len,
+                stored,
+                members: parts,
+            }];
+        }
+    }
+    members
+        .into_iter()
+        .map(|(id, data)| {
+            let raw_len = data.len() as u32;
+            let (codec, stored) = codec::compress(compressor, data);
+            NewObject {
+                id,
+                kind: ObjectKind::Chunk,
+                codec,
+                raw_len,
+                stored,
+                members: Vec::new(),
+            }
+        })
+        .collect()
 }
 
 /// The raw bytes of a group of these members.
@@ -180,15 +177,15 @@ pub(crate) fn members(raw: &[u8]) -> Option<Vec<(u32, u32)>> {
 }
 
 /// Decompresses a group record's stored bytes, checking its table.
-pub(crate) fn decompress(stored: &[u8], what: &str) -> Result<Vec<u8>> {
+pub(crate) fn decompress(stored: Vec<u8>, what: &str) -> Result<Vec<u8>> {
     let bad = |why: String| Error::corrupt("group", what, why);
-    let size = zstd::zstd_safe::get_frame_content_size(stored)
+    let size = zstd::zstd_safe::get_frame_content_size(&stored)
         .map_err(|_| bad("not a zstd frame".into()))?
         .ok_or_else(|| bad("its frame does not say its size".into()))?;
     if size > MAX_GROUP_RAW_BYTES as u64 {
         return Err(bad(format!("its frame says {size} bytes")));
     }
-    let raw = codec::decompress(Codec::Zstd, stored.to_vec(), size as usize, what)?;
+    let raw = codec::decompress(Codec::Zstd, stored, size as usize, what)?;
     if members(&raw).is_none() {
         return Err(bad("its member table does not match its bytes".into()));
     }
@@ -225,7 +222,7 @@ pub(crate) fn read_part(
     let raw = match hit {
         Some(raw) => raw,
         None => {
-            let raw = Arc::new(decompress(&stored()?, what)?);
+            let raw = Arc::new(decompress(stored()?, what)?);
             RECENT.with(|r| {
                 let mut r = r.borrow_mut();
                 r.truncate(RECENT_GROUPS - 1);
@@ -272,7 +269,7 @@ mod tests {
         assert_eq!(out.len(), 1, "five compressible chunks make one group");
         let rec = &out[0];
         assert_eq!(rec.members.len(), 5);
-        let raw = decompress(&rec.stored, "test").unwrap();
+        let raw = decompress(rec.stored.clone(), "test").unwrap();
         assert_eq!(blake3::hash(&raw).as_bytes(), &rec.id);
         let pack = PackId::generate();
         for (m, d) in rec.members.iter().zip(&data) {
@@ -330,8 +327,8 @@ mod tests {
         let mut lying = raw.clone();
         lying[0] = 9;
         assert!(members(&lying).is_none());
-        assert!(decompress(b"not zstd at all", "x").is_err());
+        assert!(decompress(b"not zstd at all".to_vec(), "x").is_err());
         let frame = zstd::bulk::compress(&short, 3).unwrap();
-        assert!(decompress(&frame, "x").is_err());
+        assert!(decompress(frame, "x").is_err());
     }
 }

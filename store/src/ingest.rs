@@ -106,17 +106,17 @@ pub(crate) struct FileJob {
 
 type FileResult = (usize, Result<(FileContent, Xattrs)>);
 
-/// An object for any worker.
-struct Obj {
-    kind: ObjectKind,
-    id: [u8; 32],
-    data: Vec<u8>,
-    /// Already claimed by this session and known to be missing from the index: only
-    /// compression is left to do.
-    claimed: bool,
-    /// A run of claimed chunks of one large file, to compress as one group (then the
-    /// fields above are unused).
-    run: Vec<([u8; 32], Vec<u8>)>,
+/// Work for any worker.
+enum Obj {
+    /// An object of the caller's, to store unless it is stored or claimed already.
+    Put {
+        kind: ObjectKind,
+        id: [u8; 32],
+        data: Vec<u8>,
+    },
+    /// A run of one large file's chunks, claimed by this session and known to be
+    /// missing from the index: only compression, as one group, is left to do.
+    Run(Vec<([u8; 32], Vec<u8>)>),
 }
 
 /// Objects claimed by this session (so two workers never both compress one chunk).
@@ -338,18 +338,15 @@ impl Ctx {
     }
 
     fn handle(&mut self, o: Obj) -> Result<()> {
-        if !o.run.is_empty() {
-            return self.compress_run(o.run);
-        }
-        match o.claimed {
-            true => self.compress(o.kind, o.id, o.data),
-            false => self.put(o.kind, o.id, o.data),
+        match o {
+            Obj::Put { kind, id, data } => self.put(kind, id, data),
+            Obj::Run(run) => self.compress_run(run),
         }
     }
 
     /// Compresses a run of one large file's chunks as one group, if that pays.
     fn compress_run(&mut self, run: Vec<([u8; 32], Vec<u8>)>) -> Result<()> {
-        for o in Grouper::of(run).take(&mut self.compressor) {
+        for o in crate::group::compress(run, &mut self.compressor) {
             self.queue(o)?;
         }
         Ok(())
@@ -374,17 +371,10 @@ impl Ctx {
         if run.is_empty() {
             return Ok(());
         }
-        let obj = Obj {
-            kind: ObjectKind::Chunk,
-            id: [0; 32],
-            data: Vec::new(),
-            claimed: true,
-            run,
-        };
-        match self.offload.try_send(vec![obj]) {
+        match self.offload.try_send(vec![Obj::Run(run)]) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(v) | TrySendError::Disconnected(v)) => {
-                v.into_iter().try_for_each(|o| self.compress_run(o.run))
+                v.into_iter().try_for_each(|o| self.handle(o))
             }
         }
     }
@@ -733,13 +723,7 @@ impl<'s> Ingest<'s> {
     /// Queues one object, as [`Ingest::put`], without a copy.
     pub fn put_owned(&mut self, kind: ObjectKind, id: [u8; 32], data: Vec<u8>) -> Result<()> {
         self.objs_bytes += data.len();
-        self.objs.push(Obj {
-            kind,
-            id,
-            data,
-            claimed: false,
-            run: Vec::new(),
-        });
+        self.objs.push(Obj::Put { kind, id, data });
         if self.objs.len() >= CALLER_BATCH_OBJECTS || self.objs_bytes >= CALLER_BATCH_BYTES {
             self.flush_objects()?;
         }

@@ -609,7 +609,8 @@ impl Store {
         if loc.codec == Codec::Part {
             let raw = self.read_located(id, &loc)?;
             verify(loc.kind, id, &raw)?;
-            let (codec, stored) = codec::compress_at(self.config.zstd_level, raw)?;
+            let (codec, stored) =
+                codec::with_compressor(self.config.zstd_level, |c| codec::compress(c, raw))?;
             let loc = Location {
                 stored_len: stored.len() as u32,
                 codec,

@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use rusqlite::{Transaction, params};
 use serde::Serialize;
 
-use crate::codec::Manifest;
+use crate::codec::{self, Manifest};
 use crate::error::{Error, Result};
 use crate::gc::PackGone;
 use crate::group::Grouper;
@@ -230,7 +230,6 @@ impl Store {
         let mut writer = PackWriter::new(self.backend.clone());
         let mut damaged = HashSet::new();
         let mut group = Grouper::default();
-        let mut compressor = None;
         for id in ids {
             let loc = self
                 .locate(&id)?
@@ -244,7 +243,7 @@ impl Store {
                     continue;
                 };
                 if group.push(id, raw)
-                    && let Err(e) = self.add_group(&mut writer, &mut group, &mut compressor)
+                    && let Err(e) = self.add_group(&mut writer, &mut group)
                 {
                     writer.abort();
                     return Err(e);
@@ -286,7 +285,7 @@ impl Store {
                 return Err(e);
             }
         }
-        if let Err(e) = self.add_group(&mut writer, &mut group, &mut compressor) {
+        if let Err(e) = self.add_group(&mut writer, &mut group) {
             writer.abort();
             return Err(e);
         }
@@ -296,23 +295,13 @@ impl Store {
         })
     }
 
-    /// Compresses the gathered members (a compressor is made at the first group).
-    fn add_group(
-        &self,
-        writer: &mut PackWriter,
-        group: &mut Grouper,
-        compressor: &mut Option<zstd::bulk::Compressor<'static>>,
-    ) -> Result<()> {
+    /// Compresses the gathered members and hands them to the writer.
+    fn add_group(&self, writer: &mut PackWriter, group: &mut Grouper) -> Result<()> {
         if group.is_empty() {
             return Ok(());
         }
-        if compressor.is_none() {
-            let c = zstd::bulk::Compressor::new(self.config.zstd_level)
-                .map_err(Error::io("start zstd", "repack"))?;
-            *compressor = Some(c);
-        }
-        let c = compressor.as_mut().expect("made above");
-        group.take(c).into_iter().try_for_each(|o| writer.add(o))
+        let objs = codec::with_compressor(self.config.zstd_level, |c| group.take(c))?;
+        objs.into_iter().try_for_each(|o| writer.add(o))
     }
 
     /// Deletes pack files the index no longer names, then syncs their directory.

@@ -45,19 +45,24 @@ impl std::fmt::Debug for Holds {
 }
 
 impl Pending {
-    /// Bytes stored (compressed) by this session (a group's once).
+    /// Bytes stored (compressed) by this session.
     pub fn stored_bytes(&self) -> u64 {
-        let mut last = None;
-        let mut n = 0;
-        for r in &self.rows {
-            let at = (&r.loc.pack, r.loc.offset);
-            if r.loc.codec != Codec::Part || last != Some(at) {
-                n += u64::from(r.loc.stored_len);
-            }
-            last = Some(at);
-        }
-        n
+        stored_bytes(&self.rows)
     }
+}
+
+/// Bytes stored for `rows`, a group's once (its members' rows are consecutive).
+pub(crate) fn stored_bytes(rows: &[Row]) -> u64 {
+    let mut last = None;
+    let mut n = 0;
+    for r in rows {
+        let at = (&r.loc.pack, r.loc.offset);
+        if r.loc.codec != Codec::Part || last != Some(at) {
+            n += u64::from(r.loc.stored_len);
+        }
+        last = Some(at);
+    }
+    n
 }
 
 /// An object on its way into a pack: one object, or a group ([`crate::group`]) when it

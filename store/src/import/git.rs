@@ -440,11 +440,15 @@ impl Store {
                 });
             }
         };
-        // Loose blobs are read on the ingest workers (see `gitloose`); what is not
-        // loose, or vanished meanwhile (a concurrent `git gc` packed it), and every
-        // symlink target come from `git cat-file`.
-        // Replacement objects (`git replace`) change what git reads for an id: with
-        // any, every blob is read through `git cat-file`, which applies them.
+        // Files' blobs are read on the ingest workers, in the tree's order (a worker
+        // groups the small files it reads together, `crate::group`, and a directory's
+        // files compress better together than files in the order of their ids: Linux
+        // tree, 236.4 MiB stored in id order, 223.6 MiB as from the directory): loose
+        // ones without git (`gitloose`), the others (packed, or behind an alternate)
+        // through `gix-odb` (`gitpack`). What is not found there (a loose object a
+        // concurrent `git gc` packed meanwhile, one `gix-odb` does not have) and every
+        // symlink target come from `git cat-file`; so does everything when the
+        // repository has replacement objects (`git replace`), which `cat-file` applies.
         let replaced = !run(
             &repo,
             "list replacement objects",
@@ -452,64 +456,40 @@ impl Store {
         )?
         .is_empty();
         if let Some(objects) = object_dir(&repo).filter(|_| !replaced) {
-            let files_only = order.iter().enumerate().filter_map(|(i, (o, _))| {
-                let u = uses[o];
-                (u.file && !u.link).then_some((i, o.as_str()))
-            });
-            // In the tree's order, not the object directory's: an ingest worker groups
-            // the small files it reads together (`crate::group`), and a directory's
-            // files compress better together than files in the order of their ids
-            // (Linux tree: 236.4 MiB stored in id order, 223.6 MiB from the directory).
-            let mut found = gitloose::find(&objects, files_only);
-            found.sort_unstable_by_key(|f| f.index);
-            for f in found {
-                let job = FileJob {
-                    slot: f.index,
-                    path: f.path,
-                    at: Some((f.dir, f.name)),
-                    xattrs: false,
-                    git_loose: true,
-                    git_object: None,
-                };
-                ingest.submit(job, 0)?;
-                while let Some((i, r)) = ingest.next_result(false) {
-                    blob_arrived(&order[i].0, r, &mut contents, &mut done)?;
-                }
-            }
-            while let Some((i, r)) = ingest.next_result(true) {
-                blob_arrived(&order[i].0, r, &mut contents, &mut done)?;
-            }
-        }
-        // Files not loose (packed, or behind an alternate) are read on the ingest
-        // workers through `gix-odb` (see `gitpack`); what it cannot find is asked of
-        // `git cat-file` below.
-        let odb = object_dir(&repo)
-            .filter(|_| !replaced)
-            .and_then(|o| gitpack::Odb::open(&o));
-        if let Some(odb) = odb {
-            let packed: Vec<(usize, &String)> = order
+            let files: Vec<(usize, &str)> = order
                 .iter()
                 .enumerate()
-                .filter(|(_, (o, _))| {
+                .filter_map(|(i, (o, _))| {
                     let u = uses[o];
-                    u.file && !u.link && !contents.contains_key(o)
+                    (u.file && !u.link).then_some((i, o.as_str()))
                 })
-                .map(|(i, (o, _))| (i, o))
                 .collect();
-            for (i, o) in packed {
-                let Ok(oid) = gix_hash::ObjectId::from_hex(o.as_bytes()) else {
-                    continue;
+            let mut loose: HashMap<usize, gitloose::Found> =
+                gitloose::find(&objects, files.iter().copied())
+                    .into_iter()
+                    .map(|f| (f.index, f))
+                    .collect();
+            let odb = gitpack::Odb::open(&objects);
+            for (i, o) in files {
+                let (path, at, git_object) = match (loose.remove(&i), &odb) {
+                    (Some(f), _) => (f.path, Some((f.dir, f.name)), None),
+                    (None, Some(odb)) => match gix_hash::ObjectId::from_hex(o.as_bytes()) {
+                        Ok(oid) => {
+                            let odb = odb.clone();
+                            let path = repo.join(format!("<object {o}>"));
+                            (path, None, Some(gitpack::Wanted { odb, oid }))
+                        }
+                        Err(_) => continue,
+                    },
+                    (None, None) => continue,
                 };
                 let job = FileJob {
                     slot: i,
-                    path: repo.join(format!("<object {o}>")),
-                    at: None,
+                    path,
+                    git_loose: at.is_some(),
+                    at,
                     xattrs: false,
-                    git_loose: false,
-                    git_object: Some(gitpack::Wanted {
-                        odb: odb.clone(),
-                        oid,
-                    }),
+                    git_object,
                 };
                 ingest.submit(job, 0)?;
                 while let Some((i, r)) = ingest.next_result(false) {
