@@ -43,3 +43,13 @@ if ! ls "$vm_dir"/boot/vmlinuz-* >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
   dpkg-deb -x "$debs/${abi}"_*.deb "$vm_dir.tmp"
   rm -rf "$vm_dir" && mv "$vm_dir.tmp" "$vm_dir"
 fi
+
+# The wheels the egress tests install with pip inside a sandbox, from a package index the
+# test serves on 127.0.0.1 (tests/tests/e2e/egress.rs): downloaded once from PyPI here,
+# so no test needs the internet. Pure-Python, a few hundred KB.
+wheels=${COWSPACE_TEST_WHEELS:-/var/cache/cowspace/test-wheels}
+if ! ls "$wheels"/six-*.whl "$wheels"/idna-*.whl >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
+  mkdir -p "$wheels"
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --dest "$wheels" six==1.16.0 idna==3.7
+fi

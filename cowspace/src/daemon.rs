@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use cowspace_store::layout::Layout;
 
 use crate::error::{Error, Result};
+use crate::protocol::{NoArgs, RemoveArgs, Request, Response, ShutdownArgs};
 
 /// How long to wait for a started daemon to answer.
 pub const DAEMON_START_TIMEOUT_MS: u64 = 15_000;
@@ -31,11 +32,12 @@ pub fn log_path(root: &Path) -> PathBuf {
     Layout::new(root).daemon_log()
 }
 
-/// Sends one request and reads one response line.
-pub fn request(root: &Path, req: &serde_json::Value) -> Result<serde_json::Value> {
+/// Sends one request and reads its answer: the result, or the answered error with its
+/// kind, message and hint ([`Error::answered_body`]).
+pub fn request(root: &Path, req: &Request) -> Result<serde_json::Value> {
     let sock = socket_path(root);
     let s = UnixStream::connect(&sock).map_err(Error::io("connect to", &sock))?;
-    exchange(s, &sock, req)
+    exchange(s, &sock, req)?.into_result()
 }
 
 /// Whether the process at the other end of `s` sees the mounts this one sees (its
@@ -51,10 +53,10 @@ fn peer_shares_mounts(s: &UnixStream) -> bool {
     cred.pid() > 0 && ns("self").is_some() && ns("self") == ns(&cred.pid().to_string())
 }
 
-fn exchange(mut s: UnixStream, sock: &Path, req: &serde_json::Value) -> Result<serde_json::Value> {
+fn exchange(mut s: UnixStream, sock: &Path, req: &Request) -> Result<Response> {
     s.set_read_timeout(Some(Duration::from_millis(CONTROL_TIMEOUT_MS)))
         .map_err(Error::io("configure", sock))?;
-    let mut line = serde_json::to_vec(req).expect("requests serialise");
+    let mut line = req.encode()?;
     line.push(b'\n');
     s.write_all(&line).map_err(Error::io("write to", sock))?;
     let mut resp = String::new();
@@ -69,7 +71,7 @@ fn exchange(mut s: UnixStream, sock: &Path, req: &serde_json::Value) -> Result<s
 /// namespace (only such a daemon mounts and unmounts where the caller sees the
 /// workspaces), and gives its result: `None` when no daemon does. An answered error keeps
 /// its kind, message and hint ([`Error::answered`]).
-pub fn ask(root: &Path, op: &str, args: serde_json::Value) -> Result<Option<serde_json::Value>> {
+pub fn ask(root: &Path, req: &Request) -> Result<Option<serde_json::Value>> {
     let sock = socket_path(root);
     let Ok(s) = UnixStream::connect(&sock) else {
         return Ok(None);
@@ -77,11 +79,7 @@ pub fn ask(root: &Path, op: &str, args: serde_json::Value) -> Result<Option<serd
     if !peer_shares_mounts(&s) {
         return Ok(None);
     }
-    let resp = exchange(s, &sock, &serde_json::json!({"op": op, "args": args}))?;
-    if resp["ok"] != true {
-        return Err(Error::answered(&resp));
-    }
-    Ok(Some(resp["result"].clone()))
+    exchange(s, &sock, req)?.into_result().map(Some)
 }
 
 /// Removes workspace `ws` through the root's daemon, when one answers (`None` when none
@@ -92,12 +90,11 @@ pub fn ask(root: &Path, op: &str, args: serde_json::Value) -> Result<Option<serd
 /// Only a daemon in this process's mount namespace is asked: the unmount must happen
 /// where the caller sees the workspace.
 pub fn remove(root: &Path, ws: &str, force: bool) -> Result<Option<crate::registry::Record>> {
-    let Some(v) = ask(
-        root,
-        "remove",
-        serde_json::json!({"workspace": ws, "force": force}),
-    )?
-    else {
+    let req = Request::Remove(RemoveArgs {
+        workspace: ws.to_string(),
+        force,
+    });
+    let Some(v) = ask(root, &req)? else {
         return Ok(None);
     };
     serde_json::from_value(v)
@@ -112,10 +109,7 @@ pub fn ping(root: &Path) -> bool {
 
 /// The daemon's answer to `ping`, if one answers.
 fn ping_result(root: &Path) -> Option<serde_json::Value> {
-    match request(root, &serde_json::json!({"op": "ping"})) {
-        Ok(v) if v["ok"] == true => Some(v["result"].clone()),
-        _ => None,
-    }
+    request(root, &Request::Ping(NoArgs {})).ok()
 }
 
 /// Which build of a program the file at `path` is: its device, inode, size and time.
@@ -282,13 +276,7 @@ pub fn stop(root: &Path, force: bool) -> Result<bool> {
     if !ping(root) {
         return Ok(false);
     }
-    let resp = request(
-        root,
-        &serde_json::json!({"op": "shutdown", "args": {"force": force}}),
-    )?;
-    if resp["ok"] != true {
-        return Err(Error::answered(&resp));
-    }
+    request(root, &Request::Shutdown(ShutdownArgs { force }))?;
     // Gone means the process has let go of the lock, not only of the socket: a daemon
     // started right after this returns must not find the old one still there.
     let deadline = Instant::now() + Duration::from_millis(DAEMON_START_TIMEOUT_MS);

@@ -151,6 +151,15 @@ impl Error {
         }
     }
 
+    /// The error of a decoded control-socket answer.
+    pub fn answered_body(e: crate::protocol::ErrorBody) -> Error {
+        Error::Answered {
+            kind: ErrorKind::parse(&e.kind).unwrap_or(ErrorKind::Io),
+            message: e.message,
+            hint: e.hint,
+        }
+    }
+
     pub(crate) fn reg(step: &'static str) -> impl FnOnce(rusqlite::Error) -> Error {
         move |source| Error::Registry { step, source }
     }

@@ -17,6 +17,7 @@ pub mod gitfsmonitor;
 pub mod import;
 pub mod materializer;
 pub mod ops;
+pub mod protocol;
 pub mod registry;
 pub mod remote;
 pub mod runtime;

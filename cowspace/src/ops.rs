@@ -111,8 +111,8 @@ pub fn stats(store: &Store) -> Result<Value> {
 }
 
 /// How `gc` runs.
-#[derive(Debug, Clone, serde::Deserialize)]
-#[serde(default)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct GcRequest {
     /// Say what would be removed; remove nothing.
     pub dry_run: bool,

@@ -17,7 +17,8 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
-use crate::runtime::{CommitOptions, CreateOptions, Runtime};
+use crate::runtime::Runtime;
+use cowspace::protocol::{ImportArgs, Request, Response};
 
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 256;
@@ -41,23 +42,7 @@ pub struct Server {
 }
 
 fn error_value(e: &Error) -> Value {
-    json!({"ok": false, "error": {"kind": e.kind().as_str(), "message": e.to_string(), "hint": e.hint()}})
-}
-
-fn args<T: serde::de::DeserializeOwned + Default>(v: &Value) -> Result<T> {
-    match v.get("args") {
-        None | Some(Value::Null) => Ok(T::default()),
-        Some(a) => {
-            serde_json::from_value(a.clone()).map_err(|e| Error::Invalid(format!("bad args: {e}")))
-        }
-    }
-}
-
-fn ws_arg(v: &Value) -> Result<String> {
-    v["args"]["workspace"]
-        .as_str()
-        .map(str::to_string)
-        .ok_or_else(|| Error::Invalid("args.workspace (an id or name) is required".into()))
+    json!(Response::error(e))
 }
 
 /// Starts building the native lower of `snap` on a thread, unless one already does
@@ -118,10 +103,12 @@ impl Caller {
 
 /// A path argument that must be absolute (the daemon's working directory is not the
 /// caller's).
-fn abs_path_arg(req: &Value, key: &str) -> Result<std::path::PathBuf> {
-    let p = req["args"][key]
-        .as_str()
-        .ok_or_else(|| Error::Invalid(format!("args.{key} (an absolute path) is required")))?;
+fn abs_path_arg(key: &str, p: &str) -> Result<std::path::PathBuf> {
+    if p.is_empty() {
+        return Err(Error::Invalid(format!(
+            "args.{key} (an absolute path) is required"
+        )));
+    }
     let p = std::path::PathBuf::from(p);
     if !p.is_absolute() {
         return Err(Error::Invalid(format!(
@@ -132,215 +119,171 @@ fn abs_path_arg(req: &Value, key: &str) -> Result<std::path::PathBuf> {
     Ok(p)
 }
 
-fn str_arg(req: &Value, key: &str) -> Result<String> {
-    req["args"][key]
-        .as_str()
-        .map(str::to_string)
-        .ok_or_else(|| Error::Invalid(format!("args.{key} is required")))
-}
-
-/// The `import` op's arguments (docs/control-protocol.md).
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(default)]
-struct ImportArgs {
-    git: Option<String>,
-    #[serde(rename = "ref")]
-    ref_name: Option<String>,
-    message: Option<String>,
-    excludes: Vec<String>,
-    no_default_excludes: bool,
-    allow_devices: bool,
-    allow_external_symlinks: bool,
-    zstd_level: Option<i32>,
-    threads: Option<usize>,
-    no_git_fsmonitor: bool,
-    progress: bool,
-}
-
 /// The least time between two progress events of one import.
 const PROGRESS_EVERY_MS: u64 = 100;
 
 impl Server {
-    /// Handles one request from `caller`; `events` gets the lines an operation sends
-    /// before its answer (an import's progress).
-    pub fn handle(
+    /// Handles one request line from `caller`; `events` gets the lines an operation
+    /// sends before its answer (an import's progress).
+    pub fn handle_line(
         &self,
-        req: &Value,
+        line: &str,
         caller: Caller,
         events: &(dyn Fn(&Value) + Send + Sync),
     ) -> Value {
-        let rt = &self.runtime;
-        let r: Result<Value> = (|| {
-            let op = req["op"]
-                .as_str()
-                .ok_or_else(|| Error::Invalid("op is required".into()))?;
-            Ok(match op {
-                "ping" => json!({
-                    "pong": true,
-                    "version": env!("CARGO_PKG_VERSION"),
-                    "program": crate::daemon::program_identity(std::path::Path::new("/proc/self/exe")),
-                }),
-                "create" => {
-                    let mut o = args::<CreateOptions>(req)?;
-                    o.materializer = Some(self.config.materializer(o.materializer).value);
-                    o.lower = Some(self.config.lower(o.lower).value);
-                    rt.create(&o)?.created_json()
-                }
-                "list" => json!(rt.list(req["args"]["all"].as_bool().unwrap_or(false))?),
-                "status" => json!(rt.status(&ws_arg(req)?)?),
-                "diff" => {
-                    let ws = ws_arg(req)?;
-                    let changes = rt.diff_with(
-                        &ws,
-                        req["args"]["include_excluded"].as_bool().unwrap_or(false),
-                    )?;
-                    let patch = if req["args"]["patch"].as_bool().unwrap_or(false) {
-                        Some(crate::upper::patch(rt.store(), &changes)?)
-                    } else {
-                        None
-                    };
-                    let list: Vec<_> = changes.into_iter().map(|(c, _)| c).collect();
-                    json!({"workspace": rt.status(&ws)?.id, "changes": list, "patch": patch})
-                }
-                "commit" => {
-                    let ws = ws_arg(req)?;
-                    crate::runtime::commit_json(&rt.commit(&ws, &args::<CommitOptions>(req)?)?)
-                }
-                "remove" => {
-                    let ws = ws_arg(req)?;
-                    let t = std::time::Instant::now();
-                    let rec = rt.remove(&ws, req["args"]["force"].as_bool().unwrap_or(false))?;
-                    rec.removed_json(t.elapsed().as_secs_f64() * 1e3)
-                }
-                "sweep" => json!(rt.sweep()?),
-                // Answered at once; the image is built on a thread of its own.
-                "prepare_native" => {
-                    let snap: cowspace_store::SnapshotId = rt.store().resolve(
-                        req["args"]["snapshot"]
-                            .as_str()
-                            .ok_or_else(|| Error::Invalid("args.snapshot is required".into()))?,
-                    )?;
-                    json!({"snapshot": snap.to_hex(), "preparing": prepare_in_background(rt, snap)})
-                }
-                "sandbox_start" => {
-                    let ws = ws_arg(req)?;
-                    let o = crate::sandbox::with_defaults(
-                        args::<crate::sandbox::SandboxOptions>(req)?,
-                        &self.config.sandbox(),
-                    );
-                    // `vm: true` places it in a micro-VM; software emulation runs only
-                    // when `accept_emulation` (or the configuration) accepts it.
-                    if req["args"]["vm"].as_bool() == Some(true) {
-                        let accept = req["args"]["accept_emulation"].as_bool() == Some(true)
-                            || self.config.vm_accept_emulation().is_some_and(|s| s.value);
-                        let v = cowspace::vm::VmRun {
-                            accept_emulation: accept,
-                        };
-                        rt.vm_start(&ws, &o, &v)?
-                    } else {
-                        rt.sandbox_start(&ws, &o)?
-                    }
-                }
-                "sandbox_stop" => rt.sandbox_stop(&ws_arg(req)?)?,
-                "sandbox_status" => rt.sandbox_status(&ws_arg(req)?)?,
-                "sandbox_list" => json!({"sandboxes": rt.sandbox_list()?}),
-                // The command itself goes to the sandbox's keeper, with the caller's
-                // descriptors (`SCM_RIGHTS`): this answers where (docs/sandbox.md).
-                "exec" => {
-                    let ws = ws_arg(req)?;
-                    let rec = rt.sandbox_status(&ws)?;
-                    let name = rec["name"].as_str().unwrap_or_default().to_string();
-                    let (_, sock) = sandbox_helper::keeper::paths(&rt.sandbox_state_dir(), &name);
-                    json!({"workspace": rec["workspace"], "socket": sock})
-                }
-                "recover" => json!(rt.recover(&ws_arg(req)?)?),
-                "snapshots" => cowspace::ops::snapshots(rt.store())?,
-                "refs" => cowspace::ops::refs(rt.store())?,
-                "ref_set" => cowspace::ops::ref_set(
-                    rt.store(),
-                    &str_arg(req, "name")?,
-                    &str_arg(req, "snapshot")?,
-                    req["args"]["expect"].as_str(),
-                    req["args"]["force"].as_bool().unwrap_or(false),
-                )?,
-                "ref_delete" => cowspace::ops::ref_delete(
-                    rt.store(),
-                    &str_arg(req, "name")?,
-                    &str_arg(req, "expect")?,
-                )?,
-                "show" => cowspace::ops::show(
-                    rt.store(),
-                    &str_arg(req, "snapshot")?,
-                    req["args"]["path"].as_str().unwrap_or(""),
-                )?,
-                "stats" => cowspace::ops::stats(rt.store())?,
-                "remotes" => cowspace::remote::list_json(rt.store())?,
-                "push" => json!(cowspace::remote::push(
-                    rt.store(),
-                    req["args"]["remote"].as_str(),
-                    &str_arg(req, "snapshot")?,
-                    req["args"]["force"].as_bool().unwrap_or(false),
-                )?),
-                "pull" => json!(cowspace::remote::pull(
-                    rt.store(),
-                    req["args"]["remote"].as_str(),
-                    &str_arg(req, "snapshot")?,
-                )?),
-                "fetch" => json!(cowspace::remote::fetch(
-                    rt.store(),
-                    req["args"]["remote"].as_str()
-                )?),
-                "remote_gc" => json!(cowspace::remote::gc::gc(
-                    rt.store(),
-                    req["args"]["remote"].as_str(),
-                    req["args"]["dry_run"].as_bool().unwrap_or(false),
-                    req["args"]["grace"].as_i64(),
-                )?),
-                "gc" => rt.gc(&args::<cowspace::ops::GcRequest>(req)?)?.to_json(),
-                "export" => {
-                    caller.may_name_host_paths("export")?;
-                    cowspace::ops::export(
-                        rt.store(),
-                        &str_arg(req, "snapshot")?,
-                        &abs_path_arg(req, "dest")?,
-                        req["args"]["tar"].as_bool().unwrap_or(false),
-                    )?
-                }
-                "import" => {
-                    caller.may_name_host_paths("import")?;
-                    let source = abs_path_arg(req, "source")?;
-                    self.import(&source, args::<ImportArgs>(req)?, events)?
-                }
-                "mount_workspace" => {
-                    let rec = rt.status(&ws_arg(req)?)?;
-                    self.host.mount(&rec)?;
-                    json!({"workspace": rec.id, "path": rec.path, "served": true})
-                }
-                "finish_copies" => {
-                    let rec = rt.status(&ws_arg(req)?)?;
-                    self.host.finish_copies(&rec)?;
-                    json!({"workspace": rec.id, "finished": true})
-                }
-                "unmount_workspace" => {
-                    let rec = rt.status(&ws_arg(req)?)?;
-                    let was = self.host.unmount(&rec.id);
-                    json!({"workspace": rec.id, "served": false, "was_served": was})
-                }
-                "shutdown" => {
-                    let users = (self.busy)();
-                    if !users.is_empty() && !req["args"]["force"].as_bool().unwrap_or(false) {
-                        return Err(Error::DaemonInUse { users });
-                    }
-                    self.stop.store(true, Ordering::SeqCst);
-                    json!({"stopping": true})
-                }
-                other => return Err(Error::Invalid(format!("unknown op {other:?}"))),
-            })
-        })();
+        let r = Request::decode(line).and_then(|req| self.handle(req, caller, events));
         match r {
-            Ok(v) => json!({"ok": true, "result": v}),
+            Ok(v) => json!(Response::ok(v)),
             Err(e) => error_value(&e),
         }
+    }
+
+    /// Carries out one decoded request.
+    pub fn handle(
+        &self,
+        req: Request,
+        caller: Caller,
+        events: &(dyn Fn(&Value) + Send + Sync),
+    ) -> Result<Value> {
+        let rt = &self.runtime;
+        Ok(match req {
+            Request::Ping(_) => json!({
+                "pong": true,
+                "version": env!("CARGO_PKG_VERSION"),
+                "program": crate::daemon::program_identity(std::path::Path::new("/proc/self/exe")),
+            }),
+            Request::Create(mut o) => {
+                o.materializer = Some(self.config.materializer(o.materializer).value);
+                o.lower = Some(self.config.lower(o.lower).value);
+                rt.create(&o)?.created_json()
+            }
+            Request::List(a) => json!(rt.list(a.all)?),
+            Request::Status(a) => json!(rt.status(&a.workspace)?),
+            Request::Diff(a) => {
+                let changes = rt.diff_with(&a.workspace, a.include_excluded)?;
+                let patch = if a.patch {
+                    Some(crate::upper::patch(rt.store(), &changes)?)
+                } else {
+                    None
+                };
+                let list: Vec<_> = changes.into_iter().map(|(c, _)| c).collect();
+                json!({"workspace": rt.status(&a.workspace)?.id, "changes": list, "patch": patch})
+            }
+            Request::Commit(a) => {
+                crate::runtime::commit_json(&rt.commit(&a.workspace, &a.options)?)
+            }
+            Request::Remove(a) => {
+                let t = std::time::Instant::now();
+                let rec = rt.remove(&a.workspace, a.force)?;
+                rec.removed_json(t.elapsed().as_secs_f64() * 1e3)
+            }
+            Request::Sweep(_) => json!(rt.sweep()?),
+            // Answered at once; the image is built on a thread of its own.
+            Request::PrepareNative(a) => {
+                let snap: cowspace_store::SnapshotId = rt.store().resolve(&a.snapshot)?;
+                json!({"snapshot": snap.to_hex(), "preparing": prepare_in_background(rt, snap)})
+            }
+            Request::SandboxStart(a) => {
+                let o = crate::sandbox::with_defaults(a.controls, &self.config.sandbox());
+                // `vm: true` places it in a micro-VM; software emulation runs only when
+                // `accept_emulation` (or the configuration) accepts it.
+                if a.vm {
+                    let accept = a.accept_emulation
+                        || self.config.vm_accept_emulation().is_some_and(|s| s.value);
+                    let v = cowspace::vm::VmRun {
+                        accept_emulation: accept,
+                    };
+                    rt.vm_start(&a.workspace, &o, &v)?
+                } else {
+                    rt.sandbox_start(&a.workspace, &o)?
+                }
+            }
+            Request::SandboxStop(a) => rt.sandbox_stop(&a.workspace)?,
+            Request::SandboxStatus(a) => rt.sandbox_status(&a.workspace)?,
+            Request::SandboxList(_) => json!({"sandboxes": rt.sandbox_list()?}),
+            Request::SandboxPolicy(a) => rt.sandbox_policy(&a.workspace, &a.options)?,
+            Request::SandboxPublish(a) => rt.sandbox_publish(&a.workspace, a.port)?,
+            Request::SandboxUnpublish(a) => rt.sandbox_unpublish(&a.workspace, a.port)?,
+            Request::SandboxLog(a) => json!({"decisions": rt.sandbox_log(&a.workspace, a.tail)?}),
+            // The command itself goes to the sandbox's keeper, with the caller's
+            // descriptors (`SCM_RIGHTS`): this answers where (docs/sandbox.md).
+            Request::Exec(a) => {
+                let rec = rt.sandbox_status(&a.workspace)?;
+                let name = rec["name"].as_str().unwrap_or_default().to_string();
+                let (_, sock) = sandbox_helper::keeper::paths(&rt.sandbox_state_dir(), &name);
+                json!({"workspace": rec["workspace"], "socket": sock})
+            }
+            Request::Recover(a) => json!(rt.recover(&a.workspace)?),
+            Request::Snapshots(_) => cowspace::ops::snapshots(rt.store())?,
+            Request::Refs(_) => cowspace::ops::refs(rt.store())?,
+            Request::RefSet(a) => cowspace::ops::ref_set(
+                rt.store(),
+                &a.name,
+                &a.snapshot,
+                a.expect.as_deref(),
+                a.force,
+            )?,
+            Request::RefDelete(a) => cowspace::ops::ref_delete(rt.store(), &a.name, &a.expect)?,
+            Request::Show(a) => cowspace::ops::show(rt.store(), &a.snapshot, &a.path)?,
+            Request::Stats(_) => cowspace::ops::stats(rt.store())?,
+            Request::Remotes(_) => cowspace::remote::list_json(rt.store())?,
+            Request::Push(a) => json!(cowspace::remote::push(
+                rt.store(),
+                a.remote.as_deref(),
+                &a.snapshot,
+                a.force,
+            )?),
+            Request::Pull(a) => json!(cowspace::remote::pull(
+                rt.store(),
+                a.remote.as_deref(),
+                &a.snapshot,
+            )?),
+            Request::Fetch(a) => json!(cowspace::remote::fetch(rt.store(), a.remote.as_deref())?),
+            Request::RemoteGc(a) => json!(cowspace::remote::gc::gc(
+                rt.store(),
+                a.remote.as_deref(),
+                a.dry_run,
+                a.grace,
+            )?),
+            Request::Gc(a) => rt.gc(&a)?.to_json(),
+            Request::Export(a) => {
+                caller.may_name_host_paths("export")?;
+                cowspace::ops::export(
+                    rt.store(),
+                    &a.snapshot,
+                    &abs_path_arg("dest", &a.dest)?,
+                    a.tar,
+                )?
+            }
+            Request::Import(a) => {
+                caller.may_name_host_paths("import")?;
+                let source = abs_path_arg("source", &a.source)?;
+                self.import(&source, a, events)?
+            }
+            Request::MountWorkspace(a) => {
+                let rec = rt.status(&a.workspace)?;
+                self.host.mount(&rec)?;
+                json!({"workspace": rec.id, "path": rec.path, "served": true})
+            }
+            Request::FinishCopies(a) => {
+                let rec = rt.status(&a.workspace)?;
+                self.host.finish_copies(&rec)?;
+                json!({"workspace": rec.id, "finished": true})
+            }
+            Request::UnmountWorkspace(a) => {
+                let rec = rt.status(&a.workspace)?;
+                let was = self.host.unmount(&rec.id);
+                json!({"workspace": rec.id, "served": false, "was_served": was})
+            }
+            Request::Shutdown(a) => {
+                let users = (self.busy)();
+                if !users.is_empty() && !a.force {
+                    return Err(Error::DaemonInUse { users });
+                }
+                self.stop.store(true, Ordering::SeqCst);
+                json!({"stopping": true})
+            }
+        })
     }
 
     /// Imports `source` as `mountctl import` does, sending progress events while it runs
@@ -432,10 +375,7 @@ impl Server {
                         continue;
                     }
                     if let Err(why) = check_peer(&stream, owner_uid) {
-                        let _ = reply(
-                            &stream,
-                            &json!({"ok": false, "error": {"kind": "invalid_input", "message": why, "hint": null}}),
-                        );
+                        let _ = reply(&stream, &error_value(&Error::Invalid(why)));
                         continue;
                     }
                     let me = self.clone();
@@ -483,10 +423,7 @@ impl Server {
                 Ok(0) | Err(_) => return,
                 Ok(_) => {}
             }
-            let resp = match serde_json::from_str::<Value>(&line) {
-                Ok(req) => self.handle(&req, caller, &events),
-                Err(e) => error_value(&Error::Invalid(format!("request is not JSON: {e}"))),
-            };
+            let resp = self.handle_line(&line, caller, &events);
             let sent = reply(&writer.lock().unwrap_or_else(|p| p.into_inner()), &resp);
             if sent.is_err() || self.stop.load(Ordering::SeqCst) {
                 return;
@@ -541,14 +478,14 @@ mod tests {
 
     #[test]
     fn path_arguments_must_be_absolute() {
-        let req = json!({"op": "import", "args": {"source": "relative/dir"}});
-        let e = abs_path_arg(&req, "source").unwrap_err().to_string();
+        let e = abs_path_arg("source", "relative/dir")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("absolute"), "{e}");
-        let req = json!({"op": "import", "args": {"source": "/abs"}});
         assert_eq!(
-            abs_path_arg(&req, "source").unwrap(),
+            abs_path_arg("source", "/abs").unwrap(),
             std::path::PathBuf::from("/abs")
         );
-        assert!(abs_path_arg(&json!({"args": {}}), "source").is_err());
+        assert!(abs_path_arg("source", "").is_err());
     }
 }

@@ -234,8 +234,10 @@ pub struct RunArgs {
 /// What a sandbox is started with (`sandbox start` and `run`).
 #[derive(Debug, Args)]
 pub struct SandboxFlags {
-    /// Network: none (default) or loopback (default when ports are published).
-    #[arg(long, value_parser = ["none", "loopback"])]
+    /// Network: none (default), loopback (default when ports are published), or egress
+    /// (loopback, and a host-side proxy as the only way out: only the hosts
+    /// --allow-host names, default deny).
+    #[arg(long, value_parser = ["none", "loopback", "egress"])]
     pub net: Option<String>,
     /// Memory limit in bytes (k, m, g suffixes accepted; at least 4m).
     #[arg(long, value_name = "BYTES")]
@@ -263,6 +265,19 @@ pub struct SandboxFlags {
     /// Give the commands the host file HOSTFILE as /run/secrets/NAME (repeatable).
     #[arg(long, value_name = "NAME=HOSTFILE")]
     pub secret: Vec<String>,
+    /// With --net egress: let the sandbox reach hosts matching PATTERN (repeatable):
+    /// `example.com`, `*.example.com` (subdomains, not the apex), an optional `:PORT`,
+    /// or `*` for every public host.
+    #[arg(long, value_name = "PATTERN")]
+    pub allow_host: Vec<String>,
+    /// With --net egress: never let it reach hosts matching PATTERN (repeatable; deny
+    /// wins over allow).
+    #[arg(long, value_name = "PATTERN")]
+    pub deny_host: Vec<String>,
+    /// With --net egress: NAME resolves to ADDR for this sandbox (repeatable); naming it
+    /// is what allows a private ADDR for that name.
+    #[arg(long, value_name = "NAME:ADDR")]
+    pub add_host: Vec<String>,
 }
 
 impl From<SandboxFlags> for cowspace::sandbox::SandboxOptions {
@@ -270,6 +285,7 @@ impl From<SandboxFlags> for cowspace::sandbox::SandboxOptions {
         Self {
             net: f.net.as_deref().map(|n| match n {
                 "loopback" => sandbox_helper::spec::Net::Loopback,
+                "egress" => sandbox_helper::spec::Net::Egress,
                 _ => sandbox_helper::spec::Net::None,
             }),
             memory: f.memory,
@@ -280,6 +296,9 @@ impl From<SandboxFlags> for cowspace::sandbox::SandboxOptions {
             env: f.env,
             ro_bind: f.ro_bind,
             secret: f.secret,
+            allow_host: f.allow_host,
+            deny_host: f.deny_host,
+            add_host: f.add_host,
         }
     }
 }
@@ -495,6 +514,56 @@ pub enum SandboxCommand {
     },
     /// Every running sandbox.
     List,
+    /// Change a running sandbox's egress policy (--net egress): new connections follow
+    /// it at once; established ones are not cut.
+    Policy(PolicyArgs),
+    /// The egress decisions of a running sandbox: time, host, port, verdict and the
+    /// rule that decided.
+    Log {
+        /// The workspace (id or name).
+        workspace: String,
+        /// Keep printing decisions as they are made, until the sandbox stops.
+        #[arg(long)]
+        follow: bool,
+        /// Only the last N decisions.
+        #[arg(long, value_name = "N")]
+        tail: Option<usize>,
+    },
+    /// Publish the internal PORT of a running sandbox on a unique 127.0.0.1 host port.
+    Publish {
+        /// The workspace (id or name).
+        workspace: String,
+        /// The port inside.
+        #[arg(value_parser = clap::value_parser!(u16).range(1..))]
+        port: u16,
+    },
+    /// Stop publishing the internal PORT of a running sandbox.
+    Unpublish {
+        /// The workspace (id or name).
+        workspace: String,
+        /// The port inside.
+        #[arg(value_parser = clap::value_parser!(u16).range(1..))]
+        port: u16,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct PolicyArgs {
+    /// The workspace (id or name) whose sandbox runs with --net egress.
+    pub workspace: String,
+    /// Allow hosts matching PATTERN (repeatable).
+    #[arg(long, value_name = "PATTERN")]
+    pub allow_host: Vec<String>,
+    /// Deny hosts matching PATTERN (repeatable; deny wins).
+    #[arg(long, value_name = "PATTERN")]
+    pub deny_host: Vec<String>,
+    /// Take PATTERN out of both lists (repeatable).
+    #[arg(long, value_name = "PATTERN")]
+    pub remove_host: Vec<String>,
+    /// Empty both lists first (the --add-host names stay): nothing is allowed until
+    /// --allow-host says so.
+    #[arg(long)]
+    pub reset: bool,
 }
 
 #[derive(Debug, Args)]

@@ -27,6 +27,18 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// The kind named `s` (as [`Kind::as_str`] gives it); unknown names are `Io`.
+    pub fn parse(s: &str) -> Kind {
+        match s {
+            "invalid_input" => Kind::InvalidInput,
+            "unsupported" => Kind::Unsupported,
+            "busy" => Kind::Busy,
+            "not_found" => Kind::NotFound,
+            "exists" => Kind::Exists,
+            _ => Kind::Io,
+        }
+    }
+
     /// Exit code of the `sandbox-helper` binary (and `mountctl`) for this kind.
     pub fn exit_code(self) -> u8 {
         match self {
@@ -189,17 +201,50 @@ pub enum Error {
         /// The cause.
         source: io::Error,
     },
+    /// A step of starting or talking to the egress proxy.
+    #[error("egress proxy: {step}: {source}")]
+    Egress {
+        /// What was being done.
+        step: &'static str,
+        /// The cause.
+        source: io::Error,
+    },
+    /// The egress proxy is gone: the sandbox has no way out until it is started again.
+    #[error("egress proxy lost: {0}")]
+    EgressLost(String),
+    /// A request that needs something the running sandbox was not started with (a
+    /// policy change without `--net egress`, a port published without a loopback).
+    #[error("invalid input: {0}")]
+    NotStartedWith(String),
+    /// A port is published already, or not published.
+    #[error("exists: {0}")]
+    PortPublished(String),
+    /// A port to unpublish is not published.
+    #[error("not found: {0}")]
+    PortNotPublished(String),
+    /// A keeper's refusal, as it answered it.
+    #[error("{message}")]
+    Answered {
+        /// Its stable kind.
+        kind: Kind,
+        /// What it said.
+        message: String,
+        /// Its hint.
+        hint: Option<String>,
+    },
 }
 
 impl Error {
     /// The stable kind of this error.
     pub fn kind(&self) -> Kind {
         match self {
+            Error::Answered { kind, .. } => *kind,
             Error::InvalidInput(_) => Kind::InvalidInput,
             Error::Unsupported { .. } | Error::VmUnavailable { .. } => Kind::Unsupported,
             Error::Busy(_) | Error::HostBusy { .. } => Kind::Busy,
-            Error::NotRunning { .. } => Kind::NotFound,
-            Error::AlreadyRunning { .. } => Kind::Exists,
+            Error::NotRunning { .. } | Error::PortNotPublished(_) => Kind::NotFound,
+            Error::AlreadyRunning { .. } | Error::PortPublished(_) => Kind::Exists,
+            Error::NotStartedWith(_) => Kind::InvalidInput,
             Error::Exec { source, .. } if source.kind() == io::ErrorKind::NotFound => {
                 Kind::InvalidInput
             }
@@ -212,7 +257,14 @@ impl Error {
     }
 
     /// A short hint for the user, where one helps.
-    pub fn hint(&self) -> Option<&'static str> {
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            Error::Answered { hint, .. } => hint.clone(),
+            other => other.static_hint().map(str::to_string),
+        }
+    }
+
+    fn static_hint(&self) -> Option<&'static str> {
         match self {
             Error::Unsupported { .. } => Some(
                 "run `sandbox-helper probe` to see which controls this host can enforce; \
@@ -231,6 +283,12 @@ impl Error {
                 Some("use `mountctl exec WS -- CMD`, or `mountctl sandbox stop WS` first")
             }
             Error::Exec { .. } => Some("the command must exist inside the sandbox's view"),
+            Error::EgressLost(_) => Some(
+                "stop the sandbox (`mountctl sandbox stop WS`) and start it again with its policy",
+            ),
+            Error::NotStartedWith(_) => {
+                Some("stop the sandbox and start it again with the control it needs")
+            }
             Error::DetachedMount { source, .. } if source.raw_os_error() == Some(libc::ELOOP) => {
                 Some(
                     "a component of that path is a symlink (made after it was checked): \

@@ -287,7 +287,7 @@ pub(crate) fn set_up(
     sys.sethostname(&spec.name).map_err(named("sethostname"))?;
     crate::rootfs::apply(sys, steps, &mounts)?;
     drop(mounts);
-    if spec.net == Net::Loopback {
+    if spec.net != Net::None {
         sys.loopback_up().map_err(named("bring the loopback up"))?;
     }
     sys.allow_ping_sockets(crate::alloc::IDS_PER_SANDBOX)

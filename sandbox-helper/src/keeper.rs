@@ -167,6 +167,38 @@ struct Shared {
     stop_waiters: Mutex<Vec<OwnedFd>>,
     status: Value,
     cgroups: Vec<PathBuf>,
+    /// Ports and egress, changed while it runs (a namespace sandbox's; `None` for a VM).
+    net: Option<Arc<crate::net::Network>>,
+}
+
+/// A client's first message.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum KeeperRequest {
+    /// The sandbox's status.
+    Status,
+    /// Stop it; answered once everything is freed.
+    Stop,
+    /// Start a command (with the client's stdio).
+    Exec {
+        /// The command.
+        request: ExecRequest,
+    },
+    /// Change the egress policy (new connections follow it at once).
+    Policy {
+        /// Applied in order.
+        changes: Vec<cowspace_egress::policy::PolicyChange>,
+    },
+    /// Publish a port now.
+    Publish {
+        /// The port inside.
+        port: u16,
+    },
+    /// Stop publishing a port.
+    Unpublish {
+        /// The port inside.
+        port: u16,
+    },
 }
 
 /// A long-lived sandbox's status, as `{"op":"status"}` answers it.
@@ -183,6 +215,7 @@ pub(crate) fn serve(
     init_pid: Pid,
     status: Value,
     cgroups: Vec<PathBuf>,
+    net: Option<Arc<crate::net::Network>>,
 ) -> Stopped {
     let shared = Arc::new(Shared {
         name: status["name"].as_str().unwrap_or_default().to_string(),
@@ -193,6 +226,7 @@ pub(crate) fn serve(
         stop_waiters: Mutex::new(Vec::new()),
         status,
         cgroups,
+        net,
     });
     {
         let shared = shared.clone();
@@ -295,15 +329,21 @@ fn serve_client(conn: &OwnedFd, shared: &Arc<Shared>) {
     let Ok((msg, fds)) = recv_msg(conn.as_raw_fd(), 3) else {
         return;
     };
-    let Ok(req) = serde_json::from_slice::<Value>(&msg) else {
-        let _ = reply(conn, &error_json("invalid_input", "not a JSON request", 9));
-        return;
+    let req = match serde_json::from_slice::<KeeperRequest>(&msg) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = reply(
+                conn,
+                &error_of(&Error::InvalidInput(format!("bad request: {e}"))),
+            );
+            return;
+        }
     };
-    match req["op"].as_str() {
-        Some("status") => {
+    match req {
+        KeeperRequest::Status => {
             let _ = reply(conn, &status(shared));
         }
-        Some("stop") => {
+        KeeperRequest::Stop => {
             if let Ok(c) = conn.try_clone() {
                 shared
                     .stop_waiters
@@ -314,11 +354,50 @@ fn serve_client(conn: &OwnedFd, shared: &Arc<Shared>) {
             shared.backend.wind_down();
             let _ = kill(shared.init_pid, Signal::SIGKILL);
         }
-        Some("exec") => exec(conn, shared, &req["request"], fds),
-        _ => {
-            let _ = reply(conn, &error_json("invalid_input", "unknown op", 9));
+        KeeperRequest::Exec { request } => exec(conn, shared, request, fds),
+        KeeperRequest::Policy { changes } => {
+            let answer = net_of(shared).and_then(|n| {
+                let e = n.egress().ok_or_else(|| {
+                    Error::NotStartedWith(format!(
+                        "sandbox {:?} was not started with --net egress: it has no egress \
+                         policy to change",
+                        shared.name
+                    ))
+                })?;
+                let policy = e.change(&changes)?;
+                Ok(json!({"policy": policy, "allows_nothing": policy.allow.is_empty()}))
+            });
+            let _ = reply(conn, &answer.unwrap_or_else(|e| error_of(&e)));
+        }
+        KeeperRequest::Publish { port } => {
+            let answer = net_of(shared)
+                .and_then(|n| n.publish(port))
+                .map(|host| json!({"port": port, "host_port": host}));
+            let _ = reply(conn, &answer.unwrap_or_else(|e| error_of(&e)));
+        }
+        KeeperRequest::Unpublish { port } => {
+            let answer = net_of(shared)
+                .and_then(|n| n.unpublish(port))
+                .map(|host| json!({"port": port, "host_port": host, "unpublished": true}));
+            let _ = reply(conn, &answer.unwrap_or_else(|e| error_of(&e)));
         }
     }
+}
+
+/// The live network of a namespace sandbox; a VM's ports and egress are fixed at start.
+fn net_of(shared: &Shared) -> Result<&crate::net::Network> {
+    shared.net.as_deref().ok_or_else(|| Error::Unsupported {
+        control: "changing a VM sandbox's network while it runs",
+        reason: "a VM's ports are qemu's forwards, fixed at start: publish them with \
+                 `sandbox start --vm --publish PORT`"
+            .into(),
+    })
+}
+
+/// An error as the keeper answers it, with the one kind table ([`Error::kind`]).
+fn error_of(e: &Error) -> Value {
+    let k = e.kind();
+    json!({"error": {"kind": k.as_str(), "message": e.to_string(), "hint": e.hint()}, "exit": k.exit_code()})
 }
 
 /// Refuses descriptors a sandboxed process must never hold: a directory (or an `O_PATH`
@@ -339,17 +418,7 @@ fn check_stdio(fds: &[OwnedFd]) -> std::result::Result<(), String> {
     Ok(())
 }
 
-fn exec(conn: &OwnedFd, shared: &Arc<Shared>, request: &Value, fds: Vec<OwnedFd>) {
-    let req: ExecRequest = match serde_json::from_value(request.clone()) {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = reply(
-                conn,
-                &error_json("invalid_input", &format!("bad exec request: {e}"), 9),
-            );
-            return;
-        }
-    };
+fn exec(conn: &OwnedFd, shared: &Arc<Shared>, req: ExecRequest, fds: Vec<OwnedFd>) {
     if req.argv.is_empty() {
         let _ = reply(conn, &error_json("invalid_input", "no command given", 9));
         return;
@@ -492,6 +561,12 @@ fn status(shared: &Shared) -> Value {
     v["oom_kills"] = json!(oom.unwrap_or(0));
     v["execs_running"] = json!(shared.backend.running());
     v["name"] = json!(shared.name);
+    if let Some(n) = &shared.net {
+        v["ports"] = n.ports_json();
+        if let Some(e) = n.egress() {
+            v["egress"] = e.status();
+        }
+    }
     v
 }
 
@@ -576,14 +651,16 @@ impl Client {
 
     /// The sandbox's status.
     pub fn status(self) -> Result<Status> {
-        send_msg(self.conn.as_raw_fd(), br#"{"op":"status"}"#, &[]).map_err(self.err())?;
+        let msg = serde_json::to_vec(&KeeperRequest::Status).map_err(|e| self.err()(e.into()))?;
+        send_msg(self.conn.as_raw_fd(), &msg, &[]).map_err(self.err())?;
         Ok(self.recv_json()?.0)
     }
 
     /// Stops the sandbox: every process killed, its cgroups, ports and mounts freed.
     /// Returns once that is done.
     pub fn stop(self) -> Result<Value> {
-        send_msg(self.conn.as_raw_fd(), br#"{"op":"stop"}"#, &[]).map_err(self.err())?;
+        let msg = serde_json::to_vec(&KeeperRequest::Stop).map_err(|e| self.err()(e.into()))?;
+        send_msg(self.conn.as_raw_fd(), &msg, &[]).map_err(self.err())?;
         match self.recv_json() {
             Ok((v, _)) => Ok(v),
             // The keeper exits right after answering; an end without the answer still
@@ -592,9 +669,42 @@ impl Client {
         }
     }
 
+    /// One request answered by one object; an answered error comes back with its kind.
+    fn ask(self, req: &KeeperRequest) -> Result<Value> {
+        let msg = serde_json::to_vec(req).map_err(|e| self.err()(e.into()))?;
+        send_msg(self.conn.as_raw_fd(), &msg, &[]).map_err(self.err())?;
+        let v = self.recv_json()?.0;
+        if let Some(e) = v.get("error") {
+            return Err(Error::Answered {
+                kind: crate::error::Kind::parse(e["kind"].as_str().unwrap_or("io")),
+                message: e["message"].as_str().unwrap_or("refused").to_string(),
+                hint: e["hint"].as_str().map(str::to_string),
+            });
+        }
+        Ok(v)
+    }
+
+    /// Changes the sandbox's egress policy; answers `{"policy": ..., "allows_nothing"}`.
+    pub fn policy(self, changes: Vec<cowspace_egress::policy::PolicyChange>) -> Result<Value> {
+        self.ask(&KeeperRequest::Policy { changes })
+    }
+
+    /// Publishes `port` now; answers `{"port", "host_port"}`.
+    pub fn publish(self, port: u16) -> Result<Value> {
+        self.ask(&KeeperRequest::Publish { port })
+    }
+
+    /// Stops publishing `port`.
+    pub fn unpublish(self, port: u16) -> Result<Value> {
+        self.ask(&KeeperRequest::Unpublish { port })
+    }
+
     /// Starts `req` with `stdio` as its stdin, stdout and stderr (`None` with `req.tty`).
     pub fn exec(&self, req: &ExecRequest, stdio: Option<[BorrowedFd<'_>; 3]>) -> Result<Started> {
-        let msg = json!({"op": "exec", "request": req}).to_string();
+        let msg = serde_json::to_string(&KeeperRequest::Exec {
+            request: req.clone(),
+        })
+        .map_err(|e| self.err()(e.into()))?;
         if msg.len() > MAX_CLIENT_MESSAGE_BYTES {
             return Err(Error::InvalidInput(format!(
                 "the command and its environment exceed {MAX_CLIENT_MESSAGE_BYTES} bytes"

@@ -54,6 +54,7 @@
 
 pub mod alloc;
 pub mod cgroup;
+pub mod egress;
 pub mod error;
 pub mod init;
 pub mod keeper;

@@ -88,6 +88,24 @@ enum Command {
         #[arg(long)]
         state_dir: Option<PathBuf>,
     },
+    /// The egress proxy of a `--net egress` sandbox (started by its keeper, never by
+    /// hand: it is given sockets made inside the sandbox's network namespace).
+    #[command(hide = true)]
+    EgressProxy {
+        /// The sandbox's name (for the process list).
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        http_fd: i32,
+        #[arg(long)]
+        socks_fd: i32,
+        #[arg(long)]
+        dns_fd: i32,
+        #[arg(long)]
+        control_fd: i32,
+        #[arg(long)]
+        log_fd: i32,
+    },
     /// Show which controls this host can enforce, and why not.
     Probe {
         /// Print one JSON object on stdout.
@@ -113,8 +131,9 @@ struct RunArgs {
     /// Cgroup root (default /sys/fs/cgroup).
     #[arg(long, env = cgroup::ROOT_ENV, default_value = cgroup::DEFAULT_ROOT)]
     cgroup_root: PathBuf,
-    /// Network: none (default) or loopback (default when ports are published).
-    #[arg(long, value_parser = ["none", "loopback"])]
+    /// Network: none (default), loopback (default when ports are published), or egress
+    /// (loopback, and a host-side proxy as the only way out, by --allow-host).
+    #[arg(long, value_parser = ["none", "loopback", "egress"])]
     net: Option<String>,
     /// Memory limit in bytes (k, m, g suffixes accepted).
     #[arg(long, value_name = "BYTES")]
@@ -140,6 +159,17 @@ struct RunArgs {
     /// Give the command the host file HOSTFILE as /run/secrets/NAME (read-only tmpfs).
     #[arg(long, value_name = "NAME=HOSTFILE")]
     secret: Vec<String>,
+    /// With --net egress: let the sandbox reach hosts matching PATTERN (`example.com`,
+    /// `*.example.com`, optional `:PORT`, `*` for every public host).
+    #[arg(long, value_name = "PATTERN")]
+    allow_host: Vec<String>,
+    /// With --net egress: never let it reach hosts matching PATTERN (deny wins).
+    #[arg(long, value_name = "PATTERN")]
+    deny_host: Vec<String>,
+    /// With --net egress: NAME resolves to ADDR for this sandbox (which allows a
+    /// private ADDR for that name).
+    #[arg(long, value_name = "NAME:ADDR")]
+    add_host: Vec<String>,
     /// Print the published ports as one JSON line on stdout before CMD runs; errors as JSON.
     #[arg(long)]
     json: bool,
@@ -202,6 +232,24 @@ fn main() -> ExitCode {
             finish(vm_start_cmd(*args), json)
         }
         Command::Probe { json, cgroup_root } => probe_cmd(json, &cgroup_root),
+        Command::EgressProxy {
+            name: _,
+            http_fd,
+            socks_fd,
+            dns_fd,
+            control_fd,
+            log_fd,
+        } => finish(
+            sandbox_helper::egress::serve_process(sandbox_helper::egress::ProxyFds {
+                http: http_fd,
+                socks: socks_fd,
+                dns: dns_fd,
+                control: control_fd,
+                log: log_fd,
+            })
+            .map(|()| 0),
+            false,
+        ),
         Command::Exec {
             name,
             state_dir,
@@ -314,6 +362,9 @@ fn vm_spec(args: VmRunArgs) -> Result<sandbox_helper::vm::VmSpec, Error> {
         env: r.env,
         ro_bind: r.ro_bind,
         secret: r.secret,
+        allow_host: r.allow_host,
+        deny_host: r.deny_host,
+        add_host: r.add_host,
     };
     sandbox_helper::vm::VmSpec::validate(
         &r.name,
@@ -523,6 +574,9 @@ fn spec_input(args: RunArgs, keep: bool) -> Result<SpecInput, Error> {
             env: args.env,
             ro_bind: args.ro_bind,
             secret: args.secret,
+            allow_host: args.allow_host,
+            deny_host: args.deny_host,
+            add_host: args.add_host,
         },
         command: args.command,
         suspend_host_mount: args.suspend_host_mount,

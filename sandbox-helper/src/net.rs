@@ -131,3 +131,125 @@ fn copy_half(mut from: TcpStream, mut to: TcpStream) {
     let _ = io::copy(&mut from, &mut to);
     let _ = to.shutdown(Shutdown::Write);
 }
+
+/// A long-lived sandbox's network as its keeper changes it while it runs: its published
+/// ports (one forwarder each, added and removed at any time) and its egress proxy.
+#[derive(Debug)]
+pub struct Network {
+    name: String,
+    state: std::path::PathBuf,
+    netns: File,
+    /// Whether the sandbox has a loopback up (`loopback` or `egress`): only then can a
+    /// port be published.
+    loopback: bool,
+    ports: std::sync::Mutex<std::collections::BTreeMap<u16, Proxy>>,
+    egress: Option<crate::egress::EgressProxy>,
+}
+
+impl Network {
+    /// The network of sandbox `name` whose namespace is `netns`, publishing `leases`
+    /// and with its egress proxy, if any.
+    pub fn start(
+        name: &str,
+        state: &std::path::Path,
+        netns: File,
+        loopback: bool,
+        leases: Vec<PortLease>,
+        egress: Option<crate::egress::EgressProxy>,
+    ) -> io::Result<Network> {
+        let mut ports = std::collections::BTreeMap::new();
+        for lease in leases {
+            let internal = lease.internal;
+            ports.insert(internal, Proxy::start(vec![lease], &netns)?);
+        }
+        Ok(Network {
+            name: name.to_string(),
+            state: state.to_path_buf(),
+            netns,
+            loopback,
+            ports: std::sync::Mutex::new(ports),
+            egress,
+        })
+    }
+
+    /// `{"PORT": HOST_PORT, ...}` of the ports published now.
+    pub fn ports_json(&self) -> serde_json::Value {
+        let ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
+        ports
+            .values()
+            .flat_map(|p| {
+                p.leases
+                    .iter()
+                    .map(|l| (l.internal.to_string(), l.host.into()))
+            })
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+
+    /// Publishes `internal` on a unique host port of 127.0.0.1, at once.
+    pub fn publish(&self, internal: u16) -> crate::error::Result<u16> {
+        use crate::error::Error;
+        if !self.loopback {
+            return Err(Error::NotStartedWith(format!(
+                "sandbox {:?} runs with --net none: publishing {internal} needs a loopback \
+                 inside (--net loopback or --net egress)",
+                self.name
+            )));
+        }
+        if internal == 0 {
+            return Err(Error::InvalidInput("port 0: not a port".into()));
+        }
+        let mut ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = ports.get(&internal) {
+            let host = p.leases.first().map(|l| l.host).unwrap_or(0);
+            return Err(Error::PortPublished(format!(
+                "port {internal} of sandbox {:?} is published already, on 127.0.0.1:{host}",
+                self.name
+            )));
+        }
+        if ports.len() >= crate::spec::MAX_LIST_ENTRIES {
+            return Err(Error::InvalidInput(format!(
+                "more than {} published ports",
+                crate::spec::MAX_LIST_ENTRIES
+            )));
+        }
+        let lease = crate::alloc::lease_ports(&self.state, &self.name, &[internal])?
+            .pop()
+            .ok_or_else(|| Error::Busy(format!("no host port for {internal}")))?;
+        let host = lease.host;
+        let proxy = Proxy::start(vec![lease], &self.netns).map_err(Error::Sync)?;
+        ports.insert(internal, proxy);
+        Ok(host)
+    }
+
+    /// Stops publishing `internal`: its host port closes and is free for others.
+    /// Connections in flight end when their sockets close.
+    pub fn unpublish(&self, internal: u16) -> crate::error::Result<u16> {
+        let mut ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(mut proxy) = ports.remove(&internal) else {
+            return Err(crate::error::Error::PortNotPublished(format!(
+                "port {internal} of sandbox {:?} is not published",
+                self.name
+            )));
+        };
+        let host = proxy.leases.first().map(|l| l.host).unwrap_or(0);
+        proxy.stop();
+        Ok(host)
+    }
+
+    /// The egress proxy, with `--net egress`.
+    pub fn egress(&self) -> Option<&crate::egress::EgressProxy> {
+        self.egress.as_ref()
+    }
+
+    /// Stops every forwarder and the egress proxy.
+    pub fn stop(&self) {
+        let mut ports = self.ports.lock().unwrap_or_else(|p| p.into_inner());
+        for (_, mut p) in std::mem::take(&mut *ports) {
+            p.stop();
+        }
+        if let Some(e) = &self.egress {
+            e.stop();
+        }
+    }
+}

@@ -347,9 +347,17 @@ pub fn plan(spec: &Spec, new_root: &Path, host: &dyn HostFs) -> Plan {
         "etc/hosts",
         format!("127.0.0.1\tlocalhost {name}\n::1\tlocalhost\n"),
     );
+    // With egress the sandbox's own resolver answers on its loopback, for the names its
+    // policy allows only; otherwise nothing resolves.
     p.file(
         "etc/resolv.conf",
-        "# no DNS inside a cowspace sandbox\n".into(),
+        if spec.egress.is_some() {
+            "# the sandbox's own resolver: only the names its egress policy allows\n\
+             nameserver 127.0.0.1\noptions attempts:1 timeout:2\n"
+                .into()
+        } else {
+            "# no DNS inside a cowspace sandbox\n".into()
+        },
     );
     p.file(
         "etc/passwd",

@@ -22,7 +22,7 @@ use nix::unistd::Pid;
 use crate::alloc::{self, IDS_PER_SANDBOX};
 use crate::cgroup::{self, Group};
 use crate::error::{Error, Result};
-use crate::net::Proxy;
+use crate::net::Network;
 use crate::rootfs::{self, MAX_CGROUP_JOINS, MAX_DETACHED_MOUNTS, RealHost};
 use crate::spec::Spec;
 use crate::{init, probe, seccomp, sys};
@@ -393,7 +393,7 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
     let pid = live.pid;
     let netns = File::open(format!("/proc/{pid}/ns/net")).map_err(Error::Sync)?;
     on_ready(&live.ready);
-    let mut proxy = Proxy::start(std::mem::take(&mut live.leases), &netns).map_err(Error::Sync)?;
+    let network = network_of(spec, opts, netns, std::mem::take(&mut live.leases))?;
     send(live.ours.as_raw_fd(), b"run", MsgFlags::empty()).map_err(|e| Error::Sync(e.into()))?;
     expect_reply(&live.ours, b'R', spec)?;
 
@@ -413,7 +413,7 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
     // Wake the forwarder now rather than after its poll interval: it sees `stop` first.
     let _ = nix::sys::pthread::pthread_kill(forwarder.as_pthread_t(), Signal::SIGUSR2);
     let _ = forwarder.join();
-    proxy.stop();
+    network.stop();
     let code = match status.map_err(|e| Error::Wait(e.into()))? {
         WaitStatus::Exited(_, code) => code as u8,
         WaitStatus::Signaled(_, sig, _) => 128u8.saturating_add(sig as u8),
@@ -449,15 +449,15 @@ pub fn start(
     let mut live = prepare(spec, opts)?;
     let pid = live.pid;
     let netns = File::open(format!("/proc/{pid}/ns/net")).map_err(Error::Sync)?;
-    let mut proxy = Proxy::start(std::mem::take(&mut live.leases), &netns).map_err(Error::Sync)?;
+    let network = Arc::new(network_of(
+        spec,
+        opts,
+        netns,
+        std::mem::take(&mut live.leases),
+    )?);
     send(live.ours.as_raw_fd(), b"run", MsgFlags::empty()).map_err(|e| Error::Sync(e.into()))?;
     expect_reply(&live.ours, b'R', spec)?;
-    let ports: serde_json::Map<String, serde_json::Value> = live
-        .ready
-        .published
-        .iter()
-        .map(|p| (p.internal.to_string(), p.host.into()))
-        .collect();
+    let ports = network.ports_json();
     let started_at = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -484,11 +484,16 @@ pub fn start(
         pid,
         status.clone(),
         live.ready.cgroups.clone(),
+        Some(network.clone()),
     );
-    on_ready(&live.ready, &status);
+    let mut announced = status.clone();
+    if let Some(e) = network.egress() {
+        announced["egress"] = e.status();
+    }
+    on_ready(&live.ready, &announced);
     while let Err(nix::errno::Errno::EINTR) = waitpid(pid, None) {}
     live.guard.0 = None;
-    proxy.stop();
+    network.stop();
     let oom_kills = live.group.oom_kills().unwrap_or(0);
     let destroyed = live.group.destroy();
     if let Some(mut m) = live.shared.take()
@@ -504,6 +509,34 @@ pub fn start(
     stopped.reply(oom_kills);
     destroyed?;
     Ok(Outcome { code: 0, oom_kills })
+}
+
+/// The sandbox's network as its keeper runs it: its published ports, and with
+/// `--net egress` its proxy (started with the policy, before the first command runs).
+fn network_of(
+    spec: &Spec,
+    opts: &Options,
+    netns: File,
+    leases: Vec<crate::alloc::PortLease>,
+) -> Result<Network> {
+    let egress = match &spec.egress {
+        Some(policy) => Some(crate::egress::EgressProxy::launch(
+            &netns,
+            policy.clone(),
+            &opts.state_dir,
+            &spec.name,
+        )?),
+        None => None,
+    };
+    Network::start(
+        &spec.name,
+        &opts.state_dir,
+        netns,
+        spec.net != crate::spec::Net::None,
+        leases,
+        egress,
+    )
+    .map_err(Error::Sync)
 }
 
 /// Makes the detached mounts of `plan` (the workspace idmapped with init's user

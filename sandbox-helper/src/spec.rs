@@ -55,6 +55,10 @@ pub enum Net {
     None,
     /// A network namespace with its loopback up; nothing else.
     Loopback,
+    /// A loopback as [`Net::Loopback`], and a host-side egress proxy (HTTP, SOCKS5 and
+    /// DNS on 127.0.0.1 inside) as the only way out, by host policy, default deny
+    /// ([`crate::egress`]).
+    Egress,
 }
 
 impl Net {
@@ -63,6 +67,7 @@ impl Net {
         match self {
             Net::None => "none",
             Net::Loopback => "loopback",
+            Net::Egress => "egress",
         }
     }
 }
@@ -73,8 +78,9 @@ impl std::str::FromStr for Net {
         match s {
             "none" => Ok(Net::None),
             "loopback" => Ok(Net::Loopback),
+            "egress" => Ok(Net::Egress),
             other => Err(Error::InvalidInput(format!(
-                "--net {other:?}: expected `none` or `loopback`"
+                "--net {other:?}: expected `none`, `loopback` or `egress`"
             ))),
         }
     }
@@ -221,6 +227,8 @@ pub struct Spec {
     pub limits: Limits,
     /// Internal ports to publish on a unique 127.0.0.1 host port each.
     pub publish: Vec<u16>,
+    /// The egress policy, with [`Net::Egress`].
+    pub egress: Option<cowspace_egress::policy::Policy>,
     /// The command's environment (the allowlist, defaults and `--env`).
     pub env: BTreeMap<String, String>,
     /// Extra read-only binds.
@@ -254,7 +262,7 @@ pub struct Spec {
 /// start` and `run` flags, the control socket's `sandbox_start` args and the runtime's
 /// `SandboxOptions` are all this. Unvalidated.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct Controls {
     /// `--net`; `None` means `loopback` when ports are published, else `none`.
     pub net: Option<Net>,
@@ -275,6 +283,12 @@ pub struct Controls {
     pub ro_bind: Vec<String>,
     /// `--secret NAME=HOSTFILE`.
     pub secret: Vec<String>,
+    /// `--allow-host PATTERN` (with `--net egress`).
+    pub allow_host: Vec<String>,
+    /// `--deny-host PATTERN` (with `--net egress`).
+    pub deny_host: Vec<String>,
+    /// `--add-host NAME:ADDR` (with `--net egress`).
+    pub add_host: Vec<String>,
 }
 
 /// A size given as text (`"512m"`) or as a number of bytes.
@@ -340,10 +354,14 @@ impl Spec {
             input.controls.ro_bind.len(),
             input.controls.publish.len(),
             input.controls.secret.len(),
+            input.controls.allow_host.len(),
+            input.controls.deny_host.len(),
+            input.controls.add_host.len(),
         ] {
             if list > MAX_LIST_ENTRIES {
                 return Err(Error::InvalidInput(format!(
-                    "more than {MAX_LIST_ENTRIES} --env, --ro-bind or --publish entries"
+                    "more than {MAX_LIST_ENTRIES} --env, --ro-bind, --publish, --secret, \
+                     --allow-host, --deny-host or --add-host entries"
                 )));
             }
         }
@@ -392,6 +410,8 @@ impl Spec {
             (None, true) => Net::None,
             (None, false) => Net::Loopback,
         };
+
+        let egress = egress_policy(net, &input.controls)?;
 
         let mut publish = input.controls.publish.clone();
         publish.sort_unstable();
@@ -454,6 +474,13 @@ impl Spec {
                 env.insert(key.to_string(), value);
             }
         }
+        if egress.is_some() {
+            // Tools that honour these go through the proxy; the policy is enforced
+            // whether they do or not (docs/sandbox.md, "Egress").
+            for (k, v) in egress_env() {
+                env.insert(k.to_string(), v);
+            }
+        }
         for entry in &input.controls.env {
             let (k, v) = entry.split_once('=').ok_or_else(|| {
                 Error::InvalidInput(format!("--env {entry:?}: expected KEY=VALUE"))
@@ -476,6 +503,7 @@ impl Spec {
             net,
             limits,
             publish,
+            egress,
             env,
             ro_binds,
             secrets,
@@ -487,6 +515,73 @@ impl Spec {
             share_host_mount,
         })
     }
+}
+
+/// The HTTP proxy's port on the sandbox's loopback.
+pub const EGRESS_HTTP_PORT: u16 = 3128;
+/// The SOCKS5 proxy's port on the sandbox's loopback.
+pub const EGRESS_SOCKS_PORT: u16 = 1080;
+/// The resolver's port on the sandbox's loopback.
+pub const EGRESS_DNS_PORT: u16 = 53;
+
+/// The proxy variables every command of an egress sandbox gets (both cases).
+pub fn egress_env() -> Vec<(&'static str, String)> {
+    let http = format!("http://127.0.0.1:{EGRESS_HTTP_PORT}");
+    let socks = format!("socks5h://127.0.0.1:{EGRESS_SOCKS_PORT}");
+    let no = "localhost,127.0.0.1,::1".to_string();
+    vec![
+        ("HTTP_PROXY", http.clone()),
+        ("HTTPS_PROXY", http.clone()),
+        ("ALL_PROXY", socks.clone()),
+        ("NO_PROXY", no.clone()),
+        ("http_proxy", http.clone()),
+        ("https_proxy", http),
+        ("all_proxy", socks),
+        ("no_proxy", no),
+    ]
+}
+
+/// The egress policy the controls ask for: `None` unless `--net egress`; host flags
+/// without it are refused, naming the flag.
+pub fn egress_policy(net: Net, c: &Controls) -> Result<Option<cowspace_egress::policy::Policy>> {
+    use cowspace_egress::policy::{AddHost, HostPattern, Policy};
+    if net != Net::Egress {
+        for (flag, list) in [
+            ("--allow-host", &c.allow_host),
+            ("--deny-host", &c.deny_host),
+            ("--add-host", &c.add_host),
+        ] {
+            if let Some(first) = list.first() {
+                return Err(Error::InvalidInput(format!(
+                    "{flag} {first:?} needs --net egress (the sandbox has no way out with \
+                     --net {})",
+                    net.as_str()
+                )));
+            }
+        }
+        return Ok(None);
+    }
+    let patterns = |flag: &str, list: &[String]| -> Result<Vec<HostPattern>> {
+        list.iter()
+            .map(|p| {
+                p.parse::<HostPattern>()
+                    .map_err(|e| Error::InvalidInput(format!("{flag} {p:?}: {e}")))
+            })
+            .collect()
+    };
+    let add_hosts = c
+        .add_host
+        .iter()
+        .map(|a| {
+            a.parse::<AddHost>()
+                .map_err(|e| Error::InvalidInput(format!("--add-host {a:?}: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(Policy {
+        allow: patterns("--allow-host", &c.allow_host)?,
+        deny: patterns("--deny-host", &c.deny_host)?,
+        add_hosts,
+    }))
 }
 
 impl Spec {

@@ -900,6 +900,67 @@ pub fn set_parent_death_signal(sig: Signal) -> io::Result<()> {
         .map(|_| ())
 }
 
+/// The descriptor numbers the egress proxy's process gets its five descriptors under
+/// (`3..3 + N`); every other one above 2 is closed before it starts.
+pub const EGRESS_CHILD_FIRST_FD: RawFd = 3;
+
+/// Prepares the egress proxy's process (`sandbox-helper egress-proxy`): `fds` moved to
+/// [`EGRESS_CHILD_FIRST_FD`] onwards and every other descriptor above 2 closed (the
+/// keeper's ready pipe and sockets must not live on in it); no supplementary groups,
+/// uid and gid `uid`/`gid` (every capability goes with uid 0), `no_new_privs`, and
+/// `SIGKILL` when the keeper's thread that started it ends (armed after the uid change,
+/// which clears it).
+pub fn egress_child_pre_exec(cmd: &mut std::process::Command, fds: [RawFd; 5], uid: u32, gid: u32) {
+    use std::os::unix::process::CommandExt;
+    /// Where the descriptors wait while they are moved (above any they could collide with).
+    const PARK_FD: libc::c_int = 1000;
+    // SAFETY: the closure runs in the forked child before exec and makes only
+    // async-signal-safe system calls on its own descriptors and credentials.
+    unsafe {
+        cmd.pre_exec(move || {
+            default_dispositions();
+            let mut parked = [0 as libc::c_int; 5];
+            for (i, fd) in fds.iter().enumerate() {
+                parked[i] = libc::fcntl(*fd, libc::F_DUPFD, PARK_FD);
+                if parked[i] < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            for (i, p) in parked.iter().enumerate() {
+                if libc::dup2(*p, EGRESS_CHILD_FIRST_FD + i as libc::c_int) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            let first_free = (EGRESS_CHILD_FIRST_FD + 5) as libc::c_uint;
+            if libc::syscall(libc::SYS_close_range, first_free, libc::c_uint::MAX, 0u32) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setresgid(gid, gid, gid) != 0
+                || libc::setresuid(uid, uid, uid) != 0
+                || libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                || libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Safe wrapper for `prctl(PR_SET_DUMPABLE, 0)`: no core dump, and no `ptrace` or
+/// `/proc/PID/mem` of this process by others of its uid.
+pub fn set_not_dumpable() -> io::Result<()> {
+    // SAFETY: plain prctl with integer arguments on the calling process.
+    check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) }.into()).map(|_| ())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

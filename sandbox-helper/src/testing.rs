@@ -161,6 +161,7 @@ pub fn spec() -> Spec {
         net: Net::None,
         limits: Default::default(),
         publish: vec![],
+        egress: None,
         env: Default::default(),
         secrets: vec![Secret {
             name: "token".into(),

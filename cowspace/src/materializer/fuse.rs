@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::materializer::{
     ChangesLiveIn, Materializer, MaterializerKind, WorkspaceCtx, unmount_path,
 };
+use crate::protocol::{Request, WorkspaceArg};
 use crate::registry::Record;
 
 /// The `lower_kind` of fuse workspaces: the daemon reads the snapshot from the store.
@@ -50,13 +51,7 @@ impl Fuse {
         }
         let root = store.root();
         if crate::daemon::ping(root) {
-            let resp = crate::daemon::request(
-                root,
-                &serde_json::json!({"op": "finish_copies", "args": {"workspace": rec.id}}),
-            )?;
-            if resp["ok"] != true {
-                return Err(Error::answered(&resp));
-            }
+            crate::daemon::request(root, &Request::FinishCopies(ws_arg(rec)))?;
             return Ok(());
         }
         let upper = rec.upper_dir();
@@ -131,21 +126,19 @@ impl Materializer for Fuse {
             return host.mount(rec);
         }
         let root = cx.store.root();
-        let req = serde_json::json!({"op": "mount_workspace", "args": {"workspace": rec.id}});
+        let req = Request::MountWorkspace(ws_arg(rec));
         // The daemon usually runs (create started it): asked at once, and started only
         // when nothing answers (mounting is idempotent, so asking again is safe).
-        let resp = match crate::daemon::request(root, &req) {
-            Ok(r) => r,
+        match crate::daemon::request(root, &req) {
+            Ok(_) => Ok(()),
+            // An answered refusal stands; no answer at all starts a daemon.
+            Err(e @ Error::Answered { .. }) => Err(e),
             Err(e) => {
                 tracing::debug!(error = %e, "no daemon answered mount_workspace; starting one");
                 crate::daemon::ensure_running(root)?;
-                crate::daemon::request(root, &req)?
+                crate::daemon::request(root, &req).map(|_| ())
             }
-        };
-        if resp["ok"] != true {
-            return Err(Error::answered(&resp));
         }
-        Ok(())
     }
 
     fn unmount(&self, cx: &WorkspaceCtx<'_>, force: bool) -> Result<()> {
@@ -155,10 +148,8 @@ impl Materializer for Fuse {
         if let Some(host) = &self.host {
             host.unmount(&rec.id);
         } else if crate::daemon::ping(cx.store.root()) {
-            let _ = crate::daemon::request(
-                cx.store.root(),
-                &serde_json::json!({"op": "unmount_workspace", "args": {"workspace": rec.id}}),
-            );
+            let _ =
+                crate::daemon::request(cx.store.root(), &Request::UnmountWorkspace(ws_arg(rec)));
         }
         Ok(())
     }
@@ -236,6 +227,13 @@ fn haltpoll_hint(sys: &Path) -> Option<(String, String)> {
              before it halts"
         ),
     ))
+}
+
+/// The request argument naming `rec`.
+fn ws_arg(rec: &Record) -> WorkspaceArg {
+    WorkspaceArg {
+        workspace: rec.id.clone(),
+    }
 }
 
 #[cfg(test)]

@@ -45,8 +45,8 @@ pub use commit::commit_json;
 pub use lifecycle::live_creator;
 
 /// How to create a workspace.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct CreateOptions {
     /// A snapshot id (or unique prefix) or a ref name.
     pub snapshot: String,
@@ -65,8 +65,8 @@ pub struct CreateOptions {
 }
 
 /// How to capture a workspace.
-#[derive(Debug, Clone, Default, serde::Deserialize)]
-#[serde(default)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct CommitOptions {
     /// Move this ref to the new snapshot.
     #[serde(rename = "ref")]
@@ -380,8 +380,9 @@ impl Runtime {
         if prepare_later {
             // The daemon (which serves this workspace's view) builds the native lower
             // for the next creates; a daemon that cannot only costs them the view.
-            let req =
-                serde_json::json!({"op": "prepare_native", "args": {"snapshot": rec.snapshot}});
+            let req = crate::protocol::Request::PrepareNative(crate::protocol::SnapshotArg {
+                snapshot: rec.snapshot.clone(),
+            });
             if let Err(e) = crate::daemon::request(self.store.root(), &req) {
                 tracing::warn!(snapshot = %rec.snapshot, "asking the daemon to build the native lower: {e}");
             }

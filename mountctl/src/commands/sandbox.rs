@@ -28,6 +28,36 @@ pub fn run(ctx: &Ctx, c: SandboxCommand) -> anyhow::Result<ExitCode> {
             ctx.emit(v.clone(), || describe(&v));
             Ok(ExitCode::SUCCESS)
         }
+        SandboxCommand::Policy(a) => {
+            let update = cowspace::sandbox::PolicyUpdate {
+                allow_host: a.allow_host,
+                deny_host: a.deny_host,
+                remove_host: a.remove_host,
+                reset: a.reset,
+            };
+            let v = rt.sandbox_policy(&a.workspace, &update)?;
+            ctx.emit(v.clone(), || policy_text(&v["policy"]));
+            Ok(ExitCode::SUCCESS)
+        }
+        SandboxCommand::Log {
+            workspace,
+            follow,
+            tail,
+        } => log(ctx, &rt, &workspace, follow, tail),
+        SandboxCommand::Publish { workspace, port } => {
+            let v = rt.sandbox_publish(&workspace, port)?;
+            ctx.emit(v.clone(), || {
+                format!("published {port} -> 127.0.0.1:{}\n", v["host_port"])
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+        SandboxCommand::Unpublish { workspace, port } => {
+            let v = rt.sandbox_unpublish(&workspace, port)?;
+            ctx.confirm(v.clone(), || {
+                format!("unpublished {port} (was 127.0.0.1:{})", v["host_port"])
+            });
+            Ok(ExitCode::SUCCESS)
+        }
         SandboxCommand::List => {
             let all = rt.sandbox_list()?;
             ctx.emit(json!({ "sandboxes": all }), || {
@@ -89,7 +119,133 @@ fn describe(v: &Value) -> String {
         }
     }
     out.push_str(&format!("ports: {}\n", ports(&v["ports"])));
+    let e = &v["egress"];
+    if !e.is_null() {
+        out.push_str(&format!("egress: {}", e["state"].as_str().unwrap_or("-")));
+        if let Some(r) = e["reason"].as_str() {
+            out.push_str(&format!(" ({r})"));
+        }
+        out.push('\n');
+        out.push_str(&policy_text(&e["policy"]));
+        if let Some(hosts) = e["stats"]["hosts"].as_object() {
+            for (host, c) in hosts {
+                out.push_str(&format!(
+                    "  {host}: {} allowed, {} denied, {} bytes up, {} bytes down\n",
+                    c["allowed"], c["denied"], c["bytes_up"], c["bytes_down"]
+                ));
+            }
+        }
+    }
     out
+}
+
+/// An egress policy as lines; says so when it allows nothing.
+fn policy_text(p: &Value) -> String {
+    let list = |k: &str| -> Vec<String> {
+        p[k].as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|x| x.as_str().map_or_else(|| x.to_string(), str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (allow, deny) = (list("allow"), list("deny"));
+    let mut out = String::new();
+    if allow.is_empty() {
+        out.push_str(
+            "  allow: nothing (default deny; `mountctl sandbox policy WS --allow-host PATTERN`)\n",
+        );
+    } else {
+        out.push_str(&format!("  allow: {}\n", allow.join(" ")));
+    }
+    if !deny.is_empty() {
+        out.push_str(&format!("  deny: {}\n", deny.join(" ")));
+    }
+    if let Some(a) = p["add_hosts"].as_array().filter(|a| !a.is_empty()) {
+        let names: Vec<String> = a
+            .iter()
+            .map(|h| h.as_str().map_or_else(|| h.to_string(), str::to_string))
+            .collect();
+        out.push_str(&format!("  add-host: {}\n", names.join(" ")));
+    }
+    out
+}
+
+/// One decision as a line of text.
+fn decision_text(d: &Value) -> String {
+    format!(
+        "{} {:<7} {}:{} via {} ({})\n",
+        d["time"].as_str().unwrap_or("-"),
+        d["verdict"].as_str().unwrap_or("-"),
+        d["host"].as_str().unwrap_or("-"),
+        d["port"],
+        d["via"].as_str().unwrap_or("-"),
+        d["rule"].as_str().unwrap_or("-"),
+    )
+}
+
+/// How often `sandbox log --follow` looks for new decisions.
+const FOLLOW_POLL_MS: u64 = 200;
+
+/// `sandbox log`: the decisions so far; with `follow`, then each new one as it is made,
+/// until the sandbox stops. `--json`: one object per line.
+fn log(
+    ctx: &Ctx,
+    rt: &cowspace::runtime::Runtime,
+    ws: &str,
+    follow: bool,
+    tail: Option<usize>,
+) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    let print = |d: &Value| {
+        let mut out = std::io::stdout().lock();
+        let _ = if ctx.json {
+            writeln!(out, "{d}")
+        } else {
+            write!(out, "{}", decision_text(d))
+        };
+        let _ = out.flush();
+    };
+    let first = rt.sandbox_log(ws, tail)?;
+    for d in &first {
+        print(d);
+    }
+    if !follow {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let path = rt.sandbox_log_path(ws)?;
+    let mut seen = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let mut partial = String::new();
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(FOLLOW_POLL_MS));
+        let Ok(mut f) = std::fs::File::open(&path) else {
+            break; // the sandbox stopped: its log went with it
+        };
+        use std::io::{Read, Seek};
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if len < seen {
+            seen = 0; // a new sandbox of the same name
+        }
+        if len == seen {
+            if rt.sandbox_log_path(ws).is_err() {
+                break;
+            }
+            continue;
+        }
+        f.seek(std::io::SeekFrom::Start(seen))?;
+        let mut chunk = String::new();
+        f.take(len - seen).read_to_string(&mut chunk)?;
+        seen = len;
+        partial.push_str(&chunk);
+        while let Some(i) = partial.find('\n') {
+            let line: String = partial.drain(..=i).collect();
+            if let Ok(d) = serde_json::from_str::<Value>(line.trim_end()) {
+                print(&d);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn start(ctx: &Ctx, rt: &cowspace::runtime::Runtime, a: StartArgs) -> anyhow::Result<ExitCode> {

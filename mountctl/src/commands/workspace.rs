@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use cowspace::materializer::{self, MaterializerKind};
+use cowspace::protocol::{ListArgs, Request, WorkspaceArg};
 use cowspace::registry::Record;
 use cowspace::runtime::{CommitOptions, CreateOptions};
 use serde_json::json;
@@ -56,12 +57,8 @@ fn describe(r: &Record) -> String {
 
 /// Asks the root's daemon, when one answers from this mount namespace, so this process
 /// opens no database: the answer is the one the runtime here would give.
-fn through_daemon(
-    ctx: &Ctx,
-    op: &str,
-    args: serde_json::Value,
-) -> anyhow::Result<Option<serde_json::Value>> {
-    Ok(cowspace::daemon::ask(&ctx.root, op, args)?)
+fn through_daemon(ctx: &Ctx, req: &Request) -> anyhow::Result<Option<serde_json::Value>> {
+    Ok(cowspace::daemon::ask(&ctx.root, req)?)
 }
 
 /// A create's options as the daemon and the runtime take them.
@@ -89,10 +86,10 @@ pub fn create_through_daemon(ctx: &Ctx, a: &CreateArgs) -> anyhow::Result<Option
     }
     let opts = create_options(ctx, a)?;
     // (A path that is not UTF-8 cannot travel in JSON: such a create is made here.)
-    let Ok(args) = serde_json::to_value(&opts) else {
+    if opts.path.as_ref().is_some_and(|p| p.to_str().is_none()) {
         return Ok(None);
-    };
-    let Some(v) = through_daemon(ctx, "create", args)? else {
+    }
+    let Some(v) = through_daemon(ctx, &Request::Create(opts))? else {
         return Ok(None);
     };
     let text = format!(
@@ -129,7 +126,7 @@ fn print_list(ctx: &Ctx, recs: &[Record]) -> ExitCode {
 
 /// `list` through the root's daemon: `None` when no daemon answers.
 pub fn list_through_daemon(ctx: &Ctx, all: bool) -> anyhow::Result<Option<ExitCode>> {
-    let Some(v) = through_daemon(ctx, "list", json!({"all": all}))? else {
+    let Some(v) = through_daemon(ctx, &Request::List(ListArgs { all }))? else {
         return Ok(None);
     };
     let recs: Vec<Record> = serde_json::from_value(v)?;
@@ -150,7 +147,13 @@ fn print_status(ctx: &Ctx, r: &Record) -> ExitCode {
 
 /// `status` through the root's daemon: `None` when no daemon answers.
 pub fn status_through_daemon(ctx: &Ctx, ws: &str) -> anyhow::Result<Option<ExitCode>> {
-    let Some(v) = through_daemon(ctx, "status", json!({"workspace": ws}))? else {
+    let Some(v) = through_daemon(
+        ctx,
+        &Request::Status(WorkspaceArg {
+            workspace: ws.to_string(),
+        }),
+    )?
+    else {
         return Ok(None);
     };
     let r: Record = serde_json::from_value(v)?;

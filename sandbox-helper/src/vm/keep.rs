@@ -100,6 +100,7 @@ pub fn start(
         Pid::from_raw(booted.qemu_pid()),
         status.clone(),
         cgroups,
+        None,
     );
     // A virtiofsd that dies leaves the guest without its workspace: the VM ends too.
     let ending = Arc::new(AtomicBool::new(false));

@@ -107,6 +107,17 @@ impl VmSpec {
                 dir.display()
             )));
         }
+        // Egress for a VM (its guest reaching the host-side proxy) is not built: refused
+        // by name before anything starts, never a guest with a way out.
+        if controls.net == Some(Net::Egress) {
+            return Err(Error::VmUnavailable {
+                what: "--net egress",
+                reason: "a VM sandbox's egress proxy is not built yet: use a namespace \
+                         sandbox (leave out --vm) for egress by policy"
+                    .into(),
+            });
+        }
+        crate::spec::egress_policy(controls.net.unwrap_or(Net::None), controls)?;
         if controls.net == Some(Net::None) && !controls.publish.is_empty() {
             return Err(Error::InvalidInput(
                 "--publish needs a network inside: use --net loopback (or leave --net out)".into(),

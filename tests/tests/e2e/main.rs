@@ -1,6 +1,7 @@
 //! All end-to-end tests in one binary, one module per area.
 
 mod crash;
+mod egress;
 mod longlived;
 mod remote;
 mod run;
