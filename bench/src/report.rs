@@ -285,7 +285,7 @@ pub fn value(v: f64, unit: &str) -> String {
             }
         }
         "MB/s" => format!("{v:.1}"),
-        "files" => format!("{v:.0}"),
+        "files" | "count" => format!("{v:.0}"),
         _ => format!("{v:.3}"),
     }
 }
@@ -315,5 +315,6 @@ mod tests {
         assert_eq!(human_bytes(1536.0), "1.5 KiB");
         assert_eq!(value(0.0123, "s"), "12.3 ms");
         assert_eq!(value(2.5, "s"), "2.50 s");
+        assert_eq!(value(1000.0, "count"), "1000");
     }
 }

@@ -209,6 +209,38 @@ fn quick_run_end_to_end() {
         eprintln!("NOTE: remote section not measured: {}", lazy["reason"]);
     }
 
+    // Network: the host's side always runs; the sandbox's needs root, and then every
+    // paired figure is there, one per run.
+    let network = methods(&run, "network");
+    let direct = method(&network, "direct");
+    assert_eq!(direct["status"], "ok", "{direct}");
+    assert!(
+        direct["summary"]["download_mbps"]["median"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    assert_eq!(direct["summary"]["held_connections"]["n"], 3, "{direct}");
+    let proxied = method(&network, "egress-proxy");
+    if proxied["status"] == "ok" {
+        let s = &proxied["summary"];
+        for k in [
+            "download_ratio",
+            "download_connect_ratio",
+            "request_added_s",
+            "request_keepalive_added_s",
+            "proxy_rss_held_bytes",
+        ] {
+            assert_eq!(s[k]["n"], 3, "{k}: {s}");
+        }
+        assert!(s["proxy_rss_held_bytes"]["median"].as_f64().unwrap() > 0.0);
+    } else {
+        eprintln!(
+            "NOTE: network through the proxy not measured: {}",
+            proxied["reason"]
+        );
+    }
+
     // No leftovers: the work directory is empty and nothing is mounted below tmp.
     let left: Vec<_> = std::fs::read_dir(&work)
         .unwrap()

@@ -8,6 +8,7 @@
 
 pub mod import;
 pub mod materialize;
+pub mod network;
 pub mod remote;
 pub mod sandbox;
 
@@ -165,6 +166,10 @@ pub trait Section {
     fn verbose_runs(&self) -> bool {
         true
     }
+    /// Adds samples computed from several methods' samples (e.g. a run-by-run ratio to a
+    /// baseline), after the last round and before the summaries. Each added metric must be
+    /// one of [`Section::metrics`].
+    fn derive(&self, _methods: &mut [MethodResult]) {}
 }
 
 /// Runs one section: `runs` rounds over its ready methods, alternating.
@@ -248,6 +253,17 @@ pub fn run_section(
                     r.reason = Some(format!("run {}: {e:#}", round + 1));
                 }
             }
+        }
+    }
+    section.derive(&mut results);
+    let declared = section.metrics();
+    for r in &results {
+        for k in r.samples.keys() {
+            anyhow::ensure!(
+                declared.iter().any(|d| &d.id == k),
+                "bench bug: {} has undeclared metric {k}",
+                r.id
+            );
         }
     }
     for r in &mut results {
