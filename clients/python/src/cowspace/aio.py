@@ -1,0 +1,462 @@
+"""The asyncio client of the control socket: the same operations as
+:class:`cowspace.Client`, as coroutines.
+
+::
+
+    async with await AsyncClient.connect(root) as c:
+        ws = await c.create("app/main", name="w1")
+        ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union, cast
+
+from . import _aexec, _wire
+from ._aexec import AsyncCommand
+from ._exec import Stdio
+from .errors import CommandFailed, ExecTimeout, IoError
+from .records import (
+    CommitReport,
+    Created,
+    Diff,
+    ImportReport,
+    Ping,
+    PolicyResult,
+    PortResult,
+    ProgressEvent,
+    RefSet,
+    Removed,
+    SandboxList,
+    SandboxLog,
+    SandboxStatus,
+    SnapshotInfo,
+    Stopped,
+    Workspace,
+)
+
+__all__ = ["AsyncClient"]
+
+Pairs = Union[Iterable[str], Mapping[str, str]]
+
+
+class AsyncClient:
+    """One connection to the daemon, for asyncio: made by :meth:`connect` (same
+    arguments as :class:`cowspace.Client`). Requests on one client are sent one at a
+    time, in order."""
+
+    def __init__(self, path: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.path = path
+        self._reader = reader
+        self._writer = writer
+        self._lock = asyncio.Lock()
+        self.daemon: Optional[Ping] = None
+
+    @classmethod
+    async def connect(
+        cls,
+        root: Optional[str] = None,
+        *,
+        socket: Optional[str] = None,
+        check_version: bool = True,
+    ) -> "AsyncClient":
+        path = _wire.socket_path(root, socket)
+        try:
+            reader, writer = await asyncio.open_unix_connection(path, limit=_wire.MAX_LINE_BYTES)
+        except OSError as e:
+            raise IoError(
+                f"cannot connect to the daemon's socket {path}: {e.strerror or e}",
+                "start the daemon (`mountctl daemon start`), or name the runtime root",
+            ) from e
+        c = cls(path, reader, writer)
+        if check_version:
+            try:
+                c.daemon = await c.ping()
+                _wire.check_version(c.daemon, path)
+            except BaseException:
+                await c.close()
+                raise
+        return c
+
+    async def close(self) -> None:
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except OSError:
+            pass
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def request(
+        self,
+        op: str,
+        args: Optional[Mapping[str, Any]] = None,
+        on_event: Optional[Callable[[Dict[str, Any]], Any]] = None,
+    ) -> Any:
+        """Sends one request and gives its result; event lines before the answer go to
+        ``on_event`` (a function or a coroutine function)."""
+        async with self._lock:
+            self._writer.write(_wire.encode(op, args))
+            await self._writer.drain()
+            while True:
+                resp = _wire.decode(await self._reader.readline())
+                if "event" not in resp:
+                    break
+                if on_event is not None:
+                    r = on_event(resp)
+                    if asyncio.iscoroutine(r):
+                        await r
+        return _wire.result(resp)
+
+    # -- the daemon ------------------------------------------------------------------
+
+    async def ping(self) -> Ping:
+        """``{"pong": true, "version", "program"[, "protocol"]}``."""
+        return cast(Ping, await self.request("ping"))
+
+    async def shutdown(self, force: Optional[bool] = None) -> Dict[str, Any]:
+        """Stops the daemon (``busy`` while workspaces use it, unless ``force``)."""
+        return cast(Dict[str, Any], await self.request("shutdown", _wire.args(force=force)))
+
+    async def stats(self) -> Dict[str, Any]:
+        return cast(Dict[str, Any], await self.request("stats"))
+
+    async def gc(
+        self,
+        dry_run: Optional[bool] = None,
+        grace_secs: Optional[int] = None,
+        wait: Optional[bool] = None,
+        blob_cache_max: Optional[int] = None,
+    ) -> Dict[str, Any]:
+        return cast(
+            Dict[str, Any],
+            await self.request(
+                "gc", _wire.args(dry_run=dry_run, grace_secs=grace_secs, wait=wait, blob_cache_max=blob_cache_max)
+            ),
+        )
+
+    async def sweep(self) -> Dict[str, List[str]]:
+        return cast(Dict[str, List[str]], await self.request("sweep"))
+
+    # -- snapshots and refs ----------------------------------------------------------
+
+    async def import_(
+        self,
+        source: str,
+        *,
+        git: Optional[str] = None,
+        ref: Optional[str] = None,
+        message: Optional[str] = None,
+        excludes: Optional[Sequence[str]] = None,
+        no_default_excludes: Optional[bool] = None,
+        allow_devices: Optional[bool] = None,
+        allow_external_symlinks: Optional[bool] = None,
+        zstd_level: Optional[int] = None,
+        threads: Optional[int] = None,
+        no_git_fsmonitor: Optional[bool] = None,
+        on_progress: Optional[Callable[[ProgressEvent], Any]] = None,
+    ) -> ImportReport:
+        """Imports the directory, tar archive or (with ``git``, a revision) git
+        repository at the absolute path ``source``. ``on_progress`` gets the progress
+        events (at most one per 100 ms, the last one always)."""
+        a = _wire.args(
+            source=source,
+            git=git,
+            ref_=ref,
+            message=message,
+            excludes=excludes,
+            no_default_excludes=no_default_excludes,
+            allow_devices=allow_devices,
+            allow_external_symlinks=allow_external_symlinks,
+            zstd_level=zstd_level,
+            threads=threads,
+            no_git_fsmonitor=no_git_fsmonitor,
+            progress=True if on_progress is not None else None,
+        )
+        return cast(ImportReport, await self.request("import", a, on_event=cast(Any, on_progress)))
+
+    async def snapshots(self) -> List[SnapshotInfo]:
+        """Every snapshot, newest first."""
+        return cast(List[SnapshotInfo], await self.request("snapshots"))
+
+    async def refs(self) -> Dict[str, str]:
+        """``{name: snapshot}``."""
+        return cast(Dict[str, str], await self.request("refs"))
+
+    async def ref_set(
+        self, name: str, snapshot: str, *, expect: Optional[str] = None, force: Optional[bool] = None
+    ) -> RefSet:
+        """Moves ``name`` to ``snapshot`` by compare-and-swap (``expect``: what it must
+        hold; none: it must not exist; ``force``: whatever it holds)."""
+        return cast(RefSet, await self.request("ref_set", _wire.args(name=name, snapshot=snapshot, expect=expect, force=force)))
+
+    async def ref_delete(self, name: str, expect: str) -> RefSet:
+        return cast(RefSet, await self.request("ref_delete", _wire.args(name=name, expect=expect)))
+
+    async def show(self, snapshot: str, path: Optional[str] = None) -> Dict[str, Any]:
+        return cast(Dict[str, Any], await self.request("show", _wire.args(snapshot=snapshot, path=path)))
+
+    async def export(self, snapshot: str, dest: str, *, tar: Optional[bool] = None) -> Dict[str, Any]:
+        return cast(Dict[str, Any], await self.request("export", _wire.args(snapshot=snapshot, dest=dest, tar=tar)))
+
+    async def prepare_native(self, snapshot: str) -> Dict[str, Any]:
+        return cast(Dict[str, Any], await self.request("prepare_native", _wire.args(snapshot=snapshot)))
+
+    # -- remotes ---------------------------------------------------------------------
+
+    async def remotes(self) -> Any:
+        return await self.request("remotes")
+
+    async def push(self, snapshot: str, remote: Optional[str] = None, *, force: Optional[bool] = None) -> Any:
+        return await self.request("push", _wire.args(snapshot=snapshot, remote=remote, force=force))
+
+    async def pull(self, snapshot: str, remote: Optional[str] = None) -> Any:
+        return await self.request("pull", _wire.args(snapshot=snapshot, remote=remote))
+
+    async def fetch(self, remote: Optional[str] = None) -> Any:
+        return await self.request("fetch", _wire.args(remote=remote))
+
+    async def remote_gc(
+        self, remote: Optional[str] = None, *, dry_run: Optional[bool] = None, grace: Optional[int] = None
+    ) -> Any:
+        return await self.request("remote_gc", _wire.args(remote=remote, dry_run=dry_run, grace=grace))
+
+    # -- workspaces ------------------------------------------------------------------
+
+    async def create(
+        self,
+        snapshot: str,
+        *,
+        name: Optional[str] = None,
+        materializer: Optional[str] = None,
+        lower: Optional[str] = None,
+        path: Optional[str] = None,
+        worker: Optional[str] = None,
+    ) -> Created:
+        """A new workspace of ``snapshot`` (id, unique prefix or ref)."""
+        a = _wire.args(snapshot=snapshot, name=name, materializer=materializer, lower=lower, path=path, worker=worker)
+        return cast(Created, await self.request("create", a))
+
+    async def list(self, all: Optional[bool] = None) -> List[Workspace]:
+        """Live workspaces (``all``: also removed and failed ones)."""
+        return cast(List[Workspace], await self.request("list", _wire.args(all=all)))
+
+    async def status(self, workspace: str) -> Workspace:
+        return cast(Workspace, await self.request("status", _wire.args(workspace=workspace)))
+
+    async def diff(
+        self, workspace: str, *, patch: Optional[bool] = None, include_excluded: Optional[bool] = None
+    ) -> Diff:
+        a = _wire.args(workspace=workspace, patch=patch, include_excluded=include_excluded)
+        return cast(Diff, await self.request("diff", a))
+
+    async def commit(
+        self,
+        workspace: str,
+        *,
+        ref: Optional[str] = None,
+        expect: Optional[str] = None,
+        message: Optional[str] = None,
+        allow_empty: Optional[bool] = None,
+        include_excluded: Optional[bool] = None,
+    ) -> CommitReport:
+        """Captures the workspace as a snapshot whose parent is its base (``ref``:
+        moved to it by compare-and-swap)."""
+        a = _wire.args(
+            workspace=workspace,
+            ref_=ref,
+            expect=expect,
+            message=message,
+            allow_empty=allow_empty,
+            include_excluded=include_excluded,
+        )
+        return cast(CommitReport, await self.request("commit", a))
+
+    async def remove(self, workspace: str, *, force: Optional[bool] = None) -> Removed:
+        return cast(Removed, await self.request("remove", _wire.args(workspace=workspace, force=force)))
+
+    async def recover(self, workspace: str) -> Workspace:
+        return cast(Workspace, await self.request("recover", _wire.args(workspace=workspace)))
+
+    async def mount_workspace(self, workspace: str) -> Dict[str, Any]:
+        return cast(Dict[str, Any], await self.request("mount_workspace", _wire.args(workspace=workspace)))
+
+    async def unmount_workspace(self, workspace: str) -> Dict[str, Any]:
+        return cast(Dict[str, Any], await self.request("unmount_workspace", _wire.args(workspace=workspace)))
+
+    async def finish_copies(self, workspace: str) -> Dict[str, Any]:
+        return cast(Dict[str, Any], await self.request("finish_copies", _wire.args(workspace=workspace)))
+
+    # -- sandboxes -------------------------------------------------------------------
+
+    async def sandbox_start(
+        self,
+        workspace: str,
+        *,
+        net: Optional[str] = None,
+        allow_host: Optional[Iterable[str]] = None,
+        deny_host: Optional[Iterable[str]] = None,
+        add_host: Optional[Pairs] = None,
+        memory: Optional[Union[int, str]] = None,
+        pids: Optional[int] = None,
+        cpus: Optional[float] = None,
+        cpuset_cpus: Optional[str] = None,
+        publish: Optional[Iterable[int]] = None,
+        env: Optional[Pairs] = None,
+        ro_bind: Optional[Pairs] = None,
+        secret: Optional[Pairs] = None,
+        vm: Optional[bool] = None,
+        accept_emulation: Optional[bool] = None,
+    ) -> SandboxStatus:
+        """Starts the workspace's long-lived sandbox; gives its status once ready
+        (``ports``: internal port -> host port on 127.0.0.1). ``net``: ``none``,
+        ``loopback`` or ``egress``; mappings are accepted for ``env`` (K -> V),
+        ``add_host`` (NAME -> ADDR), ``ro_bind`` (SRC -> DST) and ``secret`` (NAME ->
+        FILE)."""
+        a = _wire.sandbox_args(
+            workspace,
+            vm=vm,
+            accept_emulation=accept_emulation,
+            net=net,
+            allow_host=allow_host,
+            deny_host=deny_host,
+            add_host=add_host,
+            memory=memory,
+            pids=pids,
+            cpus=cpus,
+            cpuset_cpus=cpuset_cpus,
+            publish=publish,
+            env=env,
+            ro_bind=ro_bind,
+            secret=secret,
+        )
+        return cast(SandboxStatus, await self.request("sandbox_start", a))
+
+    async def sandbox_status(self, workspace: str) -> SandboxStatus:
+        return cast(SandboxStatus, await self.request("sandbox_status", _wire.args(workspace=workspace)))
+
+    async def sandbox_list(self) -> List[SandboxStatus]:
+        return cast(SandboxList, await self.request("sandbox_list")).get("sandboxes", [])
+
+    async def sandbox_stop(self, workspace: str) -> Stopped:
+        return cast(Stopped, await self.request("sandbox_stop", _wire.args(workspace=workspace)))
+
+    async def sandbox_policy(
+        self,
+        workspace: str,
+        *,
+        allow_host: Optional[Iterable[str]] = None,
+        deny_host: Optional[Iterable[str]] = None,
+        remove_host: Optional[Iterable[str]] = None,
+        reset: Optional[bool] = None,
+    ) -> PolicyResult:
+        """Changes a ``net="egress"`` sandbox's policy (reset, removals, allows, denies)."""
+        a = _wire.args(
+            workspace=workspace,
+            allow_host=_list(allow_host),
+            deny_host=_list(deny_host),
+            remove_host=_list(remove_host),
+            reset=reset,
+        )
+        return cast(PolicyResult, await self.request("sandbox_policy", a))
+
+    async def sandbox_publish(self, workspace: str, port: int) -> PortResult:
+        return cast(PortResult, await self.request("sandbox_publish", _wire.args(workspace=workspace, port=port)))
+
+    async def sandbox_unpublish(self, workspace: str, port: int) -> PortResult:
+        return cast(PortResult, await self.request("sandbox_unpublish", _wire.args(workspace=workspace, port=port)))
+
+    async def sandbox_log(self, workspace: str, tail: Optional[int] = None) -> SandboxLog:
+        return cast(SandboxLog, await self.request("sandbox_log", _wire.args(workspace=workspace, tail=tail)))
+
+    # -- exec ------------------------------------------------------------------------
+
+    async def keeper_socket(self, workspace: str) -> str:
+        """The ``exec`` operation: the keeper socket of the running sandbox."""
+        return str((await self.request("exec", _wire.args(workspace=workspace)))["socket"])
+
+    async def spawn(
+        self,
+        workspace: str,
+        cmd: _wire.Argv,
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        workdir: Optional[str] = None,
+        stdin: Any = None,
+        stdout: Stdio = None,
+        stderr: Stdio = None,
+        pty: Union[None, bool, Tuple[int, int]] = None,
+        on_stdout: Optional[Callable[[str], Any]] = None,
+        on_stderr: Optional[Callable[[str], Any]] = None,
+    ) -> AsyncCommand:
+        """Starts ``cmd`` and gives the running :class:`~cowspace.AsyncCommand`."""
+        keeper = await self.keeper_socket(workspace)
+        return await _aexec.start(
+            keeper,
+            _wire.argv_of(cmd),
+            env=dict(env) if env else None,
+            workdir=workdir,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            pty=_wire.pty_size(pty),
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+        )
+
+    async def exec(
+        self,
+        workspace: str,
+        cmd: _wire.Argv,
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        workdir: Optional[str] = None,
+        stdin: Any = None,
+        stdout: Stdio = None,
+        stderr: Stdio = None,
+        pty: Union[None, bool, Tuple[int, int]] = None,
+        on_stdout: Optional[Callable[[str], Any]] = None,
+        on_stderr: Optional[Callable[[str], Any]] = None,
+        timeout: Optional[float] = None,
+        background: bool = False,
+        check: bool = False,
+    ) -> Any:
+        """As :meth:`cowspace.Client.exec`: an :class:`~cowspace.records.ExecResult`,
+        or with ``background`` the running :class:`~cowspace.AsyncCommand`."""
+        c = await self.spawn(
+            workspace,
+            cmd,
+            env=env,
+            workdir=workdir,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            pty=pty,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+        )
+        if background:
+            return c
+        async with c:
+            try:
+                res = await c.wait(timeout)
+            except ExecTimeout:
+                c.kill()
+                raise ExecTimeout(timeout or 0.0, await c.wait()) from None
+        if check and res.exit_code != 0:
+            raise CommandFailed(res)
+        return res
+
+
+def _list(v: Optional[Iterable[str]]) -> Optional[List[str]]:
+    if v is None:
+        return None
+    return [v] if isinstance(v, str) else list(v)
+
+
+_ = (Sequence, ProgressEvent)

@@ -1,0 +1,483 @@
+"""The synchronous client of the control socket."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union, cast
+
+from . import _exec, _wire
+from ._exec import Command, Stdio
+from .errors import CommandFailed, ExecTimeout, IoError
+from .records import (
+    CommitReport,
+    Created,
+    Diff,
+    ExecResult,
+    ImportReport,
+    Ping,
+    PolicyResult,
+    PortResult,
+    ProgressEvent,
+    RefSet,
+    Removed,
+    SandboxList,
+    SandboxLog,
+    SandboxStatus,
+    SnapshotInfo,
+    Stopped,
+    Workspace,
+)
+
+__all__ = ["Client"]
+
+Pairs = Union[Iterable[str], Mapping[str, str]]
+
+
+class Client:
+    """One connection to the daemon of a runtime root (``root``; default
+    ``$COWSPACE_ROOT``, else ``/var/lib/cowspace`` for root, else
+    ``$XDG_DATA_HOME/cowspace``), or to the socket at ``socket``. Requests are answered
+    in order; a client may be shared by threads (one request at a time). ``timeout``
+    bounds each socket read (seconds; ``None``: no bound). Unless ``check_version`` is
+    false, the daemon is pinged first and refused when it speaks another protocol
+    (:class:`~cowspace.errors.IncompatibleDaemon`).
+
+    Every method raises the :class:`~cowspace.errors.CowspaceError` subclass of the
+    answered kind. Arguments left ``None`` take the daemon's default.
+    """
+
+    def __init__(
+        self,
+        root: Optional[str] = None,
+        *,
+        socket: Optional[str] = None,
+        timeout: Optional[float] = None,
+        check_version: bool = True,
+    ) -> None:
+        self.path = _wire.socket_path(root, socket)
+        self._lock = threading.Lock()
+        self._sock = _socket_connect(self.path, timeout)
+        self._file = self._sock.makefile("rb")
+        self.daemon: Optional[Ping] = None
+        if check_version:
+            try:
+                self.daemon = self.ping()
+                _wire.check_version(self.daemon, self.path)
+            except BaseException:
+                self.close()
+                raise
+
+    def close(self) -> None:
+        self._file.close()
+        self._sock.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- the wire --------------------------------------------------------------------
+
+    def request(
+        self,
+        op: str,
+        args: Optional[Mapping[str, Any]] = None,
+        on_event: Optional[Callable[[Dict[str, Any]], Any]] = None,
+    ) -> Any:
+        """Sends one request (``args`` as given) and gives its result; event lines sent
+        before the answer (an import's progress) go to ``on_event``."""
+        with self._lock:
+            self._sock.sendall(_wire.encode(op, args))
+            while True:
+                resp = _wire.decode(self._file.readline(_wire.MAX_LINE_BYTES))
+                if "event" not in resp:
+                    break
+                if on_event is not None:
+                    on_event(resp)
+        return _wire.result(resp)
+
+    # -- the daemon ------------------------------------------------------------------
+
+    def ping(self) -> Ping:
+        """``{"pong": true, "version", "program"[, "protocol"]}``."""
+        return cast(Ping, self.request("ping"))
+
+    def shutdown(self, force: Optional[bool] = None) -> Dict[str, Any]:
+        """Stops the daemon (``busy`` while workspaces use it, unless ``force``)."""
+        return cast(Dict[str, Any], self.request("shutdown", _wire.args(force=force)))
+
+    def stats(self) -> Dict[str, Any]:
+        return cast(Dict[str, Any], self.request("stats"))
+
+    def gc(
+        self,
+        dry_run: Optional[bool] = None,
+        grace_secs: Optional[int] = None,
+        wait: Optional[bool] = None,
+        blob_cache_max: Optional[int] = None,
+    ) -> Dict[str, Any]:
+        return cast(
+            Dict[str, Any],
+            self.request(
+                "gc", _wire.args(dry_run=dry_run, grace_secs=grace_secs, wait=wait, blob_cache_max=blob_cache_max)
+            ),
+        )
+
+    def sweep(self) -> Dict[str, List[str]]:
+        return cast(Dict[str, List[str]], self.request("sweep"))
+
+    # -- snapshots and refs ----------------------------------------------------------
+
+    def import_(
+        self,
+        source: str,
+        *,
+        git: Optional[str] = None,
+        ref: Optional[str] = None,
+        message: Optional[str] = None,
+        excludes: Optional[Sequence[str]] = None,
+        no_default_excludes: Optional[bool] = None,
+        allow_devices: Optional[bool] = None,
+        allow_external_symlinks: Optional[bool] = None,
+        zstd_level: Optional[int] = None,
+        threads: Optional[int] = None,
+        no_git_fsmonitor: Optional[bool] = None,
+        on_progress: Optional[Callable[[ProgressEvent], Any]] = None,
+    ) -> ImportReport:
+        """Imports the directory, tar archive or (with ``git``, a revision) git
+        repository at the absolute path ``source``. ``on_progress`` gets the progress
+        events (at most one per 100 ms, the last one always)."""
+        a = _wire.args(
+            source=source,
+            git=git,
+            ref_=ref,
+            message=message,
+            excludes=excludes,
+            no_default_excludes=no_default_excludes,
+            allow_devices=allow_devices,
+            allow_external_symlinks=allow_external_symlinks,
+            zstd_level=zstd_level,
+            threads=threads,
+            no_git_fsmonitor=no_git_fsmonitor,
+            progress=True if on_progress is not None else None,
+        )
+        return cast(ImportReport, self.request("import", a, on_event=cast(Any, on_progress)))
+
+    def snapshots(self) -> List[SnapshotInfo]:
+        """Every snapshot, newest first."""
+        return cast(List[SnapshotInfo], self.request("snapshots"))
+
+    def refs(self) -> Dict[str, str]:
+        """``{name: snapshot}``."""
+        return cast(Dict[str, str], self.request("refs"))
+
+    def ref_set(
+        self, name: str, snapshot: str, *, expect: Optional[str] = None, force: Optional[bool] = None
+    ) -> RefSet:
+        """Moves ``name`` to ``snapshot`` by compare-and-swap (``expect``: what it must
+        hold; none: it must not exist; ``force``: whatever it holds)."""
+        return cast(RefSet, self.request("ref_set", _wire.args(name=name, snapshot=snapshot, expect=expect, force=force)))
+
+    def ref_delete(self, name: str, expect: str) -> RefSet:
+        return cast(RefSet, self.request("ref_delete", _wire.args(name=name, expect=expect)))
+
+    def show(self, snapshot: str, path: Optional[str] = None) -> Dict[str, Any]:
+        return cast(Dict[str, Any], self.request("show", _wire.args(snapshot=snapshot, path=path)))
+
+    def export(self, snapshot: str, dest: str, *, tar: Optional[bool] = None) -> Dict[str, Any]:
+        return cast(Dict[str, Any], self.request("export", _wire.args(snapshot=snapshot, dest=dest, tar=tar)))
+
+    def prepare_native(self, snapshot: str) -> Dict[str, Any]:
+        return cast(Dict[str, Any], self.request("prepare_native", _wire.args(snapshot=snapshot)))
+
+    # -- remotes ---------------------------------------------------------------------
+
+    def remotes(self) -> Any:
+        return self.request("remotes")
+
+    def push(self, snapshot: str, remote: Optional[str] = None, *, force: Optional[bool] = None) -> Any:
+        return self.request("push", _wire.args(snapshot=snapshot, remote=remote, force=force))
+
+    def pull(self, snapshot: str, remote: Optional[str] = None) -> Any:
+        return self.request("pull", _wire.args(snapshot=snapshot, remote=remote))
+
+    def fetch(self, remote: Optional[str] = None) -> Any:
+        return self.request("fetch", _wire.args(remote=remote))
+
+    def remote_gc(
+        self, remote: Optional[str] = None, *, dry_run: Optional[bool] = None, grace: Optional[int] = None
+    ) -> Any:
+        return self.request("remote_gc", _wire.args(remote=remote, dry_run=dry_run, grace=grace))
+
+    # -- workspaces ------------------------------------------------------------------
+
+    def create(
+        self,
+        snapshot: str,
+        *,
+        name: Optional[str] = None,
+        materializer: Optional[str] = None,
+        lower: Optional[str] = None,
+        path: Optional[str] = None,
+        worker: Optional[str] = None,
+    ) -> Created:
+        """A new workspace of ``snapshot`` (id, unique prefix or ref)."""
+        a = _wire.args(snapshot=snapshot, name=name, materializer=materializer, lower=lower, path=path, worker=worker)
+        return cast(Created, self.request("create", a))
+
+    def list(self, all: Optional[bool] = None) -> List[Workspace]:
+        """Live workspaces (``all``: also removed and failed ones)."""
+        return cast(List[Workspace], self.request("list", _wire.args(all=all)))
+
+    def status(self, workspace: str) -> Workspace:
+        return cast(Workspace, self.request("status", _wire.args(workspace=workspace)))
+
+    def diff(
+        self, workspace: str, *, patch: Optional[bool] = None, include_excluded: Optional[bool] = None
+    ) -> Diff:
+        a = _wire.args(workspace=workspace, patch=patch, include_excluded=include_excluded)
+        return cast(Diff, self.request("diff", a))
+
+    def commit(
+        self,
+        workspace: str,
+        *,
+        ref: Optional[str] = None,
+        expect: Optional[str] = None,
+        message: Optional[str] = None,
+        allow_empty: Optional[bool] = None,
+        include_excluded: Optional[bool] = None,
+    ) -> CommitReport:
+        """Captures the workspace as a snapshot whose parent is its base (``ref``:
+        moved to it by compare-and-swap)."""
+        a = _wire.args(
+            workspace=workspace,
+            ref_=ref,
+            expect=expect,
+            message=message,
+            allow_empty=allow_empty,
+            include_excluded=include_excluded,
+        )
+        return cast(CommitReport, self.request("commit", a))
+
+    def remove(self, workspace: str, *, force: Optional[bool] = None) -> Removed:
+        return cast(Removed, self.request("remove", _wire.args(workspace=workspace, force=force)))
+
+    def recover(self, workspace: str) -> Workspace:
+        return cast(Workspace, self.request("recover", _wire.args(workspace=workspace)))
+
+    def mount_workspace(self, workspace: str) -> Dict[str, Any]:
+        return cast(Dict[str, Any], self.request("mount_workspace", _wire.args(workspace=workspace)))
+
+    def unmount_workspace(self, workspace: str) -> Dict[str, Any]:
+        return cast(Dict[str, Any], self.request("unmount_workspace", _wire.args(workspace=workspace)))
+
+    def finish_copies(self, workspace: str) -> Dict[str, Any]:
+        return cast(Dict[str, Any], self.request("finish_copies", _wire.args(workspace=workspace)))
+
+    # -- sandboxes -------------------------------------------------------------------
+
+    def sandbox_start(
+        self,
+        workspace: str,
+        *,
+        net: Optional[str] = None,
+        allow_host: Optional[Iterable[str]] = None,
+        deny_host: Optional[Iterable[str]] = None,
+        add_host: Optional[Pairs] = None,
+        memory: Optional[Union[int, str]] = None,
+        pids: Optional[int] = None,
+        cpus: Optional[float] = None,
+        cpuset_cpus: Optional[str] = None,
+        publish: Optional[Iterable[int]] = None,
+        env: Optional[Pairs] = None,
+        ro_bind: Optional[Pairs] = None,
+        secret: Optional[Pairs] = None,
+        vm: Optional[bool] = None,
+        accept_emulation: Optional[bool] = None,
+    ) -> SandboxStatus:
+        """Starts the workspace's long-lived sandbox; gives its status once ready
+        (``ports``: internal port -> host port on 127.0.0.1). ``net``: ``none``,
+        ``loopback`` or ``egress``; mappings are accepted for ``env`` (K -> V),
+        ``add_host`` (NAME -> ADDR), ``ro_bind`` (SRC -> DST) and ``secret`` (NAME ->
+        FILE)."""
+        a = _wire.sandbox_args(
+            workspace,
+            vm=vm,
+            accept_emulation=accept_emulation,
+            net=net,
+            allow_host=allow_host,
+            deny_host=deny_host,
+            add_host=add_host,
+            memory=memory,
+            pids=pids,
+            cpus=cpus,
+            cpuset_cpus=cpuset_cpus,
+            publish=publish,
+            env=env,
+            ro_bind=ro_bind,
+            secret=secret,
+        )
+        return cast(SandboxStatus, self.request("sandbox_start", a))
+
+    def sandbox_status(self, workspace: str) -> SandboxStatus:
+        return cast(SandboxStatus, self.request("sandbox_status", _wire.args(workspace=workspace)))
+
+    def sandbox_list(self) -> List[SandboxStatus]:
+        return cast(SandboxList, self.request("sandbox_list")).get("sandboxes", [])
+
+    def sandbox_stop(self, workspace: str) -> Stopped:
+        return cast(Stopped, self.request("sandbox_stop", _wire.args(workspace=workspace)))
+
+    def sandbox_policy(
+        self,
+        workspace: str,
+        *,
+        allow_host: Optional[Iterable[str]] = None,
+        deny_host: Optional[Iterable[str]] = None,
+        remove_host: Optional[Iterable[str]] = None,
+        reset: Optional[bool] = None,
+    ) -> PolicyResult:
+        """Changes a ``net="egress"`` sandbox's policy (reset, removals, allows, denies)."""
+        a = _wire.args(
+            workspace=workspace,
+            allow_host=_list(allow_host),
+            deny_host=_list(deny_host),
+            remove_host=_list(remove_host),
+            reset=reset,
+        )
+        return cast(PolicyResult, self.request("sandbox_policy", a))
+
+    def sandbox_publish(self, workspace: str, port: int) -> PortResult:
+        return cast(PortResult, self.request("sandbox_publish", _wire.args(workspace=workspace, port=port)))
+
+    def sandbox_unpublish(self, workspace: str, port: int) -> PortResult:
+        return cast(PortResult, self.request("sandbox_unpublish", _wire.args(workspace=workspace, port=port)))
+
+    def sandbox_log(self, workspace: str, tail: Optional[int] = None) -> SandboxLog:
+        return cast(SandboxLog, self.request("sandbox_log", _wire.args(workspace=workspace, tail=tail)))
+
+    # -- exec ------------------------------------------------------------------------
+
+    def keeper_socket(self, workspace: str) -> str:
+        """The ``exec`` operation: the keeper socket of the running sandbox
+        (``not_found`` when none runs)."""
+        return str(self.request("exec", _wire.args(workspace=workspace))["socket"])
+
+    def spawn(
+        self,
+        workspace: str,
+        cmd: _wire.Argv,
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        workdir: Optional[str] = None,
+        stdin: Any = None,
+        stdout: Stdio = None,
+        stderr: Stdio = None,
+        pty: Union[None, bool, Tuple[int, int]] = None,
+        on_stdout: Optional[Callable[[str], Any]] = None,
+        on_stderr: Optional[Callable[[str], Any]] = None,
+    ) -> Command:
+        """Starts ``cmd`` in the workspace's running sandbox and gives the running
+        :class:`~cowspace.Command` (see :meth:`exec` for the arguments)."""
+        keeper = self.keeper_socket(workspace)
+        return _exec.start(
+            keeper,
+            _wire.argv_of(cmd),
+            env=dict(env) if env else None,
+            workdir=workdir,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            pty=_wire.pty_size(pty),
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+        )
+
+    def exec(
+        self,
+        workspace: str,
+        cmd: _wire.Argv,
+        *,
+        env: Optional[Mapping[str, str]] = None,
+        workdir: Optional[str] = None,
+        stdin: Any = None,
+        stdout: Stdio = None,
+        stderr: Stdio = None,
+        pty: Union[None, bool, Tuple[int, int]] = None,
+        on_stdout: Optional[Callable[[str], Any]] = None,
+        on_stderr: Optional[Callable[[str], Any]] = None,
+        timeout: Optional[float] = None,
+        background: bool = False,
+        check: bool = False,
+    ) -> Any:
+        """Runs ``cmd`` (an argv, or a string run by ``sh -c``) in the workspace's
+        running sandbox (``not_found`` when none runs), working directory
+        ``/workspace`` or ``workdir``, with ``env`` added.
+
+        - ``stdin``: ``None`` (``/dev/null``), bytes or str (fed to it), ``PIPE``
+          (:meth:`Command.write`), or a file / descriptor passed as is.
+        - ``stdout``, ``stderr``: ``None`` (captured: streamed to ``on_stdout`` /
+          ``on_stderr`` as text, kept in the result), ``DEVNULL``, ``STDOUT`` (stderr
+          only), or a file / descriptor the command writes to directly.
+        - ``pty``: ``True`` or ``(rows, cols)``: a pseudo-terminal of the sandbox
+          instead (its output is ``stdout``; :meth:`Command.resize`).
+        - ``timeout``: seconds; the command is killed when it runs longer and
+          :class:`~cowspace.errors.ExecTimeout` is raised with what it wrote.
+        - ``background``: give the running :class:`~cowspace.Command` at once
+          (closing it kills the command; a process the command leaves in the
+          background itself, ``sh -c 'server &'``, lives until the sandbox stops).
+        - ``check``: raise :class:`~cowspace.errors.CommandFailed` on a status other
+          than 0.
+
+        Gives an :class:`~cowspace.records.ExecResult` (127: no such command).
+        """
+        c = self.spawn(
+            workspace,
+            cmd,
+            env=env,
+            workdir=workdir,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            pty=pty,
+            on_stdout=on_stdout,
+            on_stderr=on_stderr,
+        )
+        if background:
+            return c
+        with c:
+            try:
+                res = c.wait(timeout)
+            except ExecTimeout:
+                c.kill()
+                raise ExecTimeout(timeout or 0.0, c.wait())
+        if check and res.exit_code != 0:
+            raise CommandFailed(res)
+        return res
+
+
+def _list(v: Optional[Iterable[str]]) -> Optional[List[str]]:
+    if v is None:
+        return None
+    return [v] if isinstance(v, str) else list(v)
+
+
+def _socket_connect(path: str, timeout: Optional[float]) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(path)
+    except OSError as e:
+        s.close()
+        raise IoError(
+            f"cannot connect to the daemon's socket {path}: {e.strerror or e}",
+            "start the daemon (`mountctl daemon start`), or name the runtime root",
+        ) from e
+    return s
+
+
+# ExecResult is re-exported for annotations of callers.
+_ = ExecResult
