@@ -6,7 +6,8 @@ set -euo pipefail
 pkgs=(git tar zstd gzip xz-utils fuse3 fuse-overlayfs btrfs-progs xfsprogs bubblewrap
       iproute2 iputils-ping kmod procps psmisc util-linux python3 python3-pip gcc make pkg-config libssl-dev
       qemu-system-x86 busybox-static libcap-ng-dev libseccomp-dev
-      libc6-dev)  # libc.a: sandbox-helper's build links the guest agent statically
+      libc6-dev   # libc.a: sandbox-helper's build links the guest agent statically
+      nodejs)     # the Node client's tests (clients/typescript) need node >= 20
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -21,6 +22,10 @@ fi
 # The test user pjdfstest-style suites switch to (harmless when present already).
 if ! id tests >/dev/null 2>&1 && [ "$(id -u)" -eq 0 ]; then
   echo 'tests:x:::cowspace test dummy:/:/usr/sbin/nologin' | newusers || true
+fi
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+if [ "$node_major" -lt 20 ]; then
+  echo "setup: node $node_major is older than 20: the Node client's test will skip (fail under CI=true); install Node >= 20 (Debian trixie's nodejs, or NodeSource)" >&2
 fi
 command -v cargo >/dev/null || { echo "setup: cargo is not installed (install Rust with rustup)" >&2; exit 1; }
 

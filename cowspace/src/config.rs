@@ -4,8 +4,9 @@
 //! Read from `/etc/cowspace/config.toml`, then `$XDG_CONFIG_HOME/cowspace/config.toml`
 //! (`~/.config/cowspace/config.toml`), a later file's keys over an earlier one's; or, when
 //! `$COWSPACE_CONFIG` names a file, from that file alone. A missing file is no error; a
-//! file that is not valid TOML, or has a key this build does not know, is (naming the
-//! file, the key and the keys there are). Environment variables and flags override it:
+//! file that is not valid TOML, has a key this build does not know, or a value no
+//! create or sandbox could use, is (naming the file, the key and what it takes): every
+//! value is checked when the file is read, so `mountctl config` finds a bad one. Environment variables and flags override it:
 //!
 //! ```toml
 //! root = "/var/lib/cowspace"          # $COWSPACE_ROOT, --root
@@ -20,6 +21,9 @@
 //! pids = 1024
 //! cpus = 1.5
 //! cpuset_cpus = "0-1"
+//! allow_host = ["pypi.org", "*.pythonhosted.org:443"]  # with net = "egress" (or --net egress)
+//! deny_host = []                      # ... unless the start gives that list itself
+//! add_host = ["db.internal:10.0.0.5"]
 //!
 //! [vm]
 //! accept_emulation = false            # run --vm's --accept-emulation
@@ -101,6 +105,9 @@ struct SandboxSection {
     pids: Option<u64>,
     cpus: Option<f64>,
     cpuset_cpus: Option<String>,
+    allow_host: Option<Vec<String>>,
+    deny_host: Option<Vec<String>>,
+    add_host: Option<Vec<String>>,
 }
 
 /// What a sandbox gets when its start names nothing else.
@@ -111,6 +118,11 @@ pub struct SandboxDefaults {
     pub pids: Option<Setting<u64>>,
     pub cpus: Option<Setting<f64>>,
     pub cpuset_cpus: Option<Setting<String>>,
+    /// Egress policy lists, for a sandbox with `net = egress` whose start gives none of
+    /// that list ([`crate::sandbox::with_defaults`]).
+    pub allow_host: Option<Setting<Vec<String>>>,
+    pub deny_host: Option<Setting<Vec<String>>>,
+    pub add_host: Option<Setting<Vec<String>>>,
 }
 
 /// The configuration files read, lowest precedence first.
@@ -134,7 +146,16 @@ pub fn default_paths() -> Vec<PathBuf> {
     out
 }
 
-const KNOWN: &str = "root; [create] materializer, lower; [sandbox] net, memory, pids, cpus, cpuset_cpus; [vm] accept_emulation";
+const KNOWN: &str = "root; [create] materializer, lower; [sandbox] net, memory, pids, cpus, cpuset_cpus, allow_host, deny_host, add_host; [vm] accept_emulation";
+
+/// The smallest `[sandbox] memory` and `pids` the sandbox helper accepts (its
+/// `MIN_MEMORY_BYTES` and `MIN_PIDS`), and the range of `cpus` it takes: a file asking for
+/// less is refused when read, not at the first sandbox.
+const MIN_SANDBOX_MEMORY_BYTES: u64 = 4 << 20;
+const MIN_SANDBOX_PIDS: u64 = 2;
+const SANDBOX_CPUS: std::ops::RangeInclusive<f64> = 0.01..=1024.0;
+/// The highest CPU number a `cpuset_cpus` list may name.
+const MAX_CPU_INDEX: u32 = 65_535;
 
 fn env(name: &'static str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
@@ -257,6 +278,9 @@ impl Config {
             pids: self.file(|f| f.sandbox.pids),
             cpus: self.file(|f| f.sandbox.cpus),
             cpuset_cpus: self.file(|f| f.sandbox.cpuset_cpus.clone()),
+            allow_host: self.file(|f| f.sandbox.allow_host.clone()),
+            deny_host: self.file(|f| f.sandbox.deny_host.clone()),
+            add_host: self.file(|f| f.sandbox.add_host.clone()),
         }
     }
 
@@ -287,6 +311,9 @@ impl Config {
             ("sandbox.pids", json_of(s.pids)),
             ("sandbox.cpus", json_of(s.cpus)),
             ("sandbox.cpuset_cpus", json_of(s.cpuset_cpus)),
+            ("sandbox.allow_host", json_of(s.allow_host)),
+            ("sandbox.deny_host", json_of(s.deny_host)),
+            ("sandbox.add_host", json_of(s.add_host)),
             ("vm.accept_emulation", json_of(self.vm_accept_emulation())),
         ] {
             let (value, origin) = v.unwrap_or((Value::Null, Origin::Default));
@@ -346,16 +373,140 @@ fn check(p: &Path, f: &FileConfig) -> Result<()> {
         return bad("create.lower", l, "auto, native, view or checkout");
     }
     if let Some(n) = &f.sandbox.net
-        && !matches!(n.as_str(), "none" | "loopback")
+        && !matches!(n.as_str(), "none" | "loopback" | "egress")
     {
-        return bad("sandbox.net", n, "none or loopback");
+        return bad("sandbox.net", n, "none, loopback or egress");
     }
+    check_sandbox(p, &f.sandbox)?;
     if let Some(r) = &f.root
         && !r.is_absolute()
     {
         return bad("root", &r.display().to_string(), "an absolute path");
     }
     Ok(())
+}
+
+/// The `[sandbox]` limits and egress lists, checked as the helper and the egress proxy
+/// would check them (the host's own CPUs aside: the file may serve several hosts).
+fn check_sandbox(p: &Path, s: &SandboxSection) -> Result<()> {
+    let bad = |key: &str, value: String, want: String| {
+        Err(Error::Invalid(format!(
+            "{}: sandbox.{key} = {value}: {want}",
+            p.display()
+        )))
+    };
+    match &s.memory {
+        Some(Size::Text(t)) => match parse_bytes(t) {
+            Some(n) if n >= MIN_SANDBOX_MEMORY_BYTES => {}
+            Some(_) => {
+                return bad(
+                    "memory",
+                    format!("{t:?}"),
+                    format!("at least {MIN_SANDBOX_MEMORY_BYTES} bytes (4m)"),
+                );
+            }
+            None => {
+                return bad(
+                    "memory",
+                    format!("{t:?}"),
+                    "expected bytes, or a number with a k, m or g suffix (\"512m\") that fits in 64 bits".into(),
+                );
+            }
+        },
+        Some(Size::Bytes(n)) if *n < MIN_SANDBOX_MEMORY_BYTES => {
+            return bad(
+                "memory",
+                n.to_string(),
+                format!("at least {MIN_SANDBOX_MEMORY_BYTES} bytes (4m)"),
+            );
+        }
+        _ => {}
+    }
+    if let Some(n) = s.pids
+        && n < MIN_SANDBOX_PIDS
+    {
+        return bad(
+            "pids",
+            n.to_string(),
+            format!("at least {MIN_SANDBOX_PIDS} (the sandbox's init counts)"),
+        );
+    }
+    if let Some(c) = s.cpus
+        && !(c.is_finite() && SANDBOX_CPUS.contains(&c))
+    {
+        return bad(
+            "cpus",
+            c.to_string(),
+            format!(
+                "expected {} to {}",
+                SANDBOX_CPUS.start(),
+                SANDBOX_CPUS.end()
+            ),
+        );
+    }
+    if let Some(l) = &s.cpuset_cpus
+        && !cpu_list_ok(l)
+    {
+        return bad(
+            "cpuset_cpus",
+            format!("{l:?}"),
+            "expected a CPU list such as \"0-1,3\" (numbers and ranges, low to high)".into(),
+        );
+    }
+    // The parsers' messages name the flag (`--add-host ...`): the file has a key.
+    let why = |e: cowspace_egress::policy::PatternError| {
+        let m = e.to_string();
+        match m.strip_prefix("--") {
+            Some(rest) => rest
+                .split_once(' ')
+                .map_or(m.clone(), |(_, r)| r.to_string()),
+            None => m,
+        }
+    };
+    for (key, list) in [("allow_host", &s.allow_host), ("deny_host", &s.deny_host)] {
+        for v in list.iter().flatten() {
+            if let Err(e) = v.parse::<cowspace_egress::policy::HostPattern>() {
+                return bad(key, format!("[.. {v:?} ..]"), why(e));
+            }
+        }
+    }
+    for v in s.add_host.iter().flatten() {
+        if let Err(e) = v.parse::<cowspace_egress::policy::AddHost>() {
+            return bad("add_host", format!("[.. {v:?} ..]"), why(e));
+        }
+    }
+    Ok(())
+}
+
+/// A byte count: digits with an optional binary `k`, `m` or `g` suffix (the helper's
+/// `--memory`); `None` when it is not one or does not fit in 64 bits.
+fn parse_bytes(text: &str) -> Option<u64> {
+    let lower = text.trim().to_ascii_lowercase();
+    let (digits, shift) = match lower.as_bytes().last() {
+        Some(b'k') => (&lower[..lower.len() - 1], 10),
+        Some(b'm') => (&lower[..lower.len() - 1], 20),
+        Some(b'g') => (&lower[..lower.len() - 1], 30),
+        _ => (&lower[..], 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
+}
+
+/// Whether `text` is a CPU list in the kernel's format (`0-1,3`).
+fn cpu_list_ok(text: &str) -> bool {
+    let num = |t: &str| {
+        (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| t.parse::<u32>().ok())
+            .flatten()
+            .filter(|n| *n <= MAX_CPU_INDEX)
+    };
+    !text.is_empty()
+        && text.split(',').all(|part| match part.split_once('-') {
+            Some((a, b)) => matches!((num(a), num(b)), (Some(a), Some(b)) if a <= b),
+            None => num(part).is_some(),
+        })
 }
 
 #[cfg(test)]
@@ -387,7 +538,7 @@ mod tests {
         let sys = write(
             d.path(),
             "sys.toml",
-            "root = \"/srv/cow\"\n[create]\nmaterializer = \"overlay\"\nlower = \"view\"\n[sandbox]\nmemory = 1048576\npids = 64\n",
+            "root = \"/srv/cow\"\n[create]\nmaterializer = \"overlay\"\nlower = \"view\"\n[sandbox]\nmemory = 8388608\npids = 64\n",
         );
         let user = write(
             d.path(),
@@ -435,16 +586,120 @@ mod tests {
             ("[create]\nmaterialiser = \"overlay\"\n", "materialiser"),
             ("[create]\nmaterializer = \"zfs\"\n", "create.materializer"),
             ("[create]\nlower = \"disk\"\n", "create.lower"),
-            ("[sandbox]\nnet = \"host\"\n", "choose none or loopback"),
+            (
+                "[sandbox]\nnet = \"host\"\n",
+                "choose none, loopback or egress",
+            ),
             ("root = \"relative\"\n", "absolute"),
             ("root = [\n", "config.toml"),
             ("[sandbox]\nmemory = 1.5\n", "memory = 1.5"),
+            (
+                "[sandbox]\nmemory = \"lots\"\n",
+                "sandbox.memory = \"lots\"",
+            ),
+            (
+                "[sandbox]\nmemory = \"99999999999999g\"\n",
+                "fits in 64 bits",
+            ),
+            ("[sandbox]\nmemory = 1024\n", "at least"),
+            ("[sandbox]\npids = 1\n", "sandbox.pids = 1"),
+            ("[sandbox]\ncpus = 0.0\n", "sandbox.cpus = 0"),
+            ("[sandbox]\ncpus = 5000\n", "sandbox.cpus"),
+            ("[sandbox]\ncpuset_cpus = \"3-1\"\n", "sandbox.cpuset_cpus"),
+            ("[sandbox]\ncpuset_cpus = \"all\"\n", "sandbox.cpuset_cpus"),
+            (
+                "[sandbox]\nallow_host = [\"https://x.org\"]\n",
+                "sandbox.allow_host",
+            ),
+            ("[sandbox]\ndeny_host = [\"\"]\n", "sandbox.deny_host"),
+            ("[sandbox]\nadd_host = [\"db\"]\n", "sandbox.add_host"),
+            ("[sandbox]\nallow_host = \"pypi.org\"\n", "allow_host"),
         ] {
             let p = write(d.path(), "config.toml", text);
             let e = Config::from_files(&[p]).unwrap_err().to_string();
             assert!(e.contains(want), "{text:?}: {e}");
             assert!(e.contains("config.toml"), "{text:?}: {e}");
         }
+    }
+
+    #[test]
+    fn good_sandbox_values_are_read() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "config.toml",
+            "[sandbox]\nnet = \"egress\"\nmemory = \"512m\"\npids = 64\ncpus = 1.5\n\
+             cpuset_cpus = \"0-1,3\"\nallow_host = [\"pypi.org\", \"*.example.com:443\"]\n\
+             deny_host = [\"evil.example.com\"]\nadd_host = [\"db.internal:10.0.0.5\"]\n",
+        );
+        let s = Config::from_files(std::slice::from_ref(&p))
+            .unwrap()
+            .sandbox();
+        assert_eq!(
+            s.allow_host.unwrap().value,
+            ["pypi.org", "*.example.com:443"]
+        );
+        assert_eq!(s.add_host.unwrap().origin, Origin::File(p));
+        assert_eq!(s.net.unwrap().value, "egress");
+    }
+
+    #[test]
+    fn egress_lists_apply_only_to_egress_sandboxes_that_give_none() {
+        use crate::sandbox::{SandboxOptions, with_defaults};
+        use sandbox_api::spec::Net;
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "config.toml",
+            "[sandbox]\nallow_host = [\"pypi.org\"]\nadd_host = [\"db:10.0.0.5\"]\n",
+        );
+        let defaults = Config::from_files(&[p]).unwrap().sandbox();
+        let egress = SandboxOptions {
+            net: Some(Net::Egress),
+            ..Default::default()
+        };
+        let o = with_defaults(egress.clone(), &defaults);
+        assert_eq!(
+            (o.allow_host, o.add_host),
+            (
+                vec!["pypi.org".to_string()],
+                vec!["db:10.0.0.5".to_string()]
+            )
+        );
+        assert!(o.deny_host.is_empty());
+        let own = with_defaults(
+            SandboxOptions {
+                allow_host: vec!["example.com".into()],
+                ..egress
+            },
+            &defaults,
+        );
+        assert_eq!(
+            own.allow_host,
+            ["example.com"],
+            "the flags' list wins whole"
+        );
+        assert_eq!(own.add_host, ["db:10.0.0.5"], "another list still defaults");
+        let none = with_defaults(SandboxOptions::default(), &defaults);
+        assert!(
+            none.allow_host.is_empty() && none.add_host.is_empty(),
+            "not egress"
+        );
+        // `net = egress` from the file counts as egress.
+        let d2 = tempfile::tempdir().unwrap();
+        let p = write(
+            d2.path(),
+            "config.toml",
+            "[sandbox]\nnet = \"egress\"\ndeny_host = [\"x.org\"]\n",
+        );
+        let o = with_defaults(
+            SandboxOptions::default(),
+            &Config::from_files(&[p]).unwrap().sandbox(),
+        );
+        assert_eq!(
+            (o.net, o.deny_host),
+            (Some(Net::Egress), vec!["x.org".to_string()])
+        );
     }
 
     #[test]

@@ -28,12 +28,22 @@ pub enum Error {
     Unmount { target: PathBuf, source: nix::Error },
     #[error("no workspace {0} in this runtime root")]
     NoWorkspace(String),
+    #[error("no such file or directory: {0}")]
+    NoFile(String),
     #[error("a workspace named {0} exists already")]
     NameTaken(String),
     #[error("{0} exists already")]
     PathExists(PathBuf),
     #[error("workspace {id} is {}", busy_by(pids))]
     Busy { id: String, pids: Vec<i32> },
+    /// A removal without `--force` that would lose what the workspace holds (a running
+    /// sandbox, uncommitted changes): `what` says which, `hint` how to keep or drop it.
+    #[error("workspace {id} {what}")]
+    Keeps {
+        id: String,
+        what: String,
+        hint: String,
+    },
     #[error("the daemon still serves workspaces: {}", .users.join(", "))]
     DaemonInUse { users: Vec<String> },
     #[error("materializer {name} cannot work on this host: {why}")]
@@ -82,9 +92,9 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::Store(e) => e.kind(),
-            Error::NoWorkspace(_) => ErrorKind::NotFound,
+            Error::NoWorkspace(_) | Error::NoFile(_) => ErrorKind::NotFound,
             Error::NameTaken(_) | Error::PathExists(_) => ErrorKind::Exists,
-            Error::Busy { .. } | Error::DaemonInUse { .. } => ErrorKind::Busy,
+            Error::Busy { .. } | Error::Keeps { .. } | Error::DaemonInUse { .. } => ErrorKind::Busy,
             Error::Answered { kind, .. } => *kind,
             Error::Unsupported { .. } => ErrorKind::Unsupported,
             Error::Invalid(_) => ErrorKind::InvalidInput,
@@ -105,6 +115,7 @@ impl Error {
         Some(match self {
             Error::Store(e) => return e.hint(),
             Error::Answered { hint, .. } => return hint.clone(),
+            Error::Keeps { hint, .. } => hint.clone(),
             Error::RemoteRef { remote, name, .. } => format!(
                 "`mountctl pull {remote}/{name}` (or `mountctl fetch`), commit on top of it and \
                  push again; `push --force` replaces it"

@@ -474,12 +474,12 @@ fn find_workspace(cwd: &Path, roots: &[PathBuf]) -> Option<(Runtime, Record)> {
 /// `/proc/self/mountinfo`: an overlay's `upperdir`, a fuse workspace's source, or the
 /// tree a full-tree workspace's bind mount shows.
 fn private_path(target: &Path) -> Option<PathBuf> {
-    let text = sandbox_helper::mountinfo::read().ok()?;
+    let text = sandbox_api::mountinfo::read().ok()?;
     private_path_in(&text, target)
 }
 
 fn private_path_in(mountinfo: &str, target: &Path) -> Option<PathBuf> {
-    use sandbox_helper::mountinfo::{lines, unescape};
+    use sandbox_api::mountinfo::{lines, unescape};
     // The last mount at the path is the one on top.
     let l = lines(mountinfo)
         .rev()

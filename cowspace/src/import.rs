@@ -57,7 +57,9 @@ pub fn import(root: &Path, req: ImportRequest<'_>) -> Result<Imported> {
     }
     let report = if let Some(rev) = req.git_rev {
         store.import_git(req.source, rev, &opts)
-    } else if req.source.is_file() {
+    } else if req.source.is_file() && cowspace_store::import::tar::has_tar_name(req.source) {
+        // Any other file is refused by the directory import, which says what names a
+        // tar archive needs (a README parsed as a tar gives a garbled error).
         store.import_tar(req.source, &opts)
     } else {
         store.import_dir(req.source, &opts)

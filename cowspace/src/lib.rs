@@ -12,6 +12,7 @@
 pub mod config;
 pub mod daemon;
 pub mod error;
+pub mod files;
 pub mod fromgit;
 pub mod gitfsmonitor;
 pub mod import;
@@ -23,6 +24,7 @@ pub mod remote;
 pub mod runtime;
 pub mod sandbox;
 pub mod vm;
+pub mod watch;
 
 #[doc(hidden)]
 pub mod checkout;

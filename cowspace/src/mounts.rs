@@ -22,9 +22,8 @@ pub struct MountEntry {
 
 /// The current mount table.
 pub fn mounts() -> Result<Vec<MountEntry>> {
-    let text =
-        sandbox_helper::mountinfo::read().map_err(Error::io("read", "/proc/self/mountinfo"))?;
-    Ok(sandbox_helper::mountinfo::lines(&text)
+    let text = sandbox_api::mountinfo::read().map_err(Error::io("read", "/proc/self/mountinfo"))?;
+    Ok(sandbox_api::mountinfo::lines(&text)
         .map(|l| MountEntry {
             target: PathBuf::from(l.target),
             fstype: l.fstype.to_string(),

@@ -16,6 +16,11 @@ use serde_json::{Map, Value};
 use crate::error::{Error, Result};
 use crate::runtime::{CommitOptions, CreateOptions};
 
+/// The protocol's version, answered by `ping` as `protocol`: clients refuse a daemon whose
+/// version differs from theirs. It changes only when a request or answer changes
+/// incompatibly (an added operation or argument does not change it).
+pub const PROTOCOL_VERSION: u32 = 1;
+
 /// Arguments that are nothing but a workspace.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -95,6 +100,42 @@ pub struct SandboxLogArgs {
     /// Only the last this many decisions (default: all kept).
     #[serde(default)]
     pub tail: Option<usize>,
+}
+
+/// `files_stat`, `files_list` (with `recursive`), `files_read`, `files_write`,
+/// `files_mkdir`, `files_remove`, `files_rename`, `files_symlink`: a path inside a
+/// workspace and what the operation takes (`docs/files.md`). Contents travel as base64.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilesArgs {
+    pub workspace: String,
+    /// A path inside the workspace (`src/a.py`, `/src/a.py`, `.`).
+    #[serde(default)]
+    pub path: String,
+    /// `files_list`: every entry below, not one level.
+    #[serde(default)]
+    pub recursive: bool,
+    /// `files_read`: where to start.
+    #[serde(default)]
+    pub offset: u64,
+    /// `files_read`: how many bytes at most (default and bound: 64 MiB).
+    #[serde(default)]
+    pub length: Option<u64>,
+    /// `files_write`: the contents, base64.
+    #[serde(default)]
+    pub data: Option<String>,
+    /// `files_write`, `files_mkdir`: permission bits.
+    #[serde(default)]
+    pub mode: Option<u32>,
+    /// `files_write`: add to the file instead of replacing it.
+    #[serde(default)]
+    pub append: bool,
+    /// `files_mkdir`: make missing parents, no error if it exists.
+    #[serde(default)]
+    pub parents: bool,
+    /// `files_rename`: the new path; `files_symlink`: the link's target.
+    #[serde(default)]
+    pub to: Option<String>,
 }
 
 /// `prepare_native`.
@@ -228,10 +269,14 @@ pub enum Request {
     Diff(DiffArgs),
     Commit(WithWorkspace<CommitOptions>),
     Remove(RemoveArgs),
+    Fork(WithWorkspace<crate::runtime::ForkOptions>),
     Sweep(NoArgs),
     PrepareNative(SnapshotArg),
     SandboxStart(SandboxStartArgs),
     SandboxStop(WorkspaceArg),
+    SandboxPause(WorkspaceArg),
+    SandboxResume(WorkspaceArg),
+    SandboxSuspend(WorkspaceArg),
     SandboxStatus(WorkspaceArg),
     SandboxList(NoArgs),
     SandboxPolicy(WithWorkspace<crate::sandbox::PolicyUpdate>),
@@ -239,6 +284,17 @@ pub enum Request {
     SandboxUnpublish(SandboxPortArgs),
     SandboxLog(SandboxLogArgs),
     Exec(WorkspaceArg),
+    FilesStat(FilesArgs),
+    FilesList(FilesArgs),
+    FilesRead(FilesArgs),
+    FilesWrite(FilesArgs),
+    FilesMkdir(FilesArgs),
+    FilesRemove(FilesArgs),
+    FilesRename(FilesArgs),
+    FilesSymlink(FilesArgs),
+    /// Streams change events (lines with `event`) until the client closes or the
+    /// workspace goes; never answered otherwise.
+    Watch(FilesArgs),
     Recover(WorkspaceArg),
     Snapshots(NoArgs),
     Refs(NoArgs),

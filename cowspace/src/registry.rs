@@ -94,6 +94,16 @@ pub struct Record {
     /// interrupted.
     #[serde(default)]
     pub creator: Option<Creator>,
+    /// What the workspace's changes looked like when it was last committed: a digest of
+    /// each changed path's identity in its private state (path, kind of change, inode,
+    /// size, times, mode), so `remove` tells "nothing since the last commit" without
+    /// reading contents (`runtime::changes`). `None`: never committed, or a digest that
+    /// could not be trusted (a change within the clock tick of the commit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub committed_fingerprint: Option<String>,
+    /// The workspace this one was forked from (`mountctl fork`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
 }
 
 impl Record {

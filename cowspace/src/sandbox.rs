@@ -4,7 +4,7 @@
 //! processes) is `sandbox-helper`'s: `sandbox_start` runs `sandbox-helper start`, which
 //! stays as the sandbox's keeper, and records it in the workspace's registry record
 //! before returning. `exec`, `status` and `stop` talk to the keeper's socket
-//! ([`sandbox_helper::keeper`]). A keeper that died (even by `SIGKILL`) took its sandbox
+//! ([`sandbox_api::keeper`]). A keeper that died (even by `SIGKILL`) took its sandbox
 //! with it; [`Runtime::sweep`] then mounts the host's view of the workspace again and
 //! clears the record.
 
@@ -28,15 +28,30 @@ const MAX_READY_LINE_BYTES: u64 = 64 * 1024;
 const MAX_HELPER_STDERR_BYTES: u64 = 64 * 1024;
 
 /// What a sandbox is started with (the `sandbox start` flags; the control socket's
-/// `sandbox_start` args): the helper's own [`sandbox_helper::spec::Controls`].
-pub type SandboxOptions = sandbox_helper::spec::Controls;
+/// `sandbox_start` args): the helper's own [`sandbox_api::spec::Controls`].
+pub type SandboxOptions = sandbox_api::spec::Controls;
 
 /// `o` with what it leaves unset taken from the configuration's `[sandbox]` defaults.
 /// Their `net` applies only to a sandbox that publishes no port (one that does gets
-/// `loopback` unless it names a network).
+/// `loopback` unless it names a network). Their `allow_host`, `deny_host` and `add_host`
+/// apply only to a sandbox whose network (its own or the default) is `egress`, each
+/// list only when the start gives none of it.
 pub fn with_defaults(mut o: SandboxOptions, d: &crate::config::SandboxDefaults) -> SandboxOptions {
     if o.net.is_none() && o.publish.is_empty() {
         o.net = d.net.as_ref().and_then(|s| s.value.parse().ok());
+    }
+    if o.net == Some(sandbox_api::spec::Net::Egress) {
+        for (list, default) in [
+            (&mut o.allow_host, &d.allow_host),
+            (&mut o.deny_host, &d.deny_host),
+            (&mut o.add_host, &d.add_host),
+        ] {
+            if list.is_empty()
+                && let Some(s) = default
+            {
+                list.clone_from(&s.value);
+            }
+        }
     }
     if o.memory.is_none() {
         o.memory = d.memory.as_ref().map(|s| s.value.clone());
@@ -53,49 +68,58 @@ pub fn with_defaults(mut o: SandboxOptions, d: &crate::config::SandboxDefaults) 
     o
 }
 
-/// `o` as the helper's flags (`--flag=VALUE`), the same for a namespace sandbox and a VM
-/// (which refuses by name what it does not enforce yet). `env` and `binds` are the
-/// runtime's own, passed before the user's so that the user's win.
-pub(crate) fn control_flags(
+/// The controls the helper gets: `o`, with the runtime's own `env` and `binds` before
+/// the user's so that the user's win. The same for a namespace sandbox and a VM (which
+/// refuses by name what it does not enforce yet).
+pub(crate) fn helper_controls(
     o: &SandboxOptions,
     env: Vec<String>,
     binds: Vec<String>,
-) -> Vec<String> {
-    let mut a = Vec::new();
-    if let Some(net) = &o.net {
-        a.push(format!("--net={}", net.as_str()));
-    }
-    if let Some(m) = &o.memory {
-        a.push(format!("--memory={m}"));
-    }
-    if let Some(p) = o.pids {
-        a.push(format!("--pids={p}"));
-    }
-    if let Some(c) = o.cpus {
-        a.push(format!("--cpus={c}"));
-    }
-    if let Some(c) = &o.cpuset_cpus {
-        a.push(format!("--cpuset-cpus={c}"));
-    }
-    a.extend(o.publish.iter().map(|p| format!("--publish={p}")));
-    a.extend(
-        env.into_iter()
-            .chain(o.env.iter().cloned())
-            .map(|e| format!("--env={e}")),
-    );
-    a.extend(
-        binds
-            .into_iter()
-            .chain(o.ro_bind.iter().cloned())
-            .map(|b| format!("--ro-bind={b}")),
-    );
-    a.extend(o.secret.iter().map(|s| format!("--secret={s}")));
-    a.extend(o.allow_host.iter().map(|p| format!("--allow-host={p}")));
-    a.extend(o.deny_host.iter().map(|p| format!("--deny-host={p}")));
-    a.extend(o.add_host.iter().map(|h| format!("--add-host={h}")));
-    a
+) -> SandboxOptions {
+    let mut c = o.clone();
+    c.env = env.into_iter().chain(o.env.iter().cloned()).collect();
+    c.ro_bind = binds.into_iter().chain(o.ro_bind.iter().cloned()).collect();
+    c
 }
 
+/// The controls on their way to the helper: JSON on a pipe whose read end the helper
+/// inherits as `--controls-fd=N` (no control travels as a command-line string for the
+/// privileged helper to parse back; it decodes the same type, refusing unknown keys).
+pub(crate) struct ControlsPipe {
+    read: std::os::fd::OwnedFd,
+    write: std::io::PipeWriter,
+    json: Vec<u8>,
+}
+
+impl ControlsPipe {
+    /// Adds `--controls-fd` for `controls` to `cmd`.
+    pub(crate) fn attach(cmd: &mut Command, controls: &SandboxOptions) -> Result<ControlsPipe> {
+        let json = serde_json::to_vec(controls)
+            .map_err(|e| Error::Invalid(format!("sandbox controls not encodable: {e}")))?;
+        let (read, write) =
+            std::io::pipe().map_err(Error::io("create the controls pipe", "sandbox-helper"))?;
+        let read: std::os::fd::OwnedFd = read.into();
+        nix::fcntl::fcntl(
+            &read,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        )
+        .map_err(|e| Error::io("pass the controls pipe on", "sandbox-helper")(e.into()))?;
+        cmd.arg(format!("--controls-fd={}", read.as_raw_fd()));
+        Ok(ControlsPipe { read, write, json })
+    }
+
+    /// Once the helper is spawned: this process's copy of the read end closes, and the
+    /// controls are written (on a thread: they may exceed the pipe's buffer) and the
+    /// pipe closed, which the helper reads as their end.
+    pub(crate) fn send(self) {
+        drop(self.read);
+        let (mut w, json) = (self.write, self.json);
+        std::thread::spawn(move || {
+            use std::io::Write;
+            let _ = w.write_all(&json);
+        });
+    }
+}
 /// A change of a running sandbox's egress policy (`mountctl sandbox policy`, the
 /// socket's `sandbox_policy`): applied as reset, removals, allows, denies.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -174,23 +198,23 @@ pub fn helper_path() -> Result<PathBuf> {
 pub fn sandbox_name(rec: &Record) -> String {
     rec.name
         .clone()
-        .filter(|n| sandbox_helper::spec::validate_name(n).is_ok())
+        .filter(|n| sandbox_api::spec::validate_name(n).is_ok())
         .unwrap_or_else(|| rec.id.clone())
 }
 
-fn kind_of(k: sandbox_helper::Kind) -> ErrorKind {
+fn kind_of(k: sandbox_api::Kind) -> ErrorKind {
     match k {
-        sandbox_helper::Kind::InvalidInput => ErrorKind::InvalidInput,
-        sandbox_helper::Kind::Unsupported => ErrorKind::Unsupported,
-        sandbox_helper::Kind::Busy => ErrorKind::Busy,
-        sandbox_helper::Kind::NotFound => ErrorKind::NotFound,
-        sandbox_helper::Kind::Exists => ErrorKind::Exists,
-        sandbox_helper::Kind::Io => ErrorKind::Io,
+        sandbox_api::Kind::InvalidInput => ErrorKind::InvalidInput,
+        sandbox_api::Kind::Unsupported => ErrorKind::Unsupported,
+        sandbox_api::Kind::Busy => ErrorKind::Busy,
+        sandbox_api::Kind::NotFound => ErrorKind::NotFound,
+        sandbox_api::Kind::Exists => ErrorKind::Exists,
+        sandbox_api::Kind::Io => ErrorKind::Io,
     }
 }
 
 /// A helper library error as this crate's.
-pub fn from_helper(e: sandbox_helper::Error) -> Error {
+pub fn from_helper(e: sandbox_api::Error) -> Error {
     Error::Answered {
         kind: kind_of(e.kind()),
         message: e.to_string(),
@@ -283,19 +307,15 @@ impl Runtime {
             .arg(format!("--name={}", sandbox_name(rec)))
             .arg(flag("--state-dir", self.sandbox_state_dir().as_os_str()))
             .arg(format!("--ready-fd={}", ready_write.as_raw_fd()));
-        match vm {
+        let controls = match vm {
             // The VM shares the host's own mount of the workspace through virtio-fs.
             Some(v) => {
-                cmd.args(crate::vm::helper_flags(
-                    o,
-                    v,
-                    &self.store().layout().cache(),
-                ));
+                cmd.args(crate::vm::helper_flags(v, &self.store().layout().cache()));
+                helper_controls(o, Vec::new(), Vec::new())
             }
-            None => {
-                cmd.args(self.helper_flags(rec, o));
-            }
-        }
+            None => self.helper_controls_of(rec, o),
+        };
+        let controls = ControlsPipe::attach(&mut cmd, &controls)?;
         cmd.arg("--");
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -306,6 +326,7 @@ impl Runtime {
         let mut child = cmd
             .spawn()
             .map_err(Error::io("start sandbox-helper", helper))?;
+        controls.send();
         drop(ready_write);
         drop(cmd);
         let keeper = child.id() as i32;
@@ -321,6 +342,21 @@ impl Runtime {
             .take(MAX_READY_LINE_BYTES)
             .read_line(&mut line);
         let messages = err_reader.join().unwrap_or_default();
+        // A refusal comes typed on the ready pipe (its kind, message and hint); stderr
+        // is read only for a helper that ended before it could say anything.
+        if let Ok(v) = serde_json::from_str::<Value>(&line)
+            && let Some(e) = v.get("error")
+        {
+            let _ = child.wait();
+            return Err(Error::Answered {
+                kind: ErrorKind::parse(e["kind"].as_str().unwrap_or("io")).unwrap_or(ErrorKind::Io),
+                message: e["message"]
+                    .as_str()
+                    .unwrap_or("the sandbox did not start")
+                    .to_string(),
+                hint: e["hint"].as_str().map(str::to_string),
+            });
+        }
         let Ok(status) = serde_json::from_str::<Value>(&line) else {
             let code = child.wait().ok().and_then(|s| s.code()).unwrap_or(1);
             let mut message = String::new();
@@ -347,7 +383,11 @@ impl Runtime {
             let _ = child.wait();
         });
         let ports = status["ports"].clone();
-        self.record_sandbox(&rec.id, keeper, status.clone(), ports)?;
+        // What it was started with, for a fork's `--sandbox` (the user's controls, not
+        // the runtime's own additions).
+        let mut recorded = status.clone();
+        recorded["controls"] = json!(o);
+        self.record_sandbox(&rec.id, keeper, recorded, ports)?;
         let mut out = status;
         out["workspace"] = json!(rec.id);
         out["path"] = json!(rec.path);
@@ -355,17 +395,16 @@ impl Runtime {
         Ok(out)
     }
 
-    /// The sandbox flags of `o` for the helper, as `--flag=VALUE`, with the git
-    /// fsmonitor hook's set-up for an overlay or fuse workspace first (the caller's
-    /// `--env` may override it).
-    fn helper_flags(&self, rec: &Record, o: &SandboxOptions) -> Vec<String> {
+    /// The controls of `o` for the helper, with the git fsmonitor hook's set-up for an
+    /// overlay or fuse workspace first (the caller's `--env` may override it).
+    fn helper_controls_of(&self, rec: &Record, o: &SandboxOptions) -> SandboxOptions {
         let (env, binds) = if self.materializer_of(rec).upper_dir(rec).is_some() {
             crate::gitfsmonitor::sandbox_setup(self, rec, "/.cowspace/upper", "/workspace")
                 .unwrap_or_default()
         } else {
             Default::default()
         };
-        control_flags(o, env, binds)
+        helper_controls(o, env, binds)
     }
 
     /// Runs `command` in a one-shot sandbox of `ws` (start, the command, stop) with this
@@ -428,19 +467,15 @@ impl Runtime {
         if host_overlay {
             cmd.arg("--share-host-mount");
         }
-        match vm {
+        let controls = match vm {
             // The VM shares the host's own mount of the workspace through virtio-fs.
             Some(v) => {
-                cmd.args(crate::vm::helper_flags(
-                    o,
-                    v,
-                    &self.store().layout().cache(),
-                ));
+                cmd.args(crate::vm::helper_flags(v, &self.store().layout().cache()));
+                helper_controls(o, Vec::new(), Vec::new())
             }
-            None => {
-                cmd.args(self.helper_flags(&rec, o));
-            }
-        }
+            None => self.helper_controls_of(&rec, o),
+        };
+        let controls = ControlsPipe::attach(&mut cmd, &controls)?;
         if json {
             cmd.arg("--json");
         }
@@ -452,6 +487,7 @@ impl Runtime {
         let mut child = cmd
             .spawn()
             .map_err(Error::io("start sandbox-helper", helper.clone()))?;
+        controls.send();
         drop(ready_write);
         drop(cmd);
         let helper_pid = child.id() as i32;
@@ -508,7 +544,7 @@ impl Runtime {
             // the keeper answers for itself, and is adopted.
             (None, Some(pid)) => {
                 let state = self.sandbox_state_dir();
-                match sandbox_helper::keeper::Client::connect(&state, &sandbox_name(&rec))
+                match sandbox_api::keeper::Client::connect(&state, &sandbox_name(&rec))
                     .and_then(|c| c.status())
                 {
                     Ok(status) if status["keeper_pid"].as_i64() == Some(i64::from(pid)) => {
@@ -525,17 +561,18 @@ impl Runtime {
 
     /// A connection to the keeper of `ws`'s sandbox, for an exec (`not_found` when no
     /// sandbox runs: a command is never run on the host instead).
-    pub fn sandbox_client(&self, ws: &str) -> Result<sandbox_helper::keeper::Client> {
+    pub fn sandbox_client(&self, ws: &str) -> Result<sandbox_api::keeper::Client> {
         self.client_of(&self.live_record(ws)?)
     }
 
     /// A connection to the keeper of `rec`'s running sandbox.
-    fn client_of(&self, rec: &Record) -> Result<sandbox_helper::keeper::Client> {
-        sandbox_helper::keeper::Client::connect(&self.sandbox_state_dir(), &sandbox_name(rec))
-            .map_err(|e| match e {
-                sandbox_helper::Error::NotRunning { .. } => not_running(rec),
+    fn client_of(&self, rec: &Record) -> Result<sandbox_api::keeper::Client> {
+        sandbox_api::keeper::Client::connect(&self.sandbox_state_dir(), &sandbox_name(rec)).map_err(
+            |e| match e {
+                sandbox_api::Error::NotRunning { .. } => not_running(rec),
                 other => from_helper(other),
-            })
+            },
+        )
     }
 
     /// The status of `ws`'s sandbox: what it was started with and, live, its processes,
@@ -621,7 +658,7 @@ impl Runtime {
                 rec.id
             )));
         }
-        Ok(sandbox_helper::egress::log_path(
+        Ok(sandbox_api::egress_log_path(
             &self.sandbox_state_dir(),
             &sandbox_name(&rec),
         ))
@@ -640,9 +677,48 @@ impl Runtime {
         Ok(out)
     }
 
+    /// Pauses `ws`'s running sandbox: every process stopped where it is, its memory kept
+    /// (a namespace sandbox's cgroup freezer; a VM's qemu `stop`). Answers `{"paused":
+    /// true, "paused_at", "elapsed_ms"}`; `invalid_input` when paused already,
+    /// `unsupported` without a freezer. Execs are then refused (`busy`) until
+    /// [`Runtime::sandbox_resume`]; published ports keep their connections.
+    pub fn sandbox_pause(&self, ws: &str) -> Result<Value> {
+        let rec = self.live_record(ws)?;
+        let mut v = self.client_of(&rec)?.pause().map_err(from_helper)?;
+        v["workspace"] = json!(rec.id);
+        Ok(v)
+    }
+
+    /// Resumes `ws`'s paused sandbox; `invalid_input` when it runs.
+    pub fn sandbox_resume(&self, ws: &str) -> Result<Value> {
+        let rec = self.live_record(ws)?;
+        let mut v = self.client_of(&rec)?.resume().map_err(from_helper)?;
+        v["workspace"] = json!(rec.id);
+        Ok(v)
+    }
+
+    /// Suspends `ws`'s sandbox to disk with its processes: refused (`unsupported`) on
+    /// this host for both providers, naming why (docs/sandbox.md, "Pause, resume,
+    /// suspend").
+    pub fn sandbox_suspend(&self, ws: &str) -> Result<Value> {
+        let rec = self.live_record(ws)?;
+        let mut v = self.client_of(&rec)?.suspend().map_err(from_helper)?;
+        v["workspace"] = json!(rec.id);
+        Ok(v)
+    }
+
     /// Stops `ws`'s sandbox: every process in it killed, its cgroups, ports, uid range
-    /// and mounts freed, the host's own mount of the workspace back in place.
+    /// and mounts freed, the host's own mount of the workspace back in place. Idempotent:
+    /// with no sandbox running the answer is `{"stopped": false, "was_running": false}`
+    /// (a dead sandbox's record is cleared on the way).
     pub fn sandbox_stop(&self, ws: &str) -> Result<Value> {
+        let rec = self.get(ws)?;
+        if live_sandbox(&rec).is_none() {
+            if rec.sandbox.is_some() {
+                self.forget_sandbox(&rec)?;
+            }
+            return Ok(json!({"stopped": false, "was_running": false, "workspace": rec.id}));
+        }
         let rec = self.live_record(ws)?;
         let keeper = rec.sandbox_pid.unwrap_or(0);
         let answer = match self.client_of(&rec) {
@@ -660,6 +736,7 @@ impl Runtime {
         self.forget_sandbox(&rec)?;
         let mut out = answer;
         out["workspace"] = json!(rec.id);
+        out["was_running"] = json!(true);
         Ok(out)
     }
 

@@ -599,6 +599,10 @@ pub fn patch(store: &Store, changes: &[(DiffEntry, Option<PathBuf>)]) -> Result<
         };
         let nb = match (new, host) {
             (Some(e), Some(h)) if e.size <= big => Some(fs::read(h).map_err(Error::io("read", h))?),
+            // Stored content (`diff WS SNAP`: a path the workspace holds as its base).
+            (Some(e), None) if e.kind.has_content() && e.size <= big => {
+                Some(store.read_content(&e.content().expect("file"))?)
+            }
             (Some(e), _) if e.kind == Kind::Symlink => Some(e.data.clone()),
             _ => None,
         };

@@ -2,7 +2,7 @@
 //! long-lived VM sandboxes (`mountctl sandbox start WS --vm`, then `exec`, `status`,
 //! `stop` as for any sandbox: the helper's keeper serves them alike).
 //!
-//! The privileged work is `sandbox-helper vm-run`'s ([`sandbox_helper::vm`]): it finds
+//! The privileged work is `sandbox-helper vm-run`'s (the helper's `vm` module): it finds
 //! qemu, virtiofsd, the guest kernel and the initramfs (cached under
 //! `<root>/cache/vm/`), refuses software emulation unless it was accepted, and runs the
 //! command in a qemu `microvm` with the workspace's own host mount shared in by
@@ -24,9 +24,10 @@ pub struct VmRun {
     pub accept_emulation: bool,
 }
 
-/// `o` and `v` as the helper's `vm-run` flags (`--flag=VALUE`). Controls a VM does not
-/// enforce yet are passed too, so the helper refuses them by name.
-pub(crate) fn helper_flags(o: &SandboxOptions, v: &VmRun, cache: &Path) -> Vec<OsString> {
+/// `v` as the helper's `vm-run` and `vm-start` flags (the controls go on
+/// `--controls-fd`, those a VM does not enforce yet too, so the helper refuses them by
+/// name).
+pub(crate) fn helper_flags(v: &VmRun, cache: &Path) -> Vec<OsString> {
     let mut a: Vec<OsString> = Vec::new();
     let mut c = OsString::from("--cache-dir=");
     c.push(cache.join("vm"));
@@ -34,11 +35,6 @@ pub(crate) fn helper_flags(o: &SandboxOptions, v: &VmRun, cache: &Path) -> Vec<O
     if v.accept_emulation {
         a.push("--accept-emulation".into());
     }
-    a.extend(
-        crate::sandbox::control_flags(o, Vec::new(), Vec::new())
-            .into_iter()
-            .map(OsString::from),
-    );
     a
 }
 

@@ -250,7 +250,10 @@ def demo(root, source):
                 finally:
                     out["sandbox_stop"] = c.sandbox_stop(ws["id"])
         finally:
-            out["removed"] = c.remove(ws["id"])
+            # Forced: what the sandbox wrote after the commit is thrown away (without
+            # force the removal is refused, busy, while a workspace holds changes no
+            # commit took).
+            out["removed"] = c.remove(ws["id"], force=True)
         out["refs"] = c.refs()
         out["snapshots"] = c.snapshots()
         out["show"] = c.show(out["snapshot"], "hello-from-python.txt")

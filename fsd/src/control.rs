@@ -24,6 +24,13 @@ use cowspace::protocol::{ImportArgs, Request, Response};
 pub const MAX_CONNECTIONS: usize = 256;
 /// Largest request line.
 pub const MAX_REQUEST_BYTES: u64 = 1024 * 1024;
+/// Sends an event line before an operation's answer; `false` once the client is gone
+/// (a failed send, or its hang-up). Given `Value::Null` it sends nothing and only says
+/// whether the client is still there.
+pub type Events<'a> = dyn Fn(&Value) -> bool + Send + Sync + 'a;
+
+/// How often a watch looks at the stop flag while nothing changes.
+const WATCH_POLL_MS: u64 = 1_000;
 /// How often the accept loop looks at the stop flag while no client connects.
 const STOP_POLL_MS: u16 = 200;
 
@@ -125,12 +132,7 @@ const PROGRESS_EVERY_MS: u64 = 100;
 impl Server {
     /// Handles one request line from `caller`; `events` gets the lines an operation
     /// sends before its answer (an import's progress).
-    pub fn handle_line(
-        &self,
-        line: &str,
-        caller: Caller,
-        events: &(dyn Fn(&Value) + Send + Sync),
-    ) -> Value {
+    pub fn handle_line(&self, line: &str, caller: Caller, events: &Events<'_>) -> Value {
         let r = Request::decode(line).and_then(|req| self.handle(req, caller, events));
         match r {
             Ok(v) => json!(Response::ok(v)),
@@ -139,17 +141,13 @@ impl Server {
     }
 
     /// Carries out one decoded request.
-    pub fn handle(
-        &self,
-        req: Request,
-        caller: Caller,
-        events: &(dyn Fn(&Value) + Send + Sync),
-    ) -> Result<Value> {
+    pub fn handle(&self, req: Request, caller: Caller, events: &Events<'_>) -> Result<Value> {
         let rt = &self.runtime;
         Ok(match req {
             Request::Ping(_) => json!({
                 "pong": true,
                 "version": env!("CARGO_PKG_VERSION"),
+                "protocol": cowspace::protocol::PROTOCOL_VERSION,
                 "program": crate::daemon::program_identity(std::path::Path::new("/proc/self/exe")),
             }),
             Request::Create(mut o) => {
@@ -177,6 +175,7 @@ impl Server {
                 let rec = rt.remove(&a.workspace, a.force)?;
                 rec.removed_json(t.elapsed().as_secs_f64() * 1e3)
             }
+            Request::Fork(a) => rt.fork(&a.workspace, &a.options)?,
             Request::Sweep(_) => json!(rt.sweep()?),
             // Answered at once; the image is built on a thread of its own.
             Request::PrepareNative(a) => {
@@ -199,6 +198,9 @@ impl Server {
                 }
             }
             Request::SandboxStop(a) => rt.sandbox_stop(&a.workspace)?,
+            Request::SandboxPause(a) => rt.sandbox_pause(&a.workspace)?,
+            Request::SandboxResume(a) => rt.sandbox_resume(&a.workspace)?,
+            Request::SandboxSuspend(a) => rt.sandbox_suspend(&a.workspace)?,
             Request::SandboxStatus(a) => rt.sandbox_status(&a.workspace)?,
             Request::SandboxList(_) => json!({"sandboxes": rt.sandbox_list()?}),
             Request::SandboxPolicy(a) => rt.sandbox_policy(&a.workspace, &a.options)?,
@@ -210,9 +212,49 @@ impl Server {
             Request::Exec(a) => {
                 let rec = rt.sandbox_status(&a.workspace)?;
                 let name = rec["name"].as_str().unwrap_or_default().to_string();
-                let (_, sock) = sandbox_helper::keeper::paths(&rt.sandbox_state_dir(), &name);
+                let (_, sock) = sandbox_api::keeper::paths(&rt.sandbox_state_dir(), &name);
                 json!({"workspace": rec["workspace"], "socket": sock})
             }
+            Request::FilesStat(a) => json!(rt.files(&a.workspace)?.stat(&a.path)?),
+            Request::FilesList(a) => {
+                json!({"entries": rt.files(&a.workspace)?.list(&a.path, a.recursive)?})
+            }
+            Request::FilesRead(a) => {
+                use base64::Engine as _;
+                let data = rt.files(&a.workspace)?.read(&a.path, a.offset, a.length)?;
+                json!({"data": base64::engine::general_purpose::STANDARD.encode(&data), "length": data.len(), "offset": a.offset})
+            }
+            Request::FilesWrite(a) => {
+                use base64::Engine as _;
+                let data = base64::engine::general_purpose::STANDARD
+                    .decode(a.data.as_deref().unwrap_or(""))
+                    .map_err(|e| Error::Invalid(format!("args.data: not base64: {e}")))?;
+                json!(
+                    rt.files(&a.workspace)?
+                        .write(&a.path, &data, a.mode, a.append)?
+                )
+            }
+            Request::FilesMkdir(a) => {
+                json!(rt.files(&a.workspace)?.mkdir(&a.path, a.parents, a.mode)?)
+            }
+            Request::FilesRemove(a) => {
+                rt.files(&a.workspace)?.remove(&a.path, a.recursive)?;
+                json!({"removed": a.path})
+            }
+            Request::FilesRename(a) => {
+                let to = a
+                    .to
+                    .as_deref()
+                    .ok_or_else(|| Error::Invalid("args.to (the new path) is required".into()))?;
+                json!(rt.files(&a.workspace)?.rename(&a.path, to)?)
+            }
+            Request::FilesSymlink(a) => {
+                let to = a.to.as_deref().ok_or_else(|| {
+                    Error::Invalid("args.to (the link's target) is required".into())
+                })?;
+                json!(rt.files(&a.workspace)?.symlink(&a.path, to)?)
+            }
+            Request::Watch(a) => self.watch(&a, events)?,
             Request::Recover(a) => json!(rt.recover(&a.workspace)?),
             Request::Snapshots(_) => cowspace::ops::snapshots(rt.store())?,
             Request::Refs(_) => cowspace::ops::refs(rt.store())?,
@@ -286,13 +328,43 @@ impl Server {
         })
     }
 
+    /// Streams a workspace's change events as event lines until the workspace goes or
+    /// the client stops reading (a failed send ends it); answers `{"ended": true}`.
+    fn watch(&self, a: &cowspace::protocol::FilesArgs, events: &Events<'_>) -> Result<Value> {
+        let files = self.runtime.files(&a.workspace)?;
+        let mut w = cowspace::watch::Watcher::new(files, &a.path)?;
+        events(
+            &json!({"event": "watching", "path": if a.path.is_empty() { "." } else { a.path.as_str() }}),
+        );
+        loop {
+            if !events(&Value::Null) {
+                return Ok(json!({"ended": true, "why": "the client went away"}));
+            }
+            if self.stop.load(Ordering::SeqCst) {
+                return Ok(json!({"ended": true, "why": "the daemon is stopping"}));
+            }
+            match w.next(std::time::Duration::from_millis(WATCH_POLL_MS))? {
+                cowspace::watch::Next::Ended => {
+                    return Ok(json!({"ended": true, "why": "the workspace is gone"}));
+                }
+                cowspace::watch::Next::Events(evs) => {
+                    for e in evs {
+                        if !events(&json!(e)) {
+                            return Ok(json!({"ended": true, "why": "the client went away"}));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Imports `source` as `mountctl import` does, sending progress events while it runs
     /// when asked.
     fn import(
         &self,
         source: &std::path::Path,
         a: ImportArgs,
-        events: &(dyn Fn(&Value) + Send + Sync),
+        events: &Events<'_>,
     ) -> Result<Value> {
         let mut config = cowspace_store::StoreConfig::default();
         if let Some(l) = a.zstd_level {
@@ -322,7 +394,7 @@ impl Server {
                     let mut last: Option<std::time::Instant> = None;
                     let mut pending = None;
                     let send = |p: &cowspace_store::Progress| {
-                        events(&json!({"event": "progress", "files_done": p.files_done,
+                        let _ = events(&json!({"event": "progress", "files_done": p.files_done,
                             "files_total": p.files_total, "bytes_done": p.bytes_done}));
                     };
                     while let Ok(p) = rx.recv() {
@@ -413,8 +485,15 @@ impl Server {
             Err(_) => return,
         });
         let events = |v: &Value| {
+            if v.is_null() {
+                let mut fds = [PollFd::new(
+                    stream.as_fd(),
+                    PollFlags::from_bits_retain(libc::POLLRDHUP),
+                )];
+                return !matches!(poll(&mut fds, PollTimeout::ZERO), Ok(n) if n > 0);
+            }
             let w = writer.lock().unwrap_or_else(|p| p.into_inner());
-            let _ = reply(&w, v);
+            reply(&w, v).is_ok()
         };
         let mut reader = BufReader::new(&stream);
         loop {

@@ -32,7 +32,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Create the runtime root.
+    /// Create the runtime root (a new or empty directory; of a root that exists, a
+    /// no-op).
     Init,
     /// Import a directory, a tar archive or a git revision as a snapshot.
     Import(ImportArgs),
@@ -62,12 +63,15 @@ pub enum Command {
         #[arg(long)]
         tar: bool,
     },
-    /// Changed paths of a workspace against its base, or between two snapshots or refs.
+    /// Changed paths of a workspace against its base or any snapshot, or between two
+    /// snapshots or refs.
     Diff {
-        /// A workspace (id or name) to diff against its base; with B, a snapshot (id,
-        /// unique prefix of at least 6 hex digits, or ref).
+        /// A workspace (id or name): alone, its changes against its base; with B, the
+        /// changes from snapshot B to what the workspace shows (B its last commit, say).
+        /// Else a snapshot (id, unique prefix of at least 6 hex digits, or ref).
         a: String,
-        /// The snapshot (id, prefix or ref) to compare A with: the changes from A to B.
+        /// The snapshot (id, prefix or ref) to compare A with: the changes from A to B
+        /// (from B to the workspace when A is one).
         b: Option<String>,
         /// Print a unified patch of text files.
         #[arg(long)]
@@ -123,7 +127,7 @@ pub enum Command {
         #[arg(long)]
         all: bool,
     },
-    /// Show one workspace's record.
+    /// Show one workspace's record, and how many paths changed since its last commit.
     Status {
         /// The workspace (id or name).
         workspace: String,
@@ -153,17 +157,38 @@ pub enum Command {
         #[arg(long)]
         include_excluded: bool,
     },
-    /// Unmount a workspace and delete its private state.
+    /// Unmount a workspace and delete its private state. Refused (busy) while processes
+    /// use it, while its sandbox runs, or while it has changes since its last commit (or
+    /// its base): `--force` overrides each.
     Remove {
         /// The workspace (id or name).
         workspace: String,
-        /// End the processes still using it.
+        /// End the processes still using it, stop its sandbox, throw away its uncommitted
+        /// changes.
         #[arg(long)]
         force: bool,
     },
+    /// New workspaces holding exactly what WS shows now (its base and its private
+    /// changes), in time proportional to its changes; a running sandbox of WS is frozen
+    /// for the copy and thawed after. Prints the new workspaces (`--json`: `forks`, each
+    /// record with `parent`; `frozen_ms`).
+    Fork {
+        /// The workspace (id or name).
+        workspace: String,
+        /// The fork's name (with --count: NAME-1 ... NAME-N).
+        #[arg(long)]
+        name: Option<String>,
+        /// How many forks (1 to 64).
+        #[arg(long, value_name = "N")]
+        count: Option<usize>,
+        /// Start a sandbox in each fork with the controls WS's was started with.
+        #[arg(long)]
+        sandbox: bool,
+    },
     /// Reconcile the registry with the mount table; remove leftovers.
     Sweep,
-    /// Remount a stopped workspace with its written data.
+    /// Remount a stopped workspace with its written data (of an active, mounted one:
+    /// nothing to do, says so).
     Recover {
         /// The workspace (id or name).
         workspace: String,
@@ -186,6 +211,25 @@ pub enum Command {
     /// Run a command in the workspace's running sandbox (the workspace at /workspace, the
     /// default working directory); exits with its status (127: no such command).
     Exec(ExecArgs),
+    /// Copy files between the host and a workspace (one side `WS:PATH`, the other a host
+    /// path or `-`, a tar stream on stdin or stdout): directories recursively, modes and
+    /// symlinks kept (hard links become separate files). Paths inside the workspace never
+    /// resolve outside it; while its sandbox runs, what is created belongs to its root.
+    Cp(CpArgs),
+    /// Files of a workspace, safely (never through a worker's symlink out of it; as the
+    /// sandbox's root while it runs): ls, stat, cat, write, mkdir, rm, mv, ln.
+    #[command(subcommand)]
+    Fs(FsCommand),
+    /// Print a workspace's changes as they happen (the sandbox's and the host's), one
+    /// line each (`--json`: one object per line: event, path, from), until interrupted or
+    /// the workspace goes.
+    Watch {
+        /// The workspace (id or name).
+        workspace: String,
+        /// A directory inside it (default: all of it).
+        #[arg(default_value = ".")]
+        path: String,
+    },
     /// Print a shell completion script (bash, zsh, fish, elvish or powershell).
     Completions {
         /// The shell.
@@ -278,15 +322,20 @@ pub struct SandboxFlags {
     /// is what allows a private ADDR for that name.
     #[arg(long, value_name = "NAME:ADDR")]
     pub add_host: Vec<String>,
+    /// With `sandbox start`: pause the sandbox after no exec ran and no traffic went
+    /// through its published ports for DURATION (`30s`, `5m`, `1h`); the next exec or
+    /// connection resumes it (namespace sandboxes).
+    #[arg(long, value_name = "DURATION")]
+    pub idle_timeout: Option<String>,
 }
 
 impl From<SandboxFlags> for cowspace::sandbox::SandboxOptions {
     fn from(f: SandboxFlags) -> Self {
         Self {
             net: f.net.as_deref().map(|n| match n {
-                "loopback" => sandbox_helper::spec::Net::Loopback,
-                "egress" => sandbox_helper::spec::Net::Egress,
-                _ => sandbox_helper::spec::Net::None,
+                "loopback" => sandbox_api::spec::Net::Loopback,
+                "egress" => sandbox_api::spec::Net::Egress,
+                _ => sandbox_api::spec::Net::None,
             }),
             memory: f.memory,
             pids: f.pids,
@@ -299,6 +348,7 @@ impl From<SandboxFlags> for cowspace::sandbox::SandboxOptions {
             allow_host: f.allow_host,
             deny_host: f.deny_host,
             add_host: f.add_host,
+            idle_timeout: f.idle_timeout,
         }
     }
 }
@@ -501,7 +551,7 @@ pub enum SandboxCommand {
     /// `sandbox stop` (or `remove`); its processes outlive the commands that start them.
     Start(Box<StartArgs>),
     /// Stop the workspace's sandbox: every process in it is killed, its cgroups, ports
-    /// and uid range are freed.
+    /// and uid range are freed. With none running: nothing to do, exit 0.
     Stop {
         /// The workspace (id or name).
         workspace: String,
@@ -544,6 +594,26 @@ pub enum SandboxCommand {
         /// The port inside.
         #[arg(value_parser = clap::value_parser!(u16).range(1..))]
         port: u16,
+    },
+    /// Pause the workspace's sandbox: every process stopped where it is, its memory
+    /// kept (cgroup freezer; a VM's qemu `stop`). `exec` is refused (exit 5) until
+    /// `sandbox resume`; published ports keep their connections and answer after it.
+    /// Paused already: exit 9.
+    Pause {
+        /// The workspace (id or name).
+        workspace: String,
+    },
+    /// Resume the workspace's paused sandbox. Not paused: exit 9.
+    Resume {
+        /// The workspace (id or name).
+        workspace: String,
+    },
+    /// Suspend the workspace's sandbox to disk with its processes: refused on this host
+    /// (exit 7) with the reason (CRIU for namespace sandboxes; qemu's virtio-fs
+    /// migration for VMs).
+    Suspend {
+        /// The workspace (id or name).
+        workspace: String,
     },
 }
 
@@ -606,4 +676,85 @@ pub struct ExecArgs {
     /// The command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct CpArgs {
+    /// `WS:PATH`, a host path, or `-` (a tar stream on stdin).
+    pub src: String,
+    /// `WS:PATH`, a host path, or `-` (a tar stream on stdout).
+    pub dest: String,
+    /// Follow symlinks on the host side (never inside a workspace).
+    #[arg(short = 'L', long)]
+    pub follow_links: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FsCommand {
+    /// List a directory (`WS:PATH`, default the root).
+    Ls {
+        /// `WS` or `WS:PATH`.
+        target: String,
+        /// Every entry below, not one level.
+        #[arg(short = 'R', long)]
+        recursive: bool,
+    },
+    /// What is at `WS:PATH` (a symlink itself).
+    Stat {
+        /// `WS:PATH`.
+        target: String,
+    },
+    /// Print a file of a workspace.
+    Cat {
+        /// `WS:PATH`.
+        target: String,
+    },
+    /// Write stdin to a file of a workspace (atomically replacing it).
+    Write {
+        /// `WS:PATH`.
+        target: String,
+        /// Permission bits, octal (default: the replaced file's, else 644).
+        #[arg(long, value_parser = parse_octal)]
+        mode: Option<u32>,
+        /// Append instead of replacing.
+        #[arg(long)]
+        append: bool,
+    },
+    /// Make a directory.
+    Mkdir {
+        /// `WS:PATH`.
+        target: String,
+        /// Make missing parents; no error if it exists.
+        #[arg(short, long)]
+        parents: bool,
+    },
+    /// Remove a file, a symlink or an empty directory.
+    Rm {
+        /// `WS:PATH`.
+        target: String,
+        /// Directories and what they hold.
+        #[arg(short, long)]
+        recursive: bool,
+    },
+    /// Rename within a workspace.
+    Mv {
+        /// `WS:PATH`.
+        from: String,
+        /// `PATH` in the same workspace (or `WS:PATH` naming it).
+        to: String,
+    },
+    /// Make a symlink at `WS:PATH` pointing to TARGET.
+    Ln {
+        /// The link's target (kept as given).
+        link_target: String,
+        /// `WS:PATH` of the link.
+        target: String,
+    },
+}
+
+fn parse_octal(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o7777)
+        .ok_or_else(|| format!("{s:?}: expected octal permission bits, e.g. 644"))
 }

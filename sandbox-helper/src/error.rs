@@ -8,61 +8,7 @@
 use std::io;
 use std::path::PathBuf;
 
-/// The stable user-facing kinds (a subset of cowspace's kinds).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// Bad input: a malformed name, path, limit or option.
-    InvalidInput,
-    /// A control that was asked for cannot be enforced on this host.
-    Unsupported,
-    /// Every uid range or port of the allowed range is taken, or the host uses the
-    /// workspace's mount.
-    Busy,
-    /// No sandbox runs under that name.
-    NotFound,
-    /// A sandbox runs under that name already.
-    Exists,
-    /// Any other failure (I/O, a kernel call that failed).
-    Io,
-}
-
-impl Kind {
-    /// The kind named `s` (as [`Kind::as_str`] gives it); unknown names are `Io`.
-    pub fn parse(s: &str) -> Kind {
-        match s {
-            "invalid_input" => Kind::InvalidInput,
-            "unsupported" => Kind::Unsupported,
-            "busy" => Kind::Busy,
-            "not_found" => Kind::NotFound,
-            "exists" => Kind::Exists,
-            _ => Kind::Io,
-        }
-    }
-
-    /// Exit code of the `sandbox-helper` binary (and `mountctl`) for this kind.
-    pub fn exit_code(self) -> u8 {
-        match self {
-            Kind::InvalidInput => 9,
-            Kind::Unsupported => 7,
-            Kind::Busy => 5,
-            Kind::NotFound => 3,
-            Kind::Exists => 4,
-            Kind::Io => 1,
-        }
-    }
-
-    /// The name used in `--json` error objects.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::InvalidInput => "invalid_input",
-            Kind::Unsupported => "unsupported",
-            Kind::Busy => "busy",
-            Kind::NotFound => "not_found",
-            Kind::Exists => "exists",
-            Kind::Io => "io",
-        }
-    }
-}
+pub use sandbox_api::Kind;
 
 /// Everything that can go wrong while validating, setting up or running a sandbox.
 #[derive(Debug, thiserror::Error)]
@@ -181,25 +127,11 @@ pub enum Error {
         /// The workspace path.
         path: PathBuf,
     },
-    /// No long-lived sandbox of that name runs.
-    #[error("not found: no sandbox {name:?} is running")]
-    NotRunning {
-        /// The sandbox's name.
-        name: String,
-    },
     /// A long-lived sandbox of that name runs already.
     #[error("exists: a sandbox {name:?} is running already")]
     AlreadyRunning {
         /// The sandbox's name.
         name: String,
-    },
-    /// Talking to a long-lived sandbox's keeper.
-    #[error("talking to sandbox {name:?}: {source}")]
-    Keeper {
-        /// The sandbox's name.
-        name: String,
-        /// The cause.
-        source: io::Error,
     },
     /// A step of starting or talking to the egress proxy.
     #[error("egress proxy: {step}: {source}")]
@@ -222,27 +154,20 @@ pub enum Error {
     /// A port to unpublish is not published.
     #[error("not found: {0}")]
     PortNotPublished(String),
-    /// A keeper's refusal, as it answered it.
-    #[error("{message}")]
-    Answered {
-        /// Its stable kind.
-        kind: Kind,
-        /// What it said.
-        message: String,
-        /// Its hint.
-        hint: Option<String>,
-    },
+    /// Talking to a keeper, or a control read by the shared API.
+    #[error(transparent)]
+    Api(#[from] sandbox_api::Error),
 }
 
 impl Error {
     /// The stable kind of this error.
     pub fn kind(&self) -> Kind {
         match self {
-            Error::Answered { kind, .. } => *kind,
+            Error::Api(e) => e.kind(),
             Error::InvalidInput(_) => Kind::InvalidInput,
             Error::Unsupported { .. } | Error::VmUnavailable { .. } => Kind::Unsupported,
             Error::Busy(_) | Error::HostBusy { .. } => Kind::Busy,
-            Error::NotRunning { .. } | Error::PortNotPublished(_) => Kind::NotFound,
+            Error::PortNotPublished(_) => Kind::NotFound,
             Error::AlreadyRunning { .. } | Error::PortPublished(_) => Kind::Exists,
             Error::NotStartedWith(_) => Kind::InvalidInput,
             Error::Exec { source, .. } if source.kind() == io::ErrorKind::NotFound => {
@@ -259,7 +184,7 @@ impl Error {
     /// A short hint for the user, where one helps.
     pub fn hint(&self) -> Option<String> {
         match self {
-            Error::Answered { hint, .. } => hint.clone(),
+            Error::Api(e) => e.hint(),
             other => other.static_hint().map(str::to_string),
         }
     }
@@ -278,7 +203,6 @@ impl Error {
                 "leave the workspace on the host (cd elsewhere, close its files; `fuser -vm PATH` \
                  lists the users), then start the sandbox again",
             ),
-            Error::NotRunning { .. } => Some("start it with `mountctl sandbox start WS`"),
             Error::AlreadyRunning { .. } => {
                 Some("use `mountctl exec WS -- CMD`, or `mountctl sandbox stop WS` first")
             }

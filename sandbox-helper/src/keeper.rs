@@ -10,7 +10,8 @@
 //! reaches it), `SOCK_SEQPACKET`, one JSON message per packet:
 //! - client → keeper, first message: `{"op":"exec","request":{...}}` with the client's
 //!   stdin, stdout and stderr (`SCM_RIGHTS`; none when `request.tty` is set), or
-//!   `{"op":"status"}`, or `{"op":"stop"}`.
+//!   `{"op":"status"}`, or `{"op":"stop"}`, or `{"op":"pause"}`, `{"op":"resume"}`,
+//!   `{"op":"suspend"}` (one answer each; see [`pause`]), or a network change.
 //! - exec: keeper → client `{"started":PID}` (with the pseudo-terminal's master when
 //!   `tty`), then `{"exit":STATUS}` when the command ends; or
 //!   `{"error":{"kind":..,"message":..},"exit":STATUS}` when it did not start (127: the
@@ -20,7 +21,7 @@
 //!   every process is gone and the sandbox's cgroups, ports and mounts are freed.
 
 use std::fs::File;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -31,30 +32,21 @@ use std::time::Duration;
 use nix::fcntl::{Flock, FlockArg};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::socket::{
-    AddressFamily, Backlog, SockFlag, SockType, UnixAddr, accept4, bind, connect, listen, socket,
+    AddressFamily, Backlog, SockFlag, SockType, UnixAddr, accept4, bind, listen, socket,
 };
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
-use crate::serve::{self, ExecRequest, recv_msg, send_msg};
+use crate::serve::{ExecRequest, recv_msg, send_msg};
 
 mod init_backend;
+mod pause;
 pub(crate) use init_backend::InitBackend;
+pub(crate) use pause::vm_suspend_refusal;
 
 /// Most clients connected to one keeper at once.
 pub const MAX_CLIENTS: usize = 512;
-/// Longest client message (an exec request), in bytes.
-pub const MAX_CLIENT_MESSAGE_BYTES: usize = serve::MAX_EXEC_REQUEST_BYTES;
-
-/// The keeper's files of sandbox `name` under the state directory: (lock, socket).
-pub fn paths(state: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let dir = state.join("keep");
-    (
-        dir.join(format!("{name}.lock")),
-        dir.join(format!("{name}.sock")),
-    )
-}
 
 /// The name lock and the listening socket of a keeper, taken before anything else.
 #[derive(Debug)]
@@ -155,6 +147,15 @@ pub(crate) trait Backend: Send + Sync {
     /// Winds the sandbox down before `stop` kills what is left (a VM's guest ends its
     /// processes and unmounts the workspace); returns when done or given up.
     fn wind_down(&self) {}
+    /// Stops every process of the sandbox where it is, its memory kept; returns once
+    /// all are stopped. `cgroups` are the sandbox's group directories. Refused as
+    /// unsupported, naming why, where the host cannot.
+    fn pause(&self, cgroups: &[PathBuf]) -> Result<()>;
+    /// Lets them run again.
+    fn resume(&self, cgroups: &[PathBuf]) -> Result<()>;
+    /// Saves the sandbox with its processes to disk (refused, naming why, where the
+    /// host cannot: every backend so far).
+    fn suspend(&self) -> Result<Value>;
 }
 
 /// What every connection thread shares.
@@ -169,45 +170,22 @@ struct Shared {
     cgroups: Vec<PathBuf>,
     /// Ports and egress, changed while it runs (a namespace sandbox's; `None` for a VM).
     net: Option<Arc<crate::net::Network>>,
+    /// Paused or not, and the idle timer.
+    pause: pause::PauseState,
+    /// Set once a stop began (the idle timer ends).
+    stopping: std::sync::atomic::AtomicBool,
 }
 
-/// A client's first message.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
-pub enum KeeperRequest {
-    /// The sandbox's status.
-    Status,
-    /// Stop it; answered once everything is freed.
-    Stop,
-    /// Start a command (with the client's stdio).
-    Exec {
-        /// The command.
-        request: ExecRequest,
-    },
-    /// Change the egress policy (new connections follow it at once).
-    Policy {
-        /// Applied in order.
-        changes: Vec<cowspace_egress::policy::PolicyChange>,
-    },
-    /// Publish a port now.
-    Publish {
-        /// The port inside.
-        port: u16,
-    },
-    /// Stop publishing a port.
-    Unpublish {
-        /// The port inside.
-        port: u16,
-    },
-}
-
-/// A long-lived sandbox's status, as `{"op":"status"}` answers it.
-pub type Status = Value;
+pub use sandbox_api::keeper::{
+    Client, KeeperRequest, MAX_CLIENT_MESSAGE_BYTES, Started, Status, paths, set_terminal_size,
+    terminal_size,
+};
 
 /// Serves the sandbox's execs through `backend` until it ends (stopped, or killed from
 /// outside): `init_pid` is the host process whose `SIGKILL` ends it (the namespace
 /// sandbox's init; a VM's qemu), and the caller's to wait for. `status` is the static
-/// part of the status answer (name, ports, limits, ...). Returns at once; once the
+/// part of the status answer (name, ports, limits, ...; its `idle_timeout_ms` starts the
+/// idle timer). Returns at once; once the
 /// sandbox has ended, the caller frees it and calls [`Stopped::reply`].
 pub(crate) fn serve(
     listener: &Listener,
@@ -217,7 +195,12 @@ pub(crate) fn serve(
     cgroups: Vec<PathBuf>,
     net: Option<Arc<crate::net::Network>>,
 ) -> Stopped {
+    let idle_timeout = status["idle_timeout_ms"]
+        .as_u64()
+        .map(Duration::from_millis);
     let shared = Arc::new(Shared {
+        pause: pause::PauseState::new(idle_timeout),
+        stopping: std::sync::atomic::AtomicBool::new(false),
         name: status["name"].as_str().unwrap_or_default().to_string(),
         backend,
         init_pid,
@@ -228,6 +211,15 @@ pub(crate) fn serve(
         cgroups,
         net,
     });
+    if let Some(n) = &shared.net {
+        let weak = Arc::downgrade(&shared);
+        n.on_activity(Arc::new(move || {
+            if let Some(s) = weak.upgrade() {
+                pause::wake(&s);
+            }
+        }));
+    }
+    pause::start_idle_timer(&shared);
     {
         let shared = shared.clone();
         let lsock = listener.sock.try_clone().expect("clone the listener");
@@ -237,10 +229,10 @@ pub(crate) fn serve(
             .expect("spawn the accept thread");
     }
     {
-        let pid = init_pid;
+        let shared = shared.clone();
         std::thread::Builder::new()
             .name("signals".into())
-            .spawn(move || stop_on_signal(pid))
+            .spawn(move || stop_on_signal(&shared))
             .expect("spawn the signal thread");
     }
     Stopped { shared }
@@ -268,15 +260,18 @@ impl Stopped {
     }
 }
 
-/// SIGTERM, SIGINT or SIGHUP to the keeper stops the sandbox.
-fn stop_on_signal(init: Pid) {
+/// SIGTERM, SIGINT or SIGHUP to the keeper stops the sandbox (thawed first: a frozen
+/// process does not die).
+fn stop_on_signal(shared: &Shared) {
     let mut set = nix::sys::signal::SigSet::empty();
     for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
         set.add(s);
     }
     loop {
         if let Ok(Some(_)) = crate::sys::sigtimedwait(&set, Duration::from_secs(3600)) {
-            let _ = kill(init, Signal::SIGKILL);
+            shared.stopping.store(true, Ordering::SeqCst);
+            pause::thaw_for_stop(shared);
+            let _ = kill(shared.init_pid, Signal::SIGKILL);
             return;
         }
     }
@@ -351,8 +346,22 @@ fn serve_client(conn: &OwnedFd, shared: &Arc<Shared>) {
                     .unwrap_or_else(|e| e.into_inner())
                     .push(c);
             }
+            shared.stopping.store(true, Ordering::SeqCst);
+            pause::thaw_for_stop(shared);
             shared.backend.wind_down();
             let _ = kill(shared.init_pid, Signal::SIGKILL);
+        }
+        KeeperRequest::Pause => {
+            let answer = pause::pause(shared, pause::PausedBy::Request);
+            let _ = reply(conn, &answer.unwrap_or_else(|e| error_of(&e)));
+        }
+        KeeperRequest::Resume => {
+            let answer = pause::resume(shared);
+            let _ = reply(conn, &answer.unwrap_or_else(|e| error_of(&e)));
+        }
+        KeeperRequest::Suspend => {
+            let answer = shared.backend.suspend();
+            let _ = reply(conn, &answer.unwrap_or_else(|e| error_of(&e)));
         }
         KeeperRequest::Exec { request } => exec(conn, shared, request, fds),
         KeeperRequest::Policy { changes } => {
@@ -441,7 +450,15 @@ fn exec(conn: &OwnedFd, shared: &Arc<Shared>, req: ExecRequest, fds: Vec<OwnedFd
     }
     let id = shared.next_id.fetch_add(1, Ordering::SeqCst);
     let (tx, rx) = channel();
-    if let Err(e) = shared.backend.exec(id, &req, fds, tx) {
+    // Paused by request: refused at once (busy, 5); paused for idleness: resumed first.
+    let sent = match pause::unless_paused(shared, || shared.backend.exec(id, &req, fds, tx)) {
+        Ok(sent) => sent,
+        Err(why) => {
+            let _ = reply(conn, &error_json("busy", &why, 5));
+            return;
+        }
+    };
+    if let Err(e) = sent {
         let _ = reply(
             conn,
             &error_json("io", &format!("the sandbox is stopping: {e}"), 1),
@@ -522,6 +539,8 @@ fn exec(conn: &OwnedFd, shared: &Arc<Shared>, req: ExecRequest, fds: Vec<OwnedFd
         Ok(InitMsg::Done(code)) => code,
         _ => 137,
     };
+    // The idle timer counts from the end of the last exec.
+    shared.pause.touch();
     let _ = reply(conn, &json!({"exit": code}));
     // The forwarder ends when the client closes its end (a late kill finds no process:
     // init forgets an exec's pid once it is reaped).
@@ -555,7 +574,7 @@ fn status(shared: &Shared) -> Value {
                 .and_then(|n| n.trim().parse::<u64>().ok());
         }
     }
-    v["state"] = json!("running");
+    shared.pause.status_into(&mut v);
     v["processes"] = json!(procs);
     v["memory_bytes"] = json!(memory);
     v["oom_kills"] = json!(oom.unwrap_or(0));
@@ -568,195 +587,4 @@ fn status(shared: &Shared) -> Value {
         }
     }
     v
-}
-
-/// A connection to a running sandbox's keeper (the client side).
-#[derive(Debug)]
-pub struct Client {
-    conn: OwnedFd,
-    name: String,
-}
-
-/// What an exec's start brought.
-#[derive(Debug)]
-pub enum Started {
-    /// Running, with the terminal's master for `tty`.
-    Running {
-        /// The command's pid inside the sandbox (its pid namespace's numbering; the host
-        /// pid is not told).
-        pid: i32,
-        /// The pseudo-terminal's master, when asked for.
-        master: Option<OwnedFd>,
-    },
-    /// Not started: the error and the exit status to report.
-    Refused {
-        /// The error kind (`not_found`, `invalid_input`, ...).
-        kind: String,
-        /// What went wrong.
-        message: String,
-        /// The exit status a shell would give.
-        exit: u8,
-    },
-}
-
-impl Client {
-    /// Connects to the keeper of sandbox `name`; [`Error::NotRunning`] when none runs.
-    pub fn connect(state: &Path, name: &str) -> Result<Client> {
-        let (_, path) = paths(state, name);
-        let not_running = || Error::NotRunning {
-            name: name.to_string(),
-        };
-        let sock = socket(
-            AddressFamily::Unix,
-            SockType::SeqPacket,
-            SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .map_err(|e| Error::Keeper {
-            name: name.into(),
-            source: e.into(),
-        })?;
-        let addr = UnixAddr::new(&path).map_err(|_| not_running())?;
-        match connect(sock.as_raw_fd(), &addr) {
-            Ok(()) => Ok(Client {
-                conn: sock,
-                name: name.to_string(),
-            }),
-            Err(nix::errno::Errno::ENOENT | nix::errno::Errno::ECONNREFUSED) => Err(not_running()),
-            Err(e) => Err(Error::Keeper {
-                name: name.into(),
-                source: e.into(),
-            }),
-        }
-    }
-
-    fn err(&self) -> impl Fn(std::io::Error) -> Error + '_ {
-        move |source| Error::Keeper {
-            name: self.name.clone(),
-            source,
-        }
-    }
-
-    fn recv_json(&self) -> Result<(Value, Vec<OwnedFd>)> {
-        let (m, fds) = recv_msg(self.conn.as_raw_fd(), 1).map_err(self.err())?;
-        if m.is_empty() {
-            return Err(Error::Keeper {
-                name: self.name.clone(),
-                source: std::io::Error::other("the sandbox stopped"),
-            });
-        }
-        let v = serde_json::from_slice(&m).map_err(|e| self.err()(e.into()))?;
-        Ok((v, fds))
-    }
-
-    /// The sandbox's status.
-    pub fn status(self) -> Result<Status> {
-        let msg = serde_json::to_vec(&KeeperRequest::Status).map_err(|e| self.err()(e.into()))?;
-        send_msg(self.conn.as_raw_fd(), &msg, &[]).map_err(self.err())?;
-        Ok(self.recv_json()?.0)
-    }
-
-    /// Stops the sandbox: every process killed, its cgroups, ports and mounts freed.
-    /// Returns once that is done.
-    pub fn stop(self) -> Result<Value> {
-        let msg = serde_json::to_vec(&KeeperRequest::Stop).map_err(|e| self.err()(e.into()))?;
-        send_msg(self.conn.as_raw_fd(), &msg, &[]).map_err(self.err())?;
-        match self.recv_json() {
-            Ok((v, _)) => Ok(v),
-            // The keeper exits right after answering; an end without the answer still
-            // means it is gone.
-            Err(_) => Ok(json!({"stopped": true})),
-        }
-    }
-
-    /// One request answered by one object; an answered error comes back with its kind.
-    fn ask(self, req: &KeeperRequest) -> Result<Value> {
-        let msg = serde_json::to_vec(req).map_err(|e| self.err()(e.into()))?;
-        send_msg(self.conn.as_raw_fd(), &msg, &[]).map_err(self.err())?;
-        let v = self.recv_json()?.0;
-        if let Some(e) = v.get("error") {
-            return Err(Error::Answered {
-                kind: crate::error::Kind::parse(e["kind"].as_str().unwrap_or("io")),
-                message: e["message"].as_str().unwrap_or("refused").to_string(),
-                hint: e["hint"].as_str().map(str::to_string),
-            });
-        }
-        Ok(v)
-    }
-
-    /// Changes the sandbox's egress policy; answers `{"policy": ..., "allows_nothing"}`.
-    pub fn policy(self, changes: Vec<cowspace_egress::policy::PolicyChange>) -> Result<Value> {
-        self.ask(&KeeperRequest::Policy { changes })
-    }
-
-    /// Publishes `port` now; answers `{"port", "host_port"}`.
-    pub fn publish(self, port: u16) -> Result<Value> {
-        self.ask(&KeeperRequest::Publish { port })
-    }
-
-    /// Stops publishing `port`.
-    pub fn unpublish(self, port: u16) -> Result<Value> {
-        self.ask(&KeeperRequest::Unpublish { port })
-    }
-
-    /// Starts `req` with `stdio` as its stdin, stdout and stderr (`None` with `req.tty`).
-    pub fn exec(&self, req: &ExecRequest, stdio: Option<[BorrowedFd<'_>; 3]>) -> Result<Started> {
-        let msg = serde_json::to_string(&KeeperRequest::Exec {
-            request: req.clone(),
-        })
-        .map_err(|e| self.err()(e.into()))?;
-        if msg.len() > MAX_CLIENT_MESSAGE_BYTES {
-            return Err(Error::InvalidInput(format!(
-                "the command and its environment exceed {MAX_CLIENT_MESSAGE_BYTES} bytes"
-            )));
-        }
-        let raw: Vec<RawFd> = stdio.iter().flatten().map(|f| f.as_raw_fd()).collect();
-        send_msg(self.conn.as_raw_fd(), msg.as_bytes(), &raw).map_err(self.err())?;
-        let (v, mut fds) = self.recv_json()?;
-        if let Some(pid) = v["started"].as_i64() {
-            return Ok(Started::Running {
-                pid: pid as i32,
-                master: fds.pop(),
-            });
-        }
-        Ok(Started::Refused {
-            kind: v["error"]["kind"].as_str().unwrap_or("io").to_string(),
-            message: v["error"]["message"]
-                .as_str()
-                .unwrap_or("exec failed")
-                .to_string(),
-            exit: v["exit"].as_u64().unwrap_or(1).min(255) as u8,
-        })
-    }
-
-    /// Forwards signal `sig` to the running command.
-    pub fn signal(&self, sig: i32) -> Result<()> {
-        send_msg(
-            self.conn.as_raw_fd(),
-            json!({"signal": sig}).to_string().as_bytes(),
-            &[],
-        )
-        .map_err(self.err())
-    }
-
-    /// Waits for the command to end: its exit status (128 + signal when killed).
-    pub fn wait(&self) -> Result<u8> {
-        let (v, _) = self.recv_json()?;
-        Ok(v["exit"].as_u64().unwrap_or(1).min(255) as u8)
-    }
-
-    /// The connection, for polling beside other descriptors.
-    pub fn as_fd(&self) -> BorrowedFd<'_> {
-        self.conn.as_fd()
-    }
-}
-
-/// A terminal's window size (rows, columns), for `exec -t`.
-pub fn terminal_size(fd: BorrowedFd<'_>) -> std::io::Result<(u16, u16)> {
-    crate::sys::window_size(fd)
-}
-
-/// Sets a pseudo-terminal's window size (the master of `exec -t`, on `SIGWINCH`).
-pub fn set_terminal_size(fd: BorrowedFd<'_>, rows: u16, cols: u16) -> std::io::Result<()> {
-    crate::sys::set_window_size(fd, rows, cols)
 }

@@ -58,7 +58,7 @@ pub mod egress;
 pub mod error;
 pub mod init;
 pub mod keeper;
-pub mod mountinfo;
+pub use sandbox_api::mountinfo;
 pub mod net;
 pub mod overlay;
 pub mod probe;

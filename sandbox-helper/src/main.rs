@@ -187,6 +187,11 @@ struct RunArgs {
     /// --state-dir.
     #[arg(long)]
     share_host_mount: bool,
+    /// With `start`: pause the sandbox after no exec ran and no traffic went through its
+    /// published ports for DURATION (`30s`, `5m`); the next exec or connection resumes
+    /// it.
+    #[arg(long, value_name = "DURATION")]
+    idle_timeout: Option<String>,
     /// Keep CAP_NET_RAW (raw and packet sockets) for CMD; dropped by default (ping
     /// works without it, through ICMP datagram sockets).
     #[arg(long)]
@@ -195,6 +200,11 @@ struct RunArgs {
     /// stdout, so CMD's stdout stays the caller's alone.
     #[arg(long, value_name = "FD", value_parser = clap::value_parser!(i32).range(3..))]
     ready_fd: Option<i32>,
+    /// Read the controls (--net, --memory, ..., as one JSON object: the runtime's
+    /// `Controls`, unknown keys refused) from this inherited descriptor (a pipe) instead
+    /// of their flags, which must then be absent.
+    #[arg(long, value_name = "FD", value_parser = clap::value_parser!(i32).range(3..))]
+    controls_fd: Option<i32>,
     /// The command and its arguments (none for `start`).
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -229,7 +239,8 @@ fn main() -> ExitCode {
         }
         Command::VmStart(args) => {
             let json = args.run.json;
-            finish(vm_start_cmd(*args), json)
+            let fd = args.run.ready_fd;
+            finish(with_ready_fd(fd, |out| vm_start_cmd(*args, out)), json)
         }
         Command::Probe { json, cgroup_root } => probe_cmd(json, &cgroup_root),
         Command::EgressProxy {
@@ -267,7 +278,7 @@ fn main() -> ExitCode {
             false,
         ),
         Command::Stop { name, state_dir } => {
-            finish(keeper_call(state_dir, &name, |c| c.stop()), false)
+            finish(keeper_call(state_dir, &name, |c| Ok(c.stop()?)), false)
         }
         Command::Reap {
             state_dir,
@@ -283,11 +294,12 @@ fn main() -> ExitCode {
             false,
         ),
         Command::Status { name, state_dir } => {
-            finish(keeper_call(state_dir, &name, |c| c.status()), false)
+            finish(keeper_call(state_dir, &name, |c| Ok(c.status()?)), false)
         }
         Command::Start(args) => {
             let json = args.json;
-            finish(start_cmd(*args), json)
+            let fd = args.ready_fd;
+            finish(with_ready_fd(fd, |out| start_cmd(*args, out)), json)
         }
         Command::Run(args) => {
             let json = args.json;
@@ -295,7 +307,20 @@ fn main() -> ExitCode {
                 Ok(code) => ExitCode::from(code),
                 Err(e) => {
                     report_error(&e, json);
-                    ExitCode::from(e.kind().exit_code())
+                    // As a shell and `exec` say it: 127 no such command, 126 not runnable.
+                    match &e {
+                        Error::Exec { source, .. }
+                            if source.kind() == std::io::ErrorKind::NotFound =>
+                        {
+                            ExitCode::from(127)
+                        }
+                        Error::Exec { source, .. }
+                            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+                        {
+                            ExitCode::from(126)
+                        }
+                        _ => ExitCode::from(e.kind().exit_code()),
+                    }
                 }
             }
         }
@@ -350,22 +375,9 @@ fn cache_dir_or_default(d: Option<PathBuf>) -> PathBuf {
 /// The validated VM spec of `vm-run`'s or `vm-start`'s flags.
 fn vm_spec(args: VmRunArgs) -> Result<sandbox_helper::vm::VmSpec, Error> {
     let cache_dir = cache_dir_or_default(args.cache_dir);
-    let r = args.run;
+    let mut r = args.run;
     let state_dir = state_dir_or_default(r.state_dir.clone());
-    let controls = sandbox_helper::spec::Controls {
-        net: r.net.as_deref().map(str::parse::<Net>).transpose()?,
-        memory: r.memory,
-        pids: r.pids,
-        cpus: r.cpus,
-        cpuset_cpus: r.cpuset_cpus,
-        publish: r.publish,
-        env: r.env,
-        ro_bind: r.ro_bind,
-        secret: r.secret,
-        allow_host: r.allow_host,
-        deny_host: r.deny_host,
-        add_host: r.add_host,
-    };
+    let controls = controls_of(&mut r)?;
     sandbox_helper::vm::VmSpec::validate(
         &r.name,
         &r.dir,
@@ -379,7 +391,7 @@ fn vm_spec(args: VmRunArgs) -> Result<sandbox_helper::vm::VmSpec, Error> {
 
 /// Starts a long-lived VM sandbox; prints (or writes to --ready-fd) its status once the
 /// guest is up, then detaches from the caller's stdio and keeps it until it stops.
-fn vm_start_cmd(args: VmRunArgs) -> Result<u8, Error> {
+fn vm_start_cmd(args: VmRunArgs, ready_out: &mut Option<std::fs::File>) -> Result<u8, Error> {
     use sandbox_helper::vm;
     if !args.run.command.is_empty() {
         return Err(Error::InvalidInput(
@@ -388,7 +400,6 @@ fn vm_start_cmd(args: VmRunArgs) -> Result<u8, Error> {
     }
     let state_dir = state_dir_or_default(args.run.state_dir.clone());
     let cgroup_root = args.run.cgroup_root.clone();
-    let mut ready_out = open_ready_fd(args.run.ready_fd)?;
     let name = args.run.name.clone();
     let mut args = args;
     // Validated with a placeholder command: a sandbox's commands come with each exec.
@@ -412,7 +423,7 @@ fn vm_start_cmd(args: VmRunArgs) -> Result<u8, Error> {
             prep.accel.isolation.as_str(),
             prep.accel.reason
         );
-        announce(&mut ready_out, &status);
+        announce(ready_out, &status);
         detach_stdio(&log);
     })?;
     if outcome.oom_kills > 0 {
@@ -498,7 +509,7 @@ fn exec_cmd(
     };
     let (i, o, e) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
     match client.exec(&req, Some([i.as_fd(), o.as_fd(), e.as_fd()]))? {
-        sandbox_helper::keeper::Started::Running { .. } => client.wait(),
+        sandbox_helper::keeper::Started::Running { .. } => Ok(client.wait()?),
         sandbox_helper::keeper::Started::Refused { message, exit, .. } => {
             eprintln!("sandbox-helper: {message}");
             Ok(exit)
@@ -508,7 +519,7 @@ fn exec_cmd(
 
 /// Starts a long-lived sandbox; prints (or writes to --ready-fd) its status once ready,
 /// then detaches from the caller's stdio and keeps it until it stops.
-fn start_cmd(args: RunArgs) -> Result<u8, Error> {
+fn start_cmd(args: RunArgs, ready_out: &mut Option<std::fs::File>) -> Result<u8, Error> {
     let state_dir = args
         .state_dir
         .clone()
@@ -517,7 +528,6 @@ fn start_cmd(args: RunArgs) -> Result<u8, Error> {
         state_dir: state_dir.clone(),
         cgroup_root: args.cgroup_root.clone(),
     };
-    let mut ready_out = open_ready_fd(args.ready_fd)?;
     let name = args.name.clone();
     let input = spec_input(args, true)?;
     let spec = Spec::validate(input, &opts.state_dir)?;
@@ -528,7 +538,7 @@ fn start_cmd(args: RunArgs) -> Result<u8, Error> {
         for p in &ready.published {
             eprintln!("published {} -> 127.0.0.1:{}", p.internal, p.host);
         }
-        announce(&mut ready_out, &status);
+        announce(ready_out, &status);
         // From here on the keeper talks to nobody on the caller's stdio: a caller that
         // reads our output to its end must not wait for the sandbox to stop.
         detach_stdio(&log);
@@ -560,30 +570,82 @@ fn detach_stdio(log: &std::path::Path) {
 }
 
 /// The helper's input from `run`'s or `start`'s flags (`keep`: a long-lived sandbox).
-fn spec_input(args: RunArgs, keep: bool) -> Result<SpecInput, Error> {
+fn spec_input(mut args: RunArgs, keep: bool) -> Result<SpecInput, Error> {
+    let controls = controls_of(&mut args)?;
     Ok(SpecInput {
         name: args.name,
         dir: args.dir,
-        controls: sandbox_helper::spec::Controls {
-            net: args.net.as_deref().map(str::parse::<Net>).transpose()?,
-            memory: args.memory,
-            pids: args.pids,
-            cpus: args.cpus,
-            cpuset_cpus: args.cpuset_cpus,
-            publish: args.publish,
-            env: args.env,
-            ro_bind: args.ro_bind,
-            secret: args.secret,
-            allow_host: args.allow_host,
-            deny_host: args.deny_host,
-            add_host: args.add_host,
-        },
+        controls,
         command: args.command,
         suspend_host_mount: args.suspend_host_mount,
         keep,
         share_host_mount: args.share_host_mount && !keep,
         cap_net_raw: args.cap_net_raw,
     })
+}
+
+/// Largest controls message read from `--controls-fd`.
+const MAX_CONTROLS_BYTES: u64 = 4 << 20;
+
+/// The controls: from `--controls-fd` (a JSON `Controls`, as the runtime sends them),
+/// else from their flags. Both at once is refused.
+fn controls_of(args: &mut RunArgs) -> Result<sandbox_helper::spec::Controls, Error> {
+    let from_flags = sandbox_helper::spec::Controls {
+        net: args.net.as_deref().map(str::parse::<Net>).transpose()?,
+        memory: args.memory.take(),
+        pids: args.pids,
+        cpus: args.cpus,
+        cpuset_cpus: args.cpuset_cpus.take(),
+        publish: std::mem::take(&mut args.publish),
+        env: std::mem::take(&mut args.env),
+        ro_bind: std::mem::take(&mut args.ro_bind),
+        secret: std::mem::take(&mut args.secret),
+        allow_host: std::mem::take(&mut args.allow_host),
+        deny_host: std::mem::take(&mut args.deny_host),
+        add_host: std::mem::take(&mut args.add_host),
+        idle_timeout: args.idle_timeout.take(),
+    };
+    let Some(fd) = args.controls_fd else {
+        return Ok(from_flags);
+    };
+    if from_flags != sandbox_helper::spec::Controls::default() {
+        return Err(Error::InvalidInput(
+            "--controls-fd and control flags (--net, --memory, ...) exclude each other: give \
+             the controls one way"
+                .into(),
+        ));
+    }
+    use std::io::Read;
+    let mut text = Vec::new();
+    std::fs::File::open(format!("/proc/self/fd/{fd}"))
+        .and_then(|f| f.take(MAX_CONTROLS_BYTES + 1).read_to_end(&mut text))
+        .map_err(|e| Error::InvalidInput(format!("--controls-fd {fd}: {e}")))?;
+    if text.len() as u64 > MAX_CONTROLS_BYTES {
+        return Err(Error::InvalidInput(format!(
+            "--controls-fd {fd}: more than {MAX_CONTROLS_BYTES} bytes"
+        )));
+    }
+    serde_json::from_slice(&text)
+        .map_err(|e| Error::InvalidInput(format!("--controls-fd {fd}: {e}")))
+}
+
+/// Runs a `start` with its `--ready-fd` open: a refusal before the ready line goes there
+/// too, as `{"error": {"kind", "message", "hint"}, "exit": N}` (the runtime reads it
+/// typed; stderr keeps the human message).
+fn with_ready_fd(
+    fd: Option<i32>,
+    f: impl FnOnce(&mut Option<std::fs::File>) -> Result<u8, Error>,
+) -> Result<u8, Error> {
+    let mut out = open_ready_fd(fd)?;
+    let r = f(&mut out);
+    if let (Err(e), Some(_)) = (&r, &out) {
+        let k = e.kind();
+        announce(
+            &mut out,
+            &serde_json::json!({"error": {"kind": k.as_str(), "message": e.to_string(), "hint": e.hint()}, "exit": k.exit_code()}),
+        );
+    }
+    r
 }
 
 /// The `--ready-fd` descriptor, opened for writing through /proc (no unsafe here).

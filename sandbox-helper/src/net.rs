@@ -25,6 +25,32 @@ use crate::syscall::{LinuxSyscall, Syscall};
 pub const MAX_CONNECTIONS_PER_PORT: usize = 128;
 /// How long connecting inside the sandbox may take.
 const CONNECT_TIMEOUT_MS: u64 = 2_000;
+/// Bytes copied at once between a published port's two sockets.
+const COPY_CHUNK_BYTES: usize = 64 * 1024;
+
+/// Called on every connection accepted on a published port and every chunk of traffic
+/// from outside, before it is forwarded: the keeper notes the activity (its idle
+/// timer) and resumes a sandbox it paused for idleness.
+pub type ActivityHook = Arc<dyn Fn() + Send + Sync>;
+/// Where a network's forwarders find the hook (set once the keeper serves).
+#[derive(Clone, Default)]
+struct HookCell(Arc<std::sync::OnceLock<ActivityHook>>);
+
+impl std::fmt::Debug for HookCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "HookCell(set)"
+        } else {
+            "HookCell(unset)"
+        })
+    }
+}
+
+fn note(hook: &HookCell) {
+    if let Some(h) = hook.0.get() {
+        h();
+    }
+}
 
 /// Running proxies; dropping (or [`Proxy::stop`]) stops accepting and joins the threads.
 #[derive(Debug)]
@@ -38,6 +64,11 @@ impl Proxy {
     /// Starts one accept thread per lease, connecting inside the network namespace `netns`
     /// (an open `/proc/PID/ns/net`).
     pub fn start(leases: Vec<PortLease>, netns: &File) -> io::Result<Proxy> {
+        Proxy::start_with(leases, netns, HookCell::default())
+    }
+
+    /// [`Proxy::start`], calling `hook` on activity.
+    fn start_with(leases: Vec<PortLease>, netns: &File, hook: HookCell) -> io::Result<Proxy> {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::new();
         for lease in &leases {
@@ -45,9 +76,10 @@ impl Proxy {
             let ns = netns.try_clone()?;
             let internal = lease.internal;
             let stop = stop.clone();
+            let hook = hook.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("publish-{internal}"))
-                .spawn(move || accept_loop(listener, ns, internal, stop))?;
+                .spawn(move || accept_loop(listener, ns, internal, stop, hook))?;
             threads.push(thread);
         }
         Ok(Proxy {
@@ -80,7 +112,13 @@ impl Drop for Proxy {
     }
 }
 
-fn accept_loop(listener: TcpListener, netns: File, internal: u16, stop: Arc<AtomicBool>) {
+fn accept_loop(
+    listener: TcpListener,
+    netns: File,
+    internal: u16,
+    stop: Arc<AtomicBool>,
+    hook: HookCell,
+) {
     if let Err(e) = LinuxSyscall.setns(netns.as_fd(), CloneFlags::CLONE_NEWNET) {
         eprintln!("sandbox-helper: publish {internal}: entering the sandbox's network: {e}");
         return;
@@ -98,6 +136,8 @@ fn accept_loop(listener: TcpListener, netns: File, internal: u16, stop: Arc<Atom
         if active.load(Ordering::SeqCst) >= MAX_CONNECTIONS_PER_PORT {
             continue; // dropped: the client sees a reset
         }
+        // A sandbox paused for idleness is resumed before the connection goes in.
+        note(&hook);
         // Created on this thread, so the socket belongs to the sandbox's namespace.
         let inside = match TcpStream::connect_timeout(
             &(Ipv4Addr::LOCALHOST, internal).into(),
@@ -108,27 +148,43 @@ fn accept_loop(listener: TcpListener, netns: File, internal: u16, stop: Arc<Atom
         };
         active.fetch_add(1, Ordering::SeqCst);
         let active = active.clone();
+        let hook = hook.clone();
         let _ = std::thread::Builder::new()
             .name(format!("conn-{internal}"))
             .spawn(move || {
-                pipe_both(outside, inside);
+                pipe_both(outside, inside, &hook);
                 active.fetch_sub(1, Ordering::SeqCst);
             });
     }
 }
 
-/// Copies both directions until both are closed.
-fn pipe_both(a: TcpStream, b: TcpStream) {
+/// Copies both directions until both are closed; traffic from outside (`a`) is noted.
+fn pipe_both(a: TcpStream, b: TcpStream, hook: &HookCell) {
     let (Ok(a2), Ok(b2)) = (a.try_clone(), b.try_clone()) else {
         return;
     };
-    let back = std::thread::spawn(move || copy_half(b2, a2));
-    copy_half(a, b);
+    let back = std::thread::spawn(move || copy_half(b2, a2, None));
+    copy_half(a, b, Some(hook));
     let _ = back.join();
 }
 
-fn copy_half(mut from: TcpStream, mut to: TcpStream) {
-    let _ = io::copy(&mut from, &mut to);
+fn copy_half(mut from: TcpStream, mut to: TcpStream, hook: Option<&HookCell>) {
+    use std::io::{Read, Write};
+    let mut buf = vec![0u8; COPY_CHUNK_BYTES];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        if let Some(h) = hook {
+            note(h);
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
     let _ = to.shutdown(Shutdown::Write);
 }
 
@@ -144,6 +200,7 @@ pub struct Network {
     loopback: bool,
     ports: std::sync::Mutex<std::collections::BTreeMap<u16, Proxy>>,
     egress: Option<crate::egress::EgressProxy>,
+    hook: HookCell,
 }
 
 impl Network {
@@ -158,9 +215,13 @@ impl Network {
         egress: Option<crate::egress::EgressProxy>,
     ) -> io::Result<Network> {
         let mut ports = std::collections::BTreeMap::new();
+        let hook = HookCell::default();
         for lease in leases {
             let internal = lease.internal;
-            ports.insert(internal, Proxy::start(vec![lease], &netns)?);
+            ports.insert(
+                internal,
+                Proxy::start_with(vec![lease], &netns, hook.clone())?,
+            );
         }
         Ok(Network {
             name: name.to_string(),
@@ -169,7 +230,14 @@ impl Network {
             loopback,
             ports: std::sync::Mutex::new(ports),
             egress,
+            hook,
         })
+    }
+
+    /// Calls `hook` on every connection to a published port and on its traffic from
+    /// outside, from now on (set once; later calls are ignored).
+    pub fn on_activity(&self, hook: ActivityHook) {
+        let _ = self.hook.0.set(hook);
     }
 
     /// `{"PORT": HOST_PORT, ...}` of the ports published now.
@@ -217,7 +285,8 @@ impl Network {
             .pop()
             .ok_or_else(|| Error::Busy(format!("no host port for {internal}")))?;
         let host = lease.host;
-        let proxy = Proxy::start(vec![lease], &self.netns).map_err(Error::Sync)?;
+        let proxy =
+            Proxy::start_with(vec![lease], &self.netns, self.hook.clone()).map_err(Error::Sync)?;
         ports.insert(internal, proxy);
         Ok(host)
     }

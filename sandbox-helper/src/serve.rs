@@ -17,40 +17,21 @@
 //! ID is a little-endian u64, PID, SIGNAL, ERRNO and STATUS little-endian i32.
 
 use std::collections::HashMap;
-use std::io::IoSliceMut;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
 use std::process::{Command, Stdio};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::{SigSet, Signal, kill};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use nix::sys::socket::{ControlMessage, ControlMessageOwned, MsgFlags, recvmsg, sendmsg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 use crate::spec::Spec;
 use crate::sys;
 
-/// Largest exec request (its JSON), in bytes.
-pub const MAX_EXEC_REQUEST_BYTES: usize = 256 * 1024;
+pub use sandbox_api::exec::{ExecRequest, MAX_EXEC_REQUEST_BYTES};
 /// Most execs running at once in one sandbox.
 pub const MAX_EXECS_AT_ONCE: usize = 1024;
-
-/// One command to start in the sandbox.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct ExecRequest {
-    /// The command and its arguments (looked up through `PATH` without a `/`).
-    pub argv: Vec<String>,
-    /// Added to (or replacing entries of) the sandbox's environment.
-    #[serde(default)]
-    pub env: Vec<(String, String)>,
-    /// The working directory inside (default `/workspace`).
-    #[serde(default)]
-    pub workdir: Option<String>,
-    /// A pseudo-terminal of this size (rows, columns) instead of the given descriptors.
-    #[serde(default)]
-    pub tty: Option<(u16, u16)>,
-}
 
 /// Message tags.
 pub(crate) mod tag {
@@ -84,66 +65,7 @@ pub(crate) fn le_i32(b: &[u8]) -> Option<i32> {
     Some(i32::from_le_bytes(b.get(..4)?.try_into().ok()?))
 }
 
-/// Receives one message of at most [`MAX_EXEC_REQUEST_BYTES`] + 64 bytes and up to
-/// `max_fds` descriptors. An empty message is the peer's end.
-pub(crate) fn recv_msg(sock: RawFd, max_fds: usize) -> std::io::Result<(Vec<u8>, Vec<OwnedFd>)> {
-    // The packet's length first (`MSG_PEEK | MSG_TRUNC` gives it whole, consuming
-    // nothing, descriptors included), so each message gets a buffer of its own size: no
-    // request-sized allocation for the small answers and signals that make most traffic.
-    let len = loop {
-        match nix::sys::socket::recv(sock, &mut [], MsgFlags::MSG_PEEK | MsgFlags::MSG_TRUNC) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            other => break other?,
-        }
-    };
-    if len == 0 {
-        return Ok((Vec::new(), Vec::new()));
-    }
-    if len > MAX_EXEC_REQUEST_BYTES + 64 {
-        // Consumed and refused (its descriptors are closed with it).
-        let _ = nix::sys::socket::recv(sock, &mut [], MsgFlags::empty());
-        return Err(std::io::Error::other("message too long"));
-    }
-    let mut buf = vec![0u8; len];
-    let mut cmsg = nix::cmsg_space!([RawFd; 4]);
-    let mut iov = [IoSliceMut::new(&mut buf)];
-    let msg = loop {
-        match recvmsg::<()>(sock, &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            other => break other?,
-        }
-    };
-    let mut fds = Vec::new();
-    for c in msg.cmsgs()? {
-        if let ControlMessageOwned::ScmRights(raw) = c {
-            for fd in raw {
-                fds.push(sys::adopt_received_fd(fd));
-            }
-        }
-    }
-    if msg.flags.contains(MsgFlags::MSG_TRUNC) || msg.flags.contains(MsgFlags::MSG_CTRUNC) {
-        return Err(std::io::Error::other("message too long"));
-    }
-    let n = msg.bytes;
-    if fds.len() > max_fds {
-        return Err(std::io::Error::other("too many descriptors"));
-    }
-    buf.truncate(n);
-    Ok((buf, fds))
-}
-
-/// Sends one message with descriptors.
-pub(crate) fn send_msg(sock: RawFd, msg: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
-    let iov = [std::io::IoSlice::new(msg)];
-    let cmsg = [ControlMessage::ScmRights(fds)];
-    let cmsgs: &[ControlMessage<'_>] = if fds.is_empty() { &[] } else { &cmsg };
-    loop {
-        match sendmsg::<()>(sock, &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            other => return other.map(drop).map_err(Into::into),
-        }
-    }
-}
+pub(crate) use sandbox_api::msg::{recv_msg, send_msg};
 
 /// Serves execs until the keeper goes away (then this init, and with it every process
 /// of the sandbox, ends). Never returns.

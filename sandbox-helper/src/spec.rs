@@ -11,14 +11,18 @@ mod paths;
 
 use paths::{bind_source, canonical_dir, check_suspendable, normalize_target, refuse_overlap};
 
-/// Longest sandbox name (it is the hostname inside, which is limited to 64 bytes).
-pub const MAX_NAME_BYTES: usize = 63;
+pub use sandbox_api::spec::{Controls, MAX_NAME_BYTES, Net};
 /// Smallest memory limit accepted (init and a shell must fit).
 pub const MIN_MEMORY_BYTES: u64 = 4 << 20;
 /// Smallest pids limit accepted (the sandbox init and the command).
 pub const MIN_PIDS: u64 = 2;
 /// Most `--publish`, `--env` or `--ro-bind` entries accepted.
 pub const MAX_LIST_ENTRIES: usize = 64;
+/// Shortest `--idle-timeout`, in milliseconds (a pause between two keystrokes helps no
+/// one).
+pub const MIN_IDLE_TIMEOUT_MS: u64 = 1_000;
+/// Longest `--idle-timeout`, in seconds (30 days).
+pub const MAX_IDLE_TIMEOUT_S: u64 = 30 * 24 * 3600;
 /// The environment variables copied from the helper's own environment when set.
 pub const ENV_ALLOWLIST: [&str; 2] = ["TERM", "LANG"];
 /// `PATH` inside the sandbox unless `--env PATH=...` is given.
@@ -46,45 +50,6 @@ const RESERVED_TARGETS: [&str; 13] = [
     "/etc",
     "/root",
 ];
-
-/// Network policy of a sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Net {
-    /// A network namespace whose only interface is a loopback that stays down.
-    None,
-    /// A network namespace with its loopback up; nothing else.
-    Loopback,
-    /// A loopback as [`Net::Loopback`], and a host-side egress proxy (HTTP, SOCKS5 and
-    /// DNS on 127.0.0.1 inside) as the only way out, by host policy, default deny
-    /// ([`crate::egress`]).
-    Egress,
-}
-
-impl Net {
-    /// The name `--net` takes.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Net::None => "none",
-            Net::Loopback => "loopback",
-            Net::Egress => "egress",
-        }
-    }
-}
-
-impl std::str::FromStr for Net {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "none" => Ok(Net::None),
-            "loopback" => Ok(Net::Loopback),
-            "egress" => Ok(Net::Egress),
-            other => Err(Error::InvalidInput(format!(
-                "--net {other:?}: expected `none`, `loopback` or `egress`"
-            ))),
-        }
-    }
-}
 
 /// Resource limits, each enforced by its cgroup controller.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -256,56 +221,9 @@ pub struct Spec {
     /// always for a long-lived sandbox of an overlay workspace, and for a run with
     /// `--share-host-mount`.
     pub share_host_mount: bool,
-}
-
-/// What a sandbox is started with besides its workspace and command: the `sandbox
-/// start` and `run` flags, the control socket's `sandbox_start` args and the runtime's
-/// `SandboxOptions` are all this. Unvalidated.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct Controls {
-    /// `--net`; `None` means `loopback` when ports are published, else `none`.
-    pub net: Option<Net>,
-    /// `--memory` (bytes, or with a `k`/`m`/`g` suffix; a JSON number is bytes).
-    #[serde(deserialize_with = "bytes_text")]
-    pub memory: Option<String>,
-    /// `--pids`: most processes at once.
-    pub pids: Option<u64>,
-    /// `--cpus`: CPU bandwidth in CPUs.
-    pub cpus: Option<f64>,
-    /// `--cpuset-cpus`: the CPUs its processes may run on (a list such as `0-1,3`).
-    pub cpuset_cpus: Option<String>,
-    /// `--publish`: internal ports to publish.
-    pub publish: Vec<u16>,
-    /// `--env K=V`, added to every command's environment.
-    pub env: Vec<String>,
-    /// `--ro-bind SRC:DST`, read-only binds.
-    pub ro_bind: Vec<String>,
-    /// `--secret NAME=HOSTFILE`.
-    pub secret: Vec<String>,
-    /// `--allow-host PATTERN` (with `--net egress`).
-    pub allow_host: Vec<String>,
-    /// `--deny-host PATTERN` (with `--net egress`).
-    pub deny_host: Vec<String>,
-    /// `--add-host NAME:ADDR` (with `--net egress`).
-    pub add_host: Vec<String>,
-}
-
-/// A size given as text (`"512m"`) or as a number of bytes.
-fn bytes_text<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> std::result::Result<Option<String>, D::Error> {
-    use serde::Deserialize;
-    Ok(match Option::<serde_json::Value>::deserialize(d)? {
-        None | Some(serde_json::Value::Null) => None,
-        Some(serde_json::Value::String(s)) => Some(s),
-        Some(serde_json::Value::Number(n)) => Some(n.to_string()),
-        Some(other) => {
-            return Err(serde::de::Error::custom(format!(
-                "memory: expected bytes or a size such as \"512m\", got {other}"
-            )));
-        }
-    })
+    /// `--idle-timeout`: the keeper pauses the sandbox after this long without an exec
+    /// or published-port traffic (only for a long-lived sandbox).
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 /// Unvalidated input, as parsed from the command line.
@@ -412,6 +330,14 @@ impl Spec {
         };
 
         let egress = egress_policy(net, &input.controls)?;
+        let idle_timeout = parse_idle_timeout(input.controls.idle_timeout.as_deref())?;
+        if idle_timeout.is_some() && !input.keep {
+            return Err(Error::InvalidInput(
+                "--idle-timeout is for a long-lived sandbox (`sandbox start`): a one-shot run \
+                 ends with its command"
+                    .into(),
+            ));
+        }
 
         let mut publish = input.controls.publish.clone();
         publish.sort_unstable();
@@ -513,8 +439,31 @@ impl Spec {
             suspend_host_mount: input.suspend_host_mount,
             keep: input.keep,
             share_host_mount,
+            idle_timeout,
         })
     }
+}
+
+/// Parses `--idle-timeout` (humantime: `30s`, `5m`, `1h 30m`), within
+/// [`MIN_IDLE_TIMEOUT_MS`] and [`MAX_IDLE_TIMEOUT_S`].
+pub fn parse_idle_timeout(text: Option<&str>) -> Result<Option<std::time::Duration>> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    let d = humantime::parse_duration(text.trim()).map_err(|e| {
+        Error::InvalidInput(format!(
+            "--idle-timeout {text:?}: {e} (expected a duration such as 30s, 5m or 1h)"
+        ))
+    })?;
+    if d < std::time::Duration::from_millis(MIN_IDLE_TIMEOUT_MS)
+        || d > std::time::Duration::from_secs(MAX_IDLE_TIMEOUT_S)
+    {
+        return Err(Error::InvalidInput(format!(
+            "--idle-timeout {text:?}: expected {MIN_IDLE_TIMEOUT_MS} ms to {} days",
+            MAX_IDLE_TIMEOUT_S / 86_400
+        )));
+    }
+    Ok(Some(d))
 }
 
 /// The HTTP proxy's port on the sandbox's loopback.
@@ -597,19 +546,7 @@ impl Spec {
 
 /// Checks a sandbox name: 1 to 63 bytes of `[A-Za-z0-9_.-]`, starting alphanumeric.
 pub fn validate_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_NAME_BYTES
-        && name.as_bytes()[0].is_ascii_alphanumeric()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::InvalidInput(format!(
-            "--name {name:?}: 1 to {MAX_NAME_BYTES} of [A-Za-z0-9_.-], starting with a letter or digit"
-        )))
-    }
+    sandbox_api::spec::validate_name(name).map_err(Error::from)
 }
 
 /// Parses a byte count: digits with an optional binary `k`, `m` or `g` suffix.
@@ -773,5 +710,36 @@ mod tests {
         i.controls.pids = None;
         i.controls.cpus = Some(f64::NAN);
         assert!(Spec::validate(i, &state).is_err());
+    }
+
+    #[test]
+    fn idle_timeout_is_a_bounded_duration_for_long_lived_sandboxes_only() {
+        use std::time::Duration;
+        assert_eq!(parse_idle_timeout(None).unwrap(), None);
+        assert_eq!(
+            parse_idle_timeout(Some("5m")).unwrap(),
+            Some(Duration::from_secs(300))
+        );
+        assert_eq!(
+            parse_idle_timeout(Some("1h 30m")).unwrap(),
+            Some(Duration::from_secs(5400))
+        );
+        for bad in ["", "5", "soon", "10ms", "365days"] {
+            let e = parse_idle_timeout(Some(bad)).unwrap_err();
+            assert_eq!(e.kind(), crate::Kind::InvalidInput, "{bad}");
+            assert!(e.to_string().contains("--idle-timeout"), "{e}");
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("state");
+        let mut i = input(tmp.path());
+        i.dir = tmp.path().join("ws");
+        std::fs::create_dir(&i.dir).unwrap();
+        i.controls.idle_timeout = Some("2s".into());
+        let e = Spec::validate(i.clone(), &state).unwrap_err();
+        assert!(e.to_string().contains("long-lived"), "{e}");
+        i.keep = true;
+        i.command.clear();
+        let spec = Spec::validate(i, &state).unwrap();
+        assert_eq!(spec.idle_timeout, Some(Duration::from_secs(2)));
     }
 }

@@ -177,6 +177,7 @@ pub fn spec() -> Spec {
         command: vec!["/bin/true".into()],
         overlay: None,
         suspend_host_mount: false,
+        idle_timeout: None,
     }
 }
 

@@ -63,7 +63,7 @@ impl Runtime {
     /// Captures the workspace as a new snapshot (parent: its previous capture, else its
     /// base), optionally moving a ref by compare-and-swap. The workspace stays usable.
     pub fn commit(&self, ws: &str, o: &CommitOptions) -> Result<ImportReport> {
-        let mut rec = self.usable(ws, "commit")?;
+        let rec = self.usable(ws, "commit")?;
         let base: SnapshotId = rec.snapshot.parse()?;
         let previous: SnapshotId = match rec.commits.last() {
             Some(p) => p.parse()?,
@@ -89,6 +89,9 @@ impl Runtime {
         if !o.allow_empty {
             ed.unless_same_as(previous);
         }
+        // Read before the capture: a write racing it then makes the digest differ from
+        // the workspace's later, never match a state the commit did not take.
+        let fingerprint = self.fingerprint(&rec)?.and_then(|f| f.digest);
         mat.capture(&self.cx(&rec), &mut ed)?;
         // git's index, carried on with a token the capture's workspaces vouch for
         // (docs/git.md); read from a file of the private directory, gone after.
@@ -112,12 +115,21 @@ impl Runtime {
         );
         let _ = fs::remove_file(&index_copy);
         let report = report?;
-        if report.unchanged {
-            return Ok(report);
-        }
-        rec.commits.push(report.snapshot.to_hex());
-        rec.updated_at = now();
-        self.reg().update(&rec)?;
+        let id = rec.id.clone();
+        let snapshot = report.snapshot.to_hex();
+        let unchanged = report.unchanged;
+        // One transaction: a sandbox recorded meanwhile is kept.
+        self.reg().modify(&id, |r| {
+            if !unchanged {
+                r.commits.push(snapshot);
+                r.updated_at = now();
+            }
+            // An unchanged commit found the workspace as its last commit holds it.
+            if !unchanged || r.commits.last() == Some(&previous.to_hex()) {
+                r.committed_fingerprint = fingerprint;
+            }
+            Ok(())
+        })?;
         Ok(report)
     }
 }

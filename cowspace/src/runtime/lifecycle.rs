@@ -5,12 +5,32 @@ use super::*;
 
 impl Runtime {
     /// Unmounts the workspace and deletes its private state. `Busy` while processes use
-    /// it, unless `force` (which ends them). A sandbox running in it (`mountctl run`)
-    /// counts as a user: `force` kills it (its init, then the helper if it lingers).
+    /// it, while a long-lived sandbox runs in it, or while it holds changes since its
+    /// last commit (or its base), unless `force` (which ends the processes and the
+    /// sandbox and throws the changes away). A one-shot sandbox running in it (`mountctl
+    /// run`) counts as a user: `force` kills it (its init, then the helper if it lingers).
     pub fn remove(&self, ws: &str, force: bool) -> Result<Record> {
         let mut rec = self.reg().get(ws)?;
-        // A long-lived sandbox belongs to the workspace: removing it stops the sandbox
-        // first (a one-shot `run` in progress is a user: busy unless `force`).
+        if !force && matches!(rec.status, Status::Active | Status::Stopped) {
+            // Refused before any effect: what the user would lose is named.
+            if rec.sandbox.is_some() && live_sandbox(&rec).is_some() {
+                return Err(Error::Keeps {
+                    id: rec.id.clone(),
+                    what: "has a sandbox running (removing it would end its processes and \
+                           services)"
+                        .into(),
+                    hint: format!(
+                        "`mountctl sandbox stop {ws}` first, or `mountctl remove --force {ws}` \
+                         stops it"
+                    ),
+                });
+            }
+            if live_sandbox(&rec).is_none() {
+                self.refuse_uncommitted(&rec, ws)?;
+            }
+        }
+        // A long-lived sandbox belongs to the workspace: removing it (`force`) stops the
+        // sandbox first (a one-shot `run` in progress is a user: busy unless `force`).
         if rec.sandbox.is_some() && !matches!(rec.status, Status::Removed) {
             if live_sandbox(&rec).is_some() {
                 self.sandbox_stop(&rec.id)?;
@@ -311,13 +331,19 @@ impl Runtime {
 
     /// Mounts a stopped workspace again with everything that had been written.
     pub fn recover(&self, ws: &str) -> Result<Record> {
+        self.recover_report(ws).map(|(rec, _)| rec)
+    }
+
+    /// [`Runtime::recover`], and whether it did anything: `false` for a workspace that
+    /// was active, mounted and its lower alive (nothing to recover).
+    pub fn recover_report(&self, ws: &str) -> Result<(Record, bool)> {
         let mut rec = self.reg().get(ws)?;
         let mat = self.materializer_of(&rec);
         if rec.status == Status::Active
             && mat.is_mounted(&self.cx(&rec))?
             && lower_alive(&rec.lower)
         {
-            return Ok(rec);
+            return Ok((rec, false));
         }
         if !matches!(rec.status, Status::Active | Status::Stopped) {
             return Err(Error::WrongState {
@@ -348,7 +374,7 @@ impl Runtime {
         mat.mount(&self.cx(&rec))?;
         rec.diagnostics.push(format!("recovered at {}", now()));
         self.reg().set_status(&mut rec, Status::Active)?;
-        Ok(rec)
+        Ok((rec, true))
     }
 }
 

@@ -13,6 +13,7 @@
 //! }
 //! let snap = rt.commit(&ws.id, &Default::default())?;
 //! println!("captured {}", snap.snapshot);
+//! // Refused (busy) while it holds changes no commit took; `true` throws them away.
 //! rt.remove(&ws.id, false)?;
 //! # Ok(()) }
 //! ```
@@ -34,14 +35,18 @@ use crate::materializer::{
 use crate::registry::{Creator, Record, Registry, Status, now};
 use crate::upper;
 
+mod changes;
 mod claims;
 mod commit;
+mod fork;
 mod lifecycle;
 mod prune;
 
+pub use changes::Uncommitted;
 use claims::kill_sandbox;
 pub use claims::live_sandbox;
 pub use commit::commit_json;
+pub use fork::{ForkOptions, MAX_FORKS};
 pub use lifecycle::live_creator;
 
 /// How to create a workspace.
@@ -145,14 +150,14 @@ fn lower_alive(lower: &Path) -> bool {
 /// part of its cgroup's name): 1 to 63 of `[A-Za-z0-9_.-]`, starting with a letter or
 /// digit (so never read as an option), and not `ws-…` (ids look like that).
 fn check_name(name: &str) -> Result<()> {
-    let ok = sandbox_helper::spec::validate_name(name).is_ok() && !name.starts_with("ws-");
+    let ok = sandbox_api::spec::validate_name(name).is_ok() && !name.starts_with("ws-");
     if ok {
         Ok(())
     } else {
         Err(Error::Invalid(format!(
             "workspace name {name:?}: use 1 to {} letters, digits, '.', '_' or '-', starting \
              with a letter or digit and not with 'ws-'",
-            sandbox_helper::spec::MAX_NAME_BYTES
+            sandbox_api::spec::MAX_NAME_BYTES
         )))
     }
 }
@@ -332,6 +337,8 @@ impl Runtime {
             sandbox_pid: None,
             sandbox: None,
             overlay_redirects: true,
+            committed_fingerprint: None,
+            parent: None,
             // Sweeps and a daemon starting meanwhile leave the workspace to this process.
             creator: Creator::current(),
         };

@@ -125,7 +125,13 @@ fn the_double_keeps_its_state_across_an_unmount_and_recover() {
         "written\n"
     );
     assert_eq!(rt.diff(&rec.id).unwrap().len(), 1);
-    rt.remove(&rec.id, false).unwrap();
+    // Never committed: removing it would lose new.txt, so only `force` does.
+    let e = rt.remove(&rec.id, false).unwrap_err();
+    assert_eq!(e.kind(), cowspace::error::ErrorKind::Busy, "{e}");
+    assert!(e.to_string().contains("1 path differs"), "{e}");
+    assert_eq!(rt.uncommitted(&rec.id).unwrap().paths, 1);
+    assert!(rec.path.join("new.txt").exists(), "nothing removed");
+    rt.remove(&rec.id, true).unwrap();
 }
 
 #[test]

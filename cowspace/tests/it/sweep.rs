@@ -34,6 +34,8 @@ fn record(root: &Path, id: &str, creator: Option<Creator>) -> Record {
         sandbox_pid: None,
         sandbox: None,
         overlay_redirects: false,
+        committed_fingerprint: None,
+        parent: None,
         creator,
     }
 }

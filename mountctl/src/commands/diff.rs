@@ -1,4 +1,5 @@
-//! `mountctl diff A B [--patch]`: changed paths between two snapshots or refs.
+//! `mountctl diff A [B] [--patch]`: changed paths between two snapshots or refs, or of a
+//! workspace against its base (A alone) or against any snapshot (`diff WS SNAP`).
 
 use std::process::ExitCode;
 
@@ -6,9 +7,33 @@ use serde_json::json;
 
 use crate::output::Ctx;
 
-pub fn run(ctx: &Ctx, a: &str, b: &str, patch: bool) -> anyhow::Result<ExitCode> {
-    let store = ctx.open()?;
-    let (ia, ib) = (store.resolve(a)?, store.resolve(b)?);
+pub fn run(
+    ctx: &Ctx,
+    a: &str,
+    b: &str,
+    patch: bool,
+    include_excluded: bool,
+) -> anyhow::Result<ExitCode> {
+    let rt = ctx.runtime()?;
+    // A workspace first: names never look like refs (no '/') and ids start with `ws-`.
+    match rt.get(a) {
+        Ok(_) => return super::workspace::diff(ctx, a, Some(b), patch, include_excluded),
+        Err(cowspace::error::Error::NoWorkspace(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    if include_excluded {
+        return Ok(crate::output::usage_error(
+            "error: --include-excluded is for the diff of a workspace (A is no workspace)\n",
+            ctx.json,
+        ));
+    }
+    let store = rt.store();
+    let ia = store.resolve(a).map_err(|e| {
+        anyhow::Error::new(e).context(format!(
+            "diff A B: A ({a:?}) is neither a workspace nor a snapshot or ref"
+        ))
+    })?;
+    let ib = store.resolve(b)?;
     let changes = store.diff_snapshots(&ia, &ib)?;
     let text = if patch {
         Some(store.patch(&changes)?)

@@ -1,7 +1,7 @@
 //! `mountctl exec WS [-i] [-t] [--env K=V]... [--workdir DIR] -- CMD...`: runs CMD in the
 //! workspace's running sandbox and exits with its status.
 //!
-//! The command is started by the sandbox's own init (see `sandbox_helper::serve`), with
+//! The command is started by the sandbox's own init (see `sandbox_api::serve`), with
 //! this process's stdout and stderr (and stdin with `-i`) passed to it as descriptors.
 //! A terminal is never passed: without `-t` a terminal on any of them is replaced by a
 //! pipe this process copies; with `-t` the command gets a pseudo-terminal of the
@@ -15,8 +15,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use sandbox_helper::keeper::{Client, Started};
-use sandbox_helper::serve::ExecRequest;
+use sandbox_api::exec::ExecRequest;
+use sandbox_api::keeper::{Client, Started};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH};
 use signal_hook::iterator::Signals;
 
@@ -53,7 +53,7 @@ pub fn run(ctx: &Ctx, a: ExecArgs) -> anyhow::Result<ExitCode> {
             )
             .into());
         }
-        Some(sandbox_helper::keeper::terminal_size(stdin.as_fd()).unwrap_or((24, 80)))
+        Some(sandbox_api::keeper::terminal_size(stdin.as_fd()).unwrap_or((24, 80)))
     } else {
         None
     };
@@ -246,8 +246,8 @@ fn exec_tty(client: &Client, req: &ExecRequest) -> anyhow::Result<u8> {
     let m2 = master.try_clone()?;
     std::thread::spawn(move || {
         for _ in winch.forever() {
-            if let Ok((r, c)) = sandbox_helper::keeper::terminal_size(std::io::stdin().as_fd()) {
-                let _ = sandbox_helper::keeper::set_terminal_size(m2.as_fd(), r, c);
+            if let Ok((r, c)) = sandbox_api::keeper::terminal_size(std::io::stdin().as_fd()) {
+                let _ = sandbox_api::keeper::set_terminal_size(m2.as_fd(), r, c);
             }
         }
     });

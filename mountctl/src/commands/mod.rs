@@ -1,9 +1,11 @@
 //! One command per file.
 
+mod cp;
 mod daemon;
 mod diff;
 mod exec;
 mod export;
+mod files;
 mod fsck;
 mod gc;
 mod import;
@@ -28,6 +30,23 @@ pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Init => init::run(ctx),
         Command::Import(args) => import::run(ctx, args),
+        Command::Cp(args) => cp::run(ctx, args),
+        Command::Fork {
+            workspace,
+            name,
+            count,
+            sandbox,
+        } => workspace::fork(
+            ctx,
+            &workspace,
+            &cowspace::runtime::ForkOptions {
+                name,
+                count,
+                sandbox,
+            },
+        ),
+        Command::Fs(c) => files::run(ctx, c),
+        Command::Watch { workspace, path } => files::watch(ctx, &workspace, &path),
         Command::Snapshots => snapshots::run(ctx),
         Command::Refs => refs::list(ctx),
         Command::Ref(c) => refs::run(ctx, c),
@@ -43,12 +62,8 @@ pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
             patch,
             include_excluded,
         } => match b {
-            Some(_) if include_excluded => Ok(crate::output::usage_error(
-                "error: --include-excluded is for the diff of a workspace against its base (one argument)\n",
-                ctx.json,
-            )),
-            Some(b) => diff::run(ctx, &a, &b, patch),
-            None => workspace::diff(ctx, &a, patch, include_excluded),
+            Some(b) => diff::run(ctx, &a, &b, patch, include_excluded),
+            None => workspace::diff(ctx, &a, None, patch, include_excluded),
         },
         Command::Fsck(args) => fsck::run(ctx, args),
         Command::Gc(args) => gc::run(ctx, args),

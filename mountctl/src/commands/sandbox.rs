@@ -1,4 +1,4 @@
-//! `mountctl sandbox start|stop|status|list`: long-lived sandboxes. Thin: each is one call
+//! `mountctl sandbox start|stop|status|list|pause|resume|suspend`: long-lived sandboxes. Thin: each is one call
 //! of the runtime API (`cowspace::sandbox`).
 
 use std::process::ExitCode;
@@ -15,11 +15,13 @@ pub fn run(ctx: &Ctx, c: SandboxCommand) -> anyhow::Result<ExitCode> {
         SandboxCommand::Start(a) => start(ctx, &rt, *a),
         SandboxCommand::Stop { workspace } => {
             let v = rt.sandbox_stop(&workspace)?;
+            let ws = v["workspace"].as_str().unwrap_or("").to_string();
             ctx.confirm(v.clone(), || {
-                format!(
-                    "stopped the sandbox of {}",
-                    v["workspace"].as_str().unwrap_or("")
-                )
+                if v["was_running"] == false {
+                    format!("no sandbox was running for {ws}: nothing to stop")
+                } else {
+                    format!("stopped the sandbox of {ws}")
+                }
             });
             Ok(ExitCode::SUCCESS)
         }
@@ -49,6 +51,34 @@ pub fn run(ctx: &Ctx, c: SandboxCommand) -> anyhow::Result<ExitCode> {
             ctx.emit(v.clone(), || {
                 format!("published {port} -> 127.0.0.1:{}\n", v["host_port"])
             });
+            Ok(ExitCode::SUCCESS)
+        }
+        SandboxCommand::Pause { workspace } => {
+            let v = rt.sandbox_pause(&workspace)?;
+            ctx.confirm(v.clone(), || {
+                format!(
+                    "paused the sandbox of {} (in {:.1} ms)",
+                    v["workspace"].as_str().unwrap_or(""),
+                    v["elapsed_ms"].as_f64().unwrap_or(0.0)
+                )
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+        SandboxCommand::Resume { workspace } => {
+            let v = rt.sandbox_resume(&workspace)?;
+            ctx.confirm(v.clone(), || {
+                format!(
+                    "resumed the sandbox of {} after {:.1} s paused (in {:.1} ms)",
+                    v["workspace"].as_str().unwrap_or(""),
+                    v["paused_ms"].as_f64().unwrap_or(0.0) / 1e3,
+                    v["elapsed_ms"].as_f64().unwrap_or(0.0)
+                )
+            });
+            Ok(ExitCode::SUCCESS)
+        }
+        SandboxCommand::Suspend { workspace } => {
+            let v = rt.sandbox_suspend(&workspace)?;
+            ctx.confirm(v.clone(), || "suspended".to_string());
             Ok(ExitCode::SUCCESS)
         }
         SandboxCommand::Unpublish { workspace, port } => {
@@ -99,6 +129,9 @@ fn describe(v: &Value) -> String {
         "workspace",
         "name",
         "state",
+        "paused_at",
+        "paused_by",
+        "idle_timeout_ms",
         "provider",
         "isolation",
         "reason",

@@ -43,6 +43,9 @@ fn describe(r: &Record) -> String {
     if let Some(w) = &r.worker {
         s.push_str(&format!("worker       {w}\n"));
     }
+    if let Some(p) = &r.parent {
+        s.push_str(&format!("forked from  {p}\n"));
+    }
     if let Some(last) = r.commits.last() {
         s.push_str(&format!("commits      {} (last {last})\n", r.commits.len()));
     }
@@ -141,8 +144,49 @@ pub fn list(ctx: &Ctx, all: bool) -> anyhow::Result<ExitCode> {
 }
 
 fn print_status(ctx: &Ctx, r: &Record) -> ExitCode {
-    ctx.emit(json!(r), || describe(r));
+    // `--json` is the record, the same as the socket's `status` (`diff WS SNAP` lists
+    // the changes); people are told what changed since the last commit.
+    ctx.emit(json!(r), || describe(r) + &changes_line(ctx, r));
     ExitCode::SUCCESS
+}
+
+/// What changed since the last commit (or the base), for `status` without `--json`:
+/// read from the workspace's private state, so it costs what changed. A workspace that
+/// cannot say (being made or removed, its state unreadable) gets no line, and why on
+/// stderr.
+fn changes_line(ctx: &Ctx, r: &Record) -> String {
+    if !matches!(
+        r.status,
+        cowspace::registry::Status::Active | cowspace::registry::Status::Stopped
+    ) {
+        return String::new();
+    }
+    match ctx.runtime().and_then(|rt| Ok(rt.uncommitted(&r.id)?)) {
+        Ok(u) => {
+            let since = if u.committed {
+                "its last commit"
+            } else {
+                "its base (never committed)"
+            };
+            format!(
+                "changes      {} {} since {since} {} (`mountctl diff {} {}` lists them)\n",
+                u.paths,
+                if u.paths == 1 { "path" } else { "paths" },
+                &u.since[..12],
+                r.id,
+                &u.since[..12],
+            )
+        }
+        Err(e) => {
+            if !ctx.quiet {
+                eprintln!(
+                    "mountctl: what changed in {} since its last commit: {e:#}",
+                    r.id
+                );
+            }
+            String::new()
+        }
+    }
 }
 
 /// `status` through the root's daemon: `None` when no daemon answers.
@@ -167,10 +211,22 @@ pub fn status(ctx: &Ctx, ws: &str) -> anyhow::Result<ExitCode> {
     Ok(print_status(ctx, &ctx.runtime()?.status(ws)?))
 }
 
-pub fn diff(ctx: &Ctx, ws: &str, patch: bool, include_excluded: bool) -> anyhow::Result<ExitCode> {
+/// `diff WS [SNAP]`: the changes of workspace `ws` against its base, or from `against`
+/// (a snapshot or ref) to what it shows.
+pub fn diff(
+    ctx: &Ctx,
+    ws: &str,
+    against: Option<&str>,
+    patch: bool,
+    include_excluded: bool,
+) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
+    let found = match against {
+        Some(snap) => rt.diff_against(ws, snap, include_excluded),
+        None => rt.diff_with(ws, include_excluded),
+    };
     // A ref or snapshot alone is not a workspace: say how to compare snapshots.
-    let changes = match rt.diff_with(ws, include_excluded) {
+    let changes = match found {
         Ok(c) => c,
         Err(e @ cowspace::error::Error::NoWorkspace(_)) => {
             return Err(anyhow::Error::new(e).context("diff with one argument compares a workspace with its base; give two snapshots or refs to compare them"));
@@ -185,16 +241,17 @@ pub fn diff(ctx: &Ctx, ws: &str, patch: bool, include_excluded: bool) -> anyhow:
     let list: Vec<_> = changes.iter().map(|(c, _)| c).collect();
     // The workspace by its id, whatever name it was given by.
     let id = rt.status(ws)?.id;
-    ctx.emit(
-        json!({"workspace": id, "changes": list, "patch": text}),
-        || match &text {
-            Some(p) => p.clone(),
-            None => list
-                .iter()
-                .map(|c| format!("{} {}\n", c.change.letter(), c.path))
-                .collect(),
-        },
-    );
+    let mut value = json!({"workspace": id, "changes": list, "patch": text});
+    if let Some(snap) = against {
+        value["from"] = json!(rt.store().resolve(snap)?);
+    }
+    ctx.emit(value, || match &text {
+        Some(p) => p.clone(),
+        None => list
+            .iter()
+            .map(|c| format!("{} {}\n", c.change.letter(), c.path))
+            .collect(),
+    });
     Ok(ExitCode::SUCCESS)
 }
 
@@ -293,9 +350,19 @@ pub fn sweep(ctx: &Ctx) -> anyhow::Result<ExitCode> {
 
 pub fn recover(ctx: &Ctx, ws: &str) -> anyhow::Result<ExitCode> {
     let rt = ctx.runtime()?;
-    let r = rt.recover(ws)?;
-    ctx.emit(json!(r), || {
-        format!("recovered {} at {}", r.id, r.path.display())
+    let (r, recovered) = rt.recover_report(ws)?;
+    let mut v = json!(r);
+    v["recovered"] = json!(recovered);
+    ctx.emit(v, || {
+        if recovered {
+            format!("recovered {} at {}", r.id, r.path.display())
+        } else {
+            format!(
+                "nothing to recover: {} is active and mounted at {}",
+                r.id,
+                r.path.display()
+            )
+        }
     });
     Ok(ExitCode::SUCCESS)
 }
@@ -391,7 +458,7 @@ pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
         .map(|(cause, fix)| json!({"materializer": "fuse", "cause": cause, "fix": fix}))
         .collect();
     // What a `run --vm` would use here, and whether its hypervisor isolates.
-    let vm = sandbox_helper::vm::report(&store.layout().cache().join("vm"));
+    let vm = vm_probe(&store.layout().cache().join("vm"));
     // Which remotes answer, and how fast.
     let remotes = cowspace::remote::doctor(&store);
     ctx.emit(
@@ -448,5 +515,51 @@ pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
             s
         },
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What `sandbox-helper vm-probe` says a VM placement would use here (the helper is the
+/// program that would place it; this process does not link it).
+fn vm_probe(cache: &std::path::Path) -> serde_json::Value {
+    let helper = match cowspace::sandbox::helper_path() {
+        Ok(h) => h,
+        Err(e) => return json!({"available": false, "why": e.to_string()}),
+    };
+    let out = std::process::Command::new(&helper)
+        .arg("vm-probe")
+        .arg("--cache-dir")
+        .arg(cache)
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .output();
+    match out {
+        Ok(o) if o.status.success() => serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+            json!({"available": false, "why": format!("{} vm-probe answered no JSON: {e}", helper.display())})
+        }),
+        Ok(o) => json!({"available": false, "why": format!("{} vm-probe failed ({})", helper.display(), o.status)}),
+        Err(e) => json!({"available": false, "why": format!("running {} vm-probe: {e}", helper.display())}),
+    }
+}
+
+/// `mountctl fork WS`: the new workspaces, one line each.
+pub fn fork(ctx: &Ctx, ws: &str, o: &cowspace::runtime::ForkOptions) -> anyhow::Result<ExitCode> {
+    let v = ctx.runtime()?.fork(ws, o)?;
+    ctx.emit(v.clone(), || {
+        let mut s = String::new();
+        for f in v["forks"].as_array().into_iter().flatten() {
+            s.push_str(&format!(
+                "{} {}\n",
+                f["id"].as_str().unwrap_or(""),
+                f["path"].as_str().unwrap_or("")
+            ));
+        }
+        if v["frozen_ms"].as_f64().is_some_and(|ms| ms > 0.0) {
+            s.push_str(&format!(
+                "(the sandbox of {ws} was frozen {:.1} ms)\n",
+                v["frozen_ms"].as_f64().unwrap_or(0.0)
+            ));
+        }
+        s
+    });
     Ok(ExitCode::SUCCESS)
 }

@@ -1,5 +1,5 @@
-//! Cgroup limits of a sandbox: memory, pids, cpu and cpuset, one [`Controller`] per
-//! file.
+//! Cgroup limits of a sandbox: memory, pids, cpu and cpuset, and its freezer (for
+//! `sandbox pause`), one [`Controller`] per file.
 //!
 //! Each controller is used from cgroup v2 when the unified hierarchy offers it (listed in
 //! its `cgroup.controllers`), else from its cgroup v1 hierarchy (`ROOT/<controller>`).
@@ -9,11 +9,14 @@
 //!
 //! A [`Group`] is one directory per controller, `.../cowspace/<name>.<helper pid>`. It
 //! always includes `pids` (so every process of the sandbox is accounted for and can be
-//! killed); `memory` and `cpu` only when limited. Dropping a group kills every process
-//! still in it and removes its directories.
+//! killed); `memory` and `cpu` only when limited; `freezer` whenever the host has one
+//! (it sets no limit and is not required: without it only pausing is refused).
+//! Dropping a group thaws it, kills every process still in it and removes its
+//! directories.
 
 mod cpu;
 pub mod cpuset;
+pub mod freezer;
 mod memory;
 mod pids;
 #[cfg(test)]
@@ -70,15 +73,18 @@ pub enum ControllerKind {
     Cpu,
     /// The CPUs the sandbox may run on.
     Cpuset,
+    /// Pausing the sandbox (optional: see [`require`]).
+    Freezer,
 }
 
 impl ControllerKind {
     /// All controllers, in probe order.
-    pub const ALL: [ControllerKind; 4] = [
+    pub const ALL: [ControllerKind; 5] = [
         ControllerKind::Memory,
         ControllerKind::Pids,
         ControllerKind::Cpu,
         ControllerKind::Cpuset,
+        ControllerKind::Freezer,
     ];
 
     /// The kernel's name of the controller.
@@ -88,6 +94,7 @@ impl ControllerKind {
             ControllerKind::Pids => "pids",
             ControllerKind::Cpu => "cpu",
             ControllerKind::Cpuset => "cpuset",
+            ControllerKind::Freezer => "freezer",
         }
     }
 
@@ -98,6 +105,7 @@ impl ControllerKind {
             ControllerKind::Pids => &pids::Pids,
             ControllerKind::Cpu => &cpu::Cpu,
             ControllerKind::Cpuset => &cpuset::Cpuset,
+            ControllerKind::Freezer => &freezer::FreezerController,
         }
     }
 
@@ -109,6 +117,8 @@ impl ControllerKind {
             ControllerKind::Pids => "cgroup.procs",
             ControllerKind::Cpu => "cpu.cfs_quota_us",
             ControllerKind::Cpuset => "cpuset.cpus",
+            // The root of a v1 freezer hierarchy has no `freezer.*` file.
+            ControllerKind::Freezer => "cgroup.procs",
         }
     }
 
@@ -119,6 +129,7 @@ impl ControllerKind {
             ControllerKind::Pids => "process limit and accounting (cgroup pids controller)",
             ControllerKind::Cpu => "cpu limit (cgroup cpu controller)",
             ControllerKind::Cpuset => "cpu set (cgroup cpuset controller)",
+            ControllerKind::Freezer => "pause and resume (cgroup freezer)",
         }
     }
 }
@@ -156,6 +167,22 @@ pub fn locate(root: &Path, controller: ControllerKind) -> std::result::Result<Pl
     let name = controller.name();
     let mut why = Vec::new();
     match v2_root(root) {
+        // v2's freezer is `cgroup.freeze`, a core file of every non-root group, not a
+        // listed controller; it is used where v2 is the only hierarchy (a hybrid host's
+        // `unified` mount holds no sandbox's processes).
+        Some(v2) if controller == ControllerKind::Freezer => {
+            if v2 == root {
+                return writable(Placement {
+                    controller,
+                    version: Version::V2,
+                    hierarchy: v2,
+                });
+            }
+            why.push(format!(
+                "the cgroup v2 hierarchy at {} is a hybrid host's `unified` mount",
+                v2.display()
+            ));
+        }
         Some(v2) => {
             let listed = fs::read_to_string(v2.join("cgroup.controllers")).unwrap_or_default();
             if listed.split_whitespace().any(|c| c == name) {
@@ -211,8 +238,10 @@ pub fn needed(limits: &Limits) -> Vec<ControllerKind> {
 }
 
 /// Checks that every controller `limits` needs is usable; refuses as unsupported if not.
+/// The freezer is added when the host has one (a sandbox starts without it: only its
+/// pause is then refused, by [`freezer::Freezer::find`] finding none).
 pub fn require(root: &Path, limits: &Limits) -> Result<Vec<Placement>> {
-    needed(limits)
+    let mut out = needed(limits)
         .into_iter()
         .map(|c| {
             locate(root, c).map_err(|reason| Error::Unsupported {
@@ -220,7 +249,11 @@ pub fn require(root: &Path, limits: &Limits) -> Result<Vec<Placement>> {
                 reason,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    if let Ok(f) = locate(root, ControllerKind::Freezer) {
+        out.push(f);
+    }
+    Ok(out)
 }
 
 /// The limits of a sandbox's groups as the kernel reports them now: `memory_bytes`,
@@ -306,7 +339,9 @@ impl Group {
         let leaf = format!("{name}.{}", std::process::id());
         for p in placements {
             let parent = p.hierarchy.join(PARENT_DIR);
-            if p.version == Version::V2 {
+            // v2's freezer is no controller to enable.
+            let enable = p.version == Version::V2 && p.controller != ControllerKind::Freezer;
+            if enable {
                 enable_v2(&p.hierarchy, p.controller)?;
             }
             fs::create_dir_all(&parent).map_err(|source| Error::Cgroup {
@@ -314,7 +349,7 @@ impl Group {
                 path: parent.clone(),
                 source,
             })?;
-            if p.version == Version::V2 {
+            if enable {
                 enable_v2(&parent, p.controller)?;
             }
             if p.controller == ControllerKind::Cpuset && p.version == Version::V1 {
@@ -420,6 +455,10 @@ impl Group {
     /// Kills every process in the group (repeatedly, so forks racing the kill die too)
     /// and removes the directories. Returns the pids that would not die, if any.
     pub fn destroy(&mut self) -> Result<()> {
+        // A frozen task does not die of SIGKILL until thawed.
+        for (_, d) in &self.dirs {
+            freezer::thaw_dir(d);
+        }
         for _ in 0..MAX_KILL_ROUNDS {
             let pids = self.pids();
             if pids.is_empty() {

@@ -78,6 +78,32 @@ impl Backend for InitBackend {
     fn processes(&self) -> Option<usize> {
         Some(count_processes(self.init_pid))
     }
+
+    fn pause(&self, cgroups: &[std::path::PathBuf]) -> crate::error::Result<()> {
+        freezer_of(cgroups)?.freeze()
+    }
+
+    fn resume(&self, cgroups: &[std::path::PathBuf]) -> crate::error::Result<()> {
+        freezer_of(cgroups)?.thaw()
+    }
+
+    fn suspend(&self) -> crate::error::Result<serde_json::Value> {
+        Err(super::pause::namespace_suspend_refusal())
+    }
+}
+
+/// The sandbox's freezer group; refused as unsupported when the host has none (the
+/// sandbox started without it).
+fn freezer_of(
+    cgroups: &[std::path::PathBuf],
+) -> crate::error::Result<crate::cgroup::freezer::Freezer> {
+    crate::cgroup::freezer::Freezer::find(cgroups).ok_or_else(|| crate::error::Error::Unsupported {
+        control: "pause (cgroup freezer)",
+        reason: "the host has no cgroup freezer: no v1 `freezer` hierarchy and no v2 \
+                 `cgroup.freeze` (`sandbox-helper probe` shows it); the sandbox runs without \
+                 one"
+        .into(),
+    })
 }
 
 fn read_init(shared: &InitBackend) {

@@ -399,6 +399,19 @@ pub(crate) struct VmBackend {
     pub(crate) env: Vec<(String, String)>,
     /// Set once a stop began: no new exec is sent.
     pub(crate) stopping: AtomicBool,
+    /// qemu's monitor socket ([`super::qmp`]): pause is its `stop`, resume its `cont`.
+    pub(crate) qmp: std::path::PathBuf,
+    /// qemu's program (its version is named in the suspend refusal).
+    pub(crate) qemu: std::path::PathBuf,
+}
+
+impl VmBackend {
+    fn monitor(&self, command: &str) -> crate::error::Result<()> {
+        super::qmp::execute(&self.qmp, command).map_err(|source| crate::error::Error::Setup {
+            step: format!("vm: qemu monitor `{command}` at {}", self.qmp.display()),
+            source,
+        })
+    }
 }
 
 /// The environment of a command in the guest: `base`, then `extra` (each name once,
@@ -462,6 +475,25 @@ impl Backend for VmBackend {
 
     fn processes(&self) -> Option<usize> {
         None
+    }
+
+    fn pause(&self, _cgroups: &[std::path::PathBuf]) -> crate::error::Result<()> {
+        self.monitor("stop")
+    }
+
+    fn resume(&self, _cgroups: &[std::path::PathBuf]) -> crate::error::Result<()> {
+        self.monitor("cont")
+    }
+
+    fn suspend(&self) -> crate::error::Result<serde_json::Value> {
+        let version = std::process::Command::new(&self.qemu)
+            .arg("--version")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.lines().next().map(str::to_string))
+            .unwrap_or_else(|| format!("{} (version unknown)", self.qemu.display()));
+        Err(crate::keeper::vm_suspend_refusal(version.trim()))
     }
 
     fn wind_down(&self) {

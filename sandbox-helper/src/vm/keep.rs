@@ -93,6 +93,8 @@ pub fn start(
         channel: booted.channel.clone(),
         env: base_env(spec),
         stopping: AtomicBool::new(false),
+        qmp: booted.qmp_sock(),
+        qemu: prep.qemu.clone(),
     });
     let stopped = crate::keeper::serve(
         &listener,

@@ -28,6 +28,7 @@ mod keep;
 pub mod probe;
 pub mod proto;
 pub mod qemu;
+mod qmp;
 mod runner;
 
 use std::path::{Path, PathBuf};
@@ -106,6 +107,17 @@ impl VmSpec {
                 "workspace directory {} does not exist",
                 dir.display()
             )));
+        }
+        // The keeper of a VM sees no published-port traffic (qemu forwards the ports
+        // itself), so it could not tell an idle VM from a busy server.
+        if controls.idle_timeout.is_some() {
+            return Err(Error::VmUnavailable {
+                what: "--idle-timeout",
+                reason: "a VM's published ports are qemu's own forwards, whose traffic the \
+                         keeper does not see: pause a VM sandbox with `mountctl sandbox pause \
+                         WS`, or use a namespace sandbox (leave out --vm) for the idle pause"
+                    .into(),
+            });
         }
         // Egress for a VM (its guest reaching the host-side proxy) is not built: refused
         // by name before anything starts, never a guest with a way out.

@@ -40,6 +40,10 @@ impl RunFiles {
     pub fn agent(&self) -> PathBuf {
         self.dir.join(AGENT_PORT.0)
     }
+    /// qemu's monitor (QMP), for the keeper's `stop` / `cont` ([`super::qmp`]).
+    pub fn qmp(&self) -> PathBuf {
+        self.dir.join("qmp.sock")
+    }
 }
 
 /// `virtiofsd` sharing `workspace` (in its own mount, pid and network namespaces with
@@ -229,6 +233,11 @@ pub fn qemu_args(m: &Machine<'_>, files: &RunFiles) -> Vec<OsString> {
     ));
     a.push("-device".into());
     a.push(format!("virtserialport,chardev=agent,name={}", AGENT_PORT.1).into());
+    // The monitor, in the run directory only root and qemu's uid reach.
+    a.push("-qmp".into());
+    let mut qmp = path_opt("unix:", &files.qmp());
+    qmp.push(",server=on,wait=off");
+    a.push(qmp);
     a
 }
 
@@ -273,6 +282,10 @@ mod tests {
         assert!(!joined.contains("cowspace.pids"));
         assert!(joined.contains("-name /var/lib/x,,y/run "), "{joined}");
         assert!(joined.contains("name=cowspace.agent"));
+        assert!(
+            joined.contains("-qmp unix:/run/x/qmp.sock,server=on,wait=off"),
+            "{joined}"
+        );
         let published = Machine {
             net: GuestNet::Published(vec![(20001, 3000)]),
             ..m.clone()

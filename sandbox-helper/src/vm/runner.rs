@@ -331,6 +331,10 @@ impl Booted {
     pub fn virtiofsd_pid(&self) -> i32 {
         self.fsd.0.id() as i32
     }
+    /// qemu's monitor socket (host path).
+    pub fn qmp_sock(&self) -> PathBuf {
+        self.files.qmp()
+    }
     /// The cgroup directories of qemu and virtiofsd.
     pub fn cgroups(&self) -> Vec<PathBuf> {
         self.group

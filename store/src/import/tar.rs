@@ -45,6 +45,22 @@ enum Compression {
     Zstd,
 }
 
+/// The names `import` reads as tar archives (anything else that is not a directory is
+/// refused, never parsed as a tar): `.tar`, `.tar.gz` (`.tgz`), `.tar.zst`.
+pub const TAR_SUFFIXES: [&str; 4] = [".tar", ".tar.gz", ".tgz", ".tar.zst"];
+
+/// Whether `path`'s name is a tar archive's ([`TAR_SUFFIXES`]). The contents decide
+/// the compression; the name only decides that the file is read as an archive at all.
+pub fn has_tar_name(path: &Path) -> bool {
+    let name = path
+        .file_name()
+        .map(|n| n.as_encoded_bytes())
+        .unwrap_or_default();
+    TAR_SUFFIXES
+        .iter()
+        .any(|s| name.len() > s.len() && name.ends_with(s.as_bytes()))
+}
+
 fn detect(magic: &[u8], archive: &Path) -> Result<Compression> {
     let unsupported = |what: &str| {
         Err(Error::Invalid(format!(

@@ -521,7 +521,7 @@ fn egress_allows_by_policy_and_every_bypass_fails_closed() {
     );
     assert!(hosts["other.test"]["denied"].as_u64().unwrap() >= 1, "{st}");
     stop(&r, &ws);
-    r.remove(&ws);
+    r.discard(&ws);
     r.assert_clean();
 }
 
@@ -568,7 +568,7 @@ fn egress_policy_changes_live_and_the_log_shows_each_verdict() {
     assert!(e.stderr.contains("--allow-host"), "{}", e.stderr);
     r.t.run(["sandbox", "policy", &ws]).code(9);
     stop(&r, &ws);
-    r.remove(&ws);
+    r.discard(&ws);
     r.assert_clean();
 }
 
@@ -788,7 +788,7 @@ fn egress_pip_install_and_git_clone_through_the_policy() {
         "{decisions:?}"
     );
     stop(&r, &ws);
-    r.remove(&ws);
+    r.discard(&ws);
     r.assert_clean();
 }
 
@@ -850,7 +850,7 @@ fn egress_proxy_killed_fails_closed_and_stop_leaves_nothing() {
     stop(&r, &ws);
     let log = r.root().join("run/sandbox/keep/eg.egress.log");
     assert!(!log.exists(), "the decision log outlived the sandbox");
-    r.remove(&ws);
+    r.discard(&ws);
     r.assert_clean();
 }
 
@@ -899,7 +899,7 @@ fn egress_bad_input_is_refused_naming_the_flag_and_nothing_starts() {
     // The socket refuses an unknown argument instead of ignoring it.
     let v = r.t.json(["list"]).ok().json();
     assert!(v.is_array());
-    r.remove(&ws);
+    r.discard(&ws);
     r.assert_clean();
 }
 
@@ -955,7 +955,7 @@ fn egress_sixteen_sandboxes_each_see_only_their_own_policy() {
     });
     for name in &names {
         stop(&r, name);
-        r.remove(name);
+        r.discard(name);
     }
     r.assert_clean();
 }
@@ -997,6 +997,6 @@ fn ports_are_published_and_unpublished_while_the_sandbox_runs() {
     r.t.run(["sandbox", "unpublish", &ws, "8000"]).code(3);
     assert!(status(&r, &ws)["ports"].as_object().unwrap().is_empty());
     stop(&r, &ws);
-    r.remove(&ws);
+    r.discard(&ws);
     r.assert_clean();
 }

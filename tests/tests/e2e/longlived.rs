@@ -539,7 +539,7 @@ fn longlived_seed_chain_in_three_workspaces_at_once() {
     assert_eq!(mount_list(&r), mounts_before, "mounts after stop");
     for ws in &wss {
         assert_eq!(owners(&ws.path), BTreeSet::from([(0, 0)]));
-        r.remove(&ws.id);
+        r.discard(&ws.id);
     }
     r.assert_clean();
 }
@@ -586,7 +586,7 @@ fn longlived_eight_execs_at_once_in_one_sandbox() {
     stop(&r, "busy");
     assert_sandbox_gone(&s, &pids);
     assert_eq!(std::fs::read_dir(ws.path.join("out")).unwrap().count(), 8);
-    r.remove("busy");
+    r.discard("busy");
     r.assert_clean();
 }
 
@@ -655,7 +655,7 @@ fn longlived_sixteen_sandboxes_at_once() {
     assert_eq!(mount_list(&r), mounts_before, "mounts after stop");
     for ws in &wss {
         assert_eq!(owners(&ws.path), BTreeSet::from([(0, 0)]));
-        r.remove(&ws.id);
+        r.discard(&ws.id);
     }
     r.assert_clean();
 }
@@ -803,7 +803,7 @@ fn host_view(create: &[&str]) {
             ("added", "host-dir"),
         ])
     );
-    r.remove("hv");
+    r.discard("hv");
     r.assert_clean();
 }
 
@@ -943,7 +943,7 @@ fn keeper_killed(create: &[&str]) {
     stop(&r, "k9");
     assert_sandbox_gone(&s2, &pids);
     assert_eq!(mount_list(&r), mounts_before);
-    r.remove("k9");
+    r.discard("k9");
     r.assert_clean();
 }
 
@@ -1031,7 +1031,9 @@ fn longlived_bad_input() {
     );
     assert!(!r.t.scratch().join("ran-here").exists());
     assert!(!Path::new("ran-here").exists());
-    r.t.json(["sandbox", "stop", "bad"]).error(3, "not_found");
+    // Stopping no sandbox is no error: it says none was running.
+    let v = r.t.json(["sandbox", "stop", "bad"]).ok().json();
+    assert_eq!(v["was_running"], false, "{v}");
 
     // Refused limits: nothing starts, the workspace is as it was.
     // (`--publish 0` is a usage error, 2, as for `run`: the grammar takes 1..=65535;
@@ -1068,9 +1070,15 @@ fn longlived_bad_input() {
     let pids = s.pids();
     stop(&r, "bad");
     assert_sandbox_gone(&s, &pids);
-    // Stop twice.
-    r.t.json(["sandbox", "stop", "bad"]).error(3, "not_found");
-    r.t.run(["sandbox", "stop", "bad"]).code(3);
+    // Stop twice: the second has nothing to do, and says so (0).
+    let v = r.t.json(["sandbox", "stop", "bad"]).ok().json();
+    assert_eq!(
+        (&v["stopped"], &v["was_running"]),
+        (&false.into(), &false.into()),
+        "{v}"
+    );
+    let out = r.t.run(["sandbox", "stop", "bad"]).ok();
+    assert!(out.stdout.contains("no sandbox was running"), "{out:?}");
     assert_eq!(mount_list(&r), mounts_before);
     r.remove("bad");
     r.assert_clean();
@@ -1121,7 +1129,7 @@ fn longlived_runtime_root_under_a_0700_directory() {
             let pids = s.pids();
             stop(&r, &name);
             assert_sandbox_gone(&s, &pids);
-            r.remove(&name);
+            r.discard(&name);
         }
         r.assert_clean();
     }
@@ -1458,5 +1466,5 @@ fn longlived_init_kill9_is_cleaned_by_its_keeper_and_sweep() {
     start(&r, "initk", &[]);
     assert_eq!(exec_sh(&r, "initk", "cat kept.txt"), "kept\n");
     stop(&r, "initk");
-    r.remove(&ws.id);
+    r.discard(&ws.id);
 }

@@ -2,7 +2,10 @@
 
 mod crash;
 mod egress;
+mod files;
+mod fork;
 mod longlived;
+mod pause;
 mod remote;
 mod run;
 mod sandbox;

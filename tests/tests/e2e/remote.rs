@@ -858,7 +858,7 @@ fn remote_gc_removes_only_what_no_ref_or_pin_needs_a_grace_after_marking_it() {
     );
 
     // The workspace goes, and its pin with it: v1 goes a mark later.
-    b.remove(&ws.id);
+    b.discard(&ws.id);
     gc(&a);
     let last = gc(&a);
     let deleted: Vec<String> = serde_json::from_value(last["deleted"].clone()).unwrap();

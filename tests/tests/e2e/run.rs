@@ -234,7 +234,7 @@ fn run_writes_into_a_fuse_workspace_whose_host_mount_stays() {
     assert!(r.mounts().contains(&ws.path));
     assert_eq!(std::fs::read_to_string(ws.path.join("f")).unwrap(), "hi\n");
     assert_eq!(r.t.run(["diff", "w1"]).ok().stdout, "M a.txt\nA f\n");
-    r.remove("w1");
+    r.discard("w1");
     r.assert_clean();
 }
 
@@ -310,7 +310,7 @@ fn the_host_path_shows_the_runs_files_through_one_shared_mount() {
     assert!(mounted());
     drop(held);
     assert!(!ws.path.join("ran").exists(), "the refused run ran");
-    r.remove("w1");
+    r.discard("w1");
     r.assert_clean();
 }
 
@@ -509,5 +509,5 @@ fn git_in_the_sandbox_of(r: &WsRoot, snap: &str, materializer: &str) {
     assert_eq!(with, without, "{materializer}: the hook hid a change");
     assert!(with.contains("moved/"), "{materializer}: {with}");
     assert!(with.contains(" D d/y"), "{materializer}: {with}");
-    r.remove(&ws.id);
+    r.discard(&ws.id);
 }

@@ -631,7 +631,7 @@ fn sandbox_cannot_plant_set_id_or_capable_files_in_the_workspace() {
 }
 
 #[test]
-fn sandbox_kernel_knobs_are_out_of_reach_and_a_missing_command_is_invalid_input() {
+fn sandbox_kernel_knobs_are_out_of_reach_and_a_missing_command_exits_127() {
     require_root!();
     let s = Scratch::new();
     let out = run(s.command(
@@ -668,7 +668,7 @@ fn sandbox_kernel_knobs_are_out_of_reach_and_a_missing_command_is_invalid_input(
 
     let out = run(s.command("nocmd-box", &[], &["/no/such/command"]));
     let (code, _, stderr) = parts(&out);
-    assert_eq!(code, Some(9), "{stderr}");
+    assert_eq!(code, Some(127), "as a shell says it: {stderr}");
     assert!(
         stderr.contains(
             "starting \"/no/such/command\" inside the sandbox: No such file or directory"

@@ -749,8 +749,8 @@ fn vm_sandbox_runs_execs_as_a_namespace_sandbox_does() {
     assert_eq!(stopped["stopped"], true, "{stopped}");
     assert_vm_gone(&r, WS, &v);
     r.t.json(["exec", WS, "--", "true"]).code(3);
-    r.remove(WS);
-    r.remove("vmkeep-other");
+    r.discard(WS);
+    r.discard("vmkeep-other");
     r.assert_clean();
 }
 
@@ -867,8 +867,8 @@ fn vm_sandboxes_publish_one_guest_port_on_two_host_ports_and_contain_memory() {
     for p in [pa, pb] {
         TcpListener::bind(("127.0.0.1", p)).expect("a published port outlived its VM");
     }
-    r.remove(A);
-    r.remove(B);
+    r.discard(A);
+    r.discard(B);
     r.assert_clean();
 }
 
@@ -908,6 +908,6 @@ fn vm_sandbox_kill9_of_qemu_virtiofsd_or_keeper_then_sweep_leaves_nothing() {
             "after kill -9 of {victim}"
         );
     }
-    r.remove(WS);
+    r.discard(WS);
     r.assert_clean();
 }

@@ -17,6 +17,7 @@
 
 mod acceptance;
 mod bad_input;
+mod clients;
 mod commit;
 mod concurrency;
 mod config;
@@ -36,6 +37,7 @@ mod subvols;
 pub(crate) mod support;
 mod teardown;
 mod through_daemon;
+mod uncommitted;
 mod upgrade;
 mod xattrs;
 

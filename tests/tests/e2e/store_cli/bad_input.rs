@@ -368,12 +368,16 @@ fn usage_errors_exit_2_with_a_json_error() {
 
 #[test]
 fn error_texts_say_each_cause_once_in_words_a_terminal_shows() {
-    // A --root that is a regular file: the OS error once, and no advice to `init`.
+    // A --root that is a regular file: `init` says it is not a directory (as `list`
+    // does), and no advice to `init`.
     let f = TestRoot::uninitialised();
     write_file(f.root(), "not a directory\n");
-    let err = f.json(["init"]).error(1, "io");
+    let err = f.json(["init"]).error(9, "invalid_input");
     let m = err["message"].as_str().unwrap();
-    assert_eq!(m.matches("os error 17").count(), 1, "{err}");
+    assert!(
+        m.contains("is not a directory") && !m.contains("os error"),
+        "{err}"
+    );
     let err = f.json(["snapshots"]).error(3, "not_found");
     let hint = err["hint"].as_str().unwrap_or("");
     assert!(
@@ -415,4 +419,40 @@ fn error_texts_say_each_cause_once_in_words_a_terminal_shows() {
             "--publish {port}: {out:?}"
         );
     }
+}
+
+#[test]
+fn init_refuses_a_directory_holding_other_things_and_import_a_file_without_a_tar_name() {
+    // A source checkout as --root: refused before anything is written there.
+    let f = TestRoot::uninitialised();
+    write_file(&f.root().join("Cargo.toml"), "[package]\n");
+    write_file(&f.root().join("src/main.rs"), "fn main() {}\n");
+    let err = f.json(["init"]).error(9, "invalid_input");
+    let m = err["message"].as_str().unwrap();
+    assert!(
+        m.contains("not empty") && m.contains("Cargo.toml") && m.contains("new or empty"),
+        "{err}"
+    );
+    let mut names = cowspace_tests::dir_entries(f.root());
+    names.sort();
+    assert_eq!(names, ["Cargo.toml", "src"], "nothing written");
+    // An empty directory, and an initialised root again, are fine.
+    let e = TestRoot::uninitialised();
+    std::fs::create_dir(e.root()).unwrap();
+    assert_eq!(e.json(["init"]).ok().json()["created"], true);
+    assert_eq!(e.json(["init"]).ok().json()["created"], false);
+
+    // A regular file without a tar name is not parsed as a tar.
+    let (r, _) = root_with_a_snapshot();
+    let readme = r.path("README.rst");
+    std::fs::write(&readme, "Title\n=====\n\nSome text, not a tar archive.\n").unwrap();
+    let err = r
+        .json(["import", readme.to_str().unwrap()])
+        .error(9, "invalid_input");
+    let m = err["message"].as_str().unwrap();
+    assert!(
+        m.contains("README.rst")
+            && m.contains("a tar archive needs a .tar, .tar.gz or .tar.zst name"),
+        "{err}"
+    );
 }

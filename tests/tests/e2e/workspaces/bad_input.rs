@@ -345,3 +345,36 @@ fn quiet_remove_prints_nothing() {
     );
     r.assert_clean();
 }
+
+#[test]
+fn stopping_no_sandbox_and_recovering_a_mounted_workspace_say_there_was_nothing_to_do() {
+    require_root!();
+    let r = WsRoot::new();
+    let src = r.t.path("src");
+    base_tree(&src);
+    let base = r.import(&src, &[]);
+    let ws = r.create(&base, &[]);
+    let v = r.t.json(["sandbox", "stop", &ws.id]).ok().json();
+    assert_eq!(
+        (&v["stopped"], &v["was_running"], &v["workspace"]),
+        (
+            &Value::Bool(false),
+            &Value::Bool(false),
+            &Value::from(ws.id.as_str())
+        ),
+        "{v}"
+    );
+    let out = r.t.run(["sandbox", "stop", &ws.id]).ok();
+    assert!(out.stdout.contains("no sandbox was running"), "{out:?}");
+    let v = r.t.json(["recover", &ws.id]).ok().json();
+    assert_eq!(v["recovered"], false, "{v}");
+    let out = r.t.run(["recover", &ws.id]).ok();
+    assert!(out.stdout.contains("nothing to recover"), "{out:?}");
+    assert!(
+        !r.status(&ws.id)["diagnostics"]
+            .to_string()
+            .contains("recovered"),
+        "nothing recorded"
+    );
+    r.remove(&ws.id);
+}

@@ -135,3 +135,49 @@ fn a_bad_configuration_is_refused_by_name_before_anything_is_made() {
         "{err}"
     );
 }
+
+#[test]
+fn every_sandbox_value_is_checked_when_the_file_is_read() {
+    let r = WsRoot::new();
+    let file = r.t.path("config.toml");
+    for (text, key) in [
+        (
+            "[sandbox]\nmemory = \"lots\"\n",
+            "sandbox.memory = \"lots\"",
+        ),
+        ("[sandbox]\npids = 1\n", "sandbox.pids = 1"),
+        ("[sandbox]\ncpus = 0.0\n", "sandbox.cpus = 0"),
+        ("[sandbox]\ncpuset_cpus = \"many\"\n", "sandbox.cpuset_cpus"),
+        (
+            "[sandbox]\nallow_host = [\"http://x.org\"]\n",
+            "sandbox.allow_host",
+        ),
+        ("[sandbox]\nadd_host = [\"db\"]\n", "sandbox.add_host"),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let env = [("COWSPACE_CONFIG", file.as_os_str())];
+        let err =
+            r.t.run_env(["--json", "config"], &env)
+                .error(9, "invalid_input");
+        let msg = err["message"].as_str().unwrap();
+        assert!(
+            msg.contains("config.toml") && msg.contains(key),
+            "{text:?}: {msg}"
+        );
+        assert!(
+            !msg.contains("--"),
+            "{text:?}: no flag the user never gave: {msg}"
+        );
+    }
+    std::fs::write(
+        &file,
+        "[sandbox]\nnet = \"egress\"\nallow_host = [\"pypi.org\"]\nadd_host = [\"db.internal:10.0.0.5\"]\n",
+    )
+    .unwrap();
+    let env = [("COWSPACE_CONFIG", file.as_os_str())];
+    let shown = r.t.run_env(["--json", "config"], &env).ok().json();
+    assert_eq!(
+        setting(&shown, "sandbox.allow_host")["value"],
+        json!(["pypi.org"])
+    );
+}

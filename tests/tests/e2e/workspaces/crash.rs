@@ -150,7 +150,7 @@ fn crash_and_recover(create_flags: &[&str]) {
     assert_eq!(show["entry"]["size"], expected(i).len() as u64, "{show}");
 
     for ws in &wss {
-        r.remove(&ws.id);
+        r.discard(&ws.id);
     }
     r.t.json(["sweep"]).ok();
     r.assert_clean();

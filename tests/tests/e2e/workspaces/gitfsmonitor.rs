@@ -225,7 +225,7 @@ fn check_materializer(r: &WsRoot, base: &str, what: &str, flags: &[&str]) {
         &format!("{what}, after git add"),
         &["MM d1/sub1/f1.txt"],
     );
-    r.remove(&ws.id);
+    r.discard(&ws.id);
 }
 
 #[test]
@@ -345,7 +345,7 @@ fn check_capture(
     // And git keeps the token this workspace's hook gives it: still right afterwards.
     sh(&next.path, "echo more >> d4/sub1/f4.txt");
     assert_status_agrees(&next.path, &what, &[" M d4/sub1/f4.txt"]);
-    r.remove(&next.id);
+    r.discard(&next.id);
     r.remove(&ws.id);
 }
 
@@ -402,7 +402,7 @@ fn import_without_the_hook_leaves_git_config_alone() {
         git(&ws.path, &["status", "--porcelain"], Some(&trace)),
         " M d0/late.txt\n"
     );
-    r.remove(&ws.id);
+    r.discard(&ws.id);
     r.assert_clean();
 }
 
@@ -495,7 +495,7 @@ fn the_hook_names_no_path_and_an_export_gives_back_the_checkout() {
         files_looked_at(&trace) > 1,
         "without the hook git looks at every file"
     );
-    r.remove(&ws.id);
+    r.discard(&ws.id);
     // The export gives back what was imported.
     let out = r.t.path("export");
     r.t.run(["export", base.as_str(), out.to_str().unwrap()])

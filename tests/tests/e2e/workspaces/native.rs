@@ -228,7 +228,7 @@ fn recover_mounts_the_image_again_after_a_reboot() {
         std::fs::read(ws.path.join("README.md")).unwrap(),
         std::fs::read(src.join("README.md")).unwrap()
     );
-    r.remove(&ws.id);
+    r.discard(&ws.id);
     r.assert_clean();
 }
 

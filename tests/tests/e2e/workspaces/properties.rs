@@ -46,7 +46,7 @@ fn an_unwritten_workspace_costs_a_few_kib_and_reports_its_create_time() {
         let after = du_kib(&private);
         assert!(after >= kib + 1000, "{after} KiB after writing 1 MiB");
         for w in [&first, &ws] {
-            let v = r.remove(&w.id);
+            let v = r.discard(&w.id);
             eprintln!(
                 "{lower}: remove {:.1} ms",
                 v["elapsed_ms"].as_f64().unwrap_or(-1.0)

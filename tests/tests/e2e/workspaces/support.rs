@@ -170,10 +170,18 @@ impl WsRoot {
         (snap.to_owned(), v, ms)
     }
 
-    /// `remove WS --json`, asserting success.
+    /// `remove WS --json`, asserting success: refused while the workspace has changes
+    /// no commit took (use [`WsRoot::discard`] for those).
     #[track_caller]
     pub fn remove(&self, ws: &str) -> Value {
         self.t.json(["remove", ws]).ok().json()
+    }
+
+    /// `remove --force WS --json`, asserting success: the removal of a workspace whose
+    /// changes the test leaves uncommitted on purpose.
+    #[track_caller]
+    pub fn discard(&self, ws: &str) -> Value {
+        self.t.json(["remove", "--force", ws]).ok().json()
     }
 
     /// `list --all --json`.

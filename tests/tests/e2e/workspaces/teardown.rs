@@ -70,6 +70,18 @@ fn removal_through_the_daemon_after_use_leaves_nothing_and_the_path_is_reusable_
             .output()
             .unwrap();
         assert!(out.status.success(), "{kind:?}: {out:?}");
+        // Refused while the writes are uncommitted; committed, only processes hold it.
+        let v = request(&r, "remove", json!({"workspace": id}));
+        assert_eq!(v["error"]["kind"], "busy", "{kind:?}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("uncommitted"),
+            "{kind:?}: {v}"
+        );
+        let v = request(&r, "commit", json!({"workspace": id}));
+        assert!(v["error"].is_null(), "{kind:?}: {v}");
 
         // Busy: refused, nothing torn down.
         let busy = KillOnDrop(

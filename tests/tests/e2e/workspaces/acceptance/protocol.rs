@@ -393,7 +393,7 @@ fn run_target(
     let fresh_s = start.elapsed().as_secs_f64() - checked_s;
     let removing = Instant::now();
     r.remove(&ws.id);
-    r.remove(&fresh.id);
+    r.discard(&fresh.id);
     eprintln!(
         "{what}: create {:.1} ms, workload {apply_s:.1} s, commit {commit_ms:.0} ms \
          (files read {}, new stored {} B); workspace checked {checked_s:.1} s, fresh \

@@ -1,0 +1,196 @@
+//! Forks: new workspaces holding exactly what a workspace shows at one instant, made in
+//! time proportional to its changes (`mountctl fork`, the socket's `fork`).
+//!
+//! A fork has the parent's base snapshot and a copy of its private layer (the upper
+//! directory of an overlay or fuse workspace: new and modified files, whiteouts, opaque
+//! directories, redirects of renamed directories, hard links, xattrs). The copy is
+//! `cp -a --reflink=auto` (coreutils: reflinks where the filesystem has them, so its
+//! cost is the changes' metadata; a plain copy of the changes elsewhere), never a copy
+//! of the base. Each fork is made as a workspace of the base first, unmounted, given the
+//! copy, and mounted again; a fork that fails is removed, with every fork made before it
+//! (nothing half-made).
+//!
+//! If the parent's sandbox runs, its processes are frozen (the sandbox's pause) for the
+//! copies and thawed after, so every fork holds one instant of what they wrote; the
+//! answer says how long they stayed frozen. Host processes writing to the parent are not
+//! frozen. Full-tree workspaces (btrfs, reflink, copy) are refused for now: their
+//! private layer is the whole tree.
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde_json::{Value, json};
+
+use crate::error::{Error, Result};
+use crate::registry::{Record, Status};
+use crate::runtime::{CreateOptions, Runtime, live_sandbox};
+
+/// Most forks one call makes.
+pub const MAX_FORKS: usize = 64;
+
+/// How to fork.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ForkOptions {
+    /// The fork's name (one fork only).
+    pub name: Option<String>,
+    /// How many forks (default 1); with several and a name, NAME-1 ... NAME-N.
+    pub count: Option<usize>,
+    /// Start a sandbox in each fork with the controls the parent's was started with.
+    pub sandbox: bool,
+}
+
+/// Copies the upper directory `from` into the empty `to` (contents, not the directory
+/// itself), keeping everything overlayfs records there.
+fn copy_upper(from: &Path, to: &Path) -> Result<()> {
+    let out = std::process::Command::new("cp")
+        .args(["-a", "--reflink=auto", "--no-target-directory"])
+        .arg(from)
+        .arg(to)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(Error::io("run cp to copy the private layer", from))?;
+    if !out.status.success() {
+        return Err(Error::io("copy the private layer", from)(
+            std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+        ));
+    }
+    Ok(())
+}
+
+impl Runtime {
+    /// Forks workspace `ws`: `count` (default 1) new workspaces holding what it shows now.
+    /// Answers the new workspaces' records (each with `parent`) and `frozen_ms`, how long
+    /// the parent's sandbox stayed frozen (0 without one).
+    pub fn fork(&self, ws: &str, o: &ForkOptions) -> Result<Value> {
+        let count = o.count.unwrap_or(1);
+        if count == 0 || count > MAX_FORKS {
+            return Err(Error::Invalid(format!(
+                "--count {count}: give 1 to {MAX_FORKS} forks"
+            )));
+        }
+        let parent = self.get(ws)?;
+        if parent.status == Status::Removed {
+            return Err(Error::NoWorkspace(format!("{ws} (it was removed)")));
+        }
+        if parent.status != Status::Active {
+            return Err(Error::WrongState {
+                id: parent.id.clone(),
+                status: parent.status.as_str().to_string(),
+                op: "fork (only an active workspace is forked)",
+            });
+        }
+        let mat = self.materializer_of(&parent);
+        let Some(upper) = mat.upper_dir(&parent) else {
+            return Err(Error::Unsupported {
+                name: parent.materializer.to_string(),
+                why: "fork copies a workspace's private layer; a full-tree workspace's is its \
+                      whole tree (not built yet): fork an overlay or fuse workspace"
+                    .into(),
+            });
+        };
+        let names: Vec<Option<String>> = match (&o.name, count) {
+            (None, n) => vec![None; n],
+            (Some(n), 1) => vec![Some(n.clone())],
+            (Some(n), k) => (1..=k).map(|i| Some(format!("{n}-{i}"))).collect(),
+        };
+        let controls = if o.sandbox {
+            let c = parent
+                .sandbox
+                .as_ref()
+                .filter(|_| live_sandbox(&parent).is_some())
+                .and_then(|s| s.get("controls").cloned())
+                .ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "--sandbox: no sandbox runs for workspace {} (or it was started by an \
+                         older version, which recorded no controls)",
+                        parent.id
+                    ))
+                })?;
+            Some(
+                serde_json::from_value::<crate::sandbox::SandboxOptions>(c)
+                    .map_err(|e| Error::Invalid(format!("the parent's recorded controls: {e}")))?,
+            )
+        } else {
+            None
+        };
+        // The parent's sandbox holds still while its layer is copied.
+        let frozen = self.freeze_for_fork(&parent)?;
+        let started = Instant::now();
+        let mut made: Vec<Record> = Vec::new();
+        let result = (|| -> Result<()> {
+            mat.settle(&self.cx(&parent))?;
+            for name in &names {
+                let rec = self.create(&CreateOptions {
+                    snapshot: parent.snapshot.clone(),
+                    name: name.clone(),
+                    materializer: Some(parent.materializer.to_string()),
+                    // The same lower for an overlay; the others have their own.
+                    lower: (parent.materializer == crate::materializer::MaterializerKind::Overlay)
+                        .then(|| parent.lower_kind.to_string()),
+                    path: None,
+                    worker: parent.worker.clone(),
+                })?;
+                made.push(rec.clone());
+                let child_mat = self.materializer_of(&rec);
+                child_mat.unmount(&self.cx(&rec), false)?;
+                let child_upper = child_mat
+                    .upper_dir(&rec)
+                    .ok_or_else(|| Error::Invalid("a fork has no private layer".into()))?;
+                crate::checkout::remove_tree(&child_upper);
+                crate::checkout::remove_tree(&rec.work_dir());
+                std::fs::create_dir_all(rec.work_dir())
+                    .map_err(Error::io("create", rec.work_dir()))?;
+                copy_upper(&upper, &child_upper)?;
+                child_mat.mount(&self.cx(&rec))?;
+                let parent_id = parent.id.clone();
+                self.reg().modify(&rec.id, |r| {
+                    r.parent = Some(parent_id.clone());
+                    Ok(())
+                })?;
+            }
+            Ok(())
+        })();
+        let copy_ms = started.elapsed().as_secs_f64() * 1e3;
+        let frozen_ms = match frozen {
+            Some(t) => {
+                let ms = t.elapsed().as_secs_f64() * 1e3;
+                let _ = self.sandbox_resume(&parent.id);
+                ms
+            }
+            None => 0.0,
+        };
+        if let Err(e) = result {
+            for rec in made.iter().rev() {
+                let _ = self.remove(&rec.id, true);
+            }
+            return Err(e);
+        }
+        let mut out = Vec::new();
+        for rec in &made {
+            let mut v = json!(self.get(&rec.id)?);
+            if let Some(c) = &controls {
+                v["sandbox"] = self.sandbox_start(&rec.id, c)?;
+            }
+            out.push(v);
+        }
+        Ok(
+            json!({"parent": parent.id, "forks": out, "frozen_ms": frozen_ms, "elapsed_ms": copy_ms}),
+        )
+    }
+
+    /// Freezes the parent's running sandbox for a fork; `None` when none runs or it is
+    /// paused already (then it stays as it is).
+    fn freeze_for_fork(&self, parent: &Record) -> Result<Option<Instant>> {
+        if parent.sandbox.is_none() || live_sandbox(parent).is_none() {
+            return Ok(None);
+        }
+        let at = Instant::now();
+        match self.sandbox_pause(&parent.id) {
+            Ok(_) => Ok(Some(at)),
+            // Paused already (by request or idle): it holds still and stays paused.
+            Err(e) if e.to_string().contains("paused already") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
