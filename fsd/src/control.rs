@@ -52,6 +52,40 @@ fn error_value(e: &Error) -> Value {
     json!(Response::error(e))
 }
 
+/// The sandbox controls' flags as the socket names them (`--memory` → `args.memory`):
+/// a refusal of a `sandbox_start` names the argument the client sent, not a CLI flag.
+const SOCKET_NAMES: [(&str, &str); 14] = [
+    ("--cpuset-cpus", "args.cpuset_cpus"),
+    ("--idle-timeout", "args.idle_timeout"),
+    ("--allow-host", "args.allow_host"),
+    ("--deny-host", "args.deny_host"),
+    ("--add-host", "args.add_host"),
+    ("--ro-bind", "args.ro_bind"),
+    ("--publish", "args.publish"),
+    ("--memory", "args.memory"),
+    ("--secret", "args.secret"),
+    ("--pids", "args.pids"),
+    ("--cpus", "args.cpus"),
+    ("--net", "args.net"),
+    ("--env", "args.env"),
+    ("--vm", "args.vm"),
+];
+
+fn socket_names(e: Error) -> Error {
+    if e.kind() != cowspace::error::ErrorKind::InvalidInput {
+        return e;
+    }
+    let mut message = e.to_string();
+    for (flag, arg) in SOCKET_NAMES {
+        message = message.replace(flag, arg);
+    }
+    Error::Answered {
+        kind: e.kind(),
+        message,
+        hint: e.hint(),
+    }
+}
+
 /// Starts building the native lower of `snap` on a thread, unless one already does
 /// (`false` then) or it is built.
 fn prepare_in_background(rt: &Arc<Runtime>, snap: cowspace_store::SnapshotId) -> bool {
@@ -186,16 +220,17 @@ impl Server {
                 let o = crate::sandbox::with_defaults(a.controls, &self.config.sandbox());
                 // `vm: true` places it in a micro-VM; software emulation runs only when
                 // `accept_emulation` (or the configuration) accepts it.
-                if a.vm {
+                let started = if a.vm {
                     let accept = a.accept_emulation
                         || self.config.vm_accept_emulation().is_some_and(|s| s.value);
                     let v = cowspace::vm::VmRun {
                         accept_emulation: accept,
                     };
-                    rt.vm_start(&a.workspace, &o, &v)?
+                    rt.vm_start(&a.workspace, &o, &v)
                 } else {
-                    rt.sandbox_start(&a.workspace, &o)?
-                }
+                    rt.sandbox_start(&a.workspace, &o)
+                };
+                started.map_err(socket_names)?
             }
             Request::SandboxStop(a) => rt.sandbox_stop(&a.workspace)?,
             Request::SandboxPause(a) => rt.sandbox_pause(&a.workspace)?,
@@ -553,6 +588,18 @@ mod tests {
             .to_string();
         assert!(e.contains("mountctl export"), "{e}");
         assert!(e.contains(&format!("uid {other}")), "{e}");
+    }
+
+    #[test]
+    fn sandbox_refusals_on_the_socket_name_its_arguments() {
+        let e = socket_names(Error::Invalid(
+            "--memory \"lots\": expected bytes; --cpuset-cpus and --net too".into(),
+        ));
+        let m = e.to_string();
+        assert!(m.contains("args.memory \"lots\""), "{m}");
+        assert!(m.contains("args.cpuset_cpus") && m.contains("args.net"), "{m}");
+        assert!(!m.contains("--"), "{m}");
+        assert_eq!(e.kind().as_str(), "invalid_input");
     }
 
     #[test]
