@@ -26,7 +26,7 @@
 //! [`MAX_LIST_ENTRIES`] entries.
 
 use std::ffi::{OsStr, OsString};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Component, Path, PathBuf};
 
@@ -130,6 +130,27 @@ fn kind_of(mode: u32) -> &'static str {
         libc::S_IFBLK => "block_device",
         _ => "unknown",
     }
+}
+
+/// The names in the directory `dir` (but `.` and `..`), each with its type as the
+/// directory reports it.
+fn read_names(dir: &OwnedFd) -> rustix::io::Result<Vec<(OsString, rustix::fs::FileType)>> {
+    let readable = rustix::fs::openat(
+        dir,
+        ".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut d = rustix::fs::Dir::new(readable)?;
+    let mut out = Vec::new();
+    while let Some(entry) = d.read() {
+        let entry = entry?;
+        let n = entry.file_name().to_bytes();
+        if n != b"." && n != b".." {
+            out.push((OsString::from_vec(n.to_vec()), entry.file_type()));
+        }
+    }
+    Ok(out)
 }
 
 const RESOLVE: ResolveFlags = ResolveFlags::IN_ROOT
@@ -246,34 +267,21 @@ impl Files {
     /// following symlinks).
     pub(crate) fn list_rel(&self, rel: &Path) -> Result<Vec<(OsString, bool)>> {
         let dir = self.dir(rel)?;
-        let readable = rustix::fs::openat(
-            &dir,
-            ".",
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| self.err(e, "read the directory", rel))?;
-        let mut d =
-            rustix::fs::Dir::new(readable).map_err(|e| self.err(e, "read the directory", rel))?;
-        let mut out = Vec::new();
-        while let Some(entry) = d.read() {
-            let entry = entry.map_err(|e| self.err(e, "read the directory", rel))?;
-            let n = entry.file_name().to_bytes();
-            if n == b"." || n == b".." {
-                continue;
-            }
-            let name = OsString::from_vec(n.to_vec());
-            let is_dir = match entry.file_type() {
-                rustix::fs::FileType::Directory => true,
-                rustix::fs::FileType::Unknown => {
-                    rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW)
-                        .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
-                }
-                _ => false,
-            };
-            out.push((name, is_dir));
-        }
-        Ok(out)
+        let names = read_names(&dir).map_err(|e| self.err(e, "read the directory", rel))?;
+        Ok(names
+            .into_iter()
+            .map(|(name, t)| {
+                let is_dir = match t {
+                    rustix::fs::FileType::Directory => true,
+                    rustix::fs::FileType::Unknown => {
+                        rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW)
+                            .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
+                    }
+                    _ => false,
+                };
+                (name, is_dir)
+            })
+            .collect())
     }
 
     /// The parent directory of `rel` (resolved within the workspace) and its last name.
@@ -371,23 +379,11 @@ impl Files {
                 shown(rel).0
             )));
         }
-        let readable = rustix::fs::openat(
-            &dir,
-            ".",
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| self.err(e, "read the directory", rel))?;
-        let mut names = Vec::new();
-        let mut d =
-            rustix::fs::Dir::new(readable).map_err(|e| self.err(e, "read the directory", rel))?;
-        while let Some(entry) = d.read() {
-            let entry = entry.map_err(|e| self.err(e, "read the directory", rel))?;
-            let n = entry.file_name().to_bytes();
-            if n != b"." && n != b".." {
-                names.push(OsString::from_vec(n.to_vec()));
-            }
-        }
+        let mut names: Vec<OsString> = read_names(&dir)
+            .map_err(|e| self.err(e, "read the directory", rel))?
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
         names.sort();
         for name in names {
             if out.len() >= MAX_LIST_ENTRIES {
@@ -638,23 +634,8 @@ impl Files {
             Mode::empty(),
         )
         .map_err(|e| self.err(e, "open the directory", rel))?;
-        let mut names = Vec::new();
-        {
-            let dup = fd
-                .as_fd()
-                .try_clone_to_owned()
-                .map_err(|e| Error::io("dup", rel)(e))?;
-            let mut d =
-                rustix::fs::Dir::new(dup).map_err(|e| self.err(e, "read the directory", rel))?;
-            while let Some(entry) = d.read() {
-                let entry = entry.map_err(|e| self.err(e, "read the directory", rel))?;
-                let n = entry.file_name().to_bytes();
-                if n != b"." && n != b".." {
-                    names.push(OsString::from_vec(n.to_vec()));
-                }
-            }
-        }
-        for n in names {
+        let names = read_names(&fd).map_err(|e| self.err(e, "read the directory", rel))?;
+        for (n, _) in names {
             let child = rel.join(&n);
             let st = rustix::fs::statat(&fd, &n, AtFlags::SYMLINK_NOFOLLOW)
                 .map_err(|e| self.err(e, "stat", &child))?;

@@ -243,32 +243,12 @@ impl Watcher {
                             self.rename_watched(&from, &path);
                         }
                     }
-                    None => {
-                        out.push(WatchEvent {
-                            event: "created",
-                            path: text(&path),
-                            from: None,
-                        });
-                        if is_dir {
-                            let mut inner = Vec::new();
-                            let _ = self.add_tree(&path, Some(&mut inner));
-                            out.extend(inner);
-                        }
-                    }
+                    None => self.created(&path, is_dir, &mut out),
                 }
             } else if flags.contains(ReadFlags::CREATE) {
                 // A file created and written in one batch is one `created`.
                 seen_modified.insert(path.clone());
-                out.push(WatchEvent {
-                    event: "created",
-                    path: text(&path),
-                    from: None,
-                });
-                if is_dir {
-                    let mut inner = Vec::new();
-                    let _ = self.add_tree(&path, Some(&mut inner));
-                    out.extend(inner);
-                }
+                self.created(&path, is_dir, &mut out);
             } else if flags.contains(ReadFlags::DELETE) {
                 out.push(WatchEvent {
                     event: "removed",
@@ -288,6 +268,20 @@ impl Watcher {
             }
         }
         Ok(out)
+    }
+
+    /// Reports `path` created; a directory is watched from now on, and what it holds
+    /// already is reported created too.
+    fn created(&mut self, path: &Path, is_dir: bool, out: &mut Vec<WatchEvent>) {
+        out.push(WatchEvent {
+            event: "created",
+            path: text(path),
+            from: None,
+        });
+        if is_dir {
+            // Gone again by now: its removal comes as its own event.
+            let _ = self.add_tree(path, Some(out));
+        }
     }
 
     /// After a directory moved within the tree: its watches (and those below) get the

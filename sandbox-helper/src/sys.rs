@@ -374,40 +374,8 @@ pub fn exec_pre_exec(cmd: &mut std::process::Command, controlling_tty: bool) {
     }
 }
 
-/// Safe wrapper for `ioctl(fd, TIOCSWINSZ)`: sets a terminal's window size.
-pub fn set_window_size(fd: BorrowedFd<'_>, rows: u16, cols: u16) -> io::Result<()> {
-    let ws = libc::winsize {
-        ws_row: rows,
-        ws_col: cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCSWINSZ reads one `struct winsize` from the pointer, which points at `ws`.
-    let ret = unsafe {
-        libc::ioctl(
-            fd.as_raw_fd(),
-            libc::TIOCSWINSZ,
-            &ws as *const libc::winsize,
-        )
-    };
-    check(ret as libc::c_long).map(drop)
-}
-
-/// Safe wrapper for `ioctl(fd, TIOCGWINSZ)`: a terminal's window size (rows, columns).
-pub fn window_size(fd: BorrowedFd<'_>) -> io::Result<(u16, u16)> {
-    // SAFETY: an all-zero `winsize` is a valid value.
-    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
-    // SAFETY: TIOCGWINSZ writes one `struct winsize` to the pointer, which points at `ws`.
-    let ret = unsafe {
-        libc::ioctl(
-            fd.as_raw_fd(),
-            libc::TIOCGWINSZ,
-            &mut ws as *mut libc::winsize,
-        )
-    };
-    check(ret as libc::c_long)?;
-    Ok((ws.ws_row, ws.ws_col))
-}
+/// A terminal's window size (the one wrapper is `sandbox-api`'s).
+pub use sandbox_api::keeper::{set_terminal_size as set_window_size, terminal_size as window_size};
 
 /// Raises every permitted capability into the calling thread's effective set
 /// (`capget` + `capset`): after `setfsuid` away from 0 the kernel clears the

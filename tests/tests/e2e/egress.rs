@@ -657,8 +657,8 @@ fn egress_pip_install_and_git_clone_through_the_policy() {
         ],
     );
     let index = format!("http://pypi.test:{p}/simple/");
-    let pip = |r: &WsRoot| {
-        r.t.run([
+    let pip = |r: &WsRoot, target: &str, what: &[&str]| {
+        let mut args = vec![
             "exec",
             &ws,
             "--",
@@ -675,16 +675,16 @@ fn egress_pip_install_and_git_clone_through_the_policy() {
             "--timeout",
             "10",
             "--target",
-            "/tmp/site",
+            target,
             "--trusted-host",
             "pypi.test",
             "--index-url",
             &index,
-            "-r",
-            "/workspace/requirements.txt",
-        ])
+        ];
+        args.extend_from_slice(what);
+        r.t.run(&args)
     };
-    let out = pip(&r);
+    let out = pip(&r, "/tmp/site", &["-r", "/workspace/requirements.txt"]);
     assert_eq!(
         out.code, 0,
         "pip install through the policy: {}\n{}",
@@ -743,30 +743,7 @@ fn egress_pip_install_and_git_clone_through_the_policy() {
     assert_eq!(v.stdout, "served over http\n");
     // pip with its index no longer allowed: it finds nothing (pip reads the index's 403
     // as "no versions"), and the log says why.
-    let out = r.t.run([
-        "exec",
-        &ws,
-        "--",
-        "timeout",
-        "120",
-        "/usr/bin/python3",
-        "-m",
-        "pip",
-        "install",
-        "--no-cache-dir",
-        "--disable-pip-version-check",
-        "--retries",
-        "0",
-        "--timeout",
-        "10",
-        "--target",
-        "/tmp/site2",
-        "--trusted-host",
-        "pypi.test",
-        "--index-url",
-        &index,
-        "six",
-    ]);
+    let out = pip(&r, "/tmp/site2", &["six"]);
     assert_ne!(out.code, 0, "{}", out.stdout);
     let decisions = log(&r, &ws);
     let last_pypi = decisions
