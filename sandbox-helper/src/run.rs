@@ -469,6 +469,9 @@ pub fn start(
         "keeper_pid": std::process::id(),
         "init_pid": pid.as_raw(),
         "host_uid_base": live.ready.host_uid_base,
+        // What a runtime's own tools may write into the shared mount as (root inside);
+        // host root cannot create names there (`docs/files.md`).
+        "host_write_ids": {"uid": live.ready.host_uid_base, "gid": live.ready.host_uid_base},
         "ports": ports,
         "net": spec.net.as_str(),
         "limits": crate::cgroup::read_back(&live.ready.cgroups),

@@ -157,6 +157,8 @@ fn files_written_by_the_host_while_the_sandbox_runs_belong_to_its_root() {
     let (r, ws) = setup("own");
     let st = r.t.json(["sandbox", "start", &ws]).ok().json();
     let base = st["host_uid_base"].as_u64().unwrap();
+    assert_eq!(st["host_write_ids"]["uid"], base, "{st}");
+    assert_eq!(st["host_write_ids"]["gid"], base, "{st}");
     assert_eq!(
         fs_write(&r, &format!("{ws}:new.txt"), b"from the host\n").0,
         0
