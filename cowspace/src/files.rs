@@ -66,6 +66,16 @@ pub struct FileInfo {
     pub target: Option<String>,
 }
 
+impl FileInfo {
+    /// The entry's path with its exact bytes (`path_hex` when it is not UTF-8).
+    pub fn exact_path(&self) -> PathBuf {
+        match self.path_hex.as_deref().map(hex::decode) {
+            Some(Ok(b)) => PathBuf::from(OsString::from_vec(b)),
+            _ => PathBuf::from(&self.path),
+        }
+    }
+}
+
 /// A workspace's files, opened for one caller.
 #[derive(Debug)]
 pub struct Files {
@@ -83,12 +93,13 @@ fn io_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(rustix::io::Err
 
 /// A path inside the workspace, as the caller gave it (`src/a.py`, `/src/a.py`, `.`),
 /// checked: no NUL, no `..` that would climb above the root. Returns its components.
-pub fn inside_path(p: &str) -> Result<PathBuf> {
-    if p.as_bytes().contains(&0) {
+pub fn inside_path(p: impl AsRef<Path>) -> Result<PathBuf> {
+    let p = p.as_ref();
+    if p.as_os_str().as_bytes().contains(&0) {
         return Err(Error::Invalid(format!("path {p:?}: contains a NUL byte")));
     }
     let mut out = PathBuf::new();
-    for c in Path::new(p).components() {
+    for c in p.components() {
         match c {
             Component::RootDir | Component::CurDir => {}
             Component::ParentDir => {
@@ -341,7 +352,7 @@ impl Files {
     }
 
     /// What is at `path` (a symlink itself, not its target).
-    pub fn stat(&self, path: &str) -> Result<FileInfo> {
+    pub fn stat(&self, path: impl AsRef<Path>) -> Result<FileInfo> {
         let rel = inside_path(path)?;
         self.act(|| {
             if rel.as_os_str().is_empty() {
@@ -355,7 +366,7 @@ impl Files {
 
     /// The entries of the directory at `path` (sorted by name); `recursive`: every
     /// entry below it, depth first, without following symlinks.
-    pub fn list(&self, path: &str, recursive: bool) -> Result<Vec<FileInfo>> {
+    pub fn list(&self, path: impl AsRef<Path>, recursive: bool) -> Result<Vec<FileInfo>> {
         let rel = inside_path(path)?;
         self.act(|| {
             let dir = self.dir(&rel)?;
@@ -411,7 +422,7 @@ impl Files {
 
     /// Up to `len` bytes (at most [`MAX_IO_BYTES`]) of the regular file at `path` from
     /// `offset`. A symlink is followed within the workspace.
-    pub fn read(&self, path: &str, offset: u64, len: Option<u64>) -> Result<Vec<u8>> {
+    pub fn read(&self, path: impl AsRef<Path>, offset: u64, len: Option<u64>) -> Result<Vec<u8>> {
         let rel = inside_path(path)?;
         let len = len.unwrap_or(MAX_IO_BYTES);
         if len > MAX_IO_BYTES {
@@ -461,7 +472,7 @@ impl Files {
     /// the replaced file's, else 0644. Its parent directory must exist.
     pub fn write(
         &self,
-        path: &str,
+        path: impl AsRef<Path>,
         data: &[u8],
         mode: Option<u32>,
         append: bool,
@@ -563,7 +574,12 @@ impl Files {
 
     /// Makes the directory at `path`; `parents`: and every missing one above it, and no
     /// error when it exists.
-    pub fn mkdir(&self, path: &str, parents: bool, mode: Option<u32>) -> Result<FileInfo> {
+    pub fn mkdir(
+        &self,
+        path: impl AsRef<Path>,
+        parents: bool,
+        mode: Option<u32>,
+    ) -> Result<FileInfo> {
         let rel = inside_path(path)?;
         let mode = Mode::from_raw_mode(mode.unwrap_or(0o755) & 0o7777);
         self.act(|| {
@@ -595,7 +611,7 @@ impl Files {
 
     /// Removes what is at `path` (a symlink itself, never its target); a directory only
     /// when empty unless `recursive`.
-    pub fn remove(&self, path: &str, recursive: bool) -> Result<()> {
+    pub fn remove(&self, path: impl AsRef<Path>, recursive: bool) -> Result<()> {
         let rel = inside_path(path)?;
         self.act(|| {
             let (dir, name) = self.parent(&rel)?;
@@ -651,7 +667,7 @@ impl Files {
     }
 
     /// Renames `from` to `to` (both inside the workspace); replaces a file at `to`.
-    pub fn rename(&self, from: &str, to: &str) -> Result<FileInfo> {
+    pub fn rename(&self, from: impl AsRef<Path>, to: impl AsRef<Path>) -> Result<FileInfo> {
         let a = inside_path(from)?;
         let b = inside_path(to)?;
         self.act(|| {
@@ -664,9 +680,11 @@ impl Files {
 
     /// Makes a symlink at `path` pointing to `target` (kept as given: it is resolved
     /// inside the sandbox, and by this API within the workspace).
-    pub fn symlink(&self, path: &str, target: &str) -> Result<FileInfo> {
+    pub fn symlink(&self, path: impl AsRef<Path>, target: impl AsRef<Path>) -> Result<FileInfo> {
         let rel = inside_path(path)?;
-        if target.is_empty() || target.as_bytes().contains(&0) {
+        let target = target.as_ref();
+        let bytes = target.as_os_str().as_bytes();
+        if bytes.is_empty() || bytes.contains(&0) {
             return Err(Error::Invalid(format!(
                 "symlink target {target:?}: empty or with a NUL"
             )));

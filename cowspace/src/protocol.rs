@@ -112,6 +112,10 @@ pub struct FilesArgs {
     /// A path inside the workspace (`src/a.py`, `/src/a.py`, `.`).
     #[serde(default)]
     pub path: String,
+    /// The path's exact bytes in hex, for a name that is not UTF-8 (as listings give
+    /// it in `path_hex`); instead of `path`.
+    #[serde(default)]
+    pub path_hex: Option<String>,
     /// `files_list`: every entry below, not one level.
     #[serde(default)]
     pub recursive: bool,
@@ -136,6 +140,23 @@ pub struct FilesArgs {
     /// `files_rename`: the new path; `files_symlink`: the link's target.
     #[serde(default)]
     pub to: Option<String>,
+}
+
+impl FilesArgs {
+    /// The path inside the workspace: `path_hex`'s bytes when given, else `path`.
+    pub fn inside(&self) -> Result<std::path::PathBuf> {
+        use std::os::unix::ffi::OsStringExt;
+        match &self.path_hex {
+            Some(h) if !self.path.is_empty() => Err(Error::Invalid(format!(
+                "args.path {:?} and args.path_hex {h:?}: give one",
+                self.path
+            ))),
+            Some(h) => hex::decode(h)
+                .map(|b| std::ffi::OsString::from_vec(b).into())
+                .map_err(|e| Error::Invalid(format!("args.path_hex {h:?}: not hex: {e}"))),
+            None => Ok(self.path.clone().into()),
+        }
+    }
 }
 
 /// `prepare_native`.

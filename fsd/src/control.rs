@@ -250,13 +250,15 @@ impl Server {
                 let (_, sock) = sandbox_api::keeper::paths(&rt.sandbox_state_dir(), &name);
                 json!({"workspace": rec["workspace"], "socket": sock})
             }
-            Request::FilesStat(a) => json!(rt.files(&a.workspace)?.stat(&a.path)?),
+            Request::FilesStat(a) => json!(rt.files(&a.workspace)?.stat(a.inside()?)?),
             Request::FilesList(a) => {
-                json!({"entries": rt.files(&a.workspace)?.list(&a.path, a.recursive)?})
+                json!({"entries": rt.files(&a.workspace)?.list(a.inside()?, a.recursive)?})
             }
             Request::FilesRead(a) => {
                 use base64::Engine as _;
-                let data = rt.files(&a.workspace)?.read(&a.path, a.offset, a.length)?;
+                let data = rt
+                    .files(&a.workspace)?
+                    .read(a.inside()?, a.offset, a.length)?;
                 json!({"data": base64::engine::general_purpose::STANDARD.encode(&data), "length": data.len(), "offset": a.offset})
             }
             Request::FilesWrite(a) => {
@@ -266,14 +268,17 @@ impl Server {
                     .map_err(|e| Error::Invalid(format!("args.data: not base64: {e}")))?;
                 json!(
                     rt.files(&a.workspace)?
-                        .write(&a.path, &data, a.mode, a.append)?
+                        .write(a.inside()?, &data, a.mode, a.append)?
                 )
             }
             Request::FilesMkdir(a) => {
-                json!(rt.files(&a.workspace)?.mkdir(&a.path, a.parents, a.mode)?)
+                json!(
+                    rt.files(&a.workspace)?
+                        .mkdir(a.inside()?, a.parents, a.mode)?
+                )
             }
             Request::FilesRemove(a) => {
-                rt.files(&a.workspace)?.remove(&a.path, a.recursive)?;
+                rt.files(&a.workspace)?.remove(a.inside()?, a.recursive)?;
                 json!({"removed": a.path})
             }
             Request::FilesRename(a) => {
@@ -281,13 +286,13 @@ impl Server {
                     .to
                     .as_deref()
                     .ok_or_else(|| Error::Invalid("args.to (the new path) is required".into()))?;
-                json!(rt.files(&a.workspace)?.rename(&a.path, to)?)
+                json!(rt.files(&a.workspace)?.rename(a.inside()?, to)?)
             }
             Request::FilesSymlink(a) => {
                 let to = a.to.as_deref().ok_or_else(|| {
                     Error::Invalid("args.to (the link's target) is required".into())
                 })?;
-                json!(rt.files(&a.workspace)?.symlink(&a.path, to)?)
+                json!(rt.files(&a.workspace)?.symlink(a.inside()?, to)?)
             }
             Request::Watch(a) => self.watch(&a, events)?,
             Request::Recover(a) => json!(rt.recover(&a.workspace)?),
@@ -597,7 +602,10 @@ mod tests {
         ));
         let m = e.to_string();
         assert!(m.contains("args.memory \"lots\""), "{m}");
-        assert!(m.contains("args.cpuset_cpus") && m.contains("args.net"), "{m}");
+        assert!(
+            m.contains("args.cpuset_cpus") && m.contains("args.net"),
+            "{m}"
+        );
         assert!(!m.contains("--"), "{m}");
         assert_eq!(e.kind().as_str(), "invalid_input");
     }

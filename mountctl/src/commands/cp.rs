@@ -60,9 +60,8 @@ pub fn run(ctx: &Ctx, a: CpArgs) -> anyhow::Result<ExitCode> {
     match (side(&a.src), side(&a.dest)) {
         (Side::Host(src), Side::Ws(ws, dest)) => {
             let files = rt.files(ws)?;
-            let meta = host_meta(src, a.follow_links)?;
-            let name = src.file_name().map(|n| n.to_string_lossy().into_owned());
-            let target = into_ws(&files, dest, name.as_deref(), meta.is_dir())?;
+            host_meta(src, a.follow_links)?;
+            let target = into_ws(&files, Path::new(dest), src.file_name())?;
             host_to_ws(&files, src, &target, a.follow_links, &mut n, 0)?;
         }
         (Side::Ws(ws, src), Side::Host(dest)) => {
@@ -72,7 +71,7 @@ pub fn run(ctx: &Ctx, a: CpArgs) -> anyhow::Result<ExitCode> {
                 Ok(m) if m.is_dir() => dest.join(base_name(src)),
                 _ => dest.to_path_buf(),
             };
-            ws_to_host(&files, src, &info, &target, &mut n)?;
+            ws_to_host(&files, Path::new(src), &info, &target, &mut n)?;
         }
         (Side::Ws(ws, src), Side::Stream) => {
             let files = rt.files(ws)?;
@@ -81,9 +80,9 @@ pub fn run(ctx: &Ctx, a: CpArgs) -> anyhow::Result<ExitCode> {
             b.follow_symlinks(false);
             let r = ws_to_tar(
                 &files,
-                src,
+                Path::new(src),
                 &info,
-                Path::new(&base_name(src)),
+                &base_name(src),
                 &mut b,
                 &mut n,
             )
@@ -101,7 +100,7 @@ pub fn run(ctx: &Ctx, a: CpArgs) -> anyhow::Result<ExitCode> {
         }
         (Side::Stream, Side::Ws(ws, dest)) => {
             let files = rt.files(ws)?;
-            tar_to_ws(&files, dest, std::io::stdin().lock(), &mut n)?;
+            tar_to_ws(&files, Path::new(dest), std::io::stdin().lock(), &mut n)?;
         }
         (Side::Ws(..), Side::Ws(..)) => {
             anyhow::bail!(cowspace::error::Error::Invalid(
@@ -129,10 +128,10 @@ pub fn run(ctx: &Ctx, a: CpArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn base_name(p: &str) -> String {
+fn base_name(p: &str) -> PathBuf {
     Path::new(p)
         .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
+        .map(PathBuf::from)
         .unwrap_or_else(|| "workspace".into())
 }
 
@@ -146,13 +145,10 @@ fn host_meta(p: &Path, follow: bool) -> anyhow::Result<std::fs::Metadata> {
 }
 
 /// Where a source named `name` lands for destination `dest` inside the workspace.
-fn into_ws(files: &Files, dest: &str, name: Option<&str>, _is_dir: bool) -> anyhow::Result<String> {
-    match files.stat(dest) {
-        Ok(i) if i.kind == "dir" => match name {
-            Some(n) => Ok(format!("{}/{n}", dest.trim_end_matches('/'))),
-            None => Ok(dest.to_string()),
-        },
-        _ => Ok(dest.to_string()),
+fn into_ws(files: &Files, dest: &Path, name: Option<&std::ffi::OsStr>) -> anyhow::Result<PathBuf> {
+    match (files.stat(dest), name) {
+        (Ok(i), Some(n)) if i.kind == "dir" => Ok(dest.join(n)),
+        _ => Ok(dest.to_path_buf()),
     }
 }
 
@@ -162,7 +158,7 @@ const MAX_DEPTH: usize = 256;
 fn host_to_ws(
     files: &Files,
     src: &Path,
-    dest: &str,
+    dest: &Path,
     follow: bool,
     n: &mut Count,
     depth: usize,
@@ -190,15 +186,21 @@ fn host_to_ws(
             .collect();
         names.sort();
         for name in names {
-            let d = format!("{}/{}", dest.trim_end_matches('/'), name.to_string_lossy());
-            host_to_ws(files, &src.join(&name), &d, follow, n, depth + 1)?;
+            host_to_ws(
+                files,
+                &src.join(&name),
+                &dest.join(&name),
+                follow,
+                n,
+                depth + 1,
+            )?;
         }
     } else if ft.is_symlink() {
         let t = std::fs::read_link(src)?;
         if files.stat(dest).is_ok() {
             files.remove(dest, false)?;
         }
-        files.symlink(dest, &t.to_string_lossy())?;
+        files.symlink(dest, &t)?;
         n.symlinks += 1;
     } else if ft.is_file() {
         let mut f = std::fs::File::open(src).with_context(|| format!("open {}", src.display()))?;
@@ -229,7 +231,7 @@ fn host_to_ws(
 
 fn ws_to_host(
     files: &Files,
-    src: &str,
+    src: &Path,
     info: &cowspace::files::FileInfo,
     dest: &Path,
     n: &mut Count,
@@ -244,12 +246,9 @@ fn ws_to_host(
             std::fs::set_permissions(dest, std::fs::Permissions::from_mode(info.mode))?;
             n.dirs += 1;
             for child in files.list(src, false)? {
-                let name = Path::new(&child.path)
-                    .file_name()
-                    .map(|s| s.to_os_string())
-                    .unwrap_or_default();
-                let csrc = format!("{}/{}", src.trim_end_matches('/'), name.to_string_lossy());
-                ws_to_host(files, &csrc, &child, &dest.join(&name), n)?;
+                let path = child.exact_path();
+                let name = path.file_name().unwrap_or_default();
+                ws_to_host(files, &src.join(name), &child, &dest.join(name), n)?;
             }
         }
         "symlink" => {
@@ -274,14 +273,14 @@ fn ws_to_host(
             n.files += 1;
             n.bytes += offset;
         }
-        other => n.skipped.push(format!("{src} (a {other})")),
+        other => n.skipped.push(format!("{} (a {other})", src.display())),
     }
     Ok(())
 }
 
 fn ws_to_tar<W: Write>(
     files: &Files,
-    src: &str,
+    src: &Path,
     info: &cowspace::files::FileInfo,
     name: &Path,
     b: &mut tar::Builder<W>,
@@ -299,12 +298,9 @@ fn ws_to_tar<W: Write>(
             b.append_data(&mut h, name, std::io::empty())?;
             n.dirs += 1;
             for child in files.list(src, false)? {
-                let cname = Path::new(&child.path)
-                    .file_name()
-                    .map(PathBuf::from)
-                    .unwrap_or_default();
-                let csrc = format!("{}/{}", src.trim_end_matches('/'), cname.display());
-                ws_to_tar(files, &csrc, &child, &name.join(&cname), b, n)?;
+                let path = child.exact_path();
+                let cname = path.file_name().unwrap_or_default();
+                ws_to_tar(files, &src.join(cname), &child, &name.join(cname), b, n)?;
             }
         }
         "symlink" => {
@@ -327,7 +323,7 @@ fn ws_to_tar<W: Write>(
             n.files += 1;
             n.bytes += info.size;
         }
-        other => n.skipped.push(format!("{src} (a {other})")),
+        other => n.skipped.push(format!("{} (a {other})", src.display())),
     }
     Ok(())
 }
@@ -335,7 +331,7 @@ fn ws_to_tar<W: Write>(
 /// A workspace file read in chunks through the files API.
 struct WsReader<'a> {
     files: &'a Files,
-    path: &'a str,
+    path: &'a Path,
     offset: u64,
     buf: Vec<u8>,
     pos: usize,
@@ -361,15 +357,15 @@ impl Read for WsReader<'_> {
     }
 }
 
-fn tar_to_ws(files: &Files, dest: &str, input: impl Read, n: &mut Count) -> anyhow::Result<()> {
+fn tar_to_ws(files: &Files, dest: &Path, input: impl Read, n: &mut Count) -> anyhow::Result<()> {
     let mut ar = tar::Archive::new(input);
     for entry in ar.entries()? {
         let mut e = entry?;
         let path = e.path()?.into_owned();
         // Names are taken as inside paths: an absolute or `..` name is refused, never
         // followed out (the files API checks again).
-        let rel = cowspace::files::inside_path(&path.to_string_lossy())?;
-        let target = format!("{}/{}", dest.trim_end_matches('/'), rel.display());
+        let rel = cowspace::files::inside_path(&path)?;
+        let target = dest.join(&rel);
         let mode = e.header().mode().unwrap_or(0o644) & 0o7777;
         match e.header().entry_type() {
             tar::EntryType::Directory => {
@@ -380,10 +376,7 @@ fn tar_to_ws(files: &Files, dest: &str, input: impl Read, n: &mut Count) -> anyh
                 n.dirs += 1;
             }
             tar::EntryType::Symlink => {
-                let t = e
-                    .link_name()?
-                    .map(|l| l.to_string_lossy().into_owned())
-                    .unwrap_or_default();
+                let t = e.link_name()?.map(|l| l.into_owned()).unwrap_or_default();
                 if files.stat(&target).is_ok() {
                     files.remove(&target, false)?;
                 }

@@ -235,6 +235,15 @@ fn files_cp_both_ways_keeps_names_modes_symlinks_and_bytes() {
     std::os::unix::fs::symlink("../plain.txt", src.join("bin/link")).unwrap();
     std::os::unix::fs::symlink("/etc/passwd", src.join("abs-link")).unwrap();
     std::fs::hard_link(src.join("plain.txt"), src.join("hard.txt")).unwrap();
+    // A name that is not UTF-8, carried exactly.
+    {
+        use std::os::unix::ffi::OsStrExt;
+        std::fs::write(
+            src.join(std::ffi::OsStr::from_bytes(b"raw\xff.txt")),
+            "bytes\n",
+        )
+        .unwrap();
+    }
     // A 100 MiB file of varied bytes.
     let big: Vec<u8> = (0..100u32 << 20)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
@@ -504,6 +513,14 @@ fn files_through_the_socket_write_read_list_and_watch() {
         names.contains(&"dir/inner.txt") && names.contains(&"s.txt"),
         "{names:?}"
     );
+    // A name that is not UTF-8, by its bytes.
+    let v = ask(
+        json!({"op": "files_write", "args": {"workspace": ws, "path_hex": "726177ff", "data": "eA=="}}),
+    );
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["result"]["path_hex"], "726177ff", "{v}");
+    let v = ask(json!({"op": "files_read", "args": {"workspace": ws, "path_hex": "726177ff"}}));
+    assert_eq!(v["result"]["data"], "eA==", "{v}");
     let v = ask(json!({"op": "files_read", "args": {"workspace": ws, "path": "../x"}}));
     assert_eq!(v["error"]["kind"], "invalid_input", "{v}");
     let v =
