@@ -128,6 +128,8 @@ fn all_sections() -> Vec<Box<dyn Section>> {
         Box::new(sections::sandbox::SandboxSection::new()),
         Box::new(sections::remote::RemoteSection::new()),
         Box::new(sections::network::NetworkSection::new()),
+        Box::new(sections::files::FilesSection::new()),
+        Box::new(sections::clients::ClientsSection::new()),
     ]
 }
 

@@ -6,6 +6,8 @@
 //! …) so machine drift hits all of them alike, records a failing method as failed
 //! (keeping what it measured) and carries on with the others.
 
+pub mod clients;
+pub mod files;
 pub mod import;
 pub mod materialize;
 pub mod network;
