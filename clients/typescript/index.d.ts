@@ -139,6 +139,9 @@ export interface SandboxStatus {
   memory_bytes?: number | null;
   oom_kills?: number | null;
   execs_running?: number;
+  paused_at?: number | null;
+  paused_by?: 'request' | 'idle' | null;
+  idle_timeout_ms?: number | null;
   uptime_s?: number;
   egress?: Record<string, unknown>;
   [key: string]: unknown;
@@ -162,6 +165,33 @@ export interface ExecResult {
   elapsedMs: number;
 }
 export interface Output { stream: 'stdout' | 'stderr'; data: Buffer }
+
+/** An entry of a workspace's tree (uid and gid as seen inside while a sandbox runs). */
+export interface FileInfo {
+  /** Relative to the workspace's root (`.` for the root). */
+  path: string;
+  /** The path's exact bytes in hex, when they are not UTF-8. */
+  path_hex?: string;
+  kind: 'file' | 'dir' | 'symlink' | 'fifo' | 'socket' | 'char_device' | 'block_device' | string;
+  size: number;
+  /** Permission bits. */
+  mode: number;
+  mtime: number;
+  uid: number;
+  gid: number;
+  /** A symlink's target. */
+  target?: string;
+}
+/** A change seen by `watch` (`rescan`: events were lost, look again). */
+export interface WatchEvent {
+  event: 'created' | 'modified' | 'removed' | 'renamed' | 'rescan' | string;
+  path: string;
+  /** A rename's old path. */
+  from?: string;
+}
+export interface ForkResult { parent: string; forks: Array<Workspace & { parent: string }>; frozen_ms: number; elapsed_ms: number }
+export interface Paused { paused: true; paused_at: number; paused_by: 'request' | 'idle' | string; elapsed_ms: number; workspace: string }
+export interface Resumed { resumed: true; paused_ms: number; paused_by: string; elapsed_ms: number; workspace: string }
 
 // -- options ----------------------------------------------------------------------------
 
@@ -229,6 +259,68 @@ export interface SandboxOptions extends CallOptions {
   secret?: Pairs;
   vm?: boolean;
   acceptEmulation?: boolean;
+  /** Paused after this long without an exec or published-port traffic ("30s", "5m", or milliseconds). */
+  idleTimeout?: string | number;
+}
+
+/** A path inside a workspace; a Buffer names a file by its exact bytes (sent as `path_hex`). */
+export type FilePath = string | Uint8Array;
+/** File contents: a string (UTF-8), bytes, or an (async) iterable of them (a Readable). */
+export type FileData = string | Uint8Array | Iterable<string | Uint8Array> | AsyncIterable<string | Uint8Array>;
+
+export interface ReadOptions extends CallOptions {
+  offset?: number;
+  /** At most this many bytes (default: to the end). */
+  length?: number;
+  /** Bytes per request (at most and default 64 MiB). */
+  chunkSize?: number;
+}
+export interface WriteOptions extends CallOptions {
+  /** Permission bits of a new file. */
+  mode?: number;
+  /** Add to the file instead of replacing it. */
+  append?: boolean;
+  /** Bytes per request (at most and default 64 MiB): a first write, then appends. */
+  chunkSize?: number;
+}
+
+/** Most bytes one files_read or files_write request moves. */
+export declare const MAX_IO_BYTES: number;
+
+/** Changes below a path of a workspace, as they happen (`Client.watch`); close it when done. */
+export declare class Watch implements AsyncIterable<WatchEvent> {
+  /** The daemon's first line (`{event: 'watching', path}`). */
+  readonly watching: Record<string, unknown> | null;
+  /** The daemon's last word once the watch ended (`{ended: true, why}`), null while it runs. */
+  readonly ended: { ended: boolean; why?: string } | null;
+  /** The next event within `timeoutMs` (default: no bound), or null (none came, or it ended). */
+  get(opts?: { timeoutMs?: number }): Promise<WatchEvent | null>;
+  [Symbol.asyncIterator](): AsyncIterator<WatchEvent>;
+  close(): void;
+  [Symbol.dispose](): void;
+  [Symbol.asyncDispose](): Promise<void>;
+}
+
+/** A workspace's files, shaped as E2B's `sandbox.files` (`Client.files(ws)`). */
+export declare class Files {
+  readonly client: Client;
+  readonly workspace: string;
+  read(path: FilePath, o?: CallOptions & { format?: 'text' }): Promise<string>;
+  read(path: FilePath, o: CallOptions & { format: 'bytes' }): Promise<Buffer>;
+  readStream(path: FilePath, o?: ReadOptions): AsyncGenerator<Buffer, void, unknown>;
+  write(path: FilePath, data: FileData, o?: WriteOptions): Promise<FileInfo>;
+  append(path: FilePath, data: FileData, o?: WriteOptions): Promise<FileInfo>;
+  list(path?: FilePath, o?: CallOptions & { recursive?: boolean }): Promise<FileInfo[]>;
+  getInfo(path: FilePath, o?: CallOptions): Promise<FileInfo>;
+  stat(path: FilePath, o?: CallOptions): Promise<FileInfo>;
+  exists(path: FilePath, o?: CallOptions): Promise<boolean>;
+  /** Makes the directory and its missing parents. */
+  makeDir(path: FilePath, o?: CallOptions & { mode?: number }): Promise<FileInfo>;
+  /** Removes the file, link or directory (with what it holds). */
+  remove(path: FilePath, o?: CallOptions): Promise<void>;
+  rename(oldPath: FilePath, newPath: string, o?: CallOptions): Promise<FileInfo>;
+  symlink(path: FilePath, target: string, o?: CallOptions): Promise<FileInfo>;
+  watchDir(path?: FilePath, o?: CallOptions): Promise<Watch>;
 }
 
 export interface PolicyOptions extends CallOptions {
@@ -316,7 +408,10 @@ export declare class Client {
   status(workspace: string, o?: CallOptions): Promise<Workspace>;
   diff(workspace: string, o?: CallOptions & { patch?: boolean; includeExcluded?: boolean }): Promise<Diff>;
   commit(workspace: string, o?: CommitOptions): Promise<CommitReport>;
+  /** Without `force`, `Busy` while a sandbox runs or the workspace has uncommitted changes. */
   remove(workspace: string, o?: CallOptions & { force?: boolean }): Promise<Removed>;
+  /** New workspaces holding what `workspace` shows now (`count` 1 to 64; `sandbox`: started with the parent's controls). */
+  fork(workspace: string, o?: CallOptions & { name?: string; count?: number; sandbox?: boolean }): Promise<ForkResult>;
   recover(workspace: string, o?: CallOptions): Promise<Workspace>;
   mountWorkspace(workspace: string, o?: CallOptions): Promise<Record<string, unknown>>;
   unmountWorkspace(workspace: string, o?: CallOptions): Promise<Record<string, unknown>>;
@@ -330,6 +425,24 @@ export declare class Client {
   sandboxPublish(workspace: string, port: number, o?: CallOptions): Promise<PortResult>;
   sandboxUnpublish(workspace: string, port: number, o?: CallOptions): Promise<PortResult>;
   sandboxLog(workspace: string, o?: CallOptions & { tail?: number }): Promise<{ decisions: Decision[] }>;
+  /** Freezes the sandbox (memory kept): exec is Busy until sandboxResume. */
+  sandboxPause(workspace: string, o?: CallOptions): Promise<Paused>;
+  sandboxResume(workspace: string, o?: CallOptions): Promise<Resumed>;
+  /** Unsupported where the host cannot (the error says why). */
+  sandboxSuspend(workspace: string, o?: CallOptions): Promise<Record<string, unknown>>;
+
+  files(workspace: string): Files;
+  filesStat(workspace: string, path: FilePath, o?: CallOptions): Promise<FileInfo>;
+  filesList(workspace: string, path?: FilePath, o?: CallOptions & { recursive?: boolean }): Promise<FileInfo[]>;
+  filesRead(workspace: string, path: FilePath, o?: ReadOptions): Promise<Buffer>;
+  filesReadStream(workspace: string, path: FilePath, o?: ReadOptions): AsyncGenerator<Buffer, void, unknown>;
+  filesWrite(workspace: string, path: FilePath, data: FileData, o?: WriteOptions): Promise<FileInfo>;
+  filesMkdir(workspace: string, path: FilePath, o?: CallOptions & { parents?: boolean; mode?: number }): Promise<FileInfo>;
+  filesRemove(workspace: string, path: FilePath, o?: CallOptions & { recursive?: boolean }): Promise<{ removed: string }>;
+  filesRename(workspace: string, path: FilePath, to: string, o?: CallOptions): Promise<FileInfo>;
+  filesSymlink(workspace: string, path: FilePath, target: string, o?: CallOptions): Promise<FileInfo>;
+  /** Watches the tree below `path` on a connection of its own (in place when this resolves). */
+  watch(workspace: string, path?: FilePath, o?: CallOptions): Promise<Watch>;
 
   keeperSocket(workspace: string, o?: CallOptions): Promise<string>;
   spawn(workspace: string, cmd: string | string[], o?: SpawnOptions): Promise<Command>;

@@ -379,6 +379,228 @@ class ErrorPaths(unittest.TestCase):
         asyncio.run(go())
 
 
+def small_project(prefix: str) -> str:
+    src = os.path.join(tempfile.mkdtemp(prefix=prefix, dir=TMP), "src")
+    os.makedirs(os.path.join(src, "lib"))
+    with open(os.path.join(src, "README.md"), "w") as f:
+        f.write("# files\n")
+    with open(os.path.join(src, "lib", "a.py"), "w") as f:
+        f.write("A = 1\n")
+    return src
+
+
+def collect(w: cowspace.Watch, want: set, seconds: float = 60.0) -> list:
+    """Events of ``w`` until every path of ``want`` was seen (or the time is up)."""
+    seen: list = []
+    deadline = time.monotonic() + seconds
+    while not want <= {e.get("path") for e in seen}:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        ev = w.get(left)
+        if ev is None and w.ended is not None:
+            break
+        if ev is not None:
+            seen.append(ev)
+    return seen
+
+
+@NEEDS_DAEMON
+class FilesForkPause(unittest.TestCase):
+    """The files operations while a sandbox runs, watch, fork, pause and resume."""
+
+    def test_files_watch_fork_pause_sync(self) -> None:
+        src = small_project("py-files-")
+        with cowspace.Client(ROOT) as c:
+            c.import_(src, ref="py/files")
+            ws = c.create("py/files", name="py-files")
+            wid = ws["id"]
+            print(json.dumps({"workspace": wid}), flush=True)
+            fork_ids: list = []
+            try:
+                c.sandbox_start(wid)
+                # A file written by the client while the sandbox runs, read from inside:
+                # it belongs to root inside.
+                self.assertEqual(c.files_mkdir(wid, "notes/deep", parents=True)["kind"], "dir")
+                info = c.files_write(wid, "notes/hello.txt", "hello from the host\n", mode=0o640)
+                self.assertEqual((info["kind"], info["size"], info["mode"]), ("file", 20, 0o640))
+                r = c.exec(wid, "cat notes/hello.txt; ls -ln notes/hello.txt", check=True)
+                lines = r.stdout.splitlines()
+                self.assertEqual(lines[0], "hello from the host")
+                self.assertEqual(lines[1].split()[2:4], ["0", "0"], r.stdout)
+                st = c.files_stat(wid, "/notes/hello.txt")
+                self.assertEqual((st["uid"], st["gid"], st["size"]), (0, 0, 20))
+                self.assertEqual(c.files_read(wid, "notes/hello.txt"), b"hello from the host\n")
+                self.assertEqual(c.files_read(wid, "notes/hello.txt", offset=6, length=4), b"from")
+                # Written inside, read by the client.
+                c.exec(wid, "printf inside > notes/deep/in.txt", check=True)
+                self.assertEqual(c.files_read(wid, "notes/deep/in.txt"), b"inside")
+
+                # Large contents go in ranges and appends (small ranges here).
+                blob = os.urandom(10_000)
+                self.assertEqual(c.files_write(wid, "notes/blob.bin", blob, chunk_size=3000)["size"], 10_000)
+                pieces = list(c.files_read_chunks(wid, "notes/blob.bin", chunk_size=4096))
+                self.assertEqual([len(p) for p in pieces], [4096, 4096, 1808])
+                self.assertEqual(b"".join(pieces), blob)
+                self.assertEqual(c.files_read(wid, "notes/blob.bin"), blob)
+                self.assertEqual(c.files_write(wid, "notes/blob.bin", b"tail", append=True)["size"], 10_004)
+                r = c.exec(wid, ["sha256sum", "notes/blob.bin"], check=True)
+                self.assertEqual(r.stdout.split()[0], hashlib.sha256(blob + b"tail").hexdigest())
+
+                # Listings.
+                top = {e["path"]: e for e in c.files_list(wid)}
+                self.assertIn("README.md", top)
+                self.assertEqual(top["notes"]["kind"], "dir")
+                self.assertNotIn("notes/hello.txt", top)
+                every = {e["path"] for e in c.files_list(wid, ".", recursive=True)}
+                self.assertTrue(
+                    {"lib/a.py", "notes/hello.txt", "notes/deep/in.txt", "notes/blob.bin"} <= every, every
+                )
+                self.assertEqual({e["path"] for e in c.files_list(wid, "notes/deep")}, {"notes/deep/in.txt"})
+
+                # A path climbing above the root is refused before anything is resolved.
+                for call in (
+                    lambda: c.files_read(wid, "../../etc/passwd"),
+                    lambda: c.files_write(wid, "notes/../../escape.txt", b"x"),
+                    lambda: c.files_list(wid, ".."),
+                ):
+                    with self.assertRaises(errors.InvalidInput) as e:
+                        call()
+                    self.assertEqual(e.exception.exit_code, 9)
+                with self.assertRaises(errors.NotFound):
+                    c.files_stat(wid, "no/such/file")
+
+                # Rename, symlink, remove.
+                moved = c.files_rename(wid, "notes/hello.txt", "notes/renamed.txt")
+                self.assertEqual(moved["path"], "notes/renamed.txt")
+                with self.assertRaises(errors.NotFound):
+                    c.files_stat(wid, "notes/hello.txt")
+                self.assertEqual(c.exec(wid, "cat notes/renamed.txt").stdout, "hello from the host\n")
+                link = c.files_symlink(wid, "notes/link", "renamed.txt")
+                self.assertEqual((link["kind"], link["target"]), ("symlink", "renamed.txt"))
+                self.assertEqual(c.exec(wid, "cat notes/link").stdout, "hello from the host\n")
+                c.files_remove(wid, "notes/link")
+                self.assertTrue(c.files(wid).exists("notes/renamed.txt"))
+                with self.assertRaises(errors.CowspaceError):
+                    c.files_remove(wid, "notes")  # not empty
+                c.files_remove(wid, "notes", recursive=True)
+                self.assertFalse(c.files(wid).exists("notes"))
+                self.assertEqual(c.exec(wid, "test -e notes || echo gone").stdout, "gone\n")
+
+                # A watch sees a file made inside the sandbox and one the client writes.
+                with c.watch(wid) as w:
+                    self.assertEqual(w.watching.get("event"), "watching")
+                    c.exec(wid, "echo made > from-inside.txt", check=True)
+                    c.files_write(wid, "from-client.txt", b"written\n")
+                    seen = collect(w, {"from-inside.txt", "from-client.txt"})
+                self.assertTrue({"from-inside.txt", "from-client.txt"} <= {e["path"] for e in seen}, seen)
+                # A write is atomic: a temporary file renamed over the target.
+                events = {e["path"]: e["event"] for e in seen}
+                self.assertIn(events["from-inside.txt"], ("created", "modified"), seen)
+                self.assertIn(events["from-client.txt"], ("created", "modified", "renamed"), seen)
+                self.assertIsNotNone(w.ended)
+
+                # Pause: exec is refused as busy until resumed.
+                p = c.sandbox_pause(wid)
+                self.assertTrue(p["paused"])
+                self.assertEqual(p["paused_by"], "request")
+                self.assertEqual(c.sandbox_status(wid)["state"], "paused")
+                with self.assertRaises(errors.Busy) as e:
+                    c.exec(wid, ["true"])
+                self.assertEqual(e.exception.exit_code, 5)
+                with self.assertRaises(errors.InvalidInput):
+                    c.sandbox_pause(wid)
+                self.assertTrue(c.sandbox_resume(wid)["resumed"])
+                self.assertEqual(c.sandbox_status(wid)["state"], "running")
+                self.assertEqual(c.exec(wid, "cat from-client.txt").stdout, "written\n")
+                with self.assertRaises(errors.InvalidInput):
+                    c.sandbox_resume(wid)
+
+                # A fork shows the parent's change; removing either needs force now.
+                f = c.fork(wid, name="py-files-fork")
+                fork_ids = [x["id"] for x in f["forks"]]
+                print(json.dumps({"forks": fork_ids}), flush=True)
+                self.assertEqual(f["parent"], wid)
+                self.assertEqual(len(fork_ids), 1)
+                self.assertEqual(f["forks"][0]["parent"], wid)
+                self.assertEqual(c.files_read(fork_ids[0], "from-client.txt"), b"written\n")
+                self.assertEqual(c.files_read(fork_ids[0], "from-inside.txt"), b"made\n")
+                c.files_write(fork_ids[0], "fork-only.txt", b"f")
+                self.assertFalse(c.files(wid).exists("fork-only.txt"))
+                with self.assertRaises(errors.Busy):
+                    c.remove(fork_ids[0])
+            finally:
+                for fid in fork_ids:
+                    self.assertEqual(c.remove(fid, force=True)["status"], "removed")
+                c.remove(wid, force=True)
+
+    def test_files_watch_fork_pause_async(self) -> None:
+        src = small_project("py-afiles-")
+        asyncio.run(self._async(src))
+
+    async def _async(self, src: str) -> None:
+        async with await cowspace.AsyncClient.connect(ROOT) as c:
+            await c.import_(src, ref="py/afiles")
+            ws = await c.create("py/afiles", name="py-afiles")
+            wid = ws["id"]
+            print(json.dumps({"workspace": wid}), flush=True)
+            fork_ids: list = []
+            try:
+                await c.sandbox_start(wid, idle_timeout="10m")
+                files = c.files(wid)
+                await files.make_dir("out/sub")
+                await files.write("out/sub/a.txt", "from the host")
+                r = await c.exec(wid, "cat out/sub/a.txt; echo; ls -ln out/sub/a.txt")
+                self.assertTrue(r.stdout.startswith("from the host"), r.stdout)
+                self.assertEqual(r.stdout.splitlines()[1].split()[2:4], ["0", "0"])
+                self.assertEqual(await files.read("out/sub/a.txt"), "from the host")
+                self.assertEqual(await files.read("out/sub/a.txt", format="bytes"), b"from the host")
+                pieces = [p async for p in c.files_read_chunks(wid, "out/sub/a.txt", chunk_size=5)]
+                self.assertEqual(pieces, [b"from ", b"the h", b"ost"])
+                every = {e["path"] for e in await files.list(".", recursive=True)}
+                self.assertTrue({"out/sub/a.txt", "lib/a.py"} <= every, every)
+                with self.assertRaises(errors.InvalidInput):
+                    await files.read("../x")
+                await files.rename("out/sub/a.txt", "out/b.txt")
+                self.assertFalse(await files.exists("out/sub/a.txt"))
+                await files.remove("out/sub")
+                self.assertEqual({e["path"] for e in await files.list("out")}, {"out/b.txt"})
+
+                w = await files.watch_dir(".")
+                try:
+                    await c.exec(wid, "echo x > inside.txt", check=True)
+                    await files.write("client.txt", b"y")
+                    seen: list = []
+                    deadline = time.monotonic() + 60
+                    while not {"inside.txt", "client.txt"} <= {e["path"] for e in seen}:
+                        ev = await w.get(max(0.0, deadline - time.monotonic()))
+                        if ev is None:
+                            break
+                        seen.append(ev)
+                    self.assertTrue({"inside.txt", "client.txt"} <= {e["path"] for e in seen}, seen)
+                finally:
+                    await w.close()
+
+                self.assertEqual((await c.sandbox_status(wid)).get("idle_timeout_ms"), 600_000)
+                await c.sandbox_pause(wid)
+                self.assertEqual((await c.sandbox_status(wid))["state"], "paused")
+                with self.assertRaises(errors.Busy):
+                    await c.exec(wid, ["true"])
+                await c.sandbox_resume(wid)
+                self.assertEqual((await c.exec(wid, "cat client.txt")).stdout, "y")
+
+                f = await c.fork(wid, count=2)
+                fork_ids = [x["id"] for x in f["forks"]]
+                print(json.dumps({"forks": fork_ids}), flush=True)
+                self.assertEqual(len(fork_ids), 2)
+                for fid in fork_ids:
+                    self.assertEqual(await c.files_read(fid, "out/b.txt"), b"from the host")
+            finally:
+                for fid in fork_ids:
+                    await c.remove(fid, force=True)
+                await c.remove(wid, force=True)
+
+
 class FakeDaemon:
     """A socket answering every request with ``answer`` (the version handshake)."""
 

@@ -6,11 +6,13 @@ import { dirname, join } from 'node:path';
 import { homedir } from 'node:os';
 
 import { argvOf, Command, startCommand } from './exec.js';
+import { Files, readRanges, watchOpen, Watch, writeChunks, MAX_IO_BYTES } from './files.js';
 import {
   Busy, CommandFailed, Conflict, Corrupt, CowspaceError, errorFrom, ExecTimeoutError, Exists,
   IncompatibleDaemon, InvalidInput, IoError, NotFound, Unsupported,
 } from './errors.js';
 
+export { Files, MAX_IO_BYTES, Watch };
 export {
   Busy, Command, CommandFailed, Conflict, Corrupt, CowspaceError, errorFrom, ExecTimeoutError, Exists,
   IncompatibleDaemon, InvalidInput, IoError, NotFound, Unsupported,
@@ -36,6 +38,14 @@ function args(o) {
     out[k.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`)] = v;
   }
   return out;
+}
+
+/** A files_* / watch request's arguments: a Buffer path goes as `path_hex` (its exact bytes). */
+function filesArgs(workspace, path, o = {}) {
+  const p = Buffer.isBuffer(path) || path instanceof Uint8Array
+    ? { pathHex: Buffer.from(path).toString('hex') }
+    : { path: String(path) };
+  return args({ workspace, ...p, ...o });
 }
 
 function pairs(v, sep) {
@@ -208,20 +218,26 @@ export class Client {
   commit(workspace, { ref, expect, message, allowEmpty, includeExcluded, signal } = {}) {
     return this.request('commit', args({ workspace, ref, expect, message, allowEmpty, includeExcluded }), { signal });
   }
+  /** Without `force`, `Busy` while a sandbox runs or the workspace has uncommitted changes. */
   remove(workspace, { force, signal } = {}) { return this.request('remove', args({ workspace, force }), { signal }); }
+  /** New workspaces holding what `workspace` shows now (its base and a copy of its changes). */
+  fork(workspace, { name, count, sandbox, signal } = {}) {
+    return this.request('fork', args({ workspace, name, count, sandbox }), { signal });
+  }
   recover(workspace, o = {}) { return this.request('recover', args({ workspace }), o); }
   mountWorkspace(workspace, o = {}) { return this.request('mount_workspace', args({ workspace }), o); }
   unmountWorkspace(workspace, o = {}) { return this.request('unmount_workspace', args({ workspace }), o); }
   finishCopies(workspace, o = {}) { return this.request('finish_copies', args({ workspace }), o); }
 
   // -- sandboxes ----------------------------------------------------------------------
-  sandboxStart(workspace, { net, allowHost, denyHost, addHost, memory, pids, cpus, cpusetCpus, publish, env, roBind, secret, vm, acceptEmulation, signal } = {}) {
+  sandboxStart(workspace, { net, allowHost, denyHost, addHost, memory, pids, cpus, cpusetCpus, publish, env, roBind, secret, vm, acceptEmulation, idleTimeout, signal } = {}) {
     const a = args({
       workspace, vm, acceptEmulation, net,
       allowHost: strs(allowHost), denyHost: strs(denyHost), addHost: pairs(addHost, ':'),
       memory, pids, cpus, cpusetCpus,
       publish: publish === undefined ? undefined : (typeof publish === 'number' ? [publish] : Array.from(publish, Number)),
       env: pairs(env, '='), roBind: pairs(roBind, ':'), secret: pairs(secret, '='),
+      idleTimeout: typeof idleTimeout === 'number' ? `${Math.max(1, Math.round(idleTimeout / 1000))}s` : idleTimeout,
     });
     return this.request('sandbox_start', a, { signal });
   }
@@ -236,6 +252,58 @@ export class Client {
   sandboxUnpublish(workspace, port, o = {}) { return this.request('sandbox_unpublish', args({ workspace, port }), o); }
   sandboxLog(workspace, { tail, signal } = {}) { return this.request('sandbox_log', args({ workspace, tail }), { signal }); }
 
+  /** Freezes every process of the sandbox (memory kept); `exec` is `Busy` until resumed. */
+  sandboxPause(workspace, o = {}) { return this.request('sandbox_pause', args({ workspace }), o); }
+  sandboxResume(workspace, o = {}) { return this.request('sandbox_resume', args({ workspace }), o); }
+  sandboxSuspend(workspace, o = {}) { return this.request('sandbox_suspend', args({ workspace }), o); }
+
+  // -- files --------------------------------------------------------------------------
+  /** The workspace's files, E2B-like: `c.files(ws).write('a.txt', data)`. */
+  files(workspace) { return new Files(this, workspace); }
+  filesStat(workspace, path, o = {}) { return this.request('files_stat', filesArgs(workspace, path), o); }
+  async filesList(workspace, path = '.', { recursive, signal } = {}) {
+    return (await this.request('files_list', filesArgs(workspace, path, { recursive }), { signal })).entries ?? [];
+  }
+  /** The file's bytes from `offset` (`length` at most; all by default) as Buffers of
+   * `chunkSize` (at most 64 MiB), one request each. */
+  async *filesReadStream(workspace, path, { offset = 0, length, chunkSize = MAX_IO_BYTES, signal } = {}) {
+    for (const [off, n] of readRanges(offset, length, chunkSize)) {
+      const r = await this.request('files_read', filesArgs(workspace, path, { offset: off, length: n }), { signal });
+      const data = Buffer.from(r.data ?? '', 'base64');
+      if (data.length) yield data;
+      if (data.length < n) return;
+    }
+  }
+  /** The file's bytes (a Buffer), read in ranges of 64 MiB. */
+  async filesRead(workspace, path, o = {}) {
+    const parts = [];
+    for await (const p of this.filesReadStream(workspace, path, o)) parts.push(p);
+    return Buffer.concat(parts);
+  }
+  /** Writes `data` (string, Uint8Array, or an (async) iterable of them such as a
+   * Readable) to `path`: a first write plus appends of at most 64 MiB. */
+  async filesWrite(workspace, path, data, { mode, append, chunkSize = MAX_IO_BYTES, signal } = {}) {
+    let info;
+    let i = 0;
+    for await (const piece of writeChunks(data, chunkSize)) {
+      const a = filesArgs(workspace, path, { data: piece.toString('base64'), mode, append: append || i > 0 ? true : undefined });
+      info = await this.request('files_write', a, { signal });
+      i++;
+    }
+    return info;
+  }
+  filesMkdir(workspace, path, { parents, mode, signal } = {}) {
+    return this.request('files_mkdir', filesArgs(workspace, path, { parents, mode }), { signal });
+  }
+  filesRemove(workspace, path, { recursive, signal } = {}) {
+    return this.request('files_remove', filesArgs(workspace, path, { recursive }), { signal });
+  }
+  filesRename(workspace, path, to, o = {}) { return this.request('files_rename', filesArgs(workspace, path, { to }), o); }
+  filesSymlink(workspace, path, target, o = {}) { return this.request('files_symlink', filesArgs(workspace, path, { to: target }), o); }
+  /** Watches the tree below `path` on a connection of its own: a Watch (an async
+   * iterable of events; close it, or abort `signal`). In place when this resolves. */
+  watch(workspace, path = '.', { signal } = {}) { return watchOpen(this.path, filesArgs(workspace, path), signal); }
+
   // -- exec ---------------------------------------------------------------------------
   /** The `exec` operation: the keeper socket of the running sandbox (`NotFound` when none). */
   async keeperSocket(workspace, o = {}) { return (await this.request('exec', args({ workspace }), o)).socket; }
@@ -243,8 +311,12 @@ export class Client {
   /** Starts `cmd` in the workspace's running sandbox; gives the running Command. */
   async spawn(workspace, cmd, { env, workdir, stdin, pty, onStdout, onStderr, signal } = {}) {
     const argv = argvOf(cmd);
-    // Asked first, so that "no sandbox" is a typed NotFound rather than mountctl's exit 3.
-    await this.keeperSocket(workspace, { signal });
+    // Asked first, so that "no sandbox" is a typed NotFound rather than mountctl's exit
+    // 3, and a sandbox paused by request a typed Busy (as the keeper answers).
+    const st = await this.sandboxStatus(workspace, { signal });
+    if (st?.state === 'paused' && st?.paused_by !== 'idle') {
+      throw new Busy(`the sandbox of ${workspace} is paused (since ${st.paused_at ?? '?'}): no exec until it is resumed`, 'resume it (sandboxResume)');
+    }
     const c = startCommand({ mountctl: this.mountctl, root: this.root, workspace, argv, env, workdir, stdin, pty, onStdout, onStderr });
     if (signal) {
       const onAbort = () => c.kill();

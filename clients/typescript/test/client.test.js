@@ -14,9 +14,11 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { request } from 'node:http';
 
+import { createHash, randomBytes } from 'node:crypto';
+
 import Client, {
-  Command, CommandFailed, CowspaceError, ExecTimeoutError, Exists, IncompatibleDaemon, InvalidInput,
-  IoError, NotFound, PROTOCOL_VERSION, Unsupported,
+  Busy, Command, CommandFailed, CowspaceError, ExecTimeoutError, Exists, Files, IncompatibleDaemon, InvalidInput,
+  IoError, NotFound, PROTOCOL_VERSION, Unsupported, Watch,
 } from '../src/index.js';
 
 const ROOT = process.env.COWSPACE_TEST_ROOT;
@@ -251,6 +253,152 @@ test('errors: a missing workspace, exec with no sandbox, a bad argument', needsD
       c2.close();
     }
   } finally {
+    c.close();
+  }
+});
+
+/** Events of `w` until every path of `want` was seen (or `ms` passed). */
+async function collect(w, want, ms = 60_000) {
+  const seen = [];
+  const deadline = Date.now() + ms;
+  while (!want.every((p) => seen.some((e) => e.path === p))) {
+    const left = deadline - Date.now();
+    if (left <= 0) break;
+    const ev = await w.get({ timeoutMs: left });
+    if (ev === null) break;
+    seen.push(ev);
+  }
+  return seen;
+}
+
+test('files while a sandbox runs, watch, fork, pause and resume', needsDaemon, async () => {
+  const base = mkdtempSync(join(TMP, 'ts-files-'));
+  mkdirSync(join(base, 'src', 'lib'), { recursive: true });
+  writeFileSync(join(base, 'src', 'README.md'), '# files\n');
+  writeFileSync(join(base, 'src', 'lib', 'a.js'), 'exports.a = 1;\n');
+  const c = await Client.connect({ root: ROOT });
+  let forkIds = [];
+  let id;
+  try {
+    await c.import(join(base, 'src'), { ref: 'ts/files' });
+    const ws = await c.create('ts/files', { name: 'ts-files' });
+    id = ws.id;
+    console.log(JSON.stringify({ workspace: id }));
+    await c.sandboxStart(id, { idleTimeout: '10m' });
+    assert.equal((await c.sandboxStatus(id)).idle_timeout_ms, 600_000);
+
+    // Written by the client while the sandbox runs, read from inside: root's there.
+    assert.equal((await c.filesMkdir(id, 'notes/deep', { parents: true })).kind, 'dir');
+    const info = await c.filesWrite(id, 'notes/hello.txt', 'hello from the host\n', { mode: 0o640 });
+    assert.deepEqual([info.kind, info.size, info.mode], ['file', 20, 0o640]);
+    let r = await c.exec(id, 'cat notes/hello.txt; ls -ln notes/hello.txt', { check: true });
+    const lines = r.stdout.split('\n');
+    assert.equal(lines[0], 'hello from the host');
+    assert.deepEqual(lines[1].split(/\s+/).slice(2, 4), ['0', '0'], r.stdout);
+    const st = await c.filesStat(id, '/notes/hello.txt');
+    assert.deepEqual([st.uid, st.gid, st.size], [0, 0, 20]);
+    assert.equal((await c.filesRead(id, 'notes/hello.txt', { offset: 6, length: 4 })).toString(), 'from');
+    await c.exec(id, 'printf inside > notes/deep/in.txt', { check: true });
+    const files = c.files(id);
+    assert.ok(files instanceof Files);
+    assert.equal(await files.read('notes/deep/in.txt'), 'inside');
+
+    // Large contents in ranges and appends (small ones here), from a stream too.
+    const blob = randomBytes(10_000);
+    assert.equal((await c.filesWrite(id, 'notes/blob.bin', blob, { chunkSize: 3000 })).size, 10_000);
+    const pieces = [];
+    for await (const p of c.filesReadStream(id, 'notes/blob.bin', { chunkSize: 4096 })) pieces.push(p);
+    assert.deepEqual(pieces.map((p) => p.length), [4096, 4096, 1808]);
+    assert.ok(Buffer.concat(pieces).equals(blob));
+    async function* gen() { yield 'ab'; yield Buffer.from('cd'); }
+    assert.equal((await files.append('notes/blob.bin', gen())).size, 10_004);
+    r = await c.exec(id, ['sha256sum', 'notes/blob.bin'], { check: true });
+    const sum = createHash('sha256').update(blob).update('abcd').digest('hex');
+    assert.equal(r.stdout.split(' ')[0], sum);
+
+    // Listings.
+    const top = new Map((await c.filesList(id)).map((e) => [e.path, e]));
+    assert.equal(top.get('notes').kind, 'dir');
+    assert.ok(top.has('README.md') && !top.has('notes/hello.txt'));
+    const every = new Set((await files.list('.', { recursive: true })).map((e) => e.path));
+    for (const p of ['lib/a.js', 'notes/hello.txt', 'notes/deep/in.txt', 'notes/blob.bin']) assert.ok(every.has(p), p);
+
+    // A path climbing above the root is refused.
+    for (const call of [
+      () => c.filesRead(id, '../../etc/passwd'),
+      () => c.filesWrite(id, 'notes/../../escape.txt', 'x'),
+      () => c.filesList(id, '..'),
+    ]) {
+      const e = await call().catch((x) => x);
+      assert.ok(e instanceof InvalidInput, String(e));
+      assert.equal(e.exitCode, 9);
+    }
+    await assert.rejects(c.filesStat(id, 'no/such/file'), NotFound);
+
+    // Rename, symlink, remove.
+    assert.equal((await c.filesRename(id, 'notes/hello.txt', 'notes/renamed.txt')).path, 'notes/renamed.txt');
+    assert.equal(await files.exists('notes/hello.txt'), false);
+    assert.equal((await c.exec(id, 'cat notes/renamed.txt')).stdout, 'hello from the host\n');
+    const link = await files.symlink('notes/link', 'renamed.txt');
+    assert.deepEqual([link.kind, link.target], ['symlink', 'renamed.txt']);
+    await c.filesRemove(id, 'notes/link');
+    await assert.rejects(c.filesRemove(id, 'notes'), CowspaceError);
+    await files.remove('notes');
+    assert.equal(await files.exists('notes'), false);
+    assert.equal((await c.exec(id, 'test -e notes || echo gone')).stdout, 'gone\n');
+
+    // A watch sees a file made inside the sandbox and one written by the client.
+    {
+      const w = await c.watch(id);
+      assert.ok(w instanceof Watch);
+      assert.equal(w.watching.event, 'watching');
+      await c.exec(id, 'echo made > from-inside.txt', { check: true });
+      await files.write('from-client.txt', 'written\n');
+      const seen = await collect(w, ['from-inside.txt', 'from-client.txt']);
+      w.close();
+      const events = new Map(seen.map((e) => [e.path, e.event]));
+      assert.ok(['created', 'modified'].includes(events.get('from-inside.txt')), JSON.stringify(seen));
+      // A write is atomic: a temporary file renamed over the target.
+      assert.ok(['created', 'modified', 'renamed'].includes(events.get('from-client.txt')), JSON.stringify(seen));
+      assert.ok(w.ended);
+    }
+    // An AbortSignal ends a watch's iteration with its reason.
+    {
+      const ac = new AbortController();
+      const w = await files.watchDir('.', { signal: ac.signal });
+      setTimeout(() => ac.abort(), 200);
+      await assert.rejects((async () => { for await (const _ of w) { /* none */ } })(), { name: 'AbortError' });
+    }
+    await assert.rejects(c.watch(id, '../up'), InvalidInput);
+
+    // Pause: exec is refused as Busy until resumed.
+    const p = await c.sandboxPause(id);
+    assert.equal(p.paused, true);
+    assert.equal(p.paused_by, 'request');
+    assert.equal((await c.sandboxStatus(id)).state, 'paused');
+    const busy = await c.exec(id, ['true']).catch((x) => x);
+    assert.ok(busy instanceof Busy, String(busy));
+    assert.equal(busy.exitCode, 5);
+    await assert.rejects(c.sandboxPause(id), InvalidInput);
+    assert.equal((await c.sandboxResume(id)).resumed, true);
+    assert.equal((await c.sandboxStatus(id)).state, 'running');
+    assert.equal((await c.exec(id, 'cat from-client.txt')).stdout, 'written\n');
+
+    // A fork shows the parent's change; removing one with changes needs force.
+    const f = await c.fork(id, { name: 'ts-files-fork' });
+    forkIds = f.forks.map((x) => x.id);
+    console.log(JSON.stringify({ forks: forkIds }));
+    assert.equal(f.parent, id);
+    assert.equal(forkIds.length, 1);
+    assert.equal(f.forks[0].parent, id);
+    assert.equal((await c.filesRead(forkIds[0], 'from-client.txt')).toString(), 'written\n');
+    assert.equal(await c.files(forkIds[0]).read('from-inside.txt'), 'made\n');
+    await c.filesWrite(forkIds[0], 'fork-only.txt', 'f');
+    assert.equal(await files.exists('fork-only.txt'), false);
+    await assert.rejects(c.remove(forkIds[0]), Busy);
+  } finally {
+    for (const fid of forkIds) assert.equal((await c.remove(fid, { force: true })).status, 'removed');
+    if (id) await c.remove(id, { force: true });
     c.close();
   }
 });

@@ -1,5 +1,5 @@
 // Compiled by `tsc -p tsconfig.json` (no output): the declarations describe a usable API.
-import Client, { type ExecResult, type Command, NotFound, CowspaceError, ExecTimeoutError } from 'cowspace';
+import Client, { type ExecResult, type Command, type FileInfo, type WatchEvent, type Watch, Busy, NotFound, CowspaceError, ExecTimeoutError } from 'cowspace';
 
 export async function chain(root: string, src: string): Promise<number> {
   const c = await Client.connect({ root, mountctl: 'mountctl' });
@@ -19,8 +19,19 @@ export async function chain(root: string, src: string): Promise<number> {
     else if (e instanceof CowspaceError) console.log(e.exitCode);
     else if (e instanceof ExecTimeoutError) console.log(e.result.exitCode);
   }
+  const info: FileInfo = await c.filesWrite(ws.id, 'a.txt', 'x', { mode: 0o644 });
+  const text: string = await c.files(ws.id).read('a.txt');
+  const bytes: Buffer = await c.files(ws.id).read('a.txt', { format: 'bytes' });
+  for await (const piece of c.filesReadStream(ws.id, 'a.txt', { chunkSize: 1 << 20 })) console.log(piece.length);
+  const w: Watch = await c.watch(ws.id, '.', { signal: AbortSignal.timeout(5000) });
+  for await (const ev of w) { const e: WatchEvent = ev; if (e.event === 'renamed') console.log(e.from); break; }
+  w.close();
+  const f = await c.fork(ws.id, { name: 'f', sandbox: true });
+  await c.sandboxPause(ws.id);
+  await c.sandboxResume(ws.id);
+  try { await c.exec(ws.id, 'true'); } catch (e) { if (e instanceof Busy) console.log(e.kind); }
   const cm = await c.commit(ws.id, { ref: 'app/main', message: 'done' });
   await c.remove(ws.id, { force: true });
   c.close();
-  return port + r.exitCode + done.exitCode + cm.files;
+  return port + r.exitCode + done.exitCode + cm.files + info.size + text.length + bytes.length + f.forks.length;
 }

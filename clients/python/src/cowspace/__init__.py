@@ -19,9 +19,10 @@ commands run inside, from Python (standard library only, Python >= 3.9)::
 
 from ._aexec import AsyncCommand
 from ._exec import DEVNULL, PIPE, STDOUT, Command
-from ._wire import PROTOCOL_VERSION, default_root
-from .aio import AsyncClient
-from .client import Client
+from ._watch import AsyncWatch, Watch
+from ._wire import MAX_IO_BYTES, PROTOCOL_VERSION, default_root
+from .aio import AsyncClient, AsyncFiles
+from .client import Client, Files
 from .errors import (
     Busy,
     CommandFailed,
@@ -36,13 +37,15 @@ from .errors import (
     NotFound,
     Unsupported,
 )
-from .records import ExecResult, Output
+from .records import ExecResult, FileInfo, ForkResult, Output, WatchEvent
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient",
     "AsyncCommand",
+    "AsyncFiles",
+    "AsyncWatch",
     "Busy",
     "Client",
     "Command",
@@ -54,14 +57,20 @@ __all__ = [
     "ExecResult",
     "ExecTimeout",
     "Exists",
+    "FileInfo",
+    "Files",
+    "ForkResult",
     "IncompatibleDaemon",
     "InvalidInput",
     "IoError",
+    "MAX_IO_BYTES",
     "NotFound",
     "Output",
     "PIPE",
     "PROTOCOL_VERSION",
     "STDOUT",
     "Unsupported",
+    "Watch",
+    "WatchEvent",
     "default_root",
 ]

@@ -3,9 +3,10 @@ request is encoded and an answer decoded, the version check, the keeper's messag
 
 from __future__ import annotations
 
+import base64
 import json
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import IncompatibleDaemon, IoError, error_from
 
@@ -16,6 +17,9 @@ PROTOCOL_VERSION = 1
 
 #: Longest line read from the control socket (a snapshot list of a large store).
 MAX_LINE_BYTES = 256 * 1024 * 1024
+#: Most bytes one ``files_read`` or ``files_write`` moves (the daemon's bound): larger
+#: reads are made in ranges, larger writes as a first write plus appends.
+MAX_IO_BYTES = 64 << 20
 #: Largest message read from a keeper socket.
 MAX_KEEPER_MSG_BYTES = 64 * 1024
 #: How long output still buffered in a pipe is read after the command ended (a
@@ -104,6 +108,7 @@ def sandbox_args(
     env: Optional[Union[Iterable[str], Mapping[str, str]]],
     ro_bind: Optional[Union[Iterable[str], Mapping[str, str]]],
     secret: Optional[Union[Iterable[str], Mapping[str, str]]],
+    idle_timeout: Optional[Union[int, float, str]] = None,
 ) -> Dict[str, Any]:
     """``sandbox_start``'s arguments; mappings are accepted where the protocol takes
     ``"K=V"`` / ``"NAME:ADDR"`` / ``"SRC:DST"`` strings."""
@@ -138,7 +143,91 @@ def sandbox_args(
         env=pairs(env, "="),
         ro_bind=pairs(ro_bind, ":"),
         secret=pairs(secret, "="),
+        idle_timeout=idle_timeout_arg(idle_timeout),
     )
+
+
+def idle_timeout_arg(v: Optional[Union[int, float, str]]) -> Optional[str]:
+    """``idle_timeout``: a duration string (``"30s"``, ``"5m"``) as is, seconds as
+    ``"Ns"``."""
+    if v is None or isinstance(v, str):
+        return v
+    if v <= 0:
+        raise ValueError(f"idle_timeout {v!r}: a positive number of seconds")
+    return f"{max(1, round(float(v)))}s"
+
+
+Path = Union[str, bytes, "os.PathLike[str]"]
+
+
+def files_args(workspace: str, path: Path, **kw: Any) -> Dict[str, Any]:
+    """A ``files_*`` / ``watch`` request's arguments: a ``bytes`` path that is not UTF-8
+    goes as ``path_hex`` (its exact bytes), as listings report such names."""
+    p = os.fspath(path)
+    if isinstance(p, bytes):
+        try:
+            return args(workspace=workspace, path=p.decode("utf-8"), **kw)
+        except UnicodeDecodeError:
+            return args(workspace=workspace, path_hex=p.hex(), **kw)
+    return args(workspace=workspace, path=p, **kw)
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def unb64(s: Optional[str]) -> bytes:
+    return base64.b64decode(s or "")
+
+
+def read_ranges(offset: int, length: Optional[int], chunk: int) -> Iterator[Tuple[int, int]]:
+    """``(offset, length)`` of the reads that cover ``length`` bytes from ``offset``
+    (all of the file with ``None``: until a read comes back short)."""
+    chunk = max(1, min(int(chunk), MAX_IO_BYTES))
+    pos = int(offset)
+    left = length
+    while left is None or left > 0:
+        n = chunk if left is None else min(chunk, left)
+        yield pos, n
+        pos += n
+        if left is not None:
+            left -= n
+
+
+def write_chunks(data: Any, size: int = MAX_IO_BYTES) -> Iterator[bytes]:
+    """``data`` (bytes, str, a binary file, or an iterable of bytes) in pieces of at most
+    ``size`` (at most :data:`MAX_IO_BYTES`); at least one piece (empty for empty data)."""
+    size = max(1, min(int(size), MAX_IO_BYTES))
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        mv = memoryview(data).cast("B")
+        if len(mv) == 0:
+            yield b""
+        for i in range(0, len(mv), size):
+            yield bytes(mv[i : i + size])
+        return
+    if hasattr(data, "read"):
+        first = True
+        while True:
+            piece = data.read(size)
+            if isinstance(piece, str):
+                piece = piece.encode("utf-8")
+            if not piece:
+                if first:
+                    yield b""
+                return
+            first = False
+            yield from write_chunks(bytes(piece), size)
+        return
+    first = True
+    for piece in data:
+        for p in write_chunks(piece, size):
+            if p or first:
+                yield p
+                first = False
+    if first:
+        yield b""
 
 
 def argv_of(cmd: Argv) -> List[str]:

@@ -11,23 +11,28 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union, cast
+from typing import Any, AsyncIterator, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 from . import _aexec, _wire
 from ._aexec import AsyncCommand
+from ._watch import AsyncWatch
 from ._exec import Stdio
 from .errors import CommandFailed, ExecTimeout, IoError
 from .records import (
     CommitReport,
     Created,
     Diff,
+    FileInfo,
+    ForkResult,
     ImportReport,
+    Paused,
     Ping,
     PolicyResult,
     PortResult,
     ProgressEvent,
     RefSet,
     Removed,
+    Resumed,
     SandboxList,
     SandboxLog,
     SandboxStatus,
@@ -36,7 +41,7 @@ from .records import (
     Workspace,
 )
 
-__all__ = ["AsyncClient"]
+__all__ = ["AsyncClient", "AsyncFiles"]
 
 Pairs = Union[Iterable[str], Mapping[str, str]]
 
@@ -278,7 +283,20 @@ class AsyncClient:
         return cast(CommitReport, await self.request("commit", a))
 
     async def remove(self, workspace: str, *, force: Optional[bool] = None) -> Removed:
+        """See :meth:`cowspace.Client.remove` (``busy`` with changes, unless ``force``)."""
         return cast(Removed, await self.request("remove", _wire.args(workspace=workspace, force=force)))
+
+    async def fork(
+        self,
+        workspace: str,
+        *,
+        name: Optional[str] = None,
+        count: Optional[int] = None,
+        sandbox: Optional[bool] = None,
+    ) -> ForkResult:
+        """See :meth:`cowspace.Client.fork`."""
+        a = _wire.args(workspace=workspace, name=name, count=count, sandbox=sandbox)
+        return cast(ForkResult, await self.request("fork", a))
 
     async def recover(self, workspace: str) -> Workspace:
         return cast(Workspace, await self.request("recover", _wire.args(workspace=workspace)))
@@ -312,6 +330,7 @@ class AsyncClient:
         secret: Optional[Pairs] = None,
         vm: Optional[bool] = None,
         accept_emulation: Optional[bool] = None,
+        idle_timeout: Optional[Union[int, float, str]] = None,
     ) -> SandboxStatus:
         """Starts the workspace's long-lived sandbox; gives its status once ready
         (``ports``: internal port -> host port on 127.0.0.1). ``net``: ``none``,
@@ -334,6 +353,7 @@ class AsyncClient:
             env=env,
             ro_bind=ro_bind,
             secret=secret,
+            idle_timeout=idle_timeout,
         )
         return cast(SandboxStatus, await self.request("sandbox_start", a))
 
@@ -373,6 +393,101 @@ class AsyncClient:
 
     async def sandbox_log(self, workspace: str, tail: Optional[int] = None) -> SandboxLog:
         return cast(SandboxLog, await self.request("sandbox_log", _wire.args(workspace=workspace, tail=tail)))
+
+    async def sandbox_pause(self, workspace: str) -> Paused:
+        """See :meth:`cowspace.Client.sandbox_pause`."""
+        return cast(Paused, await self.request("sandbox_pause", _wire.args(workspace=workspace)))
+
+    async def sandbox_resume(self, workspace: str) -> Resumed:
+        return cast(Resumed, await self.request("sandbox_resume", _wire.args(workspace=workspace)))
+
+    async def sandbox_suspend(self, workspace: str) -> Dict[str, Any]:
+        return cast(Dict[str, Any], await self.request("sandbox_suspend", _wire.args(workspace=workspace)))
+
+    # -- files -----------------------------------------------------------------------
+
+    def files(self, workspace: str) -> "AsyncFiles":
+        """The workspace's files, E2B-like (``await c.files(ws).write("a.txt", b"...")``)."""
+        return AsyncFiles(self, workspace)
+
+    async def files_stat(self, workspace: str, path: _wire.Path) -> FileInfo:
+        """See :meth:`cowspace.Client.files_stat`."""
+        return cast(FileInfo, await self.request("files_stat", _wire.files_args(workspace, path)))
+
+    async def files_list(
+        self, workspace: str, path: _wire.Path = ".", *, recursive: Optional[bool] = None
+    ) -> List[FileInfo]:
+        r = await self.request("files_list", _wire.files_args(workspace, path, recursive=recursive))
+        return cast(List[FileInfo], r.get("entries", []))
+
+    async def files_read_chunks(
+        self,
+        workspace: str,
+        path: _wire.Path,
+        *,
+        offset: int = 0,
+        length: Optional[int] = None,
+        chunk_size: int = _wire.MAX_IO_BYTES,
+    ) -> AsyncIterator[bytes]:
+        """``async for`` over the file's bytes in pieces of ``chunk_size`` (at most 64
+        MiB), one request each."""
+        for off, n in _wire.read_ranges(offset, length, chunk_size):
+            r = await self.request("files_read", _wire.files_args(workspace, path, offset=off, length=n))
+            data = _wire.unb64(r.get("data"))
+            if data:
+                yield data
+            if len(data) < n:
+                return
+
+    async def files_read(
+        self, workspace: str, path: _wire.Path, *, offset: int = 0, length: Optional[int] = None
+    ) -> bytes:
+        return b"".join([p async for p in self.files_read_chunks(workspace, path, offset=offset, length=length)])
+
+    async def files_write(
+        self,
+        workspace: str,
+        path: _wire.Path,
+        data: Any,
+        *,
+        mode: Optional[int] = None,
+        append: Optional[bool] = None,
+        chunk_size: int = _wire.MAX_IO_BYTES,
+    ) -> FileInfo:
+        """See :meth:`cowspace.Client.files_write` (a first write plus appends of 64 MiB
+        for more)."""
+        info: Optional[FileInfo] = None
+        for i, piece in enumerate(_wire.write_chunks(data, chunk_size)):
+            a = _wire.files_args(
+                workspace, path, data=_wire.b64(piece), mode=mode, append=True if (append or i > 0) else None
+            )
+            info = cast(FileInfo, await self.request("files_write", a))
+        assert info is not None
+        return info
+
+    async def files_mkdir(
+        self, workspace: str, path: _wire.Path, *, parents: Optional[bool] = None, mode: Optional[int] = None
+    ) -> FileInfo:
+        a = _wire.files_args(workspace, path, parents=parents, mode=mode)
+        return cast(FileInfo, await self.request("files_mkdir", a))
+
+    async def files_remove(
+        self, workspace: str, path: _wire.Path, *, recursive: Optional[bool] = None
+    ) -> Dict[str, Any]:
+        a = _wire.files_args(workspace, path, recursive=recursive)
+        return cast(Dict[str, Any], await self.request("files_remove", a))
+
+    async def files_rename(self, workspace: str, path: _wire.Path, to: str) -> FileInfo:
+        return cast(FileInfo, await self.request("files_rename", _wire.files_args(workspace, path, to=to)))
+
+    async def files_symlink(self, workspace: str, path: _wire.Path, target: str) -> FileInfo:
+        return cast(FileInfo, await self.request("files_symlink", _wire.files_args(workspace, path, to=target)))
+
+    async def watch(self, workspace: str, path: _wire.Path = ".") -> AsyncWatch:
+        """Watches the tree below ``path`` on a connection of its own: an
+        :class:`~cowspace.AsyncWatch` (``async for``, ``await get(timeout)``; close it
+        when done). The watch is in place when this returns."""
+        return await AsyncWatch.open(self.path, _wire.files_args(workspace, path))
 
     # -- exec ------------------------------------------------------------------------
 
@@ -451,6 +566,59 @@ class AsyncClient:
         if check and res.exit_code != 0:
             raise CommandFailed(res)
         return res
+
+
+class AsyncFiles:
+    """:class:`cowspace.client.Files` for asyncio (``AsyncClient.files(ws)``)."""
+
+    def __init__(self, client: AsyncClient, workspace: str) -> None:
+        self.client = client
+        self.workspace = workspace
+
+    async def read(self, path: _wire.Path, format: str = "text") -> Any:
+        data = await self.client.files_read(self.workspace, path)
+        return data if format == "bytes" else data.decode("utf-8", "replace")
+
+    def read_chunks(self, path: _wire.Path, chunk_size: int = _wire.MAX_IO_BYTES) -> AsyncIterator[bytes]:
+        return self.client.files_read_chunks(self.workspace, path, chunk_size=chunk_size)
+
+    async def write(self, path: _wire.Path, data: Any, *, mode: Optional[int] = None) -> FileInfo:
+        return await self.client.files_write(self.workspace, path, data, mode=mode)
+
+    async def append(self, path: _wire.Path, data: Any) -> FileInfo:
+        return await self.client.files_write(self.workspace, path, data, append=True)
+
+    async def list(self, path: _wire.Path = ".", *, recursive: bool = False) -> List[FileInfo]:
+        return await self.client.files_list(self.workspace, path, recursive=recursive or None)
+
+    async def get_info(self, path: _wire.Path) -> FileInfo:
+        return await self.client.files_stat(self.workspace, path)
+
+    stat = get_info
+
+    async def exists(self, path: _wire.Path) -> bool:
+        from .errors import NotFound
+
+        try:
+            await self.client.files_stat(self.workspace, path)
+            return True
+        except NotFound:
+            return False
+
+    async def make_dir(self, path: _wire.Path, *, mode: Optional[int] = None) -> FileInfo:
+        return await self.client.files_mkdir(self.workspace, path, parents=True, mode=mode)
+
+    async def remove(self, path: _wire.Path) -> None:
+        await self.client.files_remove(self.workspace, path, recursive=True)
+
+    async def rename(self, old_path: _wire.Path, new_path: str) -> FileInfo:
+        return await self.client.files_rename(self.workspace, old_path, new_path)
+
+    async def symlink(self, path: _wire.Path, target: str) -> FileInfo:
+        return await self.client.files_symlink(self.workspace, path, target)
+
+    async def watch_dir(self, path: _wire.Path = ".") -> AsyncWatch:
+        return await self.client.watch(self.workspace, path)
 
 
 def _list(v: Optional[Iterable[str]]) -> Optional[List[str]]:

@@ -4,23 +4,28 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
 from . import _exec, _wire
 from ._exec import Command, Stdio
+from ._watch import Watch
 from .errors import CommandFailed, ExecTimeout, IoError
 from .records import (
     CommitReport,
     Created,
     Diff,
     ExecResult,
+    FileInfo,
+    ForkResult,
     ImportReport,
+    Paused,
     Ping,
     PolicyResult,
     PortResult,
     ProgressEvent,
     RefSet,
     Removed,
+    Resumed,
     SandboxList,
     SandboxLog,
     SandboxStatus,
@@ -29,7 +34,7 @@ from .records import (
     Workspace,
 )
 
-__all__ = ["Client"]
+__all__ = ["Client", "Files"]
 
 Pairs = Union[Iterable[str], Mapping[str, str]]
 
@@ -263,7 +268,24 @@ class Client:
         return cast(CommitReport, self.request("commit", a))
 
     def remove(self, workspace: str, *, force: Optional[bool] = None) -> Removed:
+        """Removes the workspace; without ``force``, ``busy`` while a sandbox runs in it
+        or while it has changes since its last commit (or its base)."""
         return cast(Removed, self.request("remove", _wire.args(workspace=workspace, force=force)))
+
+    def fork(
+        self,
+        workspace: str,
+        *,
+        name: Optional[str] = None,
+        count: Optional[int] = None,
+        sandbox: Optional[bool] = None,
+    ) -> ForkResult:
+        """New workspaces holding what ``workspace`` shows now (its base and a copy of
+        its changes): ``count`` of them (1 to 64; with a ``name``, NAME-1 ... NAME-N),
+        each with a sandbox started with the parent's controls when ``sandbox``. A
+        running sandbox of the parent is frozen for the copy (``frozen_ms``)."""
+        a = _wire.args(workspace=workspace, name=name, count=count, sandbox=sandbox)
+        return cast(ForkResult, self.request("fork", a))
 
     def recover(self, workspace: str) -> Workspace:
         return cast(Workspace, self.request("recover", _wire.args(workspace=workspace)))
@@ -297,12 +319,14 @@ class Client:
         secret: Optional[Pairs] = None,
         vm: Optional[bool] = None,
         accept_emulation: Optional[bool] = None,
+        idle_timeout: Optional[Union[int, float, str]] = None,
     ) -> SandboxStatus:
         """Starts the workspace's long-lived sandbox; gives its status once ready
         (``ports``: internal port -> host port on 127.0.0.1). ``net``: ``none``,
         ``loopback`` or ``egress``; mappings are accepted for ``env`` (K -> V),
         ``add_host`` (NAME -> ADDR), ``ro_bind`` (SRC -> DST) and ``secret`` (NAME ->
-        FILE)."""
+        FILE). ``idle_timeout`` (``"30s"``, ``"5m"``, or seconds): paused after that
+        long without an exec or published-port traffic, resumed by the next."""
         a = _wire.sandbox_args(
             workspace,
             vm=vm,
@@ -319,6 +343,7 @@ class Client:
             env=env,
             ro_bind=ro_bind,
             secret=secret,
+            idle_timeout=idle_timeout,
         )
         return cast(SandboxStatus, self.request("sandbox_start", a))
 
@@ -358,6 +383,121 @@ class Client:
 
     def sandbox_log(self, workspace: str, tail: Optional[int] = None) -> SandboxLog:
         return cast(SandboxLog, self.request("sandbox_log", _wire.args(workspace=workspace, tail=tail)))
+
+    def sandbox_pause(self, workspace: str) -> Paused:
+        """Stops every process of the sandbox, its memory kept (cgroup freezer); until
+        :meth:`sandbox_resume`, ``exec`` is refused as ``busy``. ``invalid_input`` when
+        paused already; ``unsupported`` without a cgroup freezer."""
+        return cast(Paused, self.request("sandbox_pause", _wire.args(workspace=workspace)))
+
+    def sandbox_resume(self, workspace: str) -> Resumed:
+        """Lets a paused sandbox run again (``invalid_input`` when it is not paused)."""
+        return cast(Resumed, self.request("sandbox_resume", _wire.args(workspace=workspace)))
+
+    def sandbox_suspend(self, workspace: str) -> Dict[str, Any]:
+        """Suspends the sandbox to disk (``unsupported`` where the host cannot, with the
+        reason)."""
+        return cast(Dict[str, Any], self.request("sandbox_suspend", _wire.args(workspace=workspace)))
+
+    # -- files -----------------------------------------------------------------------
+
+    def files(self, workspace: str) -> "Files":
+        """The workspace's files, E2B-like (``c.files(ws).write("a.txt", b"...")``)."""
+        return Files(self, workspace)
+
+    def files_stat(self, workspace: str, path: _wire.Path) -> FileInfo:
+        """The entry at ``path`` (inside the workspace; ``not_found`` when missing). Paths
+        are resolved within the workspace (a link as it would resolve inside the
+        sandbox; ``..`` above the root is ``invalid_input``); while a sandbox runs, as
+        its root. A ``bytes`` path that is not UTF-8 is sent by its exact bytes."""
+        return cast(FileInfo, self.request("files_stat", _wire.files_args(workspace, path)))
+
+    def files_list(
+        self, workspace: str, path: _wire.Path = ".", *, recursive: Optional[bool] = None
+    ) -> List[FileInfo]:
+        """The entries of the directory ``path`` (``recursive``: every entry below, links
+        not followed), paths relative to the workspace's root."""
+        r = self.request("files_list", _wire.files_args(workspace, path, recursive=recursive))
+        return cast(List[FileInfo], r.get("entries", []))
+
+    def files_read_chunks(
+        self,
+        workspace: str,
+        path: _wire.Path,
+        *,
+        offset: int = 0,
+        length: Optional[int] = None,
+        chunk_size: int = _wire.MAX_IO_BYTES,
+    ) -> Iterator[bytes]:
+        """The file's bytes from ``offset`` (``length`` of them at most; all by default)
+        as pieces of ``chunk_size`` (at most 64 MiB), one request each."""
+        for off, n in _wire.read_ranges(offset, length, chunk_size):
+            r = self.request("files_read", _wire.files_args(workspace, path, offset=off, length=n))
+            data = _wire.unb64(r.get("data"))
+            if data:
+                yield data
+            if len(data) < n:
+                return
+
+    def files_read(
+        self, workspace: str, path: _wire.Path, *, offset: int = 0, length: Optional[int] = None
+    ) -> bytes:
+        """The file's bytes from ``offset`` (``length`` at most; all by default), read in
+        ranges of 64 MiB."""
+        return b"".join(self.files_read_chunks(workspace, path, offset=offset, length=length))
+
+    def files_write(
+        self,
+        workspace: str,
+        path: _wire.Path,
+        data: Any,
+        *,
+        mode: Optional[int] = None,
+        append: Optional[bool] = None,
+        chunk_size: int = _wire.MAX_IO_BYTES,
+    ) -> FileInfo:
+        """Writes ``data`` (bytes, str as UTF-8, a binary file, or an iterable of bytes)
+        to the file ``path`` (its parent must exist), replacing it (atomically: a
+        temporary file renamed over it) or, with ``append``, adding to it; ``mode``:
+        permission bits of a new file. More than 64 MiB goes as a first write plus
+        appends of 64 MiB (a reader may see the file grow). Gives the final entry."""
+        info: Optional[FileInfo] = None
+        for i, piece in enumerate(_wire.write_chunks(data, chunk_size)):
+            a = _wire.files_args(
+                workspace, path, data=_wire.b64(piece), mode=mode, append=True if (append or i > 0) else None
+            )
+            info = cast(FileInfo, self.request("files_write", a))
+        assert info is not None
+        return info
+
+    def files_mkdir(
+        self, workspace: str, path: _wire.Path, *, parents: Optional[bool] = None, mode: Optional[int] = None
+    ) -> FileInfo:
+        """Makes the directory ``path`` (``parents``: missing parents too, no error when
+        it exists)."""
+        a = _wire.files_args(workspace, path, parents=parents, mode=mode)
+        return cast(FileInfo, self.request("files_mkdir", a))
+
+    def files_remove(self, workspace: str, path: _wire.Path, *, recursive: Optional[bool] = None) -> Dict[str, Any]:
+        """Removes the file, link or empty directory ``path`` (``recursive``: a directory
+        and everything below; links are removed, never followed)."""
+        return cast(Dict[str, Any], self.request("files_remove", _wire.files_args(workspace, path, recursive=recursive)))
+
+    def files_rename(self, workspace: str, path: _wire.Path, to: str) -> FileInfo:
+        """Renames ``path`` to ``to`` (both inside the workspace); gives the new entry."""
+        return cast(FileInfo, self.request("files_rename", _wire.files_args(workspace, path, to=to)))
+
+    def files_symlink(self, workspace: str, path: _wire.Path, target: str) -> FileInfo:
+        """Makes ``path`` a symbolic link to ``target`` (as given; resolved inside)."""
+        return cast(FileInfo, self.request("files_symlink", _wire.files_args(workspace, path, to=target)))
+
+    def watch(self, workspace: str, path: _wire.Path = ".") -> Watch:
+        """Watches the tree below ``path`` on a connection of its own: a
+        :class:`~cowspace.Watch` (iterate it, or ``get(timeout)``; close it when done)
+        of ``created``, ``modified``, ``removed``, ``renamed`` (``from``) and
+        ``rescan`` events, from the sandbox and the host alike. The watch is in place
+        when this returns."""
+        return Watch(self.path, _wire.files_args(workspace, path), self._sock.gettimeout())
 
     # -- exec ------------------------------------------------------------------------
 
@@ -457,6 +597,64 @@ class Client:
         if check and res.exit_code != 0:
             raise CommandFailed(res)
         return res
+
+
+class Files:
+    """A workspace's files, shaped as E2B's ``sandbox.files`` (``Client.files(ws)``);
+    each method is the ``files_*`` one of the client."""
+
+    def __init__(self, client: Client, workspace: str) -> None:
+        self.client = client
+        self.workspace = workspace
+
+    def read(self, path: _wire.Path, format: str = "text") -> Any:
+        """The file's contents: ``str`` (``format="text"``, UTF-8) or ``bytes``
+        (``"bytes"``)."""
+        data = self.client.files_read(self.workspace, path)
+        return data if format == "bytes" else data.decode("utf-8", "replace")
+
+    def read_chunks(self, path: _wire.Path, chunk_size: int = _wire.MAX_IO_BYTES) -> Iterator[bytes]:
+        return self.client.files_read_chunks(self.workspace, path, chunk_size=chunk_size)
+
+    def write(self, path: _wire.Path, data: Any, *, mode: Optional[int] = None) -> FileInfo:
+        return self.client.files_write(self.workspace, path, data, mode=mode)
+
+    def append(self, path: _wire.Path, data: Any) -> FileInfo:
+        return self.client.files_write(self.workspace, path, data, append=True)
+
+    def list(self, path: _wire.Path = ".", *, recursive: bool = False) -> List[FileInfo]:
+        return self.client.files_list(self.workspace, path, recursive=recursive or None)
+
+    def get_info(self, path: _wire.Path) -> FileInfo:
+        return self.client.files_stat(self.workspace, path)
+
+    stat = get_info
+
+    def exists(self, path: _wire.Path) -> bool:
+        from .errors import NotFound
+
+        try:
+            self.client.files_stat(self.workspace, path)
+            return True
+        except NotFound:
+            return False
+
+    def make_dir(self, path: _wire.Path, *, mode: Optional[int] = None) -> FileInfo:
+        """Makes the directory and its missing parents (no error when it exists)."""
+        return self.client.files_mkdir(self.workspace, path, parents=True, mode=mode)
+
+    def remove(self, path: _wire.Path) -> None:
+        """Removes the file, link or directory (with what it holds)."""
+        self.client.files_remove(self.workspace, path, recursive=True)
+
+    def rename(self, old_path: _wire.Path, new_path: str) -> FileInfo:
+        return self.client.files_rename(self.workspace, old_path, new_path)
+
+    def symlink(self, path: _wire.Path, target: str) -> FileInfo:
+        return self.client.files_symlink(self.workspace, path, target)
+
+    def watch_dir(self, path: _wire.Path = ".") -> Watch:
+        return self.client.watch(self.workspace, path)
 
 
 def _list(v: Optional[Iterable[str]]) -> Optional[List[str]]:

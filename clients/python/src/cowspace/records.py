@@ -35,6 +35,11 @@ __all__ = [
     "Decision",
     "SandboxLog",
     "Stopped",
+    "FileInfo",
+    "WatchEvent",
+    "ForkResult",
+    "Paused",
+    "Resumed",
     "ExecResult",
     "Output",
 ]
@@ -162,6 +167,9 @@ class SandboxStatus(TypedDict, total=False):
     memory_bytes: Optional[int]
     oom_kills: Optional[int]
     execs_running: int
+    paused_at: Optional[int]
+    paused_by: Optional[str]
+    idle_timeout_ms: Optional[int]
     uptime_s: float
     egress: Dict[str, Any]
 
@@ -205,6 +213,57 @@ class SandboxLog(TypedDict, total=False):
 class Stopped(TypedDict, total=False):
     stopped: bool
     oom_kills: int
+    workspace: str
+
+
+class FileInfo(TypedDict, total=False):
+    """An entry of a workspace's tree (``files_stat``, ``files_list``, ...): ``path``
+    relative to the workspace's root (``path_hex``: its exact bytes when not UTF-8),
+    ``kind`` (``file``, ``dir``, ``symlink``, ``fifo``, ``socket``, ``char_device``,
+    ``block_device``), ``uid`` / ``gid`` as seen inside the sandbox when one runs."""
+
+    path: str
+    path_hex: str
+    kind: str
+    size: int
+    mode: int
+    mtime: int
+    uid: int
+    gid: int
+    target: str
+
+
+class WatchEvent(TypedDict, total=False):
+    """A change seen by ``watch``: ``event`` is ``created``, ``modified``, ``removed``,
+    ``renamed`` (with ``from``) or ``rescan`` (events were lost: look again)."""
+
+    event: str
+    path: str
+    # "from" (a rename's old path) is a keyword: read it as ev["from"] / ev.get("from").
+
+
+class ForkResult(TypedDict, total=False):
+    """``fork``'s answer: the new workspaces (each record with ``parent``)."""
+
+    parent: str
+    forks: List[Workspace]
+    frozen_ms: float
+    elapsed_ms: float
+
+
+class Paused(TypedDict, total=False):
+    paused: bool
+    paused_at: int
+    paused_by: str
+    elapsed_ms: float
+    workspace: str
+
+
+class Resumed(TypedDict, total=False):
+    resumed: bool
+    paused_ms: float
+    paused_by: str
+    elapsed_ms: float
     workspace: str
 
 

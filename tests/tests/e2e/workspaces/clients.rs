@@ -4,7 +4,11 @@
 //! progress, create, a sandbox with a published port and a read-only dependency cache,
 //! exec of an install and of tests, a background server reached through its published
 //! port, a port published later, commit, remove), the features of exec (streams,
-//! callbacks, iterators, stdin, signals, a timeout, a pseudo-terminal), and the error
+//! callbacks, iterators, stdin, signals, a timeout, a pseudo-terminal), the files
+//! operations while a sandbox runs (written by the client and read from inside, owned
+//! by root there; listings; a `..` path refused; rename, symlink, remove; ranges and
+//! appends), a watch seeing a file made inside and one the client wrote, a fork showing
+//! its parent's change, a pause refusing exec as busy then a resume, and the error
 //! paths (a missing workspace, an exec with no sandbox, an unknown argument key,
 //! another protocol version). Afterwards nothing of the root may be left: no mount, no
 //! workspace directory, no daemon.
@@ -132,6 +136,8 @@ fn python_client_runs_the_seed_chain_and_the_error_paths() {
         "test_seed_chain_sync",
         "test_seed_chain_async",
         "test_exec_without_sandbox_and_bad_arguments",
+        "test_files_watch_fork_pause_sync",
+        "test_files_watch_fork_pause_async",
         "test_other_protocol_is_refused_naming_both",
     ] {
         assert!(out.stderr.contains(name), "{name} did not run\n{report}");
@@ -179,7 +185,7 @@ fn typescript_client_runs_the_seed_chain_and_the_error_paths() {
     assert_eq!(out.code, 0, "the Node suite failed\n{report}");
     assert!(out.stdout.contains("# fail 0"), "{report}");
     assert!(out.stdout.contains("# skipped 0"), "{report}");
-    assert!(out.stdout.contains("# pass 3"), "{report}");
+    assert!(out.stdout.contains("# pass 4"), "{report}");
     assert_eq!(r.t.json(["list"]).ok().json(), serde_json::json!([]));
     r.assert_clean();
 }
