@@ -36,6 +36,8 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::runtime::Runtime;
 
+/// The stem of an atomic write's temporary name (watchers do not report these).
+pub const TEMP_PREFIX: &str = ".cowspace-write";
 /// Most bytes one read or write moves.
 pub const MAX_IO_BYTES: u64 = 64 << 20;
 /// Most entries one listing returns.
@@ -547,7 +549,7 @@ impl Files {
                 Some(st) if st.st_mode & libc::S_IFMT == libc::S_IFREG => st.st_mode & 0o7777,
                 _ => 0o644,
             });
-            let tmp = OsString::from(crate::tmpname::unique(".cowspace-write"));
+            let tmp = OsString::from(crate::tmpname::unique(TEMP_PREFIX));
             let fd = rustix::fs::openat(
                 &dir,
                 &tmp,

@@ -8,7 +8,8 @@
 //! workspace, never through a worker's symlink out of it) and watched by their
 //! descriptor's `/proc/self/fd` name, so no watch is ever placed outside the workspace.
 //!
-//! Events are coalesced per batch (what arrives within [`COALESCE_MS`] of the first):
+//! Events are coalesced per batch (what arrives within [`COALESCE_MS`] of the first, or
+//! until the queue is quiet for [`QUIET_MS`]):
 //! one `modified` per path, a move's two halves paired into `renamed`. A queue overflow,
 //! or a batch of more than [`MAX_BATCH_EVENTS`], becomes one `rescan` event: the fact of
 //! a change is never lost, its detail may be.
@@ -26,6 +27,8 @@ use crate::error::{Error, Result};
 
 /// How long a batch gathers events after its first one.
 pub const COALESCE_MS: u64 = 50;
+/// How long the queue stays quiet before a begun batch is reported.
+pub const QUIET_MS: u64 = 5;
 /// Most events one batch reports before it becomes a `rescan`.
 pub const MAX_BATCH_EVENTS: usize = 100_000;
 /// Most directories watched (the kernel's `max_user_watches` bounds it too).
@@ -70,6 +73,14 @@ const MASK: WatchFlags = WatchFlags::CREATE
     .union(WatchFlags::MOVED_TO)
     .union(WatchFlags::DELETE_SELF)
     .union(WatchFlags::ONLYDIR);
+
+/// A temporary name of the files API's atomic writes (`crate::files`).
+fn is_own_temp(p: &Path) -> bool {
+    p.file_name().is_some_and(|n| {
+        n.as_bytes()
+            .starts_with(crate::files::TEMP_PREFIX.as_bytes())
+    })
+}
 
 fn text(p: &Path) -> String {
     if p.as_os_str().is_empty() {
@@ -147,7 +158,12 @@ impl Watcher {
         let mut deadline = Instant::now() + timeout;
         let mut started = false;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
+            // Once a batch has begun, it ends at its deadline or as soon as the queue has
+            // been quiet for QUIET_MS: a lone change is reported at once, a burst whole.
+            let mut left = deadline.saturating_duration_since(Instant::now());
+            if started {
+                left = left.min(Duration::from_millis(QUIET_MS));
+            }
             let mut fds = [rustix::event::PollFd::new(
                 &self.ino,
                 rustix::event::PollFlags::IN,
@@ -223,6 +239,11 @@ impl Watcher {
         let mut moved_from: HashMap<u32, (usize, PathBuf)> = HashMap::new();
         for (path, flags, cookie) in raw {
             let is_dir = flags.contains(ReadFlags::ISDIR);
+            // The files API's temporary names are not reported; their rename into
+            // place is (as `modified`).
+            if is_own_temp(&path) && !flags.contains(ReadFlags::MOVED_FROM) {
+                continue;
+            }
             if flags.contains(ReadFlags::MOVED_FROM) {
                 moved_from.insert(cookie, (out.len(), path.clone()));
                 out.push(WatchEvent {
@@ -232,6 +253,14 @@ impl Watcher {
                 });
             } else if flags.contains(ReadFlags::MOVED_TO) {
                 match moved_from.remove(&cookie) {
+                    // The files API's own atomic write: the target was written.
+                    Some((i, from)) if is_own_temp(&from) => {
+                        out[i] = WatchEvent {
+                            event: "modified",
+                            path: text(&path),
+                            from: None,
+                        };
+                    }
                     Some((i, from)) => {
                         out[i] = WatchEvent {
                             event: "renamed",
