@@ -682,7 +682,7 @@ fn sandbox_kernel_knobs_are_out_of_reach_and_a_missing_command_exits_127() {
         &["no-such-command"],
     ));
     let (code, stdout, _) = parts(&out);
-    assert_eq!(code, Some(9));
+    assert_eq!(code, Some(127));
     assert_eq!(stdout.lines().count(), 1, "{stdout}");
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(v["error"]["kind"], "invalid_input");
