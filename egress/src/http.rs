@@ -6,7 +6,8 @@
 //! (`GET /path`) with its `Host` rewritten from the target; `CONNECT host:port` becomes a
 //! tunnel (the `tunnel` module). Hop-by-hop headers (`Connection` and the fields it names,
 //! `Keep-Alive`, `TE`, `Trailer`, `Upgrade`, `Expect`) and every `Proxy-*` header are
-//! stripped; bodies are copied verbatim with their framing (the `framing` module).
+//! stripped; bodies are copied verbatim with their framing (the `framing` module), a
+//! large `Content-Length` or close-delimited one with `splice(2)` (the `splice` module).
 //!
 //! Refused with `400`: a head that does not parse or exceeds [`crate::MAX_HEAD_BYTES`], an
 //! origin-form or `https://` target, userinfo (`user@host`) or a fragment in the target,
@@ -29,6 +30,7 @@ use crate::framing::{
 use crate::log::Via;
 use crate::policy::{Host, Policy, RULE_HOST_MISMATCH};
 use crate::shared::{Refusal, Shared, connect_upstream};
+use crate::splice::{self, KernelPipe, SPLICE_AFTER_BYTES};
 use crate::stats::HostCounters;
 use crate::tunnel::{self, IDLE_TIMEOUT};
 
@@ -471,6 +473,37 @@ fn forward(
     }
 }
 
+/// Copies a body of `n` bytes (`None`: up to the end of `reader`) from `reader` to `w`:
+/// what `reader` has buffered by copying it, the rest with `splice(2)` when at least
+/// [`SPLICE_AFTER_BYTES`] are to come and a pipe can be made, else by copying too. Never
+/// reads past the body's end, so a kept-alive connection's next message is intact.
+fn copy_body(
+    reader: &mut BufReader<TcpStream>,
+    w: &mut TcpStream,
+    n: Option<u64>,
+    count: &dyn Fn(usize),
+) -> io::Result<()> {
+    let buffered = reader.buffer().len() as u64;
+    let head = n.map_or(buffered, |n| n.min(buffered));
+    let rest = n.map(|n| n - head);
+    let pipe = match rest {
+        Some(r) if r < SPLICE_AFTER_BYTES => None,
+        _ => KernelPipe::new().ok(),
+    };
+    let Some(mut pipe) = pipe else {
+        return match n {
+            Some(n) => copy_exact(reader, w, n, count),
+            None => copy_to_eof(reader, w, count),
+        };
+    };
+    copy_exact(reader, w, head, count)?;
+    assert!(
+        reader.buffer().is_empty(),
+        "bytes left buffered before a splice"
+    );
+    splice::copy_exact(&mut pipe, reader.get_ref(), w, rest, count)
+}
+
 /// How an exchange failed: before a response began (a 502 can still be sent) or during.
 enum Exchange {
     BeforeResponse(String),
@@ -522,7 +555,7 @@ fn exchange(
         .map_err(before)?;
     match body {
         Body::None | Body::UntilClose => Ok(()),
-        Body::Length(n) => copy_exact(reader, &mut up.writer, n, &count_up),
+        Body::Length(n) => copy_body(reader, &mut up.writer, Some(n), &count_up),
         Body::Chunked => copy_chunked(reader, &mut up.writer, &count_up),
     }
     .map_err(|_| Exchange::During)?;
@@ -573,9 +606,9 @@ fn exchange(
             .map_err(|_| Exchange::During)?;
         match body {
             Body::None => Ok(()),
-            Body::Length(n) => copy_exact(&mut up.reader, client, n, &count_down),
+            Body::Length(n) => copy_body(&mut up.reader, client, Some(n), &count_down),
             Body::Chunked => copy_chunked(&mut up.reader, client, &count_down),
-            Body::UntilClose => copy_to_eof(&mut up.reader, client, &count_down),
+            Body::UntilClose => copy_body(&mut up.reader, client, None, &count_down),
         }
         .map_err(|_| Exchange::During)?;
         return Ok((client_keep, upstream_keep));

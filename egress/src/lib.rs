@@ -12,7 +12,8 @@
 //!
 //! Codemap: [`policy`] (patterns, decisions, address rules, the [`Resolve`] seam),
 //! [`http`] (HTTP/1.1 forward proxy and `CONNECT`), `tunnel` (first-bytes inspection:
-//! TLS SNI via [`tls`], HTTP `Host`; then the relay), [`socks`] (SOCKS5), [`dns`] (the
+//! TLS SNI via [`tls`], HTTP `Host`; then the relay), `splice` (bulk bytes socket to
+//! socket through a kernel pipe), [`socks`] (SOCKS5), [`dns`] (the
 //! responder inside), [`log`] and [`stats`] (evidence), [`server`] (threads and limits),
 //! [`control`] (the JSON-lines control seam).
 //!
@@ -53,6 +54,7 @@ pub mod policy;
 pub mod server;
 mod shared;
 pub mod socks;
+mod splice;
 pub mod stats;
 pub mod tls;
 mod tunnel;

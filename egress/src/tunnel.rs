@@ -15,7 +15,10 @@
 //! Only the first bytes are inspected: a later request inside the same tunnel still goes
 //! to the address that was checked, never anywhere else. The relay is one thread with
 //! `poll(2)` over both non-blocking sockets, a bounded buffer per direction and half-close
-//! passed through; it ends on close, error, or [`IDLE_TIMEOUT`] with no traffic.
+//! passed through; it ends on close, error, or [`IDLE_TIMEOUT`] with no traffic. A
+//! direction that has carried [`SPLICE_AFTER_BYTES`] moves on through a kernel pipe with
+//! `splice(2)` (the `splice` module): the same loop, counters and half-close, without
+//! copying the bytes into this process (the first bytes, inspected, were already sent).
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -27,6 +30,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use crate::log::Via;
 use crate::policy::{Host, RULE_BAD_CLIENT_HELLO, RULE_HOST_MISMATCH, RULE_SNI_MISMATCH};
 use crate::shared::Shared;
+use crate::splice::{KernelPipe, SPLICE_AFTER_BYTES};
 use crate::stats::HostCounters;
 use crate::tls::{Hello, parse_client_hello};
 
@@ -36,7 +40,8 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 pub const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most first bytes buffered for inspection.
 pub const MAX_FIRST_BYTES: usize = 64 * 1024;
-/// Buffer per relay direction.
+/// Buffer per relay direction while it copies through user space (its first
+/// [`SPLICE_AFTER_BYTES`], or all of it when no pipe can be made).
 pub const RELAY_BUF_BYTES: usize = 16 * 1024;
 
 /// The verdict on the first bytes.
@@ -183,11 +188,17 @@ pub(crate) fn run(
     relay(&mut client, &mut upstream, counters)
 }
 
-/// One direction of the relay.
+/// One direction of the relay: through a user-space buffer at first, through a kernel
+/// pipe (`splice(2)`, the `splice` module) once it has carried [`SPLICE_AFTER_BYTES`].
 struct Pipe {
     buf: Vec<u8>,
     start: usize,
     end: usize,
+    kernel: Option<KernelPipe>,
+    /// Bytes read from the source so far.
+    moved: u64,
+    /// Cleared when a pipe could not be made or spliced: this direction stays buffered.
+    may_splice: bool,
     eof: bool,
     shut: bool,
 }
@@ -198,15 +209,71 @@ impl Pipe {
             buf: vec![0; RELAY_BUF_BYTES],
             start: 0,
             end: 0,
+            kernel: None,
+            moved: 0,
+            may_splice: true,
             eof: false,
             shut: false,
         }
     }
     fn empty(&self) -> bool {
-        self.start == self.end
+        self.start == self.end && self.kernel.as_ref().is_none_or(KernelPipe::is_empty)
     }
     fn done(&self) -> bool {
         self.eof && self.empty()
+    }
+    /// Whether this direction moves through a kernel pipe now.
+    #[cfg(test)]
+    fn spliced(&self) -> bool {
+        self.kernel.is_some()
+    }
+    /// Reads what `from` has into the empty pipe or buffer: `Ok(None)` when it has nothing.
+    fn fill(&mut self, from: &mut TcpStream) -> io::Result<Option<usize>> {
+        if self.kernel.is_none() && self.may_splice && self.moved >= SPLICE_AFTER_BYTES {
+            match KernelPipe::new() {
+                Ok(pipe) => {
+                    self.kernel = Some(pipe);
+                    self.buf = Vec::new();
+                }
+                Err(_) => self.may_splice = false,
+            }
+        }
+        if let Some(pipe) = &mut self.kernel {
+            match pipe.fill(&*from, u64::MAX) {
+                // Nothing was moved: a socket that cannot be spliced goes back to copies.
+                Err(e) if e.raw_os_error() == Some(rustix::io::Errno::INVAL.raw_os_error()) => {
+                    self.kernel = None;
+                    self.may_splice = false;
+                    self.buf = vec![0; RELAY_BUF_BYTES];
+                }
+                other => return other,
+            }
+        }
+        match from.read(&mut self.buf) {
+            Ok(n) => {
+                (self.start, self.end) = (0, n);
+                Ok(Some(n))
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+    /// Writes what the pipe or buffer holds to `to` until empty or `to` would block.
+    fn drain(&mut self, to: &mut TcpStream) -> io::Result<()> {
+        if let Some(pipe) = &mut self.kernel {
+            return pipe.drain(&*to);
+        }
+        while self.start < self.end {
+            match to.write(&self.buf[self.start..self.end]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => self.start += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
     /// Moves bytes `from` -> `to` as far as they go without blocking.
     fn pump(
@@ -216,26 +283,16 @@ impl Pipe {
         count: &dyn Fn(usize),
     ) -> io::Result<()> {
         if self.empty() && !self.eof {
-            match from.read(&mut self.buf) {
-                Ok(0) => self.eof = true,
-                Ok(n) => {
+            match self.fill(from)? {
+                Some(0) => self.eof = true,
+                Some(n) => {
                     count(n);
-                    (self.start, self.end) = (0, n);
+                    self.moved += n as u64;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
+                None => {}
             }
         }
-        while !self.empty() {
-            match to.write(&self.buf[self.start..self.end]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => self.start += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
+        self.drain(to)?;
         if self.done() && !self.shut {
             self.shut = true;
             let _ = to.shutdown(Shutdown::Write);
@@ -298,6 +355,90 @@ pub(crate) fn relay(
 mod tests {
     use super::*;
     use crate::tls::client_hello_for_tests;
+    use std::net::TcpListener;
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        (a, b)
+    }
+
+    fn pattern(n: usize, seed: u8) -> Vec<u8> {
+        (0..n).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+    }
+
+    #[test]
+    fn a_direction_switches_to_splice_after_its_first_bytes() {
+        let (mut src_w, mut src_r) = pair();
+        let (mut dst_w, mut dst_r) = pair();
+        let total = 3 * SPLICE_AFTER_BYTES as usize + 777;
+        let data = pattern(total, 5);
+        let sent = data.clone();
+        let writer = std::thread::spawn(move || {
+            src_w.write_all(&sent).unwrap();
+            src_w.shutdown(Shutdown::Write).unwrap();
+            src_w
+        });
+        let reader = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            dst_r.read_to_end(&mut got).unwrap();
+            got
+        });
+        src_r.set_nonblocking(true).unwrap();
+        dst_w.set_nonblocking(true).unwrap();
+        let counted = std::cell::Cell::new(0);
+        let mut pipe = Pipe::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !pipe.shut {
+            assert!(Instant::now() < deadline, "relay stalled");
+            pipe.pump(&mut src_r, &mut dst_w, &|n| counted.set(counted.get() + n))
+                .unwrap();
+            if !pipe.spliced() {
+                assert!(pipe.moved < SPLICE_AFTER_BYTES + RELAY_BUF_BYTES as u64);
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        assert!(pipe.spliced(), "a bulk direction moves through a pipe");
+        assert_eq!((counted.get(), pipe.moved), (total, total as u64));
+        let _src_w = writer.join().unwrap();
+        drop(dst_w); // its write half was shut by the relay: the reader saw the end
+        assert_eq!(reader.join().unwrap(), data);
+    }
+
+    #[test]
+    fn relay_carries_bulk_both_ways_with_half_close_and_exact_counts() {
+        let (mut client_app, mut client) = pair();
+        let (mut upstream, mut server) = pair();
+        let up_bytes = 5 * SPLICE_AFTER_BYTES as usize + 1234;
+        let down_bytes = 7 * SPLICE_AFTER_BYTES as usize + 4321;
+        let table = crate::stats::StatsTable::default();
+        let c = table.host("h");
+        let relay = std::thread::spawn(move || relay(&mut client, &mut upstream, &c));
+        // The server reads the client's bytes to their end (a half-close), then answers.
+        let server = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            server.read_to_end(&mut got).unwrap();
+            server.write_all(&pattern(down_bytes, 9)).unwrap();
+            got
+        });
+        let mut app_w = client_app.try_clone().unwrap();
+        let sender = std::thread::spawn(move || {
+            app_w.write_all(&pattern(up_bytes, 3)).unwrap();
+            app_w.shutdown(Shutdown::Write).unwrap();
+        });
+        let mut down = Vec::new();
+        client_app.read_to_end(&mut down).unwrap();
+        sender.join().unwrap();
+        assert_eq!(server.join().unwrap(), pattern(up_bytes, 3));
+        assert_eq!(down, pattern(down_bytes, 9));
+        relay.join().unwrap().unwrap();
+        let s = &table.snapshot().hosts["h"];
+        assert_eq!(
+            (s.bytes_up, s.bytes_down),
+            (up_bytes as u64, down_bytes as u64)
+        );
+    }
 
     #[test]
     fn first_bytes() {

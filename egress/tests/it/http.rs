@@ -2,7 +2,7 @@
 
 use std::io::{BufReader, Write};
 
-use crate::support::{Origin, Proxy, policy, read_response, request};
+use crate::support::{Origin, Proxy, eventually, policy, read_response, request};
 
 #[test]
 fn allowed_get_is_forwarded_in_origin_form_without_proxy_headers() {
@@ -235,4 +235,52 @@ fn malformed_and_unreachable() {
         "{}",
         resp.body
     );
+}
+
+#[test]
+fn large_content_length_bodies_both_ways_keep_framing_and_exact_counts() {
+    let origin = Origin::start();
+    let proxy = Proxy::start(policy(&["origin.test"], &[]));
+    let p = origin.port();
+    let mut s = proxy.client();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    // The origin answers with the request body inside its own (Content-Length) body, so
+    // a large body goes up and a larger one comes down, both spliced by the proxy.
+    let body: String = (0..3 * 1024 * 1024 + 3)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    let mut expected_down = 0;
+    for path in ["/big", "/again"] {
+        let head = format!(
+            "POST http://origin.test:{p}{path} HTTP/1.1\r\nHost: origin.test:{p}\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        let mut w = s.try_clone().unwrap();
+        let up = body.clone();
+        let sender = std::thread::spawn(move || {
+            w.write_all(head.as_bytes()).unwrap();
+            w.write_all(up.as_bytes()).unwrap();
+        });
+        let resp = read_response(&mut r, false);
+        sender.join().unwrap();
+        let text = format!("POST {path} host=origin.test:{p} body={body}");
+        assert_eq!(resp.status, 200);
+        assert!(resp.body == text, "body differs (len {})", resp.body.len());
+        expected_down +=
+            format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", text.len()).len() + text.len();
+    }
+    // A small request after them on the same connection: the framing held.
+    write!(s, "GET http://origin.test:{p}/small HTTP/1.1\r\n\r\n").unwrap();
+    let small = read_response(&mut r, false);
+    let text = format!("GET /small host=origin.test:{p} body=");
+    assert_eq!(small.body, text);
+    expected_down +=
+        format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", text.len()).len() + text.len();
+    let seen = origin.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3, "three requests reached the origin");
+    let expected_up: usize = seen.iter().map(String::len).sum::<usize>() + 2 * body.len();
+    eventually("the bodies' bytes counted exactly", || {
+        let s = proxy.egress.stats().hosts["origin.test"];
+        (s.bytes_up, s.bytes_down) == (expected_up as u64, expected_down as u64)
+    });
 }

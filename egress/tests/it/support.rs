@@ -355,6 +355,16 @@ pub fn echo_through(r: &mut BufReader<TcpStream>, data: &[u8]) -> Vec<u8> {
     back
 }
 
+/// Polls `f` until it holds, for up to [`TEST_IO_TIMEOUT`]: the proxy's thread may count
+/// its last bytes just after the client has read them.
+pub fn eventually(what: &str, f: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + TEST_IO_TIMEOUT;
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A SOCKS5 handshake and CONNECT; returns the reply code and the stream.
 pub fn socks_connect(proxy: &Proxy, atyp: u8, addr: &[u8], port: u16) -> (u8, TcpStream) {
     socks_command(proxy, 1, atyp, addr, port)
