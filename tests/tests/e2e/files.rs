@@ -85,7 +85,7 @@ fn files_a_workers_symlink_flips_never_redirect_a_host_write_read_or_removal() {
         .map(|e| e.file_name())
         .collect();
     let mut landed = 0;
-    for i in 0..300 {
+    for i in 0..1000 {
         let (code, _) = fs_write(
             &r,
             &format!("{ws}:dir/canary"),
@@ -464,6 +464,19 @@ fn files_watch_reports_the_sandboxs_and_the_hosts_changes_and_ends_with_the_work
             && !s
                 .iter()
                 .any(|v| v["path"].as_str().unwrap_or("").contains(".cowspace-write"))
+    });
+    // A git checkout of another branch inside: every path it changes is reported.
+    let git = "cd /workspace/repo && g() { git -c user.name=t -c user.email=t@t \"$@\"; } && \
+               g checkout -q -b other && rm one.txt && echo changed > two.txt && echo new > three.txt && \
+               g add -A && g commit -qm other && g checkout -q main";
+    r.t.run(["exec", &ws, "--", "sh", "-c", "mkdir /workspace/repo && cd /workspace/repo && git init -q -b main && echo 1 > one.txt && echo 2 > two.txt && git -c user.name=t -c user.email=t@t add -A && git -c user.name=t -c user.email=t@t commit -qm one"]).ok();
+    std::thread::sleep(Duration::from_millis(200));
+    while rx.try_recv().is_ok() {}
+    r.t.run(["exec", &ws, "--", "sh", "-c", git]).ok();
+    watch_until(&rx, |s| {
+        let touched = |p: &str| s.iter().any(|v| v["path"] == p || v["event"] == "rescan");
+        // Back on main: one.txt and two.txt restored, three.txt gone.
+        touched("repo/one.txt") && touched("repo/two.txt") && touched("repo/three.txt")
     });
     r.t.json(["sandbox", "stop", &ws]).ok();
     r.t.run(["remove", "--force", &ws]).ok();
