@@ -281,13 +281,13 @@ impl Section for FilesSection {
         if let (Some(med), Some(p90)) = (stats::median(&all), stats::percentile(&all, 90.0)) {
             n.push(format!(
                 "Watch: all {} writes: median {:.1} ms, p90 {:.1} ms, max {:.1} ms. `mountctl watch` \
-                 gathers a batch for {} ms after its first event before reporting it \
-                 (cowspace::watch::COALESCE_MS), which is a floor under every latency.",
+                 reports a batch once its queue is quiet for {} ms \
+                 (cowspace::watch::QUIET_MS), at most 50 ms after its first event.",
                 all.len(),
                 med * 1e3,
                 p90 * 1e3,
                 all.iter().copied().fold(0.0, f64::max) * 1e3,
-                50
+                5
             ));
         }
         n
