@@ -226,7 +226,13 @@ try:
         code = rep[1] if len(rep) > 1 else -1
         if code == 0:
             s.sendall(("GET /whoami HTTP/1.1\r\nHost: %s:%d\r\n\r\n" % (host, port)).encode())
-            out(code=code, got=s.recv(200).decode(errors="replace"))
+            got = b""
+            # The answer may come in several segments: read until its body is there.
+            while b"origin host" not in got:
+                b = s.recv(4096)
+                if not b: break
+                got += b
+            out(code=code, got=got.decode(errors="replace"))
         out(code=code)
 except Exception as e:
     out(error=type(e).__name__, errno=getattr(e, "errno", None), text=str(e))
