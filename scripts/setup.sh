@@ -5,6 +5,7 @@ set -euo pipefail
 
 pkgs=(git tar zstd gzip xz-utils fuse3 fuse-overlayfs btrfs-progs xfsprogs bubblewrap
       iproute2 iputils-ping kmod procps psmisc util-linux python3 python3-pip gcc make pkg-config libssl-dev
+      curl        # the bench network section's download client (bench/tests/quick.rs runs it)
       qemu-system-x86 busybox-static libcap-ng-dev libseccomp-dev
       libc6-dev   # libc.a: sandbox-helper's build links the guest agent statically
       nodejs)     # the Node client's tests (clients/typescript) need node >= 20

@@ -23,6 +23,7 @@ pub mod registry;
 pub mod remote;
 pub mod runtime;
 pub mod sandbox;
+mod sandbox_net;
 pub mod vm;
 pub mod watch;
 
