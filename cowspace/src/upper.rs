@@ -606,7 +606,14 @@ pub fn patch(store: &Store, changes: &[(DiffEntry, Option<PathBuf>)]) -> Result<
             (Some(e), _) if e.kind == Kind::Symlink => Some(e.data.clone()),
             _ => None,
         };
-        write_patch(&mut out, &c.path, old, ob.as_deref(), new, nb.as_deref());
+        write_patch(
+            &mut out,
+            &c.raw_path,
+            old,
+            ob.as_deref(),
+            new,
+            nb.as_deref(),
+        );
     }
     Ok(out)
 }

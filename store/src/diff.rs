@@ -60,6 +60,67 @@ pub struct DiffEntry {
     pub new: Option<Entry>,
 }
 
+impl DiffEntry {
+    /// The path as a human listing prints it: [`quote_path`] of its bytes (`.` for the
+    /// root).
+    pub fn display_path(&self) -> String {
+        if self.raw_path.is_empty() {
+            self.path.clone()
+        } else {
+            quote_path(&self.raw_path)
+        }
+    }
+}
+
+/// A path as git prints it with `core.quotePath` on (its default): as it is when every
+/// byte is printable ASCII other than `"` and `\`, else in double quotes with `\"`,
+/// `\\`, the C escapes of control characters (`\t`, `\n`, ...) and every other byte as
+/// a backslash and three octal digits (`é` in UTF-8 is `\303\251`). So a name that is
+/// not UTF-8 can still be named exactly, and a name holding a newline or a quote cannot
+/// pass for another line or path.
+pub fn quote_path(path: &[u8]) -> String {
+    let plain = |b: u8| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\';
+    if path.iter().all(|&b| plain(b)) {
+        // All printable ASCII: valid UTF-8.
+        return String::from_utf8_lossy(path).into_owned();
+    }
+    let mut out = String::with_capacity(path.len() * 2 + 2);
+    out.push('"');
+    quote_into(&mut out, path);
+    out.push('"');
+    out
+}
+
+/// The inside of [`quote_path`]'s quotes.
+fn quote_into(out: &mut String, path: &[u8]) {
+    use std::fmt::Write;
+    for &b in path {
+        match b {
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            0x07 => out.push_str("\\a"),
+            0x08 => out.push_str("\\b"),
+            b'\t' => out.push_str("\\t"),
+            b'\n' => out.push_str("\\n"),
+            0x0b => out.push_str("\\v"),
+            0x0c => out.push_str("\\f"),
+            b'\r' => out.push_str("\\r"),
+            0x20..0x7f => out.push(char::from(b)),
+            _ => {
+                let _ = write!(out, "\\{b:03o}");
+            }
+        }
+    }
+}
+
+/// `prefix` and `path` (`a/` and a path) as one name, quoted as a whole as git does on a
+/// patch's header lines when the path needs it.
+fn quote_prefixed(prefix: &str, path: &[u8]) -> String {
+    let mut whole = prefix.as_bytes().to_vec();
+    whole.extend_from_slice(path);
+    quote_path(&whole)
+}
+
 fn is_utf8(b: &[u8]) -> bool {
     std::str::from_utf8(b).is_ok()
 }
@@ -268,7 +329,14 @@ impl Store {
             }
             let ob = old.map(|e| self.patch_bytes(e)).transpose()?.flatten();
             let nb = new.map(|e| self.patch_bytes(e)).transpose()?.flatten();
-            write_patch(&mut out, &c.path, old, ob.as_deref(), new, nb.as_deref());
+            write_patch(
+                &mut out,
+                &c.raw_path,
+                old,
+                ob.as_deref(),
+                new,
+                nb.as_deref(),
+            );
         }
         Ok(out)
     }
@@ -289,14 +357,19 @@ fn is_text(b: &[u8]) -> bool {
 /// Appends one file's patch: header, mode lines, and a unified diff or a binary note.
 pub fn write_patch(
     out: &mut String,
-    path: &str,
+    path: &[u8],
     old: Option<&Entry>,
     old_bytes: Option<&[u8]>,
     new: Option<&Entry>,
     new_bytes: Option<&[u8]>,
 ) {
     use std::fmt::Write;
-    let _ = writeln!(out, "diff --git a/{path} b/{path}");
+    let _ = writeln!(
+        out,
+        "diff --git {} {}",
+        quote_prefixed("a/", path),
+        quote_prefixed("b/", path)
+    );
     match (old, new) {
         (None, Some(n)) => {
             let _ = writeln!(out, "new file mode {}", git_mode(n));
@@ -317,12 +390,12 @@ pub fn write_patch(
     // The names on the patch's header lines: an absent side is /dev/null.
     let side = |prefix: &str, present: bool| {
         if present {
-            format!("{prefix}/{path}")
+            quote_prefixed(prefix, path)
         } else {
             "/dev/null".to_string()
         }
     };
-    let (an, bn) = (side("a", old.is_some()), side("b", new.is_some()));
+    let (an, bn) = (side("a/", old.is_some()), side("b/", new.is_some()));
     if too_big || !is_text(a) || !is_text(b) {
         let _ = writeln!(out, "Binary files {an} and {bn} differ");
         return;

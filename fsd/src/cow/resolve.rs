@@ -5,7 +5,8 @@
 
 use std::fs;
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -13,7 +14,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use cowspace_store::{Entry, Kind, Tree, TreeId};
 use fuser::{Errno, FileAttr, FileType, INodeNo};
 
-use super::fdio::{at, open_path};
+use super::fdio::{at, fd_path, open_path};
 use super::layers::{is_opaque, is_whiteout, join, lower_ino, lower_time_secs, upper_ino};
 use super::node::{Lower, Node};
 use super::ops::{Cow, Groups};
@@ -257,7 +258,13 @@ impl Cow {
     pub fn attr(&self, node: &Node) -> Result<FileAttr, Errno> {
         if let Some(fd) = &node.upper {
             let st = nix::sys::stat::fstat(fd.as_fd()).map_err(errno_of_nix)?;
-            return Ok(attr_of_stat(node.ino, &st));
+            let mut attr = attr_of_stat(node.ino, &st);
+            if let Some(tree) = node.lower_tree.as_deref()
+                && node.kind == FileType::Directory
+            {
+                attr.nlink = self.merged_dir_links(fd, tree, attr.nlink)?;
+            }
+            return Ok(attr);
         }
         let e = node.lower.as_ref().ok_or(Errno::EIO)?;
         let t = UNIX_EPOCH + Duration::from_secs(node.lower_secs);
@@ -289,6 +296,34 @@ impl Cow {
             blksize: VIEW_BLKSIZE_BYTES,
             flags: 0,
         })
+    }
+
+    /// The link count of a directory merged over snapshot directory `tree`, whose upper
+    /// directory (held as `fd`) counts `upper`: 2 + its subdirectories, as a directory of
+    /// a disk filesystem counts (`find` without `-noleaf` skips the `stat` of every
+    /// entry of a directory whose count says it has no subdirectory left): the upper
+    /// directory's own, and the snapshot's that no upper name or whiteout hides. The
+    /// upper listing is read only when the snapshot directory has subdirectories. An
+    /// upper count below 2 (the filesystem does not count, as ext4 past 65,000
+    /// subdirectories) is passed on.
+    fn merged_dir_links(&self, fd: &OwnedFd, tree: &TreeId, upper: u32) -> Result<u32, Errno> {
+        let t = self.tree(tree)?;
+        let mut lower: Vec<&[u8]> = t
+            .entries
+            .iter()
+            .filter(|e| e.kind == Kind::Dir)
+            .map(|e| e.name.as_slice())
+            .collect();
+        if upper < 2 || lower.is_empty() {
+            return Ok(upper);
+        }
+        for e in fs::read_dir(fd_path(fd)).map_err(errno_of_io)? {
+            let name = e.map_err(errno_of_io)?.file_name();
+            if let Ok(i) = lower.binary_search(&name.as_bytes()) {
+                lower.remove(i);
+            }
+        }
+        Ok(upper.saturating_add(lower.len() as u32))
     }
 
     /// The inode number of `name` in directory `dir` as it is now (`None`: gone).

@@ -9,8 +9,9 @@
 //! read/write fallback user space takes must then give the model's bytes.
 //!
 //! Seeded: `COWSPACE_MODEL_SEED` (default fixed, so CI is reproducible) and
-//! `COWSPACE_MODEL_CASES` (default 24) for longer runs on demand; `COWSPACE_MODEL_KINDS`
-//! (comma-separated `materializer/lower`, default all five) to run some materializers.
+//! `COWSPACE_MODEL_CASES` (default 24) and `COWSPACE_MODEL_OPS` (the longest sequence,
+//! default 40) for longer runs on demand; `COWSPACE_MODEL_KINDS` (comma-separated
+//! `materializer/lower`, default all five) to run some materializers.
 
 use std::ffi::OsStr;
 use std::fs;
@@ -399,11 +400,24 @@ fn listing(root: &Path, nlink: bool) -> Vec<String> {
             let p = dir.join(&n);
             let rel = exact(p.strip_prefix(root).unwrap());
             let m = fs::symlink_metadata(&p).unwrap();
+            let links = |m: &fs::Metadata| {
+                if nlink {
+                    format!(" n{}", m.nlink())
+                } else {
+                    String::new()
+                }
+            };
             if m.is_dir() {
-                out.push(format!("d {rel} {:o}", m.mode() & 0o7777));
+                out.push(format!("d {rel} {:o}{}", m.mode() & 0o7777, links(&m)));
                 walk(root, &p, nlink, out, inos);
             } else if m.file_type().is_symlink() {
-                out.push(format!("l {rel} -> {}", exact(&fs::read_link(&p).unwrap())));
+                out.push(format!(
+                    "l {rel} -> {}{}",
+                    exact(&fs::read_link(&p).unwrap()),
+                    links(&m)
+                ));
+                // A symlink may have several names too (link(2) of the symlink itself).
+                inos.push((m.ino(), rel));
             } else {
                 let data = fs::read(&p).unwrap();
                 out.push(format!(
@@ -411,19 +425,21 @@ fn listing(root: &Path, nlink: bool) -> Vec<String> {
                     m.mode() & 0o7777,
                     data.len(),
                     blake3::hash(&data).to_hex(),
-                    if nlink {
-                        format!(" n{}", m.nlink())
-                    } else {
-                        String::new()
-                    }
+                    links(&m)
                 ));
                 inos.push((m.ino(), rel));
             }
         }
     }
+    let rm = fs::symlink_metadata(root).unwrap();
     let mut out = vec![format!(
-        "root {:o}",
-        fs::symlink_metadata(root).unwrap().mode() & 0o7777
+        "root {:o}{}",
+        rm.mode() & 0o7777,
+        if nlink {
+            format!(" n{}", rm.nlink())
+        } else {
+            String::new()
+        }
     )];
     let mut inos = vec![];
     walk(root, root, nlink, &mut out, &mut inos);
@@ -508,7 +524,12 @@ fn random_operations_match_a_plain_directory() {
     let counter = std::sync::atomic::AtomicU32::new(0);
     let op_count = std::sync::atomic::AtomicU64::new(0);
     let exdev = std::sync::atomic::AtomicU64::new(0);
-    let result = runner.run(&proptest::collection::vec(op(), 1..40), |ops| {
+    // `COWSPACE_MODEL_OPS`: the most operations in one sequence (default 40).
+    let max_ops: usize = std::env::var("COWSPACE_MODEL_OPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(40);
+    let result = runner.run(&proptest::collection::vec(op(), 1..max_ops), |ops| {
         let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         op_count.fetch_add(ops.len() as u64, std::sync::atomic::Ordering::SeqCst);
         let model = tmp.path().join(format!("model-{n}"));

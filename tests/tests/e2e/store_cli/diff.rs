@@ -150,3 +150,66 @@ fn diff_json_names_a_non_utf8_path_by_its_bytes() {
         .unwrap_or_else(|| panic!("{v}"));
     assert_eq!(root["change"], "modified", "{v}");
 }
+
+/// Names that need quoting (not UTF-8, non-ASCII, a tab, a quote, a newline) are listed
+/// and put in a patch as git quotes them, and git applies the patch to the same result.
+#[test]
+fn diff_quotes_names_as_git_does_and_git_applies_the_patch() {
+    use std::os::unix::ffi::OsStrExt;
+    let r = TestRoot::new();
+    let src = r.path("src");
+    write_file(&src.join("plain"), "x\n");
+    r.import(&src, &["--ref", "a"]);
+    let names: [(&[u8], &str); 5] = [
+        (b"caf\xc3\xa9", r#""caf\303\251""#),
+        (b"tab\there", r#""tab\there""#),
+        (b"quo\"te", r#""quo\"te""#),
+        (b"raw\xff", r#""raw\377""#),
+        (b"new\nline", r#""new\nline""#),
+    ];
+    for (i, (n, _)) in names.iter().enumerate() {
+        write_file(&src.join(std::ffi::OsStr::from_bytes(n)), &format!("{i}\n"));
+    }
+    r.import(&src, &["--ref", "b"]);
+    let listing = r.run(["diff", "a", "b"]).ok().stdout;
+    for (_, quoted) in &names {
+        assert!(
+            listing.lines().any(|l| l == format!("A {quoted}")),
+            "{quoted} not listed: {listing}"
+        );
+    }
+    let patch = r.run(["diff", "a", "b", "--patch"]).ok().stdout;
+    assert!(
+        patch.contains(r#"diff --git "a/raw\377" "b/raw\377""#),
+        "{patch}"
+    );
+    // git reads the patch back: applied to a's tree, it gives b's.
+    let work = r.path("work");
+    write_file(&work.join("plain"), "x\n");
+    let git = |args: &[&str], input: Option<&str>| {
+        let mut c = std::process::Command::new("git");
+        c.current_dir(&work)
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = c.spawn().expect("git");
+        if let Some(s) = input {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+        }
+        drop(child.stdin.take());
+        let o = child.wait_with_output().unwrap();
+        assert!(
+            o.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    git(&["init", "-q"], None);
+    git(&["apply", "-"], Some(&patch));
+    for (i, (n, _)) in names.iter().enumerate() {
+        let p = work.join(std::ffi::OsStr::from_bytes(n));
+        assert_eq!(fs::read_to_string(&p).unwrap(), format!("{i}\n"), "{p:?}");
+    }
+}
