@@ -34,6 +34,7 @@ pub mod fsck;
 pub mod gc;
 mod group;
 pub mod id;
+pub mod image;
 pub mod import;
 pub mod index;
 mod ingest;

@@ -28,6 +28,17 @@ pub enum Source {
     Tar { path: String, digest: String },
     /// A workspace's changes captured on top of its base.
     Workspace { id: String },
+    /// An OCI image (`crate::image`): the reference as given, the digest it resolved to
+    /// (an index or a manifest), the platform's manifest digest, and the manifest and
+    /// config exactly as fetched (their sha256 is checkable against the digests).
+    Image {
+        reference: String,
+        digest: String,
+        manifest_digest: String,
+        platform: String,
+        manifest: String,
+        config: String,
+    },
 }
 
 impl std::fmt::Display for Source {
@@ -37,6 +48,9 @@ impl std::fmt::Display for Source {
             Source::Git { repo, rev, .. } => write!(f, "git {repo} {rev}"),
             Source::Tar { path, .. } => write!(f, "tar {path}"),
             Source::Workspace { id } => write!(f, "commit of workspace {id}"),
+            Source::Image {
+                reference, digest, ..
+            } => write!(f, "image {reference} ({digest})"),
         }
     }
 }

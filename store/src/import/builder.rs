@@ -220,6 +220,29 @@ impl Builder {
         }
     }
 
+    /// Whiteouts of image layers: removes what stands at `path` (`whole`), or everything
+    /// under the directory at `path` (an opaque directory), except what `touched` (given
+    /// `/`-joined root-relative paths) says the layer being applied put there itself:
+    /// such a path is kept, and if it is a directory only its untouched children go.
+    pub fn remove_lower(&mut self, path: &[Vec<u8>], whole: bool, touched: &dyn Fn(&[u8]) -> bool) {
+        let joined = path.join(&b'/');
+        if whole {
+            let Some((last, parents)) = path.split_last() else {
+                return;
+            };
+            let Some(Node::Dir { children, .. }) = self.lookup_mut(parents) else {
+                return;
+            };
+            if !touched(&joined) {
+                children.remove(last);
+            } else if let Some(node) = children.get_mut(last) {
+                prune(node, &joined, touched);
+            }
+        } else if let Some(node) = self.lookup_mut(path) {
+            prune(node, &joined, touched);
+        }
+    }
+
     fn lookup(&self, path: &[Vec<u8>]) -> Option<&Node> {
         let mut node = &self.root;
         for name in path {
@@ -262,6 +285,21 @@ impl Builder {
         let id = write_node(&self.root, ingest, slots, &primaries, &[], &mut tally, 0)?;
         Ok((id, self.root_mode, tally.counts, tally.xattrs))
     }
+}
+
+/// Removes the children of `node` (at `path`) that `touched` does not name, recursively.
+fn prune(node: &mut Node, path: &[u8], touched: &dyn Fn(&[u8]) -> bool) {
+    let Node::Dir { children, .. } = node else {
+        return;
+    };
+    children.retain(|name, child| {
+        let p = join(path, name);
+        if !touched(&p) {
+            return false;
+        }
+        prune(child, &p, touched);
+        true
+    });
 }
 
 fn collect_primaries(node: &Node, path: &[u8], out: &mut HashMap<u64, Vec<u8>>) {

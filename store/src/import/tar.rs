@@ -253,13 +253,13 @@ fn symlink_escapes(parent: &[Vec<u8>], target: &[u8]) -> bool {
     false
 }
 
-fn display(path: &[u8]) -> String {
+pub(crate) fn display(path: &[u8]) -> String {
     String::from_utf8_lossy(path).into_owned()
 }
 
 /// An I/O error met while reading the archive stream: damage and truncation are bad
 /// input, anything else an I/O failure.
-fn read_error(archive: &Path, e: io::Error) -> Error {
+pub(crate) fn read_error(archive: &Path, e: io::Error) -> Error {
     match e.kind() {
         io::ErrorKind::Other
         | io::ErrorKind::InvalidData
@@ -297,18 +297,22 @@ fn printable(text: &str) -> String {
     out
 }
 
-/// The state of one tar import while entries are applied.
-struct TarImport<'o> {
-    archive: &'o Path,
-    archive_name: String,
-    opts: &'o ImportOptions,
-    builder: Builder,
-    next_group: u64,
+/// The state of one tar import while entries are applied (also an image's, whose layers
+/// are applied one after the other onto one builder: `crate::image::layer`).
+pub(crate) struct TarImport<'o> {
+    pub archive: &'o Path,
+    pub archive_name: String,
+    pub opts: &'o ImportOptions,
+    pub builder: Builder,
+    pub next_group: u64,
     /// Symlinks applied so far (a quick "is any parent a symlink?" skip when zero).
-    symlinks: u64,
-    files: u64,
-    bytes: u64,
-    warnings: Vec<String>,
+    pub symlinks: u64,
+    pub files: u64,
+    pub bytes: u64,
+    pub warnings: Vec<String>,
+    /// Leave device nodes out with a warning instead of refusing them (images: the
+    /// sandbox has its own `/dev`, and the image root is mounted `nodev` anyway).
+    pub drop_devices: bool,
 }
 
 impl TarImport<'_> {
@@ -334,7 +338,7 @@ impl TarImport<'_> {
         Ok(())
     }
 
-    fn entry<R: Read>(
+    pub(crate) fn entry<R: Read>(
         &mut self,
         mut entry: tar::Entry<'_, R>,
         filter: &mut PathFilter<'_>,
@@ -477,6 +481,13 @@ impl TarImport<'_> {
                 self.insert(&name, &comps, item)
             }
             T::Char | T::Block => {
+                if self.drop_devices {
+                    self.warnings.push(format!(
+                        "{}: a device node, left out (the sandbox has its own /dev)",
+                        display(&name)
+                    ));
+                    return Ok(());
+                }
                 if !self.opts.allow_devices {
                     return Err(self.unsafe_entry(
                         &name,
@@ -520,7 +531,7 @@ impl TarImport<'_> {
 
     /// Refuses an entry below a path that is a symlink in the archive: `tar -x` would
     /// write through the link.
-    fn check_parents(&self, name: &[u8], comps: &[Vec<u8>]) -> Result<()> {
+    pub(crate) fn check_parents(&self, name: &[u8], comps: &[Vec<u8>]) -> Result<()> {
         if self.symlinks == 0 {
             return Ok(());
         }
@@ -665,6 +676,7 @@ impl Store {
             files: 0,
             bytes: 0,
             warnings: Vec::new(),
+            drop_devices: false,
         };
         let mut filter = PathFilter::new(&excluder);
         let mut ar = tar::Archive::new(decoded);

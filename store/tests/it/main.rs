@@ -10,6 +10,7 @@ mod faults;
 mod fixture_v1;
 mod gc;
 mod groups;
+mod image;
 mod import_git;
 mod import_tar;
 mod laws;
