@@ -10,6 +10,8 @@ use std::process::Command;
 fn main() {
     println!("cargo:rerun-if-changed=guest/agent.rs");
     println!("cargo:rerun-if-changed=src/vm/proto.rs");
+    println!("cargo:rerun-if-changed=src/vm/netrelay.rs");
+    println!("cargo:rerun-if-changed=guest/net.rs");
     let dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets it"))
         .join("cowspace-guest-agent");

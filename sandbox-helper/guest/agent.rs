@@ -1,7 +1,8 @@
 //! `cowspace-guest-agent`: pid 1 of a cowspace VM once `/init` has loaded the modules
 //! and mounted the workspace. It serves the host's end of one virtio-serial port (the
-//! path in its first argument) and nothing else: it opens no socket and listens on no
-//! network, so no process reaches it but the host's keeper through qemu.
+//! path in its first argument) and nothing else: no process reaches it but the host's
+//! keeper through qemu. Only in a `--net egress` VM does it listen, on the guest's own
+//! 127.0.0.1, for the egress proxy it relays to the host (`net.rs`).
 //!
 //! The frames are [`proto`]'s (the keeper's own definitions, compiled into this binary
 //! too). For each `EXEC` it starts the command with three pipes (or, for `-t`, a
@@ -19,6 +20,12 @@
 #[path = "../src/vm/proto.rs"]
 #[allow(dead_code)]
 mod proto;
+
+#[path = "../src/vm/netrelay.rs"]
+#[allow(dead_code)]
+mod netrelay;
+
+mod net;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -298,6 +305,8 @@ struct Agent {
     execs: Mutex<HashMap<u32, Exec>>,
     /// Signalled when a child is started (the reaper waits for one when there is none).
     started: Condvar,
+    /// `--net egress`: the relay of the guest's connections to the host's proxy.
+    net: std::sync::OnceLock<Arc<net::Net>>,
 }
 
 impl Agent {
@@ -335,6 +344,7 @@ fn main() {
         cgroup,
         execs: Mutex::new(HashMap::new()),
         started: Condvar::new(),
+        net: std::sync::OnceLock::new(),
     });
     {
         let agent = agent.clone();
@@ -357,6 +367,10 @@ fn main() {
 }
 
 fn handle(agent: &Arc<Agent>, f: Frame) {
+    if f.stream >= proto::GUEST_STREAM_BASE {
+        net::handle(agent, f);
+        return;
+    }
     match f.kind {
         kind::EXEC => start(agent, f.stream, &f.payload),
         kind::STDIN | kind::STDIN_EOF => {
@@ -397,6 +411,7 @@ fn handle(agent: &Arc<Agent>, f: Frame) {
             }
         }
         kind::SHUTDOWN => shutdown(agent),
+        kind::NET_EGRESS => net::start(agent, &f.payload),
         kind::SECRET => put_secret(&f.payload),
         kind::MOUNT_RO => {
             if let Some((tag, target)) = parse_mount(&f.payload) {

@@ -86,6 +86,9 @@ impl EgressProxy {
         let (http, socks, dns) =
             sockets_inside(netns).map_err(failed("make the proxy's sockets inside the sandbox"))?;
         let log = log_path(state, name);
+        if let Some(dir) = log.parent() {
+            std::fs::create_dir_all(dir).map_err(failed("create the decision log's directory"))?;
+        }
         let log_file = std::fs::OpenOptions::new()
             .create(true)
             .write(true)

@@ -156,6 +156,11 @@ pub(crate) trait Backend: Send + Sync {
     /// Saves the sandbox with its processes to disk (refused, naming why, where the
     /// host cannot: every backend so far).
     fn suspend(&self) -> Result<Value>;
+    /// The egress proxy the backend itself holds (a VM's; a namespace sandbox's is its
+    /// [`crate::net::Network`]'s).
+    fn egress(&self) -> Option<&crate::egress::EgressProxy> {
+        None
+    }
 }
 
 /// What every connection thread shares.
@@ -365,17 +370,18 @@ fn serve_client(conn: &OwnedFd, shared: &Arc<Shared>) {
         }
         KeeperRequest::Exec { request } => exec(conn, shared, request, fds),
         KeeperRequest::Policy { changes } => {
-            let answer = net_of(shared).and_then(|n| {
-                let e = n.egress().ok_or_else(|| {
+            let answer = egress_of(shared)
+                .ok_or_else(|| {
                     Error::NotStartedWith(format!(
                         "sandbox {:?} was not started with --net egress: it has no egress \
                          policy to change",
                         shared.name
                     ))
-                })?;
-                let policy = e.change(&changes)?;
-                Ok(json!({"policy": policy, "allows_nothing": policy.allow.is_empty()}))
-            });
+                })
+                .and_then(|e| {
+                    let policy = e.change(&changes)?;
+                    Ok(json!({"policy": policy, "allows_nothing": policy.allow.is_empty()}))
+                });
             let _ = reply(conn, &answer.unwrap_or_else(|e| error_of(&e)));
         }
         KeeperRequest::Publish { port } => {
@@ -393,7 +399,15 @@ fn serve_client(conn: &OwnedFd, shared: &Arc<Shared>) {
     }
 }
 
-/// The live network of a namespace sandbox; a VM's ports and egress are fixed at start.
+/// The sandbox's egress proxy, wherever its placement keeps it.
+fn egress_of(shared: &Shared) -> Option<&crate::egress::EgressProxy> {
+    match &shared.net {
+        Some(n) => n.egress(),
+        None => shared.backend.egress(),
+    }
+}
+
+/// The live network of a namespace sandbox; a VM's ports are fixed at start.
 fn net_of(shared: &Shared) -> Result<&crate::net::Network> {
     shared.net.as_deref().ok_or_else(|| Error::Unsupported {
         control: "changing a VM sandbox's network while it runs",
@@ -582,9 +596,9 @@ fn status(shared: &Shared) -> Value {
     v["name"] = json!(shared.name);
     if let Some(n) = &shared.net {
         v["ports"] = n.ports_json();
-        if let Some(e) = n.egress() {
-            v["egress"] = e.status();
-        }
+    }
+    if let Some(e) = egress_of(shared) {
+        v["egress"] = e.status();
     }
     v
 }

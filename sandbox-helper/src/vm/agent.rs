@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
-use super::proto::{ExecMsg, Frame, MAX_DATA_BYTES, WINDOW_BYTES, kind, size_payload};
+use super::proto::{
+    ExecMsg, Frame, GUEST_STREAM_BASE, MAX_DATA_BYTES, WINDOW_BYTES, kind, size_payload,
+};
 use crate::keeper::{Backend, InitMsg};
 use crate::serve::ExecRequest;
 
@@ -53,6 +55,8 @@ pub struct Channel {
     streams: Mutex<HashMap<u32, Stream>>,
     /// The guest said `BYE`, or the channel ended: (bye, ended).
     end: (Mutex<(bool, bool)>, Condvar),
+    /// `--net egress`: the relay of the guest's connections ([`super::netmux`]).
+    net: std::sync::OnceLock<Arc<super::netmux::NetMux>>,
 }
 
 impl std::fmt::Debug for Channel {
@@ -83,6 +87,7 @@ impl Channel {
             out: Mutex::new(sock),
             streams: Mutex::new(HashMap::new()),
             end: (Mutex::new((false, false)), Condvar::new()),
+            net: std::sync::OnceLock::new(),
         });
         let reader = ch.clone();
         std::thread::Builder::new()
@@ -91,13 +96,25 @@ impl Channel {
         Ok((ch, String::from_utf8_lossy(&ready.payload).into_owned()))
     }
 
-    fn send(&self, f: &Frame) -> std::io::Result<()> {
+    pub(super) fn send(&self, f: &Frame) -> std::io::Result<()> {
         let mut o = self.out.lock().unwrap_or_else(|e| e.into_inner());
         f.write_to(&mut *o)
     }
 
+    /// Hands the guest's network streams to `mux` from now on (once).
+    pub(super) fn set_net(&self, mux: Arc<super::netmux::NetMux>) {
+        let _ = self.net.set(mux);
+    }
+
     fn read_loop(&self, mut input: UnixStream) {
         while let Ok(Some(f)) = Frame::read_from(&mut input) {
+            if f.stream >= GUEST_STREAM_BASE {
+                // The guest's own streams: its egress, when it has one; else dropped.
+                if let Some(n) = self.net.get() {
+                    n.handle(f);
+                }
+                continue;
+            }
             if f.stream == 0 {
                 if f.kind == kind::BYE {
                     let (m, cv) = &self.end;
@@ -130,7 +147,10 @@ impl Channel {
             }
             let _ = s.events.send(Event::Frame(f));
         }
-        // qemu is gone: every exec learns it.
+        // qemu is gone: every exec learns it, every connection of the guest ends.
+        if let Some(n) = self.net.get() {
+            n.close_all();
+        }
         let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
         for (_, s) in streams.drain() {
             let _ = s.events.send(Event::Gone);
@@ -403,6 +423,8 @@ pub(crate) struct VmBackend {
     pub(crate) qmp: std::path::PathBuf,
     /// qemu's program (its version is named in the suspend refusal).
     pub(crate) qemu: std::path::PathBuf,
+    /// `--net egress`: the sandbox's proxy.
+    pub(crate) egress: Option<Arc<crate::egress::EgressProxy>>,
 }
 
 impl VmBackend {
@@ -438,7 +460,10 @@ impl Backend for VmBackend {
         if self.stopping.load(Ordering::SeqCst) {
             return Err(std::io::Error::other("the VM is shutting down"));
         }
-        let stream = u32::try_from(id).map_err(|_| std::io::Error::other("too many execs"))?;
+        let stream = u32::try_from(id)
+            .ok()
+            .filter(|s| *s < GUEST_STREAM_BASE)
+            .ok_or_else(|| std::io::Error::other("too many execs"))?;
         let (stdio, master) = match req.tty {
             Some((rows, cols)) => {
                 let (master, slave) = host_pty(rows, cols)?;
@@ -503,6 +528,10 @@ impl Backend for VmBackend {
         let _ = self
             .channel
             .shutdown(Duration::from_millis(STOP_SHUTDOWN_MS));
+    }
+
+    fn egress(&self) -> Option<&crate::egress::EgressProxy> {
+        self.egress.as_deref()
     }
 }
 

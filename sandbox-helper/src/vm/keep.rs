@@ -64,6 +64,7 @@ pub fn start(
         limits["host_memory_bytes"] = serde_json::json!(spec.host_memory_bytes());
     }
     let net = match guest_net(spec, &booted.ports) {
+        _ if spec.egress.is_some() => "egress",
         GuestNet::None => "none",
         GuestNet::Loopback => "loopback",
         GuestNet::Published(_) => "published",
@@ -95,6 +96,7 @@ pub fn start(
         stopping: AtomicBool::new(false),
         qmp: booted.qmp_sock(),
         qemu: prep.qemu.clone(),
+        egress: booted.egress.as_ref().map(|(p, _)| p.clone()),
     });
     let stopped = crate::keeper::serve(
         &listener,

@@ -19,12 +19,15 @@
 //! The guest has no network interface but `lo` unless ports are published; then
 //! `eth0` is on qemu's user network with `restrict=on` (nothing outside is reachable
 //! from the guest) and each published port is forwarded from a leased 127.0.0.1 port
-//! of the host (`hostfwd`).
+//! of the host (`hostfwd`). With `--net egress` the guest reaches the sandbox's egress
+//! proxy over the agent's channel, never over a network ([`netmux`]).
 
 pub mod agent;
 pub mod initramfs;
 pub mod jail;
 mod keep;
+pub mod netmux;
+pub mod netrelay;
 pub mod probe;
 pub mod proto;
 pub mod qemu;
@@ -67,8 +70,12 @@ pub struct VmSpec {
     pub memory_mib: u64,
     /// Virtual CPUs (`--cpus`, rounded up).
     pub cpus: u32,
-    /// `--net loopback` (without `--publish` the guest has no other interface).
+    /// `--net loopback` or `egress` (without `--publish` the guest has no other
+    /// interface).
     pub loopback: bool,
+    /// `--net egress`: the policy of the egress proxy the guest reaches over the
+    /// agent's channel ([`netmux`]).
+    pub egress: Option<cowspace_egress::policy::Policy>,
     /// `--publish`: guest ports forwarded from a unique 127.0.0.1 host port each.
     pub publish: Vec<u16>,
     /// The caller accepts software emulation (`--accept-emulation`).
@@ -119,17 +126,7 @@ impl VmSpec {
                     .into(),
             });
         }
-        // Egress for a VM (its guest reaching the host-side proxy) is not built: refused
-        // by name before anything starts, never a guest with a way out.
-        if controls.net == Some(Net::Egress) {
-            return Err(Error::VmUnavailable {
-                what: "--net egress",
-                reason: "a VM sandbox's egress proxy is not built yet: use a namespace \
-                         sandbox (leave out --vm) for egress by policy"
-                    .into(),
-            });
-        }
-        crate::spec::egress_policy(controls.net.unwrap_or(Net::None), controls)?;
+        let egress = crate::spec::egress_policy(controls.net.unwrap_or(Net::None), controls)?;
         if controls.net == Some(Net::None) && !controls.publish.is_empty() {
             return Err(Error::InvalidInput(
                 "--publish needs a network inside: use --net loopback (or leave --net out)".into(),
@@ -202,7 +199,8 @@ impl VmSpec {
             env,
             memory_mib,
             cpus,
-            loopback: controls.net == Some(Net::Loopback),
+            loopback: matches!(controls.net, Some(Net::Loopback | Net::Egress)),
+            egress,
             publish,
             accept_emulation,
             cache_dir: cache_dir.to_path_buf(),

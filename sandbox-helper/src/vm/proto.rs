@@ -71,6 +71,47 @@ pub mod kind {
     /// host → guest: the terminal of an exec started with a pseudo-terminal has a new
     /// size (payload: u16 rows, u16 columns).
     pub const RESIZE: u8 = 17;
+    /// host → guest, stream 0, before any exec, `--net egress` only: listen on the
+    /// guest's 127.0.0.1 for the egress proxy (payload: u16 HTTP port, u16 SOCKS port,
+    /// u16 DNS port) and make `/etc/resolv.conf` name it; each connection accepted there
+    /// is a guest stream ([`super::GUEST_STREAM_BASE`] and up) relayed to the host's
+    /// proxy (`netrelay.rs`).
+    pub const NET_EGRESS: u8 = 18;
+    /// guest → host, a new guest stream: a connection was accepted on the guest's port
+    /// (payload: u16 port).
+    pub const NET_OPEN: u8 = 19;
+    /// Either way: bytes of a guest stream, within the credit the other side gave
+    /// (`WINDOW` gives it back, as for an exec).
+    pub const NET_DATA: u8 = 20;
+    /// Either way: the sender's side of a guest stream ends (a half-close).
+    pub const NET_EOF: u8 = 21;
+    /// Either way: a guest stream is gone (refused, reset, or the protocol broken).
+    pub const NET_CLOSE: u8 = 22;
+    /// guest → host: a DNS query received on the guest's resolver port (the stream is
+    /// the query's id); host → guest: the resolver's answer, on the same id.
+    pub const NET_DGRAM: u8 = 23;
+}
+
+/// Stream ids the guest chooses (its network streams and DNS queries) are this and
+/// above; the host's execs use ids below it.
+pub const GUEST_STREAM_BASE: u32 = 0x8000_0000;
+
+/// A `NET_EGRESS` payload.
+pub fn egress_payload(http: u16, socks: u16, dns: u16) -> Vec<u8> {
+    [http, socks, dns]
+        .iter()
+        .flat_map(|p| p.to_le_bytes())
+        .collect()
+}
+
+/// The (HTTP, SOCKS, DNS) ports of a `NET_EGRESS` payload.
+pub fn parse_egress(b: &[u8]) -> Option<(u16, u16, u16)> {
+    let b: [u8; 6] = b.try_into().ok()?;
+    Some((
+        u16::from_le_bytes([b[0], b[1]]),
+        u16::from_le_bytes([b[2], b[3]]),
+        u16::from_le_bytes([b[4], b[5]]),
+    ))
 }
 
 /// One frame.

@@ -312,6 +312,8 @@ pub struct Booted {
     pub guest_release: String,
     /// The published ports' leases (held until the VM is gone).
     pub ports: Vec<crate::alloc::HeldPort>,
+    /// `--net egress`: the proxy, and the relay of the guest's connections to it.
+    pub egress: Option<(Arc<crate::egress::EgressProxy>, Arc<super::netmux::NetMux>)>,
 }
 
 impl std::fmt::Debug for Booted {
@@ -375,6 +377,10 @@ impl Booted {
         for d in &mut self.ro_fsds {
             let _ = d.0.kill();
             let _ = d.0.wait();
+        }
+        if let Some((proxy, mux)) = &self.egress {
+            mux.close_all();
+            proxy.stop();
         }
         let oom = self.group.oom_kills().unwrap_or(0);
         self.group.destroy()?;
@@ -660,6 +666,10 @@ pub fn boot(
                 e.to_string(),
             )
         })?;
+    let egress = match &spec.egress {
+        Some(policy) => Some(start_egress(&channel, policy, state_dir, &spec.name)?),
+        None => None,
+    };
     Ok(Booted {
         channel,
         vm,
@@ -672,7 +682,30 @@ pub fn boot(
         boot_ms,
         guest_release,
         ports,
+        egress,
     })
+}
+
+/// The egress proxy of a `--net egress` VM, listening in a network namespace of its
+/// own, and the relay of the guest's connections to it (told to the guest before any
+/// exec).
+fn start_egress(
+    channel: &Arc<Channel>,
+    policy: &cowspace_egress::policy::Policy,
+    state_dir: &Path,
+    name: &str,
+) -> Result<(Arc<crate::egress::EgressProxy>, Arc<super::netmux::NetMux>)> {
+    let failed = |step: &'static str| move |source| Error::Egress { step, source };
+    let netns = super::netmux::private_netns().map_err(failed("make the proxy's namespace"))?;
+    let proxy = crate::egress::EgressProxy::launch(&netns, policy.clone(), state_dir, name)?;
+    let mux = match super::netmux::NetMux::start(channel, netns) {
+        Ok(m) => m,
+        Err(e) => {
+            proxy.stop();
+            return Err(failed("tell the guest to listen for its proxy")(e));
+        }
+    };
+    Ok((Arc::new(proxy), mux))
 }
 
 /// The environment every command in the guest starts from: `PATH`, `HOME`, `--env`.
@@ -684,6 +717,13 @@ pub(super) fn base_env(spec: &VmSpec) -> Vec<(String, String)> {
         ),
         ("HOME".to_string(), "/root".to_string()),
     ];
+    if spec.egress.is_some() {
+        env.extend(
+            crate::spec::egress_env()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v)),
+        );
+    }
     env.extend(spec.env.iter().cloned());
     env
 }

@@ -27,14 +27,14 @@ const WHEELHOUSE_DEFAULT: &str = "/var/cache/cowspace/test-wheels";
 
 /// A static file server on the host's 127.0.0.1 (a thread of the test), with directory
 /// listings (what pip's `--index-url` and git's dumb HTTP read). Stops on drop.
-struct Origin {
-    port: u16,
+pub(crate) struct Origin {
+    pub(crate) port: u16,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Origin {
-    fn serve(dir: &Path) -> Origin {
+    pub(crate) fn serve(dir: &Path) -> Origin {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let stop = Arc::new(AtomicBool::new(false));

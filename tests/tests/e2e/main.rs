@@ -11,5 +11,6 @@ mod run;
 mod sandbox;
 mod store_cli;
 mod vm;
+mod vm_egress;
 mod vm_sandbox;
 mod workspaces;

@@ -62,7 +62,7 @@ fn exec_cmd(r: &WsRoot, ws: &str, stdin: bool, cmd: &[&str]) -> Command {
 }
 
 /// `mountctl exec WS -- CMD...`.
-fn exec(r: &WsRoot, ws: &str, cmd: &[&str]) -> Out {
+pub(crate) fn exec(r: &WsRoot, ws: &str, cmd: &[&str]) -> Out {
     let mut args = vec!["exec", ws, "--"];
     args.extend_from_slice(cmd);
     r.t.run(&args)
@@ -127,7 +127,7 @@ fn wait_for(what: &str, mut pred: impl FnMut() -> bool) {
 /// `sandbox start WS --vm --accept-emulation EXTRA... --json`, asserting success and the
 /// record's VM fields.
 #[track_caller]
-fn start_vm(r: &WsRoot, ws: &str, extra: &[&str]) -> Value {
+pub(crate) fn start_vm(r: &WsRoot, ws: &str, extra: &[&str]) -> Value {
     let mut args = vec!["sandbox", "start", ws, "--vm", "--accept-emulation"];
     args.extend_from_slice(extra);
     let v = r.t.json(&args).ok().json();
@@ -182,7 +182,7 @@ fn leftovers_of(r: &WsRoot, ws: &str) -> Vec<String> {
 /// After a VM sandbox ended: its keeper, qemu and virtiofsd are gone, and so are its
 /// cgroups and run directory.
 #[track_caller]
-fn assert_vm_gone(r: &WsRoot, ws: &str, v: &Value) {
+pub(crate) fn assert_vm_gone(r: &WsRoot, ws: &str, v: &Value) {
     let pids: Vec<u32> = ["keeper_pid", "qemu_pid", "virtiofsd_pid"]
         .iter()
         .map(|k| v[k].as_u64().unwrap() as u32)
