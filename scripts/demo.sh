@@ -6,8 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-cargo build --release -q -p mountctl -p cowspace-fsd
+echo "== building mountctl and fsd (release; a first build takes several minutes on 2 cores)" >&2
+cargo build --release -p mountctl -p cowspace-fsd
 mc="$PWD/target/release/mountctl"
+# git in workspaces of this checkout asks cowspace what changed through its fsmonitor
+# hook, which runs this mountctl on this root (docs/git.md).
+export COWSPACE_MOUNTCTL="$mc"
 work=$(mktemp -d /tmp/cowspace-demo.XXXXXX)
 root="$work/root"
 cleanup() {
@@ -51,10 +55,14 @@ mib = lambda n: n / 2**20
 print(f"this tree and {older} from git: {mib(files):.1f} MiB of files in the two, "
       f"{mib(stats['stored_bytes']):.1f} MiB stored for everything imported so far "
       f"({files / max(stats['stored_bytes'], 1):.2f}x smaller)")
+print("  (that ratio: the files of the two different versions over the bytes stored: "
+      "what keeping both costs, shared chunks stored once and compressed)")
 PY
 else
   echo "(no git history here: the older version is left out)" >&2
 fi
+echo "== the store's totals; overall: the files of every snapshot (the unchanged re-import" >&2
+echo "   counted again, so it is higher than the ratio above) over the bytes stored, i.e. dedup x compression" >&2
 run stats
 
 if [ "$(id -u)" -ne 0 ] || [ ! -e /dev/fuse ]; then
@@ -62,11 +70,14 @@ if [ "$(id -u)" -ne 0 ] || [ ! -e /dev/fuse ]; then
   exit 0
 fi
 
-echo "== three workspaces of demo/main (the first starts the daemon)" >&2
+echo "== three workspaces of demo/main (the first also prepares what every workspace of the" >&2
+echo "   snapshot shares: its lower layer, and the blob cache its files are read from)" >&2
 for i in 1 2 3; do
   ms=$(json create demo/main --name "w$i" | field '["elapsed_ms"]')
   printf 'created w%s in %.1f ms\n' "$i" "$ms" >&2
 done
+lower=$(json status w1 | field '["lower_kind"]')
+echo "(their lower: $lower; \`mountctl doctor\` says why)" >&2
 run list
 w1=$(json status w1 | field '["path"]')
 echo "== what one more workspace costs on disk, beside a full copy and a git worktree of the same tree" >&2

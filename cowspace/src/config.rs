@@ -305,19 +305,38 @@ impl Config {
         fn json_of<T: serde::Serialize>(s: Option<Setting<T>>) -> Option<(Value, Origin)> {
             s.map(|x| (json!(x.value), x.origin))
         }
-        for (key, v) in [
-            ("sandbox.net", json_of(s.net)),
-            ("sandbox.memory", json_of(s.memory)),
-            ("sandbox.pids", json_of(s.pids)),
-            ("sandbox.cpus", json_of(s.cpus)),
-            ("sandbox.cpuset_cpus", json_of(s.cpuset_cpus)),
-            ("sandbox.allow_host", json_of(s.allow_host)),
-            ("sandbox.deny_host", json_of(s.deny_host)),
-            ("sandbox.add_host", json_of(s.add_host)),
-            ("vm.accept_emulation", json_of(self.vm_accept_emulation())),
+        // What applies when nothing sets a key (`value` is null then): `default`.
+        for (key, v, default) in [
+            (
+                "sandbox.net",
+                json_of(s.net),
+                "none (loopback when ports are published)",
+            ),
+            ("sandbox.memory", json_of(s.memory), "no limit"),
+            ("sandbox.pids", json_of(s.pids), "no limit"),
+            ("sandbox.cpus", json_of(s.cpus), "no limit"),
+            (
+                "sandbox.cpuset_cpus",
+                json_of(s.cpuset_cpus),
+                "every online CPU",
+            ),
+            (
+                "sandbox.allow_host",
+                json_of(s.allow_host),
+                "no host (egress denies by default)",
+            ),
+            ("sandbox.deny_host", json_of(s.deny_host), "none"),
+            ("sandbox.add_host", json_of(s.add_host), "none"),
+            (
+                "vm.accept_emulation",
+                json_of(self.vm_accept_emulation()),
+                "false (software emulation refused)",
+            ),
         ] {
             let (value, origin) = v.unwrap_or((Value::Null, Origin::Default));
-            rows.push(row(key, value, &origin));
+            let mut r = row(key, value, &origin);
+            r["default"] = json!(default);
+            rows.push(r);
         }
         let read: Vec<String> = self
             .files

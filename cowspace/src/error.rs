@@ -26,7 +26,7 @@ pub enum Error {
     Mount { target: PathBuf, source: nix::Error },
     #[error("unmount {target}: {source}")]
     Unmount { target: PathBuf, source: nix::Error },
-    #[error("no workspace {0} in this runtime root")]
+    #[error("no workspace {} in this runtime root", cowspace_store::error::shown_bare(.0))]
     NoWorkspace(String),
     #[error("no such file or directory: {0}")]
     NoFile(String),

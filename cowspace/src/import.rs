@@ -37,11 +37,14 @@ pub fn import(root: &Path, req: ImportRequest<'_>) -> Result<Imported> {
     let mut opts = req.options;
     let mut notes = Vec::new();
     opts.served_identity = Some(crate::served::served_identity(root)?);
+    // The hook matters only to workspaces of a checkout (a directory holding `.git`):
+    // of a git revision, a tar or another directory, nothing is said about it.
+    let checkout = req.git_rev.is_none() && req.source.join(".git").exists();
     if req.git_fsmonitor {
         match crate::gitfsmonitor::git_reads_the_extension() {
             Ok(()) => {
                 opts.git_fsmonitor = Some(crate::gitfsmonitor::hook_command());
-                if crate::gitfsmonitor::hook_program().is_none() {
+                if checkout && crate::gitfsmonitor::hook_program().is_none() {
                     notes.push(format!(
                         "note: git's fsmonitor hook runs the `mountctl` on PATH (or ${}), and \
                          none is found here: until one is, git in workspaces looks at every \
@@ -50,9 +53,10 @@ pub fn import(root: &Path, req: ImportRequest<'_>) -> Result<Imported> {
                     ));
                 }
             }
-            Err(why) => notes.push(format!(
+            Err(why) if checkout => notes.push(format!(
                 "note: git in workspaces will look at every file ({why}; docs/git.md)"
             )),
+            Err(_) => {}
         }
     }
     let report = if let Some(rev) = req.git_rev {

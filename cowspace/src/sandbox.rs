@@ -596,6 +596,7 @@ impl Runtime {
         }
         let rec = self.live_record(ws)?;
         let keeper = rec.sandbox_pid.unwrap_or(0);
+        let entered = host_users_of_shared_mount(&rec);
         let answer = match self.client_of(&rec) {
             Ok(c) => c.stop().map_err(from_helper)?,
             Err(_) => {
@@ -612,6 +613,14 @@ impl Runtime {
         let mut out = answer;
         out["workspace"] = json!(rec.id);
         out["was_running"] = json!(true);
+        // Host processes that entered the workspace while the sandbox ran are still in
+        // its mount, which the stop could only detach: they see no later change.
+        let stale: Vec<Value> = entered
+            .into_iter()
+            .filter(|&pid| !crate::mounts::is_exiting(pid))
+            .map(|pid| json!({"pid": pid, "command": crate::procfs::comm(pid)}))
+            .collect();
+        out["host_processes"] = json!(stale);
         Ok(out)
     }
 
@@ -690,4 +699,22 @@ fn wait_gone(pid: i32) {
         }
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
+}
+
+/// The host processes using `rec`'s workspace while its sandbox shares the host's mount
+/// (working directory, root, open files or mappings under its path): they are in the
+/// sandbox's idmapped mount, which `sandbox stop` can only detach (they keep it until
+/// they let go). The sandbox's own processes, seen from the host, are not among them:
+/// those in its init's mount namespace and its keeper are left out.
+fn host_users_of_shared_mount(rec: &Record) -> Vec<i32> {
+    let Some(sandbox) = rec.sandbox.as_ref().filter(|s| s["host_mount"] == "shared") else {
+        return Vec::new();
+    };
+    let mnt_ns = |pid: i64| std::fs::read_link(format!("/proc/{pid}/ns/mnt")).ok();
+    let inside = sandbox["init_pid"].as_i64().and_then(mnt_ns);
+    crate::mounts::users_of(&rec.path)
+        .into_iter()
+        .filter(|&pid| Some(pid) != rec.sandbox_pid)
+        .filter(|&pid| inside.is_none() || mnt_ns(pid.into()) != inside)
+        .collect()
 }

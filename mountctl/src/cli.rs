@@ -16,7 +16,8 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "DIR")]
     pub root: Option<PathBuf>,
     /// Print exactly one JSON value on stdout (an object; an array for `list`,
-    /// `snapshots`); messages go to stderr.
+    /// `snapshots`); messages go to stderr. `run`, `exec`: only a refusal is JSON;
+    /// `completions`, `man-pages`: refused.
     #[arg(long, global = true)]
     pub json: bool,
     /// More logging (repeat for more).
@@ -57,14 +58,17 @@ pub enum Command {
     Export {
         /// A snapshot id (or a unique prefix of at least 6 hex digits) or ref.
         snapshot: String,
-        /// The new directory (or archive file); it must not exist.
+        /// The new directory (or archive file); it must not exist. With --tar, `-` writes
+        /// the archive on stdout.
         dest: PathBuf,
         /// Write a tar archive (pax, with xattrs) instead of a directory.
         #[arg(long)]
         tar: bool,
     },
     /// Changed paths of a workspace against its base or any snapshot, or between two
-    /// snapshots or refs.
+    /// snapshots or refs. A directory import of a git checkout holds its `.git`, a `--git`
+    /// import does not: compare two of a kind (or import the directory with
+    /// `--exclude .git`), else all of `.git` shows as added or deleted.
     Diff {
         /// A workspace (id or name): alone, its changes against its base; with B, the
         /// changes from snapshot B to what the workspace shows (B its last commit, say).
@@ -203,13 +207,16 @@ pub enum Command {
     #[command(subcommand)]
     Daemon(DaemonCommand),
     /// Run a command in the workspace's sandbox (the workspace at /workspace); exits with
-    /// its status.
+    /// its status (127: no such command). With --json, a refusal is a JSON error on
+    /// stdout; the command's own output is passed through unchanged.
     Run(RunArgs),
     /// Long-lived sandboxes: start one for a workspace, stop it, show them.
     #[command(subcommand)]
     Sandbox(SandboxCommand),
     /// Run a command in the workspace's running sandbox (the workspace at /workspace, the
-    /// default working directory); exits with its status (127: no such command).
+    /// default working directory); exits with its status (127: no such command). With
+    /// --json, a refusal is a JSON error on stdout; the command's own output is passed
+    /// through unchanged.
     Exec(ExecArgs),
     /// Copy files between the host and a workspace (one side `WS:PATH`, the other a host
     /// path or `-`, a tar stream on stdin or stdout): directories recursively, modes and
@@ -551,7 +558,9 @@ pub enum SandboxCommand {
     /// `sandbox stop` (or `remove`); its processes outlive the commands that start them.
     Start(Box<StartArgs>),
     /// Stop the workspace's sandbox: every process in it is killed, its cgroups, ports
-    /// and uid range are freed. With none running: nothing to do, exit 0.
+    /// and uid range are freed. With none running: nothing to do, exit 0. Host processes
+    /// that entered the workspace while it ran are named: they keep the sandbox's mount
+    /// (no later change seen there) until they leave the path and come back.
     Stop {
         /// The workspace (id or name).
         workspace: String,

@@ -28,6 +28,11 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind as K;
+            if e.kind() == K::DisplayVersion && json_requested {
+                let v = serde_json::json!({"version": env!("CARGO_PKG_VERSION")});
+                let _ = output::write_stdout(format!("{v}\n").as_bytes());
+                return ExitCode::SUCCESS;
+            }
             if matches!(e.kind(), K::DisplayHelp | K::DisplayVersion) {
                 let _ = e.print();
                 return ExitCode::SUCCESS;

@@ -126,7 +126,7 @@ fn print_error(
                 v[k] = val;
             }
         }
-        println!("{v}");
+        let _ = write_stdout(format!("{v}\n").as_bytes());
     }
     eprintln!("mountctl: {message}");
     if let Some(h) = hint {
@@ -142,13 +142,59 @@ pub fn usage_error(text: &str, json: bool) -> ExitCode {
             .next()
             .unwrap_or(text)
             .trim_start_matches("error: ");
-        println!(
-            "{}",
-            json!({"error": {"kind": "usage", "message": first, "hint": "see mountctl --help"}})
-        );
+        let v =
+            json!({"error": {"kind": "usage", "message": first, "hint": "see mountctl --help"}});
+        let _ = write_stdout(format!("{v}\n").as_bytes());
     }
     eprint!("{text}");
     ExitCode::from(2)
+}
+
+/// Whether a write failed because the reader went away (`| head`): a command then ends
+/// quietly, as Unix tools do, instead of reporting an error.
+pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// Writes `bytes` to stdout; a reader gone (`| head`) is not an error (see
+/// [`is_broken_pipe`]), any other failure is.
+pub fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(anyhow::Error::from(e).context("write to stdout"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A time in Unix seconds as people read it: `2026-12-06 08:04:11 UTC`.
+pub fn date(unix_secs: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix_secs.max(0) as u64);
+    humantime::format_rfc3339_seconds(t)
+        .to_string()
+        .replacen('T', " ", 1)
+        .replace('Z', " UTC")
+}
+
+/// [`date`] and how long ago it was (`3 min ago`), for a record shown alone.
+pub fn date_ago(unix_secs: i64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(unix_secs);
+    let ago = (now - unix_secs).max(0);
+    let words = match ago {
+        0..60 => format!("{ago} s ago"),
+        60..3600 => format!("{} min ago", ago / 60),
+        3600..86400 => format!("{} h ago", ago / 3600),
+        _ => format!("{} days ago", ago / 86400),
+    };
+    format!("{} ({words})", date(unix_secs))
 }
 
 /// Human-readable bytes.
@@ -185,6 +231,13 @@ pub fn strs(v: &serde_json::Value) -> Vec<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dates_read_as_people_write_them() {
+        assert_eq!(date(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(date(1_796_545_087), "2026-12-06 08:18:07 UTC");
+        assert!(date_ago(1_796_545_087).starts_with("2026-12-06 08:18:07 UTC ("));
+    }
 
     #[test]
     fn a_cause_the_message_holds_already_is_not_repeated() {

@@ -549,6 +549,15 @@ fn start_cmd(args: RunArgs, ready_out: &mut Option<std::fs::File>) -> Result<u8,
             spec.name, outcome.oom_kills
         );
     }
+    if outcome.refused_forks > 0 {
+        eprintln!(
+            "sandbox-helper: {}: process limit reached: the kernel refused {} fork(s) at the \
+             limit of {} processes and threads",
+            spec.name,
+            outcome.refused_forks,
+            spec.limits.pids.unwrap_or(0)
+        );
+    }
     Ok(0)
 }
 
@@ -712,6 +721,17 @@ fn run_cmd(args: RunArgs) -> Result<u8, Error> {
             spec.name,
             outcome.oom_kills,
             spec.limits.memory_bytes.unwrap_or(0),
+            outcome.code
+        );
+    }
+    if outcome.refused_forks > 0 {
+        eprintln!(
+            "sandbox-helper: {}: process limit reached: the kernel refused {} fork(s) at the \
+             limit of {} processes and threads (--pids; `sh: Cannot fork` and EAGAIN come from \
+             it); exit status {}",
+            spec.name,
+            outcome.refused_forks,
+            spec.limits.pids.unwrap_or(0),
             outcome.code
         );
     }

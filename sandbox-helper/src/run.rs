@@ -107,6 +107,8 @@ pub struct Outcome {
     pub code: u8,
     /// Processes the kernel OOM-killed in the sandbox's memory group.
     pub oom_kills: u64,
+    /// Forks the kernel refused at the sandbox's process limit (`--pids`).
+    pub refused_forks: u64,
 }
 
 /// Namespaces the sandbox init is cloned into (the cgroup namespace follows after the
@@ -424,12 +426,17 @@ pub fn run(spec: &Spec, opts: &Options, on_ready: impl FnOnce(&Ready)) -> Result
         }
     };
     let oom_kills = live.group.oom_kills().unwrap_or(0);
+    let refused_forks = live.group.refused_forks().unwrap_or(0);
     live.group.destroy()?;
     if let Some(mut m) = live.shared.take() {
         let _ = m.release();
     }
     let _ = std::io::stdout().flush();
-    Ok(Outcome { code, oom_kills })
+    Ok(Outcome {
+        code,
+        oom_kills,
+        refused_forks,
+    })
 }
 
 /// Starts a long-lived sandbox for `spec` (`spec.keep`) and serves it until it stops:
@@ -499,6 +506,7 @@ pub fn start(
     live.guard.0 = None;
     network.stop();
     let oom_kills = live.group.oom_kills().unwrap_or(0);
+    let refused_forks = live.group.refused_forks().unwrap_or(0);
     let destroyed = live.group.destroy();
     if let Some(mut m) = live.shared.take()
         && let Ok(false) = m.release()
@@ -512,7 +520,11 @@ pub fn start(
     drop(listener);
     stopped.reply(oom_kills);
     destroyed?;
-    Ok(Outcome { code: 0, oom_kills })
+    Ok(Outcome {
+        code: 0,
+        oom_kills,
+        refused_forks,
+    })
 }
 
 /// The sandbox's network as its keeper runs it: its published ports, and with

@@ -7,8 +7,11 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
+mod limits;
 mod paths;
 
+use limits::check_cpus_fit;
+pub use limits::parse_bytes;
 use paths::{bind_source, canonical_dir, check_suspendable, normalize_target, refuse_overlap};
 
 pub use sandbox_api::spec::{Controls, MAX_NAME_BYTES, Net};
@@ -100,16 +103,22 @@ pub fn read_ro_binds(entries: &[String], state_dir: &Path) -> Result<Vec<RoBind>
             ));
         }
         refuse_overlap(&source, state_dir, "--ro-bind")?;
-        let target = normalize_target(dst)
-            .ok_or_else(|| Error::InvalidInput(format!("--ro-bind {entry:?}: bad target")))?;
+        let target = normalize_target(dst).ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "--ro-bind {entry:?}: the target {dst:?} must be an absolute path inside the \
+                 sandbox without `..` (e.g. /opt/data)"
+            ))
+        })?;
         if RESERVED_TARGETS
             .iter()
             .any(|r| target == Path::new(r) || target.starts_with(r))
             || target == Path::new("/")
         {
             return Err(Error::InvalidInput(format!(
-                "--ro-bind {entry:?}: {} is reserved by the sandbox",
-                target.display()
+                "--ro-bind {entry:?}: {} is reserved by the sandbox: a target may not be / \
+                 nor at or under {} (e.g. /opt/data or /mnt/data)",
+                target.display(),
+                RESERVED_TARGETS.join(", ")
             )));
         }
         ro_binds.push(RoBind { source, target });
@@ -341,7 +350,13 @@ impl Spec {
 
         let mut publish = input.controls.publish.clone();
         publish.sort_unstable();
-        publish.dedup();
+        if let Some(w) = publish.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::InvalidInput(format!(
+                "--publish {} is given twice: each internal port is published once, on one \
+                 host port",
+                w[0]
+            )));
+        }
         if publish.contains(&0) {
             return Err(Error::InvalidInput("--publish 0: not a port".into()));
         }
@@ -378,6 +393,9 @@ impl Spec {
             return Err(Error::InvalidInput(format!(
                 "--cpus {c}: expected 0.01 to 1024"
             )));
+        }
+        if let Some(c) = limits.cpus {
+            check_cpus_fit(c, crate::cgroup::cpuset::online()?.len())?;
         }
 
         let mut env = BTreeMap::new();
@@ -549,20 +567,6 @@ pub fn validate_name(name: &str) -> Result<()> {
     sandbox_api::spec::validate_name(name).map_err(Error::from)
 }
 
-/// Parses a byte count: digits with an optional binary `k`, `m` or `g` suffix.
-pub fn parse_bytes(text: &str) -> Result<u64> {
-    let bad = || Error::InvalidInput(format!("--memory {text:?}: expected bytes, e.g. 512m"));
-    let lower = text.trim().to_ascii_lowercase();
-    let (digits, shift) = match lower.as_bytes().last() {
-        Some(b'k') => (&lower[..lower.len() - 1], 10),
-        Some(b'm') => (&lower[..lower.len() - 1], 20),
-        Some(b'g') => (&lower[..lower.len() - 1], 30),
-        _ => (&lower[..], 0),
-    };
-    let n: u64 = digits.parse().map_err(|_| bad())?;
-    n.checked_mul(1 << shift).ok_or_else(bad)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -582,15 +586,6 @@ mod tests {
         for bad in ["", "-x", "a/b", "a b", &"x".repeat(64)] {
             assert!(validate_name(bad).is_err(), "{bad:?} accepted");
         }
-    }
-
-    #[test]
-    fn bytes_parse_with_suffixes() {
-        assert_eq!(parse_bytes("4096").unwrap(), 4096);
-        assert_eq!(parse_bytes("64m").unwrap(), 64 << 20);
-        assert_eq!(parse_bytes("1G").unwrap(), 1 << 30);
-        assert!(parse_bytes("12x").is_err());
-        assert!(parse_bytes("99999999999g").is_err());
     }
 
     #[test]
@@ -623,12 +618,19 @@ mod tests {
             "state dir bound"
         );
         i.controls.ro_bind = vec![format!("{}:/etc/x", ws.display())];
+        let e = Spec::validate(i.clone(), &state).unwrap_err().to_string();
         assert!(
-            Spec::validate(i.clone(), &state).is_err(),
-            "reserved target"
+            e.contains("/etc/x is reserved") && e.contains("/run, /proc, /dev, /workspace"),
+            "reserved target, the reserved places listed: {e}"
         );
         i.controls.ro_bind = vec![format!("{}:/deps/../etc", ws.display())];
         assert!(Spec::validate(i.clone(), &state).is_err(), "dot-dot target");
+        i.controls.ro_bind = vec![format!("{}:relative", ws.display())];
+        let e = Spec::validate(i.clone(), &state).unwrap_err().to_string();
+        assert!(
+            e.contains("must be an absolute path"),
+            "relative target: {e}"
+        );
         i.controls.ro_bind = vec![format!("{}:/deps/cache", ws.display())];
         let spec = Spec::validate(i, &state).unwrap();
         assert_eq!(spec.ro_binds[0].target, Path::new("/deps/cache"));
@@ -669,9 +671,12 @@ mod tests {
         i.dir = tmp.path().join("ws");
         std::fs::create_dir(&i.dir).unwrap();
         i.controls.publish = vec![3000, 3000];
+        let e = Spec::validate(i.clone(), &state).unwrap_err().to_string();
+        assert!(e.contains("--publish 3000 is given twice"), "{e}");
+        i.controls.publish = vec![3000, 3001];
         let spec = Spec::validate(i.clone(), &state).unwrap();
         assert_eq!(spec.net, Net::Loopback);
-        assert_eq!(spec.publish, vec![3000]);
+        assert_eq!(spec.publish, vec![3000, 3001]);
         i.controls.net = Some(Net::None);
         assert!(Spec::validate(i, &state).is_err());
     }

@@ -9,6 +9,40 @@
 use std::io;
 use std::path::PathBuf;
 
+/// Longest user input a message repeats whole; a longer one is cut to
+/// [`SHOWN_PREFIX_CHARS`] and its length said.
+pub const MAX_SHOWN_CHARS: usize = 80;
+/// How much of a too-long input a message shows.
+pub const SHOWN_PREFIX_CHARS: usize = 40;
+
+/// A user's input (a name, a ref, a path) as a message repeats it: quoted; an empty one
+/// said to be empty (an invisible `""` is easy to miss); a very long one cut, with its
+/// length (a 5,000-character ref would bury the message).
+pub fn shown(input: &str) -> String {
+    let n = input.chars().count();
+    if n == 0 {
+        "\"\" (an empty name)".into()
+    } else if n > MAX_SHOWN_CHARS {
+        let head: String = input.chars().take(SHOWN_PREFIX_CHARS).collect();
+        format!("{:?}… ({n} characters)", head)
+    } else {
+        format!("{input:?}")
+    }
+}
+
+/// [`shown`], but a plain word (letters, digits, `._/:@+-`) is left unquoted, as
+/// messages that name workspaces and refs print them.
+pub fn shown_bare(input: &str) -> String {
+    let plain = input
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"._/:@+-".contains(&b));
+    if plain && !input.is_empty() && input.len() <= MAX_SHOWN_CHARS {
+        input.to_string()
+    } else {
+        shown(input)
+    }
+}
+
 /// The stable kinds of failure, shared with `mountctl`'s exit codes and the control protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -116,6 +150,8 @@ pub enum Error {
     },
     #[error("{what} {name} not found")]
     NotFound { what: &'static str, name: String },
+    #[error("no remote is configured in this runtime root")]
+    NoRemote,
     #[error("{0} is ambiguous: it matches more than one snapshot")]
     Ambiguous(String),
     #[error("ref {name} is at {actual}, not at the expected {expected}")]
@@ -156,9 +192,10 @@ impl Error {
     /// The stable kind of this error.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Error::RootMissing(_) | Error::SourceMissing(_) | Error::NotFound { .. } => {
-                ErrorKind::NotFound
-            }
+            Error::RootMissing(_)
+            | Error::SourceMissing(_)
+            | Error::NotFound { .. }
+            | Error::NoRemote => ErrorKind::NotFound,
             Error::RootExists(_) | Error::DestinationExists { .. } => ErrorKind::Exists,
             Error::RootInsideSource { .. }
             | Error::Invalid(_)
@@ -221,6 +258,9 @@ impl Error {
                 ..
             } => "`mountctl snapshots` and `mountctl refs` list what exists".into(),
             Error::Ambiguous(_) => "give more hex digits of the snapshot id".into(),
+            Error::NoRemote => "add one with `mountctl remote add NAME s3://BUCKET/PREFIX \
+                [--endpoint URL]` (the first one added is the default), then retry"
+                .into(),
             Error::Busy(_) => "wait for the other operation to finish and retry".into(),
             Error::Remote { remote, .. } => format!(
                 "check that remote {remote} answers (`mountctl doctor`) and that the AWS \

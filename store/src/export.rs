@@ -208,17 +208,7 @@ impl Store {
                 .create_new(true)
                 .open(&tmp)
                 .map_err(Error::io("create archive", &tmp))?;
-            let mut b = tar::Builder::new(io::BufWriter::new(file));
-            let mut root = tar::Header::new_gnu();
-            root.set_entry_type(tar::EntryType::Directory);
-            root.set_mode(snap.root_mode);
-            root.set_size(0);
-            root.set_mtime(snap.created_at.max(0) as u64);
-            b.append_data(&mut root, "./", io::empty())
-                .map_err(Error::io("write archive", &tmp))?;
-            let mtime = snap.created_at.max(0) as u64;
-            self.tar_tree(&mut b, &snap.root, &[], mtime, &tmp, &subst)?;
-            let w = b.into_inner().map_err(Error::io("write archive", &tmp))?;
+            let w = self.tar_snapshot(&snap, &subst, io::BufWriter::new(file), &tmp)?;
             let file = w
                 .into_inner()
                 .map_err(|e| Error::io("write archive", &tmp)(e.into_error()))?;
@@ -229,6 +219,42 @@ impl Store {
             let _ = fs::remove_file(&tmp);
         }
         result
+    }
+
+    /// Writes the snapshot as a tar archive to `out` (stdout, say) and gives it back;
+    /// `label` names it in errors. What a reader has of a failed write is half an
+    /// archive: only [`Store::export_tar`] makes the whole or nothing.
+    pub fn export_tar_to<W: Write>(
+        &self,
+        snapshot: &SnapshotId,
+        out: W,
+        label: &Path,
+    ) -> Result<W> {
+        let snap = self.snapshot(snapshot)?;
+        let subst = self.as_imported(&snap.root)?;
+        let mut w = self.tar_snapshot(&snap, &subst, out, label)?;
+        w.flush().map_err(Error::io("write archive", label))?;
+        Ok(w)
+    }
+
+    fn tar_snapshot<W: Write>(
+        &self,
+        snap: &crate::snapshot::Snapshot,
+        subst: &Substitutes,
+        out: W,
+        label: &Path,
+    ) -> Result<W> {
+        let mut b = tar::Builder::new(out);
+        let mut root = tar::Header::new_gnu();
+        root.set_entry_type(tar::EntryType::Directory);
+        root.set_mode(snap.root_mode);
+        root.set_size(0);
+        root.set_mtime(snap.created_at.max(0) as u64);
+        b.append_data(&mut root, "./", io::empty())
+            .map_err(Error::io("write archive", label))?;
+        let mtime = snap.created_at.max(0) as u64;
+        self.tar_tree(&mut b, &snap.root, &[], mtime, label, subst)?;
+        b.into_inner().map_err(Error::io("write archive", label))
     }
 
     fn tar_tree<W: Write>(

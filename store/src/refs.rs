@@ -24,7 +24,12 @@ pub enum Expect {
 
 /// Checks a ref name: `[A-Za-z0-9._-]` segments joined by `/`, no `..`, no empty segment.
 pub fn check_ref_name(name: &str) -> Result<()> {
-    let bad = |why: &str| Err(Error::Invalid(format!("ref name {name:?} {why}")));
+    let bad = |why: &str| {
+        Err(Error::Invalid(format!(
+            "ref name {} {why}",
+            crate::error::shown(name)
+        )))
+    };
     if name.is_empty() || name.len() > MAX_REF_NAME_BYTES {
         return bad("must have 1 to 200 characters");
     }
@@ -144,7 +149,7 @@ impl Store {
         let mut conn = self.db();
         let tx = conn.transaction().map_err(Error::db("begin ref delete"))?;
         match get(&tx, name)? {
-            None => return Err(Error::not_found("ref", name)),
+            None => return Err(Error::not_found("ref", crate::error::shown_bare(name))),
             Some(c) if c != expect => {
                 return Err(Error::RefConflict {
                     name: name.into(),
@@ -167,7 +172,8 @@ impl Store {
         if !ref_name_ok && !is_hex {
             // Nothing could ever have this name: malformed input, not a missing object.
             return Err(Error::Invalid(format!(
-                "{spec:?} is neither a snapshot id nor a valid ref name"
+                "{} is neither a snapshot id nor a valid ref name",
+                crate::error::shown(spec)
             )));
         }
         if ref_name_ok && let Some(id) = self.with_reader(|c| get(c, spec))? {
@@ -177,7 +183,10 @@ impl Store {
             let id: SnapshotId = spec.to_ascii_lowercase().parse()?;
             return match self.locate(id.as_bytes())? {
                 Some(l) if l.kind == ObjectKind::Snapshot => Ok(id),
-                _ => Err(Error::not_found("snapshot or ref", spec)),
+                _ => Err(Error::not_found(
+                    "snapshot or ref",
+                    crate::error::shown_bare(spec),
+                )),
             };
         }
         if is_hex && spec.len() >= MIN_PREFIX_HEX {
@@ -189,11 +198,17 @@ impl Store {
                 .collect();
             return match matches.as_slice() {
                 [one] => Ok(*one),
-                [] => Err(Error::not_found("snapshot or ref", spec)),
+                [] => Err(Error::not_found(
+                    "snapshot or ref",
+                    crate::error::shown_bare(spec),
+                )),
                 _ => Err(Error::Ambiguous(spec.into())),
             };
         }
-        Err(Error::not_found("snapshot or ref", spec))
+        Err(Error::not_found(
+            "snapshot or ref",
+            crate::error::shown_bare(spec),
+        ))
     }
 }
 

@@ -377,13 +377,8 @@ impl Store {
             Some(n) => all
                 .into_iter()
                 .find(|r| r.name == n)
-                .ok_or_else(|| Error::not_found("remote", n)),
-            None => all.into_iter().next().ok_or_else(|| {
-                Error::not_found(
-                    "remote",
-                    "(none configured: `mountctl remote add NAME s3://BUCKET/PREFIX`)",
-                )
-            }),
+                .ok_or_else(|| Error::not_found("remote", crate::error::shown_bare(n))),
+            None => all.into_iter().next().ok_or(Error::NoRemote),
         }
     }
 

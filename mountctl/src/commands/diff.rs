@@ -30,7 +30,8 @@ pub fn run(
     let store = rt.store();
     let ia = store.resolve(a).map_err(|e| {
         anyhow::Error::new(e).context(format!(
-            "diff A B: A ({a:?}) is neither a workspace nor a snapshot or ref"
+            "diff A B: A ({}) is neither a workspace nor a snapshot or ref",
+            cowspace_store::error::shown(a)
         ))
     })?;
     let ib = store.resolve(b)?;
@@ -45,7 +46,7 @@ pub fn run(
         Some(p) => p.clone(),
         None => changes
             .iter()
-            .map(|c| format!("{} {}\n", c.change.letter(), c.path))
+            .map(|c| format!("{} {}\n", c.change.letter(), c.display_path()))
             .collect(),
     });
     Ok(ExitCode::SUCCESS)

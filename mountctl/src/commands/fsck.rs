@@ -64,15 +64,17 @@ pub fn run(ctx: &Ctx, args: FsckArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     if !ctx.json {
+        let mut text = String::new();
         for p in report.corrupt.iter() {
-            println!("corrupt {} {}: {}", p.what, p.id, p.why);
+            text.push_str(&format!("corrupt {} {}: {}\n", p.what, p.id, p.why));
         }
         for p in report.missing.iter() {
-            println!("missing {} {}: {}", p.what, p.id, p.why);
+            text.push_str(&format!("missing {} {}: {}\n", p.what, p.id, p.why));
         }
         for d in &report.damage {
-            print!("{}", damage_text(d));
+            text.push_str(&damage_text(d));
         }
+        crate::output::write_stdout(text.as_bytes())?;
     }
     let message = format!(
         "{} corrupt and {} missing objects, {} missing blobs of native lowers",

@@ -85,7 +85,13 @@ pub fn run(ctx: &Ctx, args: ImportArgs) -> anyhow::Result<ExitCode> {
                 );
             }
             if let Some(r) = &report.ref_name {
-                eprintln!("ref {r} -> {}", report.snapshot.short());
+                // The ref's old snapshot is the new one's parent: where it was.
+                let was = match report.parents.first() {
+                    Some(p) if *p == report.snapshot => " (unchanged)".to_string(),
+                    Some(p) => format!(" (was {})", p.short()),
+                    None => " (a new ref)".to_string(),
+                };
+                eprintln!("ref {r} -> {}{was}", report.snapshot.short());
             }
         }
         s.truncate(s.len() - 1);

@@ -3,6 +3,7 @@
 mod cp;
 mod daemon;
 mod diff;
+mod doctor;
 mod exec;
 mod export;
 mod files;
@@ -101,16 +102,27 @@ pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
         Command::Remove { workspace, force } => workspace::remove(ctx, &workspace, force),
         Command::Sweep => workspace::sweep(ctx),
         Command::Recover { workspace } => workspace::recover(ctx, &workspace),
-        Command::Doctor => workspace::doctor(ctx),
+        Command::Doctor => doctor::run(ctx),
         Command::Config => workspace::config(ctx),
         Command::Daemon(c) => daemon::run(ctx, c),
         Command::Run(args) => run::run(ctx, args),
         Command::Sandbox(c) => sandbox::run(ctx, c),
         Command::Exec(args) => exec::run(ctx, args),
         Command::GitFsmonitor { version, token } => git_fsmonitor(ctx, version, &token),
+        Command::Completions { .. } | Command::ManPages { .. } if ctx.json => {
+            Ok(crate::output::usage_error(
+                "error: --json does not apply to `completions` and `man-pages` (they write a \
+                 script and files): leave it out\n",
+                true,
+            ))
+        }
         Command::Completions { shell } => {
+            // Made in memory first: `clap_complete` panics on a failed write, and a
+            // reader that stops early (`| head`) is no failure.
             let mut cmd = <crate::cli::Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut cmd, "mountctl", &mut std::io::stdout());
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "mountctl", &mut script);
+            crate::output::write_stdout(&script)?;
             Ok(ExitCode::SUCCESS)
         }
         Command::ManPages { dir } => crate::docs::write_man_pages(&dir).map(|n| {

@@ -16,6 +16,7 @@ pub fn run(ctx: &Ctx, c: SandboxCommand) -> anyhow::Result<ExitCode> {
         SandboxCommand::Stop { workspace } => {
             let v = rt.sandbox_stop(&workspace)?;
             let ws = v["workspace"].as_str().unwrap_or("").to_string();
+            stale_host_processes(ctx, &ws, &v["host_processes"]);
             ctx.confirm(v.clone(), || {
                 if v["was_running"] == false {
                     format!("no sandbox was running for {ws}: nothing to stop")
@@ -113,6 +114,28 @@ pub fn run(ctx: &Ctx, c: SandboxCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// Says which host processes still hold the stopped sandbox's mount of the workspace
+/// (they entered it while the sandbox ran) and what to do about them.
+fn stale_host_processes(ctx: &Ctx, ws: &str, list: &Value) {
+    let Some(list) = list.as_array().filter(|l| !l.is_empty()) else {
+        return;
+    };
+    let named: Vec<String> = list
+        .iter()
+        .map(|p| match p["command"].as_str() {
+            Some(c) => format!("{} ({c})", p["pid"]),
+            None => p["pid"].to_string(),
+        })
+        .collect();
+    ctx.note(&format!(
+        "mountctl: host processes that entered {ws} while its sandbox ran still use the \
+         sandbox's mount, which the stop detached: {}. They do not see files written from \
+         now on, and their new files fail (EOVERFLOW): `cd` out and back in (a shell), or \
+         restart them (an editor, a file watcher)",
+        named.join(", ")
+    ));
+}
+
 fn ports(p: &Value) -> String {
     let Some(m) = p.as_object().filter(|m| !m.is_empty()) else {
         return "-".into();
@@ -124,37 +147,71 @@ fn ports(p: &Value) -> String {
 }
 
 fn describe(v: &Value) -> String {
+    // Text, never a JSON fragment: a string as it is, a count as a number, a missing
+    // value as `-`; `--json` has every field as the keeper gave it.
+    let text = |k: &str| match &v[k] {
+        Value::Null => "-".to_string(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
     let mut out = String::new();
-    for key in [
-        "workspace",
-        "name",
-        "state",
-        "paused_at",
-        "paused_by",
-        "idle_timeout_ms",
-        "provider",
-        "isolation",
-        "reason",
-        "accel",
-        "init_pid",
-        "host_uid_base",
-        "net",
-        "limits",
-        "uptime_s",
-        "processes",
-        "memory_bytes",
-        "oom_kills",
-        "execs_running",
-        "host_mount",
-    ] {
-        if !v[key].is_null() {
-            out.push_str(&format!("{key}: {}\n", v[key]));
+    let mut line = |label: &str, value: String| {
+        out.push_str(&format!("{label:<13}{value}\n"));
+    };
+    line("workspace", text("workspace"));
+    line("name", text("name"));
+    let mut state = text("state");
+    if let Some(at) = v["paused_at"].as_i64() {
+        state.push_str(&format!(" since {}", crate::output::date(at)));
+        if let Some(by) = v["paused_by"].as_str() {
+            state.push_str(&format!(" (by {by})"));
         }
     }
-    out.push_str(&format!("ports: {}\n", ports(&v["ports"])));
+    line("state", state);
+    if let Some(ms) = v["idle_timeout_ms"].as_u64() {
+        line("idle timeout", format!("{:.0} s", ms as f64 / 1e3));
+    }
+    let mut provider = text("provider");
+    if let Some(a) = v["accel"].as_str() {
+        provider.push_str(&format!(" ({a})"));
+    }
+    line("provider", provider);
+    let mut isolation = text("isolation");
+    if let Some(r) = v["reason"].as_str() {
+        isolation.push_str(&format!(": {r}"));
+    }
+    line("isolation", isolation);
+    if let Some(at) = v["started_at"].as_i64() {
+        line("started", crate::output::date_ago(at));
+    } else if let Some(s) = v["uptime_s"].as_u64() {
+        line("uptime", format!("{s} s"));
+    }
+    line("init pid", text("init_pid"));
+    if !v["host_uid_base"].is_null() {
+        line("host uids", format!("from {}", text("host_uid_base")));
+    }
+    line("net", text("net"));
+    line("limits", limits_text(&v["limits"]));
+    line("processes", text("processes"));
+    line(
+        "memory used",
+        v["memory_bytes"]
+            .as_u64()
+            .map_or_else(|| "-".to_string(), crate::output::bytes),
+    );
+    line("oom kills", text("oom_kills"));
+    line("execs", format!("{} running", text("execs_running")));
+    if !v["host_mount"].is_null() {
+        line("host mount", text("host_mount"));
+    }
+    line("ports", ports(&v["ports"]));
     let e = &v["egress"];
     if !e.is_null() {
-        out.push_str(&format!("egress: {}", e["state"].as_str().unwrap_or("-")));
+        out.push_str(&format!(
+            "{:<13}{}",
+            "egress",
+            e["state"].as_str().unwrap_or("-")
+        ));
         if let Some(r) = e["reason"].as_str() {
             out.push_str(&format!(" ({r})"));
         }
@@ -170,6 +227,30 @@ fn describe(v: &Value) -> String {
         }
     }
     out
+}
+
+/// A sandbox's limits in words: `memory 1.0 GiB, pids 1024, cpus 1.5, cpuset 0-1`.
+fn limits_text(l: &Value) -> String {
+    let mut parts = Vec::new();
+    if let Some(m) = l["memory_bytes"].as_u64() {
+        parts.push(format!("memory {}", crate::output::bytes(m)));
+    }
+    if let Some(p) = l["pids"].as_u64() {
+        parts.push(format!("pids {p}"));
+    }
+    if let (Some(q), Some(p)) = (l["cpu_quota_us"].as_f64(), l["cpu_period_us"].as_f64())
+        && p > 0.0
+    {
+        parts.push(format!("cpus {}", q / p));
+    }
+    if let Some(c) = l["cpuset_cpus"].as_str() {
+        parts.push(format!("cpuset {c}"));
+    }
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(", ")
+    }
 }
 
 /// An egress policy as lines; says so when it allows nothing.

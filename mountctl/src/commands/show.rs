@@ -17,9 +17,13 @@ pub fn run(ctx: &Ctx, spec: &str, path: Option<&str>) -> anyhow::Result<ExitCode
             out.push_str(&format!(
                 "snapshot {id}\nroot     {}\ncreated  {}\nparents  {}\nsource   {}\nfiles    {} ({}), {} dirs, {} symlinks, {} excluded\nmessage  {}\n\n",
                 snap.root,
-                snap.created_at,
-                snap.parents.iter().map(|p| p.short()).collect::<Vec<_>>().join(" "),
-                serde_json::to_string(&snap.source).unwrap_or_default(),
+                crate::output::date_ago(snap.created_at),
+                if snap.parents.is_empty() {
+                    "-".to_string()
+                } else {
+                    snap.parents.iter().map(|p| p.short()).collect::<Vec<_>>().join(" ")
+                },
+                snap.source,
                 snap.counts.files,
                 bytes(snap.counts.bytes),
                 snap.counts.dirs,

@@ -9,8 +9,11 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let mut text = String::new();
     for s in list.as_array().into_iter().flatten() {
         let names = strs(&s["refs"]);
+        // The minute is enough in a list (`show` gives the second).
+        let mut when = crate::output::date(s["created_at"].as_i64().unwrap_or(0));
+        when.replace_range(16..19, "");
         text.push_str(&format!(
-            "{}  {:>8} files {:>10}  {}{}\n",
+            "{}  {when}  {:>8} files {:>10}  {}{}\n",
             short(&s["snapshot"]),
             s["files"].as_u64().unwrap_or(0),
             bytes(s["bytes"].as_u64().unwrap_or(0)),

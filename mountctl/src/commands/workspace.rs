@@ -1,9 +1,8 @@
 //! Workspace commands: `create`, `list`, `status`, `diff WS`, `commit`, `remove`, `sweep`,
-//! `recover`, `doctor`. Thin: each is one call of the `cowspace` runtime API.
+//! `recover`, `config`, `fork`. Thin: each is one call of the `cowspace` runtime API.
 
 use std::process::ExitCode;
 
-use cowspace::materializer::{self, MaterializerKind};
 use cowspace::protocol::{ListArgs, Request, WorkspaceArg};
 use cowspace::registry::Record;
 use cowspace::runtime::{CommitOptions, CreateOptions};
@@ -28,7 +27,7 @@ fn line(r: &Record) -> String {
 fn describe(r: &Record) -> String {
     let mut s = format!(
         "workspace    {}\nname         {}\nstatus       {}\npath         {}\n\
-         materializer {} (lower: {}, {})\nsnapshot     {}\ncreated      {} ({:.1} ms)\n",
+         materializer {} (lower: {}, {})\nsnapshot     {}\ncreated      {}, in {:.1} ms\n",
         r.id,
         r.name.as_deref().unwrap_or("-"),
         r.status.as_str(),
@@ -37,7 +36,7 @@ fn describe(r: &Record) -> String {
         r.lower_kind,
         r.lower.display(),
         r.snapshot,
-        r.created_at,
+        crate::output::date_ago(r.created_at),
         r.create_ms,
     );
     if let Some(w) = &r.worker {
@@ -249,7 +248,7 @@ pub fn diff(
         Some(p) => p.clone(),
         None => list
             .iter()
-            .map(|c| format!("{} {}\n", c.change.letter(), c.path))
+            .map(|c| format!("{} {}\n", c.change.letter(), c.display_path()))
             .collect(),
     });
     Ok(ExitCode::SUCCESS)
@@ -372,12 +371,12 @@ pub fn config(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let mut text = String::new();
     for s in v["settings"].as_array().into_iter().flatten() {
         let value = match &s["value"] {
-            serde_json::Value::Null => "-".to_string(),
+            serde_json::Value::Null => s["default"].as_str().unwrap_or("-").to_string(),
             serde_json::Value::String(t) => t.clone(),
             other => other.to_string(),
         };
         text.push_str(&format!(
-            "{:<20} {:<28} {}\n",
+            "{:<20} {:<40} {}\n",
             s["key"].as_str().unwrap_or_default(),
             value,
             s["from"].as_str().unwrap_or_default()
@@ -395,150 +394,6 @@ pub fn config(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     ));
     ctx.emit(v, || text);
     Ok(ExitCode::SUCCESS)
-}
-
-/// The `vm` row of `doctor` as text.
-fn vm_line(vm: &serde_json::Value) -> String {
-    let s = |v: &serde_json::Value| v.as_str().unwrap_or("-").to_string();
-    let mut out = format!(
-        "vm       accel {}, isolation {}: {}\n",
-        s(&vm["accel"]),
-        s(&vm["isolation"]),
-        s(&vm["reason"])
-    );
-    out.push_str(&format!(
-        "         qemu {} ({}); virtiofsd {} ({})\n",
-        s(&vm["qemu"]["path"]),
-        s(&vm["qemu"]["version"]),
-        s(&vm["virtiofsd"]["path"]),
-        s(&vm["virtiofsd"]["version"])
-    ));
-    out.push_str(&format!(
-        "         guest kernel {} (blake3 {}); initramfs {} (blake3 {})\n",
-        s(&vm["kernel"]["path"]),
-        s(&vm["kernel"]["blake3"]),
-        s(&vm["initramfs"]["path"]),
-        s(&vm["initramfs"]["blake3"])
-    ));
-    for m in vm["missing"].as_array().into_iter().flatten() {
-        out.push_str(&format!("         missing: {}\n", s(m)));
-    }
-    out
-}
-
-pub fn doctor(ctx: &Ctx) -> anyhow::Result<ExitCode> {
-    let store = ctx.open()?;
-    let mut rows = Vec::new();
-    let materializers = materializer::Materializers::standard();
-    for kind in MaterializerKind::ALL {
-        let r = materializers.get(kind).check(&store);
-        rows.push(json!({"materializer": kind.as_str(), "available": r.is_ok(), "why": r.err()}));
-    }
-    let auto = materializers.pick_auto(&store).map(|k| k.as_str()).ok();
-    // Which lower an overlay workspace gets, and why not the native one.
-    let native = cowspace::native::probe(&store);
-    let (lower, lower_why) = cowspace::runtime::auto_lower(&store, MaterializerKind::Overlay);
-    let lowers = json!({"auto": lower, "why": lower_why, "native": {"available": native.is_ok(), "why": native.err()}});
-    // What imports of git checkouts will name as git's fsmonitor hook (docs/git.md).
-    let hook = match cowspace::gitfsmonitor::git_reads_the_extension() {
-        Ok(()) => match cowspace::gitfsmonitor::hook_program() {
-            Some(p) => {
-                json!({"available": true, "command": cowspace::gitfsmonitor::hook_command(), "runs": p})
-            }
-            None => {
-                json!({"available": false, "command": cowspace::gitfsmonitor::hook_command(),
-                "why": format!("no mountctl on PATH (nor ${}): git in workspaces looks at every file", cowspace::gitfsmonitor::MOUNTCTL_ENV)})
-            }
-        },
-        Err(why) => json!({"available": false, "why": why}),
-    };
-    // What the host could change to make fuse workspaces answer faster.
-    let hints: Vec<_> = materializer::fuse::host_hints()
-        .into_iter()
-        .map(|(cause, fix)| json!({"materializer": "fuse", "cause": cause, "fix": fix}))
-        .collect();
-    // What a `run --vm` would use here, and whether its hypervisor isolates.
-    let vm = vm_probe(&store.layout().cache().join("vm"));
-    // Which remotes answer, and how fast.
-    let remotes = cowspace::remote::doctor(&store);
-    ctx.emit(
-        json!({"materializers": rows, "auto": auto, "lower": lowers, "git_fsmonitor": hook, "hints": hints, "vm": vm, "remotes": remotes}),
-        || {
-            let mut s = String::new();
-            s.push_str(&vm_line(&vm));
-            for r in remotes.as_array().into_iter().flatten() {
-                s.push_str(&format!(
-                    "remote {} ({}): {}\n",
-                    r["name"].as_str().unwrap_or(""),
-                    r["url"].as_str().unwrap_or(""),
-                    if r["answers"] == true {
-                        format!("answers in {:.1} ms", r["ms"].as_f64().unwrap_or(0.0))
-                    } else {
-                        format!("does not answer: {}", r["why"].as_str().unwrap_or(""))
-                    }
-                ));
-            }
-            for r in &rows {
-                s.push_str(&format!(
-                    "{:<8} {}\n",
-                    r["materializer"].as_str().unwrap_or(""),
-                    if r["available"] == true {
-                        "available".to_string()
-                    } else {
-                        format!("no: {}", r["why"].as_str().unwrap_or(""))
-                    }
-                ));
-            }
-            s.push_str(&format!(
-                "auto picks: {}\n",
-                auto.unwrap_or("nothing (see above)")
-            ));
-            s.push_str(&format!("overlay lower (auto): {lower}: {lower_why}\n"));
-            s.push_str(&match hook["runs"].as_str() {
-                Some(runs) => format!(
-                    "git in workspaces of imported checkouts asks the workspace what changed \
-                     (its hook runs {runs})"
-                ),
-                None => format!(
-                    "git in workspaces looks at every file: {}",
-                    hook["why"].as_str().unwrap_or("")
-                ),
-            });
-            for h in &hints {
-                s.push_str(&format!(
-                    "\nhint ({}): {}\n  fix: {}",
-                    h["materializer"].as_str().unwrap_or(""),
-                    h["cause"].as_str().unwrap_or(""),
-                    h["fix"].as_str().unwrap_or("")
-                ));
-            }
-            s
-        },
-    );
-    Ok(ExitCode::SUCCESS)
-}
-
-/// What `sandbox-helper vm-probe` says a VM placement would use here (the helper is the
-/// program that would place it; this process does not link it).
-fn vm_probe(cache: &std::path::Path) -> serde_json::Value {
-    let helper = match cowspace::sandbox::helper_path() {
-        Ok(h) => h,
-        Err(e) => return json!({"available": false, "why": e.to_string()}),
-    };
-    let out = std::process::Command::new(&helper)
-        .arg("vm-probe")
-        .arg("--cache-dir")
-        .arg(cache)
-        .stdin(std::process::Stdio::null())
-        .stderr(std::process::Stdio::inherit())
-        .output();
-    match out {
-        Ok(o) if o.status.success() => serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-            json!({"available": false, "why": format!("{} vm-probe answered no JSON: {e}", helper.display())})
-        }),
-        Ok(o) => json!({"available": false, "why": format!("{} vm-probe failed ({})", helper.display(), o.status)}),
-        Err(e) => json!({"available": false, "why": format!("running {} vm-probe: {e}", helper.display())}),
-    }
 }
 
 /// `mountctl fork WS`: the new workspaces, one line each.

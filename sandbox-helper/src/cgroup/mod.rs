@@ -434,6 +434,15 @@ impl Group {
             .and_then(|(p, dir)| memory::oom_kills(dir, p.version))
     }
 
+    /// How many forks the kernel refused at the group's process limit, when a pids
+    /// group exists.
+    pub fn refused_forks(&self) -> Option<u64> {
+        self.dirs
+            .iter()
+            .find(|(p, _)| p.controller == ControllerKind::Pids)
+            .and_then(|(_, dir)| pids::refused_forks(dir))
+    }
+
     /// The pids in the group now.
     pub fn pids(&self) -> Vec<Pid> {
         let mut out: Vec<Pid> = self

@@ -1,5 +1,7 @@
 //! The `pids` controller: the most processes and threads at once.
 
+use std::path::Path;
+
 use super::{Controller, GroupDir, write_checked};
 use crate::error::Result;
 use crate::spec::Limits;
@@ -14,6 +16,14 @@ impl Controller for Pids {
             None => Ok(()),
         }
     }
+}
+
+/// How many times the kernel refused a fork or clone in the group because it was at its
+/// limit (`max` of `pids.events`, the same file on v1 and v2).
+pub fn refused_forks(dir: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(dir.join("pids.events")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("max ")?.trim().parse().ok())
 }
 
 #[cfg(test)]
@@ -34,5 +44,13 @@ mod tests {
             assert_eq!(fx.read("pids.max"), "50", "{version:?}");
             assert_eq!(fx.files(), ["pids.max"], "{version:?}");
         }
+    }
+
+    #[test]
+    fn refused_forks_are_read_from_pids_events() {
+        let fx = Fixture::new(Version::V1);
+        assert_eq!(refused_forks(fx.dir().path), None);
+        fx.offer("pids.events", "max 7\n");
+        assert_eq!(refused_forks(fx.dir().path), Some(7));
     }
 }

@@ -511,3 +511,62 @@ fn git_in_the_sandbox_of(r: &WsRoot, snap: &str, materializer: &str) {
     assert!(with.contains(" D d/y"), "{materializer}: {with}");
     r.discard(&ws.id);
 }
+
+/// Each refused sandbox flag says the rule it broke, and a command that hits the process
+/// limit is told so as one killed at the memory limit is.
+#[test]
+fn refused_flags_state_the_rule_and_a_process_limit_reached_is_said() {
+    require_root!();
+    let (r, snap) = setup();
+    let ws = r.create(&snap, &["--name", "rules"]);
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    // The kernel's list format: `0-1,3`.
+    let cpus: usize = online
+        .trim()
+        .split(',')
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1,
+            None => 1,
+        })
+        .sum();
+    let too_many = (cpus + 1).to_string();
+    let cases: [(&[&str], &str); 5] = [
+        (&["--memory", "99999999999999g"], "too large"),
+        (&["--ro-bind", "/etc:relative"], "must be an absolute path"),
+        (
+            &["--ro-bind", "/etc:/usr/x"],
+            "/run, /proc, /dev, /workspace, /usr",
+        ),
+        (&["--publish", "3000", "--publish", "3000"], "given twice"),
+        (&["--cpus", &too_many], &format!("this host has {cpus} CPU")),
+    ];
+    for (flags, says) in cases {
+        let mut args = vec!["rules"];
+        args.extend_from_slice(flags);
+        args.extend(["--", "touch", "/workspace/ran"]);
+        let (code, out, err) = output(run_cmd(&r, &args));
+        assert_eq!(code, 9, "{flags:?}: stdout {out}\nstderr {err}");
+        assert!(err.contains(says), "{flags:?}: {err}");
+        assert!(!ws.path.join("ran").exists(), "{flags:?}");
+    }
+    // More children than --pids allows: the shell's own "Cannot fork" and the reason.
+    let (code, _, err) = output(run_cmd(
+        &r,
+        &[
+            "rules",
+            "--pids",
+            "8",
+            "--",
+            "sh",
+            "-c",
+            "for i in 1 2 3 4 5 6 7 8 9 10; do sleep 1 & done; wait",
+        ],
+    ));
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains("process limit reached") && err.contains("limit of 8 processes"),
+        "{err}"
+    );
+    r.remove("rules");
+    r.assert_clean();
+}

@@ -8,6 +8,7 @@ mod export;
 mod gc;
 mod import;
 mod refs;
+mod stdout;
 
 use std::os::unix::fs::symlink;
 use std::path::Path;

@@ -211,8 +211,13 @@ class SandboxLog(TypedDict, total=False):
 
 
 class Stopped(TypedDict, total=False):
+    """``sandbox_stop``'s answer; ``host_processes``: host processes that entered the
+    workspace while the sandbox ran and still use its mount (``pid``, ``command``)."""
+
     stopped: bool
+    was_running: bool
     oom_kills: int
+    host_processes: List[Dict[str, Any]]
     workspace: str
 
 

@@ -456,3 +456,52 @@ fn init_refuses_a_directory_holding_other_things_and_import_a_file_without_a_tar
         "{err}"
     );
 }
+
+/// An empty name is said to be empty, a very long one is cut in the message (with its
+/// length), and `push` with no remote names the fix.
+#[test]
+fn names_in_messages_are_visible_and_bounded_and_push_without_a_remote_says_the_fix() {
+    let (r, _) = root_with_a_snapshot();
+    let err = r.json(["status", ""]).error(3, "not_found");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"\" (an empty name)"),
+        "{err}"
+    );
+    let err = r.json(["show", ""]).error(9, "invalid_input");
+    assert!(
+        err["message"].as_str().unwrap().contains("(an empty name)"),
+        "{err}"
+    );
+    let long = "x".repeat(5000);
+    for args in [
+        vec!["show", long.as_str()],
+        vec!["status", long.as_str()],
+        vec!["ref", "set", long.as_str(), "main"],
+        vec!["diff", long.as_str(), "main"],
+    ] {
+        let out = r.json(&args);
+        let err = &out.json()["error"];
+        let m = err["message"].as_str().unwrap();
+        assert!(m.contains("(5000 characters)"), "{args:?}: {m}");
+        assert!(m.len() < 400, "{:?}: {} bytes: {m}", &args[..1], m.len());
+        assert!(out.stderr.len() < 800, "{:?}: {}", &args[..1], out.stderr);
+    }
+    let err = r.json(["push", "main"]).error(3, "not_found");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("no remote is configured"),
+        "{err}"
+    );
+    assert!(
+        err["hint"]
+            .as_str()
+            .unwrap()
+            .contains("mountctl remote add"),
+        "{err}"
+    );
+}

@@ -456,3 +456,31 @@ fn a_git_file_naming_a_missing_repository_is_refused_with_the_fix() {
     let names = top_names(&r, v["snapshot"].as_str().unwrap(), "");
     assert_eq!(names, vec!["a.txt".to_string()]);
 }
+
+/// The note that git's fsmonitor hook has no `mountctl` to run is about workspaces of a
+/// checkout: said for a directory holding `.git`, not for a plain directory nor a git
+/// revision (whose snapshot has no `.git`).
+#[test]
+fn the_hook_note_is_said_only_for_a_checkout() {
+    let r = TestRoot::new();
+    let repo = r.path("repo");
+    write_file(&repo.join("a.txt"), "a\n");
+    r.git(&repo, ["init", "-q"]).ok();
+    r.git(&repo, ["add", "."]).ok();
+    r.git(&repo, ["commit", "-qm", "one"]).ok();
+    let plain = r.path("plain");
+    write_file(&plain.join("a.txt"), "a\n");
+    // No mountctl on this PATH, and none named.
+    let env = [
+        ("PATH", std::ffi::OsStr::new("/usr/bin:/bin")),
+        ("COWSPACE_MOUNTCTL", std::ffi::OsStr::new("")),
+    ];
+    let note = "git's fsmonitor hook runs the `mountctl` on PATH";
+    let repo_s = repo.to_str().unwrap();
+    let out = r.run_env(["import", repo_s], &env).ok();
+    assert_eq!(out.stderr.matches(note).count(), 1, "{}", out.stderr);
+    let out = r.run_env(["import", repo_s, "--git", "HEAD"], &env).ok();
+    assert!(!out.stderr.contains(note), "{}", out.stderr);
+    let out = r.run_env(["import", plain.to_str().unwrap()], &env).ok();
+    assert!(!out.stderr.contains(note), "{}", out.stderr);
+}

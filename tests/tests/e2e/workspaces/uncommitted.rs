@@ -171,4 +171,34 @@ fn remove_refuses_while_a_long_lived_sandbox_runs() {
     let v = r.t.json(["sandbox", "stop", "kept"]).ok().json();
     assert_eq!(v["was_running"], true, "{v}");
     r.remove(&ws.id);
+
+    // --force stops a running sandbox, its background processes with it, and removes.
+    let ws = r.create(&base, &["--name", "forced"]);
+    r.t.json(["sandbox", "start", "forced"]).ok();
+    r.t.json([
+        "exec",
+        "forced",
+        "--",
+        "sh",
+        "-c",
+        "sleep 600 >/dev/null 2>&1 &",
+    ])
+    .ok();
+    let st = r.t.json(["sandbox", "status", "forced"]).ok().json();
+    let init = st["init_pid"].as_i64().unwrap_or(0);
+    assert!(init > 0, "{st}");
+    let err = r.t.json(["remove", "forced"]).error(5, "busy");
+    assert!(
+        err["message"].as_str().unwrap().contains("sandbox running"),
+        "{err}"
+    );
+    r.t.json(["remove", "--force", "forced"]).ok();
+    assert!(!ws.path.exists(), "the workspace is gone");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{init}")).exists(),
+        "the sandbox's init {init} still runs"
+    );
+    r.t.json(["sandbox", "status", "forced"])
+        .error(3, "not_found");
+    r.assert_clean();
 }
