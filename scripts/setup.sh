@@ -8,6 +8,7 @@ pkgs=(git tar zstd gzip xz-utils fuse3 fuse-overlayfs btrfs-progs xfsprogs bubbl
       curl        # the bench network section's download client (bench/tests/quick.rs runs it)
       qemu-system-x86 busybox-static libcap-ng-dev libseccomp-dev
       libc6-dev   # libc.a: sandbox-helper's build links the guest agent statically
+      docker-registry umoci skopeo  # image tests: a real registry on 127.0.0.1, images built and pushed
       nodejs)     # the Node client's tests (clients/typescript) need node >= 20
 missing=()
 for p in "${pkgs[@]}"; do

@@ -15,6 +15,7 @@ pub mod error;
 pub mod files;
 pub mod fromgit;
 pub mod gitfsmonitor;
+pub mod image;
 pub mod import;
 pub mod materializer;
 pub mod ops;

@@ -45,6 +45,10 @@ pub enum Command {
     /// Move or delete refs.
     #[command(subcommand)]
     Ref(RefCommand),
+    /// OCI images: import from a layout directory or archive, pull from a registry, list,
+    /// show, remove (an image is a snapshot a ref names; `sandbox start --image` runs on it).
+    #[command(subcommand)]
+    Image(ImageCommand),
     /// Show a snapshot, or a path in it.
     Show {
         /// A snapshot id (or a unique prefix of at least 6 hex digits) or ref.
@@ -766,4 +770,56 @@ fn parse_octal(s: &str) -> Result<u32, String> {
         .ok()
         .filter(|m| *m <= 0o7777)
         .ok_or_else(|| format!("{s:?}: expected octal permission bits, e.g. 644"))
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Import an image from an OCI image layout directory, an OCI archive or a `docker
+    /// save` archive (`PATH`, or `PATH:TAG` for one of several images in it).
+    Import {
+        /// `PATH` or `PATH:TAG`.
+        source: String,
+        /// The ref to point at the image's snapshot, e.g. images/python/3.12.
+        #[arg(long = "ref", value_name = "NAME")]
+        ref_name: String,
+        #[command(flatten)]
+        opts: ImageFlags,
+    },
+    /// Pull an image from an OCI distribution registry: HOST[:PORT]/REPO[:TAG][@DIGEST]
+    /// (plain HTTP for a loopback registry, HTTPS otherwise; credentials from
+    /// COWSPACE_REGISTRY_AUTH=USER:PASSWORD or the docker configuration, never arguments).
+    Pull {
+        /// The image reference, e.g. 127.0.0.1:5000/tools/busybox:1.36.
+        reference: String,
+        /// The ref to point at the image's snapshot (default images/HOST/REPO/TAG).
+        #[arg(long = "ref", value_name = "NAME")]
+        ref_name: Option<String>,
+        #[command(flatten)]
+        opts: ImageFlags,
+    },
+    /// List the refs that name images.
+    List,
+    /// Show an image: digest, platform, layers and its config's Env, WorkingDir, User,
+    /// Entrypoint, Cmd and ExposedPorts.
+    Show {
+        /// A ref or snapshot id.
+        name: String,
+    },
+    /// Remove an image's ref (its snapshot goes with `gc` once nothing holds it).
+    Remove {
+        /// The image's ref.
+        name: String,
+    },
+}
+
+/// What an image import or pull takes beside its source.
+#[derive(Debug, Args)]
+pub struct ImageFlags {
+    /// The platform to pick from a multi-platform image: OS/ARCH[/VARIANT] (default the
+    /// host's, e.g. linux/amd64).
+    #[arg(long, value_name = "OS/ARCH")]
+    pub platform: Option<String>,
+    /// The snapshot's message.
+    #[arg(short, long, default_value = "")]
+    pub message: String,
 }

@@ -9,6 +9,7 @@ mod export;
 mod files;
 mod fsck;
 mod gc;
+mod image;
 mod import;
 mod init;
 mod refs;
@@ -31,6 +32,7 @@ pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Init => init::run(ctx),
         Command::Import(args) => import::run(ctx, args),
+        Command::Image(c) => image::run(ctx, c),
         Command::Cp(args) => cp::run(ctx, args),
         Command::Fork {
             workspace,

@@ -5,6 +5,7 @@ mod egress;
 mod files;
 mod fork;
 mod longlived;
+mod images;
 mod pause;
 mod remote;
 mod run;

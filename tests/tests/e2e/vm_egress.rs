@@ -68,17 +68,33 @@ fn vm_sandbox_egress_allows_by_policy_and_nothing_else() {
         format!("http://192.168.1.1:{port}/f"),
     ] {
         let b = sh(&format!("wget -Y off -q -T 10 -O - {target}"));
-        assert_ne!(b.code, 0, "{target} reached without the proxy: {}", b.stdout);
+        assert_ne!(
+            b.code, 0,
+            "{target} reached without the proxy: {}",
+            b.stdout
+        );
         assert!(!b.stdout.contains("from the origin"), "{target}");
     }
-    let ip = sh("ip -o link 2>/dev/null || cat /proc/net/dev").ok().stdout;
+    let ip = sh("ip -o link 2>/dev/null || cat /proc/net/dev")
+        .ok()
+        .stdout;
     assert!(!ip.contains("eth0"), "the guest has a network device: {ip}");
 
     // A live change: denied from the next connection on, then allowed again.
-    r.t.json(["sandbox", "policy", WS, "--deny-host", "origin.test"]).ok();
+    r.t.json(["sandbox", "policy", WS, "--deny-host", "origin.test"])
+        .ok();
     let d = sh(&format!("wget -q -T 30 -O - {}", url("origin.test")));
     assert!(d.stderr.contains("403"), "{}", d.stderr);
-    r.t.json(["sandbox", "policy", WS, "--remove-host", "origin.test", "--allow-host", "origin.test"]).ok();
+    r.t.json([
+        "sandbox",
+        "policy",
+        WS,
+        "--remove-host",
+        "origin.test",
+        "--allow-host",
+        "origin.test",
+    ])
+    .ok();
     let got = sh(&format!("wget -q -T 30 -O - {}", url("origin.test"))).ok();
     assert_eq!(got.stdout, "from the origin\n", "{}", got.stderr);
 
@@ -109,7 +125,10 @@ fn vm_sandbox_egress_allows_by_policy_and_nothing_else() {
     let s: Value = r.t.json(["sandbox", "stop", WS]).ok().json();
     assert_eq!(s["stopped"], true, "{s}");
     assert_vm_gone(&r, WS, &v);
-    assert!(!alive(proxy), "the egress proxy {proxy} outlived its sandbox");
+    assert!(
+        !alive(proxy),
+        "the egress proxy {proxy} outlived its sandbox"
+    );
 
     // A one-shot run has the same way out, and only it.
     let script = format!(
