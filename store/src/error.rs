@@ -154,11 +154,13 @@ pub enum Error {
     NoRemote,
     #[error("{0} is ambiguous: it matches more than one snapshot")]
     Ambiguous(String),
-    #[error("ref {name} is at {actual}, not at the expected {expected}")]
+    #[error("ref {name} is at {}, not at the expected {expected}", ref_at(.actual))]
     RefConflict {
         name: String,
+        /// Snapshot ids in hex (this module sits below `id`, which uses its errors).
         expected: String,
-        actual: String,
+        /// Where the ref is (`None`: it does not exist).
+        actual: Option<String>,
     },
     #[error("ref {name} already exists at {actual}; moving it needs --expect {actual}")]
     RefExists { name: String, actual: String },
@@ -228,10 +230,13 @@ impl Error {
             Error::RootInsideSource { .. } => {
                 "put the runtime root outside the tree (--root DIR or COWSPACE_ROOT)".into()
             }
-            Error::RefConflict { actual, .. } if actual == crate::refs::NO_REF => {
+            Error::RefConflict { actual: None, .. } => {
                 "the ref does not exist: leave out --expect to create it".into()
             }
-            Error::RefConflict { actual, .. } => {
+            Error::RefConflict {
+                actual: Some(actual),
+                ..
+            } => {
                 format!("re-read the ref; pass --expect {actual} if overwriting it is intended")
             }
             Error::RefExists { actual, .. } => format!("pass --expect {actual}"),
@@ -244,13 +249,11 @@ impl Error {
             Error::NotFound {
                 what: "snapshot or ref",
                 name,
-            } if name.len() < crate::refs::MIN_PREFIX_HEX
-                && name.bytes().all(|b| b.is_ascii_hexdigit()) =>
-            {
+            } if name.len() < MIN_PREFIX_HEX && name.bytes().all(|b| b.is_ascii_hexdigit()) => {
                 format!(
                     "a snapshot id prefix needs at least {} hex digits; `mountctl snapshots` \
                      lists the ids",
-                    crate::refs::MIN_PREFIX_HEX
+                    MIN_PREFIX_HEX
                 )
             }
             Error::NotFound {
@@ -301,3 +304,12 @@ impl Error {
 
 /// The store's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Where a ref is, in a conflict's message.
+fn ref_at(at: &Option<String>) -> &str {
+    at.as_deref().unwrap_or("nothing (no such ref)")
+}
+
+/// The fewest hex digits a snapshot id prefix may have (the rule `refs` applies, stated
+/// here beside the hint that names it).
+pub const MIN_PREFIX_HEX: usize = 6;

@@ -245,13 +245,13 @@ pub fn open(path: &Path) -> Result<Connection> {
         Some(v) if v == FORMAT_VERSION.to_string() => {
             conn.execute_batch(ADDED_SCHEMA)
                 .map_err(Error::db("add tables to the schema"))?;
-            crate::statcache::add_xattrs_column(&conn)?;
+            add_xattrs_column(&conn)?;
             Ok(conn)
         }
         Some(v) if v == UPGRADABLE_FORMAT_VERSION.to_string() => {
             conn.execute_batch(ADDED_SCHEMA)
                 .map_err(Error::db("add tables to the schema"))?;
-            crate::statcache::add_xattrs_column(&conn)?;
+            add_xattrs_column(&conn)?;
             upgrade_to_groups(&conn)?;
             Ok(conn)
         }
@@ -364,6 +364,26 @@ pub fn contains(conn: &Connection, id: &[u8; 32]) -> Result<bool> {
         .map_err(Error::db("prepare object lookup"))?;
     stmt.exists(params![&id[..]])
         .map_err(Error::db("look up object"))
+}
+
+/// Adds the `xattrs` column to a stat cache made before it (idempotent; two programs
+/// opening at once may both try, and one finds it added).
+pub(crate) fn add_xattrs_column(conn: &Connection) -> Result<()> {
+    let has = |conn: &Connection| -> Result<bool> {
+        let mut stmt = conn
+            .prepare("SELECT 1 FROM pragma_table_info('statcache') WHERE name = 'xattrs'")
+            .map_err(Error::db("read stat cache columns"))?;
+        stmt.exists([])
+            .map_err(Error::db("read stat cache columns"))
+    };
+    if has(conn)? {
+        return Ok(());
+    }
+    match conn.execute_batch("ALTER TABLE statcache ADD COLUMN xattrs BLOB") {
+        Ok(()) => Ok(()),
+        Err(_) if has(conn)? => Ok(()),
+        Err(e) => Err(Error::db("add the stat cache's xattrs column")(e)),
+    }
 }
 
 #[cfg(test)]

@@ -62,9 +62,6 @@ pub(crate) fn get(conn: &Connection, name: &str) -> Result<Option<SnapshotId>> {
     v.map(|b| SnapshotId::from_slice(&b)).transpose()
 }
 
-/// What a conflict says a ref that does not exist is at.
-pub(crate) const NO_REF: &str = "nothing (no such ref)";
-
 /// Moves `name` to `new` if it holds what `expect` says; call inside a transaction.
 pub(crate) fn compare_and_swap(
     conn: &Connection,
@@ -81,16 +78,15 @@ pub(crate) fn compare_and_swap(
         _ => false,
     };
     if !ok {
-        let actual = current.map(|c| c.to_hex()).unwrap_or_else(|| NO_REF.into());
         return Err(match expect {
             Expect::Absent => Error::RefExists {
                 name: name.into(),
-                actual,
+                actual: current.map(|c| c.to_hex()).unwrap_or_default(),
             },
             Expect::At(e) => Error::RefConflict {
                 name: name.into(),
                 expected: e.to_hex(),
-                actual,
+                actual: current.map(|c| c.to_hex()),
             },
             Expect::Any => unreachable!(),
         });
@@ -154,7 +150,7 @@ impl Store {
                 return Err(Error::RefConflict {
                     name: name.into(),
                     expected: expect.to_hex(),
-                    actual: c.to_hex(),
+                    actual: Some(c.to_hex()),
                 });
             }
             Some(_) => {}
@@ -212,8 +208,7 @@ impl Store {
     }
 }
 
-/// The fewest hex digits a snapshot id prefix may have.
-pub const MIN_PREFIX_HEX: usize = 6;
+pub use crate::error::MIN_PREFIX_HEX;
 
 #[cfg(test)]
 mod tests {

@@ -13,7 +13,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use rusqlite::{Transaction, params};
+use rusqlite::params;
 use serde::Serialize;
 
 use crate::error::{Error, Result};
@@ -24,7 +24,6 @@ use crate::lock::StoreLock;
 use crate::snapshot::now_secs;
 use crate::store::Store;
 use crate::tree::Kind;
-use crate::writer::Row;
 
 /// Paths listed per damaged object and snapshot (a chunk shared by many files).
 pub const MAX_PATHS_LISTED: usize = 100;
@@ -93,7 +92,7 @@ fn object_id(p: &Problem) -> Option<[u8; 32]> {
 impl Store {
     /// The ids recorded as suspect.
     pub fn suspects(&self) -> Result<HashSet<[u8; 32]>> {
-        self.with_reader(load_suspects)
+        self.with_reader(crate::suspects::load)
     }
 
     /// Where each damaged object of `report` is needed.
@@ -209,7 +208,10 @@ impl Store {
                 tx.execute("DELETE FROM gitblobs WHERE content = ?1", params![&id[..]])
                     .map_err(Error::db("drop git blob rows"))? as u64;
         }
-        out.suspects = load_suspects(&tx)?.iter().map(hex::encode).collect();
+        out.suspects = crate::suspects::load(&tx)?
+            .iter()
+            .map(hex::encode)
+            .collect();
         out.suspects.sort();
         tx.commit().map_err(Error::db("commit repair"))?;
         Ok(out)
@@ -302,50 +304,4 @@ impl Walker<'_> {
         self.contents.insert(*id, out.clone());
         out
     }
-}
-
-fn load_suspects(c: &rusqlite::Connection) -> Result<HashSet<[u8; 32]>> {
-    let mut stmt = c
-        .prepare("SELECT id FROM suspects")
-        .map_err(Error::db("list suspects"))?;
-    let rows = stmt
-        .query_map([], |r| r.get::<_, Vec<u8>>(0))
-        .map_err(Error::db("list suspects"))?
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(Error::db("list suspects"))?;
-    Ok(rows
-        .iter()
-        .filter_map(|b| <[u8; 32]>::try_from(b.as_slice()).ok())
-        .collect())
-}
-
-/// In a commit: rows of the session that rewrite a suspect replace its row (the new copy
-/// hashes to the id: it was made from the source's bytes) and clear the suspicion.
-pub(crate) fn replace_suspects(tx: &Transaction<'_>, rows: &[Row]) -> Result<u64> {
-    let suspects = load_suspects(tx)?;
-    if suspects.is_empty() {
-        return Ok(0);
-    }
-    let mut n = 0;
-    for r in rows.iter().filter(|r| suspects.contains(&r.id)) {
-        tx.execute(
-            "UPDATE objects SET kind = ?2, pack = ?3, offset = ?4, stored_len = ?5,
-             raw_len = ?6, codec = ?7, part = ?8 WHERE id = ?1",
-            params![
-                &r.id[..],
-                r.loc.kind as u8,
-                r.loc.pack.as_str(),
-                r.loc.offset as i64,
-                r.loc.stored_len,
-                r.loc.raw_len,
-                r.loc.codec as u8,
-                r.loc.part
-            ],
-        )
-        .map_err(Error::db("rewrite suspect object"))?;
-        tx.execute("DELETE FROM suspects WHERE id = ?1", params![&r.id[..]])
-            .map_err(Error::db("clear suspect"))?;
-        n += 1;
-    }
-    Ok(n)
 }

@@ -119,26 +119,6 @@ pub fn decode_xattrs(mut b: &[u8]) -> Option<Xattrs> {
     out.windows(2).all(|w| w[0].0 < w[1].0).then_some(out)
 }
 
-/// Adds the `xattrs` column to a stat cache made before it (idempotent; two programs
-/// opening at once may both try, and one finds it added).
-pub(crate) fn add_xattrs_column(conn: &Connection) -> Result<()> {
-    let has = |conn: &Connection| -> Result<bool> {
-        let mut stmt = conn
-            .prepare("SELECT 1 FROM pragma_table_info('statcache') WHERE name = 'xattrs'")
-            .map_err(Error::db("read stat cache columns"))?;
-        stmt.exists([])
-            .map_err(Error::db("read stat cache columns"))
-    };
-    if has(conn)? {
-        return Ok(());
-    }
-    match conn.execute_batch("ALTER TABLE statcache ADD COLUMN xattrs BLOB") {
-        Ok(()) => Ok(()),
-        Err(_) if has(conn)? => Ok(()),
-        Err(e) => Err(Error::db("add the stat cache's xattrs column")(e)),
-    }
-}
-
 /// Loads every entry of `root`.
 pub fn load(conn: &Connection, root: &str) -> Result<Entries> {
     let mut stmt = conn

@@ -72,7 +72,7 @@ pub struct Store {
     /// the database again at its first commit: a whole cold import's worth of pages.
     readers: Mutex<Vec<Connection>>,
     pub(crate) db: Mutex<Connection>,
-    pub(crate) remote: crate::remote::LazyState,
+    pub(crate) remote: crate::lazy::LazyState,
 }
 
 impl std::fmt::Debug for Store {
@@ -398,7 +398,7 @@ impl Store {
                 },
             )
             .map_err(Error::db("record objects"))?;
-            crate::repair::replace_suspects(&tx, &pending.rows)?;
+            crate::suspects::replace(&tx, &pending.rows)?;
         }
         let out = extra(&tx)?;
         tx.commit().map_err(Error::db("commit"))?;

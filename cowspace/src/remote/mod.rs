@@ -557,7 +557,7 @@ pub fn pull(store: &Store, remote: Option<&str>, spec: &str) -> Result<PullRepor
                 return Err(Error::Store(cowspace_store::Error::RefConflict {
                     name: name.clone(),
                     expected: snap.to_hex(),
-                    actual: at.to_hex(),
+                    actual: Some(at.to_hex()),
                 }));
             }
         }

@@ -19,13 +19,13 @@
 mod fetch;
 mod index;
 
+pub use crate::lazy::RemoteFetch;
 pub use fetch::Closure;
 pub use index::{IndexChunk, MetaRecord, SnapshotIndex, push_record};
 
 use std::collections::HashSet;
-use std::ops::Range;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
@@ -35,18 +35,6 @@ use crate::id::SnapshotId;
 use crate::pack::Codec;
 use crate::snapshot::now_secs;
 use crate::store::Store;
-
-/// Reads byte ranges of objects on remotes (the network side, outside the store).
-pub trait RemoteFetch: Send + Sync {
-    /// The bytes of `ranges` of object `key` on remote `remote`, in the order asked.
-    /// An error says why in words (the store names the remote and the object).
-    fn get_ranges(
-        &self,
-        remote: &str,
-        key: &str,
-        ranges: &[Range<u64>],
-    ) -> std::result::Result<Vec<Vec<u8>>, String>;
-}
 
 /// A remote as recorded in the root (no credentials: those come from the environment).
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -82,17 +70,6 @@ pub struct RemoteLoc {
     pub stored_len: u32,
     pub raw_len: u32,
     pub codec: Codec,
-}
-
-/// The fetcher and the fetches under way, per open store.
-#[derive(Default)]
-pub(crate) struct LazyState {
-    fetcher: RwLock<Option<Arc<dyn RemoteFetch>>>,
-    /// Whether the index has any remote object rows (no lookup on reads otherwise).
-    any: AtomicBool,
-    checked_at: Mutex<Option<std::time::Instant>>,
-    inflight: Mutex<HashSet<[u8; 32]>>,
-    done: Condvar,
 }
 
 /// How long a "no remote objects" answer is trusted, in ms.
