@@ -30,6 +30,7 @@ pub mod netmux;
 pub mod netrelay;
 pub mod probe;
 pub mod proto;
+mod procs;
 pub mod qemu;
 mod qmp;
 mod runner;
@@ -38,7 +39,8 @@ use std::path::{Path, PathBuf};
 
 pub use keep::start;
 pub use probe::{Accel, AccelProbe, Isolation};
-pub use runner::{Booted, VmOutcome, VmReady, boot, reap_stale, run};
+pub use procs::reap_stale;
+pub use runner::{Booted, VmOutcome, VmReady, boot, run};
 
 use crate::error::{Error, Result};
 use crate::spec::{Controls, Net, parse_bytes, validate_name};
