@@ -168,7 +168,7 @@ fn diff_quotes_names_as_git_does_and_git_applies_the_patch() {
         (b"new\nline", r#""new\nline""#),
     ];
     for (i, (n, _)) in names.iter().enumerate() {
-        write_file(&src.join(std::ffi::OsStr::from_bytes(n)), &format!("{i}\n"));
+        write_file(&src.join(std::ffi::OsStr::from_bytes(n)), format!("{i}\n"));
     }
     r.import(&src, &["--ref", "b"]);
     let listing = r.run(["diff", "a", "b"]).ok().stdout;
