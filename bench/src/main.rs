@@ -127,6 +127,7 @@ fn all_sections() -> Vec<Box<dyn Section>> {
         Box::new(sections::materialize::MaterializeSection::new()),
         Box::new(sections::sandbox::SandboxSection::new()),
         Box::new(sections::remote::RemoteSection::new()),
+        Box::new(sections::images::ImagesSection::new()),
         Box::new(sections::network::NetworkSection::new()),
         Box::new(sections::files::FilesSection::new()),
         Box::new(sections::clients::ClientsSection::new()),

@@ -8,6 +8,7 @@
 
 pub mod clients;
 pub mod files;
+pub mod images;
 pub mod import;
 pub mod materialize;
 pub mod network;

@@ -18,6 +18,7 @@
 pub mod info;
 pub(crate) mod layer;
 pub mod layout;
+mod reuse;
 pub mod verify;
 
 use std::io::Read;
@@ -214,6 +215,8 @@ pub struct LayerReport {
     pub digest: String,
     pub size: u64,
     pub diff_id: String,
+    /// Not fetched: an image in the store holds it (see [`ImageReport::reused_from`]).
+    pub reused: bool,
 }
 
 /// What an image import made.
@@ -227,6 +230,9 @@ pub struct ImageReport {
     pub manifest_digest: String,
     pub platform: String,
     pub layers: Vec<LayerReport>,
+    /// The image in the store whose layers begin this one's: its tree was the start,
+    /// and those layers were not fetched.
+    pub reused_from: Option<crate::id::SnapshotId>,
 }
 
 /// The kind of a manifest-like document, from its media type or its fields.
@@ -469,7 +475,14 @@ impl Store {
         };
         let mut filter = PathFilter::new(&excluder);
         let mut reports = Vec::with_capacity(layers.len());
-        for ((layer, diff_id), lname) in layers.iter().zip(diff_ids).zip(&layer_names) {
+        let prefix = reuse::stored_prefix(self, diff_ids)?;
+        if let Some(p) = &prefix {
+            reuse::seed(self, &mut state, p)?;
+        }
+        let skip = prefix.as_ref().map_or(0, |p| p.layers);
+        for (i, ((layer, diff_id), lname)) in
+            layers.iter().zip(diff_ids).zip(&layer_names).enumerate()
+        {
             if !layer.media_type.contains(".layer.") && !layer.media_type.contains(".rootfs.diff.")
             {
                 return Err(Error::Unsupported(format!(
@@ -482,6 +495,15 @@ impl Store {
                     "{name}: layer {} is encrypted ({}); encrypted images are not supported",
                     layer.digest, layer.media_type
                 )));
+            }
+            if i < skip {
+                reports.push(LayerReport {
+                    digest: layer.digest.clone(),
+                    size: layer.size,
+                    diff_id: diff_id.clone(),
+                    reused: true,
+                });
+                continue;
             }
             state.archive = Path::new(lname.as_str());
             state.archive_name = format!("{lname} of {name}");
@@ -528,6 +550,7 @@ impl Store {
                 digest: layer.digest.clone(),
                 size: layer.size,
                 diff_id: found,
+                reused: false,
             });
         }
         let finish = Finish {
@@ -557,6 +580,7 @@ impl Store {
             manifest_digest: resolved.manifest_digest,
             platform: format!("{os}/{arch}"),
             layers: reports,
+            reused_from: prefix.map(|p| p.snapshot),
         })
     }
 }

@@ -448,3 +448,57 @@ fn blob_bytes(o: &Oci, desc: &serde_json::Value) -> Vec<u8> {
     let d = desc["digest"].as_str().unwrap();
     fs::read(o.dir.join("blobs/sha256").join(&d[7..])).unwrap()
 }
+
+/// An image whose first layers an image in the store already has starts from that
+/// image's tree: those layers are not fetched (here their blobs are gone from the
+/// layout, so a fetch would fail), and the result is the tree a full import makes,
+/// hard links included.
+#[test]
+fn layers_an_image_in_the_store_holds_are_not_fetched_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::init(&tmp.path().join("root"), StoreConfig::default()).unwrap();
+    let l1 = layer(|b| {
+        f(b, "etc/base", b"base\n");
+        raw(b, b'1', b"etc/base-link", b"etc/base", 0o644, b"");
+        f(b, "etc/gone", b"gone\n");
+        raw(b, b'2', b"lib", b"usr/lib", 0o777, b"");
+    });
+    let (l2, l3) = (base_layer(), top_layer());
+    let mut oci = Oci::new(&tmp.path().join("img"));
+    let first = oci.image(&[&l1, &l2], "amd64", &[]);
+    oci.tag(first, "base");
+    let derived = oci.image(&[&l1, &l2, &l3], "amd64", &["X=1"]);
+    oci.tag(derived, "derived");
+    let spec = |t: &str| format!("{}:{t}", tmp.path().join("img").display());
+    // The same derived image in a store of its own, imported in full.
+    let full_store = Store::init(&tmp.path().join("full"), StoreConfig::default()).unwrap();
+    let full = import(&full_store, &spec("derived"), "d").unwrap();
+    assert!(full.reused_from.is_none());
+
+    let base = import(&store, &spec("base"), "images/base").unwrap();
+    // The shared layers' blobs go: only the third can be read now.
+    for l in [&l1, &l2] {
+        let (digest, _) = oci.blob(&l.gz);
+        fs::remove_file(tmp.path().join("img/blobs/sha256").join(&digest[7..])).unwrap();
+    }
+    let rep = import(&store, &spec("derived"), "images/derived").unwrap();
+    assert_eq!(rep.reused_from.as_ref(), Some(&base.import.snapshot));
+    let reused: Vec<bool> = rep.layers.iter().map(|l| l.reused).collect();
+    assert_eq!(reused, [true, true, false]);
+    assert_eq!(
+        rep.import.root, full.import.root,
+        "the tree differs from a full import's"
+    );
+    let a = export_listing(&store, &rep.import.snapshot, &tmp.path().join("a"));
+    let b = export_listing(&full_store, &full.import.snapshot, &tmp.path().join("b"));
+    assert_eq!(a, b);
+    // Without an image of those layers in the store (its ref gone), the blobs are needed.
+    store
+        .delete_ref("images/base", base.import.snapshot)
+        .unwrap();
+    store
+        .delete_ref("images/derived", rep.import.snapshot)
+        .unwrap();
+    let e = import(&store, &spec("derived"), "images/again").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+}

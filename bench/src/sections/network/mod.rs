@@ -18,7 +18,7 @@
 //! ([`Section::derive`]): the two methods alternate within each round, so a round's pair
 //! saw the same machine.
 
-mod clients;
+pub(crate) mod clients;
 mod method;
 mod origin;
 
