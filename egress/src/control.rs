@@ -6,6 +6,8 @@
 //! - `{"op":"apply","changes":[{"allow":"x.com"},"reset"]}` -> `{"ok":true,"policy":{...}}`
 //! - `{"op":"policy"}` -> `{"ok":true,"policy":{...}}`
 //! - `{"op":"stats"}` -> `{"ok":true,"stats":{...}}`
+//! - `{"op":"set_injections","config":{"injections":[...],"ca":{...}}}` -> `{"ok":true}`
+//!   (never echoes a value; a bad request's error names no value either)
 //! - anything else (bad JSON, unknown op or field, invalid pattern) ->
 //!   `{"ok":false,"error":"..."}`; the connection stays usable.
 //!
@@ -44,6 +46,12 @@ pub enum ControlRequest {
     Policy {},
     /// The statistics.
     Stats {},
+    /// Replace the injection rules (values and the authority's key travel here only;
+    /// the answer never carries them).
+    SetInjections {
+        /// The rules and the authority.
+        config: crate::inject::InjectConfig,
+    },
 }
 
 /// One control answer.
@@ -122,6 +130,13 @@ pub fn handle_request(egress: &Egress, request: ControlRequest) -> ControlRespon
             stats: Some(egress.stats()),
             ..ControlResponse::default()
         },
+        ControlRequest::SetInjections { config } => match egress.set_injections(config) {
+            Ok(()) => ControlResponse {
+                ok: true,
+                ..ControlResponse::default()
+            },
+            Err(e) => ControlResponse::error(e),
+        },
     }
 }
 
@@ -144,7 +159,14 @@ pub fn serve_control(stream: UnixStream, egress: &Egress) -> io::Result<()> {
         }
         let response = match serde_json::from_slice::<ControlRequest>(&line) {
             Ok(request) => handle_request(egress, request),
-            Err(e) => ControlResponse::error(format!("bad request: {e}")),
+            // A serde error may quote the input, which may hold a credential: say only
+            // where it failed.
+            Err(e) => ControlResponse::error(format!(
+                "bad request (line {}, column {}): {:?}",
+                e.line(),
+                e.column(),
+                e.classify()
+            )),
         };
         write_line(&mut writer, &response)?;
     }

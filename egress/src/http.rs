@@ -321,6 +321,27 @@ fn connect(
             return respond(&mut client, code, reason, &body, false);
         }
     };
+    let state = shared.inject();
+    if let Some(tls) = state
+        .tls
+        .clone()
+        .filter(|_| !state.for_host(&host).is_empty())
+    {
+        drop(state);
+        // Only a host with injections is decrypted (the `inject` module).
+        if client
+            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .is_err()
+        {
+            return;
+        }
+        let prefix = reader.buffer().to_vec();
+        drop(reader);
+        return crate::inject::mitm::serve(
+            shared, &tls, client, prefix, &host, port, &admitted, addr,
+        );
+    }
+    drop(state);
     let upstream = match connect_upstream(&admitted.targets) {
         Ok(s) => s,
         Err(e) => {
@@ -418,6 +439,33 @@ fn forward(
         Ok(b) => b,
         Err(e) => return bad(client, &e),
     };
+    let state = shared.inject();
+    if !state.method_allowed(&host, &req.method) {
+        shared.deny_later(
+            &host,
+            port,
+            Via::Http,
+            crate::inject::mitm::RULE_METHOD,
+            addr,
+        );
+        let text = state.method_refusal(&host, port, &req.method);
+        respond(client, 403, "Forbidden", &text, is_head);
+        return false;
+    }
+    let (kept, added) = crate::inject::rewrite(&req.headers, &state.for_host(&host));
+    drop(state);
+    let rewritten;
+    let req = if added.is_empty() {
+        req
+    } else {
+        rewritten = Request {
+            method: req.method.clone(),
+            target: req.target.clone(),
+            minor: req.minor,
+            headers: kept,
+        };
+        &rewritten
+    };
     let admitted = match shared.admit(&host, port, Via::Http, addr) {
         Ok(a) => a,
         Err(refusal) => {
@@ -453,7 +501,7 @@ fn forward(
     let Some(up) = upstream.as_mut() else {
         return false;
     };
-    match exchange(client, reader, req, &path, &host, port, body, up) {
+    match exchange(client, reader, req, &path, &host, port, body, up, &added) {
         Ok((client_keep, upstream_keep)) => {
             if !upstream_keep {
                 *upstream = None;
@@ -521,6 +569,7 @@ fn exchange(
     port: u16,
     body: Body,
     up: &mut Upstream,
+    injected: &[(String, Vec<u8>)],
 ) -> Result<(bool, bool), Exchange> {
     let counters = up.counters.clone();
     let count_up = |n: usize| counters.up(n);
@@ -537,6 +586,14 @@ fn exchange(
     )
     .into_bytes();
     write_headers(&mut head, &req.headers, true);
+    // Written after the filter: a `Connection` token naming an injected header cannot
+    // drop it.
+    for (name, value) in injected {
+        head.extend_from_slice(name.as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value);
+        head.extend_from_slice(b"\r\n");
+    }
     head.extend_from_slice(b"\r\n");
     let before = |e: io::Error| Exchange::BeforeResponse(e.to_string());
     let expects = req

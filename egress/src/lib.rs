@@ -15,7 +15,8 @@
 //! TLS SNI via [`tls`], HTTP `Host`; then the relay), `splice` (bulk bytes socket to
 //! socket through a kernel pipe), [`socks`] (SOCKS5), [`dns`] (the
 //! responder inside), [`log`] and [`stats`] (evidence), [`server`] (threads and limits),
-//! [`control`] (the JSON-lines control seam).
+//! [`control`] (the JSON-lines control seam), [`inject`] (credentials added by the proxy,
+//! TLS terminated for their hosts only).
 //!
 //! # Example
 //! ```no_run
@@ -49,6 +50,7 @@ pub mod control;
 pub mod dns;
 mod framing;
 pub mod http;
+pub mod inject;
 pub mod log;
 pub mod policy;
 pub mod server;

@@ -67,6 +67,10 @@ pub struct DecisionRecord {
     /// The client's socket address, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client: Option<String>,
+    /// The headers the proxy sets on this connection's requests (`--inject`): names
+    /// only, never values.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub injected: Vec<String>,
 }
 
 impl DecisionRecord {
@@ -91,6 +95,7 @@ impl DecisionRecord {
             },
             rule: rule.to_string(),
             client,
+            injected: Vec::new(),
         }
     }
 }

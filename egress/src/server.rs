@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
+use crate::inject::{InjectConfig, InjectState};
 use crate::log::DecisionLog;
 use crate::policy::{Policy, PolicyChange, Resolve};
 use crate::shared::{OpenGuard, Shared};
@@ -103,6 +104,7 @@ impl Egress {
             open: AtomicUsize::new(0),
             refused: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
+            inject: RwLock::new(Arc::new(InjectState::default())),
         });
         listeners.http.set_nonblocking(true)?;
         listeners.socks.set_nonblocking(true)?;
@@ -143,6 +145,28 @@ impl Egress {
             .policy
             .write()
             .unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
+    }
+
+    /// Replaces the injection rules (and the authority that terminates TLS for their
+    /// hosts); refused, with the rules in force kept, when one does not check.
+    pub fn set_injections(&self, config: InjectConfig) -> Result<(), String> {
+        let state = InjectState::new(config)?;
+        *self
+            .shared
+            .inject
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Arc::new(state);
+        Ok(())
+    }
+
+    /// The injection rules in force, as `(host, header)` pairs (never the values).
+    pub fn injections(&self) -> Vec<(String, String)> {
+        self.shared
+            .inject()
+            .rules
+            .iter()
+            .map(|r| (r.host.clone(), r.header.clone()))
+            .collect()
     }
 
     /// Applies `changes` to the policy in force, atomically; returns the new policy.

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use crate::inject::InjectState;
 use crate::log::{DecisionLog, DecisionRecord, Via};
 use crate::policy::{
     Decision, Host, Policy, RULE_PRIVATE, RULE_RESOLVE_FAILED, Resolve, TargetError, select_targets,
@@ -53,12 +54,21 @@ pub(crate) struct Shared {
     pub open: AtomicUsize,
     pub refused: AtomicU64,
     pub stopping: AtomicBool,
+    pub inject: RwLock<Arc<InjectState>>,
 }
 
 impl Shared {
     /// The policy in force now.
     pub fn policy(&self) -> Arc<Policy> {
         self.policy
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The injection rules in force now.
+    pub fn inject(&self) -> Arc<InjectState> {
+        self.inject
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
@@ -74,15 +84,25 @@ impl Shared {
         rule: &str,
         client: &Option<String>,
     ) -> io::Result<()> {
+        self.record_injected(host, port, via, allowed, rule, client, Vec::new())
+    }
+
+    /// [`Shared::record`] naming the headers the connection gets injected.
+    #[allow(clippy::too_many_arguments)]
+    fn record_injected(
+        &self,
+        host: &Host,
+        port: u16,
+        via: Via,
+        allowed: bool,
+        rule: &str,
+        client: &Option<String>,
+        injected: Vec<String>,
+    ) -> io::Result<()> {
         let host = host.text();
-        let written = self.log.record(&DecisionRecord::now(
-            &host,
-            port,
-            via,
-            allowed,
-            rule,
-            client.clone(),
-        ));
+        let mut record = DecisionRecord::now(&host, port, via, allowed, rule, client.clone());
+        record.injected = injected;
+        let written = self.log.record(&record);
         if via != Via::Dns {
             self.stats.host(&host).decision(allowed && written.is_ok());
         }
@@ -114,7 +134,17 @@ impl Shared {
                 return Err(Refusal::Unresolvable(e.to_string()));
             }
         };
-        if let Err(e) = self.record(host, port, via, true, &decision.rule, client) {
+        let injected = {
+            let state = self.inject();
+            match via {
+                Via::Http => state.headers_for(host),
+                Via::Connect if state.tls.is_some() => state.headers_for(host),
+                _ => Vec::new(),
+            }
+        };
+        if let Err(e) =
+            self.record_injected(host, port, via, true, &decision.rule, client, injected)
+        {
             return Err(Refusal::Internal(format!(
                 "cannot write the decision log: {e}"
             )));

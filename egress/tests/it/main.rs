@@ -6,6 +6,7 @@
 mod connect;
 mod dns;
 mod http;
+mod inject;
 mod live;
 mod socks;
 mod support;
