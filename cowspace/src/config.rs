@@ -14,6 +14,7 @@
 //! [create]
 //! materializer = "auto"               # $COWSPACE_MATERIALIZER, --materializer
 //! lower = "auto"                      # $COWSPACE_LOWER, --lower
+//! disk = "20g"                        # --disk (a quota per workspace; none by default)
 //!
 //! [sandbox]                           # sandbox start / run flags of the same names
 //! net = "none"
@@ -95,6 +96,7 @@ struct VmSection {
 struct CreateSection {
     materializer: Option<String>,
     lower: Option<String>,
+    disk: Option<Size>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -108,6 +110,7 @@ struct SandboxSection {
     allow_host: Option<Vec<String>>,
     deny_host: Option<Vec<String>>,
     add_host: Option<Vec<String>>,
+    image: Option<String>,
 }
 
 /// What a sandbox gets when its start names nothing else.
@@ -123,6 +126,8 @@ pub struct SandboxDefaults {
     pub allow_host: Option<Setting<Vec<String>>>,
     pub deny_host: Option<Setting<Vec<String>>>,
     pub add_host: Option<Setting<Vec<String>>>,
+    /// `--image` of a sandbox whose start names none (a ref or snapshot id).
+    pub image: Option<Setting<String>>,
 }
 
 /// The configuration files read, lowest precedence first.
@@ -146,7 +151,7 @@ pub fn default_paths() -> Vec<PathBuf> {
     out
 }
 
-const KNOWN: &str = "root; [create] materializer, lower; [sandbox] net, memory, pids, cpus, cpuset_cpus, allow_host, deny_host, add_host; [vm] accept_emulation";
+const KNOWN: &str = "root; [create] materializer, lower, disk; [sandbox] net, memory, pids, cpus, cpuset_cpus, allow_host, deny_host, add_host, image; [vm] accept_emulation";
 
 /// The smallest `[sandbox] memory` and `pids` the sandbox helper accepts (its
 /// `MIN_MEMORY_BYTES` and `MIN_PIDS`), and the range of `cpus` it takes: a file asking for
@@ -270,6 +275,18 @@ impl Config {
             })
     }
 
+    /// A workspace's disk quota when its create names none (`[create] disk`): none
+    /// unless set.
+    pub fn disk(&self, flag: Option<String>) -> Option<Setting<String>> {
+        if let Some(value) = flag {
+            return Some(Setting {
+                value,
+                origin: Origin::Flag,
+            });
+        }
+        self.file(|f| f.create.disk.as_ref().map(memory_text))
+    }
+
     /// What sandboxes get when their start names nothing else.
     pub fn sandbox(&self) -> SandboxDefaults {
         SandboxDefaults {
@@ -281,6 +298,7 @@ impl Config {
             allow_host: self.file(|f| f.sandbox.allow_host.clone()),
             deny_host: self.file(|f| f.sandbox.deny_host.clone()),
             add_host: self.file(|f| f.sandbox.add_host.clone()),
+            image: self.file(|f| f.sandbox.image.clone()),
         }
     }
 
@@ -307,6 +325,7 @@ impl Config {
         }
         // What applies when nothing sets a key (`value` is null then): `default`.
         for (key, v, default) in [
+            ("create.disk", json_of(self.disk(None)), "no quota"),
             (
                 "sandbox.net",
                 json_of(s.net),
@@ -327,6 +346,11 @@ impl Config {
             ),
             ("sandbox.deny_host", json_of(s.deny_host), "none"),
             ("sandbox.add_host", json_of(s.add_host), "none"),
+            (
+                "sandbox.image",
+                json_of(s.image),
+                "none (the host's /usr, /bin, /lib*)",
+            ),
             (
                 "vm.accept_emulation",
                 json_of(self.vm_accept_emulation()),
@@ -390,6 +414,15 @@ fn check(p: &Path, f: &FileConfig) -> Result<()> {
         && !matches!(l.as_str(), "auto" | "native" | "view" | "checkout")
     {
         return bad("create.lower", l, "auto, native, view or checkout");
+    }
+    if let Some(d) = &f.create.disk
+        && crate::quota::parse_size("create.disk", &memory_text(d)).is_err()
+    {
+        return bad(
+            "create.disk",
+            &memory_text(d),
+            "a size such as 20g, or bytes",
+        );
     }
     if let Some(n) = &f.sandbox.net
         && !matches!(n.as_str(), "none" | "loopback" | "egress")
@@ -660,6 +693,28 @@ mod tests {
         );
         assert_eq!(s.add_host.unwrap().origin, Origin::File(p));
         assert_eq!(s.net.unwrap().value, "egress");
+    }
+
+    #[test]
+    fn the_default_image_applies_to_a_sandbox_that_names_none() {
+        use crate::sandbox::{SandboxOptions, with_defaults};
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "config.toml",
+            "[sandbox]\nimage = \"img/python\"\n",
+        );
+        let defaults = Config::from_files(&[p]).unwrap().sandbox();
+        let o = with_defaults(SandboxOptions::default(), &defaults);
+        assert_eq!(o.image.as_deref(), Some("img/python"));
+        let own = SandboxOptions {
+            image: Some("img/node".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            with_defaults(own, &defaults).image.as_deref(),
+            Some("img/node")
+        );
     }
 
     #[test]

@@ -48,6 +48,14 @@ pub enum Error {
     DaemonInUse { users: Vec<String> },
     #[error("materializer {name} cannot work on this host: {why}")]
     Unsupported { name: String, why: String },
+    /// A limit asked for that this host cannot enforce (`create --disk`, `--inodes`):
+    /// `fix` says what would make it enforceable.
+    #[error("{what} cannot be enforced here: {why}")]
+    Unenforceable {
+        what: String,
+        why: String,
+        fix: String,
+    },
     #[error("invalid input: {0}")]
     Invalid(String),
     #[error("workspace {id} is {status}, not usable for {op}")]
@@ -96,7 +104,7 @@ impl Error {
             Error::NameTaken(_) | Error::PathExists(_) => ErrorKind::Exists,
             Error::Busy { .. } | Error::Keeps { .. } | Error::DaemonInUse { .. } => ErrorKind::Busy,
             Error::Answered { kind, .. } => *kind,
-            Error::Unsupported { .. } => ErrorKind::Unsupported,
+            Error::Unsupported { .. } | Error::Unenforceable { .. } => ErrorKind::Unsupported,
             Error::Invalid(_) => ErrorKind::InvalidInput,
             Error::WrongState { .. } | Error::RemoteRef { .. } => ErrorKind::Conflict,
             Error::Io { source, .. } if source.kind() == io::ErrorKind::NotFound => {
@@ -116,6 +124,7 @@ impl Error {
             Error::Store(e) => return e.hint(),
             Error::Answered { hint, .. } => return hint.clone(),
             Error::Keeps { hint, .. } => hint.clone(),
+            Error::Unenforceable { fix, .. } => fix.clone(),
             Error::RemoteRef { remote, name, .. } => format!(
                 "`mountctl pull {remote}/{name}` (or `mountctl fetch`), commit on top of it and \
                  push again; `push --force` replaces it"

@@ -104,6 +104,10 @@ pub struct Record {
     /// The workspace this one was forked from (`mountctl fork`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
+    /// Its disk use and quota (a workspace made with `--disk`), read from the kernel's
+    /// counters when `status` or `list` answers; never stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk: Option<crate::quota::DiskUse>,
 }
 
 impl Record {

@@ -67,6 +67,9 @@ pub fn with_defaults(mut o: SandboxOptions, d: &crate::config::SandboxDefaults) 
     if o.cpuset_cpus.is_none() {
         o.cpuset_cpus = d.cpuset_cpus.as_ref().map(|s| s.value.clone());
     }
+    if o.image.is_none() {
+        o.image = d.image.as_ref().map(|s| s.value.clone());
+    }
     o
 }
 
@@ -215,6 +218,11 @@ impl Runtime {
         vm: Option<&crate::vm::VmRun>,
     ) -> Result<Value> {
         let helper = helper_path()?;
+        // The image is resolved (and its lower mounted) before anything is claimed.
+        let image = match vm {
+            None => self.sandbox_image(o)?,
+            Some(_) => None,
+        };
         let me = std::process::id() as i32;
         let rec = self.claim_sandbox(ws, me).map_err(|e| match e {
             Error::Busy { id, .. } => Error::Answered {
@@ -226,7 +234,9 @@ impl Runtime {
             },
             other => other,
         })?;
-        let result = self.spawn_keeper(&helper, &rec, o, vm, me);
+        let headroom = crate::quota::Headroom::raise(&rec);
+        let result = self.spawn_keeper(&helper, &rec, o, vm, me, image.as_ref());
+        drop(headroom);
         if result.is_err() {
             let _ = self.release_sandbox(&rec.id, me);
             // The helper may have taken the host's overlay away before it failed.
@@ -242,6 +252,7 @@ impl Runtime {
         o: &SandboxOptions,
         vm: Option<&crate::vm::VmRun>,
         me: i32,
+        image: Option<&crate::sandbox_image::SandboxImage>,
     ) -> Result<Value> {
         let (ready_read, ready_write) =
             std::io::pipe().map_err(Error::io("create the ready pipe", helper))?;
@@ -266,6 +277,10 @@ impl Runtime {
             }
             None => self.helper_controls_of(rec, o),
         };
+        if let Some(i) = image {
+            cmd.args(i.helper_flags());
+        }
+        let controls = crate::sandbox_image::controls_for(controls, image);
         let controls = ControlsPipe::attach(&mut cmd, &controls)?;
         cmd.arg("--");
         cmd.stdin(Stdio::null())
@@ -336,6 +351,10 @@ impl Runtime {
         let ports = status["ports"].clone();
         // What it was started with, for a fork's `--sandbox` (the user's controls, not
         // the runtime's own additions).
+        let mut status = status;
+        if let (Some(i), Some(name)) = (image, &o.image) {
+            status["image"] = i.describe(name);
+        }
         let mut recorded = status.clone();
         recorded["controls"] = json!(o);
         self.record_sandbox(&rec.id, keeper, recorded, ports)?;
@@ -386,6 +405,11 @@ impl Runtime {
         use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
         use std::os::unix::process::ExitStatusExt;
         let helper = helper_path()?;
+        // Resolved before anything is claimed; its locks are held for the whole run.
+        let image = match vm {
+            None => self.sandbox_image(o)?,
+            Some(_) => None,
+        };
         // Signals are caught from here on (so this process outlives Ctrl-C and clears
         // the registry); the helper gets default dispositions back at exec.
         let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP, SIGQUIT])
@@ -397,6 +421,7 @@ impl Runtime {
             id: rec.id.clone(),
             pid: me,
         };
+        let headroom = crate::quota::Headroom::raise(&rec);
         let (ready_read, ready_write) =
             std::io::pipe().map_err(Error::io("create the ready pipe", helper.clone()))?;
         // The helper inherits the write end (exec keeps it without FD_CLOEXEC); it
@@ -426,6 +451,10 @@ impl Runtime {
             }
             None => self.helper_controls_of(&rec, o),
         };
+        if let Some(i) = &image {
+            cmd.args(i.helper_flags());
+        }
+        let controls = crate::sandbox_image::controls_for(controls, image.as_ref());
         let controls = ControlsPipe::attach(&mut cmd, &controls)?;
         if json {
             cmd.arg("--json");
@@ -457,6 +486,7 @@ impl Runtime {
         let _ = BufReader::new(ready_read)
             .take(MAX_READY_LINE_BYTES)
             .read_line(&mut line);
+        drop(headroom);
         let ready: Value = serde_json::from_str(&line).unwrap_or_default();
         if let Some(ports) = ready.get("ports")
             && ports.as_object().is_some_and(|p| !p.is_empty())
@@ -480,6 +510,7 @@ impl Runtime {
             self.resume_host_mount(&rec.id)?;
         }
         drop(claim);
+        drop(image);
         Ok(match (status.code(), status.signal()) {
             (Some(c), _) => c as u8,
             (None, Some(sig)) => 128u8.saturating_add(sig as u8),
@@ -637,6 +668,13 @@ impl Runtime {
         }
         if let Some(pid) = rec.sandbox_pid {
             self.release_sandbox(&rec.id, pid)?;
+        }
+        if let Some(image) = rec
+            .sandbox
+            .as_ref()
+            .and_then(|s| s["image"]["snapshot"].as_str())
+        {
+            self.release_image(image)?;
         }
         self.resume_host_mount(&rec.id)
     }

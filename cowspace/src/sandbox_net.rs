@@ -23,6 +23,10 @@ pub struct PolicyUpdate {
     pub remove_host: Vec<String>,
     /// Empty both lists first (the `--add-host` names stay).
     pub reset: bool,
+    /// `--inject HOST=HEADER:@FILE` rules added (FILE read host-side by the keeper).
+    pub inject: Vec<String>,
+    /// `--remove-inject HOST[=HEADER]`: rules taken out.
+    pub remove_inject: Vec<String>,
 }
 
 impl PolicyUpdate {
@@ -34,9 +38,12 @@ impl PolicyUpdate {
             && self.deny_host.is_empty()
             && self.remove_host.is_empty()
             && !self.reset
+            && self.inject.is_empty()
+            && self.remove_inject.is_empty()
         {
             return Err(Error::Invalid(
-                "no change given: name --allow-host, --deny-host, --remove-host or --reset \
+                "no change given: name --allow-host, --deny-host, --remove-host, --reset, \
+                 --inject or --remove-inject \
                  (`mountctl sandbox status WS` shows the policy in force)"
                     .into(),
             ));
@@ -68,7 +75,13 @@ impl Runtime {
     pub fn sandbox_policy(&self, ws: &str, update: &PolicyUpdate) -> Result<Value> {
         let changes = update.changes()?;
         let rec = self.live_record(ws)?;
-        let mut v = self.client_of(&rec)?.policy(changes).map_err(from_helper)?;
+        let client = self.client_of(&rec)?;
+        let mut v = if update.inject.is_empty() && update.remove_inject.is_empty() {
+            client.policy(changes)
+        } else {
+            client.policy_injecting(changes, update.inject.clone(), update.remove_inject.clone())
+        }
+        .map_err(from_helper)?;
         v["workspace"] = json!(rec.id);
         Ok(v)
     }

@@ -2,7 +2,8 @@
 //! (see [`trim_heap`]), `sched_setscheduler` and `sched_getscheduler` (see
 //! [`idle_priority`], [`trim_heap`]), `statx` (see [`is_mount_root`]), `open_tree` (see [`open_tree_clone`]) and small safe
 //! wrappers of the ioctls the `reflink` and `btrfs` materializers make (`FICLONE`, btrfs
-//! subvolume create / snapshot / destroy / set-flags). Every wrapper takes open files (so
+//! subvolume create / snapshot / destroy / set-flags, quota enable, qgroup limit,
+//! subvolume id, filesystem id). Every wrapper takes open files (so
 //! the descriptors are valid for the call) and checks the return value in one place (nix's
 //! ioctl macros turn -1 into `Err(errno)`).
 
@@ -127,6 +128,136 @@ pub fn btrfs_subvol_destroy(parent: &File, name: &OsStr) -> io::Result<()> {
     unsafe { ioctl_snap_destroy(parent.as_raw_fd(), &args) }
         .map(drop)
         .map_err(io::Error::from)
+}
+
+/// `struct btrfs_ioctl_quota_ctl_args`.
+#[repr(C)]
+struct QuotaCtlArgs {
+    cmd: u64,
+    status: u64,
+}
+
+/// `BTRFS_QUOTA_CTL_ENABLE`: turn qgroup accounting on for the whole filesystem.
+const BTRFS_QUOTA_CTL_ENABLE: u64 = 1;
+/// `BTRFS_QGROUP_LIMIT_MAX_RFER`: the limit's `max_rfer` is set.
+const BTRFS_QGROUP_LIMIT_MAX_RFER: u64 = 1;
+/// `BTRFS_FIRST_FREE_OBJECTID`: the inode number of a subvolume's root directory.
+const BTRFS_FIRST_FREE_OBJECTID: u64 = 256;
+/// `BTRFS_INO_LOOKUP_PATH_MAX`.
+const BTRFS_INO_LOOKUP_PATH_MAX_BYTES: usize = 4080;
+
+/// `struct btrfs_ioctl_qgroup_limit_args` (with its `struct btrfs_qgroup_limit`).
+#[repr(C)]
+struct QgroupLimitArgs {
+    qgroupid: u64,
+    flags: u64,
+    max_rfer: u64,
+    max_excl: u64,
+    rsv_rfer: u64,
+    rsv_excl: u64,
+}
+
+/// `struct btrfs_ioctl_ino_lookup_args`.
+#[repr(C)]
+struct InoLookupArgs {
+    treeid: u64,
+    objectid: u64,
+    name: [u8; BTRFS_INO_LOOKUP_PATH_MAX_BYTES],
+}
+
+/// `struct btrfs_ioctl_fs_info_args` (1024 bytes).
+#[repr(C)]
+struct FsInfoArgs {
+    max_id: u64,
+    num_devices: u64,
+    fsid: [u8; 16],
+    nodesize: u32,
+    sectorsize: u32,
+    clone_alignment: u32,
+    csum_type: u16,
+    csum_size: u16,
+    flags: u64,
+    generation: u64,
+    metadata_uuid: [u8; 16],
+    reserved: [u8; 944],
+}
+
+const _: () = assert!(std::mem::size_of::<QgroupLimitArgs>() == 48);
+const _: () = assert!(std::mem::size_of::<InoLookupArgs>() == 4096);
+const _: () = assert!(std::mem::size_of::<FsInfoArgs>() == 1024);
+
+nix::ioctl_readwrite!(ioctl_ino_lookup, BTRFS_IOCTL_MAGIC, 18, InoLookupArgs);
+nix::ioctl_read!(ioctl_fs_info, BTRFS_IOCTL_MAGIC, 31, FsInfoArgs);
+nix::ioctl_readwrite!(ioctl_quota_ctl, BTRFS_IOCTL_MAGIC, 40, QuotaCtlArgs);
+// The kernel declares it `_IOR` though it only reads the argument.
+nix::ioctl_read!(ioctl_qgroup_limit, BTRFS_IOCTL_MAGIC, 43, QgroupLimitArgs);
+
+/// Safe wrapper for `BTRFS_IOC_QUOTA_CTL` with `BTRFS_QUOTA_CTL_ENABLE`: qgroup
+/// accounting on for the filesystem holding `any` (a no-op when it is on).
+pub fn btrfs_quota_enable(any: &File) -> io::Result<()> {
+    let mut args = QuotaCtlArgs {
+        cmd: BTRFS_QUOTA_CTL_ENABLE,
+        status: 0,
+    };
+    // SAFETY: a live descriptor and an initialised argument that outlives the call.
+    unsafe { ioctl_quota_ctl(any.as_raw_fd(), &mut args) }
+        .map(drop)
+        .map_err(io::Error::from)
+}
+
+/// Safe wrapper for `BTRFS_IOC_QGROUP_LIMIT`: the subvolume open as `subvol` may refer
+/// to at most `max_referenced` bytes (its level-0 qgroup's `max_rfer`).
+pub fn btrfs_qgroup_limit(subvol: &File, max_referenced: u64) -> io::Result<()> {
+    let mut args = QgroupLimitArgs {
+        // 0: the qgroup of the subvolume the descriptor is in.
+        qgroupid: 0,
+        flags: BTRFS_QGROUP_LIMIT_MAX_RFER,
+        max_rfer: max_referenced,
+        max_excl: 0,
+        rsv_rfer: 0,
+        rsv_excl: 0,
+    };
+    // SAFETY: a live descriptor and an initialised argument that outlives the call.
+    unsafe { ioctl_qgroup_limit(subvol.as_raw_fd(), &mut args) }
+        .map(drop)
+        .map_err(io::Error::from)
+}
+
+/// Safe wrapper for `BTRFS_IOC_INO_LOOKUP` asking for the id of the subvolume `dir` is
+/// in (the one lookup unprivileged callers may make).
+pub fn btrfs_subvol_id(dir: &File) -> io::Result<u64> {
+    let mut args = InoLookupArgs {
+        treeid: 0,
+        objectid: BTRFS_FIRST_FREE_OBJECTID,
+        name: [0; BTRFS_INO_LOOKUP_PATH_MAX_BYTES],
+    };
+    // SAFETY: a live descriptor and an initialised argument that outlives the call; the
+    // kernel writes `treeid` and `name` within the struct.
+    unsafe { ioctl_ino_lookup(dir.as_raw_fd(), &mut args) }.map_err(io::Error::from)?;
+    Ok(args.treeid)
+}
+
+/// Safe wrapper for `BTRFS_IOC_FS_INFO`: the filesystem's id (its directory's name under
+/// `/sys/fs/btrfs/`).
+pub fn btrfs_fsid(any: &File) -> io::Result<[u8; 16]> {
+    let mut args = FsInfoArgs {
+        max_id: 0,
+        num_devices: 0,
+        fsid: [0; 16],
+        nodesize: 0,
+        sectorsize: 0,
+        clone_alignment: 0,
+        csum_type: 0,
+        csum_size: 0,
+        flags: 0,
+        generation: 0,
+        metadata_uuid: [0; 16],
+        reserved: [0; 944],
+    };
+    // SAFETY: a live descriptor and an initialised argument that outlives the call; the
+    // kernel fills it in.
+    unsafe { ioctl_fs_info(any.as_raw_fd(), &mut args) }.map_err(io::Error::from)?;
+    Ok(args.fsid)
 }
 
 /// Safe wrapper for `BTRFS_IOC_SUBVOL_SETFLAGS` making the subvolume open as `subvol`

@@ -137,11 +137,13 @@ class Client:
         return self.request("ping")
 
     def create(self, snapshot, name=None, materializer=None, lower=None, path=None,
-               worker=None):
-        """Creates a workspace of a snapshot (id, unique prefix or ref); gives its record."""
+               worker=None, disk=None):
+        """Creates a workspace of a snapshot (id, unique prefix or ref); gives its record.
+        ``disk``: a quota on what it writes ("20g" or bytes), refused where it cannot
+        be enforced."""
         return self.request("create", snapshot=snapshot, name=name,
                             materializer=materializer, lower=lower, path=path,
-                            worker=worker)
+                            worker=worker, disk=disk)
 
     def list(self, all=False):
         """Live workspace records (``all``: also removed and failed ones)."""
@@ -166,12 +168,13 @@ class Client:
         return self.request("remove", workspace=workspace, force=force)
 
     def sandbox_start(self, workspace, net=None, memory=None, pids=None, cpus=None,
-                      publish=None, env=None, ro_bind=None, secret=None):
+                      publish=None, env=None, ro_bind=None, secret=None, io_max=None):
         """Starts a long-lived sandbox for the workspace; gives its status once ready
-        (``ports``: internal -> host port on 127.0.0.1)."""
+        (``ports``: internal -> host port on 127.0.0.1). ``io_max``: "20m" or
+        "rbps=20m,wbps=10m"."""
         return self.request("sandbox_start", workspace=workspace, net=net,
                             memory=memory, pids=pids, cpus=cpus, publish=publish,
-                            env=env, ro_bind=ro_bind, secret=secret)
+                            env=env, ro_bind=ro_bind, secret=secret, io_max=io_max)
 
     def sandbox_status(self, workspace):
         """The running sandbox's status (processes, memory, OOM kills, ports, ...)."""

@@ -54,8 +54,10 @@ fn error_value(e: &Error) -> Value {
 
 /// The sandbox controls' flags as the socket names them (`--memory` → `args.memory`):
 /// a refusal of a `sandbox_start` names the argument the client sent, not a CLI flag.
-const SOCKET_NAMES: [(&str, &str); 14] = [
+const SOCKET_NAMES: [(&str, &str); 16] = [
     ("--cpuset-cpus", "args.cpuset_cpus"),
+    ("--io-weight", "args.io_weight"),
+    ("--io-max", "args.io_max"),
     ("--idle-timeout", "args.idle_timeout"),
     ("--allow-host", "args.allow_host"),
     ("--deny-host", "args.deny_host"),
@@ -187,6 +189,7 @@ impl Server {
             Request::Create(mut o) => {
                 o.materializer = Some(self.config.materializer(o.materializer).value);
                 o.lower = Some(self.config.lower(o.lower).value);
+                o.disk = self.config.disk(o.disk).map(|s| s.value);
                 rt.create(&o)?.created_json()
             }
             Request::List(a) => json!(rt.list(a.all)?),

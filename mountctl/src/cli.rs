@@ -4,6 +4,10 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+mod sandbox;
+
+pub use sandbox::{ExecArgs, RunArgs, SandboxCommand, StartArgs};
+
 #[derive(Debug, Parser)]
 #[command(
     name = "mountctl",
@@ -31,13 +35,26 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once per process: the sandbox flags make `run` the largest variant.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create the runtime root (a new or empty directory; of a root that exists, a
     /// no-op).
-    Init,
+    Init {
+        /// Give the root's workspaces a filesystem of their own with quotas (a sparse
+        /// btrfs image of SIZE, `workspaces.btrfs`, loop-mounted at workspaces/ and
+        /// mounted again by any command after a reboot), so `create --disk` can be
+        /// enforced. On a root that holds workspaces: refused.
+        #[arg(long, value_name = "SIZE")]
+        workspaces_fs: Option<String>,
+    },
     /// Import a directory, a tar archive or a git revision as a snapshot.
     Import(ImportArgs),
+    /// OCI images: import from a layout directory or archive, pull from a registry, list,
+    /// show, remove (an image is a snapshot a ref names; `sandbox start --image` runs on it).
+    #[command(subcommand)]
+    Image(ImageCommand),
     /// List snapshots, newest first.
     Snapshots,
     /// List refs.
@@ -45,10 +62,6 @@ pub enum Command {
     /// Move or delete refs.
     #[command(subcommand)]
     Ref(RefCommand),
-    /// OCI images: import from a layout directory or archive, pull from a registry, list,
-    /// show, remove (an image is a snapshot a ref names; `sandbox start --image` runs on it).
-    #[command(subcommand)]
-    Image(ImageCommand),
     /// Show a snapshot, or a path in it.
     Show {
         /// A snapshot id (or a unique prefix of at least 6 hex digits) or ref.
@@ -213,7 +226,7 @@ pub enum Command {
     /// Run a command in the workspace's sandbox (the workspace at /workspace); exits with
     /// its status (127: no such command). With --json, a refusal is a JSON error on
     /// stdout; the command's own output is passed through unchanged.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Long-lived sandboxes: start one for a workspace, stop it, show them.
     #[command(subcommand)]
     Sandbox(SandboxCommand),
@@ -262,106 +275,6 @@ pub enum Command {
         #[arg(default_value = "")]
         token: String,
     },
-}
-
-#[derive(Debug, Args)]
-pub struct RunArgs {
-    /// The workspace (id or name); it must be active.
-    pub workspace: String,
-    #[command(flatten)]
-    pub sandbox: SandboxFlags,
-    /// Run CMD in a qemu micro-VM (the workspace shared at /workspace by virtio-fs)
-    /// instead of the namespace sandbox; refused (exit 7) where qemu, virtiofsd or the
-    /// guest kernel are missing (see `mountctl doctor`). --memory is guest RAM there.
-    #[arg(long)]
-    pub vm: bool,
-    /// With --vm on a host without hardware KVM: run under qemu's software emulation,
-    /// which is no isolation boundary (the run says isolation: needs_validation);
-    /// refused without it. Also `[vm] accept_emulation = true` in the configuration.
-    /// `--allow-unvalidated-isolation` is another name for it.
-    #[arg(long, requires = "vm", visible_alias = "allow-unvalidated-isolation")]
-    pub accept_emulation: bool,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
-    pub command: Vec<String>,
-}
-
-/// What a sandbox is started with (`sandbox start` and `run`).
-#[derive(Debug, Args)]
-pub struct SandboxFlags {
-    /// Network: none (default), loopback (default when ports are published), or egress
-    /// (loopback, and a host-side proxy as the only way out: only the hosts
-    /// --allow-host names, default deny).
-    #[arg(long, value_parser = ["none", "loopback", "egress"])]
-    pub net: Option<String>,
-    /// Memory limit in bytes (k, m, g suffixes accepted; at least 4m).
-    #[arg(long, value_name = "BYTES")]
-    pub memory: Option<String>,
-    /// Most processes and threads at once.
-    #[arg(long, value_name = "N")]
-    pub pids: Option<u64>,
-    /// CPU bandwidth in CPUs, e.g. 1.5.
-    #[arg(long, value_name = "F")]
-    pub cpus: Option<f64>,
-    /// The CPUs the sandbox's processes may run on, e.g. 0-1,3 (a cgroup cpuset: a
-    /// process inside cannot widen it).
-    #[arg(long, value_name = "LIST")]
-    pub cpuset_cpus: Option<String>,
-    /// Give the internal PORT a unique host port on 127.0.0.1 (repeatable; fixed for a
-    /// long-lived sandbox's life).
-    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
-    pub publish: Vec<u16>,
-    /// Set KEY=VALUE in every command's environment (repeatable; not secret).
-    #[arg(long, value_name = "K=V")]
-    pub env: Vec<String>,
-    /// Bind host SRC read-only at DST inside (repeatable).
-    #[arg(long, value_name = "SRC:DST")]
-    pub ro_bind: Vec<String>,
-    /// Give the commands the host file HOSTFILE as /run/secrets/NAME (repeatable).
-    #[arg(long, value_name = "NAME=HOSTFILE")]
-    pub secret: Vec<String>,
-    /// With --net egress: let the sandbox reach hosts matching PATTERN (repeatable):
-    /// `example.com`, `*.example.com` (subdomains, not the apex), an optional `:PORT`,
-    /// or `*` for every public host.
-    #[arg(long, value_name = "PATTERN")]
-    pub allow_host: Vec<String>,
-    /// With --net egress: never let it reach hosts matching PATTERN (repeatable; deny
-    /// wins over allow).
-    #[arg(long, value_name = "PATTERN")]
-    pub deny_host: Vec<String>,
-    /// With --net egress: NAME resolves to ADDR for this sandbox (repeatable); naming it
-    /// is what allows a private ADDR for that name.
-    #[arg(long, value_name = "NAME:ADDR")]
-    pub add_host: Vec<String>,
-    /// With `sandbox start`: pause the sandbox after no exec ran and no traffic went
-    /// through its published ports for DURATION (`30s`, `5m`, `1h`); the next exec or
-    /// connection resumes it (namespace sandboxes).
-    #[arg(long, value_name = "DURATION")]
-    pub idle_timeout: Option<String>,
-}
-
-impl From<SandboxFlags> for cowspace::sandbox::SandboxOptions {
-    fn from(f: SandboxFlags) -> Self {
-        Self {
-            net: f.net.as_deref().map(|n| match n {
-                "loopback" => sandbox_api::spec::Net::Loopback,
-                "egress" => sandbox_api::spec::Net::Egress,
-                _ => sandbox_api::spec::Net::None,
-            }),
-            memory: f.memory,
-            pids: f.pids,
-            cpus: f.cpus,
-            cpuset_cpus: f.cpuset_cpus,
-            publish: f.publish,
-            env: f.env,
-            ro_bind: f.ro_bind,
-            secret: f.secret,
-            allow_host: f.allow_host,
-            deny_host: f.deny_host,
-            add_host: f.add_host,
-            idle_timeout: f.idle_timeout,
-        }
-    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -419,6 +332,16 @@ pub struct CreateArgs {
     /// The worker this workspace is for (recorded).
     #[arg(long, value_name = "ID")]
     pub worker: Option<String>,
+    /// A quota on the bytes the workspace's private state may hold (`20g`, `512m`, or
+    /// bytes): its writes past it fail with EDQUOT ("Disk quota exceeded"). Needs a
+    /// runtime root whose workspaces/ is btrfs with quotas (`init --workspaces-fs`);
+    /// refused (7) elsewhere, before anything is made.
+    #[arg(long, value_name = "SIZE")]
+    pub disk: Option<String>,
+    /// A quota on inodes: refused (7), no filesystem quota this kernel has counts
+    /// inodes (btrfs qgroups limit bytes).
+    #[arg(long, value_name = "N")]
+    pub inodes: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -554,141 +477,6 @@ pub struct GcArgs {
     /// Bound of the blob cache in bytes; least recently used blobs beyond it are evicted.
     #[arg(long, value_name = "BYTES", default_value_t = cowspace_store::blobcache::DEFAULT_BLOB_CACHE_MAX_BYTES)]
     pub blob_cache_max: u64,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum SandboxCommand {
-    /// Start a sandbox for the workspace; returns once it is ready. It runs until
-    /// `sandbox stop` (or `remove`); its processes outlive the commands that start them.
-    Start(Box<StartArgs>),
-    /// Stop the workspace's sandbox: every process in it is killed, its cgroups, ports
-    /// and uid range are freed. With none running: nothing to do, exit 0. Host processes
-    /// that entered the workspace while it ran are named: they keep the sandbox's mount
-    /// (no later change seen there) until they leave the path and come back.
-    Stop {
-        /// The workspace (id or name).
-        workspace: String,
-    },
-    /// The workspace's sandbox: state, provider, isolation, limits, ports, processes,
-    /// memory used, OOM kills.
-    Status {
-        /// The workspace (id or name).
-        workspace: String,
-    },
-    /// Every running sandbox.
-    List,
-    /// Change a running sandbox's egress policy (--net egress): new connections follow
-    /// it at once; established ones are not cut.
-    Policy(PolicyArgs),
-    /// The egress decisions of a running sandbox: time, host, port, verdict and the
-    /// rule that decided.
-    Log {
-        /// The workspace (id or name).
-        workspace: String,
-        /// Keep printing decisions as they are made, until the sandbox stops.
-        #[arg(long)]
-        follow: bool,
-        /// Only the last N decisions.
-        #[arg(long, value_name = "N")]
-        tail: Option<usize>,
-    },
-    /// Publish the internal PORT of a running sandbox on a unique 127.0.0.1 host port.
-    Publish {
-        /// The workspace (id or name).
-        workspace: String,
-        /// The port inside.
-        #[arg(value_parser = clap::value_parser!(u16).range(1..))]
-        port: u16,
-    },
-    /// Stop publishing the internal PORT of a running sandbox.
-    Unpublish {
-        /// The workspace (id or name).
-        workspace: String,
-        /// The port inside.
-        #[arg(value_parser = clap::value_parser!(u16).range(1..))]
-        port: u16,
-    },
-    /// Pause the workspace's sandbox: every process stopped where it is, its memory
-    /// kept (cgroup freezer; a VM's qemu `stop`). `exec` is refused (exit 5) until
-    /// `sandbox resume`; published ports keep their connections and answer after it.
-    /// Paused already: exit 9.
-    Pause {
-        /// The workspace (id or name).
-        workspace: String,
-    },
-    /// Resume the workspace's paused sandbox. Not paused: exit 9.
-    Resume {
-        /// The workspace (id or name).
-        workspace: String,
-    },
-    /// Suspend the workspace's sandbox to disk with its processes: refused on this host
-    /// (exit 7) with the reason (CRIU for namespace sandboxes; qemu's virtio-fs
-    /// migration for VMs).
-    Suspend {
-        /// The workspace (id or name).
-        workspace: String,
-    },
-}
-
-#[derive(Debug, Args)]
-pub struct PolicyArgs {
-    /// The workspace (id or name) whose sandbox runs with --net egress.
-    pub workspace: String,
-    /// Allow hosts matching PATTERN (repeatable).
-    #[arg(long, value_name = "PATTERN")]
-    pub allow_host: Vec<String>,
-    /// Deny hosts matching PATTERN (repeatable; deny wins).
-    #[arg(long, value_name = "PATTERN")]
-    pub deny_host: Vec<String>,
-    /// Take PATTERN out of both lists (repeatable).
-    #[arg(long, value_name = "PATTERN")]
-    pub remove_host: Vec<String>,
-    /// Empty both lists first (the --add-host names stay): nothing is allowed until
-    /// --allow-host says so.
-    #[arg(long)]
-    pub reset: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct StartArgs {
-    /// The workspace (id or name); it must be active.
-    pub workspace: String,
-    #[command(flatten)]
-    pub sandbox: SandboxFlags,
-    /// Start the sandbox in a qemu micro-VM (the workspace shared at /workspace by
-    /// virtio-fs; `exec`, `status` and `stop` work the same); refused (exit 7) where
-    /// qemu, virtiofsd or the guest kernel are missing (see `mountctl doctor`). --memory
-    /// is guest RAM there.
-    #[arg(long)]
-    pub vm: bool,
-    /// With --vm on a host without hardware KVM: run under qemu's software emulation,
-    /// which is no isolation boundary (the status says isolation: needs_validation);
-    /// refused without it. Also `[vm] accept_emulation = true` in the configuration.
-    /// `--allow-unvalidated-isolation` is another name for it.
-    #[arg(long, requires = "vm", visible_alias = "allow-unvalidated-isolation")]
-    pub accept_emulation: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct ExecArgs {
-    /// The workspace (id or name) whose sandbox runs the command.
-    pub workspace: String,
-    /// Pass this process's stdin to the command (without it, the command reads
-    /// /dev/null).
-    #[arg(short, long)]
-    pub interactive: bool,
-    /// Give the command a pseudo-terminal (window size and Ctrl-C reach it).
-    #[arg(short, long)]
-    pub tty: bool,
-    /// Set KEY=VALUE in the command's environment (repeatable).
-    #[arg(long, value_name = "K=V")]
-    pub env: Vec<String>,
-    /// The working directory inside (default /workspace; relative to it when relative).
-    #[arg(long, value_name = "DIR")]
-    pub workdir: Option<String>,
-    /// The command and its arguments.
-    #[arg(last = true, required = true, value_name = "CMD")]
-    pub command: Vec<String>,
 }
 
 #[derive(Debug, Args)]

@@ -213,6 +213,9 @@ pub fn run(args: &[OsString]) -> Option<ExitCode> {
                 lower,
                 path,
                 worker,
+                // `--disk` and `--inodes` are the full command line's.
+                disk: None,
+                inodes: None,
             },
         ),
         Hot::Remove { workspace, force } => {

@@ -43,6 +43,12 @@ pub enum KeeperRequest {
     Policy {
         /// Applied in order.
         changes: Vec<cowspace_egress::policy::PolicyChange>,
+        /// `--inject HOST=HEADER:@FILE` entries added (the keeper reads each FILE).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        inject: Vec<String>,
+        /// `--remove-inject HOST[=HEADER]`: rules taken out.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        remove_inject: Vec<String>,
     },
     /// Publish a port now.
     Publish {
@@ -182,7 +188,25 @@ impl Client {
 
     /// Changes the sandbox's egress policy; answers `{"policy": ..., "allows_nothing"}`.
     pub fn policy(self, changes: Vec<cowspace_egress::policy::PolicyChange>) -> Result<Value> {
-        self.ask(&KeeperRequest::Policy { changes })
+        self.ask(&KeeperRequest::Policy {
+            changes,
+            inject: Vec::new(),
+            remove_inject: Vec::new(),
+        })
+    }
+
+    /// [`Self::policy`] adding and removing injection rules too (files read by the keeper).
+    pub fn policy_injecting(
+        self,
+        changes: Vec<cowspace_egress::policy::PolicyChange>,
+        inject: Vec<String>,
+        remove_inject: Vec<String>,
+    ) -> Result<Value> {
+        self.ask(&KeeperRequest::Policy {
+            changes,
+            inject,
+            remove_inject,
+        })
     }
 
     /// Publishes `port` now; answers `{"port", "host_port"}`.

@@ -76,10 +76,30 @@ pub struct Controls {
     pub deny_host: Vec<String>,
     /// `--add-host NAME:ADDR` (with `--net egress`).
     pub add_host: Vec<String>,
+    /// `--inject HOST=HEADER:@FILE` (with `--net egress`): the proxy sets HEADER to the
+    /// host file FILE's contents on requests to HOST; the file is read host-side only.
+    pub inject: Vec<String>,
+    /// `--inject-methods HOST=METHOD,...`: the only methods an injected HOST is sent.
+    pub inject_methods: Vec<String>,
+    /// `--upstream-ca FILE` (PEM): more roots the proxy verifies injected hosts with.
+    pub upstream_ca: Option<String>,
     /// `--idle-timeout DURATION` (`30s`, `5m`): a long-lived sandbox is paused after no
     /// exec ran and no traffic went through its published ports for that long, and
     /// resumed by the next exec or connection.
     pub idle_timeout: Option<String>,
+    /// `--image NAME`: an image in the store (a ref or snapshot id) whose tree is the
+    /// sandbox's root filesystem. The runtime resolves it; the helper gets the image's
+    /// mounted lower (`--image-meta`, `--image-data`), never this name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// `--io-max`: the most the sandbox reads and writes per second on the host's disks:
+    /// `SIZE` (bytes per second, read and write), or any of `rbps=SIZE`, `wbps=SIZE`,
+    /// `riops=N`, `wiops=N` separated by commas.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io_max: Option<String>,
+    /// `--io-weight`: the sandbox's share of disk time against others (1 to 10000).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub io_weight: Option<u64>,
 }
 
 /// A size given as text (`"512m"`) or as a number of bytes.

@@ -52,6 +52,9 @@ pub struct EgressProxy {
     pid: u32,
     control: Mutex<BufReader<UnixStream>>,
     policy: Mutex<Policy>,
+    /// The injection rules and the authority (values and key held here, host-side, to
+    /// change them live; never shown).
+    injections: Mutex<Option<cowspace_egress::inject::InjectConfig>>,
     /// Why the proxy is gone, once it is.
     lost: Arc<Mutex<Option<String>>>,
     log: PathBuf,
@@ -160,6 +163,7 @@ impl EgressProxy {
             pid,
             control: Mutex::new(BufReader::new(ours)),
             policy: Mutex::new(Policy::default()),
+            injections: Mutex::new(None),
             lost,
             log,
         };
@@ -195,6 +199,54 @@ impl EgressProxy {
         self.ask(&json!({"op": "set_policy", "policy": policy}))?;
         *self.policy.lock().unwrap_or_else(|p| p.into_inner()) = policy;
         Ok(())
+    }
+
+    /// Gives the proxy its injection rules and authority (over the control socket: never
+    /// in an argument, the environment or a file).
+    pub fn set_injections(&self, config: cowspace_egress::inject::InjectConfig) -> Result<()> {
+        if let Some(why) = self.lost() {
+            return Err(Error::EgressLost(why));
+        }
+        let kept = config.clone();
+        let request = cowspace_egress::control::ControlRequest::SetInjections { config };
+        let req = serde_json::to_value(&request).map_err(|e| Error::Egress {
+            step: "encode the injection rules",
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        self.ask(&req)?;
+        *self.injections.lock().unwrap_or_else(|p| p.into_inner()) = Some(kept);
+        Ok(())
+    }
+
+    /// [`EgressProxy::change`] with injection rules added (`HOST=HEADER:@FILE`, files
+    /// read here) and removed (`HOST[=HEADER]`); everything is checked before anything
+    /// changes.
+    pub fn change_with_injections(
+        &self,
+        changes: &[PolicyChange],
+        add: &[String],
+        remove: &[String],
+    ) -> Result<Policy> {
+        if let Some(why) = self.lost() {
+            return Err(Error::EgressLost(why));
+        }
+        let mut p = self.policy();
+        p.apply(changes);
+        let state = self
+            .log
+            .parent()
+            .and_then(Path::parent)
+            .unwrap_or(Path::new("/"))
+            .to_path_buf();
+        let current = self
+            .injections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let config = crate::spec::inject::live_update(current.as_ref(), &p, add, remove, &state)?;
+        self.set(p.clone())?;
+        self.set_injections(config)?;
+        Ok(p)
     }
 
     /// Applies `changes` in order and gives the policy now in force (for new
@@ -235,6 +287,21 @@ impl EgressProxy {
             "policy": policy,
             "log": self.log,
         });
+        if let Some(config) = &*self.injections.lock().unwrap_or_else(|p| p.into_inner()) {
+            // The rules by host and header: never a value.
+            v["injections"] = config
+                .injections
+                .iter()
+                .map(|i| {
+                    let mut r = json!({"host": i.host, "header": i.header});
+                    if !i.methods.is_empty() {
+                        r["methods"] = json!(i.methods);
+                    }
+                    r
+                })
+                .collect();
+            v["ca_file"] = json!(crate::spec::inject::CA_FILE);
+        }
         match self.lost() {
             Some(why) => {
                 v["state"] = json!("lost");

@@ -216,6 +216,10 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
         .env_clear()
         .envs(&spec.env)
         .current_dir("/workspace");
+    if let Some((uid, gid)) = spec.user {
+        use std::os::unix::process::CommandExt;
+        cmd.uid(uid).gid(gid);
+    }
     sys::first_command_pre_exec(&mut cmd);
     let child = cmd.spawn();
     if let Err(e) = signals.thread_block() {

@@ -369,7 +369,11 @@ fn serve_client(conn: &OwnedFd, shared: &Arc<Shared>) {
             let _ = reply(conn, &answer.unwrap_or_else(|e| error_of(&e)));
         }
         KeeperRequest::Exec { request } => exec(conn, shared, request, fds),
-        KeeperRequest::Policy { changes } => {
+        KeeperRequest::Policy {
+            changes,
+            inject,
+            remove_inject,
+        } => {
             let answer = egress_of(shared)
                 .ok_or_else(|| {
                     Error::NotStartedWith(format!(
@@ -379,7 +383,11 @@ fn serve_client(conn: &OwnedFd, shared: &Arc<Shared>) {
                     ))
                 })
                 .and_then(|e| {
-                    let policy = e.change(&changes)?;
+                    let policy = if inject.is_empty() && remove_inject.is_empty() {
+                        e.change(&changes)?
+                    } else {
+                        e.change_with_injections(&changes, &inject, &remove_inject)?
+                    };
                     Ok(json!({"policy": policy, "allows_nothing": policy.allow.is_empty()}))
                 });
             let _ = reply(conn, &answer.unwrap_or_else(|e| error_of(&e)));

@@ -56,6 +56,7 @@ pub mod alloc;
 pub mod cgroup;
 pub mod egress;
 pub mod error;
+pub mod image;
 pub mod init;
 pub mod keeper;
 pub use sandbox_api::mountinfo;

@@ -170,6 +170,16 @@ struct RunArgs {
     /// private ADDR for that name).
     #[arg(long, value_name = "NAME:ADDR")]
     add_host: Vec<String>,
+    /// With --net egress: the proxy sets HEADER to the contents of the host file FILE on
+    /// requests to HOST (TLS terminated for HOST only); the value never enters the sandbox.
+    #[arg(long, value_name = "HOST=HEADER:@FILE")]
+    inject: Vec<String>,
+    /// With --inject: the only methods sent to HOST (e.g. HOST=GET,HEAD).
+    #[arg(long, value_name = "HOST=METHOD,...")]
+    inject_methods: Vec<String>,
+    /// With --inject: more roots (PEM) the proxy verifies upstream hosts with.
+    #[arg(long, value_name = "FILE")]
+    upstream_ca: Option<String>,
     /// Print the published ports as one JSON line on stdout before CMD runs; errors as JSON.
     #[arg(long)]
     json: bool,
@@ -192,6 +202,14 @@ struct RunArgs {
     /// it.
     #[arg(long, value_name = "DURATION")]
     idle_timeout: Option<String>,
+    /// The most bytes (or I/Os) per second the sandbox reads and writes on the host's
+    /// disks: SIZE, or rbps=SIZE,wbps=SIZE,riops=N,wiops=N (cgroup blkio throttle).
+    #[arg(long, value_name = "LIMITS")]
+    io_max: Option<String>,
+    /// The sandbox's share of disk time (1 to 10000), where the host has a proportional
+    /// I/O scheduler.
+    #[arg(long, value_name = "W")]
+    io_weight: Option<u64>,
     /// Keep CAP_NET_RAW (raw and packet sockets) for CMD; dropped by default (ping
     /// works without it, through ICMP datagram sockets).
     #[arg(long)]
@@ -205,6 +223,17 @@ struct RunArgs {
     /// of their flags, which must then be absent.
     #[arg(long, value_name = "FD", value_parser = clap::value_parser!(i32).range(3..))]
     controls_fd: Option<i32>,
+    /// The sandbox's root is an overlay of this image's metadata mount (an EROFS mount
+    /// of the runtime's native lower) over --image-data, with a private writable layer.
+    #[arg(long, value_name = "DIR", requires = "image_data")]
+    image_meta: Option<PathBuf>,
+    /// The blob cache the --image-meta files redirect into (a data-only layer).
+    #[arg(long, value_name = "DIR", requires = "image_meta")]
+    image_data: Option<PathBuf>,
+    /// With --image-meta: commands run as UID:GID of the sandbox's user namespace (the
+    /// image config's `User`, resolved by the runtime).
+    #[arg(long, value_name = "UID:GID", requires = "image_meta")]
+    image_user: Option<String>,
     /// The command and its arguments (none for `start`).
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -378,6 +407,14 @@ fn vm_spec(args: VmRunArgs) -> Result<sandbox_helper::vm::VmSpec, Error> {
     let mut r = args.run;
     let state_dir = state_dir_or_default(r.state_dir.clone());
     let controls = controls_of(&mut r)?;
+    if r.image_meta.is_some() || controls.image.is_some() {
+        return Err(Error::Unsupported {
+            control: "image root",
+            reason: "a VM sandbox's root filesystem from an image is not built yet: start \
+                     a namespace sandbox (without --vm) with --image"
+                .into(),
+        });
+    }
     sandbox_helper::vm::VmSpec::validate(
         &r.name,
         &r.dir,
@@ -590,6 +627,8 @@ fn spec_input(mut args: RunArgs, keep: bool) -> Result<SpecInput, Error> {
         keep,
         share_host_mount: args.share_host_mount && !keep,
         cap_net_raw: args.cap_net_raw,
+        image: args.image_meta.zip(args.image_data),
+        image_user: args.image_user,
     })
 }
 
@@ -612,7 +651,13 @@ fn controls_of(args: &mut RunArgs) -> Result<sandbox_helper::spec::Controls, Err
         allow_host: std::mem::take(&mut args.allow_host),
         deny_host: std::mem::take(&mut args.deny_host),
         add_host: std::mem::take(&mut args.add_host),
+        inject: std::mem::take(&mut args.inject),
+        inject_methods: std::mem::take(&mut args.inject_methods),
+        upstream_ca: args.upstream_ca.take(),
         idle_timeout: args.idle_timeout.take(),
+        image: None,
+        io_max: args.io_max.take(),
+        io_weight: args.io_weight,
     };
     let Some(fd) = args.controls_fd else {
         return Ok(from_flags);

@@ -174,6 +174,15 @@ pub enum Step {
         /// The new root (a mount point).
         new_root: PathBuf,
     },
+    /// `pivot_root` into `new_root`, keeping the old root attached (an image root:
+    /// `/proc` can only be mounted while the host's stays visible) until
+    /// [`Step::DetachOldRoot`].
+    PivotRootKeepingOld {
+        /// The new root (a mount point).
+        new_root: PathBuf,
+    },
+    /// Detach and remove the old root kept by [`Step::PivotRootKeepingOld`].
+    DetachOldRoot,
     /// Remount `/` read-only.
     RemountRootReadOnly,
     /// Remount a tmpfs made by an earlier step read-only (`nosuid,nodev,noexec`).
@@ -196,6 +205,9 @@ pub enum Step {
     },
     /// Remove an empty directory made by an earlier step.
     Rmdir(PathBuf),
+    /// Remove a non-directory if present (a name of an image root that the sandbox
+    /// replaces by its own file).
+    Unlink(PathBuf),
     /// Change the working directory.
     Chdir(PathBuf),
 }
@@ -211,7 +223,8 @@ impl Step {
             Step::Attach { target, .. } => format!("attach mount at {}", target.display()),
             Step::Proc { .. } => "mount /proc".into(),
             Step::Devpts { .. } => "mount /dev/pts".into(),
-            Step::PivotRoot { .. } => "pivot_root".into(),
+            Step::PivotRoot { .. } | Step::PivotRootKeepingOld { .. } => "pivot_root".into(),
+            Step::DetachOldRoot => "detach the old root".into(),
             Step::RemountRootReadOnly => "remount / read-only".into(),
             Step::RemountReadOnly { target } => format!("remount {} read-only", target.display()),
             Step::Overlay { target, .. } => {
@@ -219,6 +232,7 @@ impl Step {
             }
             Step::Detach { target } => format!("detach {}", target.display()),
             Step::Rmdir(p) => format!("rmdir {}", p.display()),
+            Step::Unlink(p) => format!("unlink {}", p.display()),
             Step::Chdir(p) => format!("chdir {}", p.display()),
         }
     }
@@ -231,6 +245,10 @@ pub struct Plan {
     pub detached: Vec<Detached>,
     /// The steps, in order.
     pub steps: Vec<Step>,
+    /// With an image root: the index in [`Plan::detached`] of the root, which is not a
+    /// clone of its `host` path but the image's overlay the helper mounts
+    /// ([`crate::image`]).
+    pub image_root: Option<usize>,
 }
 
 /// A step that failed inside the sandbox.
@@ -295,6 +313,14 @@ impl Planner<'_> {
             options: options.into(),
         });
     }
+    /// A file of the sandbox's own at `inside`: on an image root, whatever the image has
+    /// there (a symlink to elsewhere) is removed first.
+    fn replace(&mut self, inside: &str, contents: String) {
+        if self.root == Path::new("/") {
+            self.push(Step::Unlink(self.at(inside)));
+        }
+        self.file(inside, contents);
+    }
     fn file(&mut self, inside: &str, contents: String) {
         let path = self.at(inside);
         self.push(Step::File {
@@ -309,25 +335,60 @@ impl Planner<'_> {
 pub fn plan(spec: &Spec, new_root: &Path, host: &dyn HostFs) -> Plan {
     let ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
     let safe = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    // An image root is entered first: every later path is then resolved inside it, so
+    // a symlink the image holds (`/etc -> /host/path`) never leads a step of the set-up
+    // out of the sandbox's own tree.
+    let image = spec.image.as_ref();
     let mut p = Planner {
-        root: new_root,
+        root: if image.is_some() {
+            Path::new("/")
+        } else {
+            new_root
+        },
         plan: Plan {
             detached: Vec::new(),
             steps: Vec::new(),
+            image_root: None,
         },
     };
 
     p.push(Step::MakePrivate);
-    p.push(Step::Tmpfs {
-        target: new_root.to_path_buf(),
-        flags: safe,
-        options: "mode=0755,size=16m".into(),
-    });
-
-    for dir in SYSTEM_DIRS {
-        let host_path = Path::new("/").join(dir);
-        if let Some(kind) = host.kind(&host_path) {
-            p.mirror(&host_path, kind, dir, ro);
+    if let Some(image) = image {
+        p.plan.detached.push(Detached {
+            host: image.meta.clone(),
+            attrs: MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        });
+        p.plan.image_root = Some(0);
+        p.push(Step::Attach {
+            mount: 0,
+            target: new_root.to_path_buf(),
+        });
+        // The kernel mounts a new `proc` only where another stays fully visible (the
+        // host's, under the old root), so `/proc` is mounted before the old root goes,
+        // and nothing else is done meanwhile: the image's symlinks could name the old
+        // root's paths.
+        p.push(Step::PivotRootKeepingOld {
+            new_root: new_root.to_path_buf(),
+        });
+        p.push(Step::Mkdir {
+            path: "/proc".into(),
+            mode: 0o555,
+        });
+        p.push(Step::Proc {
+            target: "/proc".into(),
+        });
+        p.push(Step::DetachOldRoot);
+    } else {
+        p.push(Step::Tmpfs {
+            target: new_root.to_path_buf(),
+            flags: safe,
+            options: "mode=0755,size=16m".into(),
+        });
+        for dir in SYSTEM_DIRS {
+            let host_path = Path::new("/").join(dir);
+            if let Some(kind) = host.kind(&host_path) {
+                p.mirror(&host_path, kind, dir, ro);
+            }
         }
     }
 
@@ -335,21 +396,21 @@ pub fn plan(spec: &Spec, new_root: &Path, host: &dyn HostFs) -> Plan {
         path: p.at("etc"),
         mode: 0o755,
     });
-    for entry in ETC_ENTRIES {
+    for entry in ETC_ENTRIES.iter().filter(|_| image.is_none()) {
         let host_path = Path::new("/etc").join(entry);
         if let Some(kind) = host.kind(&host_path) {
             p.mirror(&host_path, kind, &format!("etc/{entry}"), ro);
         }
     }
     let name = &spec.name;
-    p.file("etc/hostname", format!("{name}\n"));
-    p.file(
+    p.replace("etc/hostname", format!("{name}\n"));
+    p.replace(
         "etc/hosts",
         format!("127.0.0.1\tlocalhost {name}\n::1\tlocalhost\n"),
     );
     // With egress the sandbox's own resolver answers on its loopback, for the names its
     // policy allows only; otherwise nothing resolves.
-    p.file(
+    p.replace(
         "etc/resolv.conf",
         if spec.egress.is_some() {
             "# the sandbox's own resolver: only the names its egress policy allows\n\
@@ -359,20 +420,25 @@ pub fn plan(spec: &Spec, new_root: &Path, host: &dyn HostFs) -> Plan {
             "# no DNS inside a cowspace sandbox\n".into()
         },
     );
-    p.file(
-        "etc/passwd",
-        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-            .into(),
-    );
-    p.file("etc/group", "root:x:0:\nnogroup:x:65534:\n".into());
+    // An image keeps its own users and groups.
+    if image.is_none() {
+        p.file(
+            "etc/passwd",
+            "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+                .into(),
+        );
+        p.file("etc/group", "root:x:0:\nnogroup:x:65534:\n".into());
+    }
 
-    p.push(Step::Mkdir {
-        path: p.at("proc"),
-        mode: 0o555,
-    });
-    p.push(Step::Proc {
-        target: p.at("proc"),
-    });
+    if image.is_none() {
+        p.push(Step::Mkdir {
+            path: p.at("proc"),
+            mode: 0o555,
+        });
+        p.push(Step::Proc {
+            target: p.at("proc"),
+        });
+    }
 
     p.tmpfs(
         "dev",
@@ -413,7 +479,10 @@ pub fn plan(spec: &Spec, new_root: &Path, host: &dyn HostFs) -> Plan {
     }
 
     p.tmpfs("tmp", 0o1777, safe, "mode=1777");
-    p.tmpfs("root", 0o700, safe, "mode=0700");
+    // An image's /root is its own, written to the sandbox's private layer.
+    if image.is_none() {
+        p.tmpfs("root", 0o700, safe, "mode=0700");
+    }
 
     let workspace = p.at("workspace");
     p.push(Step::Mkdir {
@@ -453,10 +522,8 @@ pub fn plan(spec: &Spec, new_root: &Path, host: &dyn HostFs) -> Plan {
         let parts: Vec<_> = Path::new(&inside).components().collect();
         for part in &parts[..parts.len().saturating_sub(1)] {
             ancestor.push(part);
-            p.push(Step::Mkdir {
-                path: new_root.join(&ancestor),
-                mode: 0o755,
-            });
+            let path = p.root.join(&ancestor);
+            p.push(Step::Mkdir { path, mode: 0o755 });
         }
         // Without following a final symlink: one swapped in after validation fails the
         // no-symlink open of the mount instead of deciding the mount point's kind.
@@ -485,13 +552,38 @@ pub fn plan(spec: &Spec, new_root: &Path, host: &dyn HostFs) -> Plan {
         p.push(Step::RemountReadOnly { target: p.at(dir) });
     }
 
-    p.push(Step::PivotRoot {
-        new_root: new_root.to_path_buf(),
-    });
+    if let Some(inject) = &spec.inject {
+        // The sandbox's certificate authority (never its key) and the bundle naming it.
+        let dir = crate::spec::inject::CA_DIR.trim_start_matches('/');
+        p.push(Step::Mkdir {
+            path: p.at("run"),
+            mode: 0o755,
+        });
+        p.tmpfs(dir, 0o755, safe | MsFlags::MS_NOEXEC, "mode=0755,size=4m");
+        for (file, contents) in [
+            (crate::spec::inject::CA_FILE, &inject.ca_cert_pem),
+            (crate::spec::inject::BUNDLE_FILE, &inject.bundle_pem),
+        ] {
+            p.push(Step::File {
+                path: p.at(file.trim_start_matches('/')),
+                contents: contents.as_bytes().to_vec(),
+            });
+        }
+        p.push(Step::RemountReadOnly { target: p.at(dir) });
+    }
+
+    if image.is_none() {
+        p.push(Step::PivotRoot {
+            new_root: new_root.to_path_buf(),
+        });
+    }
     for step in after_pivot {
         p.push(step);
     }
-    p.push(Step::RemountRootReadOnly);
+    // An image root stays writable: its writes go to the sandbox's private layer.
+    if image.is_none() {
+        p.push(Step::RemountRootReadOnly);
+    }
     p.push(Step::Chdir("/workspace".into()));
     p.plan
 }

@@ -190,6 +190,7 @@ struct Live {
     shared: Option<crate::share::SharedMount>,
     // Freed last, in this order.
     _mask: MaskGuard,
+    _image_layer: Option<crate::image::PrivateLayer>,
     _work_dir: Option<OverlayWorkDir>,
     _run_dir: RunDir,
     _root_dir: RunDir,
@@ -257,6 +258,12 @@ fn prepare(spec: &Spec, opts: &Options) -> Result<Live> {
     })?;
     let work_dir = match &spec.overlay {
         Some(layers) => Some(OverlayWorkDir::create(layers)?),
+        None => None,
+    };
+    let image_layer = match &spec.image {
+        Some(_) => Some(crate::image::PrivateLayer::create(
+            &run_dir.0.join("image"),
+        )?),
         None => None,
     };
     let plan = rootfs::plan(spec, &new_root, &RealHost);
@@ -330,6 +337,21 @@ fn prepare(spec: &Spec, opts: &Options) -> Result<Live> {
         }
         _ => None,
     };
+    // An image root: the helper mounts the image's overlay on layers idmapped with
+    // init's user namespace, and init attaches it as its root (`crate::image`).
+    let image_root = match (&spec.image, &image_layer) {
+        (Some(image), Some(layer)) => {
+            let userns = File::open(format!("/proc/{pid}/ns/user")).map_err(Error::Sync)?;
+            Some(crate::image::mount(
+                image,
+                layer,
+                userns.as_fd(),
+                ids.base(),
+                &root_dir.0.join("image-layers"),
+            )?)
+        }
+        _ => None,
+    };
     // Init joins its v1 groups itself (`Group::self_joins`, handed over with the mounts);
     // a move by pid (v2 here) takes the kernel's thread-group lock, whose first taking
     // waits for an RCU grace period: done while init builds its view. Init enters its
@@ -341,7 +363,7 @@ fn prepare(spec: &Spec, opts: &Options) -> Result<Live> {
         let suspender = spec
             .suspend_host_mount
             .then(|| scope.spawn(|| suspend_host_mount(&spec.workspace)));
-        let handover = hand_over(pid, &plan, &joins, &ours, spec);
+        let handover = hand_over(pid, &plan, &joins, &ours, spec, image_root);
         let host_mount = match suspender {
             Some(t) => t.join().expect("the unmount thread panicked"),
             None => Ok(HostMount::Kept),
@@ -376,6 +398,7 @@ fn prepare(spec: &Spec, opts: &Options) -> Result<Live> {
         leases,
         shared,
         _mask: mask,
+        _image_layer: image_layer,
         _work_dir: work_dir,
         _run_dir: run_dir,
         _root_dir: root_dir,
@@ -536,12 +559,21 @@ fn network_of(
     leases: Vec<crate::alloc::PortLease>,
 ) -> Result<Network> {
     let egress = match &spec.egress {
-        Some(policy) => Some(crate::egress::EgressProxy::launch(
-            &netns,
-            policy.clone(),
-            &opts.state_dir,
-            &spec.name,
-        )?),
+        Some(policy) => {
+            let proxy = crate::egress::EgressProxy::launch(
+                &netns,
+                policy.clone(),
+                &opts.state_dir,
+                &spec.name,
+            )?;
+            if let Some(inject) = &spec.inject
+                && let Err(e) = proxy.set_injections(inject.config.clone())
+            {
+                proxy.stop();
+                return Err(e);
+            }
+            Some(proxy)
+        }
         None => None,
     };
     Network::start(
@@ -563,10 +595,19 @@ fn hand_over(
     joins: &[File],
     ours: &OwnedFd,
     spec: &Spec,
+    mut image_root: Option<OwnedFd>,
 ) -> Result<()> {
     let userns = File::open(format!("/proc/{pid}/ns/user")).map_err(Error::Sync)?;
     let mut mounts: Vec<OwnedFd> = Vec::with_capacity(plan.detached.len());
-    for d in &plan.detached {
+    for (i, d) in plan.detached.iter().enumerate() {
+        if plan.image_root == Some(i) {
+            let fd = image_root.take().ok_or_else(|| Error::DetachedMount {
+                path: d.host.clone(),
+                source: std::io::Error::other("the image root was not mounted"),
+            })?;
+            mounts.push(fd);
+            continue;
+        }
         let fd = sys::open_tree_clone(&d.host).map_err(|source| Error::DetachedMount {
             path: d.host.clone(),
             source,
@@ -643,6 +684,8 @@ fn reap_stale_run_dirs(dir: &Path) {
     };
     for entry in entries.flatten() {
         if cgroup::owner_is_gone(&entry.file_name().to_string_lossy()) {
+            // An image root's private layer (`crate::image::PrivateLayer`).
+            let _ = std::fs::remove_dir_all(entry.path().join("image"));
             drop(RunDir(entry.path()));
         }
     }

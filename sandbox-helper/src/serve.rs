@@ -211,6 +211,10 @@ fn start(
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err));
     }
+    if let Some((uid, gid)) = spec.user {
+        use std::os::unix::process::CommandExt;
+        cmd.uid(uid).gid(gid);
+    }
     sys::exec_pre_exec(&mut cmd, req.tty.is_some());
     let child = cmd
         .spawn()

@@ -71,7 +71,7 @@ impl Drop for Scratch {
     }
 }
 
-fn idmapped_clone(path: &Path, attrs: u64, userns: BorrowedFd<'_>) -> Result<OwnedFd> {
+pub(crate) fn idmapped_clone(path: &Path, attrs: u64, userns: BorrowedFd<'_>) -> Result<OwnedFd> {
     let fd = sys::open_tree_clone(path).map_err(|source| Error::DetachedMount {
         path: path.to_path_buf(),
         source,
@@ -98,12 +98,18 @@ fn idmapped_clone(path: &Path, attrs: u64, userns: BorrowedFd<'_>) -> Result<Own
     Ok(fd)
 }
 
-/// Mounts the overlay at `workspace` from a thread whose filesystem ids are the
-/// sandbox's root (`uid_base`), with every capability still effective: overlayfs does
-/// its own work in the upper layer (work directory, copy-up, whiteouts) with its
-/// mounter's credentials, and on an idmapped upper layer the host's uid 0 has no
-/// mapping (`EOVERFLOW`), while the sandbox's root maps to disk uid 0.
-fn mount_as(uid_base: u32, workspace: &Path, options: &str) -> std::io::Result<()> {
+/// Mounts an overlay (named `source` in the mount table) at `workspace`, `nosuid,nodev`,
+/// from a thread whose filesystem ids are the sandbox's root (`uid_base`), with every
+/// capability still effective: overlayfs does its own work in the upper layer (work
+/// directory, copy-up, whiteouts) with its mounter's credentials, and on an idmapped
+/// upper layer the host's uid 0 has no mapping (`EOVERFLOW`), while the sandbox's root
+/// maps to disk uid 0. Also the image root's overlay ([`crate::image`]).
+pub(crate) fn mount_as(
+    uid_base: u32,
+    source: &'static str,
+    workspace: &Path,
+    options: &str,
+) -> std::io::Result<()> {
     let workspace = workspace.to_path_buf();
     let options = options.to_string();
     std::thread::spawn(move || -> std::io::Result<()> {
@@ -111,7 +117,7 @@ fn mount_as(uid_base: u32, workspace: &Path, options: &str) -> std::io::Result<(
         nix::unistd::setfsuid(nix::unistd::Uid::from_raw(uid_base));
         sys::raise_effective_caps()?;
         nix::mount::mount(
-            Some("cowspace"),
+            Some(source),
             &workspace,
             Some("overlay"),
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
@@ -203,7 +209,7 @@ pub fn share(
         &rw.join(work_name),
         layers.trusted,
     );
-    mount_as(uid_base, workspace, &options).map_err(|e| Error::Setup {
+    mount_as(uid_base, "cowspace", workspace, &options).map_err(|e| Error::Setup {
         step: format!(
             "mount the shared overlay of {} on idmapped layers",
             workspace.display()

@@ -7,9 +7,12 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 
+mod egress;
+pub mod inject;
 mod limits;
-mod paths;
+pub(crate) mod paths;
 
+pub use egress::{EGRESS_DNS_PORT, EGRESS_HTTP_PORT, EGRESS_SOCKS_PORT, egress_env, egress_policy};
 use limits::check_cpus_fit;
 pub use limits::parse_bytes;
 use paths::{bind_source, canonical_dir, check_suspendable, normalize_target, refuse_overlap};
@@ -65,6 +68,10 @@ pub struct Limits {
     pub cpus: Option<f64>,
     /// The CPUs its processes may run on, in the kernel's list format (`cpuset`).
     pub cpuset: Option<String>,
+    /// Disk throughput limits (`io` / `blkio` controller).
+    pub io_max: Option<crate::cgroup::io::IoMax>,
+    /// Share of disk time, 1 to 10000 (`io` / `blkio` controller).
+    pub io_weight: Option<u64>,
 }
 
 /// A read-only bind of a host path into the sandbox.
@@ -203,6 +210,8 @@ pub struct Spec {
     pub publish: Vec<u16>,
     /// The egress policy, with [`Net::Egress`].
     pub egress: Option<cowspace_egress::policy::Policy>,
+    /// `--inject`: credentials the proxy adds, and the sandbox's certificate authority.
+    pub inject: Option<inject::InjectPlan>,
     /// The command's environment (the allowlist, defaults and `--env`).
     pub env: BTreeMap<String, String>,
     /// Extra read-only binds.
@@ -233,6 +242,12 @@ pub struct Spec {
     /// `--idle-timeout`: the keeper pauses the sandbox after this long without an exec
     /// or published-port traffic (only for a long-lived sandbox).
     pub idle_timeout: Option<std::time::Duration>,
+    /// `--image-meta` and `--image-data`: the sandbox's root is an overlay of this
+    /// image's tree with a private writable layer ([`crate::image`]).
+    pub image: Option<crate::image::ImageRoot>,
+    /// `--image-user`: the uid and gid (of the sandbox's user namespace) commands run
+    /// as; root when `None`.
+    pub user: Option<(u32, u32)>,
 }
 
 /// Unvalidated input, as parsed from the command line.
@@ -254,6 +269,10 @@ pub struct SpecInput {
     pub share_host_mount: bool,
     /// `--cap-net-raw`.
     pub cap_net_raw: bool,
+    /// `--image-meta` and `--image-data` (both or neither).
+    pub image: Option<(PathBuf, PathBuf)>,
+    /// `--image-user UID:GID`.
+    pub image_user: Option<String>,
 }
 
 impl Spec {
@@ -372,7 +391,22 @@ impl Spec {
             pids: input.controls.pids,
             cpus: input.controls.cpus,
             cpuset,
+            io_max: input
+                .controls
+                .io_max
+                .as_deref()
+                .map(|t| crate::cgroup::io::IoMax::for_workspace(t, &workspace, overlay.as_ref()))
+                .transpose()?,
+            io_weight: input.controls.io_weight,
         };
+        if let Some(w) = limits.io_weight
+            && !(1..=crate::cgroup::io::MAX_IO_WEIGHT).contains(&w)
+        {
+            return Err(Error::InvalidInput(format!(
+                "--io-weight {w}: expected 1 to {}",
+                crate::cgroup::io::MAX_IO_WEIGHT
+            )));
+        }
         if let Some(m) = limits.memory_bytes
             && m < MIN_MEMORY_BYTES
         {
@@ -425,6 +459,13 @@ impl Spec {
                 env.insert(k.to_string(), v);
             }
         }
+        let inject =
+            inject::read_injections(&input.controls, egress.as_ref(), state_dir, &input.name)?;
+        if inject.is_some() {
+            for (k, v) in inject::ca_env() {
+                env.insert(k.to_string(), v.to_string());
+            }
+        }
         for entry in &input.controls.env {
             let (k, v) = entry.split_once('=').ok_or_else(|| {
                 Error::InvalidInput(format!("--env {entry:?}: expected KEY=VALUE"))
@@ -440,6 +481,23 @@ impl Spec {
         let ro_binds = read_ro_binds(&input.controls.ro_bind, state_dir)?;
 
         let secrets = read_secrets(&input.controls.secret, state_dir)?;
+        if input.controls.image.is_some() {
+            return Err(Error::InvalidInput(
+                "the image is given to the helper as its mounted lower (--image-meta and \
+                 --image-data), never by name"
+                    .into(),
+            ));
+        }
+        let image = input
+            .image
+            .as_ref()
+            .map(|(meta, data)| crate::image::ImageRoot::validate(meta, data, state_dir))
+            .transpose()?;
+        let user = input
+            .image_user
+            .as_deref()
+            .map(crate::image::parse_user)
+            .transpose()?;
 
         Ok(Spec {
             name: input.name,
@@ -448,6 +506,7 @@ impl Spec {
             limits,
             publish,
             egress,
+            inject,
             env,
             ro_binds,
             secrets,
@@ -458,6 +517,8 @@ impl Spec {
             keep: input.keep,
             share_host_mount,
             idle_timeout,
+            image,
+            user,
         })
     }
 }
@@ -482,73 +543,6 @@ pub fn parse_idle_timeout(text: Option<&str>) -> Result<Option<std::time::Durati
         )));
     }
     Ok(Some(d))
-}
-
-/// The HTTP proxy's port on the sandbox's loopback.
-pub const EGRESS_HTTP_PORT: u16 = 3128;
-/// The SOCKS5 proxy's port on the sandbox's loopback.
-pub const EGRESS_SOCKS_PORT: u16 = 1080;
-/// The resolver's port on the sandbox's loopback.
-pub const EGRESS_DNS_PORT: u16 = 53;
-
-/// The proxy variables every command of an egress sandbox gets (both cases).
-pub fn egress_env() -> Vec<(&'static str, String)> {
-    let http = format!("http://127.0.0.1:{EGRESS_HTTP_PORT}");
-    let socks = format!("socks5h://127.0.0.1:{EGRESS_SOCKS_PORT}");
-    let no = "localhost,127.0.0.1,::1".to_string();
-    vec![
-        ("HTTP_PROXY", http.clone()),
-        ("HTTPS_PROXY", http.clone()),
-        ("ALL_PROXY", socks.clone()),
-        ("NO_PROXY", no.clone()),
-        ("http_proxy", http.clone()),
-        ("https_proxy", http),
-        ("all_proxy", socks),
-        ("no_proxy", no),
-    ]
-}
-
-/// The egress policy the controls ask for: `None` unless `--net egress`; host flags
-/// without it are refused, naming the flag.
-pub fn egress_policy(net: Net, c: &Controls) -> Result<Option<cowspace_egress::policy::Policy>> {
-    use cowspace_egress::policy::{AddHost, HostPattern, Policy};
-    if net != Net::Egress {
-        for (flag, list) in [
-            ("--allow-host", &c.allow_host),
-            ("--deny-host", &c.deny_host),
-            ("--add-host", &c.add_host),
-        ] {
-            if let Some(first) = list.first() {
-                return Err(Error::InvalidInput(format!(
-                    "{flag} {first:?} needs --net egress (the sandbox has no way out with \
-                     --net {})",
-                    net.as_str()
-                )));
-            }
-        }
-        return Ok(None);
-    }
-    let patterns = |flag: &str, list: &[String]| -> Result<Vec<HostPattern>> {
-        list.iter()
-            .map(|p| {
-                p.parse::<HostPattern>()
-                    .map_err(|e| Error::InvalidInput(format!("{flag} {p:?}: {e}")))
-            })
-            .collect()
-    };
-    let add_hosts = c
-        .add_host
-        .iter()
-        .map(|a| {
-            a.parse::<AddHost>()
-                .map_err(|e| Error::InvalidInput(format!("--add-host {a:?}: {e}")))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Some(Policy {
-        allow: patterns("--allow-host", &c.allow_host)?,
-        deny: patterns("--deny-host", &c.deny_host)?,
-        add_hosts,
-    }))
 }
 
 impl Spec {

@@ -68,6 +68,8 @@ pub trait Syscall {
     fn umount_detach(&self, target: &Path) -> io::Result<()>;
     /// `rmdir(2)`.
     fn rmdir(&self, path: &Path) -> io::Result<()>;
+    /// `unlink(2)`.
+    fn unlink(&self, path: &Path) -> io::Result<()>;
     /// `chdir(2)`.
     fn chdir(&self, path: &Path) -> io::Result<()>;
     /// `setsid(2)`.
@@ -145,6 +147,10 @@ impl Syscall for LinuxSyscall {
 
     fn rmdir(&self, path: &Path) -> io::Result<()> {
         std::fs::remove_dir(path)
+    }
+
+    fn unlink(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
     }
 
     fn chdir(&self, path: &Path) -> io::Result<()> {

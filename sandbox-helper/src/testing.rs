@@ -95,6 +95,9 @@ impl Syscall for Recorder {
     fn rmdir(&self, p: &Path) -> io::Result<()> {
         self.call(format!("rmdir {}", p.display()))
     }
+    fn unlink(&self, p: &Path) -> io::Result<()> {
+        self.call(format!("unlink {}", p.display()))
+    }
     fn chdir(&self, p: &Path) -> io::Result<()> {
         self.call(format!("chdir {}", p.display()))
     }
@@ -162,6 +165,7 @@ pub fn spec() -> Spec {
         limits: Default::default(),
         publish: vec![],
         egress: None,
+        inject: None,
         env: Default::default(),
         secrets: vec![Secret {
             name: "token".into(),
@@ -178,6 +182,8 @@ pub fn spec() -> Spec {
         overlay: None,
         suspend_host_mount: false,
         idle_timeout: None,
+        image: None,
+        user: None,
     }
 }
 

@@ -233,14 +233,26 @@ pub(crate) struct Fingerprint {
 }
 
 /// The filesystem's clock at `dir` now: the mtime of a file made there (the times a
-/// write gets are this clock's, which ticks coarser than the system's).
+/// write gets are this clock's, which ticks coarser than the system's). A workspace at
+/// its disk quota ([`crate::quota`]) has no room for the file: its parent, on the same
+/// filesystem and outside the quota, is asked then.
 fn clock_ns(dir: &Path) -> Result<i64> {
-    let probe = dir.join(format!(".clock.{}", crate::tmpname::unique("tmp")));
-    let made = fs::File::create(&probe)
-        .and_then(|f| f.metadata())
-        .map_err(Error::io("create (to read the clock)", &probe));
-    let _ = fs::remove_file(&probe);
-    let m = made?;
+    let probe = |dir: &Path| {
+        let probe = dir.join(format!(".clock.{}", crate::tmpname::unique("tmp")));
+        let made = fs::File::create(&probe)
+            .and_then(|f| f.metadata())
+            .map_err(Error::io("create (to read the clock)", &probe));
+        let _ = fs::remove_file(&probe);
+        made
+    };
+    let m = match (probe(dir), dir.parent()) {
+        (Err(Error::Io { source, .. }), Some(parent))
+            if matches!(source.raw_os_error(), Some(libc::EDQUOT | libc::ENOSPC)) =>
+        {
+            probe(parent)?
+        }
+        (made, _) => made?,
+    };
     Ok(m.mtime() * 1_000_000_000 + m.mtime_nsec())
 }
 

@@ -98,6 +98,8 @@ impl Runtime {
             return Ok(());
         }
         let mat = self.materializer_of(&rec);
+        // A workspace at its disk quota has no room for overlay's work directory.
+        let _headroom = crate::quota::Headroom::raise(&rec);
         mat.mount(&self.cx(&rec))
     }
 

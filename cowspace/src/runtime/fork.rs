@@ -130,6 +130,10 @@ impl Runtime {
                         .then(|| parent.lower_kind.to_string()),
                     path: None,
                     worker: parent.worker.clone(),
+                    // A fork keeps its parent's quota.
+                    disk: crate::quota::DiskQuota::of(&parent.policies)
+                        .map(|q| q.limit_bytes.to_string()),
+                    inodes: None,
                 })?;
                 made.push(rec.clone());
                 let child_mat = self.materializer_of(&rec);

@@ -137,7 +137,9 @@ impl Runtime {
             return Ok(());
         }
         crate::native::release(&rec.lower, || {
-            Ok(self.reg().live_using(&rec.snapshot, LowerKind::Native)? > 0)
+            let workspaces = self.reg().live_using(&rec.snapshot, LowerKind::Native)?;
+            // Or a running sandbox's root (`crate::sandbox_image`).
+            Ok(workspaces > 0 || self.images_in_use()?.contains(&rec.snapshot))
         })
     }
 
@@ -370,8 +372,11 @@ impl Runtime {
         };
         // Overlay needs an empty work directory after an unclean stop.
         let work = rec.work_dir();
-        checkout::remove_tree(&work);
-        mat.mount(&self.cx(&rec))?;
+        let quota = crate::quota::DiskQuota::of(&rec.policies);
+        crate::quota::with_headroom(&rec.private_dir, quota.as_ref(), || {
+            checkout::remove_tree(&work);
+            mat.mount(&self.cx(&rec))
+        })?;
         rec.diagnostics.push(format!("recovered at {}", now()));
         self.reg().set_status(&mut rec, Status::Active)?;
         Ok((rec, true))

@@ -67,6 +67,13 @@ pub struct CreateOptions {
     pub path: Option<PathBuf>,
     /// The worker this workspace belongs to (recorded as evidence).
     pub worker: Option<String>,
+    /// A quota on the bytes its private state may hold (`20g`, or bytes): refused
+    /// (unsupported) where it cannot be enforced ([`crate::quota`]).
+    #[serde(deserialize_with = "crate::quota::size_text")]
+    pub disk: Option<String>,
+    /// A quota on its inodes: refused (unsupported), no filesystem quota of this kernel
+    /// counts inodes ([`crate::quota::check_request`]).
+    pub inodes: Option<u64>,
 }
 
 /// How to capture a workspace.
@@ -173,6 +180,19 @@ impl Runtime {
     pub fn open_with(root: &Path, materializers: Materializers) -> Result<Runtime> {
         let store = Store::open(root, StoreConfig::default())?;
         crate::remote::attach(&store);
+        // A root whose workspaces live in their own filesystem image has it mounted
+        // before anything reads or writes `workspaces/` (after a reboot it is not).
+        // Only root can mount it: others get on, and what they read of workspaces/ says
+        // what is missing.
+        if let Err(e) = crate::quota::ensure_workspaces_fs(root) {
+            if nix::unistd::geteuid().is_root() {
+                return Err(e);
+            }
+            tracing::warn!(
+                "the workspaces filesystem of {} is not mounted: {e}",
+                root.display()
+            );
+        }
         let registry = Registry::open(root)?;
         Ok(Runtime {
             store,
@@ -273,6 +293,26 @@ impl Runtime {
                 )));
             }
         };
+        let disk = crate::quota::check_request(
+            &self.store.layout().workspaces(),
+            o.disk.as_deref(),
+            o.inodes,
+        )?;
+        // The quota counts what the worker writes: an upper layer. A full tree (btrfs,
+        // reflink, copy) is a subvolume or clone of shared data the quota cannot
+        // separate from the worker's writes.
+        if disk.is_some() && mat.changes_live_in() != materializer::ChangesLiveIn::Upper {
+            return Err(Error::Unenforceable {
+                what: format!("--disk with the {kind} materializer"),
+                why: format!(
+                    "a {kind} workspace is a whole tree of its own, and its quota would \
+                     count the base's files (or, for btrfs, not the nested snapshot at all)"
+                ),
+                fix: "use --materializer overlay or fuse, whose private state holds only \
+                      what the worker writes"
+                    .into(),
+            });
+        }
         let id = new_id();
         let private_dir = self.store.layout().workspace(&id);
         let path = match &o.path {
@@ -339,6 +379,7 @@ impl Runtime {
             overlay_redirects: true,
             committed_fingerprint: None,
             parent: None,
+            disk: None,
             // Sweeps and a daemon starting meanwhile leave the workspace to this process.
             creator: Creator::current(),
         };
@@ -347,8 +388,16 @@ impl Runtime {
         let made = (|| -> Result<()> {
             self.store.pin(&snapshot, &id)?;
             crate::remote::pin(&self.store, &snapshot, &id)?;
-            fs::create_dir_all(&private_dir)
-                .map_err(Error::io("create directory", &private_dir))?;
+            match disk {
+                // Its own subvolume, limited: the quota covers everything it writes.
+                Some(limit) => {
+                    let q = crate::quota::make_limited_dir(&private_dir, limit)?;
+                    rec.policies["disk"] = serde_json::to_value(&q).expect("quota serialises");
+                    self.reg().update(&rec)?;
+                }
+                None => fs::create_dir_all(&private_dir)
+                    .map_err(Error::io("create directory", &private_dir))?,
+            }
             if lower_kind == LowerKind::View {
                 // A view that answers means a daemon serves it: no round trip needed.
                 if !rec.lower.is_dir() {
@@ -479,9 +528,14 @@ impl Runtime {
         })
     }
 
-    /// Live workspaces (`all`: also removed and failed ones).
+    /// Live workspaces (`all`: also removed and failed ones), each with its disk use
+    /// where it has a quota.
     pub fn list(&self, all: bool) -> Result<Vec<Record>> {
-        self.reg().list(all)
+        let mut recs = self.reg().list(all)?;
+        for r in &mut recs {
+            with_disk_use(r);
+        }
+        Ok(recs)
     }
 
     /// One workspace by id or name. A sandbox recorded by a `mountctl run` that died
@@ -492,6 +546,7 @@ impl Runtime {
             rec.sandbox_pid = None;
             rec.ports = serde_json::json!({});
         }
+        with_disk_use(&mut rec);
         Ok(rec)
     }
 
@@ -505,6 +560,13 @@ impl Runtime {
             });
         }
         Ok(rec)
+    }
+}
+
+/// Fills in `rec.disk` from its quota's counters (a live workspace with a quota).
+fn with_disk_use(rec: &mut Record) {
+    if matches!(rec.status, Status::Active | Status::Stopped) {
+        rec.disk = crate::quota::DiskQuota::of(&rec.policies).and_then(|q| q.usage());
     }
 }
 

@@ -45,7 +45,10 @@ impl Runtime {
     /// are listed under the checkouts' lock held exclusively.
     pub fn prune_native(&self) -> Result<u64> {
         let _exclusive = checkout::lock(&self.store, true)?;
-        crate::native::prune(&self.store, &self.snapshots_on(LowerKind::Native)?)
+        let mut used = self.snapshots_on(LowerKind::Native)?;
+        // Images that running sandboxes have as their root (`crate::sandbox_image`).
+        used.extend(self.images_in_use()?);
+        crate::native::prune(&self.store, &used)
     }
 
     /// The snapshots (hex) live workspaces on the lower kind `lower` are made from.

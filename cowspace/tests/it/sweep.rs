@@ -36,6 +36,7 @@ fn record(root: &Path, id: &str, creator: Option<Creator>) -> Record {
         overlay_redirects: false,
         committed_fingerprint: None,
         parent: None,
+        disk: None,
         creator,
     }
 }

@@ -73,10 +73,21 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
     let sandbox = sandbox_probe();
     // What a `run --vm` would use here, and whether its hypervisor isolates.
     let vm = vm_probe(&store.layout().cache().join("vm"));
+    // Whether `create --disk` can be enforced on this root's workspaces/.
+    let quota = cowspace::quota::probe(&store.layout().workspaces());
+    let quota_line = match &quota {
+        Ok(_) => {
+            "disk quotas (create --disk): available (btrfs qgroups on workspaces/)\n".to_string()
+        }
+        Err(why) => format!(
+            "disk quotas (create --disk): unavailable: {why}; `mountctl init --workspaces-fs SIZE` on a new root gives one\n"
+        ),
+    };
+    let quota = json!({"available": quota.is_ok(), "why": quota.err()});
     // Which remotes answer, and how fast.
     let remotes = cowspace::remote::doctor(&store);
     ctx.emit(
-        json!({"materializers": rows, "auto": auto, "lower": lowers, "git_fsmonitor": hook, "hints": hints, "sandbox": sandbox, "vm": vm, "remotes": remotes}),
+        json!({"materializers": rows, "auto": auto, "lower": lowers, "git_fsmonitor": hook, "hints": hints, "sandbox": sandbox, "vm": vm, "remotes": remotes, "disk_quota": quota}),
         || {
             let mut s = String::new();
             s.push_str(&sandbox_lines(&sandbox));
@@ -109,6 +120,7 @@ pub fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
                 auto.unwrap_or("nothing (see above)")
             ));
             s.push_str(&format!("overlay lower (auto): {lower}: {lower_why}\n"));
+            s.push_str(&quota_line);
             s.push_str(&match hook["runs"].as_str() {
                 Some(runs) => format!(
                     "git in workspaces of imported checkouts asks the workspace what changed \

@@ -24,6 +24,7 @@ const ROOT_ENTRIES: &[&str] = &[
     "registry.db-wal",
     "registry.db-shm",
     "lost+found",
+    cowspace::quota::WORKSPACES_IMAGE,
 ];
 
 /// How many foreign entries a refusal names.
@@ -76,24 +77,58 @@ fn check_target(root: &Path) -> anyhow::Result<()> {
     .into())
 }
 
-pub fn run(ctx: &Ctx) -> anyhow::Result<ExitCode> {
+pub fn run(ctx: &Ctx, workspaces_fs: Option<&str>) -> anyhow::Result<ExitCode> {
     let root = ctx.root.display().to_string();
     check_target(&ctx.root)?;
-    match Store::init(&ctx.root, StoreConfig::default()) {
-        Ok(_) => {
-            ctx.confirm(json!({"root": root, "created": true}), || {
-                format!("initialised {root}")
-            });
-        }
+    // Checked before anything is written.
+    let fs_bytes = workspaces_fs
+        .map(|s| cowspace::quota::parse_size("--workspaces-fs", s))
+        .transpose()?;
+    if let Some(b) = fs_bytes
+        && b < cowspace::quota::MIN_WORKSPACES_FS_BYTES
+    {
+        return Err(cowspace::error::Error::Invalid(format!(
+            "--workspaces-fs {}: give at least {} MiB (btrfs needs room for its metadata)",
+            workspaces_fs.unwrap_or_default(),
+            cowspace::quota::MIN_WORKSPACES_FS_BYTES >> 20
+        ))
+        .into());
+    }
+    let created = match Store::init(&ctx.root, StoreConfig::default()) {
+        Ok(_) => true,
         Err(StoreError::RootExists(_)) => {
             // Opened, so that a damaged root is not passed off as a usable one.
             Store::open(&ctx.root, StoreConfig::default())?;
-            ctx.confirm(json!({"root": root, "created": false}), || {
-                format!("{root} is initialised already; nothing to do")
-            });
+            false
         }
         Err(e) => return Err(e.into()),
+    };
+    let mut value = json!({"root": root, "created": created});
+    let mut text = if created {
+        format!("initialised {root}")
+    } else {
+        format!("{root} is initialised already; nothing to do")
+    };
+    if let Some(bytes) = fs_bytes {
+        let rt = ctx.runtime()?;
+        let has_workspaces = !rt.list(false)?.is_empty();
+        let made = cowspace::quota::init_workspaces_fs(&ctx.root, bytes, has_workspaces)?;
+        let image = cowspace::quota::image_path(&ctx.root);
+        value["workspaces_fs"] = json!({"image": image, "bytes": bytes, "created": made});
+        text = if made {
+            format!(
+                "{text}; its workspaces live in {} ({}, btrfs with quotas)",
+                image.display(),
+                crate::output::bytes(bytes)
+            )
+        } else {
+            format!(
+                "{text}; its workspaces filesystem {} exists",
+                image.display()
+            )
+        };
     }
+    ctx.confirm(value, || text);
     Ok(ExitCode::SUCCESS)
 }
 

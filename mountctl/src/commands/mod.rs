@@ -30,7 +30,7 @@ use crate::output::Ctx;
 /// Runs one command.
 pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Init => init::run(ctx),
+        Command::Init { workspaces_fs } => init::run(ctx, workspaces_fs.as_deref()),
         Command::Import(args) => import::run(ctx, args),
         Command::Image(c) => image::run(ctx, c),
         Command::Cp(args) => cp::run(ctx, args),
@@ -107,7 +107,7 @@ pub fn run(ctx: &Ctx, command: Command) -> anyhow::Result<ExitCode> {
         Command::Doctor => doctor::run(ctx),
         Command::Config => workspace::config(ctx),
         Command::Daemon(c) => daemon::run(ctx, c),
-        Command::Run(args) => run::run(ctx, args),
+        Command::Run(args) => run::run(ctx, *args),
         Command::Sandbox(c) => sandbox::run(ctx, c),
         Command::Exec(args) => exec::run(ctx, args),
         Command::GitFsmonitor { version, token } => git_fsmonitor(ctx, version, &token),

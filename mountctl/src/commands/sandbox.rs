@@ -37,6 +37,8 @@ pub fn run(ctx: &Ctx, c: SandboxCommand) -> anyhow::Result<ExitCode> {
                 deny_host: a.deny_host,
                 remove_host: a.remove_host,
                 reset: a.reset,
+                inject: a.inject,
+                remove_inject: a.remove_inject,
             };
             let v = rt.sandbox_policy(&a.workspace, &update)?;
             ctx.emit(v.clone(), || policy_text(&v["policy"]));
@@ -245,6 +247,16 @@ fn limits_text(l: &Value) -> String {
     }
     if let Some(c) = l["cpuset_cpus"].as_str() {
         parts.push(format!("cpuset {c}"));
+    }
+    for (key, what) in [("read_bps", "read"), ("write_bps", "write")] {
+        if let Some(n) = l["io_max"][key].as_u64() {
+            parts.push(format!("{what} {}/s", crate::output::bytes(n)));
+        }
+    }
+    for (key, what) in [("read_iops", "read"), ("write_iops", "write")] {
+        if let Some(n) = l["io_max"][key].as_u64() {
+            parts.push(format!("{what} {n} IO/s"));
+        }
     }
     if parts.is_empty() {
         "none".into()

@@ -45,6 +45,13 @@ fn describe(r: &Record) -> String {
     if let Some(p) = &r.parent {
         s.push_str(&format!("forked from  {p}\n"));
     }
+    if let Some(d) = &r.disk {
+        s.push_str(&format!(
+            "disk         {} used of {} (quota)\n",
+            bytes(d.used_bytes),
+            bytes(d.limit_bytes)
+        ));
+    }
     if let Some(last) = r.commits.last() {
         s.push_str(&format!("commits      {} (last {last})\n", r.commits.len()));
     }
@@ -77,6 +84,8 @@ fn create_options(ctx: &Ctx, a: &CreateArgs) -> anyhow::Result<CreateOptions> {
         lower: Some(ctx.config.lower(a.lower.clone()).value),
         path,
         worker: a.worker.clone(),
+        disk: ctx.config.disk(a.disk.clone()).map(|s| s.value),
+        inodes: a.inodes,
     })
 }
 

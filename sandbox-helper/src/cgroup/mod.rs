@@ -17,6 +17,7 @@
 mod cpu;
 pub mod cpuset;
 pub mod freezer;
+pub mod io;
 mod memory;
 mod pids;
 #[cfg(test)]
@@ -75,16 +76,19 @@ pub enum ControllerKind {
     Cpuset,
     /// Pausing the sandbox (optional: see [`require`]).
     Freezer,
+    /// Disk throughput and share (`io` on v2, `blkio` on v1).
+    Io,
 }
 
 impl ControllerKind {
     /// All controllers, in probe order.
-    pub const ALL: [ControllerKind; 5] = [
+    pub const ALL: [ControllerKind; 6] = [
         ControllerKind::Memory,
         ControllerKind::Pids,
         ControllerKind::Cpu,
         ControllerKind::Cpuset,
         ControllerKind::Freezer,
+        ControllerKind::Io,
     ];
 
     /// The kernel's name of the controller.
@@ -95,6 +99,15 @@ impl ControllerKind {
             ControllerKind::Cpu => "cpu",
             ControllerKind::Cpuset => "cpuset",
             ControllerKind::Freezer => "freezer",
+            ControllerKind::Io => "io",
+        }
+    }
+
+    /// The name of its v1 hierarchy (v1's `io` is `blkio`).
+    fn v1_name(self) -> &'static str {
+        match self {
+            ControllerKind::Io => "blkio",
+            other => other.name(),
         }
     }
 
@@ -106,6 +119,7 @@ impl ControllerKind {
             ControllerKind::Cpu => &cpu::Cpu,
             ControllerKind::Cpuset => &cpuset::Cpuset,
             ControllerKind::Freezer => &freezer::FreezerController,
+            ControllerKind::Io => &io::Io,
         }
     }
 
@@ -119,6 +133,7 @@ impl ControllerKind {
             ControllerKind::Cpuset => "cpuset.cpus",
             // The root of a v1 freezer hierarchy has no `freezer.*` file.
             ControllerKind::Freezer => "cgroup.procs",
+            ControllerKind::Io => "blkio.throttle.read_bps_device",
         }
     }
 
@@ -130,6 +145,7 @@ impl ControllerKind {
             ControllerKind::Cpu => "cpu limit (cgroup cpu controller)",
             ControllerKind::Cpuset => "cpu set (cgroup cpuset controller)",
             ControllerKind::Freezer => "pause and resume (cgroup freezer)",
+            ControllerKind::Io => "I/O limit (cgroup io / blkio controller)",
         }
     }
 }
@@ -200,7 +216,7 @@ pub fn locate(root: &Path, controller: ControllerKind) -> std::result::Result<Pl
         }
         None => why.push(format!("no cgroup v2 hierarchy under {}", root.display())),
     }
-    let v1 = root.join(name);
+    let v1 = root.join(controller.v1_name());
     if v1.join(controller.v1_marker()).is_file() {
         return writable(Placement {
             controller,
@@ -234,6 +250,9 @@ pub fn needed(limits: &Limits) -> Vec<ControllerKind> {
     if limits.cpuset.is_some() {
         out.push(ControllerKind::Cpuset);
     }
+    if limits.io_max.is_some() || limits.io_weight.is_some() {
+        out.push(ControllerKind::Io);
+    }
     out
 }
 
@@ -250,6 +269,16 @@ pub fn require(root: &Path, limits: &Limits) -> Result<Vec<Placement>> {
             })
         })
         .collect::<Result<Vec<_>>>()?;
+    // Located is not enough: the weight needs a scheduler that has one, the throttle a
+    // disk.
+    if let Some(p) = out.iter().find(|p| p.controller == ControllerKind::Io)
+        && let Some(reason) = io::unenforceable(&p.hierarchy, p.version, limits)
+    {
+        return Err(Error::Unsupported {
+            control: ControllerKind::Io.control(),
+            reason,
+        });
+    }
     if let Ok(f) = locate(root, ControllerKind::Freezer) {
         out.push(f);
     }
@@ -291,6 +320,7 @@ pub fn read_back(dirs: &[PathBuf]) -> serde_json::Value {
         "cpu_quota_us": quota,
         "cpu_period_us": quota.and(period),
         "cpuset_cpus": get("cpuset.cpus").filter(|c| !c.is_empty()),
+        "io_max": io::read_back(dirs),
     })
 }
 
@@ -619,6 +649,7 @@ mod tests {
             pids: Some(50),
             cpus: Some(1.5),
             cpuset: Some("0".into()),
+            ..Limits::default()
         };
         let placements = require(root, &limits).unwrap();
         assert!(placements.iter().all(|p| p.version == Version::V2));

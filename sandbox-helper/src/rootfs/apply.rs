@@ -71,6 +71,17 @@ fn apply_one(sys: &dyn Syscall, step: &Step, mounts: &[OwnedFd]) -> io::Result<(
             sys.umount_detach(&old)?;
             sys.rmdir(&old)
         }
+        Step::PivotRootKeepingOld { new_root } => {
+            let put_old = new_root.join(OLD_ROOT);
+            sys.mkdir(&put_old, 0o700)?;
+            sys.pivot_root(new_root, &put_old)?;
+            sys.chdir(Path::new("/"))
+        }
+        Step::DetachOldRoot => {
+            let old = Path::new("/").join(OLD_ROOT);
+            sys.umount_detach(&old)?;
+            sys.rmdir(&old)
+        }
         Step::RemountRootReadOnly => sys.mount(&Mount::plain(
             Path::new("/"),
             MsFlags::MS_REMOUNT
@@ -101,6 +112,10 @@ fn apply_one(sys: &dyn Syscall, step: &Step, mounts: &[OwnedFd]) -> io::Result<(
             sys.rmdir(target)
         }
         Step::Rmdir(path) => sys.rmdir(path),
+        Step::Unlink(path) => match sys.unlink(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        },
         Step::Chdir(path) => sys.chdir(path),
     }
 }

@@ -6,7 +6,7 @@ use std::path::{Component, Path, PathBuf};
 
 use crate::error::{Error, Result};
 
-pub(super) fn canonical_dir(path: &Path, flag: &str) -> Result<PathBuf> {
+pub(crate) fn canonical_dir(path: &Path, flag: &str) -> Result<PathBuf> {
     let canon = std::fs::canonicalize(path)
         .map_err(|e| Error::InvalidInput(format!("{flag} {}: {e}", path.display())))?;
     if !canon.is_dir() {
@@ -132,7 +132,7 @@ pub(super) fn check_suspendable(
 }
 
 /// Refuses a host path that is, contains, or is inside the state directory.
-pub(super) fn refuse_overlap(path: &Path, state_dir: &Path, flag: &str) -> Result<()> {
+pub(crate) fn refuse_overlap(path: &Path, state_dir: &Path, flag: &str) -> Result<()> {
     // A state directory not made yet is compared as an absolute path.
     let state = std::fs::canonicalize(state_dir)
         .or_else(|_| std::path::absolute(state_dir))

@@ -29,8 +29,8 @@ mod keep;
 pub mod netmux;
 pub mod netrelay;
 pub mod probe;
-pub mod proto;
 mod procs;
+pub mod proto;
 pub mod qemu;
 mod qmp;
 mod runner;
@@ -128,7 +128,23 @@ impl VmSpec {
                     .into(),
             });
         }
+        if controls.io_max.is_some() || controls.io_weight.is_some() {
+            return Err(Error::VmUnavailable {
+                what: "--io-max / --io-weight",
+                reason: "a VM's disk I/O is qemu's and virtiofsd's, whose cgroup is not yet \
+                         given an I/O limit: use a namespace sandbox (leave out --vm)"
+                    .into(),
+            });
+        }
         let egress = crate::spec::egress_policy(controls.net.unwrap_or(Net::None), controls)?;
+        if !controls.inject.is_empty() {
+            return Err(Error::VmUnavailable {
+                what: "--inject",
+                reason: "the guest's trust store cannot yet be given the sandbox's \
+                         certificate authority: use a namespace sandbox (leave out --vm)"
+                    .into(),
+            });
+        }
         if controls.net == Some(Net::None) && !controls.publish.is_empty() {
             return Err(Error::InvalidInput(
                 "--publish needs a network inside: use --net loopback (or leave --net out)".into(),

@@ -20,7 +20,7 @@ const WAIT: Duration = Duration::from_secs(60);
 const TOOLS: [&str; 3] = ["umoci", "skopeo", "docker-registry"];
 
 /// Whether every tool is there; otherwise skips (or fails under `CI=true`).
-fn have_tools() -> bool {
+pub(crate) fn have_tools() -> bool {
     let missing: Vec<&str> = TOOLS
         .iter()
         .copied()
@@ -66,7 +66,7 @@ fn umoci(args: &[&str]) -> String {
 /// Builds, in the OCI layout `layout`, `base` (busybox, a marker, `opt/old/a`, `gone`,
 /// Env FOO=bar, WorkingDir /srv) and `v2` (base plus a layer deleting `gone` and
 /// `opt/old/a` and adding `opt/old/c`).
-fn build_images(work: &Path) -> PathBuf {
+pub(crate) fn build_images(work: &Path) -> PathBuf {
     let layout = work.join("oci");
     let l = layout.to_str().unwrap();
     umoci(&["init", "--layout", l]);

@@ -2,11 +2,15 @@
 
 mod crash;
 mod egress;
+mod egress_inject;
 mod files;
 mod fork;
-mod longlived;
+mod image_sandbox;
 mod images;
+mod io_limit;
+mod longlived;
 mod pause;
+mod quota;
 mod remote;
 mod run;
 mod sandbox;

@@ -1035,3 +1035,53 @@ fn remote_pull_of_many_batches_brings_every_chunk_verified_or_fails_whole() {
         "damaged bytes were served"
     );
 }
+
+/// An image's ref travels like any ref: pushed from one host, pulled on an empty one,
+/// it is still an image there (digest, layers, config), with the same tree.
+#[test]
+fn remote_push_and_pull_of_an_image_keep_it_an_image() {
+    if !crate::images::have_tools() {
+        return;
+    }
+    let server = match S3Server::start() {
+        Ok(s) => s,
+        Err(why) => panic!("the S3 server is needed: {why}"),
+    };
+    let prefix = unique_prefix("image");
+    let a = host(&server.endpoint(), &prefix);
+    let layout = crate::images::build_images(a.t.scratch());
+    let imported =
+        a.t.json([
+            "image",
+            "import",
+            &format!("{}:v2", layout.display()),
+            "--ref",
+            "img/v2",
+        ])
+        .ok()
+        .json();
+    a.t.json(["push", "img/v2"]).ok();
+    let b = host(&server.endpoint(), &prefix);
+    b.t.json(["pull", "img/v2"]).ok();
+    let shown = b.t.json(["image", "show", "img/v2"]).ok().json();
+    assert_eq!(shown["digest"], imported["digest"], "{shown}");
+    assert_eq!(shown["snapshot"], imported["snapshot"], "{shown}");
+    assert_eq!(shown["layers"].as_array().map(Vec::len), Some(2), "{shown}");
+    assert!(
+        shown["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e == "FOO=bar"),
+        "{shown}"
+    );
+    let listed = b.t.json(["image", "list"]).ok().json();
+    assert_eq!(listed[0]["name"], "img/v2", "{listed}");
+    let out = b.t.path("export");
+    b.t.run(["export", "img/v2", out.to_str().unwrap()]).ok();
+    assert_eq!(
+        std::fs::read_to_string(out.join("etc/image-marker")).unwrap(),
+        "only in the image\n"
+    );
+    b.t.run(["fsck"]).ok();
+}

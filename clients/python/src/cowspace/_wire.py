@@ -109,6 +109,10 @@ def sandbox_args(
     ro_bind: Optional[Union[Iterable[str], Mapping[str, str]]],
     secret: Optional[Union[Iterable[str], Mapping[str, str]]],
     idle_timeout: Optional[Union[int, float, str]] = None,
+    inject: Optional[Iterable[str]] = None,
+    inject_methods: Optional[Iterable[str]] = None,
+    upstream_ca: Optional[str] = None,
+    image: Optional[str] = None,
 ) -> Dict[str, Any]:
     """``sandbox_start``'s arguments; mappings are accepted where the protocol takes
     ``"K=V"`` / ``"NAME:ADDR"`` / ``"SRC:DST"`` strings."""
@@ -144,6 +148,10 @@ def sandbox_args(
         ro_bind=pairs(ro_bind, ":"),
         secret=pairs(secret, "="),
         idle_timeout=idle_timeout_arg(idle_timeout),
+        inject=strs(inject),
+        inject_methods=strs(inject_methods),
+        upstream_ca=upstream_ca,
+        image=image,
     )
 
 

@@ -242,9 +242,11 @@ class AsyncClient:
         lower: Optional[str] = None,
         path: Optional[str] = None,
         worker: Optional[str] = None,
+        disk: Optional[Union[str, int]] = None,
     ) -> Created:
-        """A new workspace of ``snapshot`` (id, unique prefix or ref)."""
-        a = _wire.args(snapshot=snapshot, name=name, materializer=materializer, lower=lower, path=path, worker=worker)
+        """A new workspace of ``snapshot`` (id, unique prefix or ref); ``disk``: a quota
+        on what it writes (``"20g"`` or bytes), refused where it cannot be enforced."""
+        a = _wire.args(snapshot=snapshot, name=name, materializer=materializer, lower=lower, path=path, worker=worker, disk=disk)
         return cast(Created, await self.request("create", a))
 
     async def list(self, all: Optional[bool] = None) -> List[Workspace]:
@@ -331,6 +333,10 @@ class AsyncClient:
         vm: Optional[bool] = None,
         accept_emulation: Optional[bool] = None,
         idle_timeout: Optional[Union[int, float, str]] = None,
+        inject: Optional[Iterable[str]] = None,
+        inject_methods: Optional[Iterable[str]] = None,
+        upstream_ca: Optional[str] = None,
+        image: Optional[str] = None,
     ) -> SandboxStatus:
         """Starts the workspace's long-lived sandbox; gives its status once ready
         (``ports``: internal port -> host port on 127.0.0.1). ``net``: ``none``,
@@ -354,6 +360,10 @@ class AsyncClient:
             ro_bind=ro_bind,
             secret=secret,
             idle_timeout=idle_timeout,
+            inject=inject,
+            inject_methods=inject_methods,
+            upstream_ca=upstream_ca,
+            image=image,
         )
         return cast(SandboxStatus, await self.request("sandbox_start", a))
 
@@ -374,6 +384,8 @@ class AsyncClient:
         deny_host: Optional[Iterable[str]] = None,
         remove_host: Optional[Iterable[str]] = None,
         reset: Optional[bool] = None,
+        inject: Optional[Iterable[str]] = None,
+        remove_inject: Optional[Iterable[str]] = None,
     ) -> PolicyResult:
         """Changes a ``net="egress"`` sandbox's policy (reset, removals, allows, denies)."""
         a = _wire.args(
@@ -382,6 +394,8 @@ class AsyncClient:
             deny_host=_list(deny_host),
             remove_host=_list(remove_host),
             reset=reset,
+            inject=_list(inject),
+            remove_inject=_list(remove_inject),
         )
         return cast(PolicyResult, await self.request("sandbox_policy", a))
 

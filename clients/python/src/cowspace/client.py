@@ -227,9 +227,11 @@ class Client:
         lower: Optional[str] = None,
         path: Optional[str] = None,
         worker: Optional[str] = None,
+        disk: Optional[Union[str, int]] = None,
     ) -> Created:
-        """A new workspace of ``snapshot`` (id, unique prefix or ref)."""
-        a = _wire.args(snapshot=snapshot, name=name, materializer=materializer, lower=lower, path=path, worker=worker)
+        """A new workspace of ``snapshot`` (id, unique prefix or ref); ``disk``: a quota
+        on what it writes (``"20g"`` or bytes), refused where it cannot be enforced."""
+        a = _wire.args(snapshot=snapshot, name=name, materializer=materializer, lower=lower, path=path, worker=worker, disk=disk)
         return cast(Created, self.request("create", a))
 
     def list(self, all: Optional[bool] = None) -> List[Workspace]:
@@ -320,13 +322,22 @@ class Client:
         vm: Optional[bool] = None,
         accept_emulation: Optional[bool] = None,
         idle_timeout: Optional[Union[int, float, str]] = None,
+        inject: Optional[Iterable[str]] = None,
+        inject_methods: Optional[Iterable[str]] = None,
+        upstream_ca: Optional[str] = None,
+        image: Optional[str] = None,
     ) -> SandboxStatus:
         """Starts the workspace's long-lived sandbox; gives its status once ready
         (``ports``: internal port -> host port on 127.0.0.1). ``net``: ``none``,
         ``loopback`` or ``egress``; mappings are accepted for ``env`` (K -> V),
         ``add_host`` (NAME -> ADDR), ``ro_bind`` (SRC -> DST) and ``secret`` (NAME ->
         FILE). ``idle_timeout`` (``"30s"``, ``"5m"``, or seconds): paused after that
-        long without an exec or published-port traffic, resumed by the next."""
+        long without an exec or published-port traffic, resumed by the next.
+        ``inject`` (``"HOST=HEADER:@FILE"``, with ``net="egress"``): the egress proxy sets
+        HEADER to FILE's contents on requests to HOST, read host-side; the value never
+        enters the sandbox (``inject_methods``: ``"HOST=GET,HEAD"``; ``upstream_ca``: a
+        PEM file of roots for upstream hosts). ``image`` (a ref or snapshot id of an
+        image in the store): the sandbox's root filesystem."""
         a = _wire.sandbox_args(
             workspace,
             vm=vm,
@@ -344,6 +355,10 @@ class Client:
             ro_bind=ro_bind,
             secret=secret,
             idle_timeout=idle_timeout,
+            inject=inject,
+            inject_methods=inject_methods,
+            upstream_ca=upstream_ca,
+            image=image,
         )
         return cast(SandboxStatus, self.request("sandbox_start", a))
 
@@ -364,6 +379,8 @@ class Client:
         deny_host: Optional[Iterable[str]] = None,
         remove_host: Optional[Iterable[str]] = None,
         reset: Optional[bool] = None,
+        inject: Optional[Iterable[str]] = None,
+        remove_inject: Optional[Iterable[str]] = None,
     ) -> PolicyResult:
         """Changes a ``net="egress"`` sandbox's policy (reset, removals, allows, denies)."""
         a = _wire.args(
@@ -372,6 +389,8 @@ class Client:
             deny_host=_list(deny_host),
             remove_host=_list(remove_host),
             reset=reset,
+            inject=_list(inject),
+            remove_inject=_list(remove_inject),
         )
         return cast(PolicyResult, self.request("sandbox_policy", a))
 

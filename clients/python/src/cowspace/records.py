@@ -73,6 +73,7 @@ class Workspace(TypedDict, total=False):
     ports: Dict[str, int]
     commits: List[str]
     create_ms: float
+    disk: Dict[str, int]
 
 
 class Created(Workspace, total=False):
