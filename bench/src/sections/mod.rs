@@ -10,6 +10,7 @@ pub mod clients;
 pub mod files;
 pub mod images;
 pub mod import;
+pub mod inject;
 pub mod materialize;
 pub mod network;
 pub mod remote;
