@@ -329,26 +329,7 @@ impl Section for ImagesSection {
     }
 
     fn prepare(&mut self, ctx: &Ctx, selected: &dyn Fn(&str) -> bool) -> Result<Vec<Prepared>> {
-        let skip_all = |why: String| -> Vec<Prepared> {
-            IDS.iter()
-                .filter(|id| selected(id))
-                .map(|id| {
-                    Prepared::Skipped(
-                        MethodInfo {
-                            id,
-                            label: (*id).into(),
-                            role: if *id == "skopeo-copy" {
-                                Role::Baseline
-                            } else {
-                                Role::Cowspace
-                            },
-                            command: String::new(),
-                        },
-                        why.clone(),
-                    )
-                })
-                .collect()
-        };
+        let skip_all = |why: String| super::skip_all(IDS, &["skopeo-copy"], selected, &why);
         if !IDS.iter().any(|id| selected(id)) {
             return Ok(Vec::new());
         }

@@ -130,6 +130,34 @@ pub struct MethodInfo {
     pub command: String,
 }
 
+/// Every selected method of `ids` skipped for `why` (a section that cannot run here);
+/// those in `baselines` are baselines, the others cowspace's.
+pub fn skip_all(
+    ids: &[&'static str],
+    baselines: &[&str],
+    selected: &dyn Fn(&str) -> bool,
+    why: &str,
+) -> Vec<Prepared> {
+    ids.iter()
+        .filter(|id| selected(id))
+        .map(|id| {
+            Prepared::Skipped(
+                MethodInfo {
+                    id,
+                    label: (*id).into(),
+                    role: if baselines.contains(id) {
+                        Role::Baseline
+                    } else {
+                        Role::Cowspace
+                    },
+                    command: String::new(),
+                },
+                why.to_string(),
+            )
+        })
+        .collect()
+}
+
 /// One measured repetition's values: metric id → value.
 pub type Sample = Vec<(&'static str, f64)>;
 

@@ -310,26 +310,7 @@ impl Section for InjectSection {
     }
 
     fn prepare(&mut self, ctx: &Ctx, selected: &dyn Fn(&str) -> bool) -> Result<Vec<Prepared>> {
-        let skip = |why: String| -> Vec<Prepared> {
-            IDS.iter()
-                .filter(|id| selected(id))
-                .map(|id| {
-                    Prepared::Skipped(
-                        MethodInfo {
-                            id,
-                            label: (*id).into(),
-                            role: if *id == INJECTED {
-                                Role::Cowspace
-                            } else {
-                                Role::Baseline
-                            },
-                            command: String::new(),
-                        },
-                        why.clone(),
-                    )
-                })
-                .collect()
-        };
+        let skip = |why: String| super::skip_all(IDS, &[PASSTHROUGH, DIRECT], selected, &why);
         if !IDS.iter().any(|id| selected(id)) {
             return Ok(Vec::new());
         }
