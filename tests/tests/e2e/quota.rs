@@ -365,7 +365,9 @@ fn quota_workspaces_filesystem_comes_back_after_a_reboot_with_its_workspaces() {
             "--",
             "sh",
             "-c",
-            "echo more > /workspace/more.txt",
+            // More than the headroom the sandbox's set-up lends for a moment (4 MiB): a
+            // few bytes could land in it, if the write came before the limit is put back.
+            "head -c 8388608 /dev/zero > /workspace/more.bin && sync /workspace/more.bin",
         ],
         &env,
     );
@@ -380,6 +382,7 @@ fn quota_workspaces_filesystem_comes_back_after_a_reboot_with_its_workspaces() {
         "the quota was put back"
     );
     std::fs::remove_file(w.path.join("fill.bin")).unwrap();
+    let _ = std::fs::remove_file(w.path.join("more.bin"));
     q.ws.t
         .run_env(
             [

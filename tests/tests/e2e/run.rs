@@ -257,7 +257,10 @@ fn the_host_path_shows_the_runs_files_through_one_shared_mount() {
     ));
     // Seen on the host path while the run lasts: one overlay serves both sides.
     let deadline = Instant::now() + Duration::from_secs(15);
-    while !ws.path.join("during").exists() && Instant::now() < deadline {
+    // Its content, not its existence: `>` creates the file before it writes.
+    while std::fs::read_to_string(ws.path.join("during")).unwrap_or_default() != "x\n"
+        && Instant::now() < deadline
+    {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(
