@@ -9,6 +9,7 @@ pkgs=(git tar zstd gzip xz-utils fuse3 fuse-overlayfs btrfs-progs xfsprogs bubbl
       qemu-system-x86 busybox-static libcap-ng-dev libseccomp-dev
       libc6-dev   # libc.a: sandbox-helper's build links the guest agent statically
       docker-registry umoci skopeo  # image tests: a real registry on 127.0.0.1, images built and pushed
+      openssl     # the bench inject section makes its TLS origin's CA with it
       nodejs)     # the Node client's tests (clients/typescript) need node >= 20
 missing=()
 for p in "${pkgs[@]}"; do
