@@ -121,22 +121,6 @@ pub fn parse_size(flag: &str, text: &str) -> Result<u64> {
     })
 }
 
-/// A size given as text (`"20g"`) or as a number of bytes (the socket's `disk`).
-pub(crate) fn size_text<'de, D: serde::Deserializer<'de>>(
-    d: D,
-) -> std::result::Result<Option<String>, D::Error> {
-    Ok(match Option::<serde_json::Value>::deserialize(d)? {
-        None | Some(serde_json::Value::Null) => None,
-        Some(serde_json::Value::String(s)) => Some(s),
-        Some(serde_json::Value::Number(n)) => Some(n.to_string()),
-        Some(other) => {
-            return Err(serde::de::Error::custom(format!(
-                "disk: expected bytes or a size such as \"20g\", got {other}"
-            )));
-        }
-    })
-}
-
 /// The filesystem id of the btrfs filesystem holding `dir`, as sysfs names it.
 fn fsid_of(dir: &fs::File) -> std::io::Result<String> {
     let b = crate::sys::btrfs_fsid(dir)?;

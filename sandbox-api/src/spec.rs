@@ -102,8 +102,9 @@ pub struct Controls {
     pub io_weight: Option<u64>,
 }
 
-/// A size given as text (`"512m"`) or as a number of bytes.
-fn bytes_text<'de, D: serde::Deserializer<'de>>(
+/// A size given as text (`"512m"`) or as a number of bytes (the socket's `memory`,
+/// `disk`): serde's `deserialize_with` for an `Option<String>` field.
+pub fn bytes_text<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> std::result::Result<Option<String>, D::Error> {
     use serde::Deserialize;
@@ -113,7 +114,7 @@ fn bytes_text<'de, D: serde::Deserializer<'de>>(
         Some(serde_json::Value::Number(n)) => Some(n.to_string()),
         Some(other) => {
             return Err(serde::de::Error::custom(format!(
-                "memory: expected bytes or a size such as \"512m\", got {other}"
+                "expected a number of bytes or a size such as \"512m\" or \"20g\", got {other}"
             )));
         }
     })

@@ -25,6 +25,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::share::Scratch;
 use crate::spec::paths::{canonical_dir, refuse_overlap};
 use crate::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
 
@@ -134,43 +135,6 @@ impl Drop for PrivateLayer {
     }
 }
 
-/// Detaches what was attached under a scratch directory on drop, and removes it.
-struct Scratch {
-    dir: PathBuf,
-    attached: Vec<PathBuf>,
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        for a in self.attached.iter().rev() {
-            let _ = sys::detach_mount(a);
-            let _ = std::fs::remove_dir(a);
-        }
-        let _ = std::fs::remove_dir(&self.dir);
-    }
-}
-
-impl Scratch {
-    fn attach(&mut self, fd: Option<BorrowedFd<'_>>, name: &str) -> Result<PathBuf> {
-        let at = self.dir.join(name);
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&at)
-            .map_err(|source| Error::StateDir {
-                path: at.clone(),
-                source,
-            })?;
-        if let Some(fd) = fd {
-            sys::move_mount(fd, &at).map_err(|source| Error::DetachedMount {
-                path: at.clone(),
-                source,
-            })?;
-        }
-        self.attached.push(at.clone());
-        Ok(at)
-    }
-}
-
 /// Mounts the image root of `image` over `layer`, idmapped with the user namespace
 /// `userns` whose root is host uid `uid_base`, and returns it as a detached mount
 /// (`nosuid,nodev`). `scratch` is an empty path of the helper's for the mount's making.
@@ -202,10 +166,7 @@ pub fn mount(
             path: scratch.to_path_buf(),
             source,
         })?;
-    let mut s = Scratch {
-        dir: scratch.to_path_buf(),
-        attached: Vec::new(),
-    };
+    let mut s = Scratch::new(scratch);
     let l = s.attach(Some(meta.as_fd()), "l")?;
     let d = s.attach(Some(data.as_fd()), "d")?;
     let rw = s.attach(Some(rw.as_fd()), "rw")?;

@@ -16,6 +16,7 @@
 //! reading and writing existing files from the host works.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use nix::mount::{MntFlags, MsFlags};
@@ -55,8 +56,8 @@ impl Drop for SharedMount {
     }
 }
 
-/// Detaches the layers attached under a scratch directory on drop, and removes it.
-struct Scratch {
+/// Detaches what was attached under a scratch directory on drop, and removes it.
+pub(crate) struct Scratch {
     dir: PathBuf,
     attached: Vec<PathBuf>,
 }
@@ -68,6 +69,37 @@ impl Drop for Scratch {
             let _ = std::fs::remove_dir(a);
         }
         let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+impl Scratch {
+    /// A scratch directory at `dir`, which the caller has made.
+    pub(crate) fn new(dir: &Path) -> Self {
+        Scratch {
+            dir: dir.to_path_buf(),
+            attached: Vec::new(),
+        }
+    }
+
+    /// Makes `name` under the scratch directory (mode 0700) and attaches the detached
+    /// mount `fd` there (none: an empty directory, removed on drop like the others).
+    pub(crate) fn attach(&mut self, fd: Option<BorrowedFd<'_>>, name: &str) -> Result<PathBuf> {
+        let at = self.dir.join(name);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&at)
+            .map_err(|source| Error::StateDir {
+                path: at.clone(),
+                source,
+            })?;
+        if let Some(fd) = fd {
+            sys::move_mount(fd, &at).map_err(|source| Error::DetachedMount {
+                path: at.clone(),
+                source,
+            })?;
+        }
+        self.attached.push(at.clone());
+        Ok(at)
     }
 }
 
@@ -173,28 +205,17 @@ pub fn share(
         path: scratch.to_path_buf(),
         source,
     })?;
-    let mut s = Scratch {
-        dir: scratch.to_path_buf(),
-        attached: Vec::new(),
-    };
+    let mut s = Scratch::new(scratch);
     let mut lower_paths = Vec::new();
     let mut data_paths = Vec::new();
     let n = clones.len();
     for (i, fd) in clones.iter().enumerate() {
-        let at = if i + 1 == n {
-            scratch.join("rw")
+        let name = if i + 1 == n {
+            "rw".to_string()
         } else {
-            scratch.join(format!("l{i}"))
+            format!("l{i}")
         };
-        std::fs::create_dir(&at).map_err(|source| Error::StateDir {
-            path: at.clone(),
-            source,
-        })?;
-        sys::move_mount(fd.as_fd(), &at).map_err(|source| Error::DetachedMount {
-            path: at.clone(),
-            source,
-        })?;
-        s.attached.push(at.clone());
+        let at = s.attach(Some(fd.as_fd()), &name)?;
         if i < layers.lowers.len() {
             lower_paths.push(at);
         } else if i + 1 < n {

@@ -69,7 +69,7 @@ pub struct CreateOptions {
     pub worker: Option<String>,
     /// A quota on the bytes its private state may hold (`20g`, or bytes): refused
     /// (unsupported) where it cannot be enforced ([`crate::quota`]).
-    #[serde(deserialize_with = "crate::quota::size_text")]
+    #[serde(deserialize_with = "sandbox_api::spec::bytes_text")]
     pub disk: Option<String>,
     /// A quota on its inodes: refused (unsupported), no filesystem quota of this kernel
     /// counts inodes ([`crate::quota::check_request`]).
