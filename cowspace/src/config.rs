@@ -448,7 +448,7 @@ fn check_sandbox(p: &Path, s: &SandboxSection) -> Result<()> {
         )))
     };
     match &s.memory {
-        Some(Size::Text(t)) => match parse_bytes(t) {
+        Some(Size::Text(t)) => match sandbox_api::size::parse(t).ok() {
             Some(n) if n >= MIN_SANDBOX_MEMORY_BYTES => {}
             Some(_) => {
                 return bad(
@@ -461,7 +461,7 @@ fn check_sandbox(p: &Path, s: &SandboxSection) -> Result<()> {
                 return bad(
                     "memory",
                     format!("{t:?}"),
-                    "expected bytes, or a number with a k, m or g suffix (\"512m\") that fits in 64 bits".into(),
+                    "expected bytes, or a number with a k, m, g or t suffix (\"512m\") that fits in 64 bits".into(),
                 );
             }
         },
@@ -528,22 +528,6 @@ fn check_sandbox(p: &Path, s: &SandboxSection) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// A byte count: digits with an optional binary `k`, `m` or `g` suffix (the helper's
-/// `--memory`); `None` when it is not one or does not fit in 64 bits.
-fn parse_bytes(text: &str) -> Option<u64> {
-    let lower = text.trim().to_ascii_lowercase();
-    let (digits, shift) = match lower.as_bytes().last() {
-        Some(b'k') => (&lower[..lower.len() - 1], 10),
-        Some(b'm') => (&lower[..lower.len() - 1], 20),
-        Some(b'g') => (&lower[..lower.len() - 1], 30),
-        _ => (&lower[..], 0),
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
 }
 
 /// Whether `text` is a CPU list in the kernel's format (`0-1,3`).

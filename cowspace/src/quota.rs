@@ -96,27 +96,11 @@ impl DiskQuota {
     }
 }
 
-/// Parses a `--disk` or `--workspaces-fs` size: bytes, or digits with a binary `k`, `m`,
-/// `g` or `t` suffix.
+/// Parses a `--disk` or `--workspaces-fs` size ([`sandbox_api::size::parse`]).
 pub fn parse_size(flag: &str, text: &str) -> Result<u64> {
-    let lower = text.trim().to_ascii_lowercase();
-    let lower = lower
-        .strip_suffix("ib")
-        .map_or(lower.clone(), |s| s.to_string());
-    let lower = lower.strip_suffix('b').unwrap_or(&lower).to_string();
-    let (digits, shift) = match lower.as_bytes().last() {
-        Some(b'k') => (&lower[..lower.len() - 1], 10),
-        Some(b'm') => (&lower[..lower.len() - 1], 20),
-        Some(b'g') => (&lower[..lower.len() - 1], 30),
-        Some(b't') => (&lower[..lower.len() - 1], 40),
-        _ => (&lower[..], 0),
-    };
-    let n = (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| digits.parse::<u64>().ok()?.checked_mul(1 << shift))
-        .flatten();
-    n.ok_or_else(|| {
+    sandbox_api::size::parse(text).map_err(|_| {
         Error::Invalid(format!(
-            "{flag} {text:?}: give a size in bytes or with a k, m, g or t suffix (such as 2g)"
+            "{flag} {text:?}: give a size in bytes or with a k, m, g or t suffix (such as 2g) that fits in 64 bits"
         ))
     })
 }

@@ -14,6 +14,7 @@ pub mod exec;
 pub mod keeper;
 pub mod mountinfo;
 pub mod msg;
+pub mod size;
 pub mod spec;
 mod sys;
 

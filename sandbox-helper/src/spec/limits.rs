@@ -14,31 +14,20 @@ pub(super) fn check_cpus_fit(cpus: f64, online: usize) -> Result<()> {
     Ok(())
 }
 
-/// Parses a byte count: digits with an optional binary `k`, `m` or `g` suffix.
+/// Parses a `--memory` byte count ([`sandbox_api::size::parse`]).
 pub fn parse_bytes(text: &str) -> Result<u64> {
-    let bad = || {
-        Error::InvalidInput(format!(
-            "--memory {text:?}: expected bytes, or a number with a k, m or g suffix (e.g. 512m)"
-        ))
-    };
-    let lower = text.trim().to_ascii_lowercase();
-    let (digits, shift) = match lower.as_bytes().last() {
-        Some(b'k') => (&lower[..lower.len() - 1], 10),
-        Some(b'm') => (&lower[..lower.len() - 1], 20),
-        Some(b'g') => (&lower[..lower.len() - 1], 30),
-        _ => (&lower[..], 0),
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(bad());
-    }
-    let too_large = || {
-        Error::InvalidInput(format!(
-            "--memory {text:?}: too large: a limit is at most {} bytes (16 EiB, 64 bits)",
-            u64::MAX
-        ))
-    };
-    let n: u64 = digits.parse().map_err(|_| too_large())?;
-    n.checked_mul(1 << shift).ok_or_else(too_large)
+    use sandbox_api::size::{SizeError, parse};
+    parse(text).map_err(|e| {
+        Error::InvalidInput(match e {
+            SizeError::Malformed => format!(
+                "--memory {text:?}: expected bytes, or a number with a k, m, g or t suffix (e.g. 512m)"
+            ),
+            SizeError::TooLarge => format!(
+                "--memory {text:?}: too large: a limit is at most {} bytes (16 EiB, 64 bits)",
+                u64::MAX
+            ),
+        })
+    })
 }
 
 #[cfg(test)]
