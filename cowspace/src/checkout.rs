@@ -168,8 +168,8 @@ pub fn remove_tree(path: &Path) {
         {
             // A btrfs subvolume (a workspace's tree, a base subvolume) goes in one call,
             // read-only or not.
-            if crate::materializer::btrfs::is_subvolume(p, &m)
-                && crate::materializer::btrfs::delete_subvolume(p).is_ok()
+            if crate::subvol::is_subvolume(p, &m)
+                && crate::subvol::delete_subvolume(p).is_ok()
             {
                 return;
             }

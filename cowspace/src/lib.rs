@@ -15,6 +15,7 @@ pub mod error;
 pub mod files;
 pub mod fromgit;
 pub mod gitfsmonitor;
+mod gitindex;
 pub mod image;
 pub mod import;
 pub mod materializer;
@@ -43,6 +44,7 @@ pub mod plain;
 #[doc(hidden)]
 pub mod procfs;
 mod retention;
+mod subvol;
 #[doc(hidden)]
 pub mod served;
 #[doc(hidden)]

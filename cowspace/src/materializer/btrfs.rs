@@ -7,12 +7,11 @@
 //!
 //! Subvolumes are made and deleted with the btrfs ioctls (`sys`), not the `btrfs`
 //! program: no process per workspace. A workspace's subvolume is deleted by
-//! [`crate::checkout::remove_tree`], which every removal path uses.
+//! [`crate::checkout::remove_tree`] (through [`crate::subvol`]), which every removal
+//! path uses.
 
 use std::collections::HashMap;
-use std::ffi::OsStr;
 use std::fs;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -21,10 +20,8 @@ use cowspace_store::{SnapshotId, Store};
 use crate::error::{Error, Result};
 use crate::materializer::fulltree::{self, Fill, Stamps};
 use crate::materializer::{ChangesLiveIn, Materializer, MaterializerKind, WorkspaceCtx};
-
-/// The inode number of every btrfs subvolume's root directory
-/// (`BTRFS_FIRST_FREE_OBJECTID`).
-const SUBVOL_ROOT_INO: u64 = 256;
+pub(crate) use crate::subvol::snapshot_subvolume;
+use crate::subvol::{create_subvolume, delete_subvolume, is_btrfs, is_subvolume};
 
 /// Where the base subvolume of `snapshot` lives.
 pub fn subvol_path(store: &Store, snapshot: &SnapshotId) -> PathBuf {
@@ -33,42 +30,6 @@ pub fn subvol_path(store: &Store, snapshot: &SnapshotId) -> PathBuf {
 
 fn base_stamps(subvol: &Path) -> PathBuf {
     subvol.with_extension("stamps")
-}
-
-fn is_btrfs(path: &Path) -> bool {
-    nix::sys::statfs::statfs(path)
-        .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::BTRFS_SUPER_MAGIC)
-}
-
-/// Whether `path` (with metadata `meta`) is the root of a btrfs subvolume.
-pub fn is_subvolume(path: &Path, meta: &fs::Metadata) -> bool {
-    meta.is_dir() && meta.ino() == SUBVOL_ROOT_INO && is_btrfs(path)
-}
-
-fn parent_and_name(path: &Path) -> Result<(fs::File, &OsStr)> {
-    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
-        return Err(Error::Invalid(format!("{} has no parent", path.display())));
-    };
-    let dir = fs::File::open(parent).map_err(Error::io("open", parent))?;
-    Ok((dir, name))
-}
-
-/// Deletes the subvolume at `path` with everything in it.
-pub fn delete_subvolume(path: &Path) -> Result<()> {
-    let (parent, name) = parent_and_name(path)?;
-    crate::sys::btrfs_subvol_destroy(&parent, name).map_err(Error::io("delete subvolume", path))
-}
-
-fn create_subvolume(path: &Path) -> Result<()> {
-    let (parent, name) = parent_and_name(path)?;
-    crate::sys::btrfs_subvol_create(&parent, name).map_err(Error::io("create subvolume", path))
-}
-
-fn snapshot_subvolume(source: &Path, dest: &Path, readonly: bool) -> Result<()> {
-    let src = fs::File::open(source).map_err(Error::io("open", source))?;
-    let (parent, name) = parent_and_name(dest)?;
-    crate::sys::btrfs_snapshot(&parent, &src, name, readonly)
-        .map_err(Error::io("snapshot subvolume into", dest))
 }
 
 /// Creates and deletes a subvolume in the runtime root's `tmp/`, once per root and

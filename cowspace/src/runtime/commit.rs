@@ -98,7 +98,7 @@ impl Runtime {
         let index_copy = rec.private_dir.join("capture-git-index");
         let _ = fs::remove_file(&index_copy);
         if mat.upper_dir(&rec).is_some()
-            && let Some(index) = crate::gitfsmonitor::capture_index(self, &rec)
+            && let Some(index) = crate::gitindex::capture_index(&self.store, &rec)
                 .unwrap_or_else(|e| {
                     tracing::warn!(workspace = %rec.id, "git's index is captured as git left it: {e}");
                     None
