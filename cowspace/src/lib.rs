@@ -16,6 +16,7 @@ pub mod files;
 pub mod fromgit;
 pub mod gitfsmonitor;
 mod gitindex;
+pub mod kinds;
 pub mod image;
 pub mod import;
 pub mod materializer;

@@ -54,7 +54,7 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 use crate::error::{Error, Result};
 
 /// `lower_kind` of workspaces on the native lower.
-pub const LOWER_KIND: crate::materializer::LowerKind = crate::materializer::LowerKind::Native;
+pub const LOWER_KIND: crate::kinds::LowerKind = crate::kinds::LowerKind::Native;
 
 const IMAGE: &str = "image.erofs";
 /// Files up to this size, counting their xattrs' bytes, carry their bytes in the image

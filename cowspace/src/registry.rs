@@ -50,9 +50,9 @@ pub struct Record {
     pub worker: Option<String>,
     /// The base snapshot (full hex).
     pub snapshot: String,
-    pub materializer: crate::materializer::MaterializerKind,
-    /// What the workspace is made from (see [`crate::materializer::LowerKind`]).
-    pub lower_kind: crate::materializer::LowerKind,
+    pub materializer: crate::kinds::MaterializerKind,
+    /// What the workspace is made from (see [`crate::kinds::LowerKind`]).
+    pub lower_kind: crate::kinds::LowerKind,
     pub lower: PathBuf,
     /// Where the worker sees the workspace.
     pub path: PathBuf,
@@ -424,7 +424,7 @@ impl Registry {
     pub fn live_using(
         &self,
         snapshot: &str,
-        lower_kind: crate::materializer::LowerKind,
+        lower_kind: crate::kinds::LowerKind,
     ) -> Result<u64> {
         self.conn
             .query_row(
