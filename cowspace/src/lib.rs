@@ -30,6 +30,7 @@ pub mod sandbox;
 mod sandbox_image;
 mod sandbox_net;
 pub mod vm;
+mod vmrun;
 pub mod watch;
 
 #[doc(hidden)]

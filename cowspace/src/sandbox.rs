@@ -215,7 +215,7 @@ impl Runtime {
         &self,
         ws: &str,
         o: &SandboxOptions,
-        vm: Option<&crate::vm::VmRun>,
+        vm: Option<&crate::vmrun::VmRun>,
     ) -> Result<Value> {
         let helper = helper_path()?;
         // The image is resolved (and its lower mounted) before anything is claimed.
@@ -250,7 +250,7 @@ impl Runtime {
         helper: &Path,
         rec: &Record,
         o: &SandboxOptions,
-        vm: Option<&crate::vm::VmRun>,
+        vm: Option<&crate::vmrun::VmRun>,
         me: i32,
         image: Option<&crate::sandbox_image::SandboxImage>,
     ) -> Result<Value> {
@@ -272,7 +272,10 @@ impl Runtime {
         let controls = match vm {
             // The VM shares the host's own mount of the workspace through virtio-fs.
             Some(v) => {
-                cmd.args(crate::vm::helper_flags(v, &self.store().layout().cache()));
+                cmd.args(crate::vmrun::helper_flags(
+                    v,
+                    &self.store().layout().cache(),
+                ));
                 helper_controls(o, Vec::new(), Vec::new())
             }
             None => self.helper_controls_of(rec, o),
@@ -400,7 +403,7 @@ impl Runtime {
         o: &SandboxOptions,
         command: &[String],
         json: bool,
-        vm: Option<&crate::vm::VmRun>,
+        vm: Option<&crate::vmrun::VmRun>,
     ) -> Result<u8> {
         use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
         use std::os::unix::process::ExitStatusExt;
@@ -446,7 +449,10 @@ impl Runtime {
         let controls = match vm {
             // The VM shares the host's own mount of the workspace through virtio-fs.
             Some(v) => {
-                cmd.args(crate::vm::helper_flags(v, &self.store().layout().cache()));
+                cmd.args(crate::vmrun::helper_flags(
+                    v,
+                    &self.store().layout().cache(),
+                ));
                 helper_controls(o, Vec::new(), Vec::new())
             }
             None => self.helper_controls_of(&rec, o),

@@ -9,34 +9,11 @@
 //! virtio-fs. This module claims the workspace for the run, as a namespace sandbox's run
 //! does ([`Runtime::sandbox_run`]), and passes the helper its flags.
 
-use std::ffi::OsString;
-use std::path::Path;
-
 use crate::error::Result;
 use crate::runtime::Runtime;
 use crate::sandbox::SandboxOptions;
 
-/// How a VM run is placed.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct VmRun {
-    /// Run under software emulation (TCG), which is no isolation boundary; the run
-    /// says `isolation: needs_validation`.
-    pub accept_emulation: bool,
-}
-
-/// `v` as the helper's `vm-run` and `vm-start` flags (the controls go on
-/// `--controls-fd`, those a VM does not enforce yet too, so the helper refuses them by
-/// name).
-pub(crate) fn helper_flags(v: &VmRun, cache: &Path) -> Vec<OsString> {
-    let mut a: Vec<OsString> = Vec::new();
-    let mut c = OsString::from("--cache-dir=");
-    c.push(cache.join("vm"));
-    a.push(c);
-    if v.accept_emulation {
-        a.push("--accept-emulation".into());
-    }
-    a
-}
+pub use crate::vmrun::VmRun;
 
 impl Runtime {
     /// Runs `command` in a one-shot VM of workspace `ws` and gives its exit status; the

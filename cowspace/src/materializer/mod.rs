@@ -237,54 +237,6 @@ fn own_changes(kind: MaterializerKind) -> Error {
     }
 }
 
-/// A materializer that is not part of this build; probing says so.
-pub struct NotBuilt(pub MaterializerKind);
-
-impl Materializer for NotBuilt {
-    fn kind(&self) -> MaterializerKind {
-        self.0
-    }
-    fn changes_live_in(&self) -> ChangesLiveIn {
-        ChangesLiveIn::Own
-    }
-    fn probe(&self, _: &Store) -> std::result::Result<(), String> {
-        Err(format!(
-            "the {} materializer is not available in this version of cowspace",
-            self.0.as_str()
-        ))
-    }
-    fn mount(&self, _: &WorkspaceCtx<'_>) -> Result<()> {
-        Err(Error::Unsupported {
-            name: self.0.as_str().into(),
-            why: "not available in this version".into(),
-        })
-    }
-    fn unmount(&self, _: &WorkspaceCtx<'_>, _: bool) -> Result<()> {
-        Ok(())
-    }
-    fn is_mounted(&self, _: &WorkspaceCtx<'_>) -> Result<bool> {
-        Ok(false)
-    }
-    fn diff(&self, _: &WorkspaceCtx<'_>) -> Result<Vec<(DiffEntry, Option<PathBuf>)>> {
-        Err(self.mount_error())
-    }
-    fn capture(&self, _: &WorkspaceCtx<'_>, _: &mut Editor<'_>) -> Result<()> {
-        Err(self.mount_error())
-    }
-    fn changes(&self, _: &WorkspaceCtx<'_>) -> Result<Vec<crate::upper::UpperChange>> {
-        Err(self.mount_error())
-    }
-}
-
-impl NotBuilt {
-    fn mount_error(&self) -> Error {
-        Error::Unsupported {
-            name: self.0.as_str().into(),
-            why: "not available in this version".into(),
-        }
-    }
-}
-
 /// The standard materializer of a kind.
 fn standard(kind: MaterializerKind) -> std::sync::Arc<dyn Materializer> {
     match kind {
