@@ -372,7 +372,7 @@ impl Runtime {
     /// overlay or fuse workspace first (the caller's `--env` may override it).
     fn helper_controls_of(&self, rec: &Record, o: &SandboxOptions) -> SandboxOptions {
         let (env, binds) = if self.materializer_of(rec).upper_dir(rec).is_some() {
-            crate::gitfsmonitor::sandbox_setup(self, rec, "/.cowspace/upper", "/workspace")
+            crate::gitfsmonitor::sandbox_setup(self.store(), rec, "/.cowspace/upper", "/workspace")
                 .unwrap_or_default()
         } else {
             Default::default()
