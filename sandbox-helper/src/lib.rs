@@ -69,6 +69,7 @@ pub mod seccomp;
 pub mod serve;
 pub mod share;
 pub mod spec;
+mod stale;
 mod sys;
 pub mod syscall;
 #[cfg(test)]

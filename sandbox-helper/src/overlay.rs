@@ -231,7 +231,7 @@ pub fn reap_stale_work_dirs(upper_parent: &Path) {
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
         if let Some(rest) = name.strip_prefix(WORK_PREFIX)
-            && crate::cgroup::owner_is_gone(rest)
+            && crate::stale::owner_is_gone(rest)
         {
             let _ = std::fs::remove_dir_all(e.path());
         }
