@@ -108,6 +108,28 @@ fn record(store: &Store, snapshot: &SnapshotId, has: bool) -> std::io::Result<()
     written
 }
 
+/// The directory of `snapshot` in the daemon's views: the plain view
+/// (`run/view-plain`, no xattr round trips) when the snapshot is known to have no
+/// xattrs, else the full view (`run/view`). Found once per snapshot (see
+/// [`crate::plain`]); an unknown answer is the full view. A running daemon
+/// without a plain view (an older build) serves it from its full view.
+pub fn view_path(store: &Store, snapshot: &SnapshotId) -> PathBuf {
+    let layout = store.layout();
+    let full = layout.view().join(snapshot.to_hex());
+    let plain = match crate::plain::has_xattrs(store, snapshot) {
+        Ok(false) => layout.plain_view().join(snapshot.to_hex()),
+        Ok(true) => return full,
+        Err(e) => {
+            tracing::warn!(snapshot = %snapshot.to_hex(), "whether the snapshot has xattrs: {e}; the full view serves it");
+            return full;
+        }
+    };
+    if !plain.is_dir() && full.is_dir() {
+        return full;
+    }
+    plain
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -187,8 +187,11 @@ impl Server {
                 "program": crate::daemon::program_identity(std::path::Path::new("/proc/self/exe")),
             }),
             Request::Create(mut o) => {
-                o.materializer = Some(self.config.materializer(o.materializer).value);
-                o.lower = Some(self.config.lower(o.lower).value);
+                // The configuration's defaults where the request names none.
+                let given = o.materializer.map(|c| c.to_string());
+                o.materializer = Some(self.config.materializer(given).value.parse()?);
+                let given = o.lower.map(|c| c.to_string());
+                o.lower = Some(self.config.lower(given).value.parse()?);
                 o.disk = self.config.disk(o.disk).map(|s| s.value);
                 rt.create(&o)?.created_json()
             }

@@ -18,6 +18,7 @@ use std::sync::Mutex;
 use cowspace_store::{SnapshotId, Store};
 
 use crate::error::{Error, Result};
+use crate::kinds::{Choice, LowerKind, LowerPlan};
 use crate::materializer::fulltree::{self, Fill, Stamps};
 use crate::materializer::{ChangesLiveIn, Materializer, MaterializerKind, WorkspaceCtx};
 pub(crate) use crate::subvol::snapshot_subvolume;
@@ -167,15 +168,15 @@ impl Materializer for Btrfs {
         &self,
         store: &Store,
         snapshot: &SnapshotId,
-        asked: Option<&str>,
-    ) -> Result<Option<(crate::materializer::LowerKind, PathBuf)>> {
+        asked: Choice<LowerKind>,
+    ) -> Result<LowerPlan> {
         match asked {
-            None | Some("auto") => Ok(Some((
-                crate::materializer::LowerKind::Subvolume,
+            Choice::Auto => Ok(LowerPlan::new(
+                LowerKind::Subvolume,
                 subvol_path(store, snapshot),
-            ))),
-            Some(other) => Err(Error::Invalid(format!(
-                "lower {other:?}: the btrfs materializer snapshots a subvolume of the checkout (lower auto)"
+            )),
+            Choice::Exactly(other) => Err(Error::Invalid(format!(
+                "lower {other}: the btrfs materializer snapshots a subvolume of the checkout (lower auto)"
             ))),
         }
     }

@@ -8,8 +8,6 @@
 //!   root (see `reflink.rs`). Creating one costs a walk of the tree (a clone per file) but
 //!   no file data; no daemon is needed.
 
-use std::path::PathBuf;
-
 use cowspace_store::{SnapshotId, Store};
 
 use crate::error::Result;
@@ -45,8 +43,8 @@ impl Materializer for Copied {
         &self,
         store: &Store,
         snapshot: &SnapshotId,
-        asked: Option<&str>,
-    ) -> Result<Option<(crate::materializer::LowerKind, PathBuf)>> {
+        asked: crate::kinds::Choice<crate::kinds::LowerKind>,
+    ) -> Result<crate::kinds::LowerPlan> {
         fulltree::checkout_lower(self.kind(), store, snapshot, asked)
     }
 

@@ -674,15 +674,16 @@ pub fn checkout_lower(
     kind: crate::materializer::MaterializerKind,
     store: &Store,
     snapshot: &SnapshotId,
-    asked: Option<&str>,
-) -> Result<Option<(crate::materializer::LowerKind, PathBuf)>> {
+    asked: crate::kinds::Choice<crate::kinds::LowerKind>,
+) -> Result<crate::kinds::LowerPlan> {
+    use crate::kinds::{Choice, LowerKind, LowerPlan};
     match asked {
-        None | Some("auto") | Some("checkout") => Ok(Some((
-            crate::materializer::LowerKind::Checkout,
+        Choice::Auto | Choice::Exactly(LowerKind::Checkout) => Ok(LowerPlan::new(
+            LowerKind::Checkout,
             crate::checkout::checkout_path(store, snapshot),
-        ))),
-        Some(other) => Err(Error::Invalid(format!(
-            "lower {other:?}: the {} materializer copies the snapshot's checkout (lower checkout or auto)",
+        )),
+        Choice::Exactly(other) => Err(Error::Invalid(format!(
+            "lower {other}: the {} materializer copies the snapshot's checkout (lower checkout or auto)",
             kind.as_str()
         ))),
     }

@@ -5,11 +5,12 @@
 //! process is the daemon. Diff and commit read the upper directory like the overlay
 //! materializer's.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use cowspace_store::{SnapshotId, Store};
 
 use crate::error::{Error, Result};
+use crate::kinds::{Choice, LowerKind, LowerPlan};
 use crate::materializer::{
     ChangesLiveIn, Materializer, MaterializerKind, WorkspaceCtx, unmount_path,
 };
@@ -103,19 +104,19 @@ impl Materializer for Fuse {
         &self,
         store: &Store,
         _snapshot: &SnapshotId,
-        asked: Option<&str>,
-    ) -> Result<Option<(crate::materializer::LowerKind, PathBuf)>> {
+        asked: Choice<LowerKind>,
+    ) -> Result<LowerPlan> {
         match asked {
-            None | Some("auto") => {
+            Choice::Auto => {
                 // The daemon serves the snapshot: started now, before the workspace is
                 // recorded, so its start-up sweep never meets this create half-done.
                 if self.host.is_none() {
                     crate::daemon::ensure_running(store.root())?;
                 }
-                Ok(Some((LOWER_KIND, store.root().join("store"))))
+                Ok(LowerPlan::new(LOWER_KIND, store.root().join("store")))
             }
-            Some(other) => Err(Error::Invalid(format!(
-                "lower {other:?}: the fuse materializer reads the snapshot from the store itself (lower auto)"
+            Choice::Exactly(other) => Err(Error::Invalid(format!(
+                "lower {other}: the fuse materializer reads the snapshot from the store itself (lower auto)"
             ))),
         }
     }

@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::mounts;
 use crate::registry::Record;
 
-pub use crate::kinds::{LowerKind, MaterializerKind};
+pub use crate::kinds::{Choice, LowerKind, LowerPlan, MaterializerKind};
 
 /// Where a workspace's changes are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,19 +68,15 @@ pub trait Materializer: Send + Sync {
         self.probe(store)
     }
 
-    /// The read-only source this materializer makes workspaces from when it chooses it
-    /// itself: `(lower_kind, path)`, recorded as the workspace's `lower_kind` and `lower`.
-    /// `asked` is the `lower` the user gave (`None` or `auto`: no preference); one this
-    /// materializer cannot use is refused here, before anything is made. `None`: the
-    /// runtime's choice of `view` or `checkout` (overlay).
+    /// The lower a create of `snapshot` uses: this materializer's own policy for
+    /// `asked` (`auto`: its choice). A lower it cannot use is refused here, before
+    /// anything is made.
     fn lower(
         &self,
-        _store: &Store,
-        _snapshot: &SnapshotId,
-        _asked: Option<&str>,
-    ) -> Result<Option<(LowerKind, PathBuf)>> {
-        Ok(None)
-    }
+        store: &Store,
+        snapshot: &SnapshotId,
+        asked: Choice<LowerKind>,
+    ) -> Result<LowerPlan>;
 
     /// Makes the workspace appear at `rec.path`, using `rec.lower` and private state under
     /// `rec.private_dir`. Creates no state outside those.

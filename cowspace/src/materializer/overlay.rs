@@ -6,9 +6,12 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::OnceLock;
 
-use cowspace_store::Store;
+use std::path::Path;
+
+use cowspace_store::{SnapshotId, Store};
 
 use crate::error::{Error, Result};
+use crate::kinds::{Choice, LowerKind, LowerPlan};
 use crate::materializer::{ChangesLiveIn, Materializer, MaterializerKind, WorkspaceCtx};
 use crate::mounts;
 
@@ -82,6 +85,55 @@ impl Materializer for Overlay {
         trial_mount(store)
     }
 
+    /// Overlay's lower policy: `auto` is [`auto_lower`], except that a snapshot whose
+    /// contents are still on a remote gets the view (which reads them at first use; a
+    /// native lower or a checkout would fetch every file first), and a large snapshot
+    /// without a native lower yet gets the view now while the daemon builds one for the
+    /// next creates ([`LowerPlan::native_later`]).
+    fn lower(
+        &self,
+        store: &Store,
+        snapshot: &SnapshotId,
+        asked: Choice<LowerKind>,
+    ) -> Result<LowerPlan> {
+        let kind = match asked {
+            Choice::Auto => {
+                let (lower, _) = auto_lower(store, MaterializerKind::Overlay);
+                if lower == LowerKind::Native && store.is_partial(snapshot)?.is_some() {
+                    LowerKind::View
+                } else if lower == LowerKind::Native && native_later(store, snapshot)? {
+                    let mut plan =
+                        LowerPlan::new(LowerKind::View, crate::plain::view_path(store, snapshot));
+                    plan.native_later = true;
+                    return Ok(plan);
+                } else {
+                    lower
+                }
+            }
+            Choice::Exactly(LowerKind::Native) => {
+                if let Err(why) = crate::native::probe(store) {
+                    return Err(Error::Unsupported {
+                        name: "overlay --lower native".into(),
+                        why: format!("{why}; use --lower view or --lower checkout"),
+                    });
+                }
+                LowerKind::Native
+            }
+            Choice::Exactly(k @ (LowerKind::View | LowerKind::Checkout)) => k,
+            Choice::Exactly(other) => {
+                return Err(Error::Invalid(format!(
+                    "lower {other}: choose auto, native, view or checkout"
+                )));
+            }
+        };
+        let path = match kind {
+            LowerKind::Native => crate::native::meta_path(store, snapshot),
+            LowerKind::View => crate::plain::view_path(store, snapshot),
+            _ => crate::checkout::checkout_path(store, snapshot),
+        };
+        Ok(LowerPlan::new(kind, path))
+    }
+
     fn mount(&self, cx: &WorkspaceCtx<'_>) -> Result<()> {
         let rec = cx.rec;
         // The native lower's image is mounted once per snapshot (again after a reboot).
@@ -137,4 +189,52 @@ impl Materializer for Overlay {
     fn sandbox_shares_host_mount(&self) -> bool {
         true
     }
+}
+
+/// The lower `--lower auto` gives a workspace of materializer `kind`, and why: the
+/// native lower reads file bytes straight from the blob cache with no daemon in the path
+/// (it needs EROFS and data-only overlay layers, Linux 6.16+, and root); else the view
+/// keeps file identity stable and reads lazily (it needs FUSE); else the checkout.
+pub fn auto_lower(store: &Store, kind: MaterializerKind) -> (LowerKind, String) {
+    let native = if kind == MaterializerKind::Overlay {
+        crate::native::probe(store)
+    } else {
+        Err(format!(
+            "the {} materializer makes its own tree",
+            kind.as_str()
+        ))
+    };
+    let native_why = match native {
+        Ok(()) => {
+            return (
+                LowerKind::Native,
+                "this host mounts EROFS images with data-only overlay layers".into(),
+            );
+        }
+        Err(why) => why,
+    };
+    if Path::new("/dev/fuse").exists() && nix::unistd::geteuid().is_root() {
+        return (
+            LowerKind::View,
+            format!("native lower unavailable ({native_why}); FUSE is usable"),
+        );
+    }
+    (
+        LowerKind::Checkout,
+        format!("native lower unavailable ({native_why}); no usable FUSE for the view"),
+    )
+}
+
+/// Whether a `--lower auto` create of `snapshot` takes the view now and leaves the
+/// native lower to the daemon: its image is not built, the snapshot is too large to
+/// build it during the create ([`crate::native::eager`]) and the view is usable.
+fn native_later(store: &Store, snapshot: &SnapshotId) -> Result<bool> {
+    if crate::native::is_built(store, snapshot)
+        || !Path::new("/dev/fuse").exists()
+        || !nix::unistd::geteuid().is_root()
+    {
+        return Ok(false);
+    }
+    let c = store.snapshot(snapshot)?.counts;
+    Ok(!crate::native::eager(c.files, c.bytes))
 }

@@ -47,10 +47,13 @@ impl Materializer for PlainDir {
         &self,
         store: &Store,
         _snapshot: &SnapshotId,
-        _asked: Option<&str>,
-    ) -> Result<Option<(LowerKind, PathBuf)>> {
+        _asked: crate::kinds::Choice<LowerKind>,
+    ) -> Result<crate::kinds::LowerPlan> {
         // Read from the store itself, as fuse workspaces are: no checkout is made.
-        Ok(Some((LowerKind::Store, store.root().join("store"))))
+        Ok(crate::kinds::LowerPlan::new(
+            LowerKind::Store,
+            store.root().join("store"),
+        ))
     }
 
     fn mount(&self, cx: &WorkspaceCtx<'_>) -> Result<()> {

@@ -124,10 +124,10 @@ impl Runtime {
                 let rec = self.create(&CreateOptions {
                     snapshot: parent.snapshot.clone(),
                     name: name.clone(),
-                    materializer: Some(parent.materializer.to_string()),
+                    materializer: Some(crate::kinds::Choice::Exactly(parent.materializer)),
                     // The same lower for an overlay; the others have their own.
                     lower: (parent.materializer == crate::materializer::MaterializerKind::Overlay)
-                        .then(|| parent.lower_kind.to_string()),
+                        .then_some(crate::kinds::Choice::Exactly(parent.lower_kind)),
                     path: None,
                     worker: parent.worker.clone(),
                     // A fork keeps its parent's quota.

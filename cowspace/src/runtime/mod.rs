@@ -29,6 +29,7 @@ use serde::Serialize;
 
 use crate::checkout;
 use crate::error::{Error, Result};
+use crate::kinds::Choice;
 use crate::materializer::{
     self, LowerKind, Materializer, MaterializerKind, Materializers, WorkspaceCtx,
 };
@@ -42,12 +43,16 @@ mod fork;
 mod lifecycle;
 mod prune;
 
+pub use crate::materializer::overlay::auto_lower;
 pub use changes::Uncommitted;
 use claims::kill_sandbox;
 pub use claims::live_sandbox;
 pub use commit::commit_json;
 pub use fork::{ForkOptions, MAX_FORKS};
 pub use lifecycle::live_creator;
+
+/// Gives a new workspace its private state before it is mounted (a fork).
+pub(crate) type Prefill<'a> = &'a dyn Fn(&Record) -> Result<()>;
 
 /// How to create a workspace.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -56,13 +61,14 @@ pub struct CreateOptions {
     /// A snapshot id (or unique prefix) or a ref name.
     pub snapshot: String,
     pub name: Option<String>,
-    /// `auto` (default), `overlay`, `fuse`, `btrfs`, `reflink` or `copy`.
-    pub materializer: Option<String>,
+    /// `auto`, `overlay`, `fuse`, `btrfs`, `reflink` or `copy`; not given: the
+    /// configuration's default (`auto` unless set).
+    pub materializer: Option<Choice<MaterializerKind>>,
     /// For overlay: `native` (a metadata image of the snapshot over the blob cache as a
     /// data-only layer: file bytes read by the kernel from the blobs, no daemon needed),
     /// `view` (the daemon's lazy snapshot view), `checkout` (a shared directory of hard
-    /// links) or `auto` (default: [`auto_lower`]).
-    pub lower: Option<String>,
+    /// links) or `auto` (the materializer's policy; overlay's is [`auto_lower`]).
+    pub lower: Option<Choice<LowerKind>>,
     /// Where the workspace appears (must not exist). Default: under the runtime root.
     pub path: Option<PathBuf>,
     /// The worker this workspace belongs to (recorded as evidence).
@@ -233,6 +239,16 @@ impl Runtime {
     /// Creates a workspace. Everything is checked before anything is made; a failure
     /// part-way undoes what was made and records the workspace as `failed`.
     pub fn create(&self, o: &CreateOptions) -> Result<Record> {
+        self.create_with(o, None)
+    }
+
+    /// [`Runtime::create`]; `prefill` (a fork) gives the new workspace its private state
+    /// before it is mounted, instead of its lower.
+    pub(crate) fn create_with(
+        &self,
+        o: &CreateOptions,
+        prefill: Option<Prefill<'_>>,
+    ) -> Result<Record> {
         let started = Instant::now();
         let snapshot = match self.store.resolve(&o.snapshot) {
             Ok(s) => s,
@@ -245,15 +261,12 @@ impl Runtime {
             }
             Err(e) => return Err(e.into()),
         };
-        // Contents still on a remote: the view reads them at first use; a native lower
-        // or a checkout would fetch every file first.
-        let partial = self.store.is_partial(&snapshot)?.is_some();
         if let Some(n) = &o.name {
             check_name(n)?;
         }
-        let kind = match o.materializer.as_deref().unwrap_or("auto") {
-            "auto" => self.materializers.pick_auto(&self.store)?,
-            name => MaterializerKind::parse(name)?,
+        let kind = match o.materializer.unwrap_or_default() {
+            Choice::Auto => self.materializers.pick_auto(&self.store)?,
+            Choice::Exactly(kind) => kind,
         };
         let mat = self.materializers.get(kind);
         if let Err(why) = mat.probe(&self.store) {
@@ -262,37 +275,8 @@ impl Runtime {
                 why,
             });
         }
-        let mut prepare_later = false;
-        let lower_kind = match o.lower.as_deref().unwrap_or("auto") {
-            "auto" => {
-                let (lower, _) = auto_lower(&self.store, kind);
-                if lower == LowerKind::Native && partial {
-                    LowerKind::View
-                } else if lower == LowerKind::Native && self.native_later(&snapshot)? {
-                    prepare_later = true;
-                    LowerKind::View
-                } else {
-                    lower
-                }
-            }
-            "native" if kind == MaterializerKind::Overlay => {
-                if let Err(why) = crate::native::probe(&self.store) {
-                    return Err(Error::Unsupported {
-                        name: "overlay --lower native".into(),
-                        why: format!("{why}; use --lower view or --lower checkout"),
-                    });
-                }
-                LowerKind::Native
-            }
-            "native" => LowerKind::Native,
-            "view" => LowerKind::View,
-            "checkout" => LowerKind::Checkout,
-            other => {
-                return Err(Error::Invalid(format!(
-                    "lower {other:?}: choose auto, native, view or checkout"
-                )));
-            }
-        };
+        // Each materializer's own policy; refused here, before anything is made.
+        let plan = mat.lower(&self.store, &snapshot, o.lower.unwrap_or_default())?;
         let disk = crate::quota::check_request(
             &self.store.layout().workspaces(),
             o.disk.as_deref(),
@@ -341,16 +325,7 @@ impl Runtime {
             }
             None => private_dir.join("mnt"),
         };
-        // Full-tree materializers choose their own lower (a checkout, a subvolume).
-        let (lower_kind, lower) = match mat.lower(&self.store, &snapshot, o.lower.as_deref())? {
-            Some((k, p)) => (k, p),
-            None if lower_kind == LowerKind::View => (lower_kind, self.view_path(&snapshot)),
-            None if lower_kind == LowerKind::Native => {
-                let meta = crate::native::meta_path(&self.store, &snapshot);
-                (lower_kind, meta)
-            }
-            None => (lower_kind, checkout::checkout_path(&self.store, &snapshot)),
-        };
+        let (lower_kind, lower, prepare_later) = (plan.kind, plan.path, plan.native_later);
         let t = now();
         let mut rec = Record {
             id: id.clone(),
@@ -413,6 +388,8 @@ impl Runtime {
                 // Held until the overlay holds the image (see `release_native`).
                 let _shared = crate::native::ensure(&self.store, &snapshot)?;
                 return mat.mount(&self.cx(&rec));
+            } else if let Some(fill) = prefill {
+                fill(&rec)?;
             } else if lower_kind != materializer::fuse::LOWER_KIND {
                 checkout::ensure_checkout(&self.store, &snapshot)?;
             }
@@ -446,20 +423,6 @@ impl Runtime {
         Ok(rec)
     }
 
-    /// Whether a `--lower auto` create of `snapshot` takes the view now and leaves the
-    /// native lower to the daemon: its image is not built, the snapshot is too large to
-    /// build it during the create ([`crate::native::eager`]) and the view is usable.
-    fn native_later(&self, snapshot: &SnapshotId) -> Result<bool> {
-        if crate::native::is_built(&self.store, snapshot)
-            || !Path::new("/dev/fuse").exists()
-            || !nix::unistd::geteuid().is_root()
-        {
-            return Ok(false);
-        }
-        let c = self.store.snapshot(snapshot)?.counts;
-        Ok(!crate::native::eager(c.files, c.bytes))
-    }
-
     /// Builds the native lower of `snapshot` (image and blobs) now, unless it is built.
     pub fn prepare_native(&self, snapshot: &SnapshotId) -> Result<()> {
         crate::native::probe(&self.store).map_err(|why| Error::Unsupported {
@@ -467,28 +430,6 @@ impl Runtime {
             why,
         })?;
         crate::native::prepare(&self.store, snapshot)
-    }
-
-    /// The directory of `snapshot` in the daemon's views: the plain view
-    /// (`run/view-plain`, no xattr round trips) when the snapshot is known to have no
-    /// xattrs, else the full view (`run/view`). Found once per snapshot (see
-    /// [`crate::plain`]); an unknown answer is the full view. A running daemon
-    /// without a plain view (an older build) serves it from its full view.
-    fn view_path(&self, snapshot: &SnapshotId) -> PathBuf {
-        let layout = self.store.layout();
-        let full = layout.view().join(snapshot.to_hex());
-        let plain = match crate::plain::has_xattrs(&self.store, snapshot) {
-            Ok(false) => layout.plain_view().join(snapshot.to_hex()),
-            Ok(true) => return full,
-            Err(e) => {
-                tracing::warn!(snapshot = %snapshot.to_hex(), "whether the snapshot has xattrs: {e}; the full view serves it");
-                return full;
-            }
-        };
-        if !plain.is_dir() && full.is_dir() {
-            return full;
-        }
-        plain
     }
 
     /// Adds `evidence` (where the workspace's snapshot came from) to its record, under
@@ -568,38 +509,4 @@ fn with_disk_use(rec: &mut Record) {
     if matches!(rec.status, Status::Active | Status::Stopped) {
         rec.disk = crate::quota::DiskQuota::of(&rec.policies).and_then(|q| q.usage());
     }
-}
-
-/// The lower `--lower auto` gives a workspace of materializer `kind`, and why: the
-/// native lower reads file bytes straight from the blob cache with no daemon in the path
-/// (it needs EROFS and data-only overlay layers, Linux 6.16+, and root); else the view
-/// keeps file identity stable and reads lazily (it needs FUSE); else the checkout.
-pub fn auto_lower(store: &Store, kind: MaterializerKind) -> (LowerKind, String) {
-    let native = if kind == MaterializerKind::Overlay {
-        crate::native::probe(store)
-    } else {
-        Err(format!(
-            "the {} materializer makes its own tree",
-            kind.as_str()
-        ))
-    };
-    let native_why = match native {
-        Ok(()) => {
-            return (
-                LowerKind::Native,
-                "this host mounts EROFS images with data-only overlay layers".into(),
-            );
-        }
-        Err(why) => why,
-    };
-    if Path::new("/dev/fuse").exists() && nix::unistd::geteuid().is_root() {
-        return (
-            LowerKind::View,
-            format!("native lower unavailable ({native_why}); FUSE is usable"),
-        );
-    }
-    (
-        LowerKind::Checkout,
-        format!("native lower unavailable ({native_why}); no usable FUSE for the view"),
-    )
 }

@@ -31,7 +31,7 @@ fn runtime(root: &Path) -> (Runtime, SnapshotId) {
 fn create(rt: &Runtime, snap: &SnapshotId) -> cowspace::registry::Record {
     rt.create(&CreateOptions {
         snapshot: snap.to_hex(),
-        materializer: Some("copy".into()),
+        materializer: Some("copy".parse().unwrap()),
         ..Default::default()
     })
     .unwrap()

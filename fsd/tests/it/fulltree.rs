@@ -136,7 +136,7 @@ impl Env {
             .rt
             .create(&CreateOptions {
                 snapshot: snap.to_hex(),
-                materializer: Some(kind.into()),
+                materializer: Some(kind.parse().unwrap()),
                 ..Default::default()
             })
             .unwrap_or_else(|e| panic!("create {kind}: {e}"));
@@ -314,7 +314,7 @@ fn subvolumes(mnt: &Path) -> Vec<String> {
 fn assert_unsupported(env: &mut Env, snap: &SnapshotId, kind: &str) {
     match env.rt.create(&CreateOptions {
         snapshot: snap.to_hex(),
-        materializer: Some(kind.into()),
+        materializer: Some(kind.parse().unwrap()),
         ..Default::default()
     }) {
         Err(e @ Error::Unsupported { .. }) => {
@@ -427,8 +427,8 @@ fn create_times_20k_files() {
             let rec =
                 e.rt.create(&CreateOptions {
                     snapshot: s.to_hex(),
-                    materializer: Some(kind.into()),
-                    lower: lower.map(String::from),
+                    materializer: Some(kind.parse().unwrap()),
+                    lower: lower.map(|l| l.parse().unwrap()),
                     ..Default::default()
                 })
                 .unwrap();

@@ -75,8 +75,8 @@ fn first_git_status_in_a_fresh_workspace_reads_no_file() {
         let ws = rt
             .create(&CreateOptions {
                 snapshot: "repo".into(),
-                materializer: Some(materializer.into()),
-                lower: lower.map(Into::into),
+                materializer: Some(materializer.parse().unwrap()),
+                lower: lower.map(|l| l.parse().unwrap()),
                 ..Default::default()
             })
             .unwrap();

@@ -541,8 +541,8 @@ fn random_operations_match_a_plain_directory() {
             let ws = rt
                 .create(&CreateOptions {
                     snapshot: "base".into(),
-                    materializer: Some(mat.into()),
-                    lower: (lower != "auto").then(|| lower.into()),
+                    materializer: Some(mat.parse().unwrap()),
+                    lower: Some(lower.parse().unwrap()),
                     ..Default::default()
                 })
                 .unwrap();

@@ -24,8 +24,8 @@ fn entry(store: &cowspace_store::Store, snap: &cowspace_store::SnapshotId, path:
 fn create(rt: &Runtime, snapshot: &str) -> cowspace::registry::Record {
     rt.create(&CreateOptions {
         snapshot: snapshot.into(),
-        materializer: Some("overlay".into()),
-        lower: Some("native".into()),
+        materializer: Some("overlay".parse().unwrap()),
+        lower: Some("native".parse().unwrap()),
         ..Default::default()
     })
     .unwrap_or_else(|e| panic!("create --lower native: {e}"))

@@ -80,8 +80,13 @@ fn create_options(ctx: &Ctx, a: &CreateArgs) -> anyhow::Result<CreateOptions> {
     Ok(CreateOptions {
         snapshot: a.snapshot.clone().unwrap_or_default(),
         name: a.name.clone(),
-        materializer: Some(ctx.config.materializer(a.materializer.clone()).value),
-        lower: Some(ctx.config.lower(a.lower.clone()).value),
+        materializer: Some(
+            ctx.config
+                .materializer(a.materializer.clone())
+                .value
+                .parse()?,
+        ),
+        lower: Some(ctx.config.lower(a.lower.clone()).value.parse()?),
         path,
         worker: a.worker.clone(),
         disk: ctx.config.disk(a.disk.clone()).map(|s| s.value),
