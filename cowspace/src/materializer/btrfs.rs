@@ -21,8 +21,10 @@ use crate::error::{Error, Result};
 use crate::kinds::{Choice, LowerKind, LowerPlan};
 use crate::materializer::fulltree::{self, Fill, Stamps};
 use crate::materializer::{ChangesLiveIn, Materializer, MaterializerKind, WorkspaceCtx};
-pub(crate) use crate::subvol::snapshot_subvolume;
-use crate::subvol::{create_subvolume, delete_subvolume, is_btrfs, is_subvolume};
+
+use crate::subvol::{
+    create_subvolume, delete_subvolume, is_btrfs, is_subvolume, snapshot_subvolume,
+};
 
 /// Where the base subvolume of `snapshot` lives.
 pub fn subvol_path(store: &Store, snapshot: &SnapshotId) -> PathBuf {
