@@ -168,9 +168,7 @@ pub fn remove_tree(path: &Path) {
         {
             // A btrfs subvolume (a workspace's tree, a base subvolume) goes in one call,
             // read-only or not.
-            if crate::subvol::is_subvolume(p, &m)
-                && crate::subvol::delete_subvolume(p).is_ok()
-            {
+            if crate::subvol::is_subvolume(p, &m) && crate::subvol::delete_subvolume(p).is_ok() {
                 return;
             }
             let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o700));

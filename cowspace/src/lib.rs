@@ -16,9 +16,9 @@ pub mod files;
 pub mod fromgit;
 pub mod gitfsmonitor;
 mod gitindex;
-pub mod kinds;
 pub mod image;
 pub mod import;
+pub mod kinds;
 pub mod materializer;
 pub mod ops;
 pub mod protocol;
@@ -46,9 +46,9 @@ pub mod plain;
 #[doc(hidden)]
 pub mod procfs;
 mod retention;
-mod subvol;
 #[doc(hidden)]
 pub mod served;
+mod subvol;
 #[doc(hidden)]
 #[allow(unsafe_code)]
 pub mod sys;

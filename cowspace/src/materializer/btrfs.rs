@@ -21,7 +21,6 @@ use crate::error::{Error, Result};
 use crate::kinds::{Choice, LowerKind, LowerPlan};
 use crate::materializer::fulltree::{self, Fill, Stamps};
 use crate::materializer::{ChangesLiveIn, Materializer, MaterializerKind, WorkspaceCtx};
-
 use crate::subvol::{
     create_subvolume, delete_subvolume, is_btrfs, is_subvolume, snapshot_subvolume,
 };
