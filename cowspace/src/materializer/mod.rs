@@ -7,6 +7,7 @@
 
 pub mod btrfs;
 pub mod copy;
+pub mod forktree;
 pub mod fulltree;
 pub mod fuse;
 pub mod overlay;

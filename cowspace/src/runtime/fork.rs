@@ -6,15 +6,22 @@
 //! directories, redirects of renamed directories, hard links, xattrs). The copy is
 //! `cp -a --reflink=auto` (coreutils: reflinks where the filesystem has them, so its
 //! cost is the changes' metadata; a plain copy of the changes elsewhere), never a copy
-//! of the base. Each fork is made as a workspace of the base first, unmounted, given the
-//! copy, and mounted again; a fork that fails is removed, with every fork made before it
-//! (nothing half-made).
+//! of the base. The layer is copied once beside the parent's; each fork is made as a
+//! workspace of the base first, unmounted, given a copy of that copy (the last one the
+//! copy itself), and mounted again; a fork that fails is removed, with every fork made
+//! before it and the copy (nothing half-made).
 //!
 //! If the parent's sandbox runs, its processes are frozen (the sandbox's pause) for the
-//! copies and thawed after, so every fork holds one instant of what they wrote; the
-//! answer says how long they stayed frozen. Host processes writing to the parent are not
-//! frozen. Full-tree workspaces (btrfs, reflink, copy) are refused for now: their
-//! private layer is the whole tree.
+//! one copy and thawed before the forks are made, so every fork holds one instant of what
+//! they wrote; the answer says how long they stayed frozen (a parent with a disk quota
+//! stays frozen until every fork has its copy, made straight from its layer). Host processes writing to the parent are not
+//! frozen.
+//!
+//! A full-tree workspace (btrfs, reflink, copy) has its whole tree as private layer: its
+//! forks come from one point-in-time copy of that tree taken while the sandbox is frozen
+//! (a subvolume snapshot, a clone or a copy: `materializer::forktree`), and are made
+//! from that copy after the thaw, each with stamps that keep its diff and commit costing
+//! what changed.
 
 use std::path::Path;
 use std::time::Instant;
@@ -22,6 +29,7 @@ use std::time::Instant;
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
+use crate::materializer::{ChangesLiveIn, forktree};
 use crate::registry::{Record, Status};
 use crate::runtime::{CreateOptions, Runtime, live_sandbox};
 
@@ -58,6 +66,15 @@ fn copy_upper(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
+/// A copy of a private layer that forks are made from; removed on drop.
+struct StageDir(std::path::PathBuf);
+
+impl Drop for StageDir {
+    fn drop(&mut self) {
+        crate::checkout::remove_tree(&self.0);
+    }
+}
+
 impl Runtime {
     /// Forks workspace `ws`: `count` (default 1) new workspaces holding what it shows now.
     /// Answers the new workspaces' records (each with `parent`) and `frozen_ms`, how long
@@ -81,14 +98,16 @@ impl Runtime {
             });
         }
         let mat = self.materializer_of(&parent);
-        let Some(upper) = mat.upper_dir(&parent) else {
+        let full_tree = mat.changes_live_in() == ChangesLiveIn::FullTree;
+        let upper = mat.upper_dir(&parent);
+        if upper.is_none() && !full_tree {
             return Err(Error::Unsupported {
                 name: parent.materializer.to_string(),
-                why: "fork copies a workspace's private layer; a full-tree workspace's is its \
-                      whole tree (not built yet): fork an overlay or fuse workspace"
+                why: "fork copies a workspace's private layer or tree; this materializer keeps \
+                      its changes in a form fork cannot copy"
                     .into(),
             });
-        };
+        }
         let names: Vec<Option<String>> = match (&o.name, count) {
             (None, n) => vec![None; n],
             (Some(n), 1) => vec![Some(n.clone())],
@@ -117,24 +136,78 @@ impl Runtime {
         // The parent's sandbox holds still while its layer is copied.
         let frozen = self.freeze_for_fork(&parent)?;
         let started = Instant::now();
+        let frozen_ms = std::cell::Cell::new(None::<f64>);
+        // Thaws the parent once (the first call), recording how long it stayed frozen.
+        let thaw = || {
+            if frozen_ms.get().is_none() {
+                frozen_ms.set(Some(match frozen {
+                    Some(t) => {
+                        let ms = t.elapsed().as_secs_f64() * 1e3;
+                        let _ = self.sandbox_resume(&parent.id);
+                        ms
+                    }
+                    None => 0.0,
+                }));
+            }
+        };
         let mut made: Vec<Record> = Vec::new();
+        let options = |name: &Option<String>| CreateOptions {
+            snapshot: parent.snapshot.clone(),
+            name: name.clone(),
+            materializer: Some(crate::kinds::Choice::Exactly(parent.materializer)),
+            // The same lower for an overlay; the others have their own.
+            lower: (parent.materializer == crate::materializer::MaterializerKind::Overlay)
+                .then_some(crate::kinds::Choice::Exactly(parent.lower_kind)),
+            path: None,
+            worker: parent.worker.clone(),
+            // A fork keeps its parent's quota.
+            disk: crate::quota::DiskQuota::of(&parent.policies).map(|q| q.limit_bytes.to_string()),
+            inodes: None,
+        };
+        let record_parent = |rec: &Record| {
+            let parent_id = parent.id.clone();
+            self.reg().modify(&rec.id, |r| {
+                r.parent = Some(parent_id.clone());
+                Ok(())
+            })
+        };
         let result = (|| -> Result<()> {
             mat.settle(&self.cx(&parent))?;
-            for name in &names {
-                let rec = self.create(&CreateOptions {
-                    snapshot: parent.snapshot.clone(),
-                    name: name.clone(),
-                    materializer: Some(crate::kinds::Choice::Exactly(parent.materializer)),
-                    // The same lower for an overlay; the others have their own.
-                    lower: (parent.materializer == crate::materializer::MaterializerKind::Overlay)
-                        .then_some(crate::kinds::Choice::Exactly(parent.lower_kind)),
-                    path: None,
-                    worker: parent.worker.clone(),
-                    // A fork keeps its parent's quota.
-                    disk: crate::quota::DiskQuota::of(&parent.policies)
-                        .map(|q| q.limit_bytes.to_string()),
-                    inodes: None,
-                })?;
+            if full_tree {
+                // One copy while frozen; the forks are made from it after the thaw.
+                let stage = forktree::Stage::take(&parent, parent.materializer);
+                thaw();
+                let mut stage = stage?;
+                stage.stamp(&parent)?;
+                for (i, name) in names.iter().enumerate() {
+                    let last = i + 1 == names.len();
+                    let place = |rec: &Record| stage.place(rec, last);
+                    let rec = self.create_with(&options(name), Some(&place))?;
+                    made.push(rec.clone());
+                    record_parent(&rec)?;
+                }
+                return Ok(());
+            }
+            let upper = upper.as_ref().expect("an upper layer or a full tree");
+            // One copy of the layer while frozen, beside the parent's; the forks are
+            // given copies of it after the thaw (the last one the copy itself). Not for a
+            // parent with a disk quota: its private directory is limited, and that copy
+            // would count against it.
+            let stage = crate::quota::DiskQuota::of(&parent.policies)
+                .is_none()
+                .then(|| {
+                    StageDir(
+                        parent
+                            .private_dir
+                            .join(crate::tmpname::unique("fork-stage")),
+                    )
+                });
+            if let Some(st) = &stage {
+                copy_upper(upper, &st.0)?;
+                thaw();
+            }
+            for (i, name) in names.iter().enumerate() {
+                let rec = self.create(&options(name))?;
                 made.push(rec.clone());
                 let child_mat = self.materializer_of(&rec);
                 child_mat.unmount(&self.cx(&rec), false)?;
@@ -145,25 +218,24 @@ impl Runtime {
                 crate::checkout::remove_tree(&rec.work_dir());
                 std::fs::create_dir_all(rec.work_dir())
                     .map_err(Error::io("create", rec.work_dir()))?;
-                copy_upper(&upper, &child_upper)?;
+                match &stage {
+                    // A rename across subvolumes (a fork with a quota) fails: then a copy.
+                    Some(st) if i + 1 == names.len() => {
+                        if std::fs::rename(&st.0, &child_upper).is_err() {
+                            copy_upper(&st.0, &child_upper)?;
+                        }
+                    }
+                    Some(st) => copy_upper(&st.0, &child_upper)?,
+                    None => copy_upper(upper, &child_upper)?,
+                }
                 child_mat.mount(&self.cx(&rec))?;
-                let parent_id = parent.id.clone();
-                self.reg().modify(&rec.id, |r| {
-                    r.parent = Some(parent_id.clone());
-                    Ok(())
-                })?;
+                record_parent(&rec)?;
             }
             Ok(())
         })();
+        thaw();
         let copy_ms = started.elapsed().as_secs_f64() * 1e3;
-        let frozen_ms = match frozen {
-            Some(t) => {
-                let ms = t.elapsed().as_secs_f64() * 1e3;
-                let _ = self.sandbox_resume(&parent.id);
-                ms
-            }
-            None => 0.0,
-        };
+        let frozen_ms = frozen_ms.get().unwrap_or(0.0);
         if let Err(e) = result {
             for rec in made.iter().rev() {
                 let _ = self.remove(&rec.id, true);

@@ -22,12 +22,12 @@ const LOOP_LARGE: u64 = 8 << 30;
 pub struct LoopFs {
     pub(super) kind: &'static str,
     pub(super) img: PathBuf,
-    pub(super) mnt: PathBuf,
+    pub(crate) mnt: PathBuf,
     pub(super) size: u64,
 }
 
 impl LoopFs {
-    pub(super) fn make(ctx: &Ctx, kind: &'static str) -> std::result::Result<Self, String> {
+    pub(crate) fn make(ctx: &Ctx, kind: &'static str) -> std::result::Result<Self, String> {
         if ctx.quick {
             return Err("loop filesystems are not made in --quick mode".into());
         }
