@@ -7,7 +7,8 @@
 //! sandbox's root as an overlay of them with a private writable layer
 //! (`sandbox-helper/src/image.rs`). The image config's `Env` goes under the sandbox's
 //! own environment (the runtime's additions and `--env` win); `WorkingDir` is reported,
-//! the workspace stays the working directory (`exec --workdir` moves it); `User`
+//! and the workspace stays the working directory unless `--image-workdir` asks for the
+//! image's (`--workdir DIR` and `exec --workdir` name any other); `User`
 //! (`UID[:GID]`, or names found in the image's `/etc/passwd` and `/etc/group`) is the
 //! uid and gid of the sandbox's user namespace that commands run as, and one that
 //! cannot be resolved is refused (7) naming it.
@@ -165,7 +166,8 @@ fn snapshot_text(
 }
 
 /// The controls the helper gets for an image: no name (the helper takes the mounted
-/// lower), the image's `Env` under the others.
+/// lower), the image's `Env` under the others, and with `--image-workdir` the image's
+/// `WorkingDir` as `--workdir`.
 pub(crate) fn controls_for(
     mut c: crate::sandbox::SandboxOptions,
     image: Option<&SandboxImage>,
@@ -173,7 +175,11 @@ pub(crate) fn controls_for(
     c.image = None;
     if let Some(i) = image {
         c.env = i.env.iter().cloned().chain(c.env).collect();
+        if c.image_workdir {
+            c.workdir = i.working_dir.clone();
+        }
     }
+    c.image_workdir = false;
     c
 }
 
@@ -186,8 +192,18 @@ impl Runtime {
         o: &crate::sandbox::SandboxOptions,
     ) -> Result<Option<SandboxImage>> {
         let Some(name) = &o.image else {
+            if o.image_workdir {
+                return Err(Error::Invalid(
+                    "--image-workdir needs --image NAME (the image whose WorkingDir to use)".into(),
+                ));
+            }
             return Ok(None);
         };
+        if o.image_workdir && o.workdir.is_some() {
+            return Err(Error::Invalid(
+                "--workdir and --image-workdir exclude each other: give one".into(),
+            ));
+        }
         let store = self.store();
         let snapshot = store.resolve(name)?;
         let snap = store.snapshot(&snapshot)?;
@@ -203,6 +219,16 @@ impl Runtime {
             });
         };
         let info = info?;
+        if o.image_workdir && info.working_dir.as_deref().is_none_or(str::is_empty) {
+            return Err(Error::Answered {
+                kind: ErrorKind::InvalidInput,
+                message: format!("--image-workdir: image {name} sets no WorkingDir in its config"),
+                hint: Some(
+                    "give the directory with --workdir DIR, or leave both out for /workspace"
+                        .into(),
+                ),
+            });
+        }
         // A user other than root gets its passwd home as `HOME` (the image's `Env` and
         // `--env` may set another).
         let mut env = Vec::new();

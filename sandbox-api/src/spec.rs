@@ -100,6 +100,16 @@ pub struct Controls {
     /// `--io-weight`: the sandbox's share of disk time against others (1 to 10000).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub io_weight: Option<u64>,
+    /// `--workdir DIR`: the working directory of the sandbox's commands (the first
+    /// command of a run and every exec without its own `--workdir`); absolute inside,
+    /// or relative to `/workspace`. Default `/workspace`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// `--image-workdir` (with `--image`): the working directory is the image config's
+    /// `WorkingDir`. The runtime resolves it into [`Controls::workdir`]; the helper never
+    /// gets it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub image_workdir: bool,
 }
 
 /// A size given as text (`"512m"`) or as a number of bytes (the socket's `memory`,

@@ -215,7 +215,7 @@ pub(crate) fn main(ctx: Context<'_>) -> ! {
     cmd.args(&spec.command[1..])
         .env_clear()
         .envs(&spec.env)
-        .current_dir("/workspace");
+        .current_dir(&spec.workdir);
     if let Some((uid, gid)) = spec.user {
         use std::os::unix::process::CommandExt;
         cmd.uid(uid).gid(gid);

@@ -504,7 +504,10 @@ fn exec(conn: &OwnedFd, shared: &Arc<Shared>, req: ExecRequest, fds: Vec<OwnedFd
                     "invalid_input",
                     &format!(
                         "working directory {} does not exist inside the sandbox",
-                        req.workdir.as_deref().unwrap_or("/workspace")
+                        req.workdir
+                            .as_deref()
+                            .or(shared.status["workdir"].as_str())
+                            .unwrap_or(crate::spec::DEFAULT_WORKDIR)
                     ),
                     9,
                 ),

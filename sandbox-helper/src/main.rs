@@ -234,6 +234,10 @@ struct RunArgs {
     /// image config's `User`, resolved by the runtime).
     #[arg(long, value_name = "UID:GID", requires = "image_meta")]
     image_user: Option<String>,
+    /// The working directory of CMD and of every exec without its own (absolute inside,
+    /// or relative to /workspace; default /workspace).
+    #[arg(long, value_name = "DIR")]
+    workdir: Option<String>,
     /// The command and its arguments (none for `start`).
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -658,6 +662,8 @@ fn controls_of(args: &mut RunArgs) -> Result<sandbox_helper::spec::Controls, Err
         image: None,
         io_max: args.io_max.take(),
         io_weight: args.io_weight,
+        workdir: args.workdir.take(),
+        image_workdir: false,
     };
     let Some(fd) = args.controls_fd else {
         return Ok(from_flags);

@@ -584,6 +584,18 @@ pub fn plan(spec: &Spec, new_root: &Path, host: &dyn HostFs) -> Plan {
     if image.is_none() {
         p.push(Step::RemountRootReadOnly);
     }
+    // An image's working directory that the image lacks is made in the sandbox's
+    // private layer (as container runtimes make a `WorkingDir`), inside the image root.
+    if image.is_some() && !spec.workdir.starts_with(crate::spec::DEFAULT_WORKDIR) {
+        let mut ancestors: Vec<&Path> = spec.workdir.ancestors().collect();
+        ancestors.reverse();
+        for dir in ancestors.into_iter().skip(1) {
+            p.push(Step::Mkdir {
+                path: dir.to_path_buf(),
+                mode: 0o755,
+            });
+        }
+    }
     p.push(Step::Chdir("/workspace".into()));
     p.plan
 }

@@ -510,6 +510,7 @@ pub fn start(
         "host_mount": live.ready.host_mount.as_str(),
         "workspace": spec.workspace,
         "idle_timeout_ms": spec.idle_timeout.map(|d| d.as_millis() as u64),
+        "workdir": spec.workdir,
     });
     let init_sock = live.ours.try_clone().map_err(Error::Sync)?;
     let stopped = crate::keeper::serve(

@@ -178,8 +178,11 @@ fn start(
     if req.argv.is_empty() || req.argv.iter().any(|a| a.contains('\0')) {
         return Err((libc::EINVAL, 2));
     }
-    let workdir = req.workdir.clone().unwrap_or_else(|| "/workspace".into());
-    if !std::path::Path::new(&workdir).is_dir() {
+    let workdir = req
+        .workdir
+        .clone()
+        .map_or_else(|| spec.workdir.clone(), std::path::PathBuf::from);
+    if !workdir.is_dir() {
         return Err((libc::ENOENT, 1));
     }
     let mut cmd = Command::new(&req.argv[0]);

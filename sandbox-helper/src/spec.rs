@@ -11,11 +11,13 @@ mod egress;
 pub mod inject;
 mod limits;
 pub(crate) mod paths;
+mod workdir;
 
 pub use egress::{EGRESS_DNS_PORT, EGRESS_HTTP_PORT, EGRESS_SOCKS_PORT, egress_env, egress_policy};
 use limits::check_cpus_fit;
 pub use limits::parse_bytes;
 use paths::{bind_source, canonical_dir, check_suspendable, normalize_target, refuse_overlap};
+pub use workdir::{DEFAULT_WORKDIR, parse_workdir};
 
 pub use sandbox_api::spec::{Controls, MAX_NAME_BYTES, Net};
 /// Smallest memory limit accepted (init and a shell must fit).
@@ -248,6 +250,8 @@ pub struct Spec {
     /// `--image-user`: the uid and gid (of the sandbox's user namespace) commands run
     /// as; root when `None`.
     pub user: Option<(u32, u32)>,
+    /// `--workdir`: where the first command and every exec without its own start.
+    pub workdir: PathBuf,
 }
 
 /// Unvalidated input, as parsed from the command line.
@@ -481,6 +485,14 @@ impl Spec {
         let ro_binds = read_ro_binds(&input.controls.ro_bind, state_dir)?;
 
         let secrets = read_secrets(&input.controls.secret, state_dir)?;
+        if input.controls.image_workdir {
+            return Err(Error::InvalidInput(
+                "--image-workdir is resolved by the runtime into --workdir, never given to \
+                 the helper"
+                    .into(),
+            ));
+        }
+        let workdir = parse_workdir(input.controls.workdir.as_deref())?;
         if input.controls.image.is_some() {
             return Err(Error::InvalidInput(
                 "the image is given to the helper as its mounted lower (--image-meta and \
@@ -519,6 +531,7 @@ impl Spec {
             idle_timeout,
             image,
             user,
+            workdir,
         })
     }
 }

@@ -184,6 +184,7 @@ pub fn spec() -> Spec {
         idle_timeout: None,
         image: None,
         user: None,
+        workdir: crate::spec::DEFAULT_WORKDIR.into(),
     }
 }
 

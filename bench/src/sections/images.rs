@@ -25,7 +25,17 @@ use crate::mountctl::{Mountctl, StoreGuard, field_u64};
 use crate::proc::{self, timed};
 use crate::results::{Better, MethodResult, MetricDef, Role};
 
-const IDS: &[&str] = &["pull", "skopeo-copy", "pull-related"];
+const IDS: &[&str] = &[
+    "pull",
+    "skopeo-copy",
+    "pull-related",
+    "start-image",
+    "start-host",
+    "run-image",
+    "bwrap-rootfs",
+    "idle-50",
+    "skopeo-unpack",
+];
 /// How long the registry may take to listen.
 const REGISTRY_START: Duration = Duration::from_secs(60);
 
@@ -87,6 +97,8 @@ struct Shared {
 
 pub struct ImagesSection {
     shared: Option<Arc<Shared>>,
+    /// The sandbox rows' runtime root ([`super::images_start`]).
+    sandboxes: Option<Arc<super::images_start::Fixture>>,
     registry: Option<Registry>,
     notes: Vec<String>,
 }
@@ -95,6 +107,7 @@ impl ImagesSection {
     pub fn new() -> Self {
         Self {
             shared: None,
+            sandboxes: None,
             registry: None,
             notes: Vec::new(),
         }
@@ -231,6 +244,27 @@ impl Method for PullRelated {
     }
 }
 
+/// Adds `metric` to `ours`: its `of` samples over `base`'s, paired by run.
+fn ratio(methods: &mut [MethodResult], ours: &str, base: &str, of: &str, metric: &str) {
+    let Some(b) = methods
+        .iter()
+        .find(|m| m.id == base)
+        .and_then(|m| m.samples.get(of).cloned())
+    else {
+        return;
+    };
+    let Some(m) = methods.iter_mut().find(|m| m.id == ours) else {
+        return;
+    };
+    let Some(a) = m.samples.get(of) else {
+        return;
+    };
+    let v = super::network::clients::paired(a, &b, |a, b| a / b);
+    if !v.is_empty() {
+        m.samples.insert(metric.into(), v);
+    }
+}
+
 /// `umoci` with `args`, failing with its output.
 fn umoci(args: &[&str]) -> Result<()> {
     proc::run(Command::new("umoci").args(args)).map(drop)
@@ -298,6 +332,60 @@ impl Section for ImagesSection {
                 "bytes",
                 Lower,
             ),
+            metric(
+                "pull_unpack_ratio",
+                "pull ÷ (skopeo copy + umoci unpack), paired by run",
+                "ratio",
+                Lower,
+            ),
+            metric(
+                "start_s",
+                "sandbox start to ready (run: to /bin/true's exit), median of the round",
+                "s",
+                Lower,
+            ),
+            metric(
+                "start_ratio",
+                "start --image ÷ start on the host directories, paired by run",
+                "ratio",
+                Lower,
+            ),
+            metric(
+                "idle_host_bytes_per_sandbox",
+                "host memory per idle sandbox (MemAvailable drop ÷ 50)",
+                "bytes",
+                Lower,
+            ),
+            metric(
+                "idle_rss_bytes_per_sandbox",
+                "anonymous memory per idle sandbox (its memory cgroup)",
+                "bytes",
+                Lower,
+            ),
+            metric(
+                "image_cache_first_bytes",
+                "the image's files in the page cache, one sandbox running",
+                "bytes",
+                Lower,
+            ),
+            metric(
+                "image_cache_all_bytes",
+                "the image's files in the page cache, all 50 running",
+                "bytes",
+                Lower,
+            ),
+            metric(
+                "cgroup_cache_first_bytes",
+                "page cache charged to the first sandbox's cgroup",
+                "bytes",
+                Lower,
+            ),
+            metric(
+                "cgroup_cache_later_bytes",
+                "page cache charged to each later sandbox's cgroup (mean)",
+                "bytes",
+                Lower,
+            ),
         ]
     }
 
@@ -310,6 +398,20 @@ impl Section for ImagesSection {
     }
 
     fn derive(&self, methods: &mut [MethodResult]) {
+        ratio(
+            methods,
+            "start-image",
+            "start-host",
+            "start_s",
+            "start_ratio",
+        );
+        ratio(
+            methods,
+            "pull",
+            "skopeo-unpack",
+            "pull_s",
+            "pull_unpack_ratio",
+        );
         let Some(base) = methods.iter().find(|m| m.id == "skopeo-copy") else {
             return;
         };
@@ -329,7 +431,8 @@ impl Section for ImagesSection {
     }
 
     fn prepare(&mut self, ctx: &Ctx, selected: &dyn Fn(&str) -> bool) -> Result<Vec<Prepared>> {
-        let skip_all = |why: String| super::skip_all(IDS, &["skopeo-copy"], selected, &why);
+        let baselines = [&["skopeo-copy"], super::images_start::BASELINES].concat();
+        let skip_all = |why: String| super::skip_all(IDS, &baselines, selected, &why);
         if !IDS.iter().any(|id| selected(id)) {
             return Ok(Vec::new());
         }
@@ -399,6 +502,9 @@ impl Section for ImagesSection {
             ctx.corpus.tree.display(),
             own.len()
         ));
+        let (more, fixture) =
+            super::images_start::prepare(ctx, &mountctl, &repo, selected, &mut self.notes)?;
+        self.sandboxes = fixture;
         let sh = Arc::new(Shared {
             mountctl,
             repo,
@@ -415,6 +521,7 @@ impl Section for ImagesSection {
             .into_iter()
             .filter(|m| selected(m.info().id))
             .map(Prepared::Ready)
+            .chain(more)
             .collect())
     }
 }

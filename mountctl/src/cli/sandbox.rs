@@ -107,6 +107,16 @@ pub struct SandboxFlags {
     /// scheduler (bfq).
     #[arg(long, value_name = "W")]
     pub io_weight: Option<u64>,
+    /// The working directory of the sandbox's commands (the command of `run`, every
+    /// `exec` without its own --workdir): absolute inside, or relative to /workspace
+    /// (the default).
+    #[arg(long, value_name = "DIR", conflicts_with = "image_workdir")]
+    pub workdir: Option<String>,
+    /// With --image (or the configuration's default image): commands start in the
+    /// image config's WorkingDir instead of /workspace (made in the sandbox's private
+    /// layer when the image lacks it).
+    #[arg(long)]
+    pub image_workdir: bool,
 }
 
 impl From<SandboxFlags> for cowspace::sandbox::SandboxOptions {
@@ -135,6 +145,8 @@ impl From<SandboxFlags> for cowspace::sandbox::SandboxOptions {
             image: f.image,
             io_max: f.io_max,
             io_weight: f.io_weight,
+            workdir: f.workdir,
+            image_workdir: f.image_workdir,
         }
     }
 }

@@ -417,6 +417,8 @@ pub(crate) struct VmBackend {
     pub(crate) channel: Arc<Channel>,
     /// Every command's environment before the request's own (`PATH`, `HOME`, `--env`).
     pub(crate) env: Vec<(String, String)>,
+    /// Where an exec without its own working directory starts (`--workdir`).
+    pub(crate) workdir: String,
     /// Set once a stop began: no new exec is sent.
     pub(crate) stopping: AtomicBool,
     /// qemu's monitor socket ([`super::qmp`]): pause is its `stop`, resume its `cont`.
@@ -482,7 +484,7 @@ impl Backend for VmBackend {
         let msg = ExecMsg {
             argv: req.argv.clone(),
             env: merged_env(&self.env, &req.env),
-            workdir: req.workdir.clone().unwrap_or_else(|| "/workspace".into()),
+            workdir: req.workdir.clone().unwrap_or_else(|| self.workdir.clone()),
             tty: req.tty,
         };
         self.channel.exec(stream, &msg, stdio, master, tx)

@@ -89,10 +89,12 @@ pub fn start(
         "kernel": prep.kernel.image,
         "initramfs_blake3": prep.initrd.1,
         "workspace": spec.dir,
+        "workdir": spec.workdir,
     });
     let backend = Arc::new(VmBackend {
         channel: booted.channel.clone(),
         env: base_env(spec),
+        workdir: spec.workdir.clone(),
         stopping: AtomicBool::new(false),
         qmp: booted.qmp_sock(),
         qemu: prep.qemu.clone(),

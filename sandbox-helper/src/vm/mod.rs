@@ -93,6 +93,8 @@ pub struct VmSpec {
     pub pids: Option<u64>,
     /// Where initramfs images are cached.
     pub cache_dir: PathBuf,
+    /// `--workdir`: where the command and every exec without its own start, in the guest.
+    pub workdir: String,
 }
 
 impl VmSpec {
@@ -127,6 +129,11 @@ impl VmSpec {
                          WS`, or use a namespace sandbox (leave out --vm) for the idle pause"
                     .into(),
             });
+        }
+        if controls.image_workdir {
+            return Err(Error::InvalidInput(
+                "--image-workdir needs --image, which a VM sandbox does not take yet".into(),
+            ));
         }
         if controls.io_max.is_some() || controls.io_weight.is_some() {
             return Err(Error::VmUnavailable {
@@ -226,6 +233,9 @@ impl VmSpec {
             cpuset: crate::spec::parse_cpuset(controls.cpuset_cpus.as_deref())?,
             ro_binds,
             pids: controls.pids,
+            workdir: crate::spec::parse_workdir(controls.workdir.as_deref())?
+                .to_string_lossy()
+                .into_owned(),
         })
     }
 

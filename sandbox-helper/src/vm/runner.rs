@@ -591,7 +591,7 @@ pub fn run(
     let msg = super::proto::ExecMsg {
         argv: spec.command.clone(),
         env: base_env(spec),
-        workdir: "/workspace".into(),
+        workdir: spec.workdir.clone(),
         tty: None,
     };
     booted

@@ -17,7 +17,7 @@ use crate::sandbox::support as sbx;
 use crate::workspaces::support::{WsRoot, require_root};
 
 /// Whether `umoci` is there; otherwise skips (or fails under `CI=true`).
-fn have_umoci() -> bool {
+pub(crate) fn have_umoci() -> bool {
     let found = Command::new("sh")
         .args(["-c", "command -v umoci"])
         .output()
@@ -46,7 +46,7 @@ fn umoci(args: &[&str]) {
 /// An OCI layout with image `img`: a static busybox at `/busybox` (and a set-uid root
 /// copy at `/opt/suid/busybox`), `/etc/image-marker`, a script `/usr/local/bin/only-here`
 /// no host has, Env `FOO=bar` and `PATH` naming that directory, WorkingDir `/srv`.
-fn build_image(work: &Path) -> PathBuf {
+pub(crate) fn build_image(work: &Path) -> PathBuf {
     let layout = work.join("oci");
     let l = layout.to_str().unwrap();
     let image = format!("{l}:img");

@@ -122,13 +122,13 @@ pub(crate) fn build_images(work: &Path) -> PathBuf {
 
 /// A distribution registry on 127.0.0.1 with a throwaway storage directory; killed when
 /// dropped.
-struct Registry {
+pub(crate) struct Registry {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Registry {
-    fn start(dir: &Path) -> Registry {
+    pub(crate) fn start(dir: &Path) -> Registry {
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -162,12 +162,12 @@ impl Registry {
         r
     }
 
-    fn host(&self) -> String {
+    pub(crate) fn host(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
     /// `skopeo copy` of `layout:tag` to `REPO:tag` here.
-    fn push(&self, layout: &Path, tag: &str, repo: &str) {
+    pub(crate) fn push(&self, layout: &Path, tag: &str, repo: &str) {
         sh(Command::new("skopeo").args([
             "copy",
             "--insecure-policy",

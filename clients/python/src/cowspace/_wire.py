@@ -113,6 +113,8 @@ def sandbox_args(
     inject_methods: Optional[Iterable[str]] = None,
     upstream_ca: Optional[str] = None,
     image: Optional[str] = None,
+    workdir: Optional[str] = None,
+    image_workdir: Optional[bool] = None,
 ) -> Dict[str, Any]:
     """``sandbox_start``'s arguments; mappings are accepted where the protocol takes
     ``"K=V"`` / ``"NAME:ADDR"`` / ``"SRC:DST"`` strings."""
@@ -152,6 +154,8 @@ def sandbox_args(
         inject_methods=strs(inject_methods),
         upstream_ca=upstream_ca,
         image=image,
+        workdir=workdir,
+        image_workdir=image_workdir,
     )
 
 

@@ -337,6 +337,8 @@ class AsyncClient:
         inject_methods: Optional[Iterable[str]] = None,
         upstream_ca: Optional[str] = None,
         image: Optional[str] = None,
+        workdir: Optional[str] = None,
+        image_workdir: Optional[bool] = None,
     ) -> SandboxStatus:
         """Starts the workspace's long-lived sandbox; gives its status once ready
         (``ports``: internal port -> host port on 127.0.0.1). ``net``: ``none``,
@@ -364,6 +366,8 @@ class AsyncClient:
             inject_methods=inject_methods,
             upstream_ca=upstream_ca,
             image=image,
+            workdir=workdir,
+            image_workdir=image_workdir,
         )
         return cast(SandboxStatus, await self.request("sandbox_start", a))
 

@@ -326,6 +326,8 @@ class Client:
         inject_methods: Optional[Iterable[str]] = None,
         upstream_ca: Optional[str] = None,
         image: Optional[str] = None,
+        workdir: Optional[str] = None,
+        image_workdir: Optional[bool] = None,
     ) -> SandboxStatus:
         """Starts the workspace's long-lived sandbox; gives its status once ready
         (``ports``: internal port -> host port on 127.0.0.1). ``net``: ``none``,
@@ -337,7 +339,9 @@ class Client:
         HEADER to FILE's contents on requests to HOST, read host-side; the value never
         enters the sandbox (``inject_methods``: ``"HOST=GET,HEAD"``; ``upstream_ca``: a
         PEM file of roots for upstream hosts). ``image`` (a ref or snapshot id of an
-        image in the store): the sandbox's root filesystem."""
+        image in the store): the sandbox's root filesystem. ``workdir``: the working
+        directory of every exec (default ``/workspace``); ``image_workdir=True``: the
+        image's ``WorkingDir`` instead."""
         a = _wire.sandbox_args(
             workspace,
             vm=vm,
@@ -359,6 +363,8 @@ class Client:
             inject_methods=inject_methods,
             upstream_ca=upstream_ca,
             image=image,
+            workdir=workdir,
+            image_workdir=image_workdir,
         )
         return cast(SandboxStatus, self.request("sandbox_start", a))
 
