@@ -9,7 +9,9 @@ pkgs=(git tar zstd gzip xz-utils fuse3 fuse-overlayfs btrfs-progs xfsprogs bubbl
       qemu-system-x86 busybox-static libcap-ng-dev libseccomp-dev
       libc6-dev   # libc.a: sandbox-helper's build links the guest agent statically
       docker-registry umoci skopeo  # image tests: a real registry on 127.0.0.1, images built and pushed
+      mmdebstrap  # image tests: a real Debian root (below), made once and cached
       openssl     # the bench inject section makes its TLS origin's CA with it
+      python3-dev python3-setuptools  # the soak's project builds a C extension (Python.h)
       nodejs)     # the Node client's tests (clients/typescript) need node >= 20
 missing=()
 for p in "${pkgs[@]}"; do
@@ -60,4 +62,40 @@ if ! ls "$wheels"/six-*.whl "$wheels"/idna-*.whl >/dev/null 2>&1 && [ "$(id -u)"
   mkdir -p "$wheels"
   python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
     --dest "$wheels" six==1.16.0 idna==3.7
+fi
+
+# A real distribution root for the image tests and the bench images section
+# (tests/tests/e2e/image_distro.rs): Debian 13 (trixie, not the host's release, so its
+# files and versions differ from the host's) made by `mmdebstrap --variant=minbase` with
+# python3 and pip, as an OCI image layout (tag `trixie`) built with umoci, once; the tests
+# push it to their own registry on 127.0.0.1 and need no network. `expect` holds what the
+# image's own binaries report, read in a chroot of the tree when it was made. About 60 MB.
+images=${COWSPACE_TEST_IMAGES:-/var/cache/cowspace/test-images}
+if ! [ -f "$images/debian-minbase/expect" ] && [ "$(id -u)" -eq 0 ]; then
+  work=$images/debian-minbase.tmp
+  rm -rf "$work" && mkdir -p "$work"
+  mmdebstrap --quiet --variant=minbase --include=python3,python3-pip \
+    --customize-hook="chroot \"\$1\" python3 --version > '$work/python3-version'" \
+    --customize-hook="cp \"\$1/etc/debian_version\" '$work/debian-version'" \
+    trixie "$work/rootfs.tar" http://deb.debian.org/debian
+  umoci init --layout "$work/layout"
+  umoci new --image "$work/layout:trixie"
+  umoci raw add-layer --image "$work/layout:trixie" "$work/rootfs.tar"
+  umoci config --image "$work/layout:trixie" --config.env PATH=/usr/local/bin:/usr/bin:/bin \
+    --config.env LANG=C.UTF-8 --config.workingdir /root
+  printf 'debian_version=%s\npython3=%s\n' "$(cat "$work/debian-version")" \
+    "$(cat "$work/python3-version")" > "$work/layout/expect"
+  rm -rf "$images/debian-minbase"
+  mv "$work/layout" "$images/debian-minbase"
+  rm -rf "$work"
+fi
+
+# The project the soak's sandboxes build and test (`cargo xtask soak`, xtask/src/soak.rs):
+# simplejson's source release from PyPI (a C extension and its own unittest suite), once,
+# so no soak needs the network. About 90 KB.
+soak_src=${COWSPACE_SOAK_SOURCE:-/var/cache/cowspace/soak/simplejson-3.19.3.tar.gz}
+if ! [ -f "$soak_src" ] && [ "$(id -u)" -eq 0 ]; then
+  mkdir -p "$(dirname "$soak_src")"
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --no-binary=:all: \
+    --dest "$(dirname "$soak_src")" simplejson==3.19.3
 fi

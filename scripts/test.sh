@@ -36,3 +36,7 @@ if ! "${CARGO_HOME:-$HOME/.cargo}/bin/s3s-fs" --version 2>/dev/null | grep -q "$
   cargo install s3s-fs --version "$s3s_version" --features binary --locked
 fi
 cargo xtask check
+# The short soak (about 4 minutes on 2 cores): 16 workspaces, 8 sandboxes building and
+# testing a real project under every kind of injected fault, checked after each
+# (`cargo xtask soak --help`; the hour-long form and its figures: docs/BENCHMARKS.md, "Soak").
+cargo xtask soak

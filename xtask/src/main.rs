@@ -16,11 +16,16 @@
 //! - `e2e`  — the end-to-end tests of the built binaries (`cowspace-tests`: the CLI, the
 //!   socket, sandboxes, VMs, the conformance gate).
 //!
+//! - `soak`   — hundreds of workspaces and dozens of sandboxes building a real project
+//!   under injected faults, checked after each (`soak.rs`; `cargo xtask soak --help`)
+//!
 //! Each step's wall time is printed when it ends, and the total at the end.
 #![forbid(unsafe_code)]
 
 use std::process::{Command, ExitCode};
 use std::time::Instant;
+
+mod soak;
 
 fn cargo(args: &[&str]) -> bool {
     eprintln!("+ cargo {}", args.join(" "));
@@ -76,6 +81,9 @@ fn test_steps(tier: Option<&str>) -> Result<Vec<&'static [&'static str]>, String
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("soak") {
+        return soak::main(&args[1..]);
+    }
     let mut task = None;
     let mut tier = None;
     let mut it = args.iter();
