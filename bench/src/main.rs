@@ -128,6 +128,7 @@ fn all_sections() -> Vec<Box<dyn Section>> {
         Box::new(sections::sandbox::SandboxSection::new()),
         Box::new(sections::remote::RemoteSection::new()),
         Box::new(sections::images::ImagesSection::new()),
+        Box::new(sections::fork::ForkSection::new()),
         Box::new(sections::network::NetworkSection::new()),
         Box::new(sections::inject::InjectSection::new()),
         Box::new(sections::files::FilesSection::new()),

@@ -8,7 +8,9 @@
 
 pub mod clients;
 pub mod files;
+pub mod fork;
 pub mod images;
+pub mod images_start;
 pub mod import;
 pub mod inject;
 pub mod materialize;
