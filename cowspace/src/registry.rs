@@ -421,11 +421,7 @@ impl Registry {
 
     /// How many live workspaces (neither removed nor failed) are of `snapshot` on the
     /// lower kind `lower_kind`.
-    pub fn live_using(
-        &self,
-        snapshot: &str,
-        lower_kind: crate::kinds::LowerKind,
-    ) -> Result<u64> {
+    pub fn live_using(&self, snapshot: &str, lower_kind: crate::kinds::LowerKind) -> Result<u64> {
         self.conn
             .query_row(
                 "SELECT COUNT(*) FROM workspaces WHERE status NOT IN ('removed', 'failed')
