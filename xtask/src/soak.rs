@@ -176,10 +176,6 @@ pub struct Stats {
     pub rss_max: u64,
     pub rss_last: u64,
     pub rss_samples: u64,
-    /// `fsck` runs whose only damage was snapshots of commits under way (each in the
-    /// store moments later), and the first such report.
-    pub fsck_transient: u64,
-    pub fsck_transient_first: String,
 }
 
 /// One fault and how it ended.

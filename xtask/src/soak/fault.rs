@@ -111,8 +111,6 @@ pub fn soak(env: &Env, opts: &Opts, bound: Duration, baseline: &Baseline) -> Res
         rss_max: st.rss_max,
         rss_last: st.rss_last,
         commits: sh.commits.into_inner().unwrap().len(),
-        fsck_transient: st.fsck_transient,
-        fsck_transient_first: st.fsck_transient_first.clone(),
         faults: sh.faults.into_inner().unwrap(),
         bound_s,
         loadavg: std::fs::read_to_string("/proc/loadavg")
@@ -162,12 +160,7 @@ fn global_check(sh: &Shared, idle: &[String]) -> Result<()> {
     let mc = &sh.env.mc;
     let fsck = mc.run(&["--json", "fsck"], ADMIN_DEADLINE)?;
     if !fsck.ok() {
-        in_flight_only(sh, &fsck)?;
-        let mut st = sh.stats.lock().unwrap();
-        st.fsck_transient += 1;
-        if st.fsck_transient_first.is_empty() {
-            st.fsck_transient_first = fsck.stdout.trim().to_string();
-        }
+        bail!("fsck is not clean: {} {}", fsck.stdout, fsck.describe());
     }
     // The commits reported so far, read before the store's list: a commit reported
     // after the list was read would look missing.
@@ -190,53 +183,6 @@ fn global_check(sh: &Shared, idle: &[String]) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// How long a snapshot fsck found pinned but missing gets to appear (a commit under
-/// way finishing) before the soak calls it lost.
-const IN_FLIGHT_COMMIT: Duration = Duration::from_secs(180);
-
-/// fsck reads the registry and the packs while workers commit: a snapshot that a commit
-/// under way has pinned but not yet written reads as missing (and its pack as an
-/// orphan). A report whose only damage is such snapshots, each of which then appears
-/// in the store, is counted and shown; anything else, or a snapshot that does not
-/// appear, fails the soak.
-fn in_flight_only(sh: &Shared, fsck: &proc::Out) -> Result<()> {
-    let v = fsck.json().unwrap_or_default();
-    let report = &v["report"];
-    let corrupt = report["corrupt"].as_array().map_or(0, Vec::len);
-    let missing = report["missing"].as_array().cloned().unwrap_or_default();
-    let pinned_snapshots: Vec<String> = missing
-        .iter()
-        .filter(|m| {
-            m["what"].as_str() == Some("snapshot")
-                && m["why"]
-                    .as_str()
-                    .is_some_and(|w| w.starts_with("pinned by "))
-        })
-        .filter_map(|m| m["id"].as_str().map(str::to_string))
-        .collect();
-    if corrupt > 0 || missing.is_empty() || pinned_snapshots.len() != missing.len() {
-        bail!("fsck is not clean: {} {}", fsck.stdout, fsck.describe());
-    }
-    let t = Instant::now();
-    loop {
-        let have = snapshot_ids(&sh.env.mc)?;
-        let lost: Vec<&String> = pinned_snapshots
-            .iter()
-            .filter(|s| !have.contains(*s))
-            .collect();
-        if lost.is_empty() {
-            return Ok(());
-        }
-        if t.elapsed() > IN_FLIGHT_COMMIT {
-            bail!(
-                "fsck is not clean: snapshots {lost:?} are pinned by workspaces but were not written {IN_FLIGHT_COMMIT:?} later: {}",
-                fsck.stdout
-            );
-        }
-        std::thread::sleep(Duration::from_secs(2));
-    }
 }
 
 /// Injects the faults: the kinds shuffled by the seed and cycled, each at a random

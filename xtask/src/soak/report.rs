@@ -106,8 +106,6 @@ pub struct Figures {
     pub rss_max: u64,
     pub rss_last: u64,
     pub commits: usize,
-    pub fsck_transient: u64,
-    pub fsck_transient_first: String,
     pub faults: Vec<FaultRecord>,
     pub bound_s: f64,
     pub loadavg: String,
@@ -139,8 +137,6 @@ impl Figures {
                 "create_ms": {"p50": p(&self.create_ms, 0.5), "p99": p(&self.create_ms, 0.99), "max": p(&self.create_ms, 1.0), "count": self.create_ms.len()},
                 "daemon_rss_bytes": {"max": self.rss_max, "last": self.rss_last},
                 "commits": self.commits,
-                "fsck_transient_reports": self.fsck_transient,
-                "fsck_transient_first": self.fsck_transient_first,
                 "latency_bound_s": self.bound_s,
                 "loadavg": self.loadavg,
                 "faults": self.faults.iter().map(|f| json!({
@@ -197,12 +193,6 @@ impl Figures {
             self.rss_last as f64 / 1048576.0
         );
         println!("  commits: {} (all present, fsck clean)", self.commits);
-        if self.fsck_transient > 0 {
-            println!(
-                "  fsck run beside commits under way reported their snapshots missing {} times (each in the store moments later); the first report: {}",
-                self.fsck_transient, self.fsck_transient_first
-            );
-        }
         println!("  load average at the end: {}", self.loadavg);
         println!("  faults ({}):", self.faults.len());
         for f in &self.faults {
