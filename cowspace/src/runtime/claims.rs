@@ -9,7 +9,15 @@ impl Runtime {
     /// through [`Runtime::move_sandbox`]) as its sandbox
     /// ([`Record::sandbox_pid`]) in the same registry transaction.
     pub fn claim_sandbox(&self, ws: &str, pid: i32) -> Result<Record> {
-        let rec = self.reg().get(ws)?;
+        let mut rec = self.reg().get(ws)?;
+        // A sandbox that ended without its keeper's clean-up (its init or keeper killed)
+        // is cleared as `sweep` clears it: the host's own overlay mounted again, its
+        // leftovers reaped (docs/sandbox.md, "Crashes").
+        if rec.status == Status::Active && rec.sandbox.is_some() && live_sandbox(&rec).is_none() {
+            self.forget_sandbox(&rec)?;
+            self.reap_dead_sandboxes(&rec.path);
+            rec = self.reg().get(ws)?;
+        }
         let mat = self.materializer_of(&rec);
         let mounted = rec.status == Status::Active
             && mat.is_mounted(&self.cx(&rec))?

@@ -1438,7 +1438,8 @@ fn longlived_cpuset_confines_every_exec_and_cannot_be_widened() {
 
 /// `kill -9` of the sandbox's init: the keeper frees the sandbox and exits; `exec` then
 /// finds none (3); `sweep` clears the record and leaves the workspace active with its own
-/// mount and owners, and a new sandbox starts and sees the data.
+/// mount and owners, and a new sandbox starts and sees the data; without a sweep, the
+/// next `start` clears the dead sandbox itself (docs/sandbox.md, "Crashes").
 #[test]
 fn longlived_init_kill9_is_cleaned_by_its_keeper_and_sweep() {
     require_root!();
@@ -1466,5 +1467,18 @@ fn longlived_init_kill9_is_cleaned_by_its_keeper_and_sweep() {
     start(&r, "initk", &[]);
     assert_eq!(exec_sh(&r, "initk", "cat kept.txt"), "kept\n");
     stop(&r, "initk");
+    // Without a sweep: the next start clears the dead sandbox itself.
+    let s = start(&r, "initk", &[]);
+    let _ = Command::new("kill")
+        .args(["-9", &s.init.to_string()])
+        .status();
+    wait_for("the keeper to end", || !alive(s.keeper));
+    let s = start(&r, "initk", &[]);
+    assert_eq!(exec_sh(&r, "initk", "cat kept.txt"), "kept\n");
+    stop(&r, "initk");
+    for d in &s.cgroups {
+        assert!(!d.exists(), "cgroup {} left", d.display());
+    }
+    assert_eq!(r.status("initk")["status"], "active");
     r.discard(&ws.id);
 }
