@@ -30,7 +30,8 @@ fn setup(args: &[&str]) -> (WsRoot, String, PathBuf) {
     (r, ws.id, ws.path)
 }
 
-fn forks(v: &Value) -> Vec<(String, PathBuf)> {
+/// The forks a `fork --json` answered: (id, path).
+pub(crate) fn forks(v: &Value) -> Vec<(String, PathBuf)> {
     v["forks"]
         .as_array()
         .unwrap_or_else(|| panic!("no forks: {v}"))
@@ -44,7 +45,8 @@ fn forks(v: &Value) -> Vec<(String, PathBuf)> {
         .collect()
 }
 
-fn diff_set(r: &WsRoot, ws: &str) -> Vec<(String, String)> {
+/// `diff WS`'s changes as sorted (change, path) pairs.
+pub(crate) fn diff_set(r: &WsRoot, ws: &str) -> Vec<(String, String)> {
     let v = r.t.json(["diff", ws]).ok().json();
     let mut out: Vec<(String, String)> = v["changes"]
         .as_array()

@@ -5,11 +5,11 @@
 //! Needs on the host: loop devices, `mkfs.btrfs`, `mkfs.xfs`.
 
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use cowspace_tests::{LoopFs, LoopKind, write_file};
-use serde_json::Value;
 
+use crate::fork::{diff_set, forks};
 use crate::sandbox::support as sbx;
 use crate::workspaces::support::{WsRoot, require_root};
 
@@ -48,37 +48,6 @@ fn changes_of_every_kind(p: &Path) {
     std::fs::hard_link(p.join("new/deep/file.txt"), p.join("hardlink.txt")).unwrap();
     std::os::unix::fs::symlink("new/deep", p.join("symlink")).unwrap();
     xattr::set(p.join("keep.txt"), "user.note", b"tagged").unwrap();
-}
-
-fn forks(v: &Value) -> Vec<(String, PathBuf)> {
-    v["forks"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no forks: {v}"))
-        .iter()
-        .map(|f| {
-            (
-                f["id"].as_str().unwrap().to_string(),
-                PathBuf::from(f["path"].as_str().unwrap()),
-            )
-        })
-        .collect()
-}
-
-fn diff_set(r: &WsRoot, ws: &str) -> Vec<(String, String)> {
-    let v = r.t.json(["diff", ws]).ok().json();
-    let mut out: Vec<(String, String)> = v["changes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| {
-            (
-                c["change"].as_str().unwrap().into(),
-                c["path"].as_str().unwrap().into(),
-            )
-        })
-        .collect();
-    out.sort();
-    out
 }
 
 /// What every fork of the changed parent must show.
