@@ -41,16 +41,15 @@ pub fn with_compressor<T>(
 ) -> Result<T> {
     COMPRESSOR.with(|c| {
         let mut c = c.borrow_mut();
-        if c.as_ref().is_none_or(|(l, _)| *l != level) {
-            let z = zstd::bulk::Compressor::new(level).map_err(|e| Error::Io {
+        let made = match c.take() {
+            Some((l, z)) if l == level => z,
+            _ => zstd::bulk::Compressor::new(level).map_err(|e| Error::Io {
                 step: "start zstd",
                 path: std::path::PathBuf::new(),
                 source: e,
-            })?;
-            *c = Some((level, z));
-        }
-        let (_, z) = c.as_mut().expect("made above");
-        Ok(f(z))
+            })?,
+        };
+        Ok(f(&mut c.insert((level, made)).1))
     })
 }
 
@@ -125,11 +124,15 @@ impl Manifest {
 
     pub fn decode(id: &ContentId, bytes: &[u8]) -> Result<Manifest> {
         let bad = |why: &str| Error::corrupt("manifest", id, why);
-        if bytes.len() < 19 || &bytes[..6] != MANIFEST_MAGIC || bytes[6] != MANIFEST_VERSION {
+        let mut r = crate::tree::Reader::new(bytes);
+        let header = (|| Ok::<_, String>((r.array::<6>()?, r.u8()?, r.u64()?, r.u32()?)))();
+        let Ok((magic, version, size, count)) = header else {
+            return Err(bad("bad header"));
+        };
+        if &magic != MANIFEST_MAGIC || version != MANIFEST_VERSION {
             return Err(bad("bad header"));
         }
-        let size = u64::from_le_bytes(bytes[7..15].try_into().unwrap());
-        let count = u32::from_le_bytes(bytes[15..19].try_into().unwrap()) as usize;
+        let count = count as usize;
         if bytes.len() != 19 + count * 36 {
             return Err(bad("length does not match the chunk count"));
         }
@@ -137,7 +140,7 @@ impl Manifest {
         let mut total = 0u64;
         for rec in bytes[19..].chunks_exact(36) {
             let cid = ChunkId::from_slice(&rec[..32])?;
-            let len = u32::from_le_bytes(rec[32..36].try_into().unwrap());
+            let len = u32::from_le_bytes([rec[32], rec[33], rec[34], rec[35]]);
             total += u64::from(len);
             chunks.push((cid, len));
         }

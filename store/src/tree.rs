@@ -272,7 +272,7 @@ impl Tree {
                 return Err(bad(format!("mode {mode:o} has bits beyond 07777")));
             }
             let size = r.u64().map_err(&bad)?;
-            let hash: [u8; ID_BYTES] = r.take(ID_BYTES).map_err(&bad)?.try_into().unwrap();
+            let hash: [u8; ID_BYTES] = r.array().map_err(&bad)?;
             let data_len = r.u32().map_err(&bad)? as usize;
             if data_len > MAX_TARGET_BYTES {
                 return Err(bad("entry data over the limit".into()));
@@ -342,7 +342,15 @@ impl<'a> Reader<'a> {
         self.pos == self.bytes.len()
     }
     pub(crate) fn id(&mut self) -> std::result::Result<[u8; 32], String> {
-        Ok(self.take(32)?.try_into().unwrap())
+        self.array()
+    }
+    /// The next `N` bytes as an array (the length proven by the type, not checked twice).
+    pub(crate) fn array<const N: usize>(&mut self) -> std::result::Result<[u8; N], String> {
+        let (head, _) = self.bytes[self.pos..]
+            .split_first_chunk::<N>()
+            .ok_or_else(|| "truncated".to_string())?;
+        self.pos += N;
+        Ok(*head)
     }
     pub(crate) fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len());
@@ -355,13 +363,13 @@ impl<'a> Reader<'a> {
         Ok(self.take(1)?[0])
     }
     pub(crate) fn u16(&mut self) -> std::result::Result<u16, String> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().unwrap()))
+        Ok(u16::from_le_bytes(self.array()?))
     }
     pub(crate) fn u32(&mut self) -> std::result::Result<u32, String> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().unwrap()))
+        Ok(u32::from_le_bytes(self.array()?))
     }
     pub(crate) fn u64(&mut self) -> std::result::Result<u64, String> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().unwrap()))
+        Ok(u64::from_le_bytes(self.array()?))
     }
 }
 
