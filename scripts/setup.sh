@@ -74,6 +74,11 @@ images=${COWSPACE_TEST_IMAGES:-/var/cache/cowspace/test-images}
 if ! [ -f "$images/debian-minbase/expect" ] && [ "$(id -u)" -eq 0 ]; then
   work=$images/debian-minbase.tmp
   rm -rf "$work" && mkdir -p "$work"
+  # mmdebstrap checks trixie's Release file with the host's keyring: the newest
+  # bookworm debian-archive-keyring has trixie's keys (an older one may lack them).
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    debian-archive-keyring
   mmdebstrap --quiet --variant=minbase --include=python3,python3-pip \
     --customize-hook="chroot \"\$1\" python3 --version > '$work/python3-version'" \
     --customize-hook="cp \"\$1/etc/debian_version\" '$work/debian-version'" \

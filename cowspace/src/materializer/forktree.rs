@@ -137,26 +137,33 @@ impl Drop for Stage {
 
 /// Copies the tree `from` to `to` (which must not exist) with `cp -a`: hard links,
 /// xattrs, symlinks, special files, owners, modes and times kept, every file cloned
-/// (`reflink`) or its bytes copied (`copy`). coreutils' `cp` rather than a walk of ours:
-/// it already keeps every one of these (hard links across the tree included), and clones
-/// with `FICLONE` where asked.
+/// (`reflink`) or its bytes copied (`copy`).
 fn copy_tree(from: &Path, to: &Path, kind: MaterializerKind) -> Result<()> {
     let reflink = if kind == MaterializerKind::Reflink {
         "--reflink=always"
     } else {
         "--reflink=never"
     };
+    cp_a(from, to, reflink, "copy the workspace's tree")
+}
+
+/// `cp -a REFLINK --no-target-directory FROM TO` (`reflink`: coreutils' `--reflink=`
+/// flag); `step` names the copy in an error (`copy the private layer`). coreutils' `cp` rather than a walk of
+/// ours: it already keeps everything a workspace's tree or upper layer holds (hard links
+/// across the tree, xattrs including overlayfs's, special files, times), and clones with
+/// `FICLONE` where asked.
+pub(crate) fn cp_a(from: &Path, to: &Path, reflink: &str, step: &'static str) -> Result<()> {
     let out = std::process::Command::new("cp")
         .args(["-a", reflink, "--no-target-directory"])
         .arg(from)
         .arg(to)
         .stdin(std::process::Stdio::null())
         .output()
-        .map_err(Error::io("run cp to copy the workspace's tree", from))?;
+        .map_err(Error::io("run cp", from))?;
     if !out.status.success() {
-        return Err(Error::io("copy the workspace's tree", from)(
-            std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
-        ));
+        return Err(Error::io(step, from)(std::io::Error::other(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        )));
     }
     Ok(())
 }

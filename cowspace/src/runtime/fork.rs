@@ -49,21 +49,9 @@ pub struct ForkOptions {
 }
 
 /// Copies the upper directory `from` into the empty `to` (contents, not the directory
-/// itself), keeping everything overlayfs records there.
+/// itself), keeping everything overlayfs records there; clones where the filesystem can.
 fn copy_upper(from: &Path, to: &Path) -> Result<()> {
-    let out = std::process::Command::new("cp")
-        .args(["-a", "--reflink=auto", "--no-target-directory"])
-        .arg(from)
-        .arg(to)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(Error::io("run cp to copy the private layer", from))?;
-    if !out.status.success() {
-        return Err(Error::io("copy the private layer", from)(
-            std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
-        ));
-    }
-    Ok(())
+    crate::materializer::forktree::cp_a(from, to, "--reflink=auto", "copy the private layer")
 }
 
 /// A copy of a private layer that forks are made from; removed on drop.

@@ -321,27 +321,25 @@ fn one(
         Fault::KillMountctlCommit => {
             let name = &idle[rng.usize(0..idle.len())];
             let n = sh.transient.fetch_add(1, Ordering::SeqCst);
-            let w = mc.run_in(
-                &["fs", "write", &format!("{name}:soak/c.txt")],
-                format!("{n}").as_bytes(),
-                ADMIN_DEADLINE,
-            )?;
-            if !w.ok() {
-                bail!("fs write {name}:soak/c.txt: {}", w.describe());
-            }
+            // `fs write` of the file a commit then holds.
+            let write = |text: String| -> Result<()> {
+                let w = mc.run_in(
+                    &["fs", "write", &format!("{name}:soak/c.txt")],
+                    text.as_bytes(),
+                    ADMIN_DEADLINE,
+                )?;
+                if !w.ok() {
+                    bail!("fs write {name}:soak/c.txt: {}", w.describe());
+                }
+                Ok(())
+            };
+            write(format!("{n}"))?;
             // A commit run to its end first times this commit's kind of work.
             let timed = mc.ok(
                 &["commit", name, "-m", "timed", "--allow-empty"],
                 ADMIN_DEADLINE,
             )?;
-            let w = mc.run_in(
-                &["fs", "write", &format!("{name}:soak/c.txt")],
-                format!("{n} again").as_bytes(),
-                ADMIN_DEADLINE,
-            )?;
-            if !w.ok() {
-                bail!("fs write {name}:soak/c.txt: {}", w.describe());
-            }
+            write(format!("{n} again"))?;
             let delay = kill_delay(rng, timed.ms);
             let run = mc.spawn(&["commit", name, "-m", "killed"], None)?;
             let outcome = kill_after(run, delay)?;
