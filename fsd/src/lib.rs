@@ -1,12 +1,14 @@
-//! The cowspace daemon: the read-only FUSE views of snapshots (`view`), the FUSE server of
-//! fuse workspaces (`cow`), their placement on CPUs, and the control socket's server.
+//! The cowspace daemon: the filesystem cores, the read-only views of snapshots (`view`)
+//! and fuse workspaces (`cow`), behind one interface (`filesystem`) served to the kernel
+//! by one FUSE server (`fuse`); their placement on CPUs; the control socket's server.
 //! Everything else a runtime needs is the `cowspace` library.
 #![deny(unsafe_code)]
 
 pub mod blobfiles;
 pub mod control;
 pub mod cow;
-mod fusecore;
+pub mod filesystem;
+pub mod fuse;
 pub mod placement;
 pub mod view;
 

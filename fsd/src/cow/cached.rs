@@ -11,8 +11,8 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::sync::Arc;
 
+use crate::filesystem::{Errno, FileKind};
 use cowspace_store::ContentId;
-use fuser::{Errno, FileType};
 use nix::sys::time::TimeSpec;
 
 use super::fdio::fallocate;
@@ -20,7 +20,7 @@ use super::fs::CowFs;
 use super::handles::{Copying, InodeFile};
 use super::node::Node;
 use crate::blobfiles::read_full_at;
-use crate::fusecore::{errno_of_io, errno_of_nix, lock};
+use crate::filesystem::{errno_of_io, errno_of_nix, lock};
 
 /// Files kept open by inode; the map is emptied when it reaches this size (a file is
 /// opened again at its next use).
@@ -90,7 +90,7 @@ impl CowFs {
         if node.upper.is_some() {
             return Ok(node);
         }
-        if node.deleted && node.kind == FileType::RegularFile {
+        if node.deleted && node.kind == FileKind::RegularFile {
             return self.orphan_copy(ino, empty);
         }
         let _r = self.cow.ns_read();

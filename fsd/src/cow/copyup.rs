@@ -11,8 +11,8 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::filesystem::Errno;
 use cowspace_store::{Entry, Kind, TreeId};
-use fuser::Errno;
 use nix::fcntl::AT_FDCWD;
 
 use super::fdio::{at, fd_path, open_path};
@@ -21,7 +21,7 @@ use super::lazy::Pending;
 use super::node::{Node, ROOT_INO};
 use super::ops::Cow;
 use super::resolve::Found;
-use crate::fusecore::{errno_of_io, errno_of_nix, lock};
+use crate::filesystem::{errno_of_io, errno_of_nix, lock};
 
 /// A name in an upper directory (held open).
 type Placed = (Arc<OwnedFd>, Vec<u8>);

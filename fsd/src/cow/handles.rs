@@ -1,32 +1,21 @@
-//! Open files of a workspace's session: file handles, passthrough backing ids (one per
-//! inode while any open of it holds one: the kernel refuses two different backing files
-//! for one inode), and the files kept open for I/O by inode in the cached open mode.
+//! Open files of a workspace's session: file handles, and the files kept open for I/O by
+//! inode in the cached open mode.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
-use fuser::{BackingId, Errno};
+use crate::filesystem::Errno;
 
 use super::lazy::Pending;
-use crate::fusecore::lock;
-
-/// What a passthrough backing file is: the same file for every open of an inode, or the
-/// kernel refuses the open.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(super) enum Backing {
-    Blob,
-    /// An upper file (device, inode) opened read-write, or read-only (`false`).
-    Upper(u64, u64, bool),
-}
+use crate::filesystem::lock;
 
 /// A file's copy-up while still in progress (`lazy/`).
 pub(super) type Copying = Option<Arc<Pending>>;
 
 pub(super) struct Handle {
     file: Arc<File>,
-    _backing: Option<Arc<BackingId>>,
     /// The file's copy-up, still in progress when opened: reads and writes go through it.
     pending: Option<Arc<Pending>>,
     /// Opened with `O_APPEND` (writes land at the end whatever the offset).
@@ -44,7 +33,6 @@ pub(super) struct InodeFile {
 pub(super) struct Handles {
     next: AtomicU64,
     files: Mutex<HashMap<u64, Handle>>,
-    pub(super) backing: Mutex<HashMap<u64, (Backing, Weak<BackingId>)>>,
     /// Files kept open for I/O by inode (the cached open mode, `cached.rs`).
     pub(super) by_inode: Mutex<HashMap<u64, InodeFile>>,
     /// Serialises copies of deleted files (`cached.rs`).
@@ -52,21 +40,14 @@ pub(super) struct Handles {
 }
 
 impl Handles {
-    /// A new handle of `file` (opened with `flags`), holding `backing` and going through
-    /// `pending` while that copy-up is in progress.
-    pub(super) fn add(
-        &self,
-        file: Arc<File>,
-        backing: Option<Arc<BackingId>>,
-        pending: Option<Arc<Pending>>,
-        flags: i32,
-    ) -> u64 {
+    /// A new handle of `file` (opened with `flags`), going through `pending` while that
+    /// copy-up is in progress.
+    pub(super) fn add(&self, file: Arc<File>, pending: Option<Arc<Pending>>, flags: i32) -> u64 {
         let fh = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         lock(&self.files).insert(
             fh,
             Handle {
                 file,
-                _backing: backing,
                 pending,
                 append: flags & libc::O_APPEND != 0,
             },
@@ -93,17 +74,9 @@ impl Handles {
             .ok_or(Errno::EBADF)
     }
 
-    /// Handle `fh` of inode `ino` is released: the inode's backing id goes with its last
-    /// open.
-    pub(super) fn release(&self, ino: u64, fh: u64) {
+    /// Handle `fh` is released.
+    pub(super) fn release(&self, fh: u64) {
         let released = lock(&self.files).remove(&fh);
         drop(released);
-        let mut backing = lock(&self.backing);
-        if backing
-            .get(&ino)
-            .is_some_and(|(_, w)| w.strong_count() == 0)
-        {
-            backing.remove(&ino);
-        }
     }
 }

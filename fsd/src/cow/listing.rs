@@ -11,12 +11,12 @@ use std::os::unix::fs::FileTypeExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::filesystem::{Errno, FileKind};
 use cowspace_store::Tree;
-use fuser::{Errno, FileType};
 
 use super::fdio::fd_path;
 use super::layers::is_whiteout;
-use crate::fusecore::{errno_of_io, host_file_type, kind_file_type, lock};
+use crate::filesystem::{errno_of_io, host_file_type, kind_file_type, lock};
 
 /// Listings kept for `readdir` (those of the directories read lately).
 const MAX_KEPT_LISTINGS: usize = 16;
@@ -29,7 +29,7 @@ const FIRST_COOKIE: u64 = 3;
 #[derive(Debug, Clone)]
 pub struct Listed {
     pub name: Vec<u8>,
-    pub kind: FileType,
+    pub kind: FileKind,
 }
 
 /// A directory's entries in the order `readdir` hands them out: by cookie, the offset a
@@ -132,7 +132,7 @@ impl Listings {
 /// The names of the upper directory `upper` (its whiteouts hiding the snapshot's names)
 /// merged over those of the snapshot directory `tree`, sorted by name.
 pub fn merged(upper: Option<&OwnedFd>, tree: Option<&Tree>) -> Result<Vec<Listed>, Errno> {
-    let mut out: BTreeMap<Vec<u8>, FileType> = BTreeMap::new();
+    let mut out: BTreeMap<Vec<u8>, FileKind> = BTreeMap::new();
     let mut whiteouts = HashSet::new();
     if let Some(dfd) = upper {
         let up = fd_path(dfd);

@@ -91,7 +91,7 @@
 //!
 //! Every change to a served workspace goes through its mount, and the kernel drops or
 //! refreshes what a change touches, so entries (negative ones too) and attributes are
-//! given a long TTL ([`crate::fusecore::TTL`]), listings carry attributes (`readdirplus`, each entry
+//! given a long TTL ([`crate::filesystem::TTL`]), listings carry attributes (`readdirplus`, each entry
 //! taking a lookup), symlink targets are cached, and closes send no flush. In the cached
 //! open mode file pages are kept too: a renamed file keeps its inode (and its pages); a
 //! removed file's inode leaves the kernel (and its pages with it) before the daemon lets
@@ -271,8 +271,13 @@ impl CowMount {
         config.n_threads = Some(THREADS_PER_WORKSPACE);
         config.clone_fd = true;
         let session = mount_fuse(path, private_dir).and_then(|fd| {
-            let s = fuser::Session::from_fd(fs, fd, SessionACL::All, config)
-                .and_then(fuser::Session::spawn);
+            let s = fuser::Session::from_fd(
+                crate::fuse::FuseServer::new(Arc::new(fs)),
+                fd,
+                SessionACL::All,
+                config,
+            )
+            .and_then(fuser::Session::spawn);
             if s.is_err() {
                 // Mounted, but never served: nothing can use it.
                 let _ = crate::mounts::unmount_lazy(path);

@@ -9,8 +9,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::sync::Arc;
 
+use crate::filesystem::{Errno, FileKind};
 use cowspace_store::Kind;
-use fuser::{Errno, FileType};
 use nix::fcntl::{AT_FDCWD, AtFlags, RenameFlags as HostRename};
 use nix::sys::stat::{Mode, SFlag};
 
@@ -19,7 +19,7 @@ use super::layers::{OPAQUE_XATTR, upper_ino};
 use super::node::Node;
 use super::ops::Cow;
 use super::resolve::Found;
-use crate::fusecore::{NAME_MAX_BYTES, errno_of_io, host_file_type, mode_file_type};
+use crate::filesystem::{NAME_MAX_BYTES, errno_of_io, host_file_type, mode_file_type};
 
 /// What a new name is made as.
 pub enum Make<'a> {
@@ -247,9 +247,9 @@ impl Cow {
     }
 
     /// The kind a `mknod` mode asks for.
-    pub fn special_kind(mode: u32) -> Result<FileType, Errno> {
+    pub fn special_kind(mode: u32) -> Result<FileKind, Errno> {
         match mode_file_type(mode) {
-            Some(FileType::Directory | FileType::Symlink) | None => Err(Errno::EINVAL),
+            Some(FileKind::Directory | FileKind::Symlink) | None => Err(Errno::EINVAL),
             Some(kind) => Ok(kind),
         }
     }

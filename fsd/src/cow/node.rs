@@ -6,8 +6,8 @@ use std::collections::hash_map::Entry as MapEntry;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::filesystem::{Errno, FileKind};
 use cowspace_store::{Entry, Kind, TreeId};
-use fuser::{Errno, FileType};
 
 /// The mount root's inode number (fixed by FUSE).
 pub const ROOT_INO: u64 = 1;
@@ -19,7 +19,7 @@ const MAX_DEPTH: usize = 4096;
 #[derive(Clone, Debug)]
 pub struct Node {
     pub ino: u64,
-    pub kind: FileType,
+    pub kind: FileKind,
     /// Where the node was last seen: its directory and name. Directories have exactly
     /// one; a hard-linked file keeps the last name it was reached by (its operations go
     /// through `upper`, never through this name).
@@ -263,7 +263,7 @@ impl Table {
 mod tests {
     use super::*;
 
-    fn node(ino: u64, parent: u64, name: &str, kind: FileType) -> Node {
+    fn node(ino: u64, parent: u64, name: &str, kind: FileKind) -> Node {
         Node {
             ino,
             kind,
@@ -279,10 +279,10 @@ mod tests {
 
     #[test]
     fn lookups_count_and_paths_follow_parents() {
-        let t = Table::new(node(ROOT_INO, ROOT_INO, "", FileType::Directory));
-        t.acquire(node(2, ROOT_INO, "a", FileType::Directory));
-        t.acquire(node(3, 2, "b", FileType::RegularFile));
-        t.acquire(node(3, 2, "c", FileType::RegularFile));
+        let t = Table::new(node(ROOT_INO, ROOT_INO, "", FileKind::Directory));
+        t.acquire(node(2, ROOT_INO, "a", FileKind::Directory));
+        t.acquire(node(3, 2, "b", FileKind::RegularFile));
+        t.acquire(node(3, 2, "c", FileKind::RegularFile));
         let n = t.get(3).unwrap();
         assert_eq!(t.path_of(&n).unwrap(), b"a/c");
         assert_eq!(t.path_of(&t.get(ROOT_INO).unwrap()).unwrap(), b"");
@@ -297,11 +297,11 @@ mod tests {
 
     #[test]
     fn beneath_gives_descendants_parents_first() {
-        let t = Table::new(node(ROOT_INO, ROOT_INO, "", FileType::Directory));
-        t.acquire(node(4, 3, "f", FileType::RegularFile));
-        t.acquire(node(3, 2, "sub", FileType::Directory));
-        t.acquire(node(2, ROOT_INO, "d", FileType::Directory));
-        t.acquire(node(5, ROOT_INO, "other", FileType::RegularFile));
+        let t = Table::new(node(ROOT_INO, ROOT_INO, "", FileKind::Directory));
+        t.acquire(node(4, 3, "f", FileKind::RegularFile));
+        t.acquire(node(3, 2, "sub", FileKind::Directory));
+        t.acquire(node(2, ROOT_INO, "d", FileKind::Directory));
+        t.acquire(node(5, ROOT_INO, "other", FileKind::RegularFile));
         let inos: Vec<u64> = t.beneath(2).iter().map(|n| n.ino).collect();
         assert_eq!(inos, [3, 4]);
         assert!(t.beneath(4).is_empty());
@@ -312,10 +312,10 @@ mod tests {
 
     #[test]
     fn a_reused_number_of_another_kind_replaces_the_node() {
-        let t = Table::new(node(ROOT_INO, ROOT_INO, "", FileType::Directory));
-        t.acquire(node(5, ROOT_INO, "x", FileType::RegularFile));
-        let n = t.acquire(node(5, ROOT_INO, "y", FileType::Directory));
-        assert_eq!(n.kind, FileType::Directory);
+        let t = Table::new(node(ROOT_INO, ROOT_INO, "", FileKind::Directory));
+        t.acquire(node(5, ROOT_INO, "x", FileKind::RegularFile));
+        let n = t.acquire(node(5, ROOT_INO, "y", FileKind::Directory));
+        assert_eq!(n.kind, FileKind::Directory);
         assert_eq!(&*t.get(5).unwrap().name, b"y");
     }
 }

@@ -9,15 +9,15 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use crate::filesystem::{Errno, FileKind};
 use cowspace_store::{Tree, TreeId};
-use fuser::{Errno, FileType};
 
 use super::fdio::{fd_path, open_path};
 use super::layers::{Layers, is_opaque};
 use super::lazy::Lazy;
 use super::listing::{Listed, Listing, Listings, NamesChange, merged};
 use super::node::{Node, ROOT_INO, Table};
-use crate::fusecore::{errno_of_store, lock};
+use crate::filesystem::{errno_of_store, lock};
 
 /// Decoded snapshot trees kept (cleared when full).
 const MAX_CACHED_TREES: usize = 1024;
@@ -130,7 +130,7 @@ pub fn root_node(layers: &Layers, root_tree: TreeId) -> io::Result<Node> {
     let up: &Path = &layers.upper;
     Ok(Node {
         ino: ROOT_INO,
-        kind: FileType::Directory,
+        kind: FileKind::Directory,
         parent: ROOT_INO,
         name: Arc::from(&[][..]),
         lower: None,

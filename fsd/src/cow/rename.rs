@@ -6,8 +6,8 @@ use std::fs;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
+use crate::filesystem::{Errno, FileKind, RenameFlags};
 use cowspace_store::{Entry, Kind, TreeId};
-use fuser::{Errno, FileType, RenameFlags};
 use nix::fcntl::{AT_FDCWD, RenameFlags as HostRename};
 
 use super::fdio::{at, open_path};
@@ -15,7 +15,7 @@ use super::layers::{OPAQUE_XATTR, Source, is_whiteout, join};
 use super::node::Node;
 use super::ops::Cow;
 use super::resolve::Found;
-use crate::fusecore::{NAME_MAX_BYTES, errno_of_io, errno_of_nix, lock};
+use crate::filesystem::{NAME_MAX_BYTES, errno_of_io, errno_of_nix, lock};
 
 /// A name a rename moves, as it is now.
 struct Side {
@@ -255,7 +255,7 @@ impl Cow {
         let Some(node) = self.node_of(dir, dir_path, name, found)? else {
             return Ok(None);
         };
-        let is_dir = node.kind == FileType::Directory;
+        let is_dir = node.kind == FileKind::Directory;
         Ok(Some(Side {
             ino,
             is_dir,

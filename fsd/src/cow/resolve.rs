@@ -11,14 +11,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use crate::filesystem::{Attr, Errno, FileKind};
 use cowspace_store::{Entry, Kind, Tree, TreeId};
-use fuser::{Errno, FileAttr, FileType, INodeNo};
 
 use super::fdio::{at, fd_path, open_path};
 use super::layers::{is_opaque, is_whiteout, join, lower_ino, lower_time_secs, upper_ino};
 use super::node::{Lower, Node};
 use super::ops::{Cow, Groups};
-use crate::fusecore::{
+use crate::filesystem::{
     attr_of_stat, errno_of_io, errno_of_nix, errno_of_store, host_file_type, kind_file_type,
 };
 use crate::view::VIEW_BLKSIZE_BYTES;
@@ -139,7 +139,7 @@ impl Cow {
     /// directory's descriptor (valid while `dir` is held).
     pub fn resolve(&self, dir: &Node, name: &[u8]) -> Result<Found, Errno> {
         let tree = match &dir.lower_tree {
-            Some(id) if dir.kind == FileType::Directory => Some(self.tree(id)?),
+            Some(id) if dir.kind == FileKind::Directory => Some(self.tree(id)?),
             _ => None,
         };
         self.resolve_in(dir, tree.as_deref(), name)
@@ -152,7 +152,7 @@ impl Cow {
         tree: Option<&Tree>,
         name: &[u8],
     ) -> Result<Found, Errno> {
-        if dir.kind != FileType::Directory {
+        if dir.kind != FileKind::Directory {
             return Err(Errno::ENOTDIR);
         }
         if let Some(dfd) = &dir.upper {
@@ -190,7 +190,7 @@ impl Cow {
             Found::Whiteout | Found::Absent => return Ok(None),
             Found::Upper { path, meta } => {
                 let kind = host_file_type(meta.file_type());
-                let lower_tree = if kind == FileType::Directory && !is_opaque(&path) {
+                let lower_tree = if kind == FileKind::Directory && !is_opaque(&path) {
                     self.lower_child(dir, name)?
                         .filter(|e| e.kind == Kind::Dir)
                         .and_then(|e| e.subtree())
@@ -231,7 +231,7 @@ impl Cow {
         let guard = self.ns_read();
         let dir_path = self.table.path_of(dir)?;
         let tree = match &dir.lower_tree {
-            Some(id) if dir.kind == FileType::Directory => Some(self.tree(id)?),
+            Some(id) if dir.kind == FileKind::Directory => Some(self.tree(id)?),
             _ => None,
         };
         Ok(LookupsIn {
@@ -255,12 +255,12 @@ impl Cow {
     }
 
     /// The attributes of a node.
-    pub fn attr(&self, node: &Node) -> Result<FileAttr, Errno> {
+    pub fn attr(&self, node: &Node) -> Result<Attr, Errno> {
         if let Some(fd) = &node.upper {
             let st = nix::sys::stat::fstat(fd.as_fd()).map_err(errno_of_nix)?;
             let mut attr = attr_of_stat(node.ino, &st);
             if let Some(tree) = node.lower_tree.as_deref()
-                && node.kind == FileType::Directory
+                && node.kind == FileKind::Directory
             {
                 attr.nlink = self.merged_dir_links(fd, tree, attr.nlink)?;
             }
@@ -269,14 +269,13 @@ impl Cow {
         let e = node.lower.as_ref().ok_or(Errno::EIO)?;
         let t = UNIX_EPOCH + Duration::from_secs(node.lower_secs);
         let dir = e.kind == Kind::Dir;
-        Ok(FileAttr {
-            ino: INodeNo(node.ino),
+        Ok(Attr {
+            ino: node.ino,
             size: if dir { 0 } else { e.size },
             blocks: e.size.div_ceil(512),
             atime: t,
             mtime: t,
             ctime: t,
-            crtime: t,
             kind: kind_file_type(e.kind),
             perm: if e.kind == Kind::Symlink {
                 0o777
@@ -294,7 +293,6 @@ impl Cow {
             gid: self.layers.gid,
             rdev: e.rdev().unwrap_or(0) as u32,
             blksize: VIEW_BLKSIZE_BYTES,
-            flags: 0,
         })
     }
 

@@ -4,31 +4,14 @@ use std::fs::File;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use fuser::{Errno, FileAttr, TimeOrNow};
+use crate::filesystem::{Attr, Errno, SetAttr, SetTime};
 use nix::fcntl::AT_FDCWD;
 use nix::sys::stat::UtimensatFlags;
 use nix::sys::time::TimeSpec;
 
 use super::node::Node;
 use super::ops::Cow;
-use crate::fusecore::{errno_of_io, errno_of_nix};
-
-/// What a `setattr` changes.
-pub(super) struct SetAttr {
-    pub(super) mode: Option<u32>,
-    pub(super) uid: Option<u32>,
-    pub(super) gid: Option<u32>,
-    pub(super) size: Option<u64>,
-    pub(super) atime: Option<TimeOrNow>,
-    pub(super) mtime: Option<TimeOrNow>,
-}
-
-impl SetAttr {
-    /// Whether the file's content is cut to nothing (so a copy-up need not copy it).
-    pub(super) fn empties(&self) -> bool {
-        self.size == Some(0)
-    }
-}
+use crate::filesystem::{errno_of_io, errno_of_nix};
 
 /// Applies `change` to `node` (copied up already; `by_handle`: the file of the request's
 /// handle, if any) and gives node `ino`'s attributes after.
@@ -38,7 +21,7 @@ pub(super) fn set_attr(
     node: Node,
     by_handle: Option<Arc<File>>,
     change: SetAttr,
-) -> Result<FileAttr, Errno> {
+) -> Result<Attr, Errno> {
     let path = cow.upper_of(&node)?;
     // A copy-up in progress: size and times change under its lock.
     let pending = node.upper.as_ref().and_then(|fd| cow.lazy.get(fd.as_ref()));
@@ -66,10 +49,10 @@ pub(super) fn set_attr(
         }
     }
     if change.atime.is_some() || change.mtime.is_some() {
-        let ts = |t: Option<TimeOrNow>| match t {
+        let ts = |t: Option<SetTime>| match t {
             None => TimeSpec::UTIME_OMIT,
-            Some(TimeOrNow::Now) => TimeSpec::UTIME_NOW,
-            Some(TimeOrNow::SpecificTime(t)) => match t.duration_since(SystemTime::UNIX_EPOCH) {
+            Some(SetTime::Now) => TimeSpec::UTIME_NOW,
+            Some(SetTime::At(t)) => match t.duration_since(SystemTime::UNIX_EPOCH) {
                 Ok(d) => TimeSpec::new(d.as_secs() as i64, d.subsec_nanos() as i64),
                 Err(e) => {
                     let d = e.duration();

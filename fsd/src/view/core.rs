@@ -1,6 +1,6 @@
 //! The view's logic, independent of the FUSE wire: resolving names to nodes with stable
-//! numbers, attributes, directory listings and blob files. The `fuser` adapter in
-//! `fs.rs` only translates requests and replies; unit tests drive this directly.
+//! numbers, attributes, directory listings and blob files. `fs.rs` makes it a
+//! `FileSystem` for a server; unit tests drive this directly.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -9,10 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, UNIX_EPOCH};
 
 use cowspace_store::{ContentId, Entry, Kind, SnapshotId, Store, Tree, TreeId};
-use fuser::{Errno, FileAttr, FileType, INodeNo};
 
 use super::inode::{InodeKey, InodeTable, Node, NodeKind, ROOT_INO, child_path};
-use crate::fusecore::{errno_of_blob_io, errno_of_store, lock};
+use crate::filesystem::{Attr, Errno, FileKind, errno_of_blob_io, errno_of_store, lock};
 
 pub use cowspace::served::VIEW_TIME_SECS;
 
@@ -326,24 +325,23 @@ impl ViewCore {
     }
 
     /// The attributes of a node: a function of the node and the configured owner only.
-    pub fn attr(&self, node: &Node) -> FileAttr {
+    pub fn attr(&self, node: &Node) -> Attr {
         let t = UNIX_EPOCH + Duration::from_secs(VIEW_TIME_SECS + node.time_offset);
         let (kind, rdev) = match &node.kind {
-            NodeKind::Root | NodeKind::Dir { .. } => (FileType::Directory, 0),
-            NodeKind::File { .. } => (FileType::RegularFile, 0),
-            NodeKind::Symlink { .. } => (FileType::Symlink, 0),
-            NodeKind::Fifo => (FileType::NamedPipe, 0),
-            NodeKind::CharDevice { rdev } => (FileType::CharDevice, *rdev),
-            NodeKind::BlockDevice { rdev } => (FileType::BlockDevice, *rdev),
+            NodeKind::Root | NodeKind::Dir { .. } => (FileKind::Directory, 0),
+            NodeKind::File { .. } => (FileKind::RegularFile, 0),
+            NodeKind::Symlink { .. } => (FileKind::Symlink, 0),
+            NodeKind::Fifo => (FileKind::NamedPipe, 0),
+            NodeKind::CharDevice { rdev } => (FileKind::CharDevice, *rdev),
+            NodeKind::BlockDevice { rdev } => (FileKind::BlockDevice, *rdev),
         };
-        FileAttr {
-            ino: INodeNo(node.ino),
+        Attr {
+            ino: node.ino,
             size: node.size,
             blocks: node.size.div_ceil(512),
             atime: t,
             mtime: t,
             ctime: t,
-            crtime: t,
             kind,
             perm: (node.mode & 0o7777) as u16,
             nlink: match node.kind {
@@ -357,7 +355,6 @@ impl ViewCore {
             // major < 4096 and minor < 2^20, which is what FUSE carries.
             rdev: rdev as u32,
             blksize: VIEW_BLKSIZE_BYTES,
-            flags: 0,
         }
     }
 

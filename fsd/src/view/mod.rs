@@ -107,7 +107,7 @@ use self::core::ViewCore;
 pub use self::core::{VIEW_BLKSIZE_BYTES, VIEW_TIME_SECS};
 use self::fs::ViewFs;
 pub use self::inode::{INO_CONTEXT, INO_LIMIT, InodeKey};
-pub use crate::fusecore::TTL as ENTRY_TTL;
+pub use crate::fuse::TTL as ENTRY_TTL;
 
 /// File system name shown in the mount table.
 pub const VIEW_FSNAME: &str = "cowspace";
@@ -285,11 +285,15 @@ impl ViewMount {
         config.acl = SessionACL::All;
         config.n_threads = Some(threads);
         config.clone_fd = true;
-        let session =
-            fuser::spawn_mount(fs, mountpoint, &config).map_err(|source| ViewError::Mount {
-                path: mountpoint.to_path_buf(),
-                source,
-            })?;
+        let session = fuser::spawn_mount(
+            crate::fuse::FuseServer::new(Arc::new(fs)),
+            mountpoint,
+            &config,
+        )
+        .map_err(|source| ViewError::Mount {
+            path: mountpoint.to_path_buf(),
+            source,
+        })?;
         tracing::info!(
             mountpoint = %mountpoint.display(),
             threads,

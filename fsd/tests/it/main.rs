@@ -7,6 +7,7 @@ mod cowopen;
 mod fromgit;
 mod fulltree;
 mod gitstatus;
+mod layering;
 mod model;
 mod native;
 mod placement;

@@ -1,7 +1,6 @@
-//! What both FUSE servers, the snapshot view (`view/`) and the workspace server
-//! (`cow/`), answer the kernel alike: the one place where an error becomes an errno, the
-//! entry and attribute TTL, file types and attributes, reads into a kept buffer, the xattr
-//! reply protocol and the passthrough negotiation.
+//! What both cores answer alike: the one place where an error becomes an errno, file
+//! kinds and attributes of host objects, reads into a kept buffer, the lock of the cores'
+//! maps.
 
 use std::cell::RefCell;
 use std::fs;
@@ -11,14 +10,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cowspace_store::{ErrorKind, Kind};
-use fuser::{Errno, FileAttr, FileType, INodeNo, InitFlags, KernelConfig, ReplyXattr};
 use nix::sys::stat::{FileStat, SFlag};
 
-/// How long the kernel may trust entries (negative ones too) and attributes. A snapshot
-/// never changes, and every change to a workspace goes through its mount, where the
-/// kernel drops or refreshes what each change touches; so nothing the kernel caches goes
-/// stale while a mount serves. A short bound would only make every walk ask again.
-pub const TTL: Duration = Duration::from_secs(24 * 60 * 60);
+use super::{Attr, Errno, FileKind};
 
 /// Longest name either server serves or makes.
 pub const NAME_MAX_BYTES: u32 = 255;
@@ -93,46 +87,46 @@ pub fn errno_of_blob_io(what: &str, err: io::Error) -> Errno {
 }
 
 /// The file type a snapshot entry is served as.
-pub fn kind_file_type(kind: Kind) -> FileType {
+pub fn kind_file_type(kind: Kind) -> FileKind {
     match kind {
-        Kind::Dir => FileType::Directory,
-        Kind::File | Kind::Hardlink => FileType::RegularFile,
-        Kind::Symlink => FileType::Symlink,
-        Kind::Fifo => FileType::NamedPipe,
-        Kind::CharDevice => FileType::CharDevice,
-        Kind::BlockDevice => FileType::BlockDevice,
+        Kind::Dir => FileKind::Directory,
+        Kind::File | Kind::Hardlink => FileKind::RegularFile,
+        Kind::Symlink => FileKind::Symlink,
+        Kind::Fifo => FileKind::NamedPipe,
+        Kind::CharDevice => FileKind::CharDevice,
+        Kind::BlockDevice => FileKind::BlockDevice,
     }
 }
 
 /// The file type a host object is served as.
-pub fn host_file_type(ft: fs::FileType) -> FileType {
+pub fn host_file_type(ft: fs::FileType) -> FileKind {
     if ft.is_dir() {
-        FileType::Directory
+        FileKind::Directory
     } else if ft.is_symlink() {
-        FileType::Symlink
+        FileKind::Symlink
     } else if ft.is_fifo() {
-        FileType::NamedPipe
+        FileKind::NamedPipe
     } else if ft.is_char_device() {
-        FileType::CharDevice
+        FileKind::CharDevice
     } else if ft.is_block_device() {
-        FileType::BlockDevice
+        FileKind::BlockDevice
     } else if ft.is_socket() {
-        FileType::Socket
+        FileKind::Socket
     } else {
-        FileType::RegularFile
+        FileKind::RegularFile
     }
 }
 
 /// The file type of the `S_IFMT` bits of `mode`, if they name one.
-pub fn mode_file_type(mode: u32) -> Option<FileType> {
+pub fn mode_file_type(mode: u32) -> Option<FileKind> {
     Some(match SFlag::from_bits_truncate(mode & libc::S_IFMT) {
-        SFlag::S_IFDIR => FileType::Directory,
-        SFlag::S_IFLNK => FileType::Symlink,
-        SFlag::S_IFIFO => FileType::NamedPipe,
-        SFlag::S_IFCHR => FileType::CharDevice,
-        SFlag::S_IFBLK => FileType::BlockDevice,
-        SFlag::S_IFSOCK => FileType::Socket,
-        SFlag::S_IFREG => FileType::RegularFile,
+        SFlag::S_IFDIR => FileKind::Directory,
+        SFlag::S_IFLNK => FileKind::Symlink,
+        SFlag::S_IFIFO => FileKind::NamedPipe,
+        SFlag::S_IFCHR => FileKind::CharDevice,
+        SFlag::S_IFBLK => FileKind::BlockDevice,
+        SFlag::S_IFSOCK => FileKind::Socket,
+        SFlag::S_IFREG => FileKind::RegularFile,
         _ => return None,
     })
 }
@@ -146,76 +140,22 @@ fn time(secs: i64, nsecs: i64) -> SystemTime {
 }
 
 /// Attributes of a host object, served with inode number `ino`.
-pub fn attr_of_stat(ino: u64, st: &FileStat) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(ino),
+pub fn attr_of_stat(ino: u64, st: &FileStat) -> Attr {
+    Attr {
+        ino,
         size: st.st_size as u64,
         blocks: st.st_blocks as u64,
         atime: time(st.st_atime, st.st_atime_nsec),
         mtime: time(st.st_mtime, st.st_mtime_nsec),
         ctime: time(st.st_ctime, st.st_ctime_nsec),
-        crtime: time(st.st_ctime, st.st_ctime_nsec),
-        kind: mode_file_type(st.st_mode).unwrap_or(FileType::RegularFile),
+        kind: mode_file_type(st.st_mode).unwrap_or(FileKind::RegularFile),
         perm: (st.st_mode & 0o7777) as u16,
         nlink: st.st_nlink as u32,
         uid: st.st_uid,
         gid: st.st_gid,
         rdev: st.st_rdev as u32,
         blksize: st.st_blksize as u32,
-        flags: 0,
     }
-}
-
-/// The attributes sent with a negative entry (node 0: "no such name"; the kernel reads
-/// none of them).
-pub fn negative_attr() -> FileAttr {
-    FileAttr {
-        ino: INodeNo(0),
-        size: 0,
-        blocks: 0,
-        atime: UNIX_EPOCH,
-        mtime: UNIX_EPOCH,
-        ctime: UNIX_EPOCH,
-        crtime: UNIX_EPOCH,
-        kind: FileType::RegularFile,
-        perm: 0,
-        nlink: 0,
-        uid: 0,
-        gid: 0,
-        rdev: 0,
-        blksize: 0,
-        flags: 0,
-    }
-}
-
-/// The xattr protocol: size 0 asks for the length; a too-small buffer is `ERANGE`.
-pub fn reply_sized(value: &[u8], size: u32, reply: ReplyXattr) {
-    let Ok(len) = u32::try_from(value.len()) else {
-        return reply.error(Errno::E2BIG);
-    };
-    if size == 0 {
-        reply.size(len);
-    } else if len > size {
-        reply.error(Errno::ERANGE);
-    } else {
-        reply.data(value);
-    }
-}
-
-/// Asks for FUSE passthrough at stack depth 1 (backing files live on a plain
-/// filesystem, and kernel overlayfs accepts a FUSE mount as a lower layer only at depth
-/// 1). `false`: the kernel offers none, and the daemon serves the I/O.
-pub fn negotiate_passthrough(config: &mut KernelConfig) -> io::Result<bool> {
-    if config
-        .add_capabilities(InitFlags::FUSE_PASSTHROUGH)
-        .is_err()
-    {
-        return Ok(false);
-    }
-    config
-        .set_max_stack_depth(1)
-        .map_err(|_| io::Error::other("stack depth 1 refused"))?;
-    Ok(true)
 }
 
 #[cfg(test)]
@@ -254,10 +194,10 @@ mod tests {
     fn modes_name_their_file_types() {
         assert_eq!(
             mode_file_type(libc::S_IFDIR | 0o755),
-            Some(FileType::Directory)
+            Some(FileKind::Directory)
         );
-        assert_eq!(mode_file_type(libc::S_IFSOCK), Some(FileType::Socket));
+        assert_eq!(mode_file_type(libc::S_IFSOCK), Some(FileKind::Socket));
         assert_eq!(mode_file_type(0o644), None);
-        assert_eq!(kind_file_type(Kind::Hardlink), FileType::RegularFile);
+        assert_eq!(kind_file_type(Kind::Hardlink), FileKind::RegularFile);
     }
 }
