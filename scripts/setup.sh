@@ -10,6 +10,7 @@ pkgs=(git tar zstd gzip xz-utils fuse3 fuse-overlayfs btrfs-progs xfsprogs bubbl
       libc6-dev   # libc.a: sandbox-helper's build links the guest agent statically
       docker-registry umoci skopeo  # image tests: a real registry on 127.0.0.1, images built and pushed
       mmdebstrap  # image tests: a real Debian root (below), made once and cached
+      libnfs-utils  # NFS tests: libnfs's client (nfs-ls, nfs-cat, nfs-cp) against the daemon's server
       openssl     # the bench inject section makes its TLS origin's CA with it
       python3-dev python3-setuptools  # the soak's project builds a C extension (Python.h)
       nodejs)     # the Node client's tests (clients/typescript) need node >= 20

@@ -9,6 +9,7 @@ pub mod control;
 pub mod cow;
 pub mod filesystem;
 pub mod fuse;
+pub mod nfs;
 pub mod placement;
 pub mod view;
 

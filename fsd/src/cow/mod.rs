@@ -205,6 +205,95 @@ impl Default for Serving {
     }
 }
 
+/// The filesystem core of the workspace of `snapshot` with private state in
+/// `private_dir`, copy-ups a crash or a stop interrupted resumed.
+fn open_core(store: Arc<Store>, snapshot: SnapshotId, private_dir: &Path) -> Result<Arc<ops::Cow>> {
+    let owner = std::fs::metadata(store.root()).map_err(Error::io("stat", store.root()))?;
+    let snap = store.snapshot(&snapshot)?;
+    let layers = layers::Layers::new(
+        Arc::clone(&store),
+        snapshot,
+        private_dir,
+        owner.uid(),
+        owner.gid(),
+    );
+    layers
+        .prepare(snap.root_mode, &snap.root_xattrs)
+        .map_err(Error::io("prepare", private_dir))?;
+    let root = ops::root_node(&layers, snap.root).map_err(Error::io("open", &layers.upper))?;
+    let cow = Arc::new(ops::Cow::new(layers, root));
+    // Copy-ups a crash or a stop interrupted go on, registered before the first open.
+    let resumed = lazy::scan(&cow.layers.upper, &store)
+        .map_err(Error::io("resume copy-ups in", &cow.layers.upper))?;
+    for p in resumed {
+        cow.lazy
+            .add(Arc::new(p))
+            .map_err(Error::io("resume copy-ups in", &cow.layers.upper))?;
+    }
+    Ok(cow)
+}
+
+/// A workspace served over NFSv3 on 127.0.0.1 ([`crate::nfs`]); stops serving on drop.
+pub struct CowNfs {
+    server: crate::nfs::NfsServer,
+    cow: Arc<ops::Cow>,
+}
+
+impl CowNfs {
+    /// Serves the workspace of `snapshot` with private state in `private_dir` on `port`
+    /// of 127.0.0.1 (0: one the kernel picks). I/O goes by inode, as in the cached open
+    /// mode.
+    pub fn serve(
+        store: Arc<Store>,
+        snapshot: SnapshotId,
+        private_dir: &Path,
+        port: u16,
+    ) -> Result<CowNfs> {
+        let cow = open_core(store, snapshot, private_dir)?;
+        let fs = fs::CowFs::new(
+            Arc::clone(&cow),
+            OpenMode::Cached,
+            false,
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+            false,
+        );
+        let server = crate::nfs::NfsServer::serve(Arc::new(fs), port).map_err(|e| {
+            cow.lazy.stop();
+            Error::Io {
+                step: "serve the workspace over NFS from",
+                path: private_dir.to_path_buf(),
+                source: e,
+            }
+        })?;
+        Ok(CowNfs { server, cow })
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.server.addr()
+    }
+
+    /// The path a client mounts (`MNT`): a capability.
+    pub fn export_path(&self) -> &str {
+        self.server.export_path()
+    }
+
+    /// Finishes every copy-up in progress: diff and commit read the upper directly.
+    pub fn finish_copies(&self) -> Result<()> {
+        self.cow
+            .lazy
+            .finish_all()
+            .map_err(Error::io("finish copy-ups in", &self.cow.layers.upper))
+    }
+}
+
+impl Drop for CowNfs {
+    fn drop(&mut self) {
+        // The copier stops between two batches; what is left stays recorded.
+        self.cow.lazy.stop();
+    }
+}
+
 /// A served workspace; unmounts on drop.
 pub struct CowMount {
     path: PathBuf,
@@ -234,28 +323,7 @@ impl CowMount {
         serving: Serving,
     ) -> Result<CowMount> {
         let mode = serving.mode;
-        let owner = std::fs::metadata(store.root()).map_err(Error::io("stat", store.root()))?;
-        let snap = store.snapshot(&snapshot)?;
-        let layers = layers::Layers::new(
-            Arc::clone(&store),
-            snapshot,
-            private_dir,
-            owner.uid(),
-            owner.gid(),
-        );
-        layers
-            .prepare(snap.root_mode, &snap.root_xattrs)
-            .map_err(Error::io("prepare", private_dir))?;
-        let root = ops::root_node(&layers, snap.root).map_err(Error::io("open", &layers.upper))?;
-        let cow = Arc::new(ops::Cow::new(layers, root));
-        // Copy-ups a crash or a stop interrupted go on, registered before the first open.
-        let resumed = lazy::scan(&cow.layers.upper, &store)
-            .map_err(Error::io("resume copy-ups in", &cow.layers.upper))?;
-        for p in resumed {
-            cow.lazy
-                .add(Arc::new(p))
-                .map_err(Error::io("resume copy-ups in", &cow.layers.upper))?;
-        }
+        let cow = open_core(store, snapshot, private_dir)?;
         let flag = Arc::new(AtomicBool::new(false));
         let opens = Arc::new(AtomicU64::new(0));
         let fs = fs::CowFs::new(

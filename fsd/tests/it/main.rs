@@ -10,6 +10,7 @@ mod gitstatus;
 mod layering;
 mod model;
 mod native;
+mod nfs;
 mod placement;
 mod plainview;
 mod view;
