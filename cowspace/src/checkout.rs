@@ -26,7 +26,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use cowspace_store::{ContentId, Kind, SnapshotId, Store, TreeId};
+use cowspace_store::tree::Target;
+use cowspace_store::{ContentId, SnapshotId, Store, TreeId};
 
 use crate::error::{Error, Result};
 
@@ -79,7 +80,8 @@ pub fn ensure_checkout(store: &Store, snapshot: &SnapshotId) -> Result<PathBuf> 
     if dest.is_dir() {
         return Ok(dest);
     }
-    let parent = dest.parent().expect("checkouts have a parent");
+    // `checkout_path`'s directory.
+    let parent = &store.layout().checkouts();
     fs::create_dir_all(parent).map_err(Error::io("create directory", parent))?;
     let tmp = parent.join(crate::tmpname::unique(&format!(
         ".tmp-{}",
@@ -121,16 +123,16 @@ fn build(
 ) -> Result<()> {
     for e in store.tree(tree)?.entries {
         let path = dir.join(std::ffi::OsStr::from_bytes(&e.name));
-        match e.kind {
-            Kind::Dir => {
+        match e.target() {
+            Target::Dir(sub) => {
                 fs::create_dir(&path).map_err(Error::io("create directory", &path))?;
-                build(store, &e.subtree().expect("dir"), &path, top, linked)?;
+                build(store, &sub, &path, top, linked)?;
                 cowspace_store::export::set_xattrs(&path, &e.xattrs)?;
                 fs::set_permissions(&path, fs::Permissions::from_mode(e.mode))
                     .map_err(Error::io("chmod", &path))?;
             }
-            Kind::File => {
-                let blob = blob_variant(store, &e.content().expect("file"), e.mode)?;
+            Target::File(content) => {
+                let blob = blob_variant(store, &content, e.mode)?;
                 if !e.xattrs.is_empty() {
                     // Its xattrs are its own, not its blob's (the module's doc).
                     fs::copy(&blob, &path).map_err(Error::io("copy blob", &path))?;
@@ -143,15 +145,15 @@ fn build(
                     fs::copy(&blob, &path).map_err(Error::io("copy blob", &path))?;
                 }
             }
-            Kind::Hardlink => {
+            Target::Hardlink(_) => {
                 let primary = top.join(std::ffi::OsStr::from_bytes(&e.data));
                 fs::hard_link(&primary, &path).map_err(Error::io("hard link", &path))?;
             }
-            Kind::Symlink => {
+            Target::Symlink => {
                 std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&e.data), &path)
                     .map_err(Error::io("create symlink", &path))?;
             }
-            Kind::Fifo | Kind::CharDevice | Kind::BlockDevice => {
+            Target::Fifo | Target::CharDevice | Target::BlockDevice => {
                 cowspace_store::export::create_special(&path, &e)?
             }
         }

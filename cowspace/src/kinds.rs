@@ -216,6 +216,13 @@ mod tests {
     use super::*;
 
     #[test]
+    fn all_materializers_are_listed_in_declaration_order() {
+        for (i, k) in MaterializerKind::ALL.into_iter().enumerate() {
+            assert_eq!(k as usize, i, "{k}");
+        }
+    }
+
+    #[test]
     fn choices_keep_their_words_on_the_wire() {
         let c: Choice<MaterializerKind> = serde_json::from_str("\"fuse\"").unwrap();
         assert_eq!(c, Choice::Exactly(MaterializerKind::Fuse));

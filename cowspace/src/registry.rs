@@ -219,6 +219,13 @@ pub struct Registry {
 }
 
 /// Seconds since the epoch.
+/// A record as the registry stores it: JSON (a failure is a value SQLite cannot be given).
+fn encode(r: &Record) -> Result<String> {
+    serde_json::to_string(r).map_err(|e| {
+        Error::reg("encode workspace record")(rusqlite::Error::ToSqlConversionFailure(Box::new(e)))
+    })
+}
+
 pub fn now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -299,7 +306,7 @@ impl Registry {
     /// Records a new workspace (status `creating`). A live workspace of the same name is
     /// refused.
     pub fn insert(&self, r: &Record) -> Result<()> {
-        let json = serde_json::to_string(r).expect("record serialises");
+        let json = encode(r)?;
         match self.conn.execute(
             "INSERT INTO workspaces (id, name, record, status) VALUES (?1, ?2, ?3, ?4)",
             params![r.id, r.name, json, r.status.as_str()],
@@ -318,7 +325,7 @@ impl Registry {
 
     /// Writes a changed record.
     pub fn update(&self, r: &Record) -> Result<()> {
-        let json = serde_json::to_string(r).expect("record serialises");
+        let json = encode(r)?;
         let n = self
             .conn
             .execute(
@@ -356,7 +363,7 @@ impl Registry {
             .map_err(|e| Error::Invalid(format!("registry record of {id} is unreadable: {e}")))?;
         let out = change(&mut r)?;
         r.updated_at = now();
-        let json = serde_json::to_string(&r).expect("record serialises");
+        let json = encode(&r)?;
         tx.execute(
             "UPDATE workspaces SET record = ?2, status = ?3 WHERE id = ?1",
             params![r.id, json, r.status.as_str()],

@@ -300,10 +300,13 @@ impl Runtime {
         drop(cmd);
         let keeper = child.id() as i32;
         self.move_sandbox(&rec.id, me, keeper)?;
-        let stderr = child.stderr.take().expect("piped stderr");
+        // Piped above, so `Some`: with none there would be nothing to read.
+        let stderr = child.stderr.take();
         let err_reader = std::thread::spawn(move || {
             let mut s = String::new();
-            let _ = stderr.take(MAX_HELPER_STDERR_BYTES).read_to_string(&mut s);
+            if let Some(stderr) = stderr {
+                let _ = stderr.take(MAX_HELPER_STDERR_BYTES).read_to_string(&mut s);
+            }
             s
         });
         let mut line = String::new();

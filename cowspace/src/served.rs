@@ -138,8 +138,8 @@ impl InodeKey {
 
 /// `2 + (first 8 bytes LE mod (2^48 - 2))`: never 0 (invalid) or 1 (the mount root).
 fn ino_from_digest(d: &[u8; 32]) -> u64 {
-    let first: [u8; 8] = d[..8].try_into().expect("a digest has 32 bytes");
-    2 + u64::from_le_bytes(first) % (INO_LIMIT - 2)
+    let [b0, b1, b2, b3, b4, b5, b6, b7, ..] = *d;
+    2 + u64::from_le_bytes([b0, b1, b2, b3, b4, b5, b6, b7]) % (INO_LIMIT - 2)
 }
 
 /// What a node is, with what its operations need.

@@ -21,6 +21,7 @@ use cowspace_store::import::dir::read_xattrs;
 use cowspace_store::{ContentId, Entry, Kind, SnapshotId, Store, TreeId};
 
 use crate::error::{Error, Result};
+use cowspace_store::tree::Target;
 use cowspace_store::tree::join_path as join;
 
 /// One change found in the upper layer, in depth-first name order.
@@ -227,11 +228,12 @@ impl<'s> BaseTrees<'s> {
                 Some(i) => (&path[..i], &path[i + 1..]),
                 None => (&b""[..], path),
             };
-            match self.dir(parent)?.and_then(|t| t.get(name).cloned()) {
-                Some(e) if e.kind == Kind::Dir => Some(std::sync::Arc::new(
-                    self.store.tree(&e.subtree().expect("dir"))?,
-                )),
-                _ => None,
+            match self
+                .dir(parent)?
+                .and_then(|t| t.get(name).and_then(|e| e.subtree()))
+            {
+                Some(sub) => Some(std::sync::Arc::new(self.store.tree(&sub)?)),
+                None => None,
             }
         };
         self.cache.insert(path.to_vec(), t.clone());
@@ -590,20 +592,22 @@ pub fn patch(store: &Store, changes: &[(DiffEntry, Option<PathBuf>)]) -> Result<
             continue;
         }
         let big = cowspace_store::diff::MAX_TEXT_DIFF_BYTES;
-        let ob = match old {
-            Some(e) if e.kind.has_content() && e.size <= big => {
-                Some(store.read_content(&e.content().expect("file"))?)
+        let ob = match old.map(|e| (e, e.target())) {
+            Some((e, Target::File(c) | Target::Hardlink(c))) if e.size <= big => {
+                Some(store.read_content(&c)?)
             }
-            Some(e) if e.kind == Kind::Symlink => Some(e.data.clone()),
+            Some((e, Target::Symlink)) => Some(e.data.clone()),
             _ => None,
         };
-        let nb = match (new, host) {
-            (Some(e), Some(h)) if e.size <= big => Some(fs::read(h).map_err(Error::io("read", h))?),
-            // Stored content (`diff WS SNAP`: a path the workspace holds as its base).
-            (Some(e), None) if e.kind.has_content() && e.size <= big => {
-                Some(store.read_content(&e.content().expect("file"))?)
+        let nb = match (new.map(|e| (e, e.target())), host) {
+            (Some((e, _)), Some(h)) if e.size <= big => {
+                Some(fs::read(h).map_err(Error::io("read", h))?)
             }
-            (Some(e), _) if e.kind == Kind::Symlink => Some(e.data.clone()),
+            // Stored content (`diff WS SNAP`: a path the workspace holds as its base).
+            (Some((e, Target::File(c) | Target::Hardlink(c))), None) if e.size <= big => {
+                Some(store.read_content(&c)?)
+            }
+            (Some((e, Target::Symlink)), _) => Some(e.data.clone()),
             _ => None,
         };
         write_patch(

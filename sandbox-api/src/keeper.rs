@@ -17,9 +17,14 @@ pub const MAX_CLIENT_MESSAGE_BYTES: usize = crate::exec::MAX_EXEC_REQUEST_BYTES;
 /// A long-lived sandbox's status, as `{"op":"status"}` answers it.
 pub type Status = Value;
 
+/// The directory of [`paths`]: the keepers' files under the state directory.
+pub fn keep_dir(state: &Path) -> PathBuf {
+    state.join("keep")
+}
+
 /// The keeper's files of sandbox `name` under the state directory: (lock, socket).
 pub fn paths(state: &Path, name: &str) -> (PathBuf, PathBuf) {
-    let dir = state.join("keep");
+    let dir = keep_dir(state);
     (
         dir.join(format!("{name}.lock")),
         dir.join(format!("{name}.sock")),

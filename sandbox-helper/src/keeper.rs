@@ -66,7 +66,7 @@ impl Drop for Listener {
 /// holds it) and listens on its socket.
 pub fn listen_on(state: &Path, name: &str) -> Result<Listener> {
     let (lock_path, sock_path) = paths(state, name);
-    let dir = lock_path.parent().expect("keep directory");
+    let dir = &sandbox_api::keeper::keep_dir(state);
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -102,8 +102,8 @@ pub fn listen_on(state: &Path, name: &str) -> Result<Listener> {
     bind(sock.as_raw_fd(), &addr).map_err(|e| state_err(&sock_path)(e.into()))?;
     std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(0o600))
         .map_err(state_err(&sock_path))?;
-    listen(&sock, Backlog::new(128).expect("backlog"))
-        .map_err(|e| state_err(&sock_path)(e.into()))?;
+    let backlog = Backlog::new(128).map_err(|e| state_err(&sock_path)(e.into()))?;
+    listen(&sock, backlog).map_err(|e| state_err(&sock_path)(e.into()))?;
     Ok(Listener {
         _lock: lock,
         sock,
@@ -225,20 +225,29 @@ pub(crate) fn serve(
         }));
     }
     pause::start_idle_timer(&shared);
-    {
+    let accept = listener.sock.try_clone().and_then(|lsock| {
         let shared = shared.clone();
-        let lsock = listener.sock.try_clone().expect("clone the listener");
         std::thread::Builder::new()
             .name("accept".into())
             .spawn(move || accept_loop(&lsock, &shared))
-            .expect("spawn the accept thread");
-    }
-    {
+    });
+    let signals = accept.and_then(|_| {
         let shared = shared.clone();
         std::thread::Builder::new()
             .name("signals".into())
             .spawn(move || stop_on_signal(&shared))
-            .expect("spawn the signal thread");
+    });
+    if let Err(e) = signals {
+        // Nobody could reach or stop the sandbox: it is ended, and the caller, waiting
+        // for init, frees it.
+        eprintln!(
+            "sandbox-helper: {}: the keeper cannot start its threads ({e}); the sandbox is \
+             stopped",
+            shared.name
+        );
+        shared.stopping.store(true, Ordering::SeqCst);
+        pause::thaw_for_stop(&shared);
+        let _ = kill(shared.init_pid, Signal::SIGKILL);
     }
     Stopped { shared }
 }

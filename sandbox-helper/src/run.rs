@@ -324,7 +324,13 @@ fn prepare(spec: &Spec, opts: &Options) -> Result<Live> {
             let work_name = work
                 .0
                 .file_name()
-                .expect("the work directory has a name")
+                .ok_or_else(|| Error::StateDir {
+                    path: work.0.clone(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::InvalidInput,
+                        "the overlay work directory has no name",
+                    ),
+                })?
                 .to_os_string();
             Some(crate::share::share(
                 layers,
@@ -364,15 +370,21 @@ fn prepare(spec: &Spec, opts: &Options) -> Result<Live> {
             .suspend_host_mount
             .then(|| scope.spawn(|| suspend_host_mount(&spec.workspace)));
         let handover = hand_over(pid, &plan, &joins, &ours, spec, image_root);
+        // A thread that panicked is a step that failed: its error, then the clean-up.
+        let panicked = |step: &str| Error::Setup {
+            step: step.into(),
+            source: std::io::Error::other("the thread doing it panicked"),
+        };
         let host_mount = match suspender {
-            Some(t) => t.join().expect("the unmount thread panicked"),
+            Some(t) => t
+                .join()
+                .unwrap_or_else(|_| Err(panicked("unmount the workspace on the host"))),
             None => Ok(HostMount::Kept),
         };
-        (
-            handover,
-            mover.join().expect("the cgroup thread panicked"),
-            host_mount,
-        )
+        let moved = mover
+            .join()
+            .unwrap_or_else(|_| Err(panicked("move init into its cgroup")));
+        (handover, moved, host_mount)
     });
     let host_mount = host_mount?;
     moved?;
@@ -515,7 +527,10 @@ pub fn start(
     let init_sock = live.ours.try_clone().map_err(Error::Sync)?;
     let stopped = crate::keeper::serve(
         &listener,
-        crate::keeper::InitBackend::start(init_sock, pid),
+        crate::keeper::InitBackend::start(init_sock, pid).map_err(|source| Error::Setup {
+            step: "start the thread that reads the sandbox init's answers".into(),
+            source,
+        })?,
         pid,
         status.clone(),
         live.ready.cgroups.clone(),

@@ -169,11 +169,7 @@ fn reap(sock: &OwnedFd, running: &mut HashMap<i32, u64>) {
 
 /// Starts one exec; `Err((errno, what))` when it could not (what: 0 the command, 1 the
 /// working directory, 2 the request).
-fn start(
-    body: &[u8],
-    mut fds: Vec<OwnedFd>,
-    spec: &Spec,
-) -> Result<(i32, Option<OwnedFd>), (i32, u8)> {
+fn start(body: &[u8], fds: Vec<OwnedFd>, spec: &Spec) -> Result<(i32, Option<OwnedFd>), (i32, u8)> {
     let req: ExecRequest = serde_json::from_slice(body).map_err(|_| (libc::EINVAL, 2))?;
     if req.argv.is_empty() || req.argv.iter().any(|a| a.contains('\0')) {
         return Err((libc::EINVAL, 2));
@@ -204,12 +200,9 @@ fn start(
             .stderr(Stdio::from(slave));
         master = Some(m);
     } else {
-        if fds.len() != 3 {
+        let Ok([inp, out, err]) = <[OwnedFd; 3]>::try_from(fds) else {
             return Err((libc::EINVAL, 2));
-        }
-        let err = fds.pop().expect("three descriptors");
-        let out = fds.pop().expect("three descriptors");
-        let inp = fds.pop().expect("three descriptors");
+        };
         cmd.stdin(Stdio::from(inp))
             .stdout(Stdio::from(out))
             .stderr(Stdio::from(err));

@@ -23,7 +23,9 @@ use crate::codec;
 use crate::error::{Error, Result};
 use crate::id::ChunkId;
 use crate::index::{self, Location, ObjectKind};
-use crate::pack::{Codec, GROUP_KIND, PACK_MAGIC, PackHold, PackId, RECORD_HEADER_BYTES};
+use crate::pack::{
+    Codec, GROUP_KIND, PACK_MAGIC, PackHold, PackId, RECORD_HEADER_BYTES, parse_record_header,
+};
 use crate::store::{Store, committed_packs};
 use crate::writer::{Holds, Pending, Row, stored_bytes};
 
@@ -137,15 +139,13 @@ impl Store {
             if self.backend.read_at(pack, at, &mut h).is_err() {
                 break;
             }
-            let stored_len = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes"));
-            let raw_len = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
-            let id: [u8; 32] = h[12..44].try_into().expect("32 bytes");
-            let group = h[0] == GROUP_KIND;
+            let (kind_byte, codec_byte, stored_len, raw_len, id) = parse_record_header(&h);
+            let group = kind_byte == GROUP_KIND;
             let kind = match group {
                 true => Some(ObjectKind::Chunk),
-                false => ObjectKind::from_u8(h[0]),
+                false => ObjectKind::from_u8(kind_byte),
             };
-            let (Some(kind), Some(codec)) = (kind, Codec::from_u8(h[1])) else {
+            let (Some(kind), Some(codec)) = (kind, Codec::from_u8(codec_byte)) else {
                 break;
             };
             let offset = at + RECORD_HEADER_BYTES;

@@ -56,8 +56,13 @@ impl Store {
 impl BlobCache<'_> {
     /// Where the blob of `id` lives (whether or not it is there yet).
     pub fn path(&self, id: &ContentId) -> PathBuf {
-        let hex = id.to_hex();
-        self.dir.join(&hex[..2]).join(hex)
+        self.dir_of(id).join(id.to_hex())
+    }
+
+    /// The directory [`BlobCache::path`] puts the blob of `id` in (by its first two hex
+    /// digits).
+    fn dir_of(&self, id: &ContentId) -> PathBuf {
+        self.dir.join(&id.to_hex()[..2])
     }
 
     /// Makes sure the blob of `id` exists, writing it from the store if needed, and
@@ -147,7 +152,7 @@ impl BlobCache<'_> {
     /// and rename.
     fn write_blob(&self, id: &ContentId, path: &std::path::Path) -> Result<()> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let parent = path.parent().expect("blob paths have a parent");
+        let parent = &self.dir_of(id);
         fs::create_dir_all(parent).map_err(Error::io("create directory", parent))?;
         let tmp = parent.join(format!(
             ".tmp-{}-{}",

@@ -92,8 +92,8 @@ impl Store {
             let e = tree.get(c.as_bytes()).cloned().ok_or_else(|| {
                 Error::not_found("path", format!("{path} in {}", snapshot.short()))
             })?;
-            if e.kind == Kind::Dir {
-                tree = self.tree(&e.subtree().expect("dir"))?;
+            if let Some(sub) = e.subtree() {
+                tree = self.tree(&sub)?;
                 entry = Some(e);
             } else if i + 1 == comps.len() {
                 return Ok(Found::Leaf(e));

@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::id::{SnapshotId, TreeId};
 use crate::store::Store;
 use crate::tree::join_path as join;
-use crate::tree::{Entry, Kind, Tree};
+use crate::tree::{Entry, Kind, Target, Tree};
 
 /// Files larger than this are not diffed as text.
 pub const MAX_TEXT_DIFF_BYTES: u64 = 8 * 1024 * 1024;
@@ -217,27 +217,32 @@ impl Store {
         out: &mut Vec<DiffEntry>,
     ) -> Result<()> {
         let (mut i, mut j) = (0, 0);
-        while i < ta.entries.len() || j < tb.entries.len() {
-            let ea = ta.entries.get(i);
-            let eb = tb.entries.get(j);
-            let ord = match (ea, eb) {
-                (Some(x), Some(y)) => x.name.cmp(&y.name),
-                (Some(_), None) => std::cmp::Ordering::Less,
-                _ => std::cmp::Ordering::Greater,
+        // Both entry lists are sorted by name: one merge pass.
+        loop {
+            let (x, y) = match (ta.entries.get(i), tb.entries.get(j)) {
+                (None, None) => break,
+                (Some(x), None) => {
+                    self.one_side(x, prefix, Change::Deleted, out)?;
+                    i += 1;
+                    continue;
+                }
+                (None, Some(y)) => {
+                    self.one_side(y, prefix, Change::Added, out)?;
+                    j += 1;
+                    continue;
+                }
+                (Some(x), Some(y)) => (x, y),
             };
-            match ord {
+            match x.name.cmp(&y.name) {
                 std::cmp::Ordering::Less => {
-                    let e = ea.expect("present");
-                    self.one_side(e, prefix, Change::Deleted, out)?;
+                    self.one_side(x, prefix, Change::Deleted, out)?;
                     i += 1;
                 }
                 std::cmp::Ordering::Greater => {
-                    let e = eb.expect("present");
-                    self.one_side(e, prefix, Change::Added, out)?;
+                    self.one_side(y, prefix, Change::Added, out)?;
                     j += 1;
                 }
                 std::cmp::Ordering::Equal => {
-                    let (x, y) = (ea.expect("present"), eb.expect("present"));
                     let path = join(prefix, &x.name);
                     match (x.kind, y.kind) {
                         (Kind::Dir, Kind::Dir) => {
@@ -267,6 +272,10 @@ impl Store {
                                 || x.mode != y.mode
                                 || x.size != y.size
                                 || x.xattrs != y.xattrs
+                                // A name that joined or left a group of hard links (a
+                                // file, then a hard link, or the other way round): a
+                                // commit records it, so it is listed both ways.
+                                || x.kind != y.kind
                                 || (x.kind != Kind::Hardlink && x.data != y.data)
                                 || (x.kind == Kind::Symlink && x.data != y.data)
                             {
@@ -309,11 +318,11 @@ impl Store {
 
     /// The bytes a patch shows for an entry: file content or symlink target.
     fn patch_bytes(&self, e: &Entry) -> Result<Option<Vec<u8>>> {
-        match e.kind {
-            Kind::File | Kind::Hardlink if e.size <= MAX_TEXT_DIFF_BYTES => {
-                Ok(Some(self.read_content(&e.content().expect("file"))?))
+        match e.target() {
+            Target::File(c) | Target::Hardlink(c) if e.size <= MAX_TEXT_DIFF_BYTES => {
+                Ok(Some(self.read_content(&c)?))
             }
-            Kind::Symlink => Ok(Some(e.data.clone())),
+            Target::Symlink => Ok(Some(e.data.clone())),
             _ => Ok(None),
         }
     }

@@ -341,16 +341,18 @@ impl<'s> Editor<'s> {
             return Ok(());
         }
         let comps = split_path(path)?;
-        if comps.is_empty() {
-            self.root = DirEdit {
-                base: None,
-                ..Default::default()
-            };
-        } else {
-            let (last, parents) = comps.split_last().expect("non-empty");
-            let dir = self.dir_mut(parents)?;
-            dir.children
-                .insert(last.clone(), Child::Dir(DirEdit::default()));
+        match comps.split_last() {
+            None => {
+                self.root = DirEdit {
+                    base: None,
+                    ..Default::default()
+                };
+            }
+            Some((last, parents)) => {
+                let dir = self.dir_mut(parents)?;
+                dir.children
+                    .insert(last.clone(), Child::Dir(DirEdit::default()));
+            }
         }
         if self.base.counts.hardlinks > 0 {
             self.touched_primary = true;
@@ -559,7 +561,7 @@ impl<'s> Editor<'s> {
             git_fsmonitor: self.git_fsmonitor.take(),
             root_xattrs,
         };
-        let (id, bytes) = snap.encode_with_id();
+        let (id, bytes) = snap.encode_with_id()?;
         self.ingest
             .put(ObjectKind::Snapshot, *id.as_bytes(), &bytes)?;
         let w = self.write_pending(&id, ref_name)?;

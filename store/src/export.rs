@@ -23,7 +23,7 @@ use crate::content::from_io;
 use crate::error::{Error, Result};
 use crate::id::{SnapshotId, TreeId};
 use crate::store::Store;
-use crate::tree::Kind;
+use crate::tree::{Kind, Target, join_path};
 
 /// Renames the finished `tmp` to `dest`, refusing a `dest` that has appeared meanwhile.
 fn rename_into_place(tmp: &Path, dest: &Path) -> Result<()> {
@@ -102,9 +102,9 @@ impl Store {
         };
         let git = self.tree(&git)?;
         let file = |name: &[u8]| -> Result<Option<Vec<u8>>> {
-            match git.get(name).filter(|e| e.kind == Kind::File) {
-                Some(e) => Ok(Some(self.read_content(&e.content().expect("file"))?)),
-                None => Ok(None),
+            match git.get(name).map(|e| e.target()) {
+                Some(Target::File(c)) => Ok(Some(self.read_content(&c)?)),
+                _ => Ok(None),
             }
         };
         let (Some(config), Some(index)) = (file(b"config")?, file(b"index")?) else {
@@ -132,7 +132,7 @@ impl Store {
         let tmp = tmp_beside(dest)?;
         let result = (|| {
             fs::create_dir(&tmp).map_err(Error::io("create directory", &tmp))?;
-            self.export_tree(&snap.root, &tmp, &tmp, &subst)?;
+            self.export_tree(&snap.root, &tmp, &tmp, b"", &subst)?;
             set_xattrs(&tmp, &snap.root_xattrs)?;
             fs::set_permissions(&tmp, fs::Permissions::from_mode(snap.root_mode))
                 .map_err(Error::io("chmod", &tmp))?;
@@ -144,29 +144,38 @@ impl Store {
         result
     }
 
-    fn export_tree(&self, id: &TreeId, dir: &Path, top: &Path, subst: &Substitutes) -> Result<()> {
+    /// Writes tree `id` into `dir`, which is `rel` (`/`-separated, empty for the top)
+    /// under the export's top directory `top`.
+    fn export_tree(
+        &self,
+        id: &TreeId,
+        dir: &Path,
+        top: &Path,
+        rel: &[u8],
+        subst: &Substitutes,
+    ) -> Result<()> {
         let tree = self.tree(id)?;
         for e in &tree.entries {
             let path = dir.join(std::ffi::OsStr::from_bytes(&e.name));
-            match e.kind {
-                Kind::Dir => {
+            let rel = join_path(rel, &e.name);
+            match e.target() {
+                Target::Dir(sub) => {
                     fs::create_dir(&path).map_err(Error::io("create directory", &path))?;
-                    self.export_tree(&e.subtree().expect("dir"), &path, top, subst)?;
+                    self.export_tree(&sub, &path, top, &rel, subst)?;
                     set_xattrs(&path, &e.xattrs)?;
                     fs::set_permissions(&path, fs::Permissions::from_mode(e.mode))
                         .map_err(Error::io("chmod", &path))?;
                 }
-                Kind::File => {
+                Target::File(content) => {
                     let mut f = fs::OpenOptions::new()
                         .write(true)
                         .create_new(true)
                         .open(&path)
                         .map_err(Error::io("create file", &path))?;
-                    let rel = path.strip_prefix(top).expect("under top");
-                    if let Some(bytes) = subst.get(rel.as_os_str().as_bytes()) {
+                    if let Some(bytes) = subst.get(&rel) {
                         f.write_all(bytes).map_err(Error::io("write", &path))?;
                     } else {
-                        let mut r = self.content_reader(&e.content().expect("file"))?;
+                        let mut r = self.content_reader(&content)?;
                         let n = io::copy(&mut r, &mut f).map_err(|err| from_io(err, &path))?;
                         if n != e.size {
                             return Err(Error::corrupt(
@@ -182,15 +191,17 @@ impl Store {
                     fs::set_permissions(&path, fs::Permissions::from_mode(e.mode))
                         .map_err(Error::io("chmod", &path))?;
                 }
-                Kind::Hardlink => {
+                Target::Hardlink(_) => {
                     let primary = top.join(std::ffi::OsStr::from_bytes(&e.data));
                     fs::hard_link(&primary, &path).map_err(Error::io("hard link", &path))?;
                 }
-                Kind::Symlink => {
+                Target::Symlink => {
                     std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&e.data), &path)
                         .map_err(Error::io("create symlink", &path))?;
                 }
-                Kind::Fifo | Kind::CharDevice | Kind::BlockDevice => create_special(&path, e)?,
+                Target::Fifo | Target::CharDevice | Target::BlockDevice => {
+                    create_special(&path, e)?
+                }
             }
         }
         Ok(())
@@ -284,8 +295,8 @@ impl Store {
             h.set_uid(0);
             h.set_gid(0);
             h.set_size(0);
-            match e.kind {
-                Kind::Dir => {
+            match e.target() {
+                Target::Dir(sub) => {
                     h.set_entry_type(tar::EntryType::Directory);
                     let mut dirpath = path.clone();
                     dirpath.push(b'/');
@@ -295,30 +306,30 @@ impl Store {
                         io::empty(),
                     )
                     .map_err(werr)?;
-                    self.tar_tree(b, &e.subtree().expect("dir"), &path, mtime, archive, subst)?;
+                    self.tar_tree(b, &sub, &path, mtime, archive, subst)?;
                 }
-                Kind::File => {
+                Target::File(content) => {
                     h.set_entry_type(tar::EntryType::Regular);
                     if let Some(bytes) = subst.get(&path) {
                         h.set_size(bytes.len() as u64);
                         b.append_data(&mut h, p, &bytes[..]).map_err(werr)?;
                     } else {
                         h.set_size(e.size);
-                        let r = self.content_reader(&e.content().expect("file"))?;
+                        let r = self.content_reader(&content)?;
                         b.append_data(&mut h, p, r)
                             .map_err(|err| from_io(err, archive))?;
                     }
                 }
-                Kind::Hardlink => {
+                Target::Hardlink(_) => {
                     h.set_entry_type(tar::EntryType::Link);
                     b.append_link(&mut h, p, Path::new(std::ffi::OsStr::from_bytes(&e.data)))
                         .map_err(werr)?;
                 }
-                Kind::Symlink => {
+                Target::Symlink => {
                     h.set_entry_type(tar::EntryType::Symlink);
                     append_symlink(b, &mut h, p, &e.data).map_err(werr)?;
                 }
-                Kind::Fifo | Kind::CharDevice | Kind::BlockDevice => {
+                Target::Fifo | Target::CharDevice | Target::BlockDevice => {
                     h.set_entry_type(match e.kind {
                         Kind::Fifo => tar::EntryType::Fifo,
                         Kind::CharDevice => tar::EntryType::Char,

@@ -20,7 +20,7 @@ use crate::pack::PackId;
 use crate::repack;
 use crate::snapshot::now_secs;
 use crate::store::{Store, committed_packs};
-use crate::tree::Kind;
+use crate::tree::Target;
 
 /// Unreferenced snapshots younger than this survive gc (a runtime may be about to pin
 /// or name a snapshot it just imported).
@@ -345,10 +345,10 @@ impl Store {
         live.insert(*id.as_bytes());
         let tree = self.tree(id)?;
         for e in &tree.entries {
-            match e.kind {
-                Kind::Dir => self.mark_tree(&e.subtree().expect("dir"), live, seen)?,
-                Kind::File | Kind::Hardlink if live.insert(e.hash) => {
-                    self.mark_content(&ContentId::from_bytes(e.hash), live)?;
+            match e.target() {
+                Target::Dir(sub) => self.mark_tree(&sub, live, seen)?,
+                Target::File(c) | Target::Hardlink(c) if live.insert(e.hash) => {
+                    self.mark_content(&c, live)?;
                 }
                 _ => {}
             }

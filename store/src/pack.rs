@@ -355,6 +355,19 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// A record header's fields ([`record_header`] read back): kind byte, codec byte, stored
+/// length, raw length, id.
+pub fn parse_record_header(h: &[u8; 44]) -> (u8, u8, u32, u32, [u8; 32]) {
+    let [kind, codec, _, _, s0, s1, s2, s3, r0, r1, r2, r3, id @ ..] = *h;
+    (
+        kind,
+        codec,
+        u32::from_le_bytes([s0, s1, s2, s3]),
+        u32::from_le_bytes([r0, r1, r2, r3]),
+        id,
+    )
+}
+
 /// Encodes a record header.
 pub fn record_header(
     kind: u8,

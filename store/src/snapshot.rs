@@ -110,9 +110,10 @@ pub struct Snapshot {
 
 impl Snapshot {
     /// The canonical encoding and its id.
-    pub fn encode_with_id(&self) -> (SnapshotId, Vec<u8>) {
-        let bytes = serde_json::to_vec(self).expect("snapshot serialises");
-        (SnapshotId::of_encoding(&bytes), bytes)
+    pub fn encode_with_id(&self) -> Result<(SnapshotId, Vec<u8>)> {
+        let bytes = serde_json::to_vec(self)
+            .map_err(|e| Error::Invalid(format!("a snapshot cannot be encoded: {e}")))?;
+        Ok((SnapshotId::of_encoding(&bytes), bytes))
     }
 
     /// Decodes and checks the encoding is canonical.
@@ -160,7 +161,7 @@ mod tests {
             git_fsmonitor: None,
             root_xattrs: vec![],
         };
-        let (id, bytes) = s.encode_with_id();
+        let (id, bytes) = s.encode_with_id().unwrap();
         assert_eq!(Snapshot::decode(&id, &bytes).unwrap(), s);
         let spaced = String::from_utf8(bytes).unwrap().replace(':', ": ");
         assert!(Snapshot::decode(&id, spaced.as_bytes()).is_err());

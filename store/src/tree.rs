@@ -91,6 +91,20 @@ impl Kind {
     }
 }
 
+/// What an entry points at, by its kind ([`Entry::target`]): matched instead of the
+/// kind, it hands a directory's subtree id or a file's content id to the arm that uses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Dir(TreeId),
+    File(ContentId),
+    /// A further name of a file: the same content as its primary (`data`).
+    Hardlink(ContentId),
+    Symlink,
+    Fifo,
+    CharDevice,
+    BlockDevice,
+}
+
 /// One directory entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
@@ -140,6 +154,20 @@ impl Entry {
                 vec![]
             },
             xattrs: vec![],
+        }
+    }
+
+    /// The entry's kind with the id it points at: a directory's subtree and a file's
+    /// content come out of the one match on the kind that gives `hash` its meaning.
+    pub fn target(&self) -> Target {
+        match self.kind {
+            Kind::Dir => Target::Dir(TreeId::from_bytes(self.hash)),
+            Kind::File => Target::File(ContentId::from_bytes(self.hash)),
+            Kind::Hardlink => Target::Hardlink(ContentId::from_bytes(self.hash)),
+            Kind::Symlink => Target::Symlink,
+            Kind::Fifo => Target::Fifo,
+            Kind::CharDevice => Target::CharDevice,
+            Kind::BlockDevice => Target::BlockDevice,
         }
     }
 

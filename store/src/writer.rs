@@ -134,20 +134,24 @@ impl PackWriter {
         {
             self.seal()?;
         }
-        if self.current.is_none() {
-            let id = PackId::generate();
-            let mut sink = self
-                .backend
-                .create(&id)
-                .map_err(self.io_err("create pack", &id))?;
-            sink.write_all(PACK_MAGIC)
-                .map_err(self.io_err("write pack", &id))?;
-            self.current = Some(OpenPack {
-                id,
-                sink,
-                len: PACK_MAGIC.len() as u64,
-            });
-        }
+        let open = match self.current.take() {
+            Some(p) => p,
+            None => {
+                let id = PackId::generate();
+                let mut sink = self
+                    .backend
+                    .create(&id)
+                    .map_err(self.io_err("create pack", &id))?;
+                sink.write_all(PACK_MAGIC)
+                    .map_err(self.io_err("write pack", &id))?;
+                OpenPack {
+                    id,
+                    sink,
+                    len: PACK_MAGIC.len() as u64,
+                }
+            }
+        };
+        let p = self.current.insert(open);
         let stored_len = u32::try_from(obj.stored.len())
             .map_err(|_| Error::Invalid("object larger than 4 GiB".into()))?;
         let kind = match obj.members.is_empty() {
@@ -155,11 +159,7 @@ impl PackWriter {
             false => GROUP_KIND,
         };
         let header = record_header(kind, obj.codec, stored_len, obj.raw_len, &obj.id);
-        let location = {
-            let p = self.current.as_ref().expect("a pack is open");
-            self.backend.location(&p.id)
-        };
-        let p = self.current.as_mut().expect("a pack is open");
+        let location = self.backend.location(&p.id);
         let io = |e| Error::Io {
             step: "write pack",
             path: location.clone().into(),

@@ -108,7 +108,13 @@ fn ensure_base(cx: &WorkspaceCtx<'_>) -> Result<fs::File> {
     let rec = cx.rec;
     let subvol = rec.lower.clone();
     let stamps = base_stamps(&subvol);
-    let dir = subvol.parent().expect("subvolumes have a parent");
+    let dir = subvol.parent().ok_or_else(|| {
+        Error::Invalid(format!(
+            "workspace {}: its recorded base subvolume {} has no parent directory",
+            rec.id,
+            subvol.display()
+        ))
+    })?;
     let lock = lock_bases(dir)?;
     if subvol.is_dir() && stamps.is_file() {
         return Ok(lock);

@@ -32,6 +32,7 @@ use crate::materializer::WorkspaceCtx;
 use crate::mounts;
 use crate::registry::Record;
 use crate::upper::{BaseTrees, UpperChange};
+use cowspace_store::tree::Target;
 use cowspace_store::tree::join_path as join;
 
 /// The workspace's tree under its private directory.
@@ -155,30 +156,31 @@ impl Stamps {
         if blake3::hash(body).as_bytes() != sum {
             return Err(corrupt("checksum mismatch"));
         }
-        let count = u64::from_le_bytes(body[8..16].try_into().expect("8 bytes")) as usize;
+        let truncated = || corrupt("truncated");
+        let mut at = STAMP_MAGIC.len();
+        let count = u64::from_le_bytes(take_array(body, &mut at).ok_or_else(truncated)?) as usize;
         let mut rows = HashMap::with_capacity(count.min(body.len() / 36));
-        let mut at = 16;
-        let mut take = |n: usize| -> Result<&[u8]> {
-            let s = body.get(at..at + n).ok_or_else(|| corrupt("truncated"))?;
-            at += n;
-            Ok(s)
-        };
-        let u64_of = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
         for _ in 0..count {
-            let len = u32::from_le_bytes(take(4)?.try_into().expect("4 bytes")) as usize;
+            let len = u32::from_le_bytes(take_array(body, &mut at).ok_or_else(truncated)?) as usize;
             if len > MAX_STAMP_PATH_BYTES {
                 return Err(corrupt("path too long"));
             }
-            let path = take(len)?.to_vec();
+            let path = body.get(at..at + len).ok_or_else(truncated)?.to_vec();
+            at += len;
+            let mut next_u64 = || {
+                take_array(body, &mut at)
+                    .map(u64::from_le_bytes)
+                    .ok_or_else(truncated)
+            };
             let stamp = Stamp {
-                ino: u64_of(take(8)?),
-                size: u64_of(take(8)?),
-                mtime_ns: u64_of(take(8)?) as i64,
-                ctime_ns: u64_of(take(8)?) as i64,
+                ino: next_u64()?,
+                size: next_u64()?,
+                mtime_ns: next_u64()? as i64,
+                ctime_ns: next_u64()? as i64,
             };
             rows.insert(path, stamp);
         }
-        if take(0).is_err() || at != body.len() {
+        if at != body.len() {
             return Err(corrupt("trailing bytes"));
         }
         Ok(Stamps {
@@ -186,6 +188,13 @@ impl Stamps {
             recorded_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
         })
     }
+}
+
+/// The `N` bytes of `body` at `*at`, moving `at` past them; `None` past the end.
+fn take_array<const N: usize>(body: &[u8], at: &mut usize) -> Option<[u8; N]> {
+    let (head, _) = body.get(*at..)?.split_first_chunk::<N>()?;
+    *at += N;
+    Some(*head)
 }
 
 /// How a made tree gets its file contents from the checkout.
@@ -357,25 +366,25 @@ impl Builder<'_> {
         for e in self.store.tree(tree)?.entries {
             let path = join(prefix, &e.name);
             let host = self.dest.join(OsStr::from_bytes(&path));
-            match e.kind {
-                Kind::Dir => {
+            match e.target() {
+                Target::Dir(sub) => {
                     fs::create_dir(&host).map_err(Error::io("create directory", &host))?;
-                    self.dir(&e.subtree().expect("dir"), &path)?;
+                    self.dir(&sub, &path)?;
                     cowspace_store::export::set_xattrs(&host, &e.xattrs)?;
                     fs::set_permissions(&host, fs::Permissions::from_mode(e.mode))
                         .map_err(Error::io("chmod", &host))?;
                 }
-                Kind::File => self.file(&path, &host, &e)?,
-                Kind::Hardlink => {
+                Target::File(_) => self.file(&path, &host, &e)?,
+                Target::Hardlink(_) => {
                     let primary = self.dest.join(OsStr::from_bytes(&e.data));
                     fs::hard_link(&primary, &host).map_err(Error::io("hard link", &host))?;
                     self.links.push((path.clone(), e.data.clone()));
                 }
-                Kind::Symlink => {
+                Target::Symlink => {
                     std::os::unix::fs::symlink(OsStr::from_bytes(&e.data), &host)
                         .map_err(Error::io("create symlink", &host))?;
                 }
-                Kind::Fifo | Kind::CharDevice | Kind::BlockDevice => {
+                Target::Fifo | Target::CharDevice | Target::BlockDevice => {
                     cowspace_store::export::create_special(&host, &e)?
                 }
             }
@@ -503,9 +512,9 @@ fn link_partners(
     while let Some((id, prefix)) = stack.pop() {
         for e in store.tree(&id)?.entries {
             let p = join(&prefix, &e.name);
-            match e.kind {
-                Kind::Dir => stack.push((e.subtree().expect("dir"), p)),
-                Kind::Hardlink => {
+            match e.target() {
+                Target::Dir(sub) => stack.push((sub, p)),
+                Target::Hardlink(_) => {
                     names.push(e.data.clone());
                     names.push(p);
                 }

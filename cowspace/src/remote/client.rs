@@ -32,16 +32,19 @@ const MAX_RETRIES: usize = 2;
 const RETRY_BUDGET_SECS: u64 = 10;
 
 /// The runtime every remote client runs on (two threads; made at first use).
-fn runtime() -> &'static tokio::runtime::Runtime {
+fn runtime() -> Result<&'static tokio::runtime::Runtime> {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("cowspace-remote")
-            .enable_all()
-            .build()
-            .expect("a tokio runtime")
-    })
+    if let Some(rt) = RT.get() {
+        return Ok(rt);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("cowspace-remote")
+        .enable_all()
+        .build()
+        .map_err(Error::io("start thread", "cowspace-remote"))?;
+    // Made by another thread meanwhile: that one is kept, this one dropped.
+    Ok(RT.get_or_init(|| rt))
 }
 
 /// `s3://BUCKET[/PREFIX]` split into bucket and prefix (no leading or trailing `/`).
@@ -215,7 +218,7 @@ impl Client {
     /// An object's bytes and ETag, or `None` when there is none.
     pub fn get(&self, rel: &str) -> Result<Option<(Vec<u8>, Option<String>)>> {
         let key = self.key(rel);
-        runtime().block_on(async {
+        runtime()?.block_on(async {
             match self.s3.get_opts(&key, GetOptions::default()).await {
                 Ok(r) => {
                     let etag = r.meta.e_tag.clone();
@@ -231,7 +234,7 @@ impl Client {
     /// Byte ranges of an object (`get_ranges` coalesces neighbouring ranges).
     pub fn get_ranges(&self, rel: &str, ranges: &[Range<u64>]) -> Result<Vec<Vec<u8>>> {
         let key = self.key(rel);
-        runtime().block_on(async {
+        runtime()?.block_on(async {
             let got = self
                 .s3
                 .get_ranges(&key, ranges)
@@ -244,7 +247,7 @@ impl Client {
     /// Whether an object exists.
     pub fn exists(&self, rel: &str) -> Result<bool> {
         let key = self.key(rel);
-        runtime().block_on(async {
+        runtime()?.block_on(async {
             match self.s3.head(&key).await {
                 Ok(_) => Ok(true),
                 Err(object_store::Error::NotFound { .. }) => Ok(false),
@@ -273,7 +276,7 @@ impl Client {
 
     fn put(&self, rel: &str, bytes: Vec<u8>, mode: PutMode) -> Result<Cas> {
         let key = self.key(rel);
-        runtime().block_on(async {
+        runtime()?.block_on(async {
             let opts = PutOptions {
                 mode,
                 ..Default::default()
@@ -289,7 +292,7 @@ impl Client {
 
     pub fn delete(&self, rel: &str) -> Result<()> {
         let key = self.key(rel);
-        runtime().block_on(async {
+        runtime()?.block_on(async {
             match self.s3.delete(&key).await {
                 Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
                 Err(e) => Err(self.err(rel, e)),
@@ -301,7 +304,7 @@ impl Client {
     /// at in seconds since the epoch).
     pub fn list(&self, rel_prefix: &str) -> Result<Vec<(String, u64, i64)>> {
         let key = self.key(rel_prefix.trim_end_matches('/'));
-        runtime().block_on(async {
+        runtime()?.block_on(async {
             let metas: Vec<object_store::ObjectMeta> = self
                 .s3
                 .list(Some(&key))
@@ -318,7 +321,7 @@ impl Client {
     /// One listing request below the prefix (answers or fails: `remote add`, `doctor`).
     pub fn probe(&self) -> Result<()> {
         let key = self.key("refs");
-        runtime().block_on(async {
+        runtime()?.block_on(async {
             self.s3
                 .list_with_delimiter(Some(&key))
                 .await

@@ -19,7 +19,7 @@ use cowspace_store::{SnapshotId, Store};
 use serde::{Deserialize, Serialize};
 
 use super::{GC_GRACE_SECS, index_key, read_ref};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// A gc mark object's body.
 #[derive(Debug, Serialize, Deserialize)]
@@ -161,7 +161,7 @@ pub fn gc(
             created_at: t,
             keys: new,
         })
-        .expect("json");
+        .map_err(|e| Error::Invalid(format!("the gc mark cannot be encoded: {e}")))?;
         let key = format!("gc/marks/{t}-{}.json", &blake3::hash(&body).to_hex()[..12]);
         c.put_new(&key, body)?;
     }

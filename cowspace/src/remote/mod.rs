@@ -158,8 +158,11 @@ pub fn add(
 pub fn list_json(store: &Store) -> Result<serde_json::Value> {
     let mut rows = Vec::new();
     for r in store.remotes()? {
-        let mut v = serde_json::to_value(&r).expect("json");
-        v["fetched"] = serde_json::to_value(store.fetch_counters(&r.name)?).expect("json");
+        let encode = |e: serde_json::Error| {
+            Error::Invalid(format!("remote {} cannot be listed as JSON: {e}", r.name))
+        };
+        let mut v = serde_json::to_value(&r).map_err(encode)?;
+        v["fetched"] = serde_json::to_value(store.fetch_counters(&r.name)?).map_err(encode)?;
         rows.push(v);
     }
     Ok(serde_json::Value::Array(rows))
@@ -335,7 +338,14 @@ pub fn push(store: &Store, remote: Option<&str>, spec: &str, force: bool) -> Res
     let mut pack_ix: HashMap<String, u32> = HashMap::new();
     let mut chunks = Vec::with_capacity(closure.chunks.len());
     for id in &closure.chunks {
-        let l = known.get(id).expect("every chunk is on the remote now");
+        // Every chunk is on the remote by now: found there, or uploaded above.
+        let l = known.get(id).ok_or_else(|| {
+            Error::Store(cowspace_store::Error::Remote {
+                remote: cfg.name.clone(),
+                object: format!("chunk {}", hex::encode(id)),
+                why: "neither found on the remote nor uploaded by this push".into(),
+            })
+        })?;
         let ix = *pack_ix.entry(l.key.clone()).or_insert_with(|| {
             packs.push(l.key.clone());
             (packs.len() - 1) as u32
@@ -425,7 +435,7 @@ fn move_remote_ref(
         snapshot: snap.to_hex(),
         updated_at: cowspace_store::snapshot::now_secs(),
     })
-    .expect("json");
+    .map_err(|e| Error::Invalid(format!("remote ref {name} cannot be encoded: {e}")))?;
     let current = read_ref(c, name)?;
     let cas = match &current {
         Some((at, _)) if at == snap => return Ok(false),

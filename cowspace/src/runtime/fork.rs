@@ -86,16 +86,19 @@ impl Runtime {
             });
         }
         let mat = self.materializer_of(&parent);
-        let full_tree = mat.changes_live_in() == ChangesLiveIn::FullTree;
-        let upper = mat.upper_dir(&parent);
-        if upper.is_none() && !full_tree {
-            return Err(Error::Unsupported {
-                name: parent.materializer.to_string(),
-                why: "fork copies a workspace's private layer or tree; this materializer keeps \
-                      its changes in a form fork cannot copy"
-                    .into(),
-            });
-        }
+        // `None`: the parent's changes live in its full tree, which is copied whole.
+        let upper = match (mat.changes_live_in(), mat.upper_dir(&parent)) {
+            (ChangesLiveIn::FullTree, _) => None,
+            (_, Some(upper)) => Some(upper),
+            (_, None) => {
+                return Err(Error::Unsupported {
+                    name: parent.materializer.to_string(),
+                    why: "fork copies a workspace's private layer or tree; this materializer \
+                          keeps its changes in a form fork cannot copy"
+                        .into(),
+                });
+            }
+        };
         let names: Vec<Option<String>> = match (&o.name, count) {
             (None, n) => vec![None; n],
             (Some(n), 1) => vec![Some(n.clone())],
@@ -161,7 +164,7 @@ impl Runtime {
         };
         let result = (|| -> Result<()> {
             mat.settle(&self.cx(&parent))?;
-            if full_tree {
+            let Some(upper) = upper.as_ref() else {
                 // One copy while frozen; the forks are made from it after the thaw.
                 let stage = forktree::Stage::take(&parent, parent.materializer);
                 thaw();
@@ -175,8 +178,7 @@ impl Runtime {
                     record_parent(&rec)?;
                 }
                 return Ok(());
-            }
-            let upper = upper.as_ref().expect("an upper layer or a full tree");
+            };
             // One copy of the layer while frozen, beside the parent's; the forks are
             // given copies of it after the thaw (the last one the copy itself). Not for a
             // parent with a disk quota: its private directory is limited, and that copy

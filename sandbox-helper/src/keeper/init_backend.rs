@@ -22,7 +22,7 @@ pub(crate) struct InitBackend {
 
 impl InitBackend {
     /// Serves `init`'s answers on a thread of its own.
-    pub(crate) fn start(init: OwnedFd, init_pid: Pid) -> Arc<InitBackend> {
+    pub(crate) fn start(init: OwnedFd, init_pid: Pid) -> std::io::Result<Arc<InitBackend>> {
         let b = Arc::new(InitBackend {
             init,
             init_pid,
@@ -32,9 +32,8 @@ impl InitBackend {
         let reader = b.clone();
         std::thread::Builder::new()
             .name("init-reader".into())
-            .spawn(move || read_init(&reader))
-            .expect("spawn the init reader");
-        b
+            .spawn(move || read_init(&reader))?;
+        Ok(b)
     }
 
     fn to_init(&self, msg: &[u8], fds: &[RawFd]) -> std::io::Result<()> {
@@ -51,11 +50,11 @@ impl Backend for InitBackend {
         stdio: Vec<OwnedFd>,
         tx: Sender<InitMsg>,
     ) -> std::io::Result<()> {
+        let body = serde_json::to_vec(req)?;
         self.pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id, tx);
-        let body = serde_json::to_vec(req).expect("serialize a request");
         let raw: Vec<RawFd> = stdio.iter().map(|f| f.as_raw_fd()).collect();
         let sent = self.to_init(&serve::frame(tag::EXEC, id, &body), &raw);
         if sent.is_err() {

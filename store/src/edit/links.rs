@@ -10,7 +10,7 @@ use crate::id::TreeId;
 use crate::index::ObjectKind;
 use crate::ingest::Ingest;
 use crate::snapshot::Counts;
-use crate::tree::Kind;
+use crate::tree::{Kind, Target};
 
 /// Re-forms hard-link groups after an edit that may have removed or changed a primary:
 /// a `hardlink` entry kept from the base whose primary is no longer a file with the same
@@ -131,12 +131,12 @@ fn scan_links(
 ) -> Result<()> {
     for e in store.tree(id)?.entries {
         let p = join(prefix, &e.name);
-        match e.kind {
-            Kind::Dir => scan_links(store, &e.subtree().expect("dir"), &p, files, links)?,
-            Kind::File => {
+        match e.target() {
+            Target::Dir(sub) => scan_links(store, &sub, &p, files, links)?,
+            Target::File(_) => {
                 files.insert(p, e.hash);
             }
-            Kind::Hardlink => links.push((p, e.data.clone(), e.hash)),
+            Target::Hardlink(_) => links.push((p, e.data.clone(), e.hash)),
             _ => {}
         }
     }
@@ -157,8 +157,7 @@ impl Regroup<'_, '_> {
         let mut changed = false;
         for e in &mut tree.entries {
             let p = join(prefix, &e.name);
-            if e.kind == Kind::Dir {
-                let sub = e.subtree().expect("dir");
+            if let Target::Dir(sub) = e.target() {
                 let new = self.rewrite(&sub, &p)?;
                 if new != sub {
                     e.hash = *new.as_bytes();
@@ -216,16 +215,15 @@ impl Rewrite<'_, '_, '_> {
         let mut changed = false;
         for e in &mut tree.entries {
             let p = join(prefix, &e.name);
-            match e.kind {
-                Kind::Dir => {
-                    let sub = e.subtree().expect("dir");
+            match e.target() {
+                Target::Dir(sub) => {
                     let new = self.rewrite(&sub, &p)?;
                     if new != sub {
                         e.hash = *new.as_bytes();
                         changed = true;
                     }
                 }
-                Kind::Hardlink => {
+                Target::Hardlink(_) => {
                     // Put by this edit: a member of one of its own groups. Kept from the
                     // base: linked still if its primary is the same file, not a new one.
                     let intact = self.put.contains(&p)

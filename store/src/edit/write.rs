@@ -10,7 +10,7 @@ use crate::index::ObjectKind;
 use crate::ingest::{FileContent, Ingest};
 use crate::snapshot::Counts;
 use crate::store::Store;
-use crate::tree::{Entry, Kind, Tree};
+use crate::tree::{Entry, Kind, Target, Tree};
 
 pub(super) struct Writer<'a, 's> {
     pub(super) store: &'s Store,
@@ -26,17 +26,17 @@ impl Writer<'_, '_> {
     /// rebased on another base directory brings them: [`Editor::rebase_dir`]).
     fn count_entries(&mut self, tree: &TreeId) -> Result<()> {
         for e in self.store.tree(tree)?.entries {
-            match e.kind {
-                Kind::Dir => {
+            match e.target() {
+                Target::Dir(sub) => {
                     self.counts.dirs += 1;
-                    self.count_entries(&e.subtree().expect("dir"))?;
+                    self.count_entries(&sub)?;
                 }
-                Kind::File => {
+                Target::File(_) => {
                     self.counts.files += 1;
                     self.counts.bytes += e.size;
                 }
-                Kind::Hardlink => self.counts.hardlinks += 1,
-                Kind::Symlink => self.counts.symlinks += 1,
+                Target::Hardlink(_) => self.counts.hardlinks += 1,
+                Target::Symlink => self.counts.symlinks += 1,
                 _ => {}
             }
         }
@@ -45,19 +45,19 @@ impl Writer<'_, '_> {
 
     /// Subtracts what a base entry contributed to the counts.
     fn uncount(&mut self, e: &Entry) -> Result<()> {
-        match e.kind {
-            Kind::Dir => {
+        match e.target() {
+            Target::Dir(tree) => {
                 self.counts.dirs = self.counts.dirs.saturating_sub(1);
-                for sub in self.store.tree(&e.subtree().expect("dir"))?.entries {
+                for sub in self.store.tree(&tree)?.entries {
                     self.uncount(&sub)?;
                 }
             }
-            Kind::File => {
+            Target::File(_) => {
                 self.counts.files = self.counts.files.saturating_sub(1);
                 self.counts.bytes = self.counts.bytes.saturating_sub(e.size);
             }
-            Kind::Hardlink => self.counts.hardlinks = self.counts.hardlinks.saturating_sub(1),
-            Kind::Symlink => self.counts.symlinks = self.counts.symlinks.saturating_sub(1),
+            Target::Hardlink(_) => self.counts.hardlinks = self.counts.hardlinks.saturating_sub(1),
+            Target::Symlink => self.counts.symlinks = self.counts.symlinks.saturating_sub(1),
             _ => {}
         }
         Ok(())

@@ -89,10 +89,10 @@ pub(crate) fn apply<R: Read>(
                 continue;
             }
             let comps = split_member(&name).map_err(|why| unsafe_entry(state, &name, why))?;
-            if let Some(last) = comps.last()
+            if let Some((last, parents)) = comps.split_last()
                 && last.starts_with(WHITEOUT_PREFIX)
             {
-                whiteout(state, &name, &comps, &touched)?;
+                whiteout(state, &name, &comps, (last, parents), &touched)?;
                 continue;
             }
             let mut p = Vec::new();
@@ -122,14 +122,15 @@ fn unsafe_entry(state: &TarImport<'_>, name: &[u8], why: impl Into<String>) -> c
     }
 }
 
-/// Applies the whiteout entry `name` (its checked components `comps`).
+/// Applies the whiteout entry `name` (its checked components `comps`, split into the
+/// last and its parents).
 fn whiteout(
     state: &mut TarImport<'_>,
     name: &[u8],
     comps: &[Vec<u8>],
+    (last, parents): (&Vec<u8>, &[Vec<u8>]),
     touched: &HashSet<Vec<u8>>,
 ) -> Result<()> {
-    let (last, parents) = comps.split_last().expect("a whiteout has a name");
     state.check_parents(name, comps)?;
     let is_touched = |p: &[u8]| touched.contains(p);
     if last.as_slice() == OPAQUE_MARKER {

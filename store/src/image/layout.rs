@@ -364,7 +364,7 @@ impl Docker {
             },
             "layers": layers,
         }))
-        .expect("serialises");
+        .map_err(|e| Error::Invalid(format!("{name}: its manifest cannot be encoded: {e}")))?;
         Ok(Docker {
             archive,
             name,

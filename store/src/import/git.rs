@@ -25,9 +25,9 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::import::builder::{Builder, Item, Slot};
 use crate::import::exclude::Excluder;
-use crate::import::tar::{PathFilter, split_member};
+use crate::import::gitplan::{Plan, Uses, build_tree, parse_ls_tree, plan};
+use crate::import::tar::PathFilter;
 use crate::import::{Finish, ImportOptions, ImportReport, Progress};
 use crate::import::{gitloose, gitpack};
 use crate::ingest::{FileContent, FileJob, Ingest};
@@ -96,48 +96,6 @@ fn run(repo: &Path, step: &'static str, args: &[&str]) -> Result<Vec<u8>> {
     Ok(out.stdout)
 }
 
-/// One line of `git ls-tree -r -z` (with `-l`, the blob's size too).
-#[derive(Debug)]
-struct TreeLine {
-    mode: u32,
-    kind: Vec<u8>,
-    oid: String,
-    size: Option<u64>,
-    path: Vec<u8>,
-}
-
-fn parse_ls_tree(out: &[u8]) -> std::result::Result<Vec<TreeLine>, String> {
-    let mut lines = Vec::new();
-    for rec in out.split(|&b| b == 0).filter(|r| !r.is_empty()) {
-        let bad = || format!("unexpected ls-tree line {:?}", String::from_utf8_lossy(rec));
-        let tab = rec.iter().position(|&b| b == b'\t').ok_or_else(bad)?;
-        let (meta, path) = (&rec[..tab], &rec[tab + 1..]);
-        let meta = std::str::from_utf8(meta).map_err(|_| bad())?;
-        let mut f = meta.split_ascii_whitespace();
-        let (Some(mode), Some(kind), Some(oid), size, None) =
-            (f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
-            return Err(bad());
-        };
-        let mode = u32::from_str_radix(mode, 8).map_err(|_| bad())?;
-        if oid.is_empty() || !oid.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(bad());
-        }
-        let size = match size {
-            None | Some("-") => None,
-            Some(s) => Some(s.parse::<u64>().map_err(|_| bad())?),
-        };
-        lines.push(TreeLine {
-            mode,
-            kind: kind.as_bytes().to_vec(),
-            oid: oid.to_string(),
-            size,
-            path: path.to_vec(),
-        });
-    }
-    Ok(lines)
-}
-
 /// A running `git cat-file --batch`: a writer thread feeds it ids, this side reads.
 /// Dropped early (an error), it kills the process and joins its threads.
 struct CatFile {
@@ -158,9 +116,17 @@ impl CatFile {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(spawn_error)?;
-        let stdin = child.stdin.take().expect("piped");
-        let stdout = child.stdout.take().expect("piped");
-        let mut stderr = child.stderr.take().expect("piped");
+        let (Some(stdin), Some(stdout), Some(mut stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(Error::Git {
+                step: "start cat-file",
+                repo: repo.to_path_buf(),
+                why: "its standard input, output and error are not all pipes".into(),
+            });
+        };
         let writer = std::thread::Builder::new()
             .name("cowspace-git-feed".into())
             .spawn(move || -> io::Result<()> {
@@ -274,65 +240,12 @@ impl Drop for CatFile {
     }
 }
 
-/// What a tracked path becomes, before its content is read.
-enum Planned {
-    File { exec: bool, oid: String },
-    Symlink { oid: String },
-}
-
-/// How each distinct blob is used.
-#[derive(Default, Clone, Copy)]
-struct Uses {
-    file: bool,
-    link: bool,
-}
-
 impl Store {
     /// Imports revision `rev` of the git repository at `repo` (bare or not) as a new
     /// snapshot, reading objects with the `git` program. No working tree is touched.
     pub fn import_git(&self, repo: &Path, rev: &str, opts: &ImportOptions) -> Result<ImportReport> {
         let started = Instant::now();
-        match std::fs::metadata(repo) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(Error::Invalid(format!(
-                    "{} is not a directory (a git repository is)",
-                    repo.display()
-                )));
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(Error::SourceMissing(repo.to_path_buf()));
-            }
-            Err(e) => return Err(Error::io("stat", repo)(e)),
-        }
-        let repo = std::fs::canonicalize(repo).map_err(Error::io("resolve", repo))?;
-        if rev.is_empty() || rev.starts_with('-') || rev.contains(['\0', '\n']) {
-            return Err(Error::Invalid(format!(
-                "{rev:?} is not a usable git revision"
-            )));
-        }
-        if let Some(name) = &opts.ref_name {
-            crate::refs::check_ref_name(name)?;
-        }
-        let spec = format!("{rev}^{{commit}}");
-        let commit = run(&repo, "resolve revision", &["rev-parse", "--verify", &spec]).map_err(
-            |e| match e {
-                Error::Git { step, repo, why } => Error::Git {
-                    step,
-                    repo,
-                    why: format!("{rev:?} does not name a commit here: {why}"),
-                },
-                e => e,
-            },
-        )?;
-        let commit = String::from_utf8_lossy(&commit).trim().to_string();
-        if commit.is_empty() || !commit.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(Error::Git {
-                step: "resolve revision",
-                repo,
-                why: format!("unexpected rev-parse output {commit:?}"),
-            });
-        }
+        let (repo, commit) = resolve_commit(repo, rev, opts)?;
         let listing = run(
             &repo,
             "list tree",
@@ -356,59 +269,12 @@ impl Store {
             entry: String::from_utf8_lossy(path).into_owned(),
             why,
         };
-
-        let mut warnings = Vec::new();
-        let mut planned: Vec<(Vec<Vec<u8>>, Planned)> = Vec::with_capacity(lines.len());
-        let mut uses: HashMap<String, Uses> = HashMap::new();
-        let mut order: Vec<(String, Option<u64>)> = Vec::new();
-        for l in lines {
-            let comps = split_member(&l.path).map_err(|why| unsafe_entry(&l.path, why))?;
-            if comps.is_empty() {
-                return Err(unsafe_entry(&l.path, "names the root".into()));
-            }
-            let p = match (l.mode & 0o170000, l.kind.as_slice()) {
-                (0o100000, b"blob") => Planned::File {
-                    exec: l.mode & 0o100 != 0,
-                    oid: l.oid.clone(),
-                },
-                (0o120000, b"blob") => Planned::Symlink { oid: l.oid.clone() },
-                (0o160000, b"commit") => {
-                    warnings.push(format!(
-                        "{}: a submodule (commit {}); left out",
-                        String::from_utf8_lossy(&l.path),
-                        l.oid
-                    ));
-                    continue;
-                }
-                _ => {
-                    return Err(unsafe_entry(
-                        &l.path,
-                        format!(
-                            "unexpected mode {:o} for a {}",
-                            l.mode,
-                            String::from_utf8_lossy(&l.kind)
-                        ),
-                    ));
-                }
-            };
-            if filter.excludes(&comps, false) {
-                continue;
-            }
-            let (oid, is_link) = match &p {
-                Planned::File { oid, .. } => (oid, false),
-                Planned::Symlink { oid } => (oid, true),
-            };
-            let u = uses.entry(oid.clone()).or_insert_with(|| {
-                order.push((oid.clone(), l.size));
-                Uses::default()
-            });
-            if is_link {
-                u.link = true;
-            } else {
-                u.file = true;
-            }
-            planned.push((comps, p));
-        }
+        let Plan {
+            planned,
+            uses,
+            mut order,
+            warnings,
+        } = plan(lines, &mut filter, &unsafe_entry)?;
 
         let _lock = StoreLock::shared(self)?;
         // What interrupted imports stored is found stored, not compressed again.
@@ -440,116 +306,16 @@ impl Store {
                 });
             }
         };
-        // Files' blobs are read on the ingest workers, in the tree's order (a worker
-        // groups the small files it reads together, `crate::group`, and a directory's
-        // files compress better together than files in the order of their ids: Linux
-        // tree, 236.4 MiB stored in id order, 223.6 MiB as from the directory): loose
-        // ones without git (`gitloose`), the others (packed, or behind an alternate)
-        // through `gix-odb` (`gitpack`). What is not found there (a loose object a
-        // concurrent `git gc` packed meanwhile, one `gix-odb` does not have) and every
-        // symlink target come from `git cat-file`; so does everything when the
-        // repository has replacement objects (`git replace`), which `cat-file` applies.
-        let replaced = !run(
-            &repo,
-            "list replacement objects",
-            &["for-each-ref", "--count=1", "refs/replace/"],
-        )?
-        .is_empty();
-        if let Some(objects) = object_dir(&repo).filter(|_| !replaced) {
-            let files: Vec<(usize, &str)> = order
-                .iter()
-                .enumerate()
-                .filter_map(|(i, (o, _))| {
-                    let u = uses[o];
-                    (u.file && !u.link).then_some((i, o.as_str()))
-                })
-                .collect();
-            let mut loose: HashMap<usize, gitloose::Found> =
-                gitloose::find(&objects, files.iter().copied())
-                    .into_iter()
-                    .map(|f| (f.index, f))
-                    .collect();
-            let odb = gitpack::Odb::open(&objects);
-            for (i, o) in files {
-                let (path, at, git_object) = match (loose.remove(&i), &odb) {
-                    (Some(f), _) => (f.path, Some((f.dir, f.name)), None),
-                    (None, Some(odb)) => match gix_hash::ObjectId::from_hex(o.as_bytes()) {
-                        Ok(oid) => {
-                            let odb = odb.clone();
-                            let path = repo.join(format!("<object {o}>"));
-                            (path, None, Some(gitpack::Wanted { odb, oid }))
-                        }
-                        Err(_) => continue,
-                    },
-                    (None, None) => continue,
-                };
-                let job = FileJob {
-                    slot: i,
-                    path,
-                    git_loose: at.is_some(),
-                    at,
-                    xattrs: false,
-                    git_object,
-                };
-                ingest.submit(job, 0)?;
-                while let Some((i, r)) = ingest.next_result(false) {
-                    blob_arrived(&order[i].0, r, &mut contents, &mut done)?;
-                }
-            }
-            while let Some((i, r)) = ingest.next_result(true) {
-                blob_arrived(&order[i].0, r, &mut contents, &mut done)?;
-            }
-        }
-        let rest: Vec<&(String, Option<u64>)> = order
-            .iter()
-            .filter(|(o, _)| {
-                let u = uses[o];
-                (u.file && !contents.contains_key(o)) || (u.link && !targets.contains_key(o))
-            })
-            .collect();
-        let mut cat = CatFile::start(&repo, rest.iter().map(|(o, _)| o.clone()).collect())?;
-        for (oid, listed) in rest {
-            let size = cat.next_blob(oid)?;
-            if let Some(listed) = listed
-                && size != *listed
-            {
-                return Err(cat.error(format!(
-                    "blob {oid} has {size} bytes, ls-tree said {listed}"
-                )));
-            }
-            let u = uses[oid];
-            if u.link {
-                if size == 0 || size > tree::MAX_TARGET_BYTES as u64 {
-                    return Err(cat.error(format!(
-                        "symlink blob {oid} has an unusable length ({size} bytes)"
-                    )));
-                }
-                let mut target = Vec::with_capacity(size as usize);
-                (&mut cat.out)
-                    .take(size)
-                    .read_to_end(&mut target)
-                    .map_err(|e| cat.io_error(e))?;
-                if u.file {
-                    let c = ingest.store_reader(target.as_slice(), size)?;
-                    contents.insert(oid.clone(), c);
-                }
-                targets.insert(oid.clone(), target);
-            } else {
-                let c = ingest
-                    .store_reader((&mut cat.out).take(size), size)
-                    .map_err(|e| match e {
-                        Error::Io { source, .. } => cat.io_error(source),
-                        e => e,
-                    })?;
-                if c.size != size {
-                    return Err(cat.error(format!("blob {oid} ended after {} bytes", c.size)));
-                }
-                contents.insert(oid.clone(), c);
-            }
-            cat.end_blob()?;
-            done(size);
-        }
-        cat.finish()?;
+        let mut read = Reading {
+            repo: &repo,
+            order: &order,
+            uses: &uses,
+            ingest: &mut ingest,
+            contents: &mut contents,
+            done: &mut done,
+        };
+        read.with_workers()?;
+        read.with_cat_file(&mut targets)?;
         let learned: Vec<(Vec<u8>, FileContent)> = order
             .iter()
             .filter_map(|(o, _)| Some((hex::decode(o).ok()?, *contents.get(o)?)))
@@ -558,36 +324,7 @@ impl Store {
             .iter()
             .filter_map(|(o, _)| Some((hex::decode(o).ok()?, targets.get(o)?.clone())))
             .collect();
-
-        let mut builder = Builder::new(0o755);
-        for (comps, p) in planned {
-            let path = comps.join(&b'/');
-            let item = match p {
-                Planned::File { exec, oid } => Item::File {
-                    mode: if exec { 0o755 } else { 0o644 },
-                    content: Slot::Known(contents[&oid]),
-                    link_group: None,
-                    xattrs: vec![],
-                },
-                Planned::Symlink { oid } => {
-                    let target = targets[&oid].clone();
-                    if target.contains(&0) {
-                        return Err(unsafe_entry(
-                            &path,
-                            "the symlink target contains a NUL byte".into(),
-                        ));
-                    }
-                    Item::Symlink {
-                        target,
-                        xattrs: vec![],
-                    }
-                }
-            };
-            builder.insert(&comps, item).map_err(|e| match e {
-                Error::Invalid(why) => unsafe_entry(&path, why),
-                e => e,
-            })?;
-        }
+        let builder = build_tree(planned, &contents, &targets, &unsafe_entry)?;
 
         let finish = Finish {
             builder,
@@ -610,6 +347,191 @@ impl Store {
             record_blobs(tx, &learned)?;
             record_links(tx, &learned_links)
         })
+    }
+}
+
+/// Checks the input of [`Store::import_git`] (before anything is read or created) and
+/// resolves `rev`: the repository's canonical path and the commit's id (hex).
+fn resolve_commit(repo: &Path, rev: &str, opts: &ImportOptions) -> Result<(PathBuf, String)> {
+    match std::fs::metadata(repo) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(Error::Invalid(format!(
+                "{} is not a directory (a git repository is)",
+                repo.display()
+            )));
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(Error::SourceMissing(repo.to_path_buf()));
+        }
+        Err(e) => return Err(Error::io("stat", repo)(e)),
+    }
+    let repo = std::fs::canonicalize(repo).map_err(Error::io("resolve", repo))?;
+    if rev.is_empty() || rev.starts_with('-') || rev.contains(['\0', '\n']) {
+        return Err(Error::Invalid(format!(
+            "{rev:?} is not a usable git revision"
+        )));
+    }
+    if let Some(name) = &opts.ref_name {
+        crate::refs::check_ref_name(name)?;
+    }
+    let spec = format!("{rev}^{{commit}}");
+    let commit =
+        run(&repo, "resolve revision", &["rev-parse", "--verify", &spec]).map_err(|e| match e {
+            Error::Git { step, repo, why } => Error::Git {
+                step,
+                repo,
+                why: format!("{rev:?} does not name a commit here: {why}"),
+            },
+            e => e,
+        })?;
+    let commit = String::from_utf8_lossy(&commit).trim().to_string();
+    if commit.is_empty() || !commit.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(Error::Git {
+            step: "resolve revision",
+            repo,
+            why: format!("unexpected rev-parse output {commit:?}"),
+        });
+    }
+    Ok((repo, commit))
+}
+
+/// Reading the blobs a revision needs and the store does not hold (`order`) into the
+/// ingest session.
+struct Reading<'a, 's, D: FnMut(u64)> {
+    repo: &'a Path,
+    order: &'a [(String, Option<u64>)],
+    uses: &'a HashMap<String, Uses>,
+    ingest: &'a mut Ingest<'s>,
+    /// Files' contents, by blob id: filled as they are stored.
+    contents: &'a mut HashMap<String, FileContent>,
+    /// Called with each blob's size once it is stored (the progress).
+    done: &'a mut D,
+}
+
+impl<D: FnMut(u64)> Reading<'_, '_, D> {
+    /// Files' blobs are read on the ingest workers, in the tree's order (a worker
+    /// groups the small files it reads together, `crate::group`, and a directory's
+    /// files compress better together than files in the order of their ids: Linux
+    /// tree, 236.4 MiB stored in id order, 223.6 MiB as from the directory): loose
+    /// ones without git (`gitloose`), the others (packed, or behind an alternate)
+    /// through `gix-odb` (`gitpack`). What is not found there (a loose object a
+    /// concurrent `git gc` packed meanwhile, one `gix-odb` does not have) and every
+    /// symlink target come from `git cat-file` ([`Reading::with_cat_file`]); so does
+    /// everything when the repository has replacement objects (`git replace`), which
+    /// `cat-file` applies.
+    fn with_workers(&mut self) -> Result<()> {
+        let replaced = !run(
+            self.repo,
+            "list replacement objects",
+            &["for-each-ref", "--count=1", "refs/replace/"],
+        )?
+        .is_empty();
+        let Some(objects) = object_dir(self.repo).filter(|_| !replaced) else {
+            return Ok(());
+        };
+        let files: Vec<(usize, &str)> = self
+            .order
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (o, _))| {
+                let u = self.uses[o];
+                (u.file && !u.link).then_some((i, o.as_str()))
+            })
+            .collect();
+        let mut loose: HashMap<usize, gitloose::Found> =
+            gitloose::find(&objects, files.iter().copied())
+                .into_iter()
+                .map(|f| (f.index, f))
+                .collect();
+        let odb = gitpack::Odb::open(&objects);
+        for (i, o) in files {
+            let (path, at, git_object) = match (loose.remove(&i), &odb) {
+                (Some(f), _) => (f.path, Some((f.dir, f.name)), None),
+                (None, Some(odb)) => match gix_hash::ObjectId::from_hex(o.as_bytes()) {
+                    Ok(oid) => {
+                        let odb = odb.clone();
+                        let path = self.repo.join(format!("<object {o}>"));
+                        (path, None, Some(gitpack::Wanted { odb, oid }))
+                    }
+                    Err(_) => continue,
+                },
+                (None, None) => continue,
+            };
+            let job = FileJob {
+                slot: i,
+                path,
+                git_loose: at.is_some(),
+                at,
+                xattrs: false,
+                git_object,
+            };
+            self.ingest.submit(job, 0)?;
+            while let Some((i, r)) = self.ingest.next_result(false) {
+                blob_arrived(&self.order[i].0, r, self.contents, self.done)?;
+            }
+        }
+        while let Some((i, r)) = self.ingest.next_result(true) {
+            blob_arrived(&self.order[i].0, r, self.contents, self.done)?;
+        }
+        Ok(())
+    }
+
+    /// Reads what is still missing (files the workers did not find, symlink targets,
+    /// into `targets`) through one `git cat-file --batch`.
+    fn with_cat_file(&mut self, targets: &mut HashMap<String, Vec<u8>>) -> Result<()> {
+        let rest: Vec<&(String, Option<u64>)> = self
+            .order
+            .iter()
+            .filter(|(o, _)| {
+                let u = self.uses[o];
+                (u.file && !self.contents.contains_key(o)) || (u.link && !targets.contains_key(o))
+            })
+            .collect();
+        let mut cat = CatFile::start(self.repo, rest.iter().map(|(o, _)| o.clone()).collect())?;
+        for (oid, listed) in rest {
+            let size = cat.next_blob(oid)?;
+            if let Some(listed) = listed
+                && size != *listed
+            {
+                return Err(cat.error(format!(
+                    "blob {oid} has {size} bytes, ls-tree said {listed}"
+                )));
+            }
+            let u = self.uses[oid];
+            if u.link {
+                if size == 0 || size > tree::MAX_TARGET_BYTES as u64 {
+                    return Err(cat.error(format!(
+                        "symlink blob {oid} has an unusable length ({size} bytes)"
+                    )));
+                }
+                let mut target = Vec::with_capacity(size as usize);
+                (&mut cat.out)
+                    .take(size)
+                    .read_to_end(&mut target)
+                    .map_err(|e| cat.io_error(e))?;
+                if u.file {
+                    let c = self.ingest.store_reader(target.as_slice(), size)?;
+                    self.contents.insert(oid.clone(), c);
+                }
+                targets.insert(oid.clone(), target);
+            } else {
+                let c = self
+                    .ingest
+                    .store_reader((&mut cat.out).take(size), size)
+                    .map_err(|e| match e {
+                        Error::Io { source, .. } => cat.io_error(source),
+                        e => e,
+                    })?;
+                if c.size != size {
+                    return Err(cat.error(format!("blob {oid} ended after {} bytes", c.size)));
+                }
+                self.contents.insert(oid.clone(), c);
+            }
+            cat.end_blob()?;
+            (self.done)(size);
+        }
+        cat.finish()
     }
 }
 
@@ -732,29 +654,4 @@ fn record_blobs(conn: &rusqlite::Connection, rows: &[(Vec<u8>, FileContent)]) ->
         },
     )
     .map_err(Error::db("record git blob ids"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ls_tree_lines() {
-        let out = b"100644 blob e69de29bb2d1d6434b8b29ae775ad8c2e48c5391       0\ta b/c d\0\
-160000 commit 1234567890123456789012345678901234567890       -\tsub\0\
-120000 blob 2222222222222222222222222222222222222222      12\tlink\0";
-        let l = parse_ls_tree(out).unwrap();
-        assert_eq!(l.len(), 3);
-        assert_eq!(l[0].mode, 0o100644);
-        assert_eq!(l[0].path, b"a b/c d");
-        assert_eq!(l[0].size, Some(0));
-        assert_eq!(l[1].size, None);
-        assert_eq!(l[2].kind, b"blob");
-        assert!(parse_ls_tree(b"100644 blob xyz 1\tp\0").is_err());
-        // Without `-l`: no size.
-        let l =
-            parse_ls_tree(b"100644 blob 2222222222222222222222222222222222222222\tp\0").unwrap();
-        assert_eq!((l[0].size, l[0].path.as_slice()), (None, b"p".as_slice()));
-        assert!(parse_ls_tree(b"100644 blob\tp\0").is_err());
-    }
 }

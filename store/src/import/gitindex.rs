@@ -75,8 +75,9 @@ pub struct ServedStat {
 const OID_BYTES: usize = 20;
 const HEADER_BYTES: usize = 12;
 
+/// The big-endian u32 at `at` (in bounds: callers check the length first).
 fn be32(b: &[u8], at: usize) -> u32 {
-    u32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+    u32::from_be_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
 fn read_stat(b: &[u8], at: usize) -> EntryStat {

@@ -66,18 +66,19 @@ impl Reader {
     /// The bytes of the blob `w` names; `Err` of kind `NotFound` when the database does
     /// not have it (then `git cat-file` is asked).
     pub fn blob(&mut self, w: &Wanted) -> Result<Vec<u8>> {
-        let same = self
-            .open
-            .as_ref()
-            .is_some_and(|(o, _)| Arc::ptr_eq(o, &w.odb));
-        if !same {
-            let mut h = gix_odb::Cache::from(w.odb.store.to_handle_arc());
-            h.set_pack_cache(|| {
-                Box::new(gix_pack::cache::lru::StaticLinkedList::<PACK_CACHE_ENTRIES>::default())
-            });
-            self.open = Some((w.odb.clone(), h));
-        }
-        let (_, h) = self.open.as_ref().expect("opened above");
+        let open = match self.open.take() {
+            Some((o, h)) if Arc::ptr_eq(&o, &w.odb) => (o, h),
+            _ => {
+                let mut h = gix_odb::Cache::from(w.odb.store.to_handle_arc());
+                h.set_pack_cache(|| {
+                    Box::new(
+                        gix_pack::cache::lru::StaticLinkedList::<PACK_CACHE_ENTRIES>::default(),
+                    )
+                });
+                (w.odb.clone(), h)
+            }
+        };
+        let (_, h) = self.open.insert(open);
         let hex = || w.oid.to_hex().to_string();
         let git_err = |why: String| Error::Git {
             step: "read object",

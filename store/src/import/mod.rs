@@ -8,6 +8,7 @@ pub mod gitdir;
 pub mod gitindex;
 pub(crate) mod gitloose;
 pub(crate) mod gitpack;
+mod gitplan;
 mod prefetch;
 mod refresh;
 pub mod tar;
@@ -234,7 +235,7 @@ impl Finish<'_> {
             git_fsmonitor: self.git_fsmonitor,
             root_xattrs: self.builder.root_xattrs().to_vec(),
         };
-        let (id, bytes) = snap.encode_with_id();
+        let (id, bytes) = snap.encode_with_id()?;
         ingest.put_owned(ObjectKind::Snapshot, *id.as_bytes(), bytes)?;
         let pending = ingest.finish()?;
         let wrote = Wrote::of(&pending, self.files_read, self.started);

@@ -222,11 +222,13 @@ impl<'s> Ingest<'s> {
         }
         self.batch_bytes = 0;
         let batch = std::mem::take(&mut self.batch);
+        let step = "hand files to ingest workers";
+        // No sender: the session was shut down, as good as workers that stopped.
         self.files
             .as_ref()
-            .expect("session open")
+            .ok_or_else(|| stopped(step, "workers"))?
             .send(batch)
-            .map_err(|_| stopped("hand files to ingest workers", "workers"))
+            .map_err(|_| stopped(step, "workers"))
     }
 
     /// Queues a file to be stored; its content arrives from [`Ingest::next_result`].
@@ -303,8 +305,12 @@ impl<'s> Ingest<'s> {
 
     /// Hands the objects put so far to the workers.
     fn flush_objects(&mut self) -> Result<()> {
-        let to = self.objects.as_ref().expect("session open");
         let step = "hand objects to ingest workers";
+        // No sender: the session was shut down, as good as workers that stopped.
+        let to = self
+            .objects
+            .as_ref()
+            .ok_or_else(|| stopped(step, "workers"))?;
         hand_over(&mut self.objs, &mut self.objs_bytes, to, step, "workers")
     }
 

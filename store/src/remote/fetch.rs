@@ -10,12 +10,12 @@ use rusqlite::{OptionalExtension, params};
 use super::{FETCH_BATCH, FetchCounters, PULL_THREADS, RemoteFetch, RemoteLoc};
 use crate::codec::{self, Manifest};
 use crate::error::{Error, Result};
-use crate::id::{ContentId, SnapshotId, TreeId};
+use crate::id::{SnapshotId, TreeId};
 use crate::index::{Location, ObjectKind};
 use crate::lock::StoreLock;
 use crate::pack::Codec;
 use crate::store::{Store, verify};
-use crate::tree::Kind;
+use crate::tree::Target;
 use crate::writer::{NewObject, PackWriter};
 
 /// A remote object and the ids (with locations) wanted from it.
@@ -56,10 +56,9 @@ impl Store {
             }
             out.meta.push((*t.as_bytes(), ObjectKind::Tree));
             for e in &self.tree(&t)?.entries {
-                match e.kind {
-                    Kind::Dir => stack.push(e.subtree().expect("dir")),
-                    Kind::File | Kind::Hardlink if seen.insert(e.hash) => {
-                        let id = ContentId::from_bytes(e.hash);
+                match e.target() {
+                    Target::Dir(sub) => stack.push(sub),
+                    Target::File(id) | Target::Hardlink(id) if seen.insert(e.hash) => {
                         match self.locate(&e.hash)? {
                             Some(l) if l.kind == ObjectKind::Manifest => {
                                 out.meta.push((e.hash, ObjectKind::Manifest));

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::id::{ContentId, SnapshotId};
 use crate::index::{Location, ObjectKind};
 use crate::lock::StoreLock;
-use crate::pack::{Codec, PACK_MAGIC, RECORD_HEADER_BYTES, record_header};
+use crate::pack::{Codec, PACK_MAGIC, RECORD_HEADER_BYTES, parse_record_header, record_header};
 use crate::snapshot::now_secs;
 use crate::store::{Store, verify};
 use crate::tree::Reader;
@@ -154,14 +154,12 @@ impl SnapshotIndex {
         let mut r = Reader::new(&b[PACK_MAGIC.len()..]);
         let mut out = Vec::new();
         while !r.at_end() {
-            let h = r
-                .take(RECORD_HEADER_BYTES as usize)
+            let h: [u8; RECORD_HEADER_BYTES as usize] = r
+                .array()
                 .map_err(|_| bad("a metadata record is cut short"))?;
-            let kind = ObjectKind::from_u8(h[0]).ok_or_else(|| bad("unknown object kind"))?;
-            let codec = Codec::from_u8(h[1]).ok_or_else(|| bad("unknown codec"))?;
-            let stored_len = u32::from_le_bytes(h[4..8].try_into().expect("4"));
-            let raw_len = u32::from_le_bytes(h[8..12].try_into().expect("4"));
-            let id: [u8; 32] = h[12..44].try_into().expect("32");
+            let (kind, codec, stored_len, raw_len, id) = parse_record_header(&h);
+            let kind = ObjectKind::from_u8(kind).ok_or_else(|| bad("unknown object kind"))?;
+            let codec = Codec::from_u8(codec).ok_or_else(|| bad("unknown codec"))?;
             let stored = r
                 .take(stored_len as usize)
                 .map_err(|_| bad("a metadata record is cut short"))?;

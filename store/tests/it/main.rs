@@ -5,6 +5,7 @@ mod common;
 mod adopt;
 mod corrupt;
 mod crash;
+mod diff_links;
 mod edit;
 mod faults;
 mod fixture_v1;

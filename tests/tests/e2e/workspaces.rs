@@ -23,6 +23,7 @@ mod concurrency;
 mod config;
 mod copyup;
 mod crash;
+mod diff_names;
 mod dirrename;
 mod faithful;
 mod gitfsmonitor;
