@@ -11,6 +11,7 @@ mod layering;
 mod model;
 mod native;
 mod nfs;
+mod nfs_vm;
 mod placement;
 mod plainview;
 mod view;

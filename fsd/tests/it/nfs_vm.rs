@@ -1,0 +1,245 @@
+//! A real Linux NFS client: a qemu guest (the kernel `run --vm` uses, which has
+//! `nfsv3.ko`; this host's kernel has no NFS client) mounts a workspace the daemon's
+//! NFS server exports on 127.0.0.1, through qemu's user network (the host's loopback is
+//! the guest's 10.0.2.2), and works in it: reads, a 100,000-name listing, a hard link,
+//! a directory rename, a write and a removal. The host then finds each change in the
+//! workspace's private layer. Root with qemu and the guest kernel; skipped otherwise,
+//! except under `CI=true`.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cowspace_fsd::cow::CowNfs;
+use sandbox_helper::vm::initramfs::Cpio;
+use sandbox_helper::vm::probe;
+
+use crate::common::Env;
+
+const MANY: usize = 100_000;
+
+/// The guest kernel's modules an NFSv3 mount over virtio-net needs, in load order.
+const MODULES: [&str; 14] = [
+    "drivers/virtio/virtio_ring.ko",
+    "drivers/virtio/virtio.ko",
+    "drivers/virtio/virtio_mmio.ko",
+    "net/core/failover.ko",
+    "drivers/net/net_failover.ko",
+    "drivers/net/virtio_net.ko",
+    "net/sunrpc/sunrpc.ko",
+    "fs/nfs_common/grace.ko",
+    "fs/lockd/lockd.ko",
+    "fs/nfs_common/nfs_acl.ko",
+    "fs/netfs/netfs.ko",
+    "fs/fscache/fscache.ko",
+    "fs/nfs/nfs.ko",
+    "fs/nfs/nfsv3.ko",
+];
+
+/// The guest's `/init`: network, the NFS mount, the work, each result on the console.
+fn init_script(port: u16, export: &str) -> String {
+    format!(
+        r#"#!/bin/busybox sh
+/bin/busybox mount -t proc proc /proc
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+say() {{ echo "NFSVM $*" > /dev/ttyS0; }}
+say booted
+for m in {modules}; do insmod /lib/modules/$m || say "FAIL insmod $m"; done
+tries=0
+until [ -e /sys/class/net/eth0 ]; do
+  tries=$((tries + 1))
+  [ $tries -gt 400 ] && {{ say "FAIL no eth0"; poweroff -f; }}
+  sleep 0.05
+done
+say network
+ip link set lo up
+ip addr add 10.0.2.15/24 dev eth0
+ip link set eth0 up
+mkdir -p /mnt
+if mount -t nfs -o vers=3,proto=tcp,port={port},mountport={port},mountproto=tcp,nolock,soft,timeo=600,retrans=2,addr=10.0.2.2,mountaddr=10.0.2.2 10.0.2.2:{export} /mnt; then
+  say mounted
+  cd /mnt
+  say "read $(cat a)"
+  say "many $(ls many | wc -l)"
+  ln a a2 && say "links $(stat -c %h a) $(stat -c %i a) $(stat -c %i a2)"
+  mv d d2 && say "renamed $(cat d2/b)"
+  echo written > new && say "wrote $(cat new)"
+  rm many/f000000 && say "removed $(ls many | wc -l)"
+  cd /
+  umount /mnt && say unmounted
+else
+  say "FAIL mount"
+fi
+say done
+poweroff -f
+"#,
+        modules = MODULES
+            .iter()
+            .map(|m| m.rsplit('/').next().unwrap())
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
+}
+
+fn initramfs(dir: &Path, kernel: &probe::Kernel, script: &str) -> std::path::PathBuf {
+    let mut a = Cpio::default();
+    for d in [
+        "bin",
+        "dev",
+        "proc",
+        "sys",
+        "lib",
+        "lib/modules",
+        "mnt",
+        "tmp",
+    ] {
+        a.dir(d);
+    }
+    a.char_dev("dev/console", 0o600, 5, 1);
+    let busybox = fs::read(probe::busybox().expect("busybox")).unwrap();
+    a.file("bin/busybox", 0o755, &busybox);
+    a.file("init", 0o755, script.as_bytes());
+    for m in MODULES {
+        let name = m.rsplit('/').next().unwrap();
+        let bytes = fs::read(kernel.modules.join(m))
+            .unwrap_or_else(|e| panic!("the guest kernel's {m}: {e}"));
+        a.file(&format!("lib/modules/{name}"), 0o644, &bytes);
+    }
+    let p = dir.join("initrd.cpio");
+    fs::write(&p, a.finish()).unwrap();
+    p
+}
+
+/// Kills the guest on drop, whatever happened.
+struct Guest(std::process::Child);
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn a_linux_guest_mounts_a_workspace_over_nfs_and_its_changes_reach_the_host() {
+    let ci = std::env::var("CI").as_deref() == Ok("true");
+    let (kernel, qemu) = match (probe::kernel(), probe::qemu()) {
+        (Ok(k), Ok(q)) if nix::unistd::geteuid().is_root() => (k, q),
+        (k, q) => {
+            assert!(
+                !ci,
+                "CI=true: this test must run (root, qemu, the guest kernel): {k:?} {q:?}"
+            );
+            eprintln!("skipped: needs root, qemu and the guest kernel");
+            return;
+        }
+    };
+    let env = Env::new("nfs-vm");
+    let src = env.dir("src");
+    fs::write(src.join("a"), b"hello").unwrap();
+    fs::create_dir_all(src.join("d")).unwrap();
+    fs::write(src.join("d/b"), b"bee").unwrap();
+    fs::create_dir_all(src.join("many")).unwrap();
+    for i in 0..MANY {
+        fs::write(src.join(format!("many/f{i:06}")), b"").unwrap();
+    }
+    let snap = env.import(&src);
+    let private = env.dir("private");
+    let served = CowNfs::serve(Arc::clone(&env.store), snap, &private, 0).unwrap();
+    let run = env.dir("run");
+    let initrd = initramfs(
+        &run,
+        &kernel,
+        &init_script(served.addr().port(), served.export_path()),
+    );
+    let console = run.join("console.log");
+    let mut append = String::from("console=ttyS0 panic=-1 rdinit=/init");
+    let accel = match probe::accel().accel {
+        probe::Accel::Kvm => "kvm",
+        probe::Accel::Tcg => {
+            // Under emulation the guest cannot calibrate its clock: it is told the host's.
+            if let Some(khz) = probe::host_tsc_khz() {
+                append.push_str(&format!(" tsc_early_khz={khz}"));
+            }
+            "tcg,thread=multi"
+        }
+    };
+    let mut guest = Guest(
+        Command::new(qemu)
+            .args([
+                "-M",
+                "microvm,acpi=on,isa-serial=on,x-option-roms=off,rtc=on",
+            ])
+            .args(["-accel", accel, "-cpu", "max", "-smp", "2", "-m", "512M"])
+            .args(["-nodefaults", "-no-user-config", "-nographic", "-no-reboot"])
+            .args([
+                "-netdev",
+                "user,id=n0",
+                "-device",
+                "virtio-net-device,netdev=n0",
+            ])
+            .arg("-kernel")
+            .arg(&kernel.image)
+            .arg("-initrd")
+            .arg(&initrd)
+            .arg("-append")
+            .arg(&append)
+            .arg("-serial")
+            .arg(format!("file:{}", console.display()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start qemu"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(if ci { 900 } else { 600 });
+    loop {
+        if let Some(status) = guest.0.try_wait().unwrap() {
+            eprintln!("guest exited: {status}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the guest did not finish; its console:\n{}",
+            fs::read_to_string(&console).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = fs::read_to_string(&console).unwrap_or_default();
+    let said: Vec<&str> = log
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("NFSVM "))
+        .collect();
+    eprintln!("the guest said:\n{}", said.join("\n"));
+    let has = |want: &str| said.iter().any(|l| l.starts_with(want));
+    assert!(has("mounted"), "the guest did not mount the export:\n{log}");
+    assert!(!said.iter().any(|l| l.starts_with("FAIL")), "{log}");
+    assert!(has("read hello"), "{log}");
+    assert!(has(&format!("many {MANY}")), "{log}");
+    let links = said.iter().find(|l| l.starts_with("links ")).expect(&log);
+    let f: Vec<&str> = links.split(' ').collect();
+    assert_eq!(f[1], "2", "a and a2: {links}");
+    assert_eq!(f[2], f[3], "a and a2 are one inode: {links}");
+    assert!(has("renamed bee"), "{log}");
+    assert!(has("wrote written"), "{log}");
+    assert!(has(&format!("removed {}", MANY - 1)), "{log}");
+    assert!(has("unmounted"), "{log}");
+
+    // Every change is in the workspace's private layer, as a fuse workspace keeps it.
+    served.finish_copies().unwrap();
+    let upper = private.join("upper");
+    assert_eq!(fs::read(upper.join("new")).unwrap(), b"written\n");
+    assert_eq!(fs::read(upper.join("d2/b")).unwrap(), b"bee");
+    let (a, a2) = (
+        fs::metadata(upper.join("a")).unwrap(),
+        fs::metadata(upper.join("a2")).unwrap(),
+    );
+    assert_eq!(a.ino(), a2.ino(), "a2 is a hard link of a in the upper");
+    drop(guest);
+}
