@@ -241,8 +241,10 @@ pub struct CowNfs {
 
 impl CowNfs {
     /// Serves the workspace of `snapshot` with private state in `private_dir` on `port`
-    /// of 127.0.0.1 (0: one the kernel picks). I/O goes by inode, as in the cached open
-    /// mode.
+    /// of 127.0.0.1 (0: the port it was served on before, else one the kernel picks).
+    /// I/O goes by inode, as in the cached open mode. The export's key and port are kept
+    /// in `private_dir/nfs-export`, so serving it again gives clients the same path and
+    /// root handle.
     pub fn serve(
         store: Arc<Store>,
         snapshot: SnapshotId,
@@ -258,7 +260,23 @@ impl CowNfs {
             Arc::new(AtomicU64::new(0)),
             false,
         );
-        let server = crate::nfs::NfsServer::serve(Arc::new(fs), port).map_err(|e| {
+        let record = private_dir.join("nfs-export");
+        let served = (|| {
+            let (key, was) = match read_export(&record)? {
+                Some((key, was)) => (key, was),
+                None => (crate::nfs::NfsServer::new_key()?, 0),
+            };
+            let port = if port == 0 { was } else { port };
+            let server = crate::nfs::NfsServer::serve(Arc::new(fs), port, key)?;
+            let tmp = private_dir.join("nfs-export.tmp");
+            std::fs::write(
+                &tmp,
+                format!("{} {}\n", hex::encode(key), server.addr().port()),
+            )?;
+            std::fs::rename(&tmp, &record)?;
+            Ok(server)
+        })();
+        let server = served.map_err(|e| {
             cow.lazy.stop();
             Error::Io {
                 step: "serve the workspace over NFS from",
@@ -285,6 +303,30 @@ impl CowNfs {
             .finish_all()
             .map_err(Error::io("finish copy-ups in", &self.cow.layers.upper))
     }
+}
+
+/// The key and port a workspace was exported with, if it was.
+fn read_export(record: &Path) -> std::io::Result<Option<([u8; 16], u16)>> {
+    let text = match std::fs::read_to_string(record) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let bad = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{}: not \"KEY PORT\"; remove it to export the workspace under a new key",
+                record.display()
+            ),
+        )
+    };
+    let (key, port) = text.trim().split_once(' ').ok_or_else(bad)?;
+    let key: [u8; 16] = hex::decode(key)
+        .ok()
+        .and_then(|k| k.try_into().ok())
+        .ok_or_else(bad)?;
+    Ok(Some((key, port.parse().map_err(|_| bad())?)))
 }
 
 impl Drop for CowNfs {

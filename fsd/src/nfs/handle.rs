@@ -70,6 +70,11 @@ impl Export {
         !lock(&self.held).insert(ino)
     }
 
+    /// Whether a client was given a handle of `ino` by this server.
+    pub fn holds(&self, ino: u64) -> bool {
+        lock(&self.held).contains(&ino)
+    }
+
     /// The inodes the export holds.
     pub fn held(&self) -> Vec<u64> {
         lock(&self.held).iter().copied().collect()

@@ -1,7 +1,7 @@
 //! The daemon's second protocol: a [`FileSystem`] core served over NFSv3 with its MOUNT
 //! protocol (RFC 1813), on one TCP port of 127.0.0.1 (both programs on it: a client is
 //! given `port` and `mountport`, no rpcbind). One listener per export; each connection
-//! is served by a thread of its own, its calls answered in order.
+//! has a reading thread and a few answering its calls.
 //!
 //! The XDR types are `nfs3_types`'s; the server is written here (not `nfsserve`, its
 //! forks or `fernfs`) because their filesystem traits cannot carry what the cores do:
@@ -56,11 +56,23 @@ fn random<const N: usize>() -> std::io::Result<[u8; N]> {
 }
 
 impl NfsServer {
-    /// Serves `fs` on 127.0.0.1, port `port` (0: one the kernel picks).
-    pub fn serve<F: FileSystem>(fs: Arc<F>, port: u16) -> std::io::Result<NfsServer> {
+    /// A new export key (what [`NfsServer::serve`] takes to make the export's path and
+    /// handles).
+    pub fn new_key() -> std::io::Result<[u8; 16]> {
+        random()
+    }
+
+    /// Serves `fs` on 127.0.0.1, port `port` (0: one the kernel picks), as the export
+    /// of `key`: a server started again with the same key and port gives clients the
+    /// same path and root handle.
+    pub fn serve<F: FileSystem>(
+        fs: Arc<F>,
+        port: u16,
+        key: [u8; 16],
+    ) -> std::io::Result<NfsServer> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port))?;
         let addr = listener.local_addr()?;
-        let export = Export::new(random()?, random()?);
+        let export = Export::new(key, random()?);
         let path = export.path();
         let nfs = Arc::new(Nfs { fs, export });
         let stop = Arc::new(AtomicBool::new(false));
@@ -133,31 +145,59 @@ impl Drop for NfsServer {
     }
 }
 
+/// Calls of one connection answered at once (the Linux client sends many before the
+/// first reply; RPC replies go by xid, in any order).
+const WORKERS_PER_CONNECTION: usize = 4;
+
 /// Answers the calls of one connection until it closes, sends what is not a call, or
-/// the server stops.
+/// the server stops: one thread reads records, [`WORKERS_PER_CONNECTION`] answer them.
 fn serve_connection<F: FileSystem>(nfs: &Nfs<F>, conn: TcpStream, stop: &AtomicBool) {
     let _ = conn.set_nodelay(true);
-    let Ok(mut writer) = conn.try_clone() else {
+    let Ok(writer) = conn.try_clone() else {
         return;
     };
-    let mut reader = BufReader::with_capacity(256 * 1024, conn);
-    while !stop.load(Ordering::Relaxed) {
-        let record = match rpc::read_record(&mut reader) {
-            Ok(Some(r)) => r,
-            Ok(None) => return,
-            Err(e) => {
-                tracing::debug!(error = %e, "NFS connection closed");
-                return;
-            }
-        };
-        let Some(reply) = answer(nfs, &record) else {
-            tracing::debug!("not an RPC call; NFS connection closed");
-            return;
-        };
-        if rpc::write_record(&mut writer, &reply).is_err() {
-            return;
+    let writer = Mutex::new(writer);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(WORKERS_PER_CONNECTION * 4);
+    let rx = Mutex::new(rx);
+    std::thread::scope(|scope| {
+        for _ in 0..WORKERS_PER_CONNECTION {
+            scope.spawn(|| {
+                loop {
+                    // The lock is held only while waiting for the next record.
+                    let Ok(record) = lock(&rx).recv() else {
+                        return;
+                    };
+                    let reply = match answer(nfs, &record) {
+                        Some(r) => r,
+                        None => {
+                            tracing::debug!("not an RPC call; NFS connection closed");
+                            let _ = lock(&writer).shutdown(std::net::Shutdown::Both);
+                            return;
+                        }
+                    };
+                    if rpc::write_record(&mut *lock(&writer), &reply).is_err() {
+                        return;
+                    }
+                }
+            });
         }
-    }
+        let mut reader = BufReader::with_capacity(256 * 1024, conn);
+        while !stop.load(Ordering::Relaxed) {
+            match rpc::read_record(&mut reader) {
+                Ok(Some(r)) => {
+                    if tx.send(r).is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(error = %e, "NFS connection closed");
+                    break;
+                }
+            }
+        }
+        drop(tx);
+    });
 }
 
 /// The reply to one record; `None` when it is not an RPC call at all.

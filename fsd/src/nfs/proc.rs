@@ -69,8 +69,14 @@ impl<F: FileSystem> Nfs<F> {
         }
     }
 
+    /// The inode of a handle this server gave out (the root's is always valid).
     fn ino(&self, fh: &nfs_fh3) -> Result<u64, nfsstat3> {
-        self.export.ino(fh)
+        let ino = self.export.ino(fh)?;
+        if ino == ROOT || self.export.holds(ino) {
+            Ok(ino)
+        } else {
+            Err(nfsstat3::NFS3ERR_STALE)
+        }
     }
 
     /// The inode `name` names in `dir` ("." and ".." included), looked up for a client.

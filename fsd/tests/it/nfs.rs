@@ -612,3 +612,43 @@ fn an_independent_nfs_client_lists_reads_and_writes_the_workspace() {
         .unwrap();
     assert!(!out.status.success(), "a wrong export path was served");
 }
+
+/// Served again (a daemon restart), the export keeps its path, port and root handle; a
+/// handle the new server did not give out is stale until its name is looked up again,
+/// which gives the same handle.
+#[test]
+fn served_again_the_export_keeps_its_path_and_root_and_stale_handles_are_found_again() {
+    let env = Env::new("nfs-restart");
+    let src = env.dir("src");
+    fs::write(src.join("a"), b"hello\n").unwrap();
+    let snap = env.import(&src);
+    let private = env.dir("private");
+    let first = CowNfs::serve(Arc::clone(&env.store), snap, &private, 0).unwrap();
+    let (addr, path) = (first.addr(), first.export_path().to_string());
+    let mut c = Client::connect(addr);
+    let root = c.root(&path);
+    let a = c.lookup(&root, "a").unwrap().object;
+    drop(c);
+    drop(first);
+
+    let again = CowNfs::serve(Arc::clone(&env.store), snap, &private, 0).unwrap();
+    assert_eq!(again.addr(), addr, "the same port");
+    assert_eq!(again.export_path(), path, "the same export path");
+    let mut c = Client::connect(addr);
+    assert_eq!(
+        c.getattr(&root).unwrap().type_,
+        ftype3::NF3DIR,
+        "the old root handle"
+    );
+    assert_eq!(c.getattr(&a).err(), Some(nfsstat3::NFS3ERR_STALE));
+    let found = c.lookup(&root, "a").unwrap().object;
+    assert_eq!(found, a, "looked up again, the same handle");
+    assert_eq!(c.read(&a, 0, 100).0, b"hello\n");
+    // A handle of an inode no lookup gave (a forged number under the right key).
+    let mut forged = a.data.to_vec();
+    forged[16] ^= 0x5a;
+    let forged = nfs_fh3 {
+        data: Opaque::owned(forged),
+    };
+    assert_eq!(c.getattr(&forged).err(), Some(nfsstat3::NFS3ERR_STALE));
+}

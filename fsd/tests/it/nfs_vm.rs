@@ -71,6 +71,17 @@ if mount -t nfs -o vers=3,proto=tcp,port={port},mountport={port},mountproto=tcp,
   mv d d2 && say "renamed $(cat d2/b)"
   echo written > new && say "wrote $(cat new)"
   rm many/f000000 && say "removed $(ls many | wc -l)"
+  dd if=/dev/zero of=big bs=1M count=16 2>/dev/null && sync && say "big $(stat -c %s big)"
+  say reading
+  ok=0; failed=0; i=0
+  while [ $i -lt 30 ]; do
+    echo 3 > /proc/sys/vm/drop_caches
+    if cat big > /dev/null 2>/dev/null; then ok=$((ok + 1)); last=ok; else failed=$((failed + 1)); last=failed; fi
+    i=$((i + 1))
+    sleep 0.2
+  done
+  say "reads ok=$ok failed=$failed last=$last"
+  say "after $(cat a)"
   cd /
   umount /mnt && say unmounted
 else
@@ -199,7 +210,21 @@ fn a_linux_guest_mounts_a_workspace_over_nfs_and_its_changes_reach_the_host() {
             .expect("start qemu"),
     );
     let deadline = Instant::now() + Duration::from_secs(if ci { 900 } else { 600 });
+    let mut served = Some(served);
+    let mut restarted = false;
     loop {
+        // The daemon stops and serves the workspace again while the guest reads.
+        if !restarted
+            && fs::read_to_string(&console)
+                .unwrap_or_default()
+                .contains("NFSVM reading")
+        {
+            std::thread::sleep(Duration::from_millis(1500));
+            drop(served.take());
+            std::thread::sleep(Duration::from_millis(300));
+            served = Some(CowNfs::serve(Arc::clone(&env.store), snap, &private, 0).unwrap());
+            restarted = true;
+        }
         if let Some(status) = guest.0.try_wait().unwrap() {
             eprintln!("guest exited: {status}");
             break;
@@ -230,6 +255,19 @@ fn a_linux_guest_mounts_a_workspace_over_nfs_and_its_changes_reach_the_host() {
     assert!(has("wrote written"), "{log}");
     assert!(has(&format!("removed {}", MANY - 1)), "{log}");
     assert!(has("unmounted"), "{log}");
+    assert!(
+        restarted,
+        "the guest never read while the daemon restarted: {log}"
+    );
+    // Reads across the restart resumed or failed with an error, never hung; the last
+    // ones, after it, read.
+    let reads = said.iter().find(|l| l.starts_with("reads ")).expect(&log);
+    assert!(reads.ends_with("last=ok"), "{reads}");
+    assert!(
+        has("after hello"),
+        "the mount works after the restart: {log}"
+    );
+    let served = served.expect("served again");
 
     // Every change is in the workspace's private layer, as a fuse workspace keeps it.
     served.finish_copies().unwrap();
