@@ -407,7 +407,7 @@ fn check(p: &Path, f: &FileConfig) -> Result<()> {
         return bad(
             "create.materializer",
             m,
-            "auto, overlay, fuse, btrfs, reflink or copy",
+            "auto, overlay, fuse, btrfs, reflink, copy or nfs",
         );
     }
     if let Some(l) = &f.create.lower

@@ -14,15 +14,19 @@ pub enum MaterializerKind {
     Btrfs,
     Reflink,
     Copy,
+    /// The fuse materializer's workspace served by the daemon over NFSv3 on 127.0.0.1
+    /// and mounted by the kernel's NFS client.
+    Nfs,
 }
 
 impl MaterializerKind {
-    pub const ALL: [MaterializerKind; 5] = [
+    pub const ALL: [MaterializerKind; 6] = [
         MaterializerKind::Overlay,
         MaterializerKind::Fuse,
         MaterializerKind::Btrfs,
         MaterializerKind::Reflink,
         MaterializerKind::Copy,
+        MaterializerKind::Nfs,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -32,6 +36,7 @@ impl MaterializerKind {
             MaterializerKind::Btrfs => "btrfs",
             MaterializerKind::Reflink => "reflink",
             MaterializerKind::Copy => "copy",
+            MaterializerKind::Nfs => "nfs",
         }
     }
 
@@ -41,7 +46,7 @@ impl MaterializerKind {
             .find(|k| k.as_str() == s)
             .ok_or_else(|| {
                 Error::Invalid(format!(
-                    "unknown materializer {s:?}; choose auto, overlay, fuse, btrfs, reflink or copy"
+                    "unknown materializer {s:?}; choose auto, overlay, fuse, btrfs, reflink, copy or nfs"
                 ))
             })
     }

@@ -315,9 +315,11 @@ pub struct CreateArgs {
     /// How the workspace is made: auto (the best this host supports, as `doctor`
     /// shows), overlay (kernel overlayfs), fuse (the daemon's own copy-on-write view),
     /// btrfs (a subvolume snapshot), reflink (cloned files), copy (a full copy, only
-    /// by name). One that cannot work here is refused, never replaced. Default:
+    /// by name), nfs (the fuse workspace served over NFS on 127.0.0.1 and mounted by
+    /// the kernel's NFS client; only by name). One that cannot work here is refused,
+    /// never replaced. Default:
     /// $COWSPACE_MATERIALIZER, else the configuration's `create.materializer`, else auto.
-    #[arg(long, value_name = "auto|overlay|fuse|btrfs|reflink|copy")]
+    #[arg(long, value_name = "auto|overlay|fuse|btrfs|reflink|copy|nfs")]
     pub materializer: Option<String>,
     /// The overlay's lower layer: native (a metadata image over the blob cache: file
     /// bytes read by the kernel from the blobs, no daemon), the daemon's snapshot view

@@ -10,6 +10,7 @@ pub mod copy;
 pub mod forktree;
 pub mod fulltree;
 pub mod fuse;
+pub mod nfs;
 pub mod overlay;
 pub mod plaindir;
 pub mod reflink;
@@ -189,7 +190,13 @@ impl Materializers {
 
     /// This table with fuse workspaces served by `host` (this process is the daemon).
     pub fn with_fuse_host(self, host: std::sync::Arc<dyn fuse::FuseHost>) -> Materializers {
+        let nfs = nfs::Nfs {
+            served: fuse::Fuse {
+                host: Some(std::sync::Arc::clone(&host)),
+            },
+        };
         self.with(std::sync::Arc::new(fuse::Fuse { host: Some(host) }))
+            .with(std::sync::Arc::new(nfs))
     }
 
     /// The materializer of `kind`.
@@ -241,6 +248,7 @@ fn standard(kind: MaterializerKind) -> std::sync::Arc<dyn Materializer> {
         MaterializerKind::Reflink => std::sync::Arc::new(copy::Copied(fulltree::Fill::Clone)),
         MaterializerKind::Copy => std::sync::Arc::new(copy::Copied(fulltree::Fill::Copy)),
         MaterializerKind::Fuse => std::sync::Arc::new(fuse::Fuse::default()),
+        MaterializerKind::Nfs => std::sync::Arc::new(nfs::Nfs::default()),
     }
 }
 

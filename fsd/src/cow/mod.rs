@@ -539,6 +539,8 @@ pub struct Host {
     store: Arc<Store>,
     serving: Serving,
     mounts: Mutex<HashMap<String, CowMount>>,
+    /// The `nfs` workspaces: served over NFS and mounted by the kernel's client.
+    exports: Mutex<HashMap<String, NfsMount>>,
     /// One mount or unmount of a workspace at a time (by id); those of different
     /// workspaces run in parallel, outside the `mounts` lock.
     gates: Mutex<HashMap<String, Arc<Mutex<()>>>>,
@@ -551,8 +553,52 @@ pub fn new_host(store: Arc<Store>, serving: Serving) -> Arc<Host> {
         store,
         serving,
         mounts: Mutex::new(HashMap::new()),
+        exports: Mutex::new(HashMap::new()),
         gates: Mutex::new(HashMap::new()),
     })
+}
+
+/// An `nfs` workspace: its export, mounted at its path; unmounted (lazily if busy) and no
+/// longer served on drop.
+struct NfsMount {
+    served: CowNfs,
+    path: PathBuf,
+}
+
+impl NfsMount {
+    fn mount(store: Arc<Store>, rec: &Record) -> Result<NfsMount> {
+        let snapshot: SnapshotId = rec.snapshot.parse()?;
+        let served = CowNfs::serve(store, snapshot, &rec.private_dir, 0)?;
+        let source = format!("127.0.0.1:{}", served.export_path());
+        let options = cowspace::materializer::nfs::mount_options(served.addr().port());
+        nix::mount::mount(
+            Some(source.as_str()),
+            &rec.path,
+            Some("nfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some(options.as_str()),
+        )
+        .map_err(|e| Error::Io {
+            step: "mount the workspace's NFS export at",
+            path: rec.path.clone(),
+            source: e.into(),
+        })?;
+        Ok(NfsMount {
+            served,
+            path: rec.path.clone(),
+        })
+    }
+}
+
+impl Drop for NfsMount {
+    fn drop(&mut self) {
+        if crate::mounts::is_mounted(&self.path).unwrap_or(false)
+            && crate::mounts::unmount(&self.path).is_err()
+        {
+            let _ = crate::mounts::unmount_lazy(&self.path);
+        }
+        // Then `served` stops (dropped after this): nothing is mounted from it any more.
+    }
 }
 
 impl cowspace::materializer::fuse::FuseHost for Host {
@@ -565,7 +611,7 @@ impl cowspace::materializer::fuse::FuseHost for Host {
     }
 
     fn stop(&self, id: &str) -> Option<Box<dyn FnOnce() + Send>> {
-        Host::stop(self, id).map(|f| Box::new(f) as Box<dyn FnOnce() + Send>)
+        Host::stop(self, id)
     }
 
     fn finish_copies(&self, rec: &Record) -> Result<()> {
@@ -581,9 +627,10 @@ impl Host {
     /// Serves workspace `rec` at its path (again, after a crash or a run). Already served
     /// and mounted: nothing to do.
     pub fn mount(&self, rec: &Record) -> Result<()> {
-        if rec.materializer != crate::materializer::MaterializerKind::Fuse {
+        use crate::materializer::MaterializerKind::{Fuse, Nfs};
+        if !matches!(rec.materializer, Fuse | Nfs) {
             return Err(Error::Invalid(format!(
-                "workspace {} is a {} workspace, not a fuse one",
+                "workspace {} is a {} workspace, not a fuse or nfs one",
                 rec.id, rec.materializer
             )));
         }
@@ -622,6 +669,9 @@ impl Host {
     }
 
     fn mount_gated(&self, rec: &Record) -> Result<()> {
+        if rec.materializer == crate::materializer::MaterializerKind::Nfs {
+            return self.mount_nfs_gated(rec);
+        }
         let old = {
             let mut mounts = self.lock();
             if let Some(m) = mounts.get(&rec.id)
@@ -652,9 +702,39 @@ impl Host {
         Ok(())
     }
 
+    fn exports(&self) -> std::sync::MutexGuard<'_, HashMap<String, NfsMount>> {
+        self.exports.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`Host::mount_gated`] of an `nfs` workspace.
+    fn mount_nfs_gated(&self, rec: &Record) -> Result<()> {
+        let old = {
+            let mut exports = self.exports();
+            if exports.contains_key(&rec.id)
+                && crate::mounts::is_mounted(&rec.path)?
+                && nix::sys::statfs::statfs(&rec.path).is_ok()
+            {
+                return Ok(());
+            }
+            exports.remove(&rec.id)
+        };
+        drop(old);
+        if crate::mounts::is_mounted(&rec.path)? {
+            crate::mounts::unmount_lazy(&rec.path)?;
+        }
+        std::fs::create_dir_all(&rec.path).map_err(Error::io("create directory", &rec.path))?;
+        let m = NfsMount::mount(Arc::clone(&self.store), rec)?;
+        tracing::info!(workspace = %rec.id, path = %rec.path.display(), port = m.served.addr().port(), "nfs workspace served");
+        self.exports().insert(rec.id.clone(), m);
+        Ok(())
+    }
+
     /// Finishes the copy-ups in progress of workspace `rec`: through its mount when served
     /// (the copier and the writers share its locks), else from the records on disk.
     pub fn finish_copies(&self, rec: &Record) -> Result<()> {
+        if let Some(m) = self.exports().get(&rec.id) {
+            return m.served.finish_copies();
+        }
         let served = self
             .lock()
             .get(&rec.id)
@@ -684,6 +764,10 @@ impl Host {
     pub fn unmount(&self, id: &str) -> bool {
         // Ended under the gate: its unmount by path must not meet a new mount there.
         let ended = self.gated(id, || {
+            if let Some(e) = self.exports().remove(id) {
+                drop(e);
+                return Some(false);
+            }
             let m = self.lock().remove(id)?;
             let large = m.inodes() >= TRIM_AFTER_INODES;
             drop(m);
@@ -704,15 +788,19 @@ impl Host {
     /// Stops serving workspace `id` as [`Host::unmount`] does, but gives back what is
     /// left of it (its inode tables, freed when dropped, and their memory given back to
     /// the system as `unmount` does): for a caller that frees it later.
-    pub fn stop(&self, id: &str) -> Option<impl FnOnce() + Send + 'static> {
+    pub fn stop(&self, id: &str) -> Option<Box<dyn FnOnce() + Send + 'static>> {
         // The serving threads are not waited for here: they hold nothing the answer
         // depends on, and their end (each frees its request buffer) is later work.
+        let exported = self.gated(id, || self.exports().remove(id));
+        if let Some(e) = exported {
+            return Some(Box::new(move || drop(e)) as Box<dyn FnOnce() + Send>);
+        }
         let (m, threads) = self.gated(id, || {
             let mut m = self.lock().remove(id)?;
             let threads = m.end_session();
             Some((m, threads))
         })?;
-        Some(move || {
+        Some(Box::new(move || {
             if let Some(t) = threads {
                 wait_for_session(t);
             }
@@ -721,12 +809,13 @@ impl Host {
             if large {
                 crate::sys::trim_heap();
             }
-        })
+        }))
     }
 
     /// Ids of the workspaces served.
     pub fn served(&self) -> Vec<String> {
         let mut v: Vec<String> = self.lock().keys().cloned().collect();
+        v.extend(self.exports().keys().cloned());
         v.sort();
         v
     }
@@ -735,5 +824,7 @@ impl Host {
     pub fn unmount_all(&self) {
         let all: Vec<CowMount> = self.lock().drain().map(|(_, m)| m).collect();
         drop(all);
+        let exports: Vec<NfsMount> = self.exports().drain().map(|(_, m)| m).collect();
+        drop(exports);
     }
 }

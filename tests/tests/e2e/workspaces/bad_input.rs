@@ -115,7 +115,7 @@ fn create_refuses_unknown_snapshots_taken_names_existing_paths_and_bad_materiali
         9,
         "invalid_input",
     );
-    for choice in ["auto", "overlay", "fuse", "btrfs", "reflink", "copy"] {
+    for choice in ["auto", "overlay", "fuse", "btrfs", "reflink", "copy", "nfs"] {
         assert!(msg(&e).contains(choice), "the choices are listed: {e}");
     }
     let e = refused(
@@ -127,6 +127,48 @@ fn create_refuses_unknown_snapshots_taken_names_existing_paths_and_bad_materiali
     let m = msg(&e);
     assert!(m.contains("btrfs") && m.len() > 40, "says why: {e}");
     eprintln!("--materializer btrfs: {m}");
+
+    // nfs: refused where the kernel has no NFS client (this kind of host), saying so;
+    // doctor says the same; never replaced by another materializer.
+    let has_client = std::fs::read_to_string("/proc/filesystems")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().last() == Some("nfs"))
+        || std::path::Path::new("/lib/modules")
+            .join(
+                std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                    .unwrap_or_default()
+                    .trim(),
+            )
+            .join("kernel/fs/nfs")
+            .exists();
+    if has_client {
+        eprintln!("nfs refusal not checked: this host's kernel has an NFS client");
+    } else {
+        let e = refused(
+            &r,
+            &["create", &base, "--materializer", "nfs"],
+            7,
+            "unsupported",
+        );
+        let m = msg(&e);
+        assert!(
+            m.contains("no NFS client") && m.contains("--materializer fuse"),
+            "{e}"
+        );
+        let doctor = r.t.json(["doctor"]).ok().json();
+        let row = doctor["materializers"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|x| x["materializer"] == "nfs"))
+            .unwrap_or_else(|| panic!("doctor has no nfs row: {doctor}"))
+            .clone();
+        assert_eq!(row["available"], false, "{row}");
+        assert!(
+            row["why"].as_str().unwrap_or("").contains("no NFS client"),
+            "{row}"
+        );
+        assert_ne!(doctor["auto"], "nfs");
+    }
 
     r.remove(&ws.id);
     r.assert_clean();
