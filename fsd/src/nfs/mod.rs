@@ -15,6 +15,7 @@
 
 mod convert;
 mod handle;
+mod perm;
 mod proc;
 mod rpc;
 
@@ -219,7 +220,7 @@ fn answer<F: FileSystem>(nfs: &Nfs<F>, record: &[u8]) -> Option<Vec<u8>> {
         (NFS_PROGRAM, 3) => {
             // A panic in a core answers this call with a server error, not the daemon's end.
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                nfs.call(call.proc, &ctx, &mut cur, &mut results)
+                nfs.call(call.proc, &call.caller, &ctx, &mut cur, &mut results)
             }))
             .unwrap_or_else(|_| {
                 results.clear();

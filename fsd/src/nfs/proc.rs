@@ -10,6 +10,8 @@ use nfs3_types::xdr_codec::{List, Opaque, Pack, Unpack};
 use super::MAX_IO;
 use super::convert::{changes, fattr, post_op, set_attr, status, time, wcc};
 use super::handle::Export;
+use super::perm::{self, SEARCH, WRITE, may, may_delete, may_set};
+use super::rpc::Caller;
 use crate::filesystem::{
     Attr, Context, DirPlusSink, DirSink, Errno, FileKind, FileSystem, Make, NAME_MAX_BYTES,
     RenameFlags, SetAttr, SetTime,
@@ -112,6 +114,13 @@ impl<F: FileSystem> Nfs<F> {
         d.0.ok_or(nfsstat3::NFS3ERR_NOTDIR)
     }
 
+    /// The directory of handle `fh`, if `who` may make and remove names in it.
+    fn writable_dir(&self, who: &Caller, ctx: &Context, fh: &nfs_fh3) -> Result<u64, nfsstat3> {
+        let dir = self.ino(fh)?;
+        may(who, &to_status(self.fs.getattr(ctx, dir))?, WRITE | SEARCH)?;
+        Ok(dir)
+    }
+
     /// Applies `change` to `ino` when it changes anything.
     fn apply(&self, ctx: &Context, ino: u64, change: SetAttr) -> Result<(), nfsstat3> {
         if changes(&change) {
@@ -124,6 +133,7 @@ impl<F: FileSystem> Nfs<F> {
     pub fn call(
         &self,
         proc: u32,
+        who: &Caller,
         ctx: &Context,
         cur: &mut Cursor<&[u8]>,
         out: &mut Vec<u8>,
@@ -143,9 +153,9 @@ impl<F: FileSystem> Nfs<F> {
                 };
                 put(out, &res)
             }
-            2 => put(out, &self.setattr(ctx, args(cur)?)),
+            2 => put(out, &self.setattr(who, ctx, args(cur)?)),
             3 => put(out, &self.lookup3(ctx, args(cur)?)),
-            4 => put(out, &self.access(ctx, args(cur)?)),
+            4 => put(out, &self.access(who, ctx, args(cur)?)),
             5 => {
                 let a: READLINK3args = args(cur)?;
                 let r = self
@@ -162,7 +172,7 @@ impl<F: FileSystem> Nfs<F> {
             }
             6 => put(out, &self.read(ctx, args(cur)?)),
             7 => put(out, &self.write(ctx, args(cur)?)),
-            8 => put(out, &self.create(ctx, args(cur)?)),
+            8 => put(out, &self.create(who, ctx, args(cur)?)),
             9 => {
                 let a: MKDIR3args = args(cur)?;
                 let change = set_attr(&a.attributes);
@@ -170,6 +180,7 @@ impl<F: FileSystem> Nfs<F> {
                 put(
                     out,
                     &self.made(
+                        who,
                         ctx,
                         &a.where_,
                         Make::Dir { mode },
@@ -191,7 +202,13 @@ impl<F: FileSystem> Nfs<F> {
                 };
                 put(
                     out,
-                    &self.made(ctx, &a.where_, Make::Symlink { target: &target }, change),
+                    &self.made(
+                        who,
+                        ctx,
+                        &a.where_,
+                        Make::Symlink { target: &target },
+                        change,
+                    ),
                 )
             }
             11 => {
@@ -216,6 +233,7 @@ impl<F: FileSystem> Nfs<F> {
                 put(
                     out,
                     &self.made(
+                        who,
                         ctx,
                         &a.where_,
                         Make::Special { mode, rdev },
@@ -230,7 +248,10 @@ impl<F: FileSystem> Nfs<F> {
                 let a: REMOVE3args = args(cur)?;
                 let dir = proc == 13;
                 let r = self.ino(&a.object.dir).and_then(|d| {
-                    to_status(self.fs.remove(ctx, d, a.object.name.as_ref(), dir)).map(|()| d)
+                    let name = a.object.name.as_ref();
+                    let victim = self.lookup(ctx, d, name)?;
+                    may_delete(who, &to_status(self.fs.getattr(ctx, d))?, &victim)?;
+                    to_status(self.fs.remove(ctx, d, name, dir)).map(|()| d)
                 });
                 let after = |d: Option<u64>| wcc(d.and_then(|d| self.attr(ctx, d)));
                 let dir_ino = self.ino(&a.object.dir).ok();
@@ -262,8 +283,8 @@ impl<F: FileSystem> Nfs<F> {
                     put(out, &res)
                 }
             }
-            14 => put(out, &self.rename(ctx, args(cur)?)),
-            15 => put(out, &self.link(ctx, args(cur)?)),
+            14 => put(out, &self.rename(who, ctx, args(cur)?)),
+            15 => put(out, &self.link(who, ctx, args(cur)?)),
             16 => put(out, &self.readdir(ctx, args(cur)?)),
             17 => put(out, &self.readdirplus(ctx, args(cur)?)),
             18 => {
@@ -352,16 +373,18 @@ impl<F: FileSystem> Nfs<F> {
         }
     }
 
-    fn setattr(&self, ctx: &Context, a: SETATTR3args) -> SETATTR3res {
+    fn setattr(&self, who: &Caller, ctx: &Context, a: SETATTR3args) -> SETATTR3res {
         let r = self.ino(&a.object).and_then(|ino| {
+            let now = to_status(self.fs.getattr(ctx, ino))?;
             if let Nfs3Option::Some(guard) = a.guard {
-                let now = to_status(self.fs.getattr(ctx, ino))?;
                 let ct = time(now.ctime);
                 if (ct.seconds, ct.nseconds) != (guard.seconds, guard.nseconds) {
                     return Err(nfsstat3::NFS3ERR_NOT_SYNC);
                 }
             }
-            to_status(self.fs.setattr(ctx, ino, 0, set_attr(&a.new_attributes)))
+            let change = set_attr(&a.new_attributes);
+            may_set(who, &now, &change)?;
+            to_status(self.fs.setattr(ctx, ino, 0, change))
         });
         match r {
             Ok(attr) => Nfs3Result::Ok(SETATTR3resok {
@@ -401,7 +424,7 @@ impl<F: FileSystem> Nfs<F> {
 
     /// What the caller may do to the object, from its mode bits (the server's own rule:
     /// root may do anything but execute what no one may).
-    fn access(&self, ctx: &Context, a: ACCESS3args) -> ACCESS3res {
+    fn access(&self, who: &Caller, ctx: &Context, a: ACCESS3args) -> ACCESS3res {
         let attr = match self
             .ino(&a.object)
             .and_then(|i| to_status(self.fs.getattr(ctx, i)))
@@ -409,20 +432,7 @@ impl<F: FileSystem> Nfs<F> {
             Ok(x) => x,
             Err(s) => return Nfs3Result::Err((s, ACCESS3resfail::default())),
         };
-        let mode = u32::from(attr.perm);
-        let bits = if ctx.uid == 0 {
-            0o7 & if mode & 0o111 != 0 || attr.kind == FileKind::Directory {
-                0o7
-            } else {
-                0o6
-            }
-        } else if ctx.uid == attr.uid {
-            (mode >> 6) & 7
-        } else if ctx.gid == attr.gid {
-            (mode >> 3) & 7
-        } else {
-            mode & 7
-        };
+        let bits = perm::bits(who, &attr);
         let dir = attr.kind == FileKind::Directory;
         let mut ok = 0;
         if bits & 4 != 0 {
@@ -492,8 +502,8 @@ impl<F: FileSystem> Nfs<F> {
         }
     }
 
-    fn create(&self, ctx: &Context, a: CREATE3args) -> CREATE3res {
-        let dir = match self.ino(&a.where_.dir) {
+    fn create(&self, who: &Caller, ctx: &Context, a: CREATE3args) -> CREATE3res {
+        let dir = match self.writable_dir(who, ctx, &a.where_.dir) {
             Ok(d) => d,
             Err(s) => return Nfs3Result::Err((s, CREATE3resfail::default())),
         };
@@ -578,8 +588,15 @@ impl<F: FileSystem> Nfs<F> {
     }
 
     /// MKDIR, SYMLINK and MKNOD: `what` made at `at`, then `change` applied.
-    fn made(&self, ctx: &Context, at: &diropargs3, what: Make<'_>, change: SetAttr) -> MKDIR3res {
-        let dir = match self.ino(&at.dir) {
+    fn made(
+        &self,
+        who: &Caller,
+        ctx: &Context,
+        at: &diropargs3,
+        what: Make<'_>,
+        change: SetAttr,
+    ) -> MKDIR3res {
+        let dir = match self.writable_dir(who, ctx, &at.dir) {
             Ok(d) => d,
             Err(s) => return Nfs3Result::Err((s, MKDIR3resfail::default())),
         };
@@ -602,10 +619,16 @@ impl<F: FileSystem> Nfs<F> {
         }
     }
 
-    fn rename(&self, ctx: &Context, a: RENAME3args) -> RENAME3res {
-        let dirs = self
-            .ino(&a.from.dir)
-            .and_then(|f| Ok((f, self.ino(&a.to.dir)?)));
+    fn rename(&self, who: &Caller, ctx: &Context, a: RENAME3args) -> RENAME3res {
+        let dirs = self.ino(&a.from.dir).and_then(|f| {
+            let t = self.writable_dir(who, ctx, &a.to.dir)?;
+            let victim = self.lookup(ctx, f, a.from.name.as_ref())?;
+            may_delete(who, &to_status(self.fs.getattr(ctx, f))?, &victim)?;
+            if let Ok(replaced) = self.lookup(ctx, t, a.to.name.as_ref()) {
+                may_delete(who, &to_status(self.fs.getattr(ctx, t))?, &replaced)?;
+            }
+            Ok((f, t))
+        });
         let r = dirs.and_then(|(f, t)| {
             to_status(self.fs.rename(
                 ctx,
@@ -633,9 +656,9 @@ impl<F: FileSystem> Nfs<F> {
         }
     }
 
-    fn link(&self, ctx: &Context, a: LINK3args) -> LINK3res {
+    fn link(&self, who: &Caller, ctx: &Context, a: LINK3args) -> LINK3res {
         let r = self.ino(&a.file).and_then(|ino| {
-            let dir = self.ino(&a.link.dir)?;
+            let dir = self.writable_dir(who, ctx, &a.link.dir)?;
             let attr = to_status(
                 self.fs
                     .make(ctx, dir, a.link.name.as_ref(), Make::Link { ino }),

@@ -57,10 +57,12 @@ pub fn write_record(w: &mut impl Write, body: &[u8]) -> io::Result<()> {
 }
 
 /// Who a call says it comes from (`AUTH_UNIX`), else nobody.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
+    /// Its other groups (at most 16).
+    pub groups: Vec<u32>,
 }
 
 const NOBODY: u32 = 65534;
@@ -105,6 +107,7 @@ pub fn parse_call(record: &[u8]) -> Result<Call, Refused> {
         _ => Caller {
             uid: NOBODY,
             gid: NOBODY,
+            groups: Vec::new(),
         },
     };
     Ok(Call {
@@ -134,7 +137,10 @@ fn auth_unix(body: &[u8]) -> Option<Caller> {
     if groups > 16 || body.len() < at + 12 + 4 * groups {
         return None;
     }
-    Some(Caller { uid, gid })
+    let groups = (0..groups)
+        .map(|i| word(at + 12 + 4 * i))
+        .collect::<Option<_>>()?;
+    Some(Caller { uid, gid, groups })
 }
 
 /// The header of a reply to `xid`: accepted with `data`, or denied.
@@ -171,9 +177,9 @@ mod tests {
         b.extend_from_slice(&1u32.to_be_bytes());
         b.extend_from_slice(&5u32.to_be_bytes());
         let c = auth_unix(&b).expect("a valid credential");
-        assert_eq!((c.uid, c.gid), (1000, 100));
+        assert_eq!((c.uid, c.gid, c.groups), (1000, 100, vec![5]));
         let mut many = b.clone();
-        many[24..28].copy_from_slice(&u32::MAX.to_be_bytes());
+        many[20..24].copy_from_slice(&u32::MAX.to_be_bytes());
         assert!(auth_unix(&many).is_none());
         let mut long = b.clone();
         long[4..8].copy_from_slice(&4096u32.to_be_bytes());
