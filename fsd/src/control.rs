@@ -558,7 +558,8 @@ impl Server {
 }
 
 fn reply(mut stream: &UnixStream, v: &Value) -> std::io::Result<()> {
-    let mut out = serde_json::to_vec(v).expect("responses serialise");
+    // A `Value` always serialises (its map keys are strings); an error is the writer's.
+    let mut out = serde_json::to_vec(v).map_err(std::io::Error::other)?;
     out.push(b'\n');
     stream.write_all(&out)
 }

@@ -14,7 +14,9 @@
 //! own network namespace's, so a worker cannot reach the port at all.
 
 mod convert;
+mod dirs;
 mod handle;
+mod mountd;
 mod perm;
 mod proc;
 mod rpc;

@@ -3,9 +3,8 @@
 
 use std::io::Cursor;
 
-use nfs3_types::mount::{self, dirpath, fhandle3, mountres3, mountres3_ok, mountstat3};
 use nfs3_types::nfs3::*;
-use nfs3_types::xdr_codec::{List, Opaque, Pack, Unpack};
+use nfs3_types::xdr_codec::{Opaque, Pack, Unpack};
 
 use super::MAX_IO;
 use super::convert::{changes, fattr, post_op, set_attr, status, time, wcc};
@@ -13,8 +12,8 @@ use super::handle::Export;
 use super::perm::{self, SEARCH, WRITE, may, may_delete, may_set};
 use super::rpc::Caller;
 use crate::filesystem::{
-    Attr, Context, DirPlusSink, DirSink, Errno, FileKind, FileSystem, Make, NAME_MAX_BYTES,
-    RenameFlags, SetAttr, SetTime,
+    Attr, Context, DirSink, Errno, FileKind, FileSystem, Make, NAME_MAX_BYTES, RenameFlags,
+    SetAttr, SetTime,
 };
 
 /// Why a call got no results.
@@ -25,25 +24,18 @@ pub enum NoAnswer {
     Unavailable,
 }
 
-type Answer = Result<(), NoAnswer>;
+pub(super) type Answer = Result<(), NoAnswer>;
 
-fn args<T: Unpack>(cur: &mut Cursor<&[u8]>) -> Result<T, NoAnswer> {
+pub(super) fn args<T: Unpack>(cur: &mut Cursor<&[u8]>) -> Result<T, NoAnswer> {
     T::unpack(cur)
         .map(|(v, _)| v)
         .map_err(|_| NoAnswer::Garbage)
 }
 
-fn put(out: &mut Vec<u8>, v: &impl Pack) -> Answer {
+pub(super) fn put(out: &mut Vec<u8>, v: &impl Pack) -> Answer {
     // Packing into a Vec fails only for objects over 4 GiB, which no reply holds.
     v.pack(out).map(|_| ()).map_err(|_| NoAnswer::Garbage)
 }
-
-/// Directory listings' reply budget: bytes of an entry besides its name (fileid, name
-/// length, cookie, the list's "more" word).
-const ENTRY_BYTES: usize = 8 + 4 + 8 + 4;
-/// ... and with attributes and a handle (`fattr3` 84, the handle 4 + 24, two "present"
-/// words).
-const ENTRY_PLUS_BYTES: usize = ENTRY_BYTES + 4 + 84 + 4 + 4 + 24;
 
 /// The NFSv3 program of one export.
 pub struct Nfs<F: FileSystem> {
@@ -59,20 +51,20 @@ fn to_status<T>(r: Result<T, Errno>) -> Result<T, nfsstat3> {
 }
 
 impl<F: FileSystem> Nfs<F> {
-    fn attr(&self, ctx: &Context, ino: u64) -> Option<Attr> {
+    pub(super) fn attr(&self, ctx: &Context, ino: u64) -> Option<Attr> {
         self.fs.getattr(ctx, ino).ok()
     }
 
     /// A lookup the core just took for a client: kept, or given back when the export
     /// holds the inode already.
-    fn took(&self, ino: u64) {
+    pub(super) fn took(&self, ino: u64) {
         if self.export.keep(ino) {
             self.fs.forget(ino, 1);
         }
     }
 
     /// The inode of a handle this server gave out (the root's is always valid).
-    fn ino(&self, fh: &nfs_fh3) -> Result<u64, nfsstat3> {
+    pub(super) fn ino(&self, fh: &nfs_fh3) -> Result<u64, nfsstat3> {
         let ino = self.export.ino(fh)?;
         if ino == ROOT || self.export.holds(ino) {
             Ok(ino)
@@ -82,7 +74,7 @@ impl<F: FileSystem> Nfs<F> {
     }
 
     /// The inode `name` names in `dir` ("." and ".." included), looked up for a client.
-    fn lookup(&self, ctx: &Context, dir: u64, name: &[u8]) -> Result<Attr, nfsstat3> {
+    pub(super) fn lookup(&self, ctx: &Context, dir: u64, name: &[u8]) -> Result<Attr, nfsstat3> {
         match name {
             b"." => to_status(self.fs.getattr(ctx, dir)),
             b".." => {
@@ -680,190 +672,6 @@ impl<F: FileSystem> Nfs<F> {
                     linkdir_wcc: wcc(None),
                 },
             )),
-        }
-    }
-
-    fn readdir(&self, ctx: &Context, a: READDIR3args) -> READDIR3res<'static> {
-        struct Sink {
-            entries: Vec<entry3<'static>>,
-            room: usize,
-            full: bool,
-        }
-        impl DirSink for Sink {
-            fn add(&mut self, ino: u64, next: u64, _kind: FileKind, name: &[u8]) -> bool {
-                let size = ENTRY_BYTES + name.len().div_ceil(4) * 4;
-                if size > self.room {
-                    self.full = true;
-                    return true;
-                }
-                self.room -= size;
-                self.entries.push(entry3 {
-                    fileid: ino,
-                    name: filename3::from(name.to_vec()),
-                    cookie: next,
-                });
-                false
-            }
-        }
-        let dir = match self.ino(&a.dir) {
-            Ok(d) => d,
-            Err(s) => return Nfs3Result::Err((s, READDIR3resfail::default())),
-        };
-        // The reply's header (status, attributes, verifier, eof) out of the budget.
-        let room = (a.count.min(MAX_IO) as usize).saturating_sub(128);
-        let mut sink = Sink {
-            entries: Vec::new(),
-            room,
-            full: false,
-        };
-        match self.fs.readdir(ctx, dir, a.cookie, &mut sink) {
-            Ok(()) if sink.full && sink.entries.is_empty() => {
-                Nfs3Result::Err((nfsstat3::NFS3ERR_TOOSMALL, READDIR3resfail::default()))
-            }
-            Ok(()) => Nfs3Result::Ok(READDIR3resok {
-                dir_attributes: post_op(self.attr(ctx, dir)),
-                cookieverf: cookieverf3::default(),
-                reply: dirlist3 {
-                    eof: !sink.full,
-                    entries: List(sink.entries),
-                },
-            }),
-            Err(e) => Nfs3Result::Err((
-                status(e),
-                READDIR3resfail {
-                    dir_attributes: post_op(self.attr(ctx, dir)),
-                },
-            )),
-        }
-    }
-
-    fn readdirplus(&self, ctx: &Context, a: READDIRPLUS3args) -> READDIRPLUS3res<'static> {
-        struct Sink<'e> {
-            export: &'e Export,
-            entries: Vec<entryplus3<'static>>,
-            room: usize,
-            full: bool,
-            took: Vec<u64>,
-        }
-        impl DirPlusSink for Sink<'_> {
-            fn add(&mut self, next: u64, name: &[u8], attr: &Attr) -> bool {
-                let size = ENTRY_PLUS_BYTES + name.len().div_ceil(4) * 4;
-                if size > self.room {
-                    self.full = true;
-                    return true;
-                }
-                self.room -= size;
-                // "." and ".." take no lookup: no handle is given for them.
-                let dots = name == b"." || name == b"..";
-                if !dots {
-                    self.took.push(attr.ino);
-                }
-                self.entries.push(entryplus3 {
-                    fileid: attr.ino,
-                    name: filename3::from(name.to_vec()),
-                    cookie: next,
-                    name_attributes: post_op_attr::Some(fattr(attr)),
-                    name_handle: if dots {
-                        post_op_fh3::None
-                    } else {
-                        post_op_fh3::Some(self.export.handle(attr.ino))
-                    },
-                });
-                false
-            }
-        }
-        let dir = match self.ino(&a.dir) {
-            Ok(d) => d,
-            Err(s) => return Nfs3Result::Err((s, READDIRPLUS3resfail::default())),
-        };
-        let room = (a.maxcount.min(MAX_IO) as usize).saturating_sub(128);
-        let mut sink = Sink {
-            export: &self.export,
-            entries: Vec::new(),
-            room,
-            full: false,
-            took: Vec::new(),
-        };
-        let r = self.fs.readdirplus(ctx, dir, a.cookie, &mut sink);
-        for ino in std::mem::take(&mut sink.took) {
-            self.took(ino);
-        }
-        match r {
-            Ok(()) if sink.full && sink.entries.is_empty() => {
-                Nfs3Result::Err((nfsstat3::NFS3ERR_TOOSMALL, READDIRPLUS3resfail::default()))
-            }
-            Ok(()) => Nfs3Result::Ok(READDIRPLUS3resok {
-                dir_attributes: post_op(self.attr(ctx, dir)),
-                cookieverf: cookieverf3::default(),
-                reply: dirlistplus3 {
-                    eof: !sink.full,
-                    entries: List(sink.entries),
-                },
-            }),
-            Err(e) => Nfs3Result::Err((
-                status(e),
-                READDIRPLUS3resfail {
-                    dir_attributes: post_op(self.attr(ctx, dir)),
-                },
-            )),
-        }
-    }
-
-    /// The directory `path` names: the export's path, or a directory below it (as a
-    /// client mounting a subdirectory asks).
-    fn mount_point(&self, path: &[u8]) -> Option<u64> {
-        let export = self.export.path();
-        let rest = path.strip_prefix(export.as_bytes())?;
-        if !rest.is_empty() && !rest.starts_with(b"/") {
-            return None;
-        }
-        let ctx = Context {
-            uid: 0,
-            gid: 0,
-            pid: 0,
-        };
-        let mut ino = ROOT;
-        for part in rest.split(|b| *b == b'/').filter(|p| !p.is_empty()) {
-            if part == b"." || part == b".." {
-                return None;
-            }
-            let a = self.lookup(&ctx, ino, part).ok()?;
-            if a.kind != FileKind::Directory {
-                return None;
-            }
-            ino = a.ino;
-        }
-        Some(ino)
-    }
-
-    /// The MOUNT program: `MNT` of the export's path gives the root's handle.
-    pub fn mount(&self, proc: u32, cur: &mut Cursor<&[u8]>, out: &mut Vec<u8>) -> Answer {
-        match proc {
-            0 => Ok(()),
-            1 => {
-                let path: dirpath = args(cur)?;
-                let res = match self.mount_point(path.0.as_ref()) {
-                    Some(ino) => mountres3::Ok(mountres3_ok {
-                        fhandle: fhandle3(Opaque::owned(self.export.handle(ino).data.to_vec())),
-                        auth_flavors: vec![nfs3_types::rpc::auth_flavor::AUTH_UNIX as u32],
-                    }),
-                    // Not this export: the same answer as a path that does not exist,
-                    // whatever the caller guessed.
-                    None => mountres3::Err(mountstat3::MNT3ERR_NOENT),
-                };
-                put(out, &res)
-            }
-            // DUMP: no list of mounts is kept; EXPORT: the path is a capability, never listed.
-            2 | 5 => put(out, &false),
-            3 => {
-                let _: dirpath = args(cur)?;
-                Ok(())
-            }
-            4 => Ok(()),
-            _ => {
-                let _ = mount::PROGRAM;
-                Err(NoAnswer::Unavailable)
-            }
         }
     }
 }

@@ -25,12 +25,12 @@ pub fn run(ctx: &Ctx, args: ImportArgs) -> anyhow::Result<ExitCode> {
     opts.allow_external_symlinks = args.allow_external_symlinks;
     let bar = ctx.progress.then(|| {
         let bar = indicatif::ProgressBar::new(0);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} importing {pos}/{len} files, {msg} [{elapsed}]",
-            )
-            .expect("valid template"),
-        );
+        // A template that does not parse keeps the default style (it is a constant).
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{spinner} importing {pos}/{len} files, {msg} [{elapsed}]",
+        ) {
+            bar.set_style(style);
+        }
         bar
     });
     if let Some(bar) = &bar {

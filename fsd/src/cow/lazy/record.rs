@@ -93,12 +93,24 @@ impl Record {
         let bad = |why: &str| {
             io::Error::new(io::ErrorKind::InvalidData, format!("copy-up record: {why}"))
         };
-        if b.len() < HEADER_BYTES || b[0] != RECORD_VERSION {
+        // The header's fields as arrays: a short header does not split.
+        let Some((&[version], rest)) = b.split_first_chunk::<1>() else {
+            return Err(bad("unknown version or short header"));
+        };
+        let Some((content, rest)) = rest.split_first_chunk::<32>() else {
+            return Err(bad("unknown version or short header"));
+        };
+        let Some((size, rest)) = rest.split_first_chunk::<8>() else {
+            return Err(bad("unknown version or short header"));
+        };
+        let Some(&shift) = rest.first() else {
+            return Err(bad("unknown version or short header"));
+        };
+        if version != RECORD_VERSION {
             return Err(bad("unknown version or short header"));
         }
-        let content = ContentId::from_bytes(b[1..33].try_into().expect("32 bytes"));
-        let size = u64::from_le_bytes(b[33..41].try_into().expect("8 bytes"));
-        let shift = b[41];
+        let content = ContentId::from_bytes(*content);
+        let size = u64::from_le_bytes(*size);
         let want = Record::new(content, size);
         if shift != want.shift || b.len() != HEADER_BYTES + want.done.len() {
             return Err(bad("block size or bitmap length does not match the size"));
