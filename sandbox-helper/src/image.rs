@@ -25,8 +25,8 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::paths::{canonical_dir, refuse_overlap};
 use crate::share::Scratch;
-use crate::spec::paths::{canonical_dir, refuse_overlap};
 use crate::sys::{self, MOUNT_ATTR_NODEV, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY};
 
 /// The control named when an image root cannot be made on this host.

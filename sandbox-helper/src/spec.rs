@@ -10,13 +10,15 @@ use crate::error::{Error, Result};
 mod egress;
 pub mod inject;
 mod limits;
-pub(crate) mod paths;
 mod workdir;
 
+pub use crate::cgroup::Limits;
+use crate::paths::{
+    bind_source, canonical_dir, check_suspendable, normalize_target, refuse_overlap,
+};
 pub use egress::{EGRESS_DNS_PORT, EGRESS_HTTP_PORT, EGRESS_SOCKS_PORT, egress_env, egress_policy};
 use limits::check_cpus_fit;
 pub use limits::parse_bytes;
-use paths::{bind_source, canonical_dir, check_suspendable, normalize_target, refuse_overlap};
 pub use workdir::{DEFAULT_WORKDIR, parse_workdir};
 
 pub use sandbox_api::spec::{Controls, MAX_NAME_BYTES, Net};
@@ -58,23 +60,6 @@ const RESERVED_TARGETS: [&str; 13] = [
     "/etc",
     "/root",
 ];
-
-/// Resource limits, each enforced by its cgroup controller.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Limits {
-    /// Memory limit in bytes (`memory` controller).
-    pub memory_bytes: Option<u64>,
-    /// Most processes and threads at once (`pids` controller).
-    pub pids: Option<u64>,
-    /// CPU bandwidth in CPUs, e.g. 1.5 (`cpu` controller).
-    pub cpus: Option<f64>,
-    /// The CPUs its processes may run on, in the kernel's list format (`cpuset`).
-    pub cpuset: Option<String>,
-    /// Disk throughput limits (`io` / `blkio` controller).
-    pub io_max: Option<crate::cgroup::io::IoMax>,
-    /// Share of disk time, 1 to 10000 (`io` / `blkio` controller).
-    pub io_weight: Option<u64>,
-}
 
 /// A read-only bind of a host path into the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]

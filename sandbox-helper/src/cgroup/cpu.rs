@@ -1,8 +1,8 @@
 //! The `cpu` controller: CFS bandwidth (quota per period).
 
+use super::Limits;
 use super::{Controller, GroupDir, Version, write_checked};
 use crate::error::Result;
-use crate::spec::Limits;
 
 /// The CFS period used, in microseconds.
 pub const PERIOD_US: u64 = 100_000;

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
+use super::Limits;
 use super::{Controller, GroupDir, Version, read, write, write_checked};
 use crate::error::{Error, Result};
-use crate::spec::Limits;
 
 /// Most CPU numbers a list may name.
 pub const MAX_CPU_NUMBER: u32 = 4095;

@@ -12,9 +12,9 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::Limits;
 use super::{Controller, GroupDir, Version, read, write};
 use crate::error::{Error, Result};
-use crate::spec::Limits;
 
 /// How long a freeze may stay in transition (`FREEZING`) before it is reported.
 pub const FREEZE_TIMEOUT_MS: u64 = 5_000;

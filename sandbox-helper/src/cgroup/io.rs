@@ -21,9 +21,9 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use super::Limits;
 use super::{Controller, GroupDir, Version, write};
 use crate::error::{Error, Result};
-use crate::spec::Limits;
 
 /// Where the kernel lists block devices.
 const SYS_BLOCK: &str = "/sys/block";
@@ -53,7 +53,7 @@ impl IoMax {
             ))
         };
         let size = |v: &str| {
-            crate::spec::parse_bytes(v)
+            sandbox_api::size::parse(v)
                 .ok()
                 .filter(|n| *n > 0)
                 .ok_or_else(|| bad(&format!("{v:?} is not a positive size")))

@@ -2,9 +2,9 @@
 
 use std::path::Path;
 
+use super::Limits;
 use super::{Controller, GroupDir, Version, read, write_checked};
 use crate::error::Result;
-use crate::spec::Limits;
 
 /// The memory limit of the group (and the memory+swap limit on v1, no swap on v2, so
 /// swap cannot extend it), checked against the page-rounded value read back.

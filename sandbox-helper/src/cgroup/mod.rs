@@ -31,8 +31,24 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::{AccessFlags, Pid, access};
 
 use crate::error::{Error, Result};
-use crate::spec::Limits;
 pub use crate::stale::owner_is_gone;
+
+/// Resource limits, each enforced by its cgroup controller.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Limits {
+    /// Memory limit in bytes (`memory` controller).
+    pub memory_bytes: Option<u64>,
+    /// Most processes and threads at once (`pids` controller).
+    pub pids: Option<u64>,
+    /// CPU bandwidth in CPUs, e.g. 1.5 (`cpu` controller).
+    pub cpus: Option<f64>,
+    /// The CPUs its processes may run on, in the kernel's list format (`cpuset`).
+    pub cpuset: Option<String>,
+    /// Disk throughput limits (`io` / `blkio` controller).
+    pub io_max: Option<io::IoMax>,
+    /// Share of disk time, 1 to 10000 (`io` / `blkio` controller).
+    pub io_weight: Option<u64>,
+}
 
 /// Default root of the cgroup mounts.
 pub const DEFAULT_ROOT: &str = "/sys/fs/cgroup";

@@ -2,9 +2,9 @@
 
 use std::path::Path;
 
+use super::Limits;
 use super::{Controller, GroupDir, write_checked};
 use crate::error::Result;
-use crate::spec::Limits;
 
 /// `pids.max`, the same file on v1 and v2; no limit leaves `max`.
 pub struct Pids;

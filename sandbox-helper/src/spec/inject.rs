@@ -19,8 +19,8 @@ use cowspace_egress::inject::ca::CaPem;
 use cowspace_egress::inject::{InjectConfig, Injection, SecretValue};
 use cowspace_egress::policy::{Host, Policy};
 
-use super::paths::refuse_overlap;
 use crate::error::{Error, Result};
+use crate::paths::refuse_overlap;
 
 /// Largest `--inject` file accepted.
 pub const MAX_INJECT_FILE_BYTES: u64 = 16 * 1024;

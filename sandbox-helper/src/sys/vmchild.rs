@@ -5,7 +5,7 @@
 use super::*;
 
 /// One step of making a VM process's minimal root, with its paths already under the
-/// stage (see [`crate::vm::jail`]).
+/// stage (see [`crate::jail`]).
 enum JailOp {
     Mkdir(CString),
     Proc(CString),
@@ -42,11 +42,11 @@ impl Jail {
     /// of the host; the mount is the child's alone, so one stage serves every child),
     /// pivot into it and, given `ids`, become that uid and gid.
     pub fn new(
-        plan: &crate::vm::jail::Plan,
+        plan: &crate::jail::Plan,
         stage: &Path,
         ids: Option<(u32, u32)>,
     ) -> io::Result<Jail> {
-        use crate::vm::jail::{Entry, staged};
+        use crate::jail::{Entry, staged};
         let at = |p: &Path| cpath(Path::new(&staged(stage, p)));
         let mut ops = Vec::new();
         for e in &plan.entries {
@@ -77,7 +77,7 @@ impl Jail {
         }
         Ok(Jail {
             stage: cpath(stage)?,
-            tmpfs_opts: CString::new(crate::vm::jail::ROOT_TMPFS_OPTS)
+            tmpfs_opts: CString::new(crate::jail::ROOT_TMPFS_OPTS)
                 .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?,
             ops,
             ids,

@@ -24,7 +24,9 @@
 
 pub mod agent;
 pub mod initramfs;
-pub mod jail;
+/// The minimal roots a VM's processes see: a leaf of the crate (`crate::jail`), so the
+/// code that carries them out (`crate::sys`) need not import the VM module.
+pub use crate::jail;
 mod keep;
 pub mod netmux;
 pub mod netrelay;

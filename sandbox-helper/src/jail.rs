@@ -4,7 +4,7 @@
 //!
 //! qemu gets a mount namespace of its own whose root is a small tmpfs holding only what
 //! it opens (found with `strace -f -e trace=%file` of the command line
-//! [`super::qemu::qemu_args`] builds): its libraries and firmware (`/usr` bound
+//! [`crate::vm::qemu::qemu_args`] builds): its libraries and firmware (`/usr` bound
 //! read-only, the host's `/lib*` and `/bin` links re-made as links, or bound read-only
 //! where they are directories), the guest kernel and initramfs (read-only files at
 //! [`KERNEL`] and [`INITRD`]), the device nodes it may open (`/dev/null`,
