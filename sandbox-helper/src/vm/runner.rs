@@ -195,47 +195,9 @@ pub fn boot(
             reason: prep.accel.reason.clone(),
         });
     }
-    let limits = Limits {
-        memory_bytes: Some(spec.host_memory_bytes()),
-        cpuset: spec.cpuset.clone(),
-        ..Limits::default()
-    };
-    let placements = cgroup::require(cgroup_root, &limits)?;
-    let group = cgroup::Group::create(&placements, &format!("vm-{}", spec.name), &limits)?;
-    let mut procs = Vec::new();
-    for d in group.dirs() {
-        let path = d.join("cgroup.procs");
-        procs.push(
-            fs::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .map_err(|source| Error::Cgroup {
-                    step: "open cgroup.procs",
-                    path: path.clone(),
-                    source,
-                })?,
-        );
-    }
-    let dir = runs_dir(state_dir).join(format!("{}.{}", spec.name, std::process::id()));
-    fs::create_dir_all(&dir).map_err(|source| Error::StateDir {
-        path: dir.clone(),
-        source,
-    })?;
-    let dir_guard = RunDirGuard(dir.clone());
-    // qemu runs as a host uid of its own, leased like a namespace sandbox's range (two
-    // VMs never share one, so neither can signal, trace or read the other), and owns
-    // its run directory alone: the sockets it creates and connects to, its console log.
-    let ids = crate::alloc::lease_ids(state_dir, &format!("vm-{}", spec.name))?;
+    let (group, procs) = vm_cgroup(spec, cgroup_root)?;
+    let (dir_guard, ids, files) = run_dir(spec, state_dir)?;
     let qemu_id = ids.base();
-    fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).map_err(
-        |source| Error::StateDir {
-            path: dir.clone(),
-            source,
-        },
-    )?;
-    give_qemu(&dir, qemu_id)?;
-    let files = RunFiles { dir };
-
     // Every VM process's minimal root is a tmpfs the child mounts here in a mount
     // namespace of its own (so one stage serves them all).
     let stage = files.dir.join("root");
@@ -243,163 +205,13 @@ pub fn boot(
         path: stage.clone(),
         source,
     })?;
-    // virtiofsd, pid 1 of a pid namespace of its own, in a root holding only its
-    // program, libraries, run directory and the directory it serves (attached at
-    // `/share`): from its exec on it sees nothing else of the host. Its own sandbox
-    // (`--sandbox=namespace`) then unshares mount, pid and network namespaces and forks
-    // the server, whose pivot_root into `/share` moves both processes' roots.
-    let fsd_plan =
-        jail::plan_virtiofsd(Path::new("/"), &prep.virtiofsd, &files.dir).map_err(|e| {
-            Error::Setup {
-                step: format!("vm: plan virtiofsd's root: {} {}", e.what, e.path.display()),
-                source: e.source,
-            }
-        })?;
-    let fsd_jail = || {
-        sys::Jail::new(&fsd_plan, &stage, None).map_err(|source| Error::Setup {
-            step: "vm: prepare virtiofsd's root".into(),
-            source,
-        })
-    };
-    let share_at = Path::new(jail::SHARE_DIR);
-    let jailed_files = RunFiles {
-        dir: jail::RUN_DIR.into(),
-    };
-    // The workspace, opened where it is now (its path resolved once, then no link
-    // followed), attached in virtiofsd's root.
-    let workspace = fs::canonicalize(&spec.dir)
-        .and_then(|d| sys::open_tree_clone(&d))
-        .map_err(|source| Error::DetachedMount {
-            path: spec.dir.clone(),
-            source,
-        })?;
-    let mut fsd = spawn(
-        &prep.virtiofsd,
-        &qemu::virtiofsd_args(&jailed_files, share_at),
-        &files.dir.join("virtiofsd.log"),
-        &procs,
-        "virtiofsd",
-        Confine {
-            attach: Some((std::os::fd::AsFd::as_fd(&workspace), share_at)),
-            jail: Some(fsd_jail()?),
-            pid_ns: true,
-            ..Confine::default()
-        },
-    )?;
-    drop(workspace);
-    wait_for(
-        &files.fs_sock(),
-        &mut fsd,
-        VIRTIOFSD_START_MS,
-        &files,
-        "virtiofsd",
-    )?;
-    give_qemu(&files.fs_sock(), qemu_id)?;
-    // One read-only virtiofsd per --ro-bind: the source, opened without following a
-    // symlink, attached (read-only) in a mount namespace of that virtiofsd's own.
-    let mut ro_fsds = Vec::new();
-    for (i, b) in spec.ro_binds.iter().enumerate() {
-        let tree = sys::open_tree_clone(&b.source).map_err(|source| Error::DetachedMount {
-            path: b.source.clone(),
-            source,
-        })?;
-        sys::mount_setattr(
-            std::os::fd::AsFd::as_fd(&tree),
-            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
-            None,
-        )
-        .map_err(|source| Error::DetachedMount {
-            path: b.source.clone(),
-            source,
-        })?;
-        let mut d = spawn(
-            &prep.virtiofsd,
-            &qemu::ro_virtiofsd_args(&jailed_files, i, share_at),
-            &files.dir.join(format!("virtiofsd-ro{i}.log")),
-            &procs,
-            "virtiofsd",
-            Confine {
-                attach: Some((std::os::fd::AsFd::as_fd(&tree), share_at)),
-                jail: Some(fsd_jail()?),
-                pid_ns: true,
-                ..Confine::default()
-            },
-        )?;
-        drop(tree);
-        wait_for(
-            &files.ro_sock(i),
-            &mut d,
-            VIRTIOFSD_START_MS,
-            &files,
-            "virtiofsd",
-        )?;
-        give_qemu(&files.ro_sock(i), qemu_id)?;
-        ro_fsds.push(d);
-    }
+    let (fsd, ro_fsds) = start_virtiofsds(spec, prep, &files, &stage, &procs, qemu_id)?;
     // qemu binds the published ports itself, on the host's 127.0.0.1: their listeners
     // go now (the port locks stay held, so no other sandbox is given them).
     let ports: Vec<_> = leases.into_iter().map(|l| l.into_held()).collect();
     let net = guest_net(spec, &ports);
-    // qemu's minimal root: the paths on its command line are that root's.
-    let plan = jail::plan(
-        Path::new("/"),
-        &jail::Needs {
-            qemu: &prep.qemu,
-            kernel: &prep.kernel.image,
-            initrd: &prep.initrd.0,
-            run_dir: &files.dir,
-            kvm: prep.accel.accel == super::probe::Accel::Kvm,
-        },
-    )
-    .map_err(|e| Error::Setup {
-        step: format!("vm: plan qemu's root: {} {}", e.what, e.path.display()),
-        source: e.source,
-    })?;
-    let qemu_jail =
-        sys::Jail::new(&plan, &stage, Some((qemu_id, qemu_id))).map_err(|source| Error::Setup {
-            step: "vm: prepare qemu's root".into(),
-            source,
-        })?;
-    let machine = Machine {
-        accel: prep.accel.accel,
-        memory_mib: spec.memory_mib,
-        cpus: spec.cpus,
-        kernel: Path::new(jail::KERNEL),
-        initrd: Path::new(jail::INITRD),
-        net: net.clone(),
-        ro_binds: spec.ro_binds.len(),
-        tsc_khz: super::probe::host_tsc_khz(),
-        pids: spec.pids,
-        label: &files.dir,
-    };
-    let unshare = match net {
-        // No network at all (the guest has none), no host System V IPC, a host name of
-        // its own; its sockets are paths, which work across network namespaces.
-        GuestNet::None | GuestNet::Loopback => {
-            libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS
-        }
-        // The forwarded ports are the host's: qemu stays in its network namespace, and
-        // `restrict=on` keeps the guest from reaching out through it.
-        GuestNet::Published(_) => libc::CLONE_NEWIPC | libc::CLONE_NEWUTS,
-    };
     let started = Instant::now();
-    let mut vm = spawn(
-        &prep.qemu,
-        &qemu::qemu_args(&machine, &jailed_files),
-        &files.dir.join("qemu.log"),
-        &procs,
-        "qemu",
-        Confine {
-            unshare,
-            attach: None,
-            // qemu sees nothing of the host but its libraries, firmware, the guest's
-            // kernel and initramfs (read-only) and its run directory, as an
-            // unprivileged uid without capabilities, pid 1 of a pid namespace of its
-            // own (no other process to see or signal).
-            jail: Some(qemu_jail),
-            pid_ns: true,
-        },
-    )?;
+    let mut vm = start_qemu(spec, prep, &files, &stage, &procs, qemu_id, net)?;
     drop(procs);
     on_qemu(vm.0.id() as i32);
     wait_for(&files.agent(), &mut vm, QEMU_START_MS, &files, "qemu")?;
@@ -454,6 +266,241 @@ pub fn boot(
         ports,
         egress,
     })
+}
+
+/// The VM's cgroup (its memory and CPUs), and its `cgroup.procs` files, which every
+/// process the VM starts joins.
+fn vm_cgroup(spec: &VmSpec, cgroup_root: &Path) -> Result<(cgroup::Group, Vec<fs::File>)> {
+    let limits = Limits {
+        memory_bytes: Some(spec.host_memory_bytes()),
+        cpuset: spec.cpuset.clone(),
+        ..Limits::default()
+    };
+    let placements = cgroup::require(cgroup_root, &limits)?;
+    let group = cgroup::Group::create(&placements, &format!("vm-{}", spec.name), &limits)?;
+    let mut procs = Vec::new();
+    for d in group.dirs() {
+        let path = d.join("cgroup.procs");
+        procs.push(
+            fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(|source| Error::Cgroup {
+                    step: "open cgroup.procs",
+                    path: path.clone(),
+                    source,
+                })?,
+        );
+    }
+    Ok((group, procs))
+}
+
+/// The VM's run directory, owned by the uid leased for its qemu: the sockets qemu
+/// creates and connects to, its console log.
+fn run_dir(
+    spec: &VmSpec,
+    state_dir: &Path,
+) -> Result<(RunDirGuard, crate::alloc::IdLease, RunFiles)> {
+    let dir = runs_dir(state_dir).join(format!("{}.{}", spec.name, std::process::id()));
+    fs::create_dir_all(&dir).map_err(|source| Error::StateDir {
+        path: dir.clone(),
+        source,
+    })?;
+    let dir_guard = RunDirGuard(dir.clone());
+    // qemu runs as a host uid of its own, leased like a namespace sandbox's range (two
+    // VMs never share one, so neither can signal, trace or read the other), and owns
+    // its run directory alone: the sockets it creates and connects to, its console log.
+    let ids = crate::alloc::lease_ids(state_dir, &format!("vm-{}", spec.name))?;
+    let qemu_id = ids.base();
+    fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700)).map_err(
+        |source| Error::StateDir {
+            path: dir.clone(),
+            source,
+        },
+    )?;
+    give_qemu(&dir, qemu_id)?;
+    Ok((dir_guard, ids, RunFiles { dir }))
+}
+
+/// The virtiofsd of the workspace and one per `--ro-bind`, each confined to a minimal
+/// root holding what it serves, their sockets given to qemu's uid.
+fn start_virtiofsds(
+    spec: &VmSpec,
+    prep: &Prepared,
+    files: &RunFiles,
+    stage: &Path,
+    procs: &[fs::File],
+    qemu_id: u32,
+) -> Result<(Reaped, Vec<Reaped>)> {
+    // virtiofsd, pid 1 of a pid namespace of its own, in a root holding only its
+    // program, libraries, run directory and the directory it serves (attached at
+    // `/share`): from its exec on it sees nothing else of the host. Its own sandbox
+    // (`--sandbox=namespace`) then unshares mount, pid and network namespaces and forks
+    // the server, whose pivot_root into `/share` moves both processes' roots.
+    let fsd_plan =
+        jail::plan_virtiofsd(Path::new("/"), &prep.virtiofsd, &files.dir).map_err(|e| {
+            Error::Setup {
+                step: format!("vm: plan virtiofsd's root: {} {}", e.what, e.path.display()),
+                source: e.source,
+            }
+        })?;
+    let fsd_jail = || {
+        sys::Jail::new(&fsd_plan, stage, None).map_err(|source| Error::Setup {
+            step: "vm: prepare virtiofsd's root".into(),
+            source,
+        })
+    };
+    let share_at = Path::new(jail::SHARE_DIR);
+    let jailed_files = RunFiles {
+        dir: jail::RUN_DIR.into(),
+    };
+    // The workspace, opened where it is now (its path resolved once, then no link
+    // followed), attached in virtiofsd's root.
+    let workspace = fs::canonicalize(&spec.dir)
+        .and_then(|d| sys::open_tree_clone(&d))
+        .map_err(|source| Error::DetachedMount {
+            path: spec.dir.clone(),
+            source,
+        })?;
+    let mut fsd = spawn(
+        &prep.virtiofsd,
+        &qemu::virtiofsd_args(&jailed_files, share_at),
+        &files.dir.join("virtiofsd.log"),
+        procs,
+        "virtiofsd",
+        Confine {
+            attach: Some((std::os::fd::AsFd::as_fd(&workspace), share_at)),
+            jail: Some(fsd_jail()?),
+            pid_ns: true,
+            ..Confine::default()
+        },
+    )?;
+    drop(workspace);
+    wait_for(
+        &files.fs_sock(),
+        &mut fsd,
+        VIRTIOFSD_START_MS,
+        files,
+        "virtiofsd",
+    )?;
+    give_qemu(&files.fs_sock(), qemu_id)?;
+    // One read-only virtiofsd per --ro-bind: the source, opened without following a
+    // symlink, attached (read-only) in a mount namespace of that virtiofsd's own.
+    let mut ro_fsds = Vec::new();
+    for (i, b) in spec.ro_binds.iter().enumerate() {
+        let tree = sys::open_tree_clone(&b.source).map_err(|source| Error::DetachedMount {
+            path: b.source.clone(),
+            source,
+        })?;
+        sys::mount_setattr(
+            std::os::fd::AsFd::as_fd(&tree),
+            sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+            None,
+        )
+        .map_err(|source| Error::DetachedMount {
+            path: b.source.clone(),
+            source,
+        })?;
+        let mut d = spawn(
+            &prep.virtiofsd,
+            &qemu::ro_virtiofsd_args(&jailed_files, i, share_at),
+            &files.dir.join(format!("virtiofsd-ro{i}.log")),
+            procs,
+            "virtiofsd",
+            Confine {
+                attach: Some((std::os::fd::AsFd::as_fd(&tree), share_at)),
+                jail: Some(fsd_jail()?),
+                pid_ns: true,
+                ..Confine::default()
+            },
+        )?;
+        drop(tree);
+        wait_for(
+            &files.ro_sock(i),
+            &mut d,
+            VIRTIOFSD_START_MS,
+            files,
+            "virtiofsd",
+        )?;
+        give_qemu(&files.ro_sock(i), qemu_id)?;
+        ro_fsds.push(d);
+    }
+    Ok((fsd, ro_fsds))
+}
+
+/// qemu, confined to its minimal root as the leased uid, in namespaces of its own.
+fn start_qemu(
+    spec: &VmSpec,
+    prep: &Prepared,
+    files: &RunFiles,
+    stage: &Path,
+    procs: &[fs::File],
+    qemu_id: u32,
+    net: GuestNet,
+) -> Result<Reaped> {
+    // The paths of the run directory as qemu's root shows it.
+    let jailed_files = RunFiles {
+        dir: jail::RUN_DIR.into(),
+    };
+    // qemu's minimal root: the paths on its command line are that root's.
+    let plan = jail::plan(
+        Path::new("/"),
+        &jail::Needs {
+            qemu: &prep.qemu,
+            kernel: &prep.kernel.image,
+            initrd: &prep.initrd.0,
+            run_dir: &files.dir,
+            kvm: prep.accel.accel == super::probe::Accel::Kvm,
+        },
+    )
+    .map_err(|e| Error::Setup {
+        step: format!("vm: plan qemu's root: {} {}", e.what, e.path.display()),
+        source: e.source,
+    })?;
+    let qemu_jail =
+        sys::Jail::new(&plan, stage, Some((qemu_id, qemu_id))).map_err(|source| Error::Setup {
+            step: "vm: prepare qemu's root".into(),
+            source,
+        })?;
+    let machine = Machine {
+        accel: prep.accel.accel,
+        memory_mib: spec.memory_mib,
+        cpus: spec.cpus,
+        kernel: Path::new(jail::KERNEL),
+        initrd: Path::new(jail::INITRD),
+        net: net.clone(),
+        ro_binds: spec.ro_binds.len(),
+        tsc_khz: super::probe::host_tsc_khz(),
+        pids: spec.pids,
+        label: &files.dir,
+    };
+    let unshare = match net {
+        // No network at all (the guest has none), no host System V IPC, a host name of
+        // its own; its sockets are paths, which work across network namespaces.
+        GuestNet::None | GuestNet::Loopback => {
+            libc::CLONE_NEWNET | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS
+        }
+        // The forwarded ports are the host's: qemu stays in its network namespace, and
+        // `restrict=on` keeps the guest from reaching out through it.
+        GuestNet::Published(_) => libc::CLONE_NEWIPC | libc::CLONE_NEWUTS,
+    };
+    spawn(
+        &prep.qemu,
+        &qemu::qemu_args(&machine, &jailed_files),
+        &files.dir.join("qemu.log"),
+        procs,
+        "qemu",
+        Confine {
+            unshare,
+            attach: None,
+            // qemu sees nothing of the host but its libraries, firmware, the guest's
+            // kernel and initramfs (read-only) and its run directory, as an
+            // unprivileged uid without capabilities, pid 1 of a pid namespace of its
+            // own (no other process to see or signal).
+            jail: Some(qemu_jail),
+            pid_ns: true,
+        },
+    )
 }
 
 /// The egress proxy of a `--net egress` VM, listening in a network namespace of its
