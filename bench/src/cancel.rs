@@ -2,7 +2,11 @@
 //!
 //! The first SIGINT/SIGTERM only sets a flag: the run notices it between steps
 //! ([`check`]), returns an error, and every guard on the way out removes what it
-//! made (mounts first, then directories). A second signal ends the process at once.
+//! made (mounts first, then directories). A second SIGINT ends the process at once (a
+//! second Ctrl-C); SIGTERM never does: `timeout` and other supervisors deliver it twice
+//! at once (to the process, then to its process group), and an exit at the second one
+//! would leave the run's mounts, daemons and sandboxes behind (SIGKILL is the way to
+//! end a run without its cleanup).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,10 +20,14 @@ static INTERRUPTED: OnceLock<Arc<AtomicBool>> = OnceLock::new();
 /// Installs the handlers (idempotent). Safe to call in tests.
 pub fn install() -> Result<()> {
     let flag = INTERRUPTED.get_or_init(|| Arc::new(AtomicBool::new(false)));
+    // A second SIGINT while the flag is already set terminates immediately.
+    signal_hook::flag::register_conditional_shutdown(
+        signal_hook::consts::SIGINT,
+        130,
+        Arc::clone(flag),
+    )
+    .context("registering the signal handler (conditional shutdown)")?;
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // A second signal while the flag is already set terminates immediately.
-        signal_hook::flag::register_conditional_shutdown(sig, 130, Arc::clone(flag))
-            .context("registering the signal handler (conditional shutdown)")?;
         signal_hook::flag::register(sig, Arc::clone(flag))
             .context("registering the signal handler (flag)")?;
     }

@@ -145,8 +145,9 @@ fn main() -> ExitCode {
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) if e.is::<cancel::Interrupted>() => {
-            eprintln!("bench: {e}");
+        // A step whose command the signal ended fails with that command's error.
+        Err(e) if e.is::<cancel::Interrupted>() || cancel::interrupted() => {
+            eprintln!("bench: {}", cancel::Interrupted);
             ExitCode::from(130)
         }
         Err(e) => {
@@ -323,6 +324,8 @@ fn run(a: RunArgs) -> Result<()> {
         // Sections hold daemons and mounts; they go before the scratch directory.
         drop(sections);
         outcome?;
+        // A signal a section took for a failed step writes no report.
+        cancel::check()?;
         scratch.remove()?;
     }
 

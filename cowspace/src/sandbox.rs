@@ -519,7 +519,15 @@ impl Runtime {
             self.resume_host_mount(&rec.id)?;
         }
         drop(claim);
+        let image_snapshot = image.as_ref().map(|i| i.snapshot.to_hex());
+        // Its locks go first: the release takes the image's mount lock exclusively.
         drop(image);
+        // The command's status is the answer: a failed release leaves the mount to `sweep`.
+        if let Some(s) = image_snapshot
+            && let Err(e) = self.release_image(&s)
+        {
+            tracing::warn!(image = %s, "releasing the image's mount after the run: {e}");
+        }
         Ok(match (status.code(), status.signal()) {
             (Some(c), _) => c as u8,
             (None, Some(sig)) => 128u8.saturating_add(sig as u8),

@@ -14,8 +14,9 @@
 //! cannot be resolved is refused (7) naming it.
 //!
 //! While a long-lived sandbox runs, its record names the image (`image.snapshot`): gc
-//! keeps that image's lower and blobs, and the metadata mount is unmounted only when
-//! no live workspace or sandbox uses it. A one-shot run holds the native lower's locks
+//! keeps that image's lower and blobs. The metadata mount stays while a ref names the
+//! image, and goes once none does and no live workspace or sandbox uses it
+//! ([`crate::image::held`]). A one-shot run holds the native lower's locks
 //! (the checkouts' lock shared) for its whole run instead.
 
 use std::path::PathBuf;
@@ -167,13 +168,14 @@ fn snapshot_text(
 
 /// The controls the helper gets for an image: no name (the helper takes the mounted
 /// lower), the image's `Env` under the others, and with `--image-workdir` the image's
-/// `WorkingDir` as `--workdir`.
+/// `WorkingDir` as `--workdir`. A name the runtime did not resolve (a VM's) goes on, for
+/// the helper to refuse: it is never dropped.
 pub(crate) fn controls_for(
     mut c: crate::sandbox::SandboxOptions,
     image: Option<&SandboxImage>,
 ) -> crate::sandbox::SandboxOptions {
-    c.image = None;
     if let Some(i) = image {
+        c.image = None;
         c.env = i.env.iter().cloned().chain(c.env).collect();
         if c.image_workdir {
             c.workdir = i.working_dir.clone();
@@ -290,7 +292,8 @@ impl Runtime {
     }
 
     /// After a sandbox on image `snapshot` (hex) ended: its metadata mount goes once no
-    /// live workspace or sandbox uses it.
+    /// live workspace or sandbox uses it and no ref names the image
+    /// (`crate::image::held`).
     pub(crate) fn release_image(&self, snapshot: &str) -> Result<()> {
         let Ok(id) = snapshot.parse::<SnapshotId>() else {
             return Ok(());
@@ -301,7 +304,9 @@ impl Runtime {
             let workspaces = self
                 .reg()
                 .live_using(snapshot, crate::materializer::LowerKind::Native)?;
-            Ok(workspaces > 0 || self.images_in_use()?.contains(snapshot))
+            Ok(workspaces > 0
+                || self.images_in_use()?.contains(snapshot)
+                || self.image_named(snapshot)?)
         })
     }
 }

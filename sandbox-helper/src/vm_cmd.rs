@@ -40,8 +40,11 @@ fn vm_spec(args: VmRunArgs) -> Result<sandbox_helper::vm::VmSpec, Error> {
     if r.image_meta.is_some() || controls.image.is_some() {
         return Err(Error::Unsupported {
             control: "image root",
-            reason: "a VM sandbox's root filesystem from an image is not built yet: start \
-                     a namespace sandbox (without --vm) with --image"
+            reason: "a VM guest boots from the helper's own initramfs (busybox and the agent) \
+                     and sees only the workspace and the --ro-bind directories through \
+                     virtio-fs; sharing an image's tree into the guest as its root is not built \
+                     yet. Drop --vm to run on the image in a namespace sandbox, or drop --image \
+                     to run the VM on its own root"
                 .into(),
         });
     }

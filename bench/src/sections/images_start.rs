@@ -515,6 +515,8 @@ pub fn prepare(
     }
     let f = match fixture(ctx, mc) {
         Ok(f) => Arc::new(f),
+        // A step the signal cut short is no reason to skip: the run ends, cleaned up.
+        Err(e) if crate::cancel::interrupted() => return Err(e),
         Err(e) => {
             skip(format!("making the fixture failed: {e:#}"), &mut out);
             return Ok((out, None));

@@ -3,6 +3,7 @@
 //! source records the image (digest, manifest, config); a ref names it. `list`, `show`
 //! and `remove` work on the refs that name images.
 
+mod held;
 pub mod registry;
 
 use std::path::Path;

@@ -139,7 +139,9 @@ impl Runtime {
         crate::native::release(&rec.lower, || {
             let workspaces = self.reg().live_using(&rec.snapshot, LowerKind::Native)?;
             // Or a running sandbox's root (`crate::sandbox_image`).
-            Ok(workspaces > 0 || self.images_in_use()?.contains(&rec.snapshot))
+            Ok(workspaces > 0
+                || self.images_in_use()?.contains(&rec.snapshot)
+                || self.image_named(&rec.snapshot)?)
         })
     }
 
@@ -327,6 +329,12 @@ impl Runtime {
         // The snapshot views of a daemon that is gone (killed).
         for v in crate::daemon::detach_dead_views(&self.store.layout().root) {
             report.leftovers_removed.push(v.display().to_string());
+        }
+        // Metadata mounts of images no ref names any more (`crate::image::held`).
+        for s in self.release_unheld_images()? {
+            report
+                .leftovers_removed
+                .push(format!("image {s} (metadata mount)"));
         }
         Ok(report)
     }

@@ -48,6 +48,8 @@ impl Runtime {
         let mut used = self.snapshots_on(LowerKind::Native)?;
         // Images that running sandboxes have as their root (`crate::sandbox_image`).
         used.extend(self.images_in_use()?);
+        // Images a ref names keep their lower and its mount (`crate::image::held`).
+        used.extend(self.images_named()?);
         crate::native::prune(&self.store, &used)
     }
 

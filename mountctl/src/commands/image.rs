@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use cowspace::image::{ImageRequest, list, remove, show};
+use cowspace::image::{ImageRequest, list, show};
 use cowspace_store::image::ImageReport;
 
 use crate::cli::{ImageCommand, ImageFlags};
@@ -85,7 +85,7 @@ pub fn run(ctx: &Ctx, c: ImageCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         ImageCommand::Remove { name } => {
-            let id = remove(&ctx.root, &name)?;
+            let id = ctx.runtime()?.image_remove(&name)?;
             ctx.emit(
                 serde_json::json!({"removed": name, "snapshot": id}),
                 || {

@@ -7,6 +7,7 @@ mod files;
 mod fork;
 mod fork_fulltree;
 mod image_distro;
+mod image_mounts;
 mod image_sandbox;
 mod image_workdir;
 mod images;
