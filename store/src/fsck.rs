@@ -23,6 +23,38 @@ pub struct Problem {
     pub why: String,
 }
 
+/// Paths listed per damaged object and snapshot (a chunk shared by many files).
+pub const MAX_PATHS_LISTED: usize = 100;
+
+/// One damaged object and what needs it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Damage {
+    /// `chunk`, `manifest`, `tree`, `snapshot`, `content` (a manifest whose chunks do
+    /// not make its content), `index row`; `missing chunk` etc. for an object named but
+    /// not stored.
+    pub what: String,
+    pub id: String,
+    pub why: String,
+    pub needed_by: Vec<Need>,
+    /// What brings it back.
+    pub repair: String,
+}
+
+/// A snapshot that needs a damaged object, where.
+#[derive(Debug, Clone, Serialize)]
+pub struct Need {
+    pub snapshot: SnapshotId,
+    /// Refs naming this snapshot.
+    pub refs: Vec<String>,
+    /// Holders (workspaces) pinning it.
+    pub pinned_by: Vec<String>,
+    /// Root-relative paths that need the object (`.` for the root directory); empty
+    /// when the snapshot object itself is damaged. At most [`MAX_PATHS_LISTED`].
+    pub paths: Vec<String>,
+    /// Whether more paths need it than are listed.
+    pub more_paths: bool,
+}
+
 /// What fsck found.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct FsckReport {
@@ -40,7 +72,7 @@ pub struct FsckReport {
     pub orphan_packs: Vec<String>,
     /// Where each corrupt or missing object is needed (snapshots, refs, paths) and how
     /// it comes back.
-    pub damage: Vec<crate::repair::Damage>,
+    pub damage: Vec<Damage>,
     /// Objects quarantined by a repair and not yet rewritten by an import.
     pub suspects: Vec<String>,
 }

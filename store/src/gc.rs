@@ -25,7 +25,7 @@ use crate::tree::Target;
 /// Unreferenced snapshots younger than this survive gc (a runtime may be about to pin
 /// or name a snapshot it just imported).
 pub const DEFAULT_GC_GRACE_SECS: i64 = 3600;
-pub use crate::repack::REPACK_LIVE_FRACTION;
+pub use crate::repack::{PackGone, REPACK_LIVE_FRACTION};
 
 /// How to collect.
 #[derive(Debug, Clone, Copy)]
@@ -63,20 +63,6 @@ pub struct SnapshotGone {
     pub created_at: i64,
     pub source: crate::snapshot::Source,
     pub message: String,
-    pub why: String,
-}
-
-/// A pack gc removes or rewrites (or would), and why.
-#[derive(Debug, Clone, Serialize)]
-pub struct PackGone {
-    pub pack: String,
-    /// `remove` (no live object), `rewrite` (its live objects copied to a new pack) or
-    /// `remove_orphan` (no committed transaction names it).
-    pub action: &'static str,
-    /// Bytes of the pack file (committed bytes for a committed pack).
-    pub size: u64,
-    /// Stored bytes of its objects that stay live (moved when it is rewritten).
-    pub live_bytes: u64,
     pub why: String,
 }
 

@@ -32,6 +32,8 @@ pub mod error;
 pub mod export;
 pub mod fsck;
 pub mod gc;
+mod gitloose;
+mod gitpack;
 mod group;
 pub mod id;
 pub mod image;

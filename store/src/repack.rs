@@ -22,7 +22,6 @@ use serde::Serialize;
 
 use crate::codec::{self, Manifest};
 use crate::error::{Error, Result};
-use crate::gc::PackGone;
 use crate::group::Grouper;
 use crate::id::ContentId;
 use crate::index::ObjectKind;
@@ -31,6 +30,20 @@ use crate::pack::{Codec, PackId};
 use crate::snapshot::now_secs;
 use crate::store::{Store, committed_packs, verify};
 use crate::writer::{NewObject, PackWriter, Pending};
+
+/// A pack gc removes or rewrites (or would), and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct PackGone {
+    pub pack: String,
+    /// `remove` (no live object), `rewrite` (its live objects copied to a new pack) or
+    /// `remove_orphan` (no committed transaction names it).
+    pub action: &'static str,
+    /// Bytes of the pack file (committed bytes for a committed pack).
+    pub size: u64,
+    /// Stored bytes of its objects that stay live (moved when it is rewritten).
+    pub live_bytes: u64,
+    pub why: String,
+}
 
 /// A pack smaller than this is merged with the other small ones.
 pub const SMALL_PACK_BYTES: u64 = 16 * 1024 * 1024;

@@ -6,8 +6,8 @@ pub mod exclude;
 pub mod git;
 pub mod gitdir;
 pub mod gitindex;
-pub(crate) mod gitloose;
-pub(crate) mod gitpack;
+// Git's object readers are the crate's leaves (the ingest workers read with them too).
+pub(crate) use crate::{gitloose, gitpack};
 mod gitplan;
 mod prefetch;
 mod refresh;

@@ -96,11 +96,11 @@ pub(crate) struct FileJob {
     /// Also read its recorded extended attributes (from the open file).
     pub xattrs: bool,
     /// The file is a git loose object: what is stored is the blob it holds, inflated
-    /// here (see [`crate::import::gitloose`]).
+    /// here (see [`crate::gitloose`]).
     pub git_loose: bool,
     /// Not a file: a git blob read from its repository's object database here (see
-    /// [`crate::import::gitpack`]); `path` names it in errors.
-    pub git_object: Option<crate::import::gitpack::Wanted>,
+    /// [`crate::gitpack`]); `path` names it in errors.
+    pub git_object: Option<crate::gitpack::Wanted>,
 }
 
 type FileResult = (usize, Result<(FileContent, Xattrs)>);

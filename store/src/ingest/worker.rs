@@ -36,7 +36,7 @@ pub(super) struct Ctx {
     /// The claimed chunks of the large file being read, not yet handed on.
     run: Grouper,
     /// This worker's handle on a git object database.
-    git: crate::import::gitpack::Reader,
+    git: crate::gitpack::Reader,
     claimed: Claimed,
     suspects: Suspects,
     /// Where chunks of large files are offered to the other workers.
@@ -350,15 +350,13 @@ impl Ctx {
     /// Stores the blob a git loose object holds; its length and zlib checksum are
     /// checked before the content is reported.
     fn store_git_loose(&mut self, file: File, path: &PathBuf) -> Result<FileContent> {
-        let mut blob = crate::import::gitloose::Blob::open(file, path)?;
+        let mut blob = crate::gitloose::Blob::open(file, path)?;
         let size = blob.size();
         let content = self
             .store_read(&mut blob, size, path)
             .map_err(|e| match e {
                 // (A stream that fails to inflate is a corrupt object, as git says.)
-                Error::Io { source, .. } => {
-                    crate::import::gitloose::corrupt(path, source.to_string())
-                }
+                Error::Io { source, .. } => crate::gitloose::corrupt(path, source.to_string()),
                 e => e,
             })?;
         blob.finish(content.size)?;
