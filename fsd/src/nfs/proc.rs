@@ -247,33 +247,20 @@ impl<F: FileSystem> Nfs<F> {
                 });
                 let after = |d: Option<u64>| wcc(d.and_then(|d| self.attr(ctx, d)));
                 let dir_ino = self.ino(&a.object.dir).ok();
-                if dir {
-                    let res: RMDIR3res = match r {
-                        Ok(d) => Nfs3Result::Ok(RMDIR3resok {
-                            dir_wcc: after(Some(d)),
-                        }),
-                        Err(s) => Nfs3Result::Err((
-                            s,
-                            RMDIR3resfail {
-                                dir_wcc: after(dir_ino),
-                            },
-                        )),
-                    };
-                    put(out, &res)
-                } else {
-                    let res: REMOVE3res = match r {
-                        Ok(d) => Nfs3Result::Ok(REMOVE3resok {
-                            dir_wcc: after(Some(d)),
-                        }),
-                        Err(s) => Nfs3Result::Err((
-                            s,
-                            REMOVE3resfail {
-                                dir_wcc: after(dir_ino),
-                            },
-                        )),
-                    };
-                    put(out, &res)
-                }
+                // RMDIR's results are REMOVE's, byte for byte: a status and the
+                // directory's wcc_data.
+                let res: REMOVE3res = match r {
+                    Ok(d) => Nfs3Result::Ok(REMOVE3resok {
+                        dir_wcc: after(Some(d)),
+                    }),
+                    Err(s) => Nfs3Result::Err((
+                        s,
+                        REMOVE3resfail {
+                            dir_wcc: after(dir_ino),
+                        },
+                    )),
+                };
+                put(out, &res)
             }
             14 => put(out, &self.rename(who, ctx, args(cur)?)),
             15 => put(out, &self.link(who, ctx, args(cur)?)),
