@@ -90,7 +90,8 @@ pub fn ensure_checkout(store: &Store, snapshot: &SnapshotId) -> Result<PathBuf> 
     let snap = store.snapshot(snapshot)?;
     let built = (|| {
         fs::create_dir(&tmp).map_err(Error::io("create directory", &tmp))?;
-        build(store, &snap.root, &tmp, &tmp, &mut HashSet::new())?;
+        let mut made = Made::default();
+        build(store, &snap.root, &tmp, &tmp, &mut made)?;
         cowspace_store::export::set_xattrs(&tmp, &snap.root_xattrs)?;
         fs::set_permissions(&tmp, fs::Permissions::from_mode(snap.root_mode))
             .map_err(Error::io("chmod", &tmp))
@@ -113,20 +114,22 @@ pub fn ensure_checkout(store: &Store, snapshot: &SnapshotId) -> Result<PathBuf> 
     }
 }
 
-/// `linked`: the blob variants already linked into this checkout.
-fn build(
-    store: &Store,
-    tree: &TreeId,
-    dir: &Path,
-    top: &Path,
-    linked: &mut HashSet<PathBuf>,
-) -> Result<()> {
+/// What [`build`] made so far.
+#[derive(Default)]
+struct Made {
+    /// The blob variants already linked into this checkout.
+    linked: HashSet<PathBuf>,
+    /// The first name made of each multiply-linked symlink, by its link group.
+    symlinks: std::collections::HashMap<[u8; 32], PathBuf>,
+}
+
+fn build(store: &Store, tree: &TreeId, dir: &Path, top: &Path, made: &mut Made) -> Result<()> {
     for e in store.tree(tree)?.entries {
         let path = dir.join(std::ffi::OsStr::from_bytes(&e.name));
         match e.target() {
             Target::Dir(sub) => {
                 fs::create_dir(&path).map_err(Error::io("create directory", &path))?;
-                build(store, &sub, &path, top, linked)?;
+                build(store, &sub, &path, top, made)?;
                 cowspace_store::export::set_xattrs(&path, &e.xattrs)?;
                 fs::set_permissions(&path, fs::Permissions::from_mode(e.mode))
                     .map_err(Error::io("chmod", &path))?;
@@ -137,7 +140,7 @@ fn build(
                     // Its xattrs are its own, not its blob's (the module's doc).
                     fs::copy(&blob, &path).map_err(Error::io("copy blob", &path))?;
                     cowspace_store::export::set_xattrs(&path, &e.xattrs)?;
-                } else if linked.insert(blob.clone()) {
+                } else if made.linked.insert(blob.clone()) {
                     fs::hard_link(&blob, &path).map_err(Error::io("link blob", &path))?;
                 } else {
                     // Same bytes as an earlier, distinct file: its own inode (the copy
@@ -149,10 +152,19 @@ fn build(
                 let primary = top.join(std::ffi::OsStr::from_bytes(&e.data));
                 fs::hard_link(&primary, &path).map_err(Error::io("hard link", &path))?;
             }
-            Target::Symlink => {
-                std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&e.data), &path)
-                    .map_err(Error::io("create symlink", &path))?;
-            }
+            Target::Symlink => match e.link_group().and_then(|g| made.symlinks.get(&g)) {
+                // A further name of a symlink: a link of the symlink itself.
+                Some(first) => {
+                    fs::hard_link(first, &path).map_err(Error::io("hard link", &path))?
+                }
+                None => {
+                    std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&e.data), &path)
+                        .map_err(Error::io("create symlink", &path))?;
+                    if let Some(g) = e.link_group() {
+                        made.symlinks.insert(g, path.clone());
+                    }
+                }
+            },
             Target::Fifo | Target::CharDevice | Target::BlockDevice => {
                 cowspace_store::export::create_special(&path, &e)?
             }

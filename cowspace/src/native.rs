@@ -417,6 +417,7 @@ fn build(store: &Store, snapshot: &SnapshotId, top: &Path) -> Result<()> {
             store,
             leaves: Vec::new(),
             primaries: HashMap::new(),
+            symlinks: HashMap::new(),
             blobs: Vec::new(),
             blob_ids: HashSet::new(),
         };
@@ -473,6 +474,8 @@ struct Builder<'a> {
     leaves: Vec<Leaf<RegularFile<BlobRef>>>,
     /// Leaf of each regular file (by path), for hard links naming it.
     primaries: HashMap<Vec<u8>, LeafId>,
+    /// Leaf of each symlink with several names, by its link group key.
+    symlinks: HashMap<[u8; 32], LeafId>,
     /// Content id → size of every blob the image redirects to.
     /// The blobs the image redirects to, in the tree's order (the store keeps a
     /// directory's small files together, so writing them in this order decompresses
@@ -519,12 +522,25 @@ impl Builder<'_> {
                         Inode::leaf(id)
                     }
                 },
-                Kind::Symlink => self.leaf(
-                    &e,
-                    libc::S_IFLNK,
-                    &child,
-                    LeafContent::Symlink(Box::from(OsStr::from_bytes(&e.data))),
-                ),
+                // Every name of a symlink with several shares one leaf (one inode, its
+                // link count the number of names).
+                Kind::Symlink => {
+                    match e.link_group().map(|g| (g, self.symlinks.get(&g).copied())) {
+                        Some((_, Some(id))) => Inode::leaf(id),
+                        linked => {
+                            let inode = self.leaf(
+                                &e,
+                                libc::S_IFLNK,
+                                &child,
+                                LeafContent::Symlink(Box::from(OsStr::from_bytes(&e.data))),
+                            );
+                            if let Some((g, None)) = linked {
+                                self.symlinks.insert(g, LeafId(self.leaves.len() - 1));
+                            }
+                            inode
+                        }
+                    }
+                }
                 Kind::Fifo => self.leaf(&e, libc::S_IFIFO, &child, LeafContent::Fifo),
                 Kind::CharDevice => self.leaf(
                     &e,

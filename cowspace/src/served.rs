@@ -50,7 +50,9 @@ fn kind_code(kind: Kind) -> u8 {
 /// has one inode; a file with more than one name has its link count (`u32le`) as data
 /// (the primary's own data is empty), because the kernel keeps one link count per inode
 /// and the same file may have other names in another snapshot. Directories carry the
-/// snapshot id because the kernel allows a directory inode only one parent.
+/// snapshot id because the kernel allows a directory inode only one parent. A symlink with
+/// several names is keyed by an empty path and its link group's key as `hash`, with its
+/// target and link count as data.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InodeKey(Vec<u8>);
 
@@ -88,6 +90,16 @@ impl InodeKey {
                 linked,
             ),
             Kind::File => Self::build(None, path, Kind::File, entry.mode, &entry.hash, linked),
+            // Every name of a multiply-linked symlink: keyed by its group (whose key is
+            // derived from the first name's path), not by the name's own path.
+            Kind::Symlink if entry.link_group().is_some() => Self::build(
+                None,
+                b"",
+                Kind::Symlink,
+                entry.mode,
+                &entry.hash,
+                &[&entry.data[..], linked].concat(),
+            ),
             kind => Self::build(None, path, kind, entry.mode, &entry.hash, &entry.data),
         }
     }

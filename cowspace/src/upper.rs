@@ -28,9 +28,7 @@ use cowspace_store::tree::join_path as join;
 #[derive(Debug, Clone)]
 pub enum UpperChange {
     /// The path was deleted (a whiteout).
-    Whiteout {
-        path: Vec<u8>,
-    },
+    Whiteout { path: Vec<u8> },
     /// A directory present in the upper layer; `opaque` hides everything of the base
     /// under it.
     Dir {
@@ -50,13 +48,13 @@ pub enum UpperChange {
     Symlink {
         path: Vec<u8>,
         target: Vec<u8>,
+        /// As a file's: names of one symlink with several (`ln -P`) share both.
+        ino: u64,
+        nlink: u64,
     },
     /// The directory just reported at `path` was renamed from the base's `origin`: its
     /// base entries are the origin's (follows its `Dir`).
-    Redirect {
-        path: Vec<u8>,
-        origin: Vec<u8>,
-    },
+    Redirect { path: Vec<u8>, origin: Vec<u8> },
     Special {
         path: Vec<u8>,
         kind: Kind,
@@ -167,6 +165,8 @@ fn walk(dir: &Path, prefix: &[u8], lower: Option<&[u8]>, out: &mut Vec<UpperChan
             out.push(UpperChange::Symlink {
                 path,
                 target: target.as_os_str().as_bytes().to_vec(),
+                ino: meta.ino(),
+                nlink: meta.nlink(),
             });
         } else if let Some(special) = special_change(path, &meta) {
             out.push(special);
@@ -459,7 +459,7 @@ pub fn diff_changes(
                     &mut list_base,
                 )?;
             }
-            UpperChange::Symlink { path, target } => {
+            UpperChange::Symlink { path, target, .. } => {
                 let old = base_trees.entry(path)?;
                 let new = synth(
                     path,
@@ -670,7 +670,12 @@ pub fn capture_changes(
                 ino,
                 nlink,
             } => ed.put_file(&path, host, mode, xattrs, (nlink > 1).then_some(ino))?,
-            UpperChange::Symlink { path, target } => ed.put_symlink(&path, target, vec![])?,
+            UpperChange::Symlink {
+                path,
+                target,
+                ino,
+                nlink,
+            } => ed.put_linked_symlink(&path, target, vec![], (nlink > 1).then_some(ino))?,
             UpperChange::Special {
                 path,
                 kind,

@@ -28,6 +28,7 @@ use crate::store::Store;
 use crate::tree::{self, Entry, Kind};
 
 mod links;
+mod symlinks;
 mod write;
 
 use crate::tree::join_path as join;
@@ -53,6 +54,8 @@ enum Leaf {
     Symlink {
         target: Vec<u8>,
         xattrs: Xattrs,
+        /// Groups names of one multiply-linked symlink, as `File`'s `link` does.
+        link: Option<u64>,
     },
     Special {
         kind: Kind,
@@ -455,13 +458,33 @@ impl<'s> Editor<'s> {
     }
 
     pub fn put_symlink(&mut self, path: &[u8], target: Vec<u8>, xattrs: Xattrs) -> Result<()> {
+        self.put_linked_symlink(path, target, xattrs, None)
+    }
+
+    /// [`Editor::put_symlink`] of one name of a symlink that may have several: `link`
+    /// groups the names of one multiply-linked symlink (e.g. its host inode number), as
+    /// [`Editor::put_file`]'s does; the commit records them as one link group.
+    pub fn put_linked_symlink(
+        &mut self,
+        path: &[u8],
+        target: Vec<u8>,
+        xattrs: Xattrs,
+        link: Option<u64>,
+    ) -> Result<()> {
         if target.is_empty() || target.len() > tree::MAX_TARGET_BYTES {
             return Err(Error::Invalid(format!(
                 "symlink {:?} has an unusable target",
                 String::from_utf8_lossy(path)
             )));
         }
-        self.set(path, Child::Leaf(Leaf::Symlink { target, xattrs }))
+        self.set(
+            path,
+            Child::Leaf(Leaf::Symlink {
+                target,
+                xattrs,
+                link,
+            }),
+        )
     }
 
     pub fn put_special(&mut self, path: &[u8], kind: Kind, mode: u32, rdev: u64) -> Result<()> {
@@ -499,17 +522,34 @@ impl<'s> Editor<'s> {
         let mut counts = self.base.counts;
         counts.excluded = self.left_out();
         let mut primaries = HashMap::new();
-        collect_primaries(&self.root, &[], &mut primaries);
+        let mut symlink_primaries = HashMap::new();
+        collect_primaries(&self.root, &[], &mut primaries, &mut symlink_primaries);
         let root_edit = std::mem::take(&mut self.root);
         let mut written = HashMap::new();
         let mut w = Writer {
             store: self.store,
             slots: &self.slots,
             primaries: &primaries,
+            symlink_primaries: &symlink_primaries,
+            linked_symlinks: false,
             counts: &mut counts,
             written: &mut written,
         };
         let mut root = w.write_dir(&root_edit, &[], &mut self.ingest)?;
+        if w.linked_symlinks {
+            // Link groups of symlinks this edit touched are formed again from the
+            // whole tree (before files' groups: those passes keep symlinks as they are).
+            let mut put = HashMap::new();
+            collect_put_symlinks(&root_edit, &[], &mut put);
+            root = symlinks::regroup(
+                self.store,
+                &mut written,
+                &mut self.ingest,
+                &root,
+                &put,
+                &mut counts,
+            )?;
+        }
         let root_mode = root_edit.mode.unwrap_or(self.base.root_mode);
         let root_xattrs = root_edit
             .xattrs
@@ -650,14 +690,38 @@ fn collect_put_files(d: &DirEdit, prefix: &[u8], out: &mut std::collections::Has
     }
 }
 
-fn collect_primaries(d: &DirEdit, prefix: &[u8], out: &mut HashMap<u64, Vec<u8>>) {
+/// The first name (in depth-first name order) of each link group of the files, and of
+/// the symlinks, this edit puts.
+fn collect_primaries(
+    d: &DirEdit,
+    prefix: &[u8],
+    out: &mut HashMap<u64, Vec<u8>>,
+    symlinks: &mut HashMap<u64, Vec<u8>>,
+) {
     for (name, c) in &d.children {
         let p = join(prefix, name);
         match c {
             Child::Leaf(Leaf::File { link: Some(g), .. }) => {
                 out.entry(*g).or_insert(p);
             }
-            Child::Dir(sub) => collect_primaries(sub, &p, out),
+            Child::Leaf(Leaf::Symlink { link: Some(g), .. }) => {
+                symlinks.entry(*g).or_insert(p);
+            }
+            Child::Dir(sub) => collect_primaries(sub, &p, out, symlinks),
+            _ => {}
+        }
+    }
+}
+
+/// The paths of every symlink this edit puts, with its link group.
+fn collect_put_symlinks(d: &DirEdit, prefix: &[u8], out: &mut HashMap<Vec<u8>, Option<u64>>) {
+    for (name, c) in &d.children {
+        let p = join(prefix, name);
+        match c {
+            Child::Leaf(Leaf::Symlink { link, .. }) => {
+                out.insert(p, *link);
+            }
+            Child::Dir(sub) => collect_put_symlinks(sub, &p, out),
             _ => {}
         }
     }

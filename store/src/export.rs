@@ -132,7 +132,8 @@ impl Store {
         let tmp = tmp_beside(dest)?;
         let result = (|| {
             fs::create_dir(&tmp).map_err(Error::io("create directory", &tmp))?;
-            self.export_tree(&snap.root, &tmp, &tmp, b"", &subst)?;
+            let mut links = SymlinkLinks::new();
+            self.export_tree(&snap.root, &tmp, &tmp, b"", &subst, &mut links)?;
             set_xattrs(&tmp, &snap.root_xattrs)?;
             fs::set_permissions(&tmp, fs::Permissions::from_mode(snap.root_mode))
                 .map_err(Error::io("chmod", &tmp))?;
@@ -153,6 +154,7 @@ impl Store {
         top: &Path,
         rel: &[u8],
         subst: &Substitutes,
+        links: &mut SymlinkLinks,
     ) -> Result<()> {
         let tree = self.tree(id)?;
         for e in &tree.entries {
@@ -161,7 +163,7 @@ impl Store {
             match e.target() {
                 Target::Dir(sub) => {
                     fs::create_dir(&path).map_err(Error::io("create directory", &path))?;
-                    self.export_tree(&sub, &path, top, &rel, subst)?;
+                    self.export_tree(&sub, &path, top, &rel, subst, links)?;
                     set_xattrs(&path, &e.xattrs)?;
                     fs::set_permissions(&path, fs::Permissions::from_mode(e.mode))
                         .map_err(Error::io("chmod", &path))?;
@@ -195,10 +197,21 @@ impl Store {
                     let primary = top.join(std::ffi::OsStr::from_bytes(&e.data));
                     fs::hard_link(&primary, &path).map_err(Error::io("hard link", &path))?;
                 }
-                Target::Symlink => {
-                    std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&e.data), &path)
-                        .map_err(Error::io("create symlink", &path))?;
-                }
+                Target::Symlink => match e.link_group().and_then(|g| links.get(&g)) {
+                    // A further name of a symlink: a link of the symlink itself
+                    // (`hard_link` is `linkat` without `AT_SYMLINK_FOLLOW`).
+                    Some(first) => {
+                        let first = top.join(std::ffi::OsStr::from_bytes(first));
+                        fs::hard_link(&first, &path).map_err(Error::io("hard link", &path))?;
+                    }
+                    None => {
+                        std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(&e.data), &path)
+                            .map_err(Error::io("create symlink", &path))?;
+                        if let Some(g) = e.link_group() {
+                            links.insert(g, rel.clone());
+                        }
+                    }
+                },
                 Target::Fifo | Target::CharDevice | Target::BlockDevice => {
                     create_special(&path, e)?
                 }
@@ -264,7 +277,11 @@ impl Store {
         b.append_data(&mut root, "./", io::empty())
             .map_err(Error::io("write archive", label))?;
         let mtime = snap.created_at.max(0) as u64;
-        self.tar_tree(&mut b, &snap.root, &[], mtime, label, subst)?;
+        let mut cx = TarCx {
+            subst,
+            links: SymlinkLinks::new(),
+        };
+        self.tar_tree(&mut b, &snap.root, &[], mtime, label, &mut cx)?;
         b.into_inner().map_err(Error::io("write archive", label))
     }
 
@@ -275,8 +292,9 @@ impl Store {
         prefix: &[u8],
         mtime: u64,
         archive: &Path,
-        subst: &Substitutes,
+        cx: &mut TarCx<'_>,
     ) -> Result<()> {
+        let subst = cx.subst;
         let tree = self.tree(id)?;
         let werr = |e| Error::io("write archive", archive)(e);
         for e in &tree.entries {
@@ -306,7 +324,7 @@ impl Store {
                         io::empty(),
                     )
                     .map_err(werr)?;
-                    self.tar_tree(b, &sub, &path, mtime, archive, subst)?;
+                    self.tar_tree(b, &sub, &path, mtime, archive, cx)?;
                 }
                 Target::File(content) => {
                     h.set_entry_type(tar::EntryType::Regular);
@@ -325,10 +343,22 @@ impl Store {
                     b.append_link(&mut h, p, Path::new(std::ffi::OsStr::from_bytes(&e.data)))
                         .map_err(werr)?;
                 }
-                Target::Symlink => {
-                    h.set_entry_type(tar::EntryType::Symlink);
-                    append_symlink(b, &mut h, p, &e.data).map_err(werr)?;
-                }
+                Target::Symlink => match e.link_group().and_then(|g| cx.links.get(&g)) {
+                    // A further name of a symlink: a tar hard link to its first name
+                    // (extracted by `link(2)`, which links the symlink itself).
+                    Some(first) => {
+                        h.set_entry_type(tar::EntryType::Link);
+                        b.append_link(&mut h, p, Path::new(std::ffi::OsStr::from_bytes(first)))
+                            .map_err(werr)?;
+                    }
+                    None => {
+                        h.set_entry_type(tar::EntryType::Symlink);
+                        append_symlink(b, &mut h, p, &e.data).map_err(werr)?;
+                        if let Some(g) = e.link_group() {
+                            cx.links.insert(g, path.clone());
+                        }
+                    }
+                },
                 Target::Fifo | Target::CharDevice | Target::BlockDevice => {
                     h.set_entry_type(match e.kind {
                         Kind::Fifo => tar::EntryType::Fifo,
@@ -346,6 +376,16 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// The first name written of each multiply-linked symlink, by its link group
+/// ([`crate::tree::Entry::link_group`]): its further names are links to it.
+type SymlinkLinks = std::collections::HashMap<[u8; 32], Vec<u8>>;
+
+/// What a tar export carries from directory to directory.
+struct TarCx<'a> {
+    subst: &'a Substitutes,
+    links: SymlinkLinks,
 }
 
 /// Appends a symlink with its target byte for byte: `append_link` would normalise it

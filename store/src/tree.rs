@@ -1,9 +1,9 @@
 //! Trees: directories as sorted entries, canonically encoded and hashed (a Merkle tree).
 //!
-//! Encoding, version 1 (all integers little-endian):
+//! Encoding, version 1 or 2 (all integers little-endian):
 //!
 //! ```text
-//! tree    := "CWTREE" u8:version(=1) u32:count entry*count
+//! tree    := "CWTREE" u8:version u32:count entry*count
 //! entry   := u16:name_len name u8:kind u32:mode u64:size [32]:hash
 //!            u32:data_len data u16:xattr_count xattr*xattr_count
 //! xattr   := u16:name_len name u32:value_len value
@@ -15,6 +15,12 @@
 //! for kinds without content; `data` is the symlink target, the hard link's primary path
 //! (root-relative, `/`-separated) or a device's 8-byte `rdev`, and empty otherwise; mode
 //! holds only permission bits (`0o7777`).
+//!
+//! Version 2 is written only for a tree holding an entry of kind 8 (a symlink with more
+//! than one name: [`Entry::link_group`]), and must hold one; every other tree is
+//! version 1, so trees without such links keep the bytes and ids they always had. A
+//! version-1 reader refuses a version-2 tree (`unknown tree version 2`); this reader
+//! refuses a later version as written by a newer cowspace.
 
 use crate::error::{Error, Result};
 use crate::id::{ContentId, ID_BYTES, TreeId};
@@ -31,6 +37,22 @@ pub const MAX_XATTR_VALUE_BYTES: usize = 64 * 1024;
 
 const MAGIC: &[u8; 6] = b"CWTREE";
 const VERSION: u8 = 1;
+/// The version of a tree holding a linked symlink (kind 8).
+const VERSION_LINKED_SYMLINKS: u8 = 2;
+/// Kind byte of a symlink with more than one name: an ordinary `symlink` entry whose
+/// `hash` is its link group's key ([`Entry::link_group`]).
+const KIND_LINKED_SYMLINK: u8 = 8;
+/// Derive-key context of a link group's key ([`symlink_group_key`]).
+const SYMLINK_GROUP_CONTEXT: &str = "cowspace 2026-12 symlink link group v1";
+
+/// The key every name of a multiply-linked symlink records: derived from the path of the
+/// group's first name in depth-first name order (as a file's hard links name their
+/// primary), so one set of names has one encoding.
+pub fn symlink_group_key(first: &[u8]) -> [u8; ID_BYTES] {
+    let mut h = blake3::Hasher::new_derive_key(SYMLINK_GROUP_CONTEXT);
+    h.update(first);
+    *h.finalize().as_bytes()
+}
 
 /// What an entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -38,6 +60,8 @@ const VERSION: u8 = 1;
 pub enum Kind {
     Dir,
     File,
+    /// A symbolic link; one with several names (hard links of the symlink itself) has
+    /// its link group's key as `hash` ([`Entry::link_group`]).
     Symlink,
     /// A further name of a regular file; `data` is the primary name's path.
     Hardlink,
@@ -114,7 +138,8 @@ pub struct Entry {
     pub mode: u32,
     /// Content length for files and hard links, target length for symlinks, 0 otherwise.
     pub size: u64,
-    /// Content id (files, hard links) or subtree id (directories); zero otherwise.
+    /// Content id (files, hard links), subtree id (directories), link group key (a
+    /// symlink with several names, [`Entry::link_group`]); zero otherwise.
     pub hash: [u8; ID_BYTES],
     /// Symlink target, hard-link primary path, or device number (8 bytes LE).
     pub data: Vec<u8>,
@@ -183,6 +208,13 @@ impl Entry {
         (self.kind == Kind::Dir).then(|| TreeId::from_bytes(self.hash))
     }
 
+    /// The link group of a symlink with several names: every name of one symlink inode
+    /// records the same key ([`symlink_group_key`] of the group's first name), and its
+    /// target in `data`. `None` for a symlink of one name and any other entry.
+    pub fn link_group(&self) -> Option<[u8; ID_BYTES]> {
+        (self.kind == Kind::Symlink && self.hash != [0; ID_BYTES]).then_some(self.hash)
+    }
+
     /// The device number of a device node.
     pub fn rdev(&self) -> Option<u64> {
         matches!(self.kind, Kind::CharDevice | Kind::BlockDevice)
@@ -238,13 +270,22 @@ impl Tree {
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(16 + self.entries.len() * 64);
         out.extend_from_slice(MAGIC);
-        out.push(VERSION);
+        let linked = self.entries.iter().any(|e| e.link_group().is_some());
+        out.push(if linked {
+            VERSION_LINKED_SYMLINKS
+        } else {
+            VERSION
+        });
         out.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
         for e in &self.entries {
             debug_assert!(check_name(&e.name).is_ok());
             out.extend_from_slice(&(e.name.len() as u16).to_le_bytes());
             out.extend_from_slice(&e.name);
-            out.push(e.kind.to_u8());
+            out.push(if e.link_group().is_some() {
+                KIND_LINKED_SYMLINK
+            } else {
+                e.kind.to_u8()
+            });
             out.extend_from_slice(&e.mode.to_le_bytes());
             out.extend_from_slice(&e.size.to_le_bytes());
             out.extend_from_slice(&e.hash);
@@ -275,9 +316,17 @@ impl Tree {
             return Err(bad("bad magic".into()));
         }
         let version = r.u8().map_err(&bad)?;
-        if version != VERSION {
+        if version > VERSION_LINKED_SYMLINKS {
+            return Err(Error::Unsupported(format!(
+                "tree {} has encoding version {version}, written by a newer cowspace (this \
+                 one reads versions 1 and 2): upgrade cowspace to read this snapshot",
+                id.short()
+            )));
+        }
+        if version < VERSION {
             return Err(bad(format!("unknown tree version {version}")));
         }
+        let mut linked = false;
         let count = r.u32().map_err(&bad)? as usize;
         if count > MAX_TREE_ENTRIES {
             return Err(bad(format!("{count} entries is over the limit")));
@@ -293,8 +342,15 @@ impl Tree {
                 return Err(bad("entries are not strictly sorted".into()));
             }
             let kind_byte = r.u8().map_err(&bad)?;
-            let kind =
-                Kind::from_u8(kind_byte).ok_or_else(|| bad(format!("unknown kind {kind_byte}")))?;
+            let kind = match kind_byte {
+                KIND_LINKED_SYMLINK if version >= VERSION_LINKED_SYMLINKS => {
+                    linked = true;
+                    Kind::Symlink
+                }
+                _ => Kind::from_u8(kind_byte)
+                    .ok_or_else(|| bad(format!("unknown kind {kind_byte} (version {version})")))?,
+            };
+            let linked_symlink = kind_byte == KIND_LINKED_SYMLINK;
             let mode = r.u32().map_err(&bad)?;
             if mode & !0o7777 != 0 {
                 return Err(bad(format!("mode {mode:o} has bits beyond 07777")));
@@ -307,8 +363,11 @@ impl Tree {
             }
             let data = r.take(data_len).map_err(&bad)?.to_vec();
             let has_hash = matches!(kind, Kind::Dir | Kind::File | Kind::Hardlink);
-            if !has_hash && hash != [0; ID_BYTES] {
+            if !has_hash && !linked_symlink && hash != [0; ID_BYTES] {
                 return Err(bad(format!("{} entry with a hash", kind.as_str())));
+            }
+            if linked_symlink && hash == [0; ID_BYTES] {
+                return Err(bad("linked symlink entry without a link group".into()));
             }
             let data_ok = match kind {
                 Kind::Symlink | Kind::Hardlink => !data.is_empty(),
@@ -350,6 +409,9 @@ impl Tree {
         }
         if r.pos != bytes.len() {
             return Err(bad("trailing bytes".into()));
+        }
+        if version == VERSION_LINKED_SYMLINKS && !linked {
+            return Err(bad("version 2 tree without a linked symlink".into()));
         }
         Ok(Tree { entries })
     }
@@ -462,6 +524,62 @@ mod tests {
         for bad in [&b""[..], b".", b"..", b"a/b", b"a\0b"] {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }
+    }
+
+    fn linked(name: &str, first: &str) -> Entry {
+        let mut e = Entry::symlink(name.as_bytes().to_vec(), b"target".to_vec(), vec![]);
+        e.hash = symlink_group_key(first.as_bytes());
+        e
+    }
+
+    #[test]
+    fn linked_symlinks_raise_the_version_of_their_tree_only() {
+        let plain = Tree {
+            entries: vec![Entry::symlink(b"a".to_vec(), b"t".to_vec(), vec![])],
+        };
+        assert_eq!(plain.encode()[6], 1);
+        let t = Tree {
+            entries: vec![linked("a", "a"), linked("b", "a"), file("c", 0o644)],
+        };
+        let (id, bytes) = t.encode_with_id();
+        assert_eq!(bytes[6], 2);
+        let back = Tree::decode(&id, &bytes).unwrap();
+        assert_eq!(back, t);
+        assert_eq!(back.entries[0].kind, Kind::Symlink);
+        assert_eq!(back.entries[1].link_group(), Some(symlink_group_key(b"a")));
+        assert_eq!(back.entries[2].link_group(), None);
+    }
+
+    #[test]
+    fn linked_symlink_versions_are_strict() {
+        // Kind 8 in a version-1 tree.
+        let t = Tree {
+            entries: vec![linked("a", "a")],
+        };
+        let mut bytes = t.encode();
+        bytes[6] = 1;
+        let id = TreeId::of_encoding(&bytes);
+        assert!(
+            Tree::decode(&id, &bytes)
+                .unwrap_err()
+                .to_string()
+                .contains("unknown kind 8")
+        );
+        // Version 2 without a linked symlink.
+        let mut bytes = Tree {
+            entries: vec![file("a", 0o644)],
+        }
+        .encode();
+        bytes[6] = 2;
+        let id = TreeId::of_encoding(&bytes);
+        assert!(Tree::decode(&id, &bytes).is_err());
+        // A later version: refused as a newer program's, naming the fix.
+        let mut bytes = t.encode();
+        bytes[6] = 3;
+        let id = TreeId::of_encoding(&bytes);
+        let err = Tree::decode(&id, &bytes).unwrap_err();
+        assert_eq!(err.kind(), crate::error::ErrorKind::Unsupported);
+        assert!(err.to_string().contains("upgrade cowspace"), "{err}");
     }
 
     proptest! {

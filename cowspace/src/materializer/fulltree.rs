@@ -225,6 +225,7 @@ pub fn build(
         fill,
         stamps: HashMap::new(),
         links: Vec::new(),
+        symlink_groups: HashMap::new(),
         buf: Vec::new(),
     };
     b.dir(&snap.root, &[])?;
@@ -358,6 +359,8 @@ struct Builder<'a> {
     stamps: HashMap<Vec<u8>, Stamp>,
     /// (hard link, its primary)
     links: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The first name made of each multiply-linked symlink, by its link group.
+    symlink_groups: HashMap<[u8; 32], Vec<u8>>,
     buf: Vec<u8>,
 }
 
@@ -380,10 +383,25 @@ impl Builder<'_> {
                     fs::hard_link(&primary, &host).map_err(Error::io("hard link", &host))?;
                     self.links.push((path.clone(), e.data.clone()));
                 }
-                Target::Symlink => {
-                    std::os::unix::fs::symlink(OsStr::from_bytes(&e.data), &host)
-                        .map_err(Error::io("create symlink", &host))?;
-                }
+                Target::Symlink => match e
+                    .link_group()
+                    .and_then(|g| self.symlink_groups.get(&g).cloned())
+                {
+                    // A further name of a symlink: linked to the symlink itself
+                    // (`linkat` without `AT_SYMLINK_FOLLOW`, as `hard_link` calls it).
+                    Some(first) => {
+                        let primary = self.dest.join(OsStr::from_bytes(&first));
+                        fs::hard_link(&primary, &host).map_err(Error::io("hard link", &host))?;
+                        self.links.push((path.clone(), first));
+                    }
+                    None => {
+                        std::os::unix::fs::symlink(OsStr::from_bytes(&e.data), &host)
+                            .map_err(Error::io("create symlink", &host))?;
+                        if let Some(g) = e.link_group() {
+                            self.symlink_groups.insert(g, path.clone());
+                        }
+                    }
+                },
                 Target::Fifo | Target::CharDevice | Target::BlockDevice => {
                     cowspace_store::export::create_special(&host, &e)?
                 }
@@ -479,8 +497,8 @@ pub fn changes(
     Ok(out)
 }
 
-/// A changed file with more names than the changes hold is still linked to names of the
-/// snapshot that did not change (a directory holding one name was renamed, one name was
+/// A changed file (or symlink) with more names than the changes hold is still linked to
+/// names of the snapshot that did not change (a directory holding one name was renamed, one name was
 /// renamed over another file): those names join the changes, so the commit keeps them
 /// one file, as the tree shows them.
 fn link_partners(
@@ -493,6 +511,9 @@ fn link_partners(
     let mut paths = std::collections::HashSet::new();
     for c in out.iter() {
         if let UpperChange::File {
+            path, ino, nlink, ..
+        }
+        | UpperChange::Symlink {
             path, ino, nlink, ..
         } = c
         {
@@ -518,6 +539,7 @@ fn link_partners(
                     names.push(e.data.clone());
                     names.push(p);
                 }
+                Target::Symlink if e.link_group().is_some() => names.push(p),
                 _ => {}
             }
         }
@@ -538,6 +560,14 @@ fn link_partners(
                 xattrs: read_xattrs(&host)?,
                 host,
                 mode: m.mode() & 0o7777,
+                ino: m.ino(),
+                nlink: m.nlink(),
+            });
+        } else if m.file_type().is_symlink() && seen.contains_key(&m.ino()) {
+            let target = fs::read_link(&host).map_err(Error::io("read link", &host))?;
+            out.push(UpperChange::Symlink {
+                path: name,
+                target: target.as_os_str().as_bytes().to_vec(),
                 ino: m.ino(),
                 nlink: m.nlink(),
             });
@@ -598,6 +628,8 @@ impl Walk<'_, '_> {
                 self.out.push(UpperChange::Symlink {
                     path: cpath,
                     target: target.as_os_str().as_bytes().to_vec(),
+                    ino: m.ino(),
+                    nlink: m.nlink(),
                 });
             } else if let Some(special) = crate::upper::special_change(cpath, &m) {
                 self.out.push(special);

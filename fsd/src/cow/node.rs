@@ -49,7 +49,8 @@ pub struct Lower {
     /// Permission bits (`0o7777`).
     pub mode: u32,
     pub size: u64,
-    /// Content id (files, hard links) or subtree id (directories).
+    /// Content id (files, hard links), subtree id (directories) or link group key (a
+    /// symlink with several names).
     pub hash: [u8; 32],
     /// The whole entry, when it has data or xattrs.
     rest: Option<Arc<Entry>>,
@@ -69,6 +70,11 @@ impl Lower {
     /// Symlink target, hard-link primary path, or device number.
     pub fn data(&self) -> &[u8] {
         self.rest.as_deref().map_or(&[], |e| &e.data)
+    }
+
+    /// The link group of a symlink with several names ([`Entry::link_group`]).
+    pub fn link_group(&self) -> Option<[u8; 32]> {
+        (self.kind == Kind::Symlink && self.hash != [0; 32]).then_some(self.hash)
     }
 
     /// Extended attributes, sorted by name.

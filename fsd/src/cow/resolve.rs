@@ -73,6 +73,13 @@ impl Cow {
                             .entry(e.data.clone())
                             .or_insert_with(|| vec![e.data.clone()])
                             .push(p),
+                        // The names of a symlink with several, gathered by its group key
+                        // (after a NUL byte, which no path holds).
+                        Kind::Symlink => {
+                            if let Some(g) = e.link_group() {
+                                groups.entry([&[0u8][..], &g].concat()).or_default().push(p);
+                            }
+                        }
                         _ => {}
                     }
                 }
@@ -92,7 +99,7 @@ impl Cow {
     }
 
     /// Every name in the snapshot of the file at `rel` (a `file` or `hardlink` entry of
-    /// kind `kind`, whose data is `data`), when it has more than one.
+    /// kind `kind`, whose data is `data`, or a symlink), when it has more than one.
     pub(super) fn link_names(
         &self,
         rel: &[u8],
@@ -100,7 +107,7 @@ impl Cow {
         data: &[u8],
     ) -> Result<Vec<Vec<u8>>, Errno> {
         let primary = match kind {
-            Kind::File => rel,
+            Kind::File | Kind::Symlink => rel,
             Kind::Hardlink => data,
             _ => return Ok(Vec::new()),
         };
@@ -113,8 +120,9 @@ impl Cow {
     fn lower_nlink(&self, node: &Node, lower: &Lower) -> Result<u32, Errno> {
         let names = match lower.kind {
             Kind::Hardlink => self.link_names(&[], lower.kind, lower.data())?,
-            Kind::File if self.groups()?.is_empty() => return Ok(1),
-            Kind::File => {
+            Kind::File | Kind::Symlink if self.groups()?.is_empty() => return Ok(1),
+            Kind::Symlink if lower.link_group().is_none() => return Ok(1),
+            Kind::File | Kind::Symlink => {
                 let rel = self.table.path_of(node)?;
                 self.link_names(&rel, lower.kind, &[])?
             }

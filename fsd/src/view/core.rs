@@ -28,6 +28,12 @@ const LINK_COUNT_SNAPSHOTS: usize = 64;
 /// with one name are not listed).
 type LinkCounts = HashMap<Vec<u8>, u32>;
 
+/// Where [`LinkCounts`] keeps a multiply-linked symlink's count: its group key after a
+/// NUL byte (no path holds one).
+fn symlink_slot(group: &[u8; 32]) -> Vec<u8> {
+    [&[0u8][..], group].concat()
+}
+
 /// Counters of what the kernel asked; shared with [`super::ViewMount::stats`].
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -148,6 +154,11 @@ impl ViewCore {
                             stack.push((TreeId::from_bytes(e.hash), child_path(&path, &e.name)))
                         }
                         Kind::Hardlink => *counts.entry(e.data.clone()).or_insert(1) += 1,
+                        Kind::Symlink => {
+                            if let Some(g) = e.link_group() {
+                                *counts.entry(symlink_slot(&g)).or_insert(0) += 1;
+                            }
+                        }
                         _ => {}
                     }
                 }
@@ -284,6 +295,14 @@ impl ViewCore {
                 .get(&entry.data)
                 .copied()
                 .unwrap_or(1),
+            Kind::Symlink => match entry.link_group() {
+                Some(g) => self
+                    .link_counts(snapshot)?
+                    .get(&symlink_slot(&g))
+                    .copied()
+                    .unwrap_or(1),
+                None => 1,
+            },
             _ => 1,
         };
         let key = InodeKey::of_linked_entry(snapshot, &path, entry, nlink);

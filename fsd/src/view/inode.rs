@@ -78,7 +78,7 @@ impl Node {
     }
 
     /// The node of `entry`, found at `path` in `snapshot` in the directory `parent`; a
-    /// file with `nlink` names there.
+    /// file (or symlink) with `nlink` names there.
     pub fn of_entry(
         ino: u64,
         digest: [u8; 32],
@@ -115,7 +115,12 @@ impl Node {
             kind,
             mode: entry.mode & 0o7777,
             size: entry.size,
-            nlink: if entry.kind.has_content() { nlink } else { 1 },
+            // Files and symlinks may have several names.
+            nlink: if entry.kind.has_content() || entry.kind == Kind::Symlink {
+                nlink
+            } else {
+                1
+            },
             xattrs: entry.xattrs.clone(),
             time_offset: if entry.kind.has_content() {
                 time_offset(path)

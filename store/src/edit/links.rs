@@ -60,7 +60,7 @@ fn moved_path(path: &[u8], moved: &[(Vec<u8>, Vec<u8>)]) -> Option<Vec<u8>> {
 
 /// Depth-first name order of two root-relative paths (the order in which a group's
 /// primary comes first).
-fn dfs_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+pub(super) fn dfs_cmp(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
     a.split(|&c| c == b'/').cmp(b.split(|&c| c == b'/'))
 }
 

@@ -16,6 +16,11 @@ pub(super) struct Writer<'a, 's> {
     pub(super) store: &'s Store,
     pub(super) slots: &'a [Option<FileContent>],
     pub(super) primaries: &'a HashMap<u64, Vec<u8>>,
+    /// The first name of each link group of the symlinks this edit puts.
+    pub(super) symlink_primaries: &'a HashMap<u64, Vec<u8>>,
+    /// Whether this edit put, removed or moved a name of a multiply-linked symlink (its
+    /// groups are then formed again: `symlinks::regroup`).
+    pub(super) linked_symlinks: bool,
     pub(super) counts: &'a mut Counts,
     /// Trees written by this session (not readable from the store until committed).
     pub(super) written: &'a mut HashMap<TreeId, Tree>,
@@ -24,32 +29,38 @@ pub(super) struct Writer<'a, 's> {
 impl Writer<'_, '_> {
     /// Adds what the entries of a base tree contribute to the counts (a directory
     /// rebased on another base directory brings them: [`Editor::rebase_dir`]).
-    fn count_entries(&mut self, tree: &TreeId) -> Result<()> {
+    /// `prefix`: where the tree is now (a symlink counts by the name it has there).
+    fn count_entries(&mut self, tree: &TreeId, prefix: &[u8]) -> Result<()> {
         for e in self.store.tree(tree)?.entries {
+            let p = join(prefix, &e.name);
             match e.target() {
                 Target::Dir(sub) => {
                     self.counts.dirs += 1;
-                    self.count_entries(&sub)?;
+                    self.count_entries(&sub, &p)?;
                 }
                 Target::File(_) => {
                     self.counts.files += 1;
                     self.counts.bytes += e.size;
                 }
                 Target::Hardlink(_) => self.counts.hardlinks += 1,
-                Target::Symlink => self.counts.symlinks += 1,
+                Target::Symlink => {
+                    self.linked_symlinks |= e.link_group().is_some();
+                    *symlink_count(self.counts, &e, &p) += 1;
+                }
                 _ => {}
             }
         }
         Ok(())
     }
 
-    /// Subtracts what a base entry contributed to the counts.
-    fn uncount(&mut self, e: &Entry) -> Result<()> {
+    /// Subtracts what a base entry (at `path` in the base) contributed to the counts.
+    fn uncount(&mut self, e: &Entry, path: &[u8]) -> Result<()> {
         match e.target() {
             Target::Dir(tree) => {
                 self.counts.dirs = self.counts.dirs.saturating_sub(1);
                 for sub in self.store.tree(&tree)?.entries {
-                    self.uncount(&sub)?;
+                    let p = join(path, &sub.name);
+                    self.uncount(&sub, &p)?;
                 }
             }
             Target::File(_) => {
@@ -57,7 +68,11 @@ impl Writer<'_, '_> {
                 self.counts.bytes = self.counts.bytes.saturating_sub(e.size);
             }
             Target::Hardlink(_) => self.counts.hardlinks = self.counts.hardlinks.saturating_sub(1),
-            Target::Symlink => self.counts.symlinks = self.counts.symlinks.saturating_sub(1),
+            Target::Symlink => {
+                self.linked_symlinks |= e.link_group().is_some();
+                let n = symlink_count(self.counts, e, path);
+                *n = n.saturating_sub(1);
+            }
             _ => {}
         }
         Ok(())
@@ -86,7 +101,7 @@ impl Writer<'_, '_> {
                 if was_dir_kept {
                     self.counts.dirs = self.counts.dirs.saturating_sub(1);
                 } else {
-                    self.uncount(o)?;
+                    self.uncount(o, &child_path)?;
                 }
             }
             let entry = match child {
@@ -96,7 +111,7 @@ impl Writer<'_, '_> {
                     // changed ones are re-counted by the recursion. A subtree taken from
                     // elsewhere in the base (a rebased directory) is counted here.
                     if !was_dir_kept && let Some(b) = &sub.base {
-                        self.count_entries(b)?;
+                        self.count_entries(b, &child_path)?;
                     }
                     let id = self.write_dir(sub, &child_path, ingest)?;
                     self.counts.dirs += 1;
@@ -151,9 +166,20 @@ impl Writer<'_, '_> {
                         xattrs: sorted(xattrs),
                     }
                 }
-                Child::Leaf(Leaf::Symlink { target, xattrs }) => {
-                    self.counts.symlinks += 1;
-                    Entry::symlink(name.clone(), target.clone(), sorted(xattrs))
+                Child::Leaf(Leaf::Symlink {
+                    target,
+                    xattrs,
+                    link,
+                }) => {
+                    let mut e = Entry::symlink(name.clone(), target.clone(), sorted(xattrs));
+                    if let Some(first) = link.and_then(|g| self.symlink_primaries.get(&g)) {
+                        // Its group is checked once the whole tree is written (a group
+                        // of one name is no group).
+                        e.hash = crate::tree::symlink_group_key(first);
+                        self.linked_symlinks = true;
+                    }
+                    *symlink_count(self.counts, &e, &child_path) += 1;
+                    e
                 }
                 Child::Leaf(Leaf::Special { kind, mode, rdev }) => {
                     Entry::special(name.clone(), *kind, *mode, *rdev)
@@ -169,6 +195,22 @@ impl Writer<'_, '_> {
         ingest.put(ObjectKind::Tree, *id.as_bytes(), &bytes)?;
         self.written.insert(id, tree);
         Ok(id)
+    }
+}
+
+/// Whether the symlink `e` at `path` is a further name of a multiply-linked symlink
+/// (not its group's first name): counted with the hard links, as a file's are.
+pub(super) fn is_further_name(e: &Entry, path: &[u8]) -> bool {
+    e.link_group()
+        .is_some_and(|g| g != crate::tree::symlink_group_key(path))
+}
+
+/// The count a symlink at `path` is in: `hardlinks` for a further name, else `symlinks`.
+pub(super) fn symlink_count<'c>(counts: &'c mut Counts, e: &Entry, path: &[u8]) -> &'c mut u64 {
+    if is_further_name(e, path) {
+        &mut counts.hardlinks
+    } else {
+        &mut counts.symlinks
     }
 }
 

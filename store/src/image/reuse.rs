@@ -137,11 +137,26 @@ fn walk(
                 )?;
             }
             Kind::Symlink => {
+                // A symlink with several names: its names share a builder group, found
+                // by its key (after a NUL byte, which no path holds).
+                let link_group = e.link_group().map(|key| {
+                    let slot = [&[0u8][..], &key].concat();
+                    match groups.get(&slot) {
+                        Some(g) => *g,
+                        None => {
+                            let g = state.next_group;
+                            state.next_group += 1;
+                            groups.insert(slot, g);
+                            g
+                        }
+                    }
+                });
                 state.builder.insert(
                     path,
                     Item::Symlink {
                         target: e.data.clone(),
                         xattrs: e.xattrs.clone(),
+                        link_group,
                     },
                 )?;
             }

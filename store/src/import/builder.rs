@@ -38,6 +38,8 @@ pub enum Item {
     Symlink {
         target: Vec<u8>,
         xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+        /// Names of one multiply-linked symlink share a group, as `File`'s do.
+        link_group: Option<u64>,
     },
     Special {
         kind: Kind,
@@ -166,6 +168,10 @@ impl Builder {
                 if let Item::File {
                     link_group: Some(_),
                     ..
+                }
+                | Item::Symlink {
+                    link_group: Some(_),
+                    ..
                 } = leaf
                 {
                     self.has_links = true;
@@ -212,9 +218,11 @@ impl Builder {
         }
     }
 
-    /// Puts `path` into link group `group` (it must be a regular file).
+    /// Puts `path` into link group `group` (it must be a regular file or a symlink).
     pub fn set_link_group(&mut self, path: &[Vec<u8>], group: u64) {
-        if let Some(Node::Leaf(Item::File { link_group, .. })) = self.lookup_mut(path) {
+        if let Some(Node::Leaf(Item::File { link_group, .. } | Item::Symlink { link_group, .. })) =
+            self.lookup_mut(path)
+        {
             *link_group = Some(group);
             self.has_links = true;
         }
@@ -274,7 +282,7 @@ impl Builder {
         slots: &[Option<FileContent>],
     ) -> Result<(TreeId, u32, Counts, bool)> {
         // Pass 1: the primary path of each link group (first in depth-first order).
-        let mut primaries: HashMap<u64, Vec<u8>> = HashMap::new();
+        let mut primaries = Primaries::new();
         if self.has_links {
             collect_primaries(&self.root, &[], &mut primaries);
         }
@@ -302,18 +310,27 @@ fn prune(node: &mut Node, path: &[u8], touched: &dyn Fn(&[u8]) -> bool) {
     });
 }
 
-fn collect_primaries(node: &Node, path: &[u8], out: &mut HashMap<u64, Vec<u8>>) {
+/// Link group -> (its first path in depth-first name order, its number of names).
+type Primaries = HashMap<u64, (Vec<u8>, u64)>;
+
+fn collect_primaries(node: &Node, path: &[u8], out: &mut Primaries) {
     let Node::Dir { children, .. } = node else {
         return;
     };
     for (name, child) in children {
         let p = join(path, name);
         match child {
-            Node::Leaf(Item::File {
-                link_group: Some(g),
-                ..
-            }) => {
-                out.entry(*g).or_insert(p);
+            Node::Leaf(
+                Item::File {
+                    link_group: Some(g),
+                    ..
+                }
+                | Item::Symlink {
+                    link_group: Some(g),
+                    ..
+                },
+            ) => {
+                out.entry(*g).or_insert((p, 0)).1 += 1;
             }
             Node::Dir { .. } => collect_primaries(child, &p, out),
             _ => {}
@@ -348,7 +365,7 @@ fn write_node(
     node: &Node,
     ingest: &mut Ingest<'_>,
     slots: &[Option<FileContent>],
-    primaries: &HashMap<u64, Vec<u8>>,
+    primaries: &Primaries,
     path: &[u8],
     tally: &mut Tally,
     depth: usize,
@@ -394,7 +411,7 @@ fn write_node(
                 xattrs,
             }) => {
                 let c = content_of(content, slots, child_path)?;
-                let primary = link_group.and_then(|g| primaries.get(&g));
+                let primary = link_group.and_then(|g| primaries.get(&g)).map(|(p, _)| p);
                 let (kind, data) = match primary {
                     Some(p) if *p != child_path() => {
                         tally.counts.hardlinks += 1;
@@ -416,9 +433,26 @@ fn write_node(
                     xattrs: xattrs.clone(),
                 }
             }
-            Node::Leaf(Item::Symlink { target, xattrs }) => {
-                tally.counts.symlinks += 1;
-                Entry::symlink(name.clone(), target.clone(), xattrs.clone())
+            Node::Leaf(Item::Symlink {
+                target,
+                xattrs,
+                link_group,
+            }) => {
+                let mut e = Entry::symlink(name.clone(), target.clone(), xattrs.clone());
+                match link_group.and_then(|g| primaries.get(&g)) {
+                    // A symlink with several names: each records its group's key, and
+                    // all but the first count as hard links.
+                    Some((first, names)) if *names > 1 => {
+                        e.hash = crate::tree::symlink_group_key(first);
+                        if *first == child_path() {
+                            tally.counts.symlinks += 1;
+                        } else {
+                            tally.counts.hardlinks += 1;
+                        }
+                    }
+                    _ => tally.counts.symlinks += 1,
+                }
+                e
             }
             Node::Leaf(Item::Special { kind, mode, rdev }) => {
                 Entry::special(name.clone(), *kind, mode & 0o7777, *rdev)

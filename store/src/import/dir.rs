@@ -120,6 +120,7 @@ impl Store {
             slot_xattrs: Vec::new(),
             refill: Vec::new(),
             links: HashMap::new(),
+            symlink_links: HashMap::new(),
             next_group: 0,
             excluded: 0,
             warnings: Vec::new(),
@@ -211,6 +212,8 @@ struct At<'a> {
 
 /// A multiply-linked file seen before: its link group, content slot and first path.
 type LinkSeen = (u64, Slot, Vec<Vec<u8>>);
+/// A multiply-linked symlink met: its link group and its first name's components.
+type SymlinkSeen = (u64, Vec<Vec<u8>>);
 
 /// What a walk needs besides the walk itself.
 type WalkCx<'c, 's> = (
@@ -281,6 +284,8 @@ struct Walk {
     refill: Vec<statcache::Row>,
     /// (dev, ino) of multiply-linked files -> (link group, content slot, first path).
     links: HashMap<(u64, u64), LinkSeen>,
+    /// (dev, ino) of multiply-linked symlinks -> (link group, first path).
+    symlink_links: HashMap<(u64, u64), SymlinkSeen>,
     next_group: u64,
     excluded: u64,
     warnings: Vec<String>,
@@ -534,11 +539,13 @@ impl Walk {
                             abs.display()
                         )));
                     }
+                    let link_group = self.symlink_link(&meta, comps);
                     self.builder.insert(
                         comps,
                         Item::Symlink {
                             target,
                             xattrs: vec![],
+                            link_group,
                         },
                     )?;
                 } else if ft.is_fifo() {
@@ -682,6 +689,24 @@ impl Walk {
             xattrs,
         };
         self.builder.insert(comps, item)
+    }
+
+    /// The link group of a symlink with several names (`ln -P`): the names met of one
+    /// inode share one (the first is put in it when the second is met).
+    fn symlink_link(&mut self, meta: &fs::Metadata, comps: &[Vec<u8>]) -> Option<u64> {
+        if meta.nlink() < 2 {
+            return None;
+        }
+        let key = (meta.dev(), meta.ino());
+        if let Some((group, first)) = self.symlink_links.get(&key) {
+            let (group, first) = (*group, first.clone());
+            self.builder.set_link_group(&first, group);
+            return Some(group);
+        }
+        let group = self.next_group;
+        self.next_group += 1;
+        self.symlink_links.insert(key, (group, comps.to_vec()));
+        None
     }
 
     fn arrived(

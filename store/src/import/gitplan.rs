@@ -167,6 +167,7 @@ pub(super) fn build_tree(
                 Item::Symlink {
                     target,
                     xattrs: vec![],
+                    link_group: None,
                 }
             }
         };

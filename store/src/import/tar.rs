@@ -467,7 +467,12 @@ impl TarImport<'_> {
                 }
                 self.symlinks += 1;
                 // Symlinks carry no xattrs, as in a directory import.
-                self.insert(&name, &comps, Item::Symlink { target, xattrs: vec![] })
+                let item = Item::Symlink {
+                    target,
+                    xattrs: vec![],
+                    link_group: None,
+                };
+                self.insert(&name, &comps, item)
             }
             T::Fifo => {
                 if filter.excludes(&comps, false) {
@@ -580,11 +585,36 @@ impl TarImport<'_> {
             }
             return Ok(());
         }
+        if let Some(Item::Symlink {
+            target, link_group, ..
+        }) = self.builder.item_at(&tcomps)
+        {
+            // A hard link to a symlink: one more name of the symlink itself.
+            if filter.excludes(&comps, false) {
+                return Ok(());
+            }
+            let (target, group) = (target.clone(), *link_group);
+            let group = match group {
+                Some(g) => g,
+                None => {
+                    let g = self.next_group;
+                    self.next_group += 1;
+                    self.builder.set_link_group(&tcomps, g);
+                    g
+                }
+            };
+            let item = Item::Symlink {
+                target,
+                xattrs: vec![],
+                link_group: Some(group),
+            };
+            return self.insert(name, &comps, item);
+        }
         let Some((mode, content, group)) = self.builder.file_at(&tcomps) else {
             return Err(self.unsafe_entry(
                 name,
                 format!(
-                    "hard link target {:?} is not an earlier regular file of the archive",
+                    "hard link target {:?} is not an earlier regular file or symlink of the archive",
                     display(&target)
                 ),
             ));

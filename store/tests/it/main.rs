@@ -22,3 +22,4 @@ mod repack;
 mod repair;
 mod roundtrip;
 mod statcache;
+mod symlink_links;

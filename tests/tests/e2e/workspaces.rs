@@ -37,6 +37,7 @@ mod retention;
 mod schema;
 mod subvols;
 pub(crate) mod support;
+mod symlink_links;
 mod teardown;
 mod text;
 mod through_daemon;
