@@ -481,10 +481,12 @@ impl<F: FileSystem> Nfs<F> {
         }
     }
 
-    fn create(&self, who: &Caller, ctx: &Context, a: CREATE3args) -> CREATE3res {
+    /// CREATE; its results are MKDIR's, byte for byte (the new handle, its attributes,
+    /// the directory's wcc_data).
+    fn create(&self, who: &Caller, ctx: &Context, a: CREATE3args) -> MKDIR3res {
         let dir = match self.writable_dir(who, ctx, &a.where_.dir) {
             Ok(d) => d,
-            Err(s) => return Nfs3Result::Err((s, CREATE3resfail::default())),
+            Err(s) => return Nfs3Result::Err((s, MKDIR3resfail::default())),
         };
         let name = a.where_.name.as_ref();
         let r = match &a.how {
@@ -551,19 +553,7 @@ impl<F: FileSystem> Nfs<F> {
                 }
             }
         };
-        match r {
-            Ok(ino) => Nfs3Result::Ok(CREATE3resok {
-                obj: post_op_fh3::Some(self.export.handle(ino)),
-                obj_attributes: post_op(self.attr(ctx, ino)),
-                dir_wcc: wcc(self.attr(ctx, dir)),
-            }),
-            Err(s) => Nfs3Result::Err((
-                s,
-                CREATE3resfail {
-                    dir_wcc: wcc(self.attr(ctx, dir)),
-                },
-            )),
-        }
+        self.new_object(ctx, r, dir)
     }
 
     /// MKDIR, SYMLINK and MKNOD: `what` made at `at`, then `change` applied.
@@ -583,6 +573,12 @@ impl<F: FileSystem> Nfs<F> {
             self.took(attr.ino);
             self.apply(ctx, attr.ino, change).map(|()| attr.ino)
         });
+        self.new_object(ctx, r, dir)
+    }
+
+    /// The results of a call that made object `r` in `dir` (CREATE, MKDIR, SYMLINK, MKNOD
+    /// encode them alike).
+    fn new_object(&self, ctx: &Context, r: Result<u64, nfsstat3>, dir: u64) -> MKDIR3res {
         match r {
             Ok(ino) => Nfs3Result::Ok(MKDIR3resok {
                 obj: post_op_fh3::Some(self.export.handle(ino)),
