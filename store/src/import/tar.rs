@@ -554,6 +554,18 @@ impl TarImport<'_> {
         Ok(())
     }
 
+    /// The link group of the earlier entry at `target` (`group`), given one now when it
+    /// has none: its first hard link makes it a group.
+    fn link_group_of(&mut self, target: &[Vec<u8>], group: Option<u64>) -> u64 {
+        if let Some(g) = group {
+            return g;
+        }
+        let g = self.next_group;
+        self.next_group += 1;
+        self.builder.set_link_group(target, g);
+        g
+    }
+
     fn hard_link<R: Read>(
         &mut self,
         entry: &tar::Entry<'_, R>,
@@ -594,15 +606,7 @@ impl TarImport<'_> {
                 return Ok(());
             }
             let (target, group) = (target.clone(), *link_group);
-            let group = match group {
-                Some(g) => g,
-                None => {
-                    let g = self.next_group;
-                    self.next_group += 1;
-                    self.builder.set_link_group(&tcomps, g);
-                    g
-                }
-            };
+            let group = self.link_group_of(&tcomps, group);
             let item = Item::Symlink {
                 target,
                 xattrs: vec![],
@@ -626,15 +630,7 @@ impl TarImport<'_> {
             Some(Item::File { xattrs, .. }) => xattrs.clone(),
             _ => vec![],
         };
-        let group = match group {
-            Some(g) => g,
-            None => {
-                let g = self.next_group;
-                self.next_group += 1;
-                self.builder.set_link_group(&tcomps, g);
-                g
-            }
-        };
+        let group = self.link_group_of(&tcomps, group);
         // One inode: the link shares the target's mode and xattrs.
         let item = Item::File {
             mode,
