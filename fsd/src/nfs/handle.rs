@@ -74,9 +74,4 @@ impl Export {
     pub fn holds(&self, ino: u64) -> bool {
         lock(&self.held).contains(&ino)
     }
-
-    /// The inodes the export holds.
-    pub fn held(&self) -> Vec<u64> {
-        lock(&self.held).iter().copied().collect()
-    }
 }

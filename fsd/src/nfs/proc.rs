@@ -13,7 +13,7 @@ use super::perm::{self, SEARCH, WRITE, may, may_delete, may_set};
 use super::rpc::Caller;
 use crate::filesystem::{
     Attr, Context, DirSink, Errno, FileKind, FileSystem, Make, NAME_MAX_BYTES, RenameFlags,
-    SetAttr, SetTime,
+    SetAttr, SetTime, with_read_buffer,
 };
 
 /// Why a call got no results.
@@ -162,7 +162,12 @@ impl<F: FileSystem> Nfs<F> {
                 };
                 put(out, &res)
             }
-            6 => put(out, &self.read(ctx, args(cur)?)),
+            6 => {
+                let a: READ3args = args(cur)?;
+                with_read_buffer(a.count.min(MAX_IO), |buf| {
+                    put(out, &self.read(ctx, &a, buf))
+                })
+            }
             7 => put(out, &self.write(ctx, args(cur)?)),
             8 => put(out, &self.create(who, ctx, args(cur)?)),
             9 => {
@@ -432,24 +437,23 @@ impl<F: FileSystem> Nfs<F> {
         })
     }
 
-    fn read(&self, ctx: &Context, a: READ3args) -> READ3res<'static> {
+    /// A READ into `buf` (the serving thread's kept buffer: no allocation per call).
+    fn read<'b>(&self, ctx: &Context, a: &READ3args, buf: &'b mut [u8]) -> READ3res<'b> {
         let r = self.ino(&a.file).and_then(|ino| {
             let attr = to_status(self.fs.getattr(ctx, ino))?;
             if attr.kind == FileKind::Directory {
                 return Err(nfsstat3::NFS3ERR_ISDIR);
             }
-            let mut buf = vec![0u8; a.count.min(MAX_IO) as usize];
-            let n = to_status(self.fs.read(ctx, ino, 0, a.offset, &mut buf))?;
-            buf.truncate(n);
+            let n = to_status(self.fs.read(ctx, ino, 0, a.offset, buf))?;
             let eof = a.offset + n as u64 >= attr.size;
-            Ok((attr, buf, eof))
+            Ok((attr, n, eof))
         });
         match r {
-            Ok((attr, data, eof)) => Nfs3Result::Ok(READ3resok {
+            Ok((attr, n, eof)) => Nfs3Result::Ok(READ3resok {
                 file_attributes: post_op(Some(attr)),
-                count: data.len() as u32,
+                count: n as u32,
                 eof,
-                data: Opaque::owned(data),
+                data: Opaque::borrowed(&buf[..n]),
             }),
             Err(s) => Nfs3Result::Err((s, READ3resfail::default())),
         }
